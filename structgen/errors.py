@@ -1,0 +1,122 @@
+"""One typed exception tree for structgen.
+
+Every error a user can provoke with bad input is a subclass of :class:`StructgenError`.
+Errors carry a location where one exists: a JSON pointer into a schema, a line and
+column (with a caret excerpt) into grammar text, or a character offset into a regex.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "StructgenError",
+    "ConfigError",
+    "SchemaError",
+    "UnsupportedFeatureError",
+    "GrammarError",
+    "GrammarSyntaxError",
+    "RegexError",
+    "CompileLimitError",
+    "CompileTimeoutError",
+    "VocabularyError",
+    "AssetError",
+]
+
+
+class StructgenError(Exception):
+    """Base class of every error structgen raises on purpose."""
+
+
+class ConfigError(StructgenError, ValueError):
+    """An option or configuration file is invalid (names the key, and the file line when known)."""
+
+    def __init__(self, message: str, *, key: str | None = None, line: int | None = None,
+                 path: str | None = None) -> None:
+        self.key = key
+        self.line = line
+        self.path = path
+        where = ""
+        if path is not None:
+            where += f"{path}"
+            if line is not None:
+                where += f":{line}"
+            where += ": "
+        super().__init__(where + message)
+
+
+class SchemaError(StructgenError, ValueError):
+    """The JSON Schema itself is malformed (bad JSON, wrong keyword type, unknown $ref, ...).
+
+    ``pointer`` is the JSON pointer (RFC 6901) of the offending schema location and
+    ``keyword`` the keyword concerned, when known.
+    """
+
+    def __init__(self, message: str, *, pointer: str = "", keyword: str | None = None) -> None:
+        self.pointer = pointer
+        self.keyword = keyword
+        self.message = message
+        loc = f" at {pointer or '#'}"
+        kw = f" [{keyword}]" if keyword else ""
+        super().__init__(f"{message}{kw}{loc}")
+
+
+class UnsupportedFeatureError(SchemaError):
+    """A schema keyword (or keyword combination) that structgen cannot enforce exactly.
+
+    Raised instead of silently ignoring the keyword; the lenient mode turns these into
+    warnings recorded on the compiled grammar.
+    """
+
+
+class GrammarError(StructgenError, ValueError):
+    """A grammar (Lark text or internal IR) is invalid: undefined rule, left recursion, ..."""
+
+    def __init__(self, message: str, *, line: int | None = None, column: int | None = None,
+                 context: str | None = None) -> None:
+        self.line = line
+        self.column = column
+        self.context = context
+        self.message = message
+        text = message
+        if line is not None:
+            text += f" (line {line}" + (f", column {column}" if column is not None else "") + ")"
+        if context:
+            text += "\n" + context
+        super().__init__(text)
+
+
+class GrammarSyntaxError(GrammarError):
+    """Grammar text could not be parsed; carries line, column and a caret excerpt."""
+
+
+class RegexError(StructgenError, ValueError):
+    """A regular expression is invalid or uses an unsupported construct.
+
+    ``position`` is the 0-based character offset into ``pattern``.
+    """
+
+    def __init__(self, message: str, *, pattern: str = "", position: int | None = None) -> None:
+        self.pattern = pattern
+        self.position = position
+        self.message = message
+        text = message
+        if pattern:
+            text += f" in regex {pattern!r}"
+            if position is not None:
+                text += f" at offset {position}\n  {pattern}\n  {' ' * position}^"
+        super().__init__(text)
+
+
+class CompileLimitError(StructgenError):
+    """Compilation exceeded a configured size limit (automaton states, rule count, ...)."""
+
+
+class CompileTimeoutError(CompileLimitError):
+    """Compilation exceeded the configured time limit."""
+
+
+class VocabularyError(StructgenError, ValueError):
+    """A tokenizer could not be turned into a byte-level vocabulary."""
+
+
+class AssetError(StructgenError):
+    """A tokenizer or model asset could not be obtained or converted."""
