@@ -60,6 +60,12 @@ class Expr:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("IR nodes are immutable")
 
+    def _args(self) -> tuple:
+        return self._key()
+
+    def __reduce__(self) -> tuple:
+        return (type(self), self._args())
+
 
 class ByteSet(Expr):
     """Exactly one byte out of ``ranges`` (sorted, disjoint, inclusive ``(lo, hi)`` pairs)."""
@@ -72,6 +78,9 @@ class ByteSet(Expr):
 
     def _key(self) -> tuple:
         return self.ranges
+
+    def _args(self) -> tuple:
+        return (self.ranges,)
 
     def contains(self, b: int) -> bool:
         return any(lo <= b <= hi for lo, hi in self.ranges)
@@ -94,6 +103,9 @@ class Seq(Expr):
     def _key(self) -> tuple:
         return self.items
 
+    def _args(self) -> tuple:
+        return (self.items,)
+
     def __repr__(self) -> str:
         return "Seq(" + ", ".join(map(repr, self.items)) + ")"
 
@@ -109,6 +121,9 @@ class Alt(Expr):
 
     def _key(self) -> tuple:
         return self.items
+
+    def _args(self) -> tuple:
+        return (self.items,)
 
     def __repr__(self) -> str:
         return "Alt(" + " | ".join(map(repr, self.items)) + ")"
@@ -363,6 +378,9 @@ class Grammar:
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Grammar is immutable")
+
+    def __reduce__(self) -> tuple:
+        return (Grammar, (self.rules, self.start))
 
     def __hash__(self) -> int:
         try:
