@@ -37,6 +37,11 @@ _LAZY = {
     "allocate_bitmask": "structgen.matcher:allocate_bitmask",
     "CompileOptions": "structgen.config:CompileOptions",
     "JsonSchemaOptions": "structgen.config:JsonSchemaOptions",
+    "SpecConfig": "structgen.config:SpecConfig",
+    "generate": "structgen.api:generate",
+    "stream": "structgen.api:stream",
+    "generate_model": "structgen.api:generate_model",
+    "GenerationResult": "structgen.api:GenerationResult",
 }
 
 __all__ = [
@@ -64,7 +69,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover
     from .automaton import CompiledGrammar, compile_grammar
-    from .config import CompileOptions, JsonSchemaOptions
+    from .api import GenerationResult, generate, generate_model, stream
+    from .config import CompileOptions, JsonSchemaOptions, SpecConfig
     from .json_schema import compile_json_schema
     from .lark_frontend import compile_lark
     from .matcher import Matcher, allocate_bitmask

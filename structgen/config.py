@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CompileOptions", "JsonSchemaOptions"]
+__all__ = ["CompileOptions", "JsonSchemaOptions", "SpecConfig"]
 
 
 @dataclass(frozen=True)
@@ -56,3 +56,66 @@ class JsonSchemaOptions:
     max_string_length: int | None = None
     max_depth: int = 128
     max_enum: int = 5_000
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculative generation options (the ``speculative_decoding:`` section of the YAML file).
+
+    draft_num: candidate drafts gathered per step from all drafters; the pre-validated
+        candidate with the best expected acceptance is verified.
+    max_draft_tokens: upper bound on one draft's length (drafters adapt below it).
+    min_draft_tokens: lower bound a drafter's adaptive length can shrink to.
+    temperature: 0 = greedy; > 0 samples from the masked, temperature-scaled target.
+    top_p: nucleus sampling threshold (1.0 = off), applied after the grammar mask.
+    verify_threshold: None = exact verification (the default). A number in (0, 1] turns on
+        LOSSY typical-acceptance: a draft token is accepted when the target gives it at least
+        this probability relative to the target's top token. Changes the output distribution.
+    batch_size: prompts processed per micro-batch when a list of prompts is given.
+    grammar_drafts: propose the grammar-forced continuation (canonically tokenized).
+    prompt_lookup: propose continuations found by n-gram match in prompt and output.
+    ngram_max / ngram_min: n-gram sizes tried by prompt lookup, longest first.
+    draft_model: alias or path of a smaller causal LM with the same tokenizer (None = off).
+    adaptive: adapt each drafter's draft length to its observed acceptance.
+    min_acceptance: a drafter whose acceptance stays below this after ``warmup_proposals``
+        proposals is switched off for the rest of the request.
+    warmup_proposals: proposals before a drafter can be switched off.
+    backend: verify backend, ``"auto"`` | ``"torch"`` | ``"triton"``.
+    """
+
+    draft_num: int = 6
+    max_draft_tokens: int = 12
+    min_draft_tokens: int = 2
+    temperature: float = 0.0
+    top_p: float = 1.0
+    verify_threshold: float | None = None
+    batch_size: int = 32
+    grammar_drafts: bool = True
+    prompt_lookup: bool = True
+    ngram_max: int = 4
+    ngram_min: int = 1
+    draft_model: str | None = None
+    adaptive: bool = True
+    min_acceptance: float = 0.1
+    warmup_proposals: int = 16
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        from .errors import ConfigError
+
+        if self.draft_num < 1:
+            raise ConfigError("draft_num must be >= 1", key="draft_num")
+        if not (1 <= self.min_draft_tokens <= self.max_draft_tokens):
+            raise ConfigError("need 1 <= min_draft_tokens <= max_draft_tokens", key="max_draft_tokens")
+        if self.temperature < 0:
+            raise ConfigError("temperature must be >= 0", key="temperature")
+        if not (0 < self.top_p <= 1):
+            raise ConfigError("top_p must be in (0, 1]", key="top_p")
+        if self.verify_threshold is not None and not (0 < self.verify_threshold <= 1):
+            raise ConfigError("verify_threshold must be in (0, 1] or absent", key="verify_threshold")
+        if self.batch_size < 1:
+            raise ConfigError("batch_size must be >= 1", key="batch_size")
+        if not (1 <= self.ngram_min <= self.ngram_max):
+            raise ConfigError("need 1 <= ngram_min <= ngram_max", key="ngram_min")
+        if self.backend not in ("auto", "torch", "triton"):
+            raise ConfigError("backend must be auto, torch or triton", key="backend")

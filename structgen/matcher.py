@@ -32,7 +32,7 @@ __all__ = ["Matcher", "allocate_bitmask", "vocab_table", "bitmask_words"]
 _TERMINATED = -3  # history marker: EOS was accepted
 
 _VT_LOCK = threading.Lock()
-_VT_CACHE: "weakref.WeakKeyDictionary[Any, VocabTable]" = weakref.WeakKeyDictionary()
+_VT_CACHE: weakref.WeakKeyDictionary[Any, VocabTable] = weakref.WeakKeyDictionary()
 _VT_BY_HASH: dict[Any, VocabTable] = {}
 
 
@@ -277,7 +277,7 @@ class _PrefixIndex:
         self.max_len = vt.max_len
 
 
-_PREFIX: "weakref.WeakKeyDictionary[VocabTable, _PrefixIndex]" = weakref.WeakKeyDictionary()
+_PREFIX: weakref.WeakKeyDictionary[VocabTable, _PrefixIndex] = weakref.WeakKeyDictionary()
 
 
 def _prefix_index(vt: VocabTable) -> _PrefixIndex:

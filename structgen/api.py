@@ -1,0 +1,244 @@
+"""User-facing generation API: :func:`generate`, :func:`stream`, :func:`generate_model`.
+
+::
+
+    import structgen
+    r = structgen.generate("smollm2-135m", schema={"type": "object", ...},
+                           messages=[{"role": "user", "content": "..."}])
+    r.text, r.value, r.tokens, r.finish_reason, r.stats
+
+``model`` is a transformers causal LM (tokenizer taken from it or given), a local
+directory, or an alias the asset step can fetch (default ``smollm2-135m``). Exactly one
+of ``schema`` (dict, JSON text or Pydantic class), ``grammar`` (Lark text) or ``regex``
+constrains the output. Greedy speculative output is token-identical to
+``speculative=False``; sampled output has the same distribution.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .config import SpecConfig
+from .errors import ConfigError
+
+__all__ = ["GenerationResult", "generate", "stream", "generate_model", "DEFAULT_MODEL",
+           "resolve_grammar"]
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass
+class GenerationResult:
+    """One generated output.
+
+    text: the generated text (EOS excluded); value: the parsed JSON value (or the Pydantic
+    instance when a Pydantic class was the schema), None when the output is incomplete;
+    tokens: generated token ids (EOS included if emitted); finish_reason: "stop" or "length";
+    stats: :class:`~structgen.speculative.GenerationStats`.
+    """
+
+    text: str
+    value: Any
+    tokens: list[int]
+    finish_reason: str
+    stats: Any
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _load_config(config: SpecConfig | str | os.PathLike[str] | dict | None) -> SpecConfig:
+    if config is None:
+        return SpecConfig()
+    if isinstance(config, SpecConfig):
+        return config
+    if isinstance(config, dict):
+        try:
+            return SpecConfig(**config)
+        except TypeError as e:
+            raise ConfigError(str(e)) from None
+    from .settings import load_spec_config  # YAML file
+
+    return load_spec_config(Path(config))
+
+
+def resolve_grammar(*, schema: Any = None, grammar: str | None = None, regex: str | None = None,
+                    start: str = "start") -> tuple[Any, Any]:
+    """(compiled grammar, pydantic class or None) from exactly one constraint."""
+    given = [x is not None for x in (schema, grammar, regex)]
+    if sum(given) != 1:
+        raise ConfigError("give exactly one of schema=, grammar= or regex=")
+    pyd = None
+    if schema is not None:
+        from .json_schema import compile_json_schema
+
+        if isinstance(schema, type):
+            pyd = schema
+        if isinstance(schema, (str, os.PathLike)) and not str(schema).lstrip().startswith(("{", "[", "t", "f")):
+            p = Path(schema)
+            if p.exists():
+                schema = p.read_text()
+        return compile_json_schema(schema), pyd
+    if grammar is not None:
+        from .lark_frontend import compile_lark
+
+        return compile_lark(grammar, start=start), None
+    from .regex import compile_regex_grammar
+
+    assert regex is not None
+    return compile_regex_grammar(regex), None
+
+
+def _prompt_ids(lm: Any, prompt: str | None, messages: list[dict] | None) -> list[int]:
+    tok = lm.tokenizer
+    if messages is not None:
+        if getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return list(tok.encode(text, add_special_tokens=False))
+        text = "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant: "
+        return list(tok.encode(text))
+    if prompt is None:
+        raise ConfigError("give prompt= or messages=")
+    return list(tok.encode(prompt))
+
+
+def _finish(res: Any, pyd: Any, is_json: bool) -> GenerationResult:
+    value = None
+    error = None
+    if res.finish_reason == "stop" and is_json:
+        try:
+            value = json.loads(res.text)
+            if pyd is not None:
+                value = pyd.model_validate_json(res.text)
+        except Exception as e:  # noqa: BLE001 - reported, not raised
+            error = f"{type(e).__name__}: {e}"
+    return GenerationResult(res.text, value, res.tokens, res.finish_reason, res.stats, error)
+
+
+def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | None = None,
+             regex: str | None = None, prompt: str | Sequence[str] | None = None,
+             messages: list[dict] | Sequence[list[dict]] | None = None, tokenizer: Any = None,
+             max_new_tokens: int = 256, temperature: float | None = None, top_p: float | None = None,
+             seed: int | None = None, speculative: bool = True,
+             config: SpecConfig | str | os.PathLike[str] | dict | None = None,
+             draft_model: Any = None, start: str = "start") -> Any:
+    """Generate constrained output. Returns a :class:`GenerationResult`, or a list of them
+    when ``prompt`` is a list of strings or ``messages`` a list of conversations.
+
+    For a batch, ``schema``/``grammar`` may also be a list (one per prompt: mixed schemas).
+    Sequences run in micro-batches of ``config.batch_size``; each has its own matcher,
+    drafters and acceptance statistics.
+    """
+    from .model import load_model, vocabulary_for
+    from .speculative import run_sequence
+
+    cfg = _load_config(config)
+    over: dict[str, Any] = {}
+    if temperature is not None:
+        over["temperature"] = float(temperature)
+    if top_p is not None:
+        over["top_p"] = float(top_p)
+    if draft_model is not None and isinstance(draft_model, (str, os.PathLike)):
+        over["draft_model"] = str(draft_model)
+    if over:
+        cfg = replace(cfg, **over)
+    if max_new_tokens < 1:
+        raise ConfigError("max_new_tokens must be >= 1", key="max_new_tokens")
+
+    lm = load_model(model, tokenizer)
+    vocab = vocabulary_for(lm)
+    draft_lm = None
+    if draft_model is not None and not isinstance(draft_model, (str, os.PathLike)):
+        draft_lm = load_model(draft_model)
+    elif cfg.draft_model:
+        draft_lm = load_model(cfg.draft_model)
+    if draft_lm is not None:
+        from .model import CausalLM
+
+        draft_lm = CausalLM(draft_lm.model, draft_lm.tokenizer)  # own cache
+
+    batch = isinstance(prompt, (list, tuple)) or (
+        messages is not None and len(messages) > 0 and isinstance(messages[0], (list, tuple)))
+    if batch:
+        items = list(prompt) if prompt is not None else list(messages)  # type: ignore[arg-type]
+    else:
+        items = [prompt if prompt is not None else messages]
+    n = len(items)
+
+    def per_item(x: Any) -> list[Any]:
+        if isinstance(x, list) and len(x) == n and batch and not isinstance(x, dict):
+            return x
+        return [x] * n
+
+    schemas = per_item(schema) if schema is not None else [None] * n
+    grammars = per_item(grammar) if grammar is not None else [None] * n
+    regexes = per_item(regex) if regex is not None else [None] * n
+
+    results: list[GenerationResult] = []
+    for start_i in range(0, n, cfg.batch_size):
+        for i in range(start_i, min(n, start_i + cfg.batch_size)):
+            g, pyd = resolve_grammar(schema=schemas[i], grammar=grammars[i], regex=regexes[i],
+                                     start=start)
+            item = items[i]
+            ids = _prompt_ids(lm, item if isinstance(item, str) else None,
+                              None if isinstance(item, str) else item)
+            res = run_sequence(lm, vocab, g, ids, cfg, speculative=speculative,
+                               max_new_tokens=max_new_tokens, draft_lm=draft_lm,
+                               seed=None if seed is None else seed + i)
+            results.append(_finish(res, pyd, schemas[i] is not None))
+    return results if batch else results[0]
+
+
+def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | None = None,
+           regex: str | None = None, prompt: str | None = None, messages: list[dict] | None = None,
+           tokenizer: Any = None, max_new_tokens: int = 256, temperature: float | None = None,
+           top_p: float | None = None, seed: int | None = None, speculative: bool = True,
+           config: SpecConfig | str | os.PathLike[str] | dict | None = None,
+           draft_model: Any = None, start: str = "start") -> Iterator[str]:
+    """Yield text increments as each verify step commits them (never text a later
+    rollback could take back). Same arguments as :func:`generate`, one prompt."""
+    from .model import load_model, vocabulary_for
+    from .speculative import stream_sequence
+
+    cfg = _load_config(config)
+    over: dict[str, Any] = {}
+    if temperature is not None:
+        over["temperature"] = float(temperature)
+    if top_p is not None:
+        over["top_p"] = float(top_p)
+    if over:
+        cfg = replace(cfg, **over)
+    lm = load_model(model, tokenizer)
+    vocab = vocabulary_for(lm)
+    draft_lm = load_model(draft_model) if draft_model is not None else None
+    g, _pyd = resolve_grammar(schema=schema, grammar=grammar, regex=regex, start=start)
+    ids = _prompt_ids(lm, prompt, messages)
+    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    eos = set(vocab.eos_token_ids)
+    for new, _seq in stream_sequence(lm, vocab, g, ids, cfg, speculative=speculative,
+                                     max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed):
+        data = vocab.decode_bytes([t for t in new if t not in eos])
+        text = dec.decode(data)
+        if text:
+            yield text
+    tail = dec.decode(b"", final=True)
+    if tail:
+        yield tail
+
+
+def generate_model(model: Any, cls: type, prompt: str | None = None, **kw: Any) -> Any:
+    """Generate an instance of the Pydantic class ``cls``; raises ValueError when the output
+    is incomplete (``max_new_tokens`` reached)."""
+    if "messages" not in kw and prompt is not None:
+        kw["messages"] = [{"role": "user", "content": prompt}]
+        prompt = None
+    r = generate(model, schema=cls, prompt=prompt, **kw)
+    if r.value is None:
+        raise ValueError(f"generation did not complete a {cls.__name__} "
+                         f"(finish_reason={r.finish_reason}, error={r.error})")
+    return r.value

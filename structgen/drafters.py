@@ -1,0 +1,244 @@
+"""Drafters: cheap proposals of the next tokens, verified later by the target model.
+
+Drafters propose, they never decide: every proposal is cut to its longest
+grammar-valid prefix (pre-validation) and then verified exactly against the target.
+
+* :class:`GrammarForcedDrafter` -- what the grammar alone determines (keys, punctuation,
+  closing brackets), turned into the tokens the model itself would produce by
+  tokenizing the forced text canonically in the context of the last committed tokens.
+* :class:`PromptLookupDrafter` -- continuations found by n-gram match in the prompt and
+  the output so far (values copied from the input in extraction tasks).
+* :class:`DraftModelDrafter` -- a smaller causal LM with the same tokenizer, masked by the
+  grammar at every step; proposes with probabilities, so sampling stays exact.
+
+Each drafter adapts its draft length to its observed acceptance (``observe``) and is
+switched off when its acceptance stays below ``SpecConfig.min_acceptance``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import SpecConfig
+from .matcher import Matcher
+
+__all__ = ["Candidate", "Drafter", "GrammarForcedDrafter", "PromptLookupDrafter",
+           "DraftModelDrafter", "canonical_tokens"]
+
+
+@dataclass
+class Candidate:
+    """A proposed continuation: ``tokens`` plus, per segment, which drafter proposed it.
+
+    probs: optional draft distributions ``[len(tokens), V]`` (float32 torch tensor) when
+    every token came from a draft model; None = deterministic proposals.
+    """
+
+    tokens: list[int]
+    segments: list[tuple[Drafter, int]] = field(default_factory=list)
+    probs: Any = None
+
+    def score(self) -> float:
+        """Expected number of accepted tokens under each drafter's running acceptance."""
+        total = 0.0
+        p = 1.0
+        for drafter, n in self.segments:
+            r = drafter.acceptance_estimate()
+            for _ in range(n):
+                p *= r
+                total += p
+        return total
+
+
+class Drafter:
+    """Base class: adaptive length and acceptance bookkeeping."""
+
+    name = "drafter"
+    prior = 0.5
+
+    def __init__(self, cfg: SpecConfig) -> None:
+        self.cfg = cfg
+        self.length = max(cfg.min_draft_tokens, cfg.max_draft_tokens // 2)
+        self.proposed = 0
+        self.accepted = 0
+        self.calls = 0
+        self.enabled = True
+
+    def acceptance_estimate(self) -> float:
+        # Laplace-smoothed towards the prior
+        return (self.accepted + 4 * self.prior) / (self.proposed + 4)
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        """Record that ``accepted`` of ``proposed`` tokens of this drafter were accepted."""
+        if proposed <= 0:
+            return
+        self.proposed += proposed
+        self.accepted += accepted
+        self.calls += 1
+        cfg = self.cfg
+        if cfg.adaptive:
+            if accepted >= proposed:
+                self.length = min(cfg.max_draft_tokens, self.length + 2)
+            else:
+                self.length = max(cfg.min_draft_tokens, min(self.length, accepted + 2))
+        if (self.proposed >= cfg.warmup_proposals
+                and self.accepted / self.proposed < cfg.min_acceptance
+                and self.name != "grammar"):
+            self.enabled = False
+
+    def stats(self) -> dict[str, Any]:
+        rate = self.accepted / self.proposed if self.proposed else None
+        return {"proposed": self.proposed, "accepted": self.accepted, "acceptance": rate,
+                "enabled": self.enabled}
+
+
+def canonical_tokens(tokenizer: Any, vocab: Any, committed: list[int], data: bytes,
+                     context_tokens: int = 3) -> list[int]:
+    """Tokens the model's tokenizer produces for ``data`` following ``committed`` output.
+
+    The last few committed tokens are re-tokenized together with ``data`` so that the
+    tokenizer sees the real boundary; when that re-tokenization does not reproduce the
+    committed tokens (a merge across the boundary), ``data`` is tokenized alone.
+    Incomplete trailing UTF-8 is dropped.
+    """
+    if not data:
+        return []
+    # drop an incomplete UTF-8 tail
+    for cut in range(len(data), max(len(data) - 4, 0) - 1, -1):
+        try:
+            text = data[:cut].decode("utf-8")
+            break
+        except UnicodeDecodeError:
+            continue
+    else:
+        return []
+    if not text:
+        return []
+    tail_ids = committed[-context_tokens:] if committed else []
+    if tail_ids:
+        tail = vocab.decode_bytes(tail_ids)
+        try:
+            tail_text = tail.decode("utf-8")
+        except UnicodeDecodeError:
+            tail_text = None
+        if tail_text is not None:
+            ids = tokenizer.encode(tail_text + text, add_special_tokens=False)
+            if ids[: len(tail_ids)] == tail_ids:
+                return list(ids[len(tail_ids):])
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+class GrammarForcedDrafter(Drafter):
+    """Proposes the grammar-forced continuation in canonical tokenization."""
+
+    name = "grammar"
+    prior = 0.8
+
+    def __init__(self, cfg: SpecConfig, tokenizer: Any, vocab: Any) -> None:
+        super().__init__(cfg)
+        self.tokenizer = tokenizer
+        self.vocab = vocab
+
+    def propose(self, matcher: Matcher, output: list[int], limit: int) -> list[int]:
+        data = matcher.forced_bytes(limit=256)
+        if not data:
+            return []
+        toks = canonical_tokens(self.tokenizer, self.vocab, output, data)
+        return toks[: max(0, limit)]
+
+
+class PromptLookupDrafter(Drafter):
+    """n-gram lookup in the prompt and output: if the last n tokens occurred before,
+    propose what followed them (most recent occurrence first, longest n first)."""
+
+    name = "lookup"
+    prior = 0.5
+
+    def propose_many(self, context: list[int], limit: int, num: int) -> list[list[int]]:
+        out: list[list[int]] = []
+        seen: set[tuple[int, ...]] = set()
+        n_ctx = len(context)
+        for n in range(self.cfg.ngram_max, self.cfg.ngram_min - 1, -1):
+            if n_ctx <= n:
+                continue
+            suffix = context[-n:]
+            first = suffix[0]
+            # scan backwards for earlier occurrences
+            i = n_ctx - n - 1
+            while i >= 0 and len(out) < num:
+                if context[i] == first and context[i:i + n] == suffix:
+                    cont = context[i + n: i + n + limit]
+                    key = tuple(cont)
+                    if cont and key not in seen:
+                        seen.add(key)
+                        out.append(cont)
+                i -= 1
+            if len(out) >= num:
+                break
+        return out
+
+
+class DraftModelDrafter(Drafter):
+    """A small causal LM (same tokenizer) proposing tokens greedily, or by sampling when
+    the temperature is positive, under the grammar mask; keeps its own KV cache."""
+
+    name = "draft_model"
+    prior = 0.6
+
+    def __init__(self, cfg: SpecConfig, lm: Any, vocab: Any) -> None:
+        super().__init__(cfg)
+        self.lm = lm
+        self.vocab = vocab
+        self.cached: list[int] = []
+
+    def reset(self) -> None:
+        self.lm.reset()
+        self.cached = []
+
+    def propose(self, matcher: Matcher, context: list[int], limit: int, *,
+                temperature: float = 0.0, generator: Any = None) -> tuple[list[int], Any]:
+        import torch
+
+        from .matcher import allocate_bitmask
+        from .sampling import masked_distribution
+
+        if limit <= 0:
+            return [], None
+        # sync the cache with the context: keep the common prefix, feed the rest
+        common = 0
+        for a, b in zip(self.cached, context):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(context) - 1)
+        if self.lm.cache is None:
+            self.lm.reset()
+        self.lm.crop(min(common, self.lm.length))
+        self.cached = context[: self.lm.length]
+        feed = context[self.lm.length:]
+        logits = self.lm.extend(feed, all_logits=False)[-1]
+        self.cached = list(context)
+        m = matcher.fork()
+        bm = allocate_bitmask(1, self.lm.vocab_size)
+        toks: list[int] = []
+        probs: list[Any] = []
+        for step in range(limit):
+            m.fill_bitmask(bm, 0)
+            p = masked_distribution(logits, bm[0], temperature)  # [V] float32
+            if p is None:
+                break
+            if temperature > 0:
+                t = int(torch.multinomial(p, 1, generator=generator))
+            else:
+                t = int(torch.argmax(p))
+            if t in self.vocab.eos_token_ids or not m.accept_token(t):
+                break
+            toks.append(t)
+            probs.append(p)
+            if step + 1 < limit:
+                logits = self.lm.extend([t], all_logits=False)[-1]
+                self.cached.append(t)
+        if not toks:
+            return [], None
+        return toks, torch.stack(probs)

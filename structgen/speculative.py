@@ -1,0 +1,359 @@
+"""The generation loop: drafts -> pre-validation -> one target forward -> exact verify.
+
+One sequence at a time (a batch is a list of these, see :mod:`structgen.api`):
+
+1. drafters propose candidates (grammar-forced text in canonical tokenization, prompt
+   lookup continuations, a grammar-masked draft model), composed as forced + continuation;
+2. pre-validation cuts every candidate to its longest grammar-valid prefix on the CPU and
+   picks the one with the best expected acceptance; the matcher builds one mask per draft
+   position plus the bonus position (fill -> accept -> ... -> rollback);
+3. the target model runs once over ``[pending] + draft`` with its KV cache;
+4. :func:`structgen.verify.verify` accepts the longest prefix the target agrees with
+   (greedy: masked argmax equality; sampling: rejection sampling) and emits the recovered
+   or bonus token; the KV cache is cropped to the accepted prefix (nothing recomputed).
+
+With ``speculative=False`` the same loop runs with empty drafts: plain grammar-constrained
+decoding, the baseline. Greedy output is identical in both modes; sampled output has the
+same distribution. A position where the grammar allows exactly one token (e.g. EOS after
+a complete document) is committed without a forward pass (that is what plain constrained
+decoding would emit too).
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .automaton import CompiledGrammar
+from .config import SpecConfig
+from .drafters import (Candidate, DraftModelDrafter, GrammarForcedDrafter,
+                       PromptLookupDrafter)
+from .matcher import Matcher, bitmask_words
+from .model import CausalLM
+
+__all__ = ["GenerationStats", "SequenceResult", "run_sequence", "stream_sequence"]
+
+
+@dataclass
+class GenerationStats:
+    """Counters for one call (or summed over a batch).
+
+    acceptance per drafter = accepted / proposed draft tokens (pre-validated tokens that
+    were sent to the target). ``tokens_per_pass`` = generated tokens / target forward passes.
+    """
+
+    forward_passes: int = 0
+    new_tokens: int = 0
+    free_tokens: int = 0  # tokens committed without a forward pass (grammar allowed only one)
+    drafted: int = 0
+    accepted: int = 0
+    bonus: int = 0  # recovered or bonus tokens emitted by verification
+    drafters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    time_masks: float = 0.0
+    time_drafting: float = 0.0
+    time_forward: float = 0.0
+    time_verify: float = 0.0
+    time_prefill: float = 0.0
+    time_total: float = 0.0
+    time_to_first_token: float | None = None
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.time_total if self.time_total else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items()}
+        d["tokens_per_pass"] = self.tokens_per_pass
+        d["acceptance"] = self.acceptance
+        d["tokens_per_second"] = self.tokens_per_second
+        return d
+
+    def merge(self, other: GenerationStats) -> None:
+        for k in ("forward_passes", "new_tokens", "free_tokens", "drafted", "accepted", "bonus",
+                  "time_masks", "time_drafting", "time_forward", "time_verify", "time_prefill",
+                  "time_total"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+        for name, st in other.drafters.items():
+            mine = self.drafters.setdefault(name, {"proposed": 0, "accepted": 0})
+            mine["proposed"] += st["proposed"]
+            mine["accepted"] += st["accepted"]
+            mine["acceptance"] = mine["accepted"] / mine["proposed"] if mine["proposed"] else None
+
+
+@dataclass
+class SequenceResult:
+    tokens: list[int]
+    text: str
+    finish_reason: str  # "stop" (EOS / grammar complete) | "length" | "error"
+    stats: GenerationStats
+
+
+class _Sequence:
+    """State of one sequence under generation."""
+
+    def __init__(self, lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
+                 cfg: SpecConfig, *, speculative: bool, max_new_tokens: int,
+                 draft_lm: CausalLM | None, seed: int | None) -> None:
+        self.lm = lm
+        self.vocab = vocab
+        self.cfg = cfg
+        self.matcher = Matcher(grammar, vocab)
+        self.prompt = list(prompt_ids)
+        self.output: list[int] = []
+        self.speculative = speculative
+        self.max_new = max_new_tokens
+        self.stats = GenerationStats()
+        self.finish: str | None = None
+        self.eos = set(vocab.eos_token_ids)
+        self.generator = torch.Generator().manual_seed(seed if seed is not None else
+                                                       int(torch.randint(0, 2**62, (1,))))
+        self.grammar_d = GrammarForcedDrafter(cfg, lm.tokenizer, vocab) if cfg.grammar_drafts else None
+        self.lookup_d = PromptLookupDrafter(cfg) if cfg.prompt_lookup else None
+        self.model_d = DraftModelDrafter(cfg, draft_lm, vocab) if draft_lm is not None else None
+        if self.model_d is not None:
+            self.model_d.reset()
+        self.words = bitmask_words(lm.vocab_size)
+        self.bitmask = torch.zeros((cfg.max_draft_tokens + 1, self.words), dtype=torch.int32)
+        self.pending: int | None = None
+
+    # -- drafting ---------------------------------------------------------------------------
+    def _candidates(self, limit: int) -> list[Candidate]:
+        cands: list[Candidate] = []
+        forced: list[int] = []
+        m = self.matcher
+        if self.grammar_d is not None and self.grammar_d.enabled:
+            forced = self.grammar_d.propose(m, self.output, limit)
+            n_ok = m.validate_tokens(forced)
+            forced = forced[:n_ok]
+        context = self.prompt + self.output + forced
+        rest = limit - len(forced)
+        if forced:
+            cands.append(Candidate(list(forced), [(self.grammar_d, len(forced))]))  # type: ignore[list-item]
+        if rest > 0 and self.lookup_d is not None and self.lookup_d.enabled:
+            n_look = min(self.lookup_d.length, rest)
+            for cont in self.lookup_d.propose_many(context, n_look, self.cfg.draft_num):
+                segs = [(self.grammar_d, len(forced))] if forced else []
+                cands.append(Candidate(forced + cont, segs + [(self.lookup_d, len(cont))]))  # type: ignore[list-item]
+        if rest > 0 and self.model_d is not None and self.model_d.enabled:
+            fm = m.fork()
+            fm.accept_tokens(forced)
+            toks, probs = self.model_d.propose(
+                fm, context, min(self.model_d.length, rest),
+                temperature=self.cfg.temperature, generator=self.generator)
+            if toks:
+                segs = [(self.grammar_d, len(forced))] if forced else []
+                cand = Candidate(forced + toks, segs + [(self.model_d, len(toks))])  # type: ignore[list-item]
+                if not forced:
+                    cand.probs = probs
+                cands.append(cand)
+        return cands
+
+    def _choose(self, cands: list[Candidate]) -> Candidate | None:
+        best: Candidate | None = None
+        best_score = 0.0
+        m = self.matcher
+        for c in cands[: max(1, self.cfg.draft_num) + 2]:
+            n = m.validate_tokens(c.tokens)  # pre-validation: longest grammar-valid prefix
+            if n < len(c.tokens):
+                c.tokens = c.tokens[:n]
+                if c.probs is not None:
+                    c.probs = c.probs[:n]
+                segs = []
+                left = n
+                for d, k in c.segments:
+                    take = min(k, left)
+                    if take:
+                        segs.append((d, take))
+                    left -= take
+                c.segments = segs
+            if not c.tokens:
+                continue
+            s = c.score()
+            if s > best_score:
+                best, best_score = c, s
+        return best
+
+    # -- one step ------------------------------------------------------------------------------
+    def step(self) -> list[int]:
+        """Run one verify step; returns the newly committed tokens (may be empty at the end)."""
+        from .verify import verify
+
+        st = self.stats
+        m = self.matcher
+        budget = self.max_new - len(self.output)
+        if budget <= 0:
+            self.finish = "length"
+            return []
+        # a position where the grammar allows exactly one token needs no model
+        t0 = time.perf_counter()
+        allowed = m.allowed_token_ids() if m.is_accepting() else None
+        st.time_masks += time.perf_counter() - t0
+        if allowed is not None and len(allowed) <= len(self.eos) and set(allowed) <= self.eos:
+            tok = allowed[0]
+            m.accept_token(tok)
+            self.output.append(tok)
+            st.new_tokens += 1
+            st.free_tokens += 1
+            self.finish = "stop"
+            return [tok]
+
+        # drafting + pre-validation
+        t0 = time.perf_counter()
+        cand: Candidate | None = None
+        if self.speculative:
+            limit = min(self.cfg.max_draft_tokens, budget - 1)
+            if limit > 0:
+                cand = self._choose(self._candidates(limit))
+        draft = cand.tokens if cand is not None else []
+        k = len(draft)
+        st.time_drafting += time.perf_counter() - t0
+
+        # masks for every draft position plus the bonus position
+        t0 = time.perf_counter()
+        bm = self.bitmask[: k + 1]
+        for i in range(k + 1):
+            m.fill_bitmask(bm, i)
+            if i < k:
+                ok = m.accept_token(draft[i])
+                assert ok, "pre-validated draft rejected"
+        if k:
+            m.rollback(k)
+        st.time_masks += time.perf_counter() - t0
+
+        # one target forward over [pending] + draft
+        t0 = time.perf_counter()
+        assert self.pending is not None
+        logits = self.lm.extend([self.pending] + draft)  # [k+1, V]
+        st.forward_passes += 1
+        st.time_forward += time.perf_counter() - t0
+
+        # verify
+        t0 = time.perf_counter()
+        temperature = self.cfg.temperature
+        uniforms = torch.rand((k + 1, 2), dtype=torch.float64, generator=self.generator)
+        out = verify(
+            torch.tensor(draft, dtype=torch.int64),                 # [k]
+            torch.tensor([k], dtype=torch.int32),                    # [1] cumulative draft counts
+            logits,                                                  # [k+1, V]
+            bm,                                                      # [k+1, W]
+            draft_probs=cand.probs if (cand is not None and cand.probs is not None) else None,
+            temperature=torch.tensor([temperature], dtype=torch.float32),
+            top_p=(torch.tensor([self.cfg.top_p], dtype=torch.float32) if self.cfg.top_p < 1 else None),
+            uniforms=uniforms,
+            backend=self.cfg.backend,
+        )
+        n_acc = int(out.num_accepted[0])
+        if n_acc < 0:
+            raise RuntimeError("verification found a fully masked row (grammar dead end)")
+        emitted = [int(t) for t in out.output_token_ids[0, : n_acc + 1].tolist()]
+        if self.cfg.verify_threshold is not None and k:
+            n_acc, emitted = self._lossy(draft, logits, bm, n_acc, emitted)
+        st.time_verify += time.perf_counter() - t0
+
+        # bookkeeping per drafter
+        if cand is not None:
+            left = n_acc
+            for d, n in cand.segments:
+                took = min(n, left)
+                d.observe(n, took)
+                left -= took
+            st.drafted += k
+            st.accepted += n_acc
+        st.bonus += 1
+
+        # commit: crop the KV cache to pending + accepted drafts
+        self.lm.crop(self.lm.length - (k - n_acc))
+        emitted = emitted[:budget]
+        committed: list[int] = []
+        for t in emitted:
+            if not m.accept_token(t):
+                raise RuntimeError(f"verified token {t} rejected by the grammar")
+            committed.append(t)
+            if t in self.eos:
+                self.finish = "stop"
+                break
+        self.output.extend(committed)
+        st.new_tokens += len(committed)
+        if self.finish is None and len(committed) < len(emitted):
+            self.finish = "stop"
+        self.pending = committed[-1] if committed else self.pending
+        if self.finish is None and len(self.output) >= self.max_new:
+            self.finish = "length"
+        return committed
+
+    def _lossy(self, draft: list[int], logits: torch.Tensor, bm: torch.Tensor, n_acc: int,
+               emitted: list[int]) -> tuple[int, list[int]]:
+        """Opt-in LOSSY typical acceptance (``verify_threshold``): beyond the exact verdict,
+        keep accepting draft tokens whose masked target probability is at least
+        ``threshold`` times the top token's. Changes the output distribution."""
+        from .sampling import masked_logits
+
+        thr = float(self.cfg.verify_threshold or 1.0)
+        k = len(draft)
+        probs = torch.softmax(masked_logits(logits, bm[: k + 1]) / max(self.cfg.temperature, 1e-5), -1)
+        i = n_acc
+        while i < k and float(probs[i, draft[i]]) >= thr * float(probs[i].max()):
+            i += 1
+        if i == n_acc:
+            return n_acc, emitted
+        nxt = int(torch.argmax(probs[i])) if i < k else int(torch.argmax(probs[k]))
+        return i, draft[:i] + [nxt]
+
+    def prefill(self) -> None:
+        t0 = time.perf_counter()
+        self.lm.reset()
+        if len(self.prompt) > 1:
+            self.lm.extend(self.prompt[:-1], all_logits=False)
+        self.pending = self.prompt[-1]
+        self.stats.time_prefill += time.perf_counter() - t0
+
+    def finalize_stats(self) -> None:
+        for d in (self.grammar_d, self.lookup_d, self.model_d):
+            if d is not None:
+                self.stats.drafters[d.name] = d.stats()
+
+
+def stream_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
+                    cfg: SpecConfig, *, speculative: bool = True, max_new_tokens: int = 256,
+                    draft_lm: CausalLM | None = None, seed: int | None = None
+                    ) -> Iterator[tuple[list[int], _Sequence]]:
+    """Yield ``(committed_tokens, state)`` after every verify step."""
+    if not prompt_ids:
+        raise ValueError("the prompt must contain at least one token")
+    seq = _Sequence(lm, vocab, grammar, prompt_ids, cfg, speculative=speculative,
+                    max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed)
+    t_start = time.perf_counter()
+    seq.prefill()
+    while seq.finish is None:
+        new = seq.step()
+        if new and seq.stats.time_to_first_token is None:
+            seq.stats.time_to_first_token = time.perf_counter() - t_start
+        seq.stats.time_total = time.perf_counter() - t_start
+        yield new, seq
+    seq.stats.time_total = time.perf_counter() - t_start
+    seq.finalize_stats()
+
+
+def run_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
+                 cfg: SpecConfig, **kw: Any) -> SequenceResult:
+    seq = None
+    for _new, seq in stream_sequence(lm, vocab, grammar, prompt_ids, cfg, **kw):
+        pass
+    assert seq is not None
+    text_tokens = [t for t in seq.output if t not in seq.eos]
+    data = vocab.decode_bytes(text_tokens)
+    text = codecs.decode(data, "utf-8", errors="replace")
+    return SequenceResult(seq.output, text, seq.finish or "stop", seq.stats)
