@@ -79,7 +79,8 @@ def resolve_grammar(*, schema: Any = None, grammar: str | None = None, regex: st
 
         if isinstance(schema, type):
             pyd = schema
-        if isinstance(schema, (str, os.PathLike)) and not str(schema).lstrip().startswith(("{", "[", "t", "f")):
+        looks_like_json = str(schema).lstrip().startswith(("{", "[", "t", "f"))
+        if isinstance(schema, (str, os.PathLike)) and not looks_like_json:
             p = Path(schema)
             if p.exists():
                 schema = p.read_text()

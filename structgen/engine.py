@@ -214,6 +214,38 @@ class Engine:
         self.fill_row(cid)
         return np.nonzero(self.trans[cid] >= 0)[0]
 
+    def shortest_completion(self, cid: int, max_nodes: int = 50_000,
+                            prefer: bytes = b"") -> bytes | None:
+        """A shortest byte string leading from ``cid`` to an accepting configuration
+        (breadth-first over configurations; bytes in ``prefer`` are tried first, then
+        ascending). None if none is found within ``max_nodes`` configurations."""
+        if cid < 0:
+            return None
+        if self.is_accepting(cid):
+            return b""
+        order = list(dict.fromkeys(list(prefer) + list(range(32, 127)) + list(range(256))))
+        parent: dict[int, tuple[int, int]] = {cid: (-1, -1)}
+        frontier = [cid]
+        while frontier and len(parent) < max_nodes:
+            nxt: list[int] = []
+            for c in frontier:
+                self.fill_row(c)
+                row = self.trans[c]
+                for b in order:
+                    t = int(row[b])
+                    if t < 0 or t in parent:
+                        continue
+                    parent[t] = (c, b)
+                    if self.is_accepting(t):
+                        out = bytearray()
+                        while t != cid:
+                            t, bb = parent[t]
+                            out.append(bb)
+                        return bytes(reversed(out))
+                    nxt.append(t)
+            frontier = nxt
+        return None
+
     # -- token masks ----------------------------------------------------------------
     def token_mask(self, cid: int, vt: VocabTable) -> np.ndarray:
         """Packed allowed-token words for configuration ``cid`` (uint32 ``[vt.num_words]``).
@@ -244,37 +276,79 @@ class Engine:
         return m
 
     def _allowed_tokens(self, cid: int, vt: VocabTable) -> np.ndarray:
-        """Token ids (original numbering) whose bytes can be consumed from ``cid``."""
+        """Token ids (original numbering) whose bytes can be consumed from ``cid``.
+
+        Two vectorised strategies: where most bytes loop back to ``cid`` (string bodies and
+        the like) the tokens made only of looping bytes are allowed outright and only the
+        rest are walked byte by byte; elsewhere a level-by-level walk of the vocabulary's
+        byte trie expands only children of live nodes, so restrictive states prune at once.
+        """
         if cid < 0 or not self.configs[cid][0]:
             return np.zeros(0, dtype=np.int64)
-        act = np.arange(vt.num_tokens, dtype=np.int64)  # indices into the length-sorted arrays
-        st = np.full(vt.num_tokens, cid, dtype=np.int32)
-        done: list[np.ndarray] = []
+        self.fill_row(cid)
+        loops = self.trans[cid] == cid
+        if int(loops.sum()) >= 32:
+            return self._allowed_loop_split(cid, vt, loops)
+        return self._allowed_trie(cid, vt)
+
+    def _allowed_loop_split(self, cid: int, vt: VocabTable, loops: np.ndarray) -> np.ndarray:
+        words = np.packbits(~loops, bitorder="little").view(np.uint64)  # [4] non-loop bytes
+        impure = (vt.byte_bits & words).any(axis=1)  # [N] token has a non-looping byte
+        pure_ids = vt.flat_ids[~impure]
+        act = np.nonzero(impure)[0]
+        st = np.full(act.size, cid, dtype=np.int32)
+        lens = vt.flat_lens
         mat = vt.matrix
+        found = [pure_ids]
+        filled = self.filled
         for j in range(vt.max_len):
-            # tokens of length j (sorted descending by length: indices >= count_longer[j]) end here
-            cut = vt.count_longer[j]
-            fin = act >= cut
+            fin = lens[act] == j
             if fin.any():
-                done.append(act[fin])
+                found.append(vt.flat_ids[act[fin]])
                 act = act[~fin]
                 st = st[~fin]
             if act.size == 0:
                 break
-            b = mat[act, j]
-            filled = self.filled[st]
-            if not filled.all():
-                for c in np.unique(st[~filled]).tolist():
+            if not filled[st].all():
+                for c in np.unique(st[~filled[st]]).tolist():
                     self.fill_row(int(c))
-            nxt = self.trans[st, b]
+                filled = self.filled
+            nxt = self.trans[st, mat[act, j]]
             keep = nxt >= 0
             act = act[keep]
             st = nxt[keep]
-        if act.size:
-            done.append(act)
-        if not done:
+        return np.concatenate(found)
+
+    def _allowed_trie(self, cid: int, vt: VocabTable) -> np.ndarray:
+        nodes = np.zeros(1, dtype=np.int64)  # live nodes of the previous level (root = 0)
+        states = np.array([cid], dtype=np.int32)
+        found: list[np.ndarray] = []
+        filled = self.filled
+        for lv in vt.levels:
+            starts = lv.child_start[nodes]
+            counts = lv.child_count[nodes]
+            total = int(counts.sum())
+            if total == 0:
+                break
+            child = _expand(starts, counts, total)  # [total] node ids at this level
+            par_state = np.repeat(states, counts)
+            if not filled[par_state].all():
+                for c in np.unique(par_state[~filled[par_state]]).tolist():
+                    self.fill_row(int(c))
+                filled = self.filled
+            nxt = self.trans[par_state, lv.byte[child]]
+            keep = nxt >= 0
+            nodes = child[keep]
+            states = nxt[keep]
+            if nodes.size == 0:
+                break
+            tcount = lv.tok_count[nodes]
+            ntok = int(tcount.sum())
+            if ntok:
+                found.append(lv.tok_ids[_expand(lv.tok_start[nodes], tcount, ntok)])
+        if not found:
             return np.zeros(0, dtype=np.int64)
-        return vt.order[np.concatenate(done)]
+        return np.concatenate(found)
 
     # -- introspection -------------------------------------------------------------
     def memory_bytes(self) -> int:
@@ -283,14 +357,32 @@ class Engine:
                    + self.mask_cache_bytes + 64 * (len(self.frames) + len(self.configs)))
 
 
+def _expand(starts: np.ndarray, counts: np.ndarray, total: int) -> np.ndarray:
+    """Concatenate the integer ranges ``[starts[i], starts[i] + counts[i])``."""
+    ends = np.cumsum(counts)
+    offs = np.repeat(starts - (ends - counts), counts)
+    return offs + np.arange(total, dtype=np.int64)
+
+
+class _Level:
+    """Trie nodes at one depth, sorted by (parent, byte).
+
+    byte:        uint8 [n]        the byte on the edge into the node
+    child_start: int64 [n_prev]   first child (at this level) of each previous-level node
+    child_count: int64 [n_prev]
+    tok_start / tok_count: int64 [n]   range in ``tok_ids`` of tokens ending at the node
+    tok_ids:     int64 [k]        token ids (original numbering) ending at this level
+    """
+
+    __slots__ = ("byte", "child_start", "child_count", "tok_start", "tok_count", "tok_ids")
+
+
 class VocabTable:
     """Vectorisation-friendly view of a vocabulary (built once per vocabulary).
 
-    order:        int64 [N]           token ids with non-empty bytes, sorted by byte length descending
-    matrix:       uint8 [N, max_len]  their bytes, zero padded
-    count_longer: int64 [max_len + 1] count_longer[j] = number of tokens longer than j bytes
-    eos_ids:      int64 [E]
-    num_words:    ceil(vocab_size / 32)
+    levels:    the byte trie of all tokens with non-empty bytes, one :class:`_Level` per depth
+    eos_ids:   int64 [E]
+    num_words: ceil(vocab_size / 32)
     """
 
     def __init__(self, token_bytes: list[bytes | None], eos_ids: list[int], vocab_size: int,
@@ -298,20 +390,52 @@ class VocabTable:
         self.key = key
         self.vocab_size = vocab_size
         self.num_words = (vocab_size + 31) // 32
-        ids = [i for i, b in enumerate(token_bytes) if b]
-        lens = np.array([len(token_bytes[i]) for i in ids], dtype=np.int64)  # type: ignore[arg-type]
-        perm = np.argsort(-lens, kind="stable")
-        self.order = np.array(ids, dtype=np.int64)[perm]
-        lens = lens[perm]
-        self.max_len = int(lens[0]) if lens.size else 0
-        self.num_tokens = len(ids)
-        mat = np.zeros((len(ids), max(self.max_len, 1)), dtype=np.uint8)
-        for row, tid in enumerate(self.order.tolist()):
-            b = token_bytes[tid]
-            assert b is not None
-            mat[row, : len(b)] = np.frombuffer(b, dtype=np.uint8)
-        self.matrix = mat
-        self.count_longer = np.array([(lens > j).sum() for j in range(self.max_len + 1)],
-                                     dtype=np.int64)
-        self.eos_ids = np.array(sorted(set(eos_ids)), dtype=np.int64)
         self.token_bytes = token_bytes
+        self.eos_ids = np.array(sorted(set(eos_ids)), dtype=np.int64)
+        ids = np.array([i for i, b in enumerate(token_bytes) if b], dtype=np.int64)
+        blobs = [token_bytes[i] for i in ids.tolist()]
+        lens = np.array([len(b) for b in blobs], dtype=np.int64)  # type: ignore[arg-type]
+        self.num_tokens = int(ids.size)
+        self.max_len = int(lens.max()) if lens.size else 0
+        # flat bytes + offsets, then per level the (parent, byte) keys
+        flat = np.frombuffer(b"".join(blobs), dtype=np.uint8)  # type: ignore[arg-type]
+        offs = np.concatenate([[0], np.cumsum(lens)[:-1]]) if lens.size else np.zeros(0, np.int64)
+        node = np.zeros(self.num_tokens, dtype=np.int64)  # node of each token's prefix so far
+        n_prev = 1
+        active = np.arange(self.num_tokens, dtype=np.int64)
+        self.levels: list[_Level] = []
+        # flat per-token arrays (ids ascending): lengths, zero-padded byte matrix, byte bitmaps
+        self.flat_ids = ids
+        self.flat_lens = lens
+        width = max(self.max_len, 1)
+        mat = np.zeros((self.num_tokens, width), dtype=np.uint8)
+        col = np.arange(flat.size, dtype=np.int64) - np.repeat(offs, lens)
+        row = np.repeat(np.arange(self.num_tokens, dtype=np.int64), lens)
+        mat[row, col] = flat
+        self.matrix = mat
+        bits = np.zeros((self.num_tokens, 256), dtype=bool)
+        bits[row, flat] = True
+        self.byte_bits = np.packbits(bits, axis=1, bitorder="little").view(np.uint64)  # [N, 4]
+        for j in range(self.max_len):
+            active = active[lens[active] > j]
+            if active.size == 0:
+                break
+            keys = node[active] * 256 + flat[offs[active] + j]
+            uniq, inv = np.unique(keys, return_inverse=True)
+            lv = _Level()
+            parent = uniq // 256
+            lv.byte = (uniq % 256).astype(np.uint8)
+            lv.child_start = np.searchsorted(parent, np.arange(n_prev)).astype(np.int64)
+            lv.child_count = (np.searchsorted(parent, np.arange(n_prev), side="right")
+                              - lv.child_start).astype(np.int64)
+            node[active] = inv.reshape(-1)
+            ending = active[lens[active] == j + 1]
+            end_nodes = node[ending]
+            order = np.argsort(end_nodes, kind="stable")
+            lv.tok_ids = ids[ending[order]]
+            sorted_nodes = end_nodes[order]
+            lv.tok_start = np.searchsorted(sorted_nodes, np.arange(uniq.size)).astype(np.int64)
+            lv.tok_count = (np.searchsorted(sorted_nodes, np.arange(uniq.size), side="right")
+                            - lv.tok_start).astype(np.int64)
+            self.levels.append(lv)
+            n_prev = uniq.size

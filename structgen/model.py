@@ -46,7 +46,8 @@ class CausalLM:
         self.cache: Any = None
         self.length = 0  # tokens held in the cache
         out_emb = model.get_output_embeddings()
-        self.vocab_size = int(out_emb.weight.shape[0]) if out_emb is not None else int(model.config.vocab_size)
+        self.vocab_size = (int(out_emb.weight.shape[0]) if out_emb is not None
+                           else int(model.config.vocab_size))
         self.forward_passes = 0
 
     def reset(self) -> None:

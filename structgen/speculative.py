@@ -31,8 +31,7 @@ import torch
 
 from .automaton import CompiledGrammar
 from .config import SpecConfig
-from .drafters import (Candidate, DraftModelDrafter, GrammarForcedDrafter,
-                       PromptLookupDrafter)
+from .drafters import Candidate, DraftModelDrafter, GrammarForcedDrafter, PromptLookupDrafter
 from .matcher import Matcher, bitmask_words
 from .model import CausalLM
 
@@ -350,8 +349,8 @@ def stream_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_i
 def run_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
                  cfg: SpecConfig, **kw: Any) -> SequenceResult:
     seq = None
-    for _new, seq in stream_sequence(lm, vocab, grammar, prompt_ids, cfg, **kw):
-        pass
+    for _new, state in stream_sequence(lm, vocab, grammar, prompt_ids, cfg, **kw):
+        seq = state
     assert seq is not None
     text_tokens = [t for t in seq.output if t not in seq.eos]
     data = vocab.decode_bytes(text_tokens)

@@ -1,0 +1,279 @@
+"""JSONSchemaBench: compile rate, soundness of random mask walks, and false rejections.
+
+For every schema of the benchmark (``--data``, default ``../shared/data/jsonschemabench``):
+
+1. compile it (typed error or success; the error class and keyword are recorded);
+2. soundness: ``--walks`` random walks through the token masks with the Llama-3 vocabulary;
+   each walk takes random allowed tokens for a random number of steps, then finishes along a
+   shortest completion (tokenized greedily with allowed tokens) so it ends in an accepting
+   state; every produced document must validate with ``jsonschema`` (formats checked);
+3. completeness: valid instances (``hypothesis-jsonschema`` with a fixed seed, plus the schema's
+   own ``examples``), serialised with ``canonical_json`` and tokenized with the Llama-3 and
+   Qwen2 tokenizers, must be accepted token by token (zero false rejections). Instances that
+   ``jsonschema`` itself rejects are skipped.
+
+Writes a JSON report (``--out``) and prints a table per subset. ``--smoke`` runs a few
+schemas per subset (CI). Example::
+
+    python benchmarks/jsonschemabench.py --limit 200 --out benchmarks/results/jsonschemabench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import jsonschema  # noqa: E402
+
+from structgen.config import CompileOptions  # noqa: E402
+from structgen.errors import StructgenError  # noqa: E402
+
+DEFAULT_DATA = ROOT.parent / "shared" / "data" / "jsonschemabench"
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(_sig: int, _frm: Any) -> None:
+    raise _Timeout()
+
+
+def load_schemas(data: Path, subsets: list[str] | None, limit: int | None,
+                 seed: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for f in sorted(data.glob("*.jsonl")):
+        if subsets and f.stem not in subsets:
+            continue
+        sub = [json.loads(line) for line in f.open() if line.strip()]
+        if limit is not None:
+            random.Random(seed).shuffle(sub)
+            sub = sub[:limit]
+        for r in sub:
+            r.setdefault("subset", f.stem)
+        rows.extend(sub)
+    return rows
+
+
+def keyword_of(exc: BaseException) -> str:
+    kw = getattr(exc, "keyword", None)
+    return f"{type(exc).__name__}:{kw}" if kw else type(exc).__name__
+
+
+def random_walk(matcher: Any, vocab: Any, rng: random.Random, max_steps: int) -> bytes | None:
+    """Random allowed tokens, then a shortest completion; the produced bytes (None if stuck)."""
+    eng = matcher.grammar.engine
+    out = bytearray()
+    steps = rng.randint(0, max_steps)
+    eos = set(vocab.eos_token_ids)
+    for _ in range(steps):
+        allowed = [t for t in matcher.allowed_token_ids() if t not in eos]
+        if not allowed:
+            break
+        t = rng.choice(allowed)
+        assert matcher.accept_token(t)
+        out += vocab.token_bytes[t]
+    # finish: shortest completion, tokenized greedily with allowed tokens
+    cid = matcher._hist[-1]
+    tail = eng.shortest_completion(cid, prefer=b'"}]0,:')
+    if tail is None:
+        return None
+    i = 0
+    by_bytes = {}
+    for tid, b in enumerate(vocab.token_bytes):
+        if b and len(b) <= 8 and b not in by_bytes:
+            by_bytes[b] = tid
+    while i < len(tail):
+        for ln in range(min(8, len(tail) - i), 0, -1):
+            tid = by_bytes.get(tail[i:i + ln])
+            if tid is not None and matcher.accept_token(tid):
+                out += tail[i:i + ln]
+                i += ln
+                break
+        else:
+            return None
+    if not matcher.is_accepting():
+        return None
+    return bytes(out)
+
+
+def valid_instances(schema: Any, n: int, seed: int, deadline_s: float) -> list[Any]:
+    out: list[Any] = []
+    ex = schema.get("examples") if isinstance(schema, dict) else None
+    if isinstance(ex, list):
+        out.extend(ex[:n])
+    try:
+        from hypothesis import HealthCheck, Phase, given, settings
+        from hypothesis_jsonschema import from_schema
+    except ImportError:
+        return out
+    found: list[Any] = []
+    try:
+        strat = from_schema(schema)
+
+        @settings(max_examples=n, database=None, derandomize=True, deadline=None,
+                  phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+        @given(strat)
+        def collect(v: Any) -> None:
+            if len(found) < n:
+                found.append(v)
+
+        signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, deadline_s)
+        try:
+            collect()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _Timeout:
+        pass
+    except Exception:  # noqa: BLE001 - hypothesis-jsonschema cannot handle every schema
+        pass
+    del seed
+    return out + found
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--subset", action="append", help="only these subsets (repeatable)")
+    ap.add_argument("--limit", type=int, default=None, help="schemas per subset")
+    ap.add_argument("--walks", type=int, default=3)
+    ap.add_argument("--max-steps", type=int, default=40)
+    ap.add_argument("--instances", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=10.0, help="compile timeout per schema (s)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="3 schemas per subset, 1 walk, 1 instance")
+    ap.add_argument("--no-instances", action="store_true")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.limit, args.walks, args.instances = 3, 1, 1
+    if not args.data.exists():
+        print(f"data folder {args.data} not found (pass --data)", file=sys.stderr)
+        return 2
+
+    from structgen import assets
+    from structgen.json_schema import canonical_json, compile_json_schema
+    from structgen.matcher import Matcher
+    from structgen.vocab import Vocabulary
+
+    toks = {a: assets.load_tokenizer(a) for a in ("llama3", "qwen2")}
+    vocabs = {a: Vocabulary.from_tokenizer(t) for a, t in toks.items()}
+    rows = load_schemas(args.data, args.subset, args.limit, args.seed)
+    copts = CompileOptions(timeout_s=args.timeout)
+    per: dict[str, Counter[str]] = defaultdict(Counter)
+    errors: Counter[str] = Counter()
+    failures: list[dict[str, Any]] = []
+    compile_times: list[float] = []
+    rng = random.Random(args.seed)
+    t_start = time.time()
+    for i, row in enumerate(rows):
+        sub, schema = row["subset"], row["schema"]
+        c = per[sub]
+        c["schemas"] += 1
+        t0 = time.perf_counter()
+        try:
+            g = compile_json_schema(schema, compile_options=copts)
+        except StructgenError as e:
+            c["compile_error"] += 1
+            errors[keyword_of(e)] += 1
+            continue
+        except RecursionError:
+            c["crash"] += 1
+            errors["RecursionError"] += 1
+            failures.append({"id": row.get("id"), "kind": "crash", "error": "RecursionError"})
+            continue
+        except Exception as e:  # noqa: BLE001 - a crash is a bug: record it
+            c["crash"] += 1
+            errors[f"CRASH:{type(e).__name__}"] += 1
+            failures.append({"id": row.get("id"), "kind": "crash", "error": repr(e)[:300]})
+            continue
+        compile_times.append(time.perf_counter() - t0)
+        c["compiled"] += 1
+        try:
+            validator = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)(
+                schema, format_checker=jsonschema.FormatChecker())
+        except Exception:  # noqa: BLE001
+            validator = None
+        # soundness walks
+        for _w in range(args.walks):
+            m = Matcher(g, vocabs["llama3"])
+            data = random_walk(m, vocabs["llama3"], rng, args.max_steps)
+            if data is None:
+                c["walk_stuck"] += 1
+                continue
+            c["walks"] += 1
+            try:
+                inst = json.loads(data.decode("utf-8"))
+            except Exception:  # noqa: BLE001
+                c["walk_invalid"] += 1
+                failures.append({"id": row.get("id"), "kind": "walk_not_json",
+                                 "doc": data[:300].decode("utf-8", "replace")})
+                continue
+            if validator is not None and not validator.is_valid(inst):
+                c["walk_invalid"] += 1
+                err = next(iter(validator.iter_errors(inst)))
+                failures.append({"id": row.get("id"), "kind": "walk_invalid",
+                                 "doc": data[:300].decode("utf-8", "replace"),
+                                 "error": f"{list(err.absolute_path)}: {err.message[:200]}"})
+        # completeness
+        if not args.no_instances and validator is not None:
+            for inst in valid_instances(schema, args.instances, args.seed, 5.0):
+                try:
+                    if not validator.is_valid(inst):
+                        continue
+                    text = canonical_json(inst, schema)
+                except Exception:  # noqa: BLE001
+                    continue
+                c["instances"] += 1
+                for alias, tok in toks.items():
+                    ids = tok.encode(text, add_special_tokens=False)
+                    m = Matcher(g, vocabs[alias])
+                    n = m.accept_tokens(ids)
+                    if n != len(ids) or not m.is_accepting():
+                        c[f"false_reject_{alias}"] += 1
+                        failures.append({"id": row.get("id"), "kind": f"false_reject_{alias}",
+                                         "doc": text[:300], "at_token": n})
+        if (i + 1) % 100 == 0:
+            print(f"  {i + 1}/{len(rows)} schemas, {time.time() - t_start:.0f} s", file=sys.stderr)
+
+    total = Counter()
+    for c in per.values():
+        total.update(c)
+    print(f"{'subset':18} {'schemas':>7} {'compiled':>8} {'rate':>6} {'walks':>6} {'invalid':>7} "
+          f"{'inst':>5} {'FR-llama':>8} {'FR-qwen':>7} {'crash':>5}")
+    for name in sorted(per) + ["TOTAL"]:
+        c = total if name == "TOTAL" else per[name]
+        rate = c["compiled"] / c["schemas"] if c["schemas"] else 0
+        print(f"{name:18} {c['schemas']:7d} {c['compiled']:8d} {rate:6.1%} {c['walks']:6d} "
+              f"{c['walk_invalid']:7d} {c['instances']:5d} {c['false_reject_llama3']:8d} "
+              f"{c['false_reject_qwen2']:7d} {c['crash']:5d}")
+    print("compile errors by type/keyword:", dict(errors.most_common(20)))
+    if compile_times:
+        ct = sorted(compile_times)
+        print(f"compile time median {ct[len(ct) // 2] * 1e3:.1f} ms, p90 {ct[int(len(ct) * 0.9)] * 1e3:.1f} ms")
+    report = {"per_subset": {k: dict(v) for k, v in per.items()}, "total": dict(total),
+              "errors": dict(errors), "failures": failures[:500],
+              "args": {k: str(v) for k, v in vars(args).items()}}
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+    bad = (total["walk_invalid"] + total["false_reject_llama3"] + total["false_reject_qwen2"]
+           + total["crash"])
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Token masks over slices of real tokenizer vocabularies against independent oracles.
+
+* Regular grammars: the third-party ``regex`` module's partial matching decides whether a
+  byte string is a viable prefix of a pattern (``regex.fullmatch(p, s, partial=True)``);
+  a token is allowed iff prefix + token is viable. Patterns are ASCII with positive
+  classes only, so byte and code-point semantics coincide.
+* Recursive grammars: brute force over the vocabulary slice, one token at a time, with a
+  hand-written viability check of the nested-list language.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import regex as re_oracle
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from structgen import ir
+from structgen.automaton import compile_grammar
+from structgen.matcher import Matcher
+from structgen.regex import compile_regex
+from structgen.vocab import Vocabulary
+
+pytestmark = pytest.mark.assets
+
+ALIASES = ["llama3", "qwen2", "gpt2", "mistral"]
+
+
+def _slice_vocab(tokenizer, n: int, seed: int, must: bytes = b"") -> Vocabulary:
+    """A vocabulary with a random slice of the real token table (other ids -> None)."""
+    full = Vocabulary.from_tokenizer(tokenizer)
+    rng = random.Random(seed)
+    ids = [i for i, b in enumerate(full.token_bytes) if b is not None]
+    keep = set(rng.sample(ids, min(n, len(ids))))
+    # make sure short tokens over the pattern alphabet are present so walks can progress
+    for i, b in enumerate(full.token_bytes):
+        if b is not None and len(b) <= 3 and must and all(c in must for c in b):
+            keep.add(i)
+    table = [b if i in keep else None for i, b in enumerate(full.token_bytes)]
+    return Vocabulary(table, full.eos_token_ids, full.vocab_size)
+
+
+ATOMS = ["a", "b", "ab", "ba", "[ab]", "[a-c]", "c", "[0-9]", "x", " ", '"', ",", "[ -~]", "[ -!#-~]"]
+
+
+def patterns() -> st.SearchStrategy[str]:
+    leaf = st.sampled_from(ATOMS)
+
+    def ext(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+        return st.one_of(
+            st.lists(children, min_size=2, max_size=3).map("".join),
+            st.lists(children, min_size=2, max_size=3).map(lambda xs: "(?:" + "|".join(xs) + ")"),
+            st.tuples(children, st.sampled_from(["*", "+", "?", "{1,3}", "{2}"])).map(
+                lambda t: "(?:" + t[0] + ")" + t[1]),
+        )
+    return st.recursive(leaf, ext, max_leaves=6)
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(pattern=patterns(), seed=st.integers(0, 10**6), walk=st.lists(st.integers(0, 10**6), max_size=5))
+def test_regex_masks_equal_partial_match_oracle(tokenizer_by_alias, alias: str, pattern: str,
+                                                seed: int, walk: list[int]) -> None:
+    tok = tokenizer_by_alias(alias)
+    vocab = _slice_vocab(tok, 3000, seed, must=b'abcx0123456789 ",')
+    cg = compile_grammar(ir.Grammar({"s": compile_regex(pattern)}, "s"))
+    oracle = re_oracle.compile(pattern.encode())
+    m = Matcher(cg, vocab)
+    prefix = b""
+    for choice in [*walk, None]:
+        allowed = set(m.allowed_token_ids())
+        expect = set()
+        for i, b in enumerate(vocab.token_bytes):
+            if b is not None and oracle.fullmatch(prefix + b, partial=True) is not None:
+                expect.add(i)
+        if oracle.fullmatch(prefix) is not None:
+            expect.update(vocab.eos_token_ids)
+        assert allowed == expect, (pattern, prefix)
+        text = sorted(t for t in allowed if vocab.token_bytes[t] is not None)
+        if choice is None or not text:
+            break
+        t = text[choice % len(text)]
+        assert m.accept_token(t)
+        prefix += vocab.token_bytes[t]
+
+
+def _nested_viable(p: bytes) -> bool:
+    depth = 0
+    prev = b""
+    for i in range(len(p)):
+        c = p[i:i + 1]
+        if c == b"[":
+            if prev not in (b"", b"[", b","):
+                return False
+            depth += 1
+        elif c == b"]":
+            if prev not in (b"[", b"]") or depth == 0:
+                return False
+            depth -= 1
+        elif c == b",":
+            if prev != b"]" or depth == 0:
+                return False
+        else:
+            return False
+        if depth == 0 and i != len(p) - 1:
+            return False
+        prev = c
+    return True
+
+
+@pytest.mark.parametrize("alias", ["llama3", "qwen2"])
+def test_recursive_grammar_brute_force(tokenizer_by_alias, alias: str) -> None:
+    tok = tokenizer_by_alias(alias)
+    full = Vocabulary.from_tokenizer(tok)
+    # every token made only of brackets and commas, plus a random slice of the rest
+    rng = random.Random(0)
+    keep = {i for i, b in enumerate(full.token_bytes) if b and set(b) <= set(b"[],")}
+    keep |= set(rng.sample([i for i, b in enumerate(full.token_bytes) if b], 2000))
+    table = [b if i in keep else None for i, b in enumerate(full.token_bytes)]
+    vocab = Vocabulary(table, full.eos_token_ids, full.vocab_size)
+    g = ir.Grammar({"s": ir.seq(ir.lit("["), ir.opt(ir.seq(ir.ref("s"), ir.star(
+        ir.seq(ir.lit(","), ir.ref("s"))))), ir.lit("]"))}, "s")
+    cg = compile_grammar(g)
+    m = Matcher(cg, vocab)
+    prefix = b""
+    for _step in range(25):
+        allowed = set(m.allowed_token_ids())
+        expect = {i for i, b in enumerate(vocab.token_bytes) if b and _nested_viable(prefix + b)}
+        balanced = prefix.count(b"[") == prefix.count(b"]") and prefix != b""
+        if balanced:
+            expect.update(vocab.eos_token_ids)
+        assert allowed == expect, prefix
+        text = sorted(t for t in allowed if vocab.token_bytes[t])
+        if not text:
+            break
+        # prefer opening brackets early so the walk goes deep
+        opening = [t for t in text if vocab.token_bytes[t].startswith(b"[")]
+        t = rng.choice(opening if opening and _step < 12 else text)
+        assert m.accept_token(t)
+        prefix += vocab.token_bytes[t]
