@@ -68,8 +68,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .automaton import CompiledGrammar, compile_grammar
     from .api import GenerationResult, generate, generate_model, stream
+    from .automaton import CompiledGrammar, compile_grammar
     from .config import CompileOptions, JsonSchemaOptions, SpecConfig
     from .json_schema import compile_json_schema
     from .lark_frontend import compile_lark

@@ -19,6 +19,7 @@ __all__ = [
     "CompileTimeoutError",
     "VocabularyError",
     "AssetError",
+    "StructgenWarning",
 ]
 
 
@@ -120,3 +121,7 @@ class VocabularyError(StructgenError, ValueError):
 
 class AssetError(StructgenError):
     """A tokenizer or model asset could not be obtained or converted."""
+
+
+class StructgenWarning(UserWarning):
+    """Warnings structgen emits on purpose (e.g. lenient-mode over-approximations)."""

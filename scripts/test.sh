@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Run the checks CI runs: ruff, then pytest. Extra arguments go to pytest
+# (e.g. `bash scripts/test.sh -m "not slow"` or `bash scripts/test.sh tests/test_cli_validate.py`).
+# Needs scripts/setup.sh to have run (it makes .venv).
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY=.venv/bin/python
+if [ ! -x "$PY" ]; then
+    echo "[test] error: .venv is missing; run 'bash scripts/setup.sh' first" >&2
+    exit 2
+fi
+
+# 2-core machines: competing OpenMP threads slow torch down many-fold. No hub access exists,
+# so make transformers fail fast instead of retrying the network.
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+echo "[test] ruff check"
+"$PY" -m ruff check . || { echo "[test] ruff check failed" >&2; exit 1; }
+
+echo "[test] pytest"
+"$PY" -m pytest "$@"
+rc=$?
+if [ "$rc" -eq 5 ]; then
+    echo "[test] error: pytest collected no tests (exit 5); that counts as a failure" >&2
+    exit 1
+fi
+exit "$rc"

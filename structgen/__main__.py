@@ -1,0 +1,7 @@
+"""``python -m structgen``: the same command line as the ``structgen`` script."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
