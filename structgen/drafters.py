@@ -232,10 +232,13 @@ class DraftModelDrafter(Drafter):
                 t = int(torch.multinomial(p, 1, generator=generator))
             else:
                 t = int(torch.argmax(p))
-            if t in self.vocab.eos_token_ids or not m.accept_token(t):
+            if not m.accept_token(t):  # cannot happen: t was drawn under the mask
                 break
+            # EOS is proposed like any token (dropping it would bias the proposal distribution)
             toks.append(t)
             probs.append(p)
+            if m.is_terminated():
+                break
             if step + 1 < limit:
                 logits = self.lm.extend([t], all_logits=False)[-1]
                 self.cached.append(t)

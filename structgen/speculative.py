@@ -155,12 +155,23 @@ class _Sequence:
             if toks:
                 segs = [(self.grammar_d, len(forced))] if forced else []
                 cand = Candidate(forced + toks, segs + [(self.model_d, len(toks))])  # type: ignore[list-item]
-                if not forced:
-                    cand.probs = probs
+                if self.cfg.temperature > 0 and probs is not None:
+                    # forced tokens are deterministic proposals: point masses  [len(forced), V]
+                    point = torch.zeros((len(forced), probs.shape[1]), dtype=probs.dtype)
+                    if forced:
+                        point[torch.arange(len(forced)), torch.tensor(forced)] = 1.0
+                    cand.probs = torch.cat([point, probs])  # [len(forced) + len(toks), V]
                 cands.append(cand)
         return cands
 
     def _choose(self, cands: list[Candidate]) -> Candidate | None:
+        if self.cfg.temperature > 0:
+            # Sampling: a draft-model proposal is verified whenever it exists, so that which
+            # candidate is verified never depends on what the draft model sampled (selection
+            # on sampled content would bias the proposal distribution given to the verifier).
+            for c in cands:
+                if c.probs is not None:
+                    return c
         best: Candidate | None = None
         best_score = 0.0
         m = self.matcher
@@ -248,7 +259,7 @@ class _Sequence:
             torch.tensor([k], dtype=torch.int32),                    # [1] cumulative draft counts
             logits,                                                  # [k+1, V]
             bm,                                                      # [k+1, W]
-            draft_probs=cand.probs if (cand is not None and cand.probs is not None) else None,
+            draft_probs=self._draft_probs(cand),
             temperature=torch.tensor([temperature], dtype=torch.float32),
             top_p=(torch.tensor([self.cfg.top_p], dtype=torch.float32) if self.cfg.top_p < 1 else None),
             uniforms=uniforms,
@@ -292,6 +303,16 @@ class _Sequence:
         if self.finish is None and len(self.output) >= self.max_new:
             self.finish = "length"
         return committed
+
+    def _draft_probs(self, cand: Candidate | None) -> torch.Tensor | None:
+        """The candidate's draft distributions ``[k, V_target]`` (None: deterministic)."""
+        if cand is None or cand.probs is None or self.cfg.temperature <= 0:
+            return None
+        q = cand.probs.float()
+        v = self.lm.vocab_size
+        if q.shape[1] < v:
+            q = torch.nn.functional.pad(q, (0, v - q.shape[1]))
+        return q[:, :v].contiguous()
 
     def _lossy(self, draft: list[int], logits: torch.Tensor, bm: torch.Tensor, n_acc: int,
                emitted: list[int]) -> tuple[int, list[int]]:
