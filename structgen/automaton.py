@@ -770,25 +770,32 @@ def _eps_reach(d: _Dfa, nullable: list[bool]) -> tuple[set[int], bool]:
 
 
 def _coreachable(d: _Dfa, nonempty: list[bool]) -> np.ndarray:
+    """States from which an accepting state is reachable (byte edges, and call edges to
+    non-empty rules), by backward breadth-first search over a CSR of reversed edges."""
     n = d.trans.shape[0]
-    # reverse edges
-    rev: list[list[int]] = [[] for _ in range(n)]
     src, _b = np.nonzero(d.trans >= 0)
-    dst = d.trans[d.trans >= 0]
-    for a, b in set(zip(src.tolist(), dst.tolist())):
-        rev[b].append(a)
-    for q in range(n):
-        for r, t in d.calls[q]:
-            if nonempty[r]:
-                rev[t].append(q)
+    dst = d.trans[src, _b].astype(np.int64)
+    extra_src = [q for q in range(n) for r, _t in d.calls[q] if nonempty[r]]
+    extra_dst = [t for q in range(n) for r, t in d.calls[q] if nonempty[r]]
+    if extra_src:
+        src = np.concatenate([src, np.array(extra_src, dtype=np.int64)])
+        dst = np.concatenate([dst, np.array(extra_dst, dtype=np.int64)])
+    keys = np.unique(dst * n + src)
+    rdst, rsrc = keys // n, keys % n  # sorted by destination
+    indptr = np.searchsorted(rdst, np.arange(n + 1))
     good = d.accept.copy()
-    stack = list(np.nonzero(good)[0])
-    while stack:
-        q = stack.pop()
-        for p in rev[q]:
-            if not good[p]:
-                good[p] = True
-                stack.append(p)
+    frontier = np.nonzero(good)[0]
+    while frontier.size:
+        starts, ends = indptr[frontier], indptr[frontier + 1]
+        counts = ends - starts
+        total = int(counts.sum())
+        if total == 0:
+            break
+        idx = np.repeat(starts - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts) + np.arange(total)
+        preds = np.unique(rsrc[idx])
+        preds = preds[~good[preds]]
+        good[preds] = True
+        frontier = preds
     return good
 
 
@@ -838,15 +845,15 @@ def _minimise(d: _Dfa) -> _Dfa:
             ccols[q, cpos[r]] = t
     # initial partition: accept flag + which rules are called
     init = np.concatenate([d.accept[:, None].astype(np.int64), (ccols >= 0).astype(np.int64)], axis=1)
-    _, block = np.unique(init, axis=0, return_inverse=True)
-    block = block.reshape(-1).astype(np.int64)
+    block = _row_classes(init)
     nblocks = int(block.max()) + 1
+    # columns (bytes) that behave identically in every state need to be compared only once
+    cols = np.unique(d.trans, axis=1) if d.trans.shape[1] > 1 else d.trans
     while True:
-        tb = np.where(d.trans >= 0, block[np.maximum(d.trans, 0)], -1)
+        tb = np.where(cols >= 0, block[np.maximum(cols, 0)], -1)
         cb = np.where(ccols >= 0, block[np.maximum(ccols, 0)], -1)
         sig = np.concatenate([block[:, None], tb, cb], axis=1)
-        _, nb = np.unique(sig, axis=0, return_inverse=True)
-        nb = nb.reshape(-1).astype(np.int64)
+        nb = _row_classes(sig)
         k = int(nb.max()) + 1
         block = nb
         if k == nblocks:
@@ -870,6 +877,24 @@ def _minimise(d: _Dfa) -> _Dfa:
     acc = d.accept[reps].copy()
     calls = [tuple((r, int(new_of_state[t])) for r, t in d.calls[int(q)]) for q in reps]
     return _Dfa(np.ascontiguousarray(trans), acc, calls)
+
+
+_HASH_RNG = np.random.default_rng(0x5EED)
+
+
+def _row_classes(mat: np.ndarray) -> np.ndarray:
+    """Class id per row of an int matrix (equal rows <-> equal ids), via 64-bit row hashes
+    checked for collisions (falls back to an exact ``np.unique`` if any)."""
+    m = mat.astype(np.int64)
+    mult = _HASH_RNG.integers(1, 2**62, size=m.shape[1], dtype=np.int64) | 1
+    with np.errstate(over="ignore"):
+        h = (m * mult).sum(axis=1) ^ (m[:, 0] << 17 if m.shape[1] else 0)
+    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    if not np.array_equal(m, m[first[inv]]):  # a hash collision: be exact
+        _, inv = np.unique(m, axis=0, return_inverse=True)
+        inv = inv.reshape(-1)
+    return inv.astype(np.int64)
 
 
 def _embed(nfa: _Nfa, d: _Dfa, s: int) -> int:
