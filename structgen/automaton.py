@@ -165,7 +165,7 @@ def grammar_key(grammar: ir.Grammar, options: CompileOptions) -> str:
     h.update(repr(options).encode())
     h.update(grammar.start.encode())
     for name in sorted(grammar.rules):
-        h.update(b"\x00" + name.encode() + b"\x01" + repr(grammar.rules[name]).encode())
+        h.update(b"\x00" + name.encode() + b"\x01" + grammar.rules[name].fingerprint())
     return h.hexdigest()
 
 

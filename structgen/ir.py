@@ -20,8 +20,9 @@ otherwise compilation raises :class:`~structgen.errors.GrammarError`.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
-from typing import Union
+from typing import Any, Union
 
 from .errors import GrammarError
 
@@ -36,7 +37,7 @@ __all__ = [
 class Expr:
     """Base of IR expressions. Immutable; structural equality; cached hash."""
 
-    __slots__ = ("_hash",)
+    __slots__ = ("_hash", "_fp")
 
     def _key(self) -> tuple:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -62,6 +63,17 @@ class Expr:
 
     def _args(self) -> tuple:
         return self._key()
+
+    def fingerprint(self) -> bytes:
+        """SHA-256 of the node's full structure (cached); stable across processes."""
+        try:
+            return self._fp  # type: ignore[no-any-return]
+        except AttributeError:
+            h = hashlib.sha256(type(self).__name__.encode())
+            _feed(h, self._key())
+            fp = h.digest()
+            object.__setattr__(self, "_fp", fp)
+            return fp
 
     def __reduce__(self) -> tuple:
         return (type(self), self._args())
@@ -241,6 +253,19 @@ class Dfa(Expr):
 
     def __repr__(self) -> str:
         return f"Dfa({len(self.trans)} states)"
+
+
+def _feed(h: Any, part: object) -> None:
+    if isinstance(part, Expr):
+        h.update(b"E" + part.fingerprint())
+    elif isinstance(part, (tuple, frozenset)):
+        items = sorted(part) if isinstance(part, frozenset) else part
+        h.update(b"(%d" % len(items))
+        for x in items:
+            _feed(h, x)
+        h.update(b")")
+    else:
+        h.update(b"V" + repr(part).encode() + b";")
 
 
 EMPTY: Expr = Seq(())

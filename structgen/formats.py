@@ -1,0 +1,290 @@
+"""Grammar IR for JSON Schema ``format`` values.
+
+:func:`format_expr` returns the *content* of a JSON string (the bytes between the
+quotes) for a known format. Every language here is pure ASCII without ``"``, ``\\`` or
+control characters, so the raw bytes are also valid JSON string content; escaped
+spellings (``\\u0041``) are not generated or accepted.
+
+The languages follow the RFCs that JSON Schema names, narrowed where the checker that
+``jsonschema`` (4.26) runs is stricter, so an accepted string is never rejected by
+``jsonschema.FormatChecker``:
+
+* ``date``: RFC 3339 ``full-date`` with the exact number of days per month, leap years
+  included (Gregorian rule), years 0001-9999 (``datetime.date`` has no year 0).
+* ``time``: RFC 3339 ``full-time``; seconds 00-59 (the leap second ``60`` is rejected,
+  as ``jsonschema``'s ``rfc3339-validator`` does); ``T``/``Z`` in either case.
+* ``date-time``: ``date`` ``T``|``t`` ``time`` (no space separator).
+* ``duration``: the RFC 3339 appendix A grammar exactly (``P1Y2M``, ``PT1H30M``,
+  ``P3W``; units in order without gaps in a run, e.g. ``P1Y1D`` is not in the ABNF).
+* ``email``: RFC 5321 ``Mailbox`` with a dot-atom local part of at most 64 bytes (no
+  quoted local parts) and a ``hostname`` or ``[IPv4]`` / ``[IPv6:...]`` domain.
+* ``hostname``: RFC 1123 labels of 1-63 letters, digits and hyphens, not starting or
+  ending with a hyphen, dot separated, no trailing dot. The 253-byte total limit is
+  *not* enforced (it would need ~16k automaton states).
+* ``ipv4``: dotted quad, each 0-255 without leading zeros.
+* ``ipv6``: every RFC 4291 text form (``::`` compression, embedded IPv4), no zone id.
+* ``uuid``: 8-4-4-4-12 hex digits, either case.
+* ``uri`` / ``uri-reference``: RFC 3986 ``URI`` / ``URI-reference`` (ASCII only:
+  ``iri`` forms are not included).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from . import ir
+from .numeric import explore_dfa
+
+__all__ = ["FORMATS", "format_expr"]
+
+
+def _cls(chars: str) -> ir.Expr:
+    return ir.byteset(ord(c) for c in chars)
+
+
+def _rng(lo: str, hi: str) -> ir.Expr:
+    return ir.byte_range(ord(lo), ord(hi))
+
+
+DIGIT = _rng("0", "9")
+ALPHA = ir.alt(_rng("A", "Z"), _rng("a", "z"))
+HEXDIG = ir.alt(DIGIT, _rng("A", "F"), _rng("a", "f"))
+_ALNUM = ir.alt(ALPHA, DIGIT)
+
+
+def _lit(s: str) -> ir.Expr:
+    return ir.lit(s)
+
+
+def _ci(s: str) -> ir.Expr:
+    """A case-insensitive ASCII literal."""
+    return ir.seq(*(_cls(c.lower() + c.upper()) if c.isalpha() else _lit(c) for c in s))
+
+
+def _two(first: str, second: str) -> ir.Expr:
+    """Two digits: the first from ``first``, the second from ``second`` (char classes)."""
+    return ir.seq(_cls(first), _cls(second))
+
+
+# ---------------------------------------------------------------------------
+# Dates and times (RFC 3339)
+# ---------------------------------------------------------------------------
+
+def _date() -> ir.Expr:
+    d = DIGIT
+    # years 0001-9999
+    year = ir.alt(ir.seq(_rng("1", "9"), d, d, d), ir.seq(_lit("0"), _rng("1", "9"), d, d),
+                  ir.seq(_lit("00"), _rng("1", "9"), d), ir.seq(_lit("000"), _rng("1", "9")))
+    # two-digit multiples of 4: 00 04 08 12 16 ... 96
+    mult4_nz = ir.alt(_two("2468", "048"), _two("0", "48"), _two("13579", "26"))
+    # leap: yy%4 == 0 and yy != 00 (any century), or century%4 == 0 with yy == 00
+    leap_year = ir.alt(ir.seq(d, d, mult4_nz), ir.seq(mult4_nz, _lit("00")))
+    day28 = ir.alt(ir.seq(_lit("0"), _rng("1", "9")), ir.seq(_lit("1"), d),
+                   ir.seq(_lit("2"), _rng("0", "8")))
+    day30 = ir.alt(day28, _lit("29"), _lit("30"))
+    day31 = ir.alt(day30, _lit("31"))
+    m31 = ir.alt(_lit("01"), _lit("03"), _lit("05"), _lit("07"), _lit("08"), _lit("10"),
+                 _lit("12"))
+    m30 = ir.alt(_lit("04"), _lit("06"), _lit("09"), _lit("11"))
+    dash = _lit("-")
+    return ir.alt(
+        ir.seq(year, dash, m31, dash, day31),
+        ir.seq(year, dash, m30, dash, day30),
+        ir.seq(year, dash, _lit("02"), dash, day28),
+        ir.seq(leap_year, _lit("-02-29")),
+    )
+
+
+def _hour() -> ir.Expr:
+    return ir.alt(_two("01", "0123456789"), _two("2", "0123"))
+
+
+def _minute() -> ir.Expr:
+    return ir.seq(_rng("0", "5"), DIGIT)
+
+
+def _time() -> ir.Expr:
+    colon = _lit(":")
+    secfrac = ir.opt(ir.seq(_lit("."), ir.plus(DIGIT)))
+    offset = ir.alt(_cls("Zz"), ir.seq(_cls("+-"), _hour(), colon, _minute()))
+    # seconds 00-59: jsonschema's checker rejects the leap second 60
+    return ir.seq(_hour(), colon, _minute(), colon, _minute(), secfrac, offset)
+
+
+def _date_time() -> ir.Expr:
+    return ir.seq(_date(), _cls("Tt"), _time())
+
+
+def _duration() -> ir.Expr:
+    n = ir.plus(DIGIT)
+
+    def unit(c: str) -> ir.Expr:
+        return ir.seq(n, _lit(c))
+
+    second = unit("S")
+    minute = ir.seq(unit("M"), ir.opt(second))
+    hour = ir.seq(unit("H"), ir.opt(minute))
+    dur_time = ir.seq(_lit("T"), ir.alt(hour, minute, second))
+    day = unit("D")
+    month = ir.seq(unit("M"), ir.opt(day))
+    year = ir.seq(unit("Y"), ir.opt(month))
+    dur_date = ir.seq(ir.alt(day, month, year), ir.opt(dur_time))
+    week = unit("W")
+    return ir.seq(_lit("P"), ir.alt(dur_date, dur_time, week))
+
+
+# ---------------------------------------------------------------------------
+# Internet addresses and names
+# ---------------------------------------------------------------------------
+
+def _dec_octet() -> ir.Expr:
+    d = DIGIT
+    return ir.alt(d, ir.seq(_rng("1", "9"), d), ir.seq(_lit("1"), d, d),
+                  ir.seq(_lit("2"), _rng("0", "4"), d), ir.seq(_lit("25"), _rng("0", "5")))
+
+
+def _ipv4() -> ir.Expr:
+    o = _dec_octet()
+    dot = _lit(".")
+    return ir.seq(o, dot, o, dot, o, dot, o)
+
+
+def _ipv6() -> ir.Expr:
+    h16 = ir.rep(HEXDIG, 1, 4)
+    h16c = ir.seq(h16, _lit(":"))
+    ls32 = ir.alt(ir.seq(h16, _lit(":"), h16), _ipv4())
+    dc = _lit("::")
+
+    def before(k: int) -> ir.Expr:
+        """``[ *k( h16 ":" ) h16 ]``: up to k+1 groups before ``::``."""
+        return ir.opt(ir.seq(ir.rep(h16c, 0, k), h16))
+
+    return ir.alt(
+        ir.seq(ir.rep(h16c, 6, 6), ls32),
+        ir.seq(dc, ir.rep(h16c, 5, 5), ls32),
+        ir.seq(ir.opt(h16), dc, ir.rep(h16c, 4, 4), ls32),
+        ir.seq(before(1), dc, ir.rep(h16c, 3, 3), ls32),
+        ir.seq(before(2), dc, ir.rep(h16c, 2, 2), ls32),
+        ir.seq(before(3), dc, h16c, ls32),
+        ir.seq(before(4), dc, ls32),
+        ir.seq(before(5), dc, h16),
+        ir.seq(before(6), dc),
+    )
+
+
+_ALNUM_BYTES = bytes(range(0x30, 0x3A)) + bytes(range(0x41, 0x5B)) + bytes(range(0x61, 0x7B))
+
+
+def _hostname() -> ir.Expr:
+    # state (n, hyphen): n characters in the current label, last one a hyphen
+    def step(st: tuple[int, bool], b: int) -> tuple[int, bool] | None:
+        n, hy = st
+        if b == 0x2E:
+            return (0, False) if n >= 1 and not hy else None
+        if n >= 63:
+            return None
+        if b == 0x2D:
+            return (n + 1, True) if n >= 1 else None
+        return (n + 1, False)
+
+    return explore_dfa((0, False), step, lambda st: st[0] >= 1 and not st[1],
+                       [_ALNUM_BYTES, b"-", b"."], "hostname")
+
+
+_ATEXT_BYTES = _ALNUM_BYTES + b"!#$%&'*+-/=?^_`{|}~"
+
+
+def _email() -> ir.Expr:
+    # dot-atom local part of at most 64 bytes: state (n, last byte was a dot)
+    def step(st: tuple[int, bool], b: int) -> tuple[int, bool] | None:
+        n, dot = st
+        if n >= 64:
+            return None
+        if b == 0x2E:
+            return (n + 1, True) if n >= 1 and not dot else None
+        return (n + 1, False)
+
+    local = explore_dfa((0, False), step, lambda st: st[0] >= 1 and not st[1],
+                        [_ATEXT_BYTES, b"."], "email local part")
+    domain = ir.alt(_hostname(),
+                    ir.seq(_lit("["), _ipv4(), _lit("]")),
+                    ir.seq(_lit("[IPv6:"), _ipv6(), _lit("]")))
+    return ir.seq(local, _lit("@"), domain)
+
+
+def _uuid() -> ir.Expr:
+    def h(n: int) -> ir.Expr:
+        return ir.rep(HEXDIG, n, n)
+    dash = _lit("-")
+    return ir.seq(h(8), dash, h(4), dash, h(4), dash, h(4), dash, h(12))
+
+
+# ---------------------------------------------------------------------------
+# URIs (RFC 3986)
+# ---------------------------------------------------------------------------
+
+def _uri_parts() -> dict[str, ir.Expr]:
+    unreserved = ir.alt(_ALNUM, _cls("-._~"))
+    sub_delims = _cls("!$&'()*+,;=")
+    pct = ir.seq(_lit("%"), HEXDIG, HEXDIG)
+    pchar = ir.alt(unreserved, pct, sub_delims, _cls(":@"))
+    segment = ir.star(pchar)
+    segment_nz = ir.plus(pchar)
+    segment_nz_nc = ir.plus(ir.alt(unreserved, pct, sub_delims, _lit("@")))
+    scheme = ir.seq(ALPHA, ir.star(ir.alt(_ALNUM, _cls("+-."))))
+    userinfo = ir.star(ir.alt(unreserved, pct, sub_delims, _lit(":")))
+    ipvfuture = ir.seq(_lit("v"), ir.plus(HEXDIG), _lit("."),
+                       ir.plus(ir.alt(unreserved, sub_delims, _lit(":"))))
+    ip_literal = ir.seq(_lit("["), ir.alt(_ipv6(), ipvfuture), _lit("]"))
+    reg_name = ir.star(ir.alt(unreserved, pct, sub_delims))
+    host = ir.alt(ip_literal, _ipv4(), reg_name)
+    port = ir.star(DIGIT)
+    authority = ir.seq(ir.opt(ir.seq(userinfo, _lit("@"))), host,
+                       ir.opt(ir.seq(_lit(":"), port)))
+    slash_seg = ir.star(ir.seq(_lit("/"), segment))
+    path_abempty = slash_seg
+    path_absolute = ir.seq(_lit("/"), ir.opt(ir.seq(segment_nz, slash_seg)))
+    path_noscheme = ir.seq(segment_nz_nc, slash_seg)
+    path_rootless = ir.seq(segment_nz, slash_seg)
+    query = ir.star(ir.alt(pchar, _cls("/?")))
+    tail = ir.seq(ir.opt(ir.seq(_lit("?"), query)), ir.opt(ir.seq(_lit("#"), query)))
+    hier_part = ir.alt(ir.seq(_lit("//"), authority, path_abempty), path_absolute,
+                       path_rootless, ir.EMPTY)
+    relative_part = ir.alt(ir.seq(_lit("//"), authority, path_abempty), path_absolute,
+                           path_noscheme, ir.EMPTY)
+    uri = ir.seq(scheme, _lit(":"), hier_part, tail)
+    relative_ref = ir.seq(relative_part, tail)
+    return {"uri": uri, "uri-reference": ir.alt(uri, relative_ref)}
+
+
+# ---------------------------------------------------------------------------
+# Registry
+# ---------------------------------------------------------------------------
+
+_BUILDERS = {
+    "date": _date,
+    "time": _time,
+    "date-time": _date_time,
+    "duration": _duration,
+    "email": _email,
+    "hostname": _hostname,
+    "ipv4": _ipv4,
+    "ipv6": _ipv6,
+    "uuid": _uuid,
+    "uri": lambda: _uri_parts()["uri"],
+    "uri-reference": lambda: _uri_parts()["uri-reference"],
+}
+
+#: The format names :func:`format_expr` knows.
+FORMATS: frozenset[str] = frozenset(_BUILDERS)
+
+
+@functools.lru_cache(maxsize=None)
+def format_expr(name: str) -> ir.Expr | None:
+    """IR for the content of a JSON string in format ``name``, or None if unknown.
+
+    The result matches the characters between the quotes (no escapes); see the module
+    docstring for each format's exact language. Built once per name and cached.
+    """
+    build = _BUILDERS.get(name)
+    return build() if build is not None else None
