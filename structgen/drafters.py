@@ -24,7 +24,7 @@ from .config import SpecConfig
 from .matcher import Matcher
 
 __all__ = ["Candidate", "Drafter", "GrammarForcedDrafter", "PromptLookupDrafter",
-           "DraftModelDrafter", "canonical_tokens"]
+           "DraftModelDrafter", "canonical_tokens", "cut_value"]
 
 
 @dataclass
@@ -148,35 +148,62 @@ class GrammarForcedDrafter(Drafter):
         return toks[: max(0, limit)]
 
 
+_WORD = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+# where a value copied from natural text usually ends
+_BOUNDARIES = (b",", b";", b"\n", b". ", b'"', b")", b"(", b"!", b"?")
+
+
 class PromptLookupDrafter(Drafter):
-    """n-gram lookup in the prompt and output: if the last n tokens occurred before,
-    propose what followed them (most recent occurrence first, longest n first)."""
+    """Text-level lookup: the end of the output text is searched for in the prompt (and the
+    output so far) and what followed it there is proposed. Matching on text rather than
+    token ids survives tokenization differences (a value copied from a prompt where it
+    followed a space tokenizes differently inside a JSON string)."""
 
     name = "lookup"
     prior = 0.5
 
-    def propose_many(self, context: list[int], limit: int, num: int) -> list[list[int]]:
-        out: list[list[int]] = []
-        seen: set[tuple[int, ...]] = set()
-        n_ctx = len(context)
-        for n in range(self.cfg.ngram_max, self.cfg.ngram_min - 1, -1):
-            if n_ctx <= n:
+    def continuations(self, source: bytes, text: bytes, num: int, max_bytes: int = 64) -> list[bytes]:
+        """Up to ``num`` distinct continuations of the end of ``text`` found in ``source``
+        (most recent occurrence first). The suffix tried first is the text since the last
+        quote (a value being copied), then the trailing word; suffixes without a letter or
+        digit are not looked up."""
+        suffixes: list[bytes] = []
+        q = text.rfind(b'"')
+        if q >= 0 and 0 < len(text) - q - 1 <= 48:
+            suffixes.append(text[q + 1:])
+        i = len(text)
+        while i > 0 and text[i - 1] in _WORD:
+            i -= 1
+        if i < len(text):
+            suffixes.append(text[i:])
+        out: list[bytes] = []
+        seen: set[bytes] = set()
+        for suf in suffixes:
+            if not any(c in _WORD for c in suf):
                 continue
-            suffix = context[-n:]
-            first = suffix[0]
-            # scan backwards for earlier occurrences
-            i = n_ctx - n - 1
-            while i >= 0 and len(out) < num:
-                if context[i] == first and context[i:i + n] == suffix:
-                    cont = context[i + n: i + n + limit]
-                    key = tuple(cont)
-                    if cont and key not in seen:
-                        seen.add(key)
-                        out.append(cont)
-                i -= 1
-            if len(out) >= num:
+            end = len(source)
+            while len(out) < num:
+                j = source.rfind(suf, 0, end)
+                if j < 0:
+                    break
+                cont = source[j + len(suf): j + len(suf) + max_bytes]
+                if cont and cont not in seen:
+                    seen.add(cont)
+                    out.append(cont)
+                end = j + len(suf) - 1
+            if out:
                 break
         return out
+
+
+def cut_value(cont: bytes) -> tuple[bytes, bool]:
+    """Cut a copied continuation where a value usually ends; (text, whether a boundary was found)."""
+    best = len(cont)
+    for b in _BOUNDARIES:
+        k = cont.find(b)
+        if 0 <= k < best:
+            best = k
+    return cont[:best], best < len(cont)
 
 
 class DraftModelDrafter(Drafter):

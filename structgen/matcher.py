@@ -210,13 +210,30 @@ class Matcher:
         return self._advance(self._hist[-1], int(token_id)) != -1
 
     # -- forced continuations ------------------------------------------------------------
-    def forced_bytes(self, limit: int = 4096) -> bytes:
+    def viable_prefix_length(self, data: bytes) -> int:
+        """Length of the longest prefix of ``data`` (bytes) the grammar allows from here."""
+        cid = self._hist[-1]
+        if cid == _TERMINATED:
+            return 0
+        eng = self._eng
+        for i, b in enumerate(data):
+            cid = eng.step(cid, b)
+            if cid < 0:
+                return i
+        return len(data)
+
+    def forced_bytes(self, limit: int = 4096, *, after: bytes = b"") -> bytes:
         """The bytes the grammar alone determines from here: the longest string that every
-        continuation starts with (stops where the input could also end)."""
+        continuation starts with (stops where the input could also end). With ``after``: the
+        forced bytes following the bytes ``after`` (empty if ``after`` is not allowed)."""
         cid = self._hist[-1]
         if cid == _TERMINATED:
             return b""
         eng = self._eng
+        if after:
+            cid = eng.walk(cid, after)
+            if cid < 0:
+                return b""
         out = bytearray()
         while len(out) < limit and cid >= 0 and not eng.is_accepting(cid):
             live = eng.live_bytes(cid)

@@ -127,41 +127,123 @@ class _Sequence:
         self.words = bitmask_words(lm.vocab_size)
         self.bitmask = torch.zeros((cfg.max_draft_tokens + 1, self.words), dtype=torch.int32)
         self.pending: int | None = None
+        self._prompt_text: bytes | None = None
+        # forced text -> the token split the model itself produced for it (learned online)
+        self._splits: dict[bytes, tuple[int, ...]] = {}
+        self._forced_at: list[tuple[int, bytes]] = []  # (output byte offset, forced text)
+        self._out_bytes = 0
+        self._out_ends: list[int] = [0]  # output byte offset after each output token
 
     # -- drafting ---------------------------------------------------------------------------
+    def _text_tokens(self, parts: list[tuple[Any, bytes]]) -> Candidate | None:
+        """Tokenize the concatenated text parts; attribute each token to the part (drafter)
+        holding its first byte; cut at the first grammar-invalid token.
+
+        A leading grammar-forced part whose tokenization the model has shown before (see
+        :meth:`_learn_splits`) uses the model's own split; the rest is tokenized canonically
+        in the context of the committed output."""
+        from .drafters import canonical_tokens
+
+        data = b"".join(p for _d, p in parts)
+        if not data:
+            return None
+        toks: list[int] = []
+        pending = b""  # text not yet tokenized (tokenized canonically together)
+        for d, p in parts:
+            if d is not self.grammar_d or not self._splits:
+                pending += p
+                continue
+            while p:
+                best = max((k for k in self._splits if p.startswith(k)), key=len, default=b"")
+                if not best:
+                    pending += p
+                    break
+                if pending:
+                    toks += canonical_tokens(self.lm.tokenizer, self.vocab, self.output + toks, pending)
+                    pending = b""
+                toks += self._splits[best]
+                p = p[len(best):]
+        if pending:
+            toks += canonical_tokens(self.lm.tokenizer, self.vocab, self.output + toks, pending)
+        toks = toks[: self.matcher.validate_tokens(toks)]
+        if not toks:
+            return None
+        bounds = []
+        acc = 0
+        for d, p in parts:
+            acc += len(p)
+            bounds.append((acc, d))
+        segs: list[tuple[Any, int]] = []
+        pos = 0
+        tb = self.vocab.token_bytes
+        for t in toks:
+            owner = next((d for end, d in bounds if pos < end), bounds[-1][1])
+            if segs and segs[-1][0] is owner:
+                segs[-1] = (owner, segs[-1][1] + 1)
+            else:
+                segs.append((owner, 1))
+            pos += len(tb[t] or b"")
+        return Candidate(toks, segs)
+
     def _candidates(self, limit: int) -> list[Candidate]:
+        from .drafters import cut_value
+
         cands: list[Candidate] = []
-        forced: list[int] = []
         m = self.matcher
+        forced = b""
         if self.grammar_d is not None and self.grammar_d.enabled:
-            forced = self.grammar_d.propose(m, self.output, limit)
-            n_ok = m.validate_tokens(forced)
-            forced = forced[:n_ok]
-        context = self.prompt + self.output + forced
-        rest = limit - len(forced)
+            forced = m.forced_bytes(limit=256)
+            if forced:
+                self._forced_at.append((self._out_bytes, forced))
+        if self.lookup_d is not None and self.lookup_d.enabled:
+            out_text = self.vocab.decode_bytes([t for t in self.output if t not in self.eos])
+            if self._prompt_text is None:
+                self._prompt_text = self.vocab.decode_bytes(self.prompt)
+            source = self._prompt_text + out_text
+            for cont in self.lookup_d.continuations(source, out_text + forced, self.cfg.draft_num):
+                seg, bounded = cut_value(cont)
+                n = m.viable_prefix_length(forced + seg) - len(forced)
+                cut_by_grammar = n < len(seg)
+                seg = seg[: max(n, 0)]
+                tail = b""
+                if bounded or cut_by_grammar:
+                    # the copied value ends here: close it and add what the grammar forces next
+                    for close in (b'"', b",", b"}", b"]"):
+                        probe = forced + seg + close
+                        if m.viable_prefix_length(probe) == len(probe):
+                            tail = close + m.forced_bytes(limit=256, after=probe)
+                            break
+                parts = [(self.grammar_d, forced), (self.lookup_d, seg), (self.grammar_d, tail)]
+                cand = self._text_tokens([(d, p) for d, p in parts if p])
+                if cand is not None:
+                    cand.tokens = cand.tokens[:limit]
+                    cands.append(cand)
         if forced:
-            cands.append(Candidate(list(forced), [(self.grammar_d, len(forced))]))  # type: ignore[list-item]
-        if rest > 0 and self.lookup_d is not None and self.lookup_d.enabled:
-            n_look = min(self.lookup_d.length, rest)
-            for cont in self.lookup_d.propose_many(context, n_look, self.cfg.draft_num):
-                segs = [(self.grammar_d, len(forced))] if forced else []
-                cands.append(Candidate(forced + cont, segs + [(self.lookup_d, len(cont))]))  # type: ignore[list-item]
-        if rest > 0 and self.model_d is not None and self.model_d.enabled:
-            fm = m.fork()
-            fm.accept_tokens(forced)
-            toks, probs = self.model_d.propose(
-                fm, context, min(self.model_d.length, rest),
-                temperature=self.cfg.temperature, generator=self.generator)
-            if toks:
-                segs = [(self.grammar_d, len(forced))] if forced else []
-                cand = Candidate(forced + toks, segs + [(self.model_d, len(toks))])  # type: ignore[list-item]
-                if self.cfg.temperature > 0 and probs is not None:
-                    # forced tokens are deterministic proposals: point masses  [len(forced), V]
-                    point = torch.zeros((len(forced), probs.shape[1]), dtype=probs.dtype)
-                    if forced:
-                        point[torch.arange(len(forced)), torch.tensor(forced)] = 1.0
-                    cand.probs = torch.cat([point, probs])  # [len(forced) + len(toks), V]
+            cand = self._text_tokens([(self.grammar_d, forced)])
+            if cand is not None:
+                cand.tokens = cand.tokens[:limit]
                 cands.append(cand)
+        rest = limit
+        if self.model_d is not None and self.model_d.enabled:
+            ftoks = cands[-1].tokens if (forced and cands) else []
+            rest = limit - len(ftoks)
+            if rest > 0:
+                fm = m.fork()
+                fm.accept_tokens(ftoks)
+                context = self.prompt + self.output + ftoks
+                toks, probs = self.model_d.propose(
+                    fm, context, min(self.model_d.length, rest),
+                    temperature=self.cfg.temperature, generator=self.generator)
+                if toks:
+                    segs = [(self.grammar_d, len(ftoks))] if ftoks else []
+                    cand = Candidate(ftoks + toks, segs + [(self.model_d, len(toks))])  # type: ignore[list-item]
+                    if self.cfg.temperature > 0 and probs is not None:
+                        # forced tokens are deterministic proposals: point masses  [len(ftoks), V]
+                        point = torch.zeros((len(ftoks), probs.shape[1]), dtype=probs.dtype)
+                        if ftoks:
+                            point[torch.arange(len(ftoks)), torch.tensor(ftoks)] = 1.0
+                        cand.probs = torch.cat([point, probs])  # [len(ftoks) + len(toks), V]
+                    cands.append(cand)
         return cands
 
     def _choose(self, cands: list[Candidate]) -> Candidate | None:
@@ -296,6 +378,7 @@ class _Sequence:
                 self.finish = "stop"
                 break
         self.output.extend(committed)
+        self._learn_splits(committed)
         st.new_tokens += len(committed)
         if self.finish is None and len(committed) < len(emitted):
             self.finish = "stop"
@@ -303,6 +386,28 @@ class _Sequence:
         if self.finish is None and len(self.output) >= self.max_new:
             self.finish = "length"
         return committed
+
+    def _learn_splits(self, committed: list[int]) -> None:
+        """Record how the model tokenized grammar-forced text: when the output now covers a
+        forced text that began and ended on token boundaries, remember that token split."""
+        tb = self.vocab.token_bytes
+        for t in committed:
+            self._out_bytes += len(tb[t] or b"")
+            self._out_ends.append(self._out_bytes)
+        keep: list[tuple[int, bytes]] = []
+        ends = self._out_ends
+        for start, text in self._forced_at:
+            stop = start + len(text)
+            if stop > self._out_bytes:
+                keep.append((start, text))
+                continue
+            try:
+                i = ends.index(start)
+                j = ends.index(stop)
+            except ValueError:
+                continue  # the model's tokens straddle the forced text's edges
+            self._splits[text] = tuple(self.output[i:j])
+        self._forced_at = keep
 
     def _draft_probs(self, cand: Candidate | None) -> torch.Tensor | None:
         """The candidate's draft distributions ``[k, V_target]`` (None: deterministic)."""

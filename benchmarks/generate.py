@@ -1,0 +1,223 @@
+"""Generation benchmark: speculative vs plain constrained decoding vs peers, same run.
+
+For each JSON extraction task (``benchmarks/tasks/extraction.py``: prompts that contain the
+facts, schemas with 5-30 fields, nested objects, arrays, enums), greedy, batch 1:
+
+* ``plain``  -- ``structgen.generate(..., speculative=False)`` (the baseline);
+* ``spec``   -- ``structgen.generate(..., speculative=True)`` (grammar-forced + prompt lookup
+  drafts, optionally ``--draft-model``);
+* ``xgrammar`` -- transformers ``generate`` with XGrammar's logits processor (if installed);
+* ``outlines`` -- outlines' transformers integration (if installed).
+
+Rounds are interleaved (each task runs every engine before the next task) so machine noise
+hits all engines alike. Reports per engine: wall time, new tokens, tokens per target forward
+pass, draft acceptance (accepted / proposed draft tokens), validity (jsonschema), task
+success (exact match with the reference answer), and the speed ratio against ``plain`` and
+the peers. Also checks that greedy ``spec`` output is token-identical to ``plain``.
+
+    python benchmarks/generate.py --model qwen2.5-coder-0.5b --out benchmarks/results/generate.json
+    python benchmarks/generate.py --smoke        # tiny random model, 2 tasks (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import jsonschema  # noqa: E402
+import torch  # noqa: E402
+from tasks.extraction import TASKS, messages  # noqa: E402
+
+import structgen  # noqa: E402
+from structgen.config import SpecConfig  # noqa: E402
+from structgen.model import CausalLM, load_model  # noqa: E402
+
+
+def tiny_model() -> CausalLM:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from structgen import assets
+
+    tok = assets.load_tokenizer("gpt2")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=50304, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id)
+    return CausalLM(LlamaForCausalLM(cfg).eval(), tok)
+
+
+def prompt_text(lm: CausalLM, task: dict[str, Any]) -> str:
+    tok = lm.tokenizer
+    if getattr(tok, "chat_template", None):
+        return tok.apply_chat_template(messages(task), add_generation_prompt=True, tokenize=False)
+    return "\n".join(m["content"] for m in messages(task))
+
+
+def run_structgen(lm: CausalLM, task: dict[str, Any], *, speculative: bool, max_new: int,
+                  cfg: SpecConfig, draft: Any) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    r = structgen.generate(lm, schema=task["schema"], prompt=prompt_text(lm, task),
+                           max_new_tokens=max_new, speculative=speculative, config=cfg,
+                           draft_model=draft)
+    wall = time.perf_counter() - t0
+    st = r.stats
+    return {"text": r.text, "tokens": r.tokens, "wall_s": wall, "new_tokens": st.new_tokens,
+            "forward_passes": st.forward_passes, "drafted": st.drafted, "accepted": st.accepted,
+            "finish_reason": r.finish_reason, "drafters": st.drafters,
+            "time": {k: getattr(st, k) for k in ("time_masks", "time_drafting", "time_forward",
+                                                    "time_verify", "time_prefill")}}
+
+
+def run_xgrammar(lm: CausalLM, task: dict[str, Any], max_new: int, state: dict[str, Any]) -> dict[str, Any]:
+    import xgrammar as xgr
+    from xgrammar.contrib.hf import LogitsProcessor
+
+    t0 = time.perf_counter()
+    if "compiler" not in state:
+        info = xgr.TokenizerInfo.from_huggingface(lm.tokenizer, vocab_size=lm.vocab_size)
+        state["compiler"] = xgr.GrammarCompiler(info)
+    cg = state["compiler"].compile_json_schema(json.dumps(task["schema"]), any_whitespace=False)
+    ids = lm.tokenizer(prompt_text(lm, task), return_tensors="pt", add_special_tokens=False).input_ids
+    with torch.inference_mode():
+        out = lm.model.generate(ids, max_new_tokens=max_new, do_sample=False,
+                                logits_processor=[LogitsProcessor(cg)],
+                                pad_token_id=lm.tokenizer.eos_token_id)
+    new = out[0, ids.shape[1]:].tolist()
+    text = lm.tokenizer.decode(new, skip_special_tokens=True)
+    return {"text": text, "tokens": new, "wall_s": time.perf_counter() - t0, "new_tokens": len(new)}
+
+
+def run_outlines(lm: CausalLM, task: dict[str, Any], max_new: int, state: dict[str, Any]) -> dict[str, Any]:
+    import outlines
+    from outlines.types import JsonSchema
+
+    t0 = time.perf_counter()
+    if "model" not in state:
+        state["model"] = outlines.from_transformers(lm.model, lm.tokenizer)
+    gen = outlines.Generator(state["model"], JsonSchema(json.dumps(task["schema"])))
+    text = gen(prompt_text(lm, task), max_new_tokens=max_new, do_sample=False)
+    n = len(lm.tokenizer.encode(text, add_special_tokens=False))
+    return {"text": text, "tokens": None, "wall_s": time.perf_counter() - t0, "new_tokens": n}
+
+
+def check(task: dict[str, Any], text: str) -> tuple[bool, bool]:
+    try:
+        v = json.loads(text)
+    except Exception:  # noqa: BLE001
+        return False, False
+    valid = jsonschema.Draft202012Validator(task["schema"]).is_valid(v)
+    return valid, v == task["answer"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--draft-model", default=None)
+    ap.add_argument("--tasks", type=int, default=len(TASKS))
+    ap.add_argument("--max-new-tokens", type=int, default=400)
+    ap.add_argument("--engines", default="plain,spec,xgrammar,outlines")
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    engines = args.engines.split(",")
+    if args.smoke:
+        lm = tiny_model()
+        args.tasks, args.max_new_tokens = 2, 48
+        engines = [e for e in engines if e in ("plain", "spec")]
+    else:
+        lm = load_model(args.model)
+    draft = load_model(args.draft_model) if args.draft_model else None
+    cfg = SpecConfig()
+    results: dict[str, list[dict[str, Any]]] = {e: [] for e in engines}
+    peer_state: dict[str, dict[str, Any]] = {e: {} for e in engines}
+    identical = 0
+    tasks = TASKS[: args.tasks]
+    # warm-up (compiles, caches, first-call overheads) on the first task, not timed
+    run_structgen(lm, tasks[0], speculative=True, max_new=8, cfg=cfg, draft=draft)
+    for task in tasks:
+        for e in engines:
+            try:
+                if e == "plain":
+                    r = run_structgen(lm, task, speculative=False, max_new=args.max_new_tokens, cfg=cfg,
+                                      draft=None)
+                elif e == "spec":
+                    r = run_structgen(lm, task, speculative=True, max_new=args.max_new_tokens, cfg=cfg,
+                                      draft=draft)
+                elif e == "xgrammar":
+                    r = run_xgrammar(lm, task, args.max_new_tokens, peer_state[e])
+                elif e == "outlines":
+                    r = run_outlines(lm, task, args.max_new_tokens, peer_state[e])
+                else:
+                    raise SystemExit(f"unknown engine {e}")
+            except ImportError as exc:
+                print(f"[{e}] skipped: {exc}", file=sys.stderr)
+                engines = [x for x in engines if x != e]
+                continue
+            r["valid"], r["success"] = check(task, r["text"])
+            r["task"] = task["name"]
+            results[e].append(r)
+            print(f"{task['name']:12} {e:9} {r['wall_s']:7.2f}s tokens={r['new_tokens']:4d} "
+                  f"passes={r.get('forward_passes', '-')} valid={r['valid']} success={r['success']}",
+                  file=sys.stderr)
+        if "plain" in results and "spec" in results and results["plain"] and results["spec"]:
+            identical += int(results["plain"][-1]["tokens"] == results["spec"][-1]["tokens"])
+
+    summary: dict[str, Any] = {}
+    for e, rs in results.items():
+        if not rs:
+            continue
+        wall = sum(r["wall_s"] for r in rs)
+        toks = sum(r["new_tokens"] for r in rs)
+        s = {"tasks": len(rs), "wall_s": wall, "new_tokens": toks, "tokens_per_s": toks / wall,
+             "valid": sum(r["valid"] for r in rs), "success": sum(r["success"] for r in rs),
+             "median_task_s": statistics.median(r["wall_s"] for r in rs)}
+        if "forward_passes" in rs[0]:
+            passes = sum(r["forward_passes"] for r in rs)
+            drafted = sum(r["drafted"] for r in rs)
+            s["forward_passes"] = passes
+            s["tokens_per_pass"] = toks / passes if passes else None
+            s["acceptance"] = sum(r["accepted"] for r in rs) / drafted if drafted else None
+            per: dict[str, dict[str, int]] = {}
+            for r in rs:
+                for name, d in r["drafters"].items():
+                    p = per.setdefault(name, {"proposed": 0, "accepted": 0})
+                    p["proposed"] += d["proposed"]
+                    p["accepted"] += d["accepted"]
+            s["drafters"] = {k: {**v, "acceptance": v["accepted"] / v["proposed"] if v["proposed"] else None}
+                             for k, v in per.items()}
+            s["time_split"] = {k: sum(r["time"][k] for r in rs) for k in rs[0]["time"]}
+        summary[e] = s
+    if "spec" in summary:
+        for e in summary:
+            if e != "spec":
+                summary["spec"][f"speedup_vs_{e}"] = summary[e]["wall_s"] / summary["spec"]["wall_s"]
+    summary["identical_greedy_outputs"] = f"{identical}/{len(tasks)}"
+    meta = {"date": time.strftime("%Y-%m-%d"), "machine": platform.platform(),
+            "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "model": "tiny-random" if args.smoke else args.model, "draft_model": args.draft_model,
+            "max_new_tokens": args.max_new_tokens}
+    print(json.dumps({"meta": meta, "summary": summary}, indent=1))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"meta": meta, "summary": summary, "results": results}, indent=1))
+    if "plain" in summary and "spec" in summary and identical != len(tasks):
+        print("ERROR: speculative greedy output differs from plain", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
