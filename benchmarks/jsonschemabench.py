@@ -263,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     print("compile errors by type/keyword:", dict(errors.most_common(20)))
     if compile_times:
         ct = sorted(compile_times)
-        print(f"compile time median {ct[len(ct) // 2] * 1e3:.1f} ms, p90 {ct[int(len(ct) * 0.9)] * 1e3:.1f} ms")
+        med, p90 = ct[len(ct) // 2], ct[int(len(ct) * 0.9)]
+        print(f"compile time median {med * 1e3:.1f} ms, p90 {p90 * 1e3:.1f} ms")
     report = {"per_subset": {k: dict(v) for k, v in per.items()}, "total": dict(total),
               "errors": dict(errors), "failures": failures[:500],
               "args": {k: str(v) for k, v in vars(args).items()}}
