@@ -1,0 +1,612 @@
+"""Fused Triton kernels for the verify step (semantics: ``torch_ref``'s module docstring).
+
+Pass A, ``_row_pass_kernel``, grid ``(R, S)``: each program reads one vocabulary chunk of one
+logit row once, block by block (``BLOCK_W`` packed mask words = ``32 * BLOCK_W`` logits; full
+blocks load unmasked so the loads vectorise, a vocabulary tail gets one masked block; the
+full-block loop is software-pipelined with ``NUM_STAGES``): it
+applies the mask bits, the temperature and the top-p threshold, and keeps online statistics
+of the chunk: the max and its lowest-id argmax (greedy), the sum of ``exp(v - max)`` (the
+acceptance test; draft rows of sampling sequences only), the best exponential-race key and
+its token (the bonus draw, and the recovered draw of deterministic drafts, which excludes the
+draft token). A NaN on an allowed token is turned into +inf, so a chunk max of +inf flags an
+invalid row without a separate reduction. Nothing vocabulary-sized is written: the
+partials are ``[R, S]``. A block whose best possible race key (its max plus
+``GUMBEL_BOUND``) cannot beat the running best skips the hash and logs; the result is the same.
+
+Pass B, ``_chain_kernel``, grid ``(B,)``: per sequence, combines the S partials of each row in
+order and runs the accept / reject chain, writing the accepted drafts and the recovered or
+bonus token into the output row in one store.
+
+Only with draft probabilities and a rejection: ``_residual_kernel`` (grid ``(B, S)``) runs the
+race over ``max(p - q, 0)`` on the rejected row of each sequence (one row per sequence at
+most) and ``_residual_finish_kernel`` (grid ``(B,)``) combines it and writes the token.
+
+Top-p: the threshold per row comes from ``torch_ref.top_p_thresholds`` (a separate, slow pass
+that sorts the rows that use top-p); the kernels then only compare ``v`` with it.
+
+Specialisation is explicit: ``HAS_MASK``, ``ALL_GREEDY`` (no temperature given),
+``NO_DRAFT_PROBS`` (deterministic proposals), ``HAS_TOP_P``. Draft lengths, batch size and
+row counts are runtime values marked ``do_not_specialize``; ``MAX_SPLITS`` and ``OUT_BLOCK``
+are fixed (``OUT_BLOCK >= MAX_DRAFT + 1``), so changing shapes between steps does not compile
+new kernels (beyond the dtype of the logits and the four flags).
+
+Launch plan (:func:`plan_splits`): on a GPU the vocabulary of each row is cut into S chunks so
+that about four programs per SM are in flight whatever the batch; the interpreter uses one
+chunk per row and large blocks.
+
+Exactness: greedy results equal the reference bit for bit (integer-like max/argmax with an
+explicit lowest-id tie rule). Sampling uses the same uniforms, hash and formulas, but on a GPU
+``tl.exp``/``tl.log`` are fast approximations (and the online float32 sum is ordered
+differently from torch's), so a draw can differ from the reference when a uniform lands within
+~1e-6 (relative) of a decision boundary. Under ``TRITON_INTERPRET=1`` (numpy float32 maths)
+the tests see no difference at all.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .torch_ref import GREEDY_TEMPERATURE, GUMBEL_BOUND, MAX_DRAFT
+
+__all__ = ["verify_triton", "interpreter_active", "MAX_SPLITS"]
+
+MAX_SPLITS = 128        # most vocabulary chunks per row (the partials' combine width)
+OUT_BLOCK = 128         # output row width in registers; >= MAX_DRAFT + 1
+_INT_MAX = tl.constexpr(2147483647)
+assert OUT_BLOCK >= MAX_DRAFT + 1
+
+# block sizes: 32 * BLOCK_W logits per block
+_GPU_BLOCK_W = 64       # 2048 logits per block on a GPU
+_INTERP_BLOCK_W = 512   # 16384 logits per block in the interpreter (fewer Python-level steps)
+
+GREEDY_T = tl.constexpr(GREEDY_TEMPERATURE)
+G_BOUND = tl.constexpr(GUMBEL_BOUND)
+
+
+def interpreter_active() -> bool:
+    """True when this module's kernels were built by the Triton interpreter (they run on CPU
+    tensors): ``TRITON_INTERPRET=1`` was set when this module was first imported."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:  # pragma: no cover - very old triton
+        return False
+    return isinstance(_row_pass_kernel, InterpretedFunction)
+
+
+@triton.jit
+def _mix32(x):
+    # the mixer of torch_ref.mix32 on uint32 (wrapping multiplies, logical shifts)
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    x = x ^ (x >> 16)
+    return x
+
+
+@triton.jit
+def _row_seed(unif_ptr, r):
+    # mix32(floor(u1 * 2**32)) from column 1 of the row's uniforms (float64 [R, 2])
+    u1 = tl.load(unif_ptr + 2 * r.to(tl.int64) + 1)
+    k = (u1 * 4294967296.0).to(tl.int64).to(tl.uint32)
+    return _mix32(k)
+
+
+@triton.jit
+def _gumbel(tok, seed):
+    # torch_ref.gumbel_noise for the token ids ``tok`` (int32) of one row
+    # _mix32 written out: a nested jit call costs milliseconds per call in the interpreter
+    h = (tok.to(tl.uint32) * 0x9E3779B1) ^ seed
+    h = h ^ (h >> 16)
+    h = h * 0x7FEB352D
+    h = h ^ (h >> 15)
+    h = h * 0x846CA68B
+    h = h ^ (h >> 16)
+    u = ((h >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
+def _seq_of_row(cu_ptr, r, batch, BLOCK_B: tl.constexpr):
+    # sequence b of row r: the number of sequences whose bonus row cu[k] + k lies before r
+    b = tl.zeros((), dtype=tl.int32)
+    for k0 in range(0, batch, BLOCK_B):
+        ks = k0 + tl.arange(0, BLOCK_B)
+        cuv = tl.load(cu_ptr + ks, mask=ks < batch, other=0).to(tl.int32)
+        b += tl.sum(((ks < batch) & (cuv + ks < r)).to(tl.int32), axis=0)
+    return b
+
+
+@triton.jit
+def _inv_temperature(temp_ptr, b):
+    t = tl.load(temp_ptr + b).to(tl.float32)
+    sampling = t >= GREEDY_T
+    inv_t = tl.where(sampling, tl.math.div_rn(1.0, tl.where(sampling, t, 1.0)), 1.0)
+    return sampling, inv_t
+
+
+@triton.jit
+def _row_block(row, stride_lv, mrow, blk, V, num_words, inv_t, thr, need_sum, need_race, excl, seed,
+               run_max, run_arg, run_sum, run_key, run_win,
+               MASKED: tl.constexpr, HAS_MASK: tl.constexpr, ALL_GREEDY: tl.constexpr,
+               HAS_TOP_P: tl.constexpr, BLOCK_W: tl.constexpr):
+    # one block of 32 * BLOCK_W logits of a row: update the chunk's online statistics
+    ninf = float("-inf")
+    bits = tl.arange(0, 32)
+    w = blk * BLOCK_W + tl.arange(0, BLOCK_W)
+    tok = w[:, None] * 32 + bits[None, :]                          # [BLOCK_W, 32] token ids
+    if MASKED:
+        inb = tok < V
+        x = tl.load(row + tok.to(tl.int64) * stride_lv, mask=inb, other=0.0).to(tl.float32)
+        if HAS_MASK:
+            word = tl.load(mrow + w, mask=w < num_words, other=0)
+            allowed = (((word[:, None] >> bits[None, :]) & 1) != 0) & inb
+        else:
+            allowed = inb
+    else:
+        x = tl.load(row + tok.to(tl.int64) * stride_lv).to(tl.float32)
+        if HAS_MASK:
+            word = tl.load(mrow + w)
+            allowed = ((word[:, None] >> bits[None, :]) & 1) != 0
+        else:
+            allowed = tok >= 0
+    v = x * inv_t
+    # NaN on an allowed token becomes +inf: a row max of +inf marks the row invalid
+    vm = tl.where(allowed, tl.where(v == v, v, float("inf")), ninf)
+    if HAS_TOP_P:
+        vm = tl.where(vm >= thr, vm, ninf)
+    bmax = tl.max(vm)
+    barg = tl.min(tl.where(vm == bmax, tok, _INT_MAX))
+    if not ALL_GREEDY:
+        if need_sum:
+            new_max = tl.maximum(run_max, bmax)
+            ref = tl.where(new_max == ninf, 0.0, new_max)
+            run_sum = run_sum * tl.exp(run_max - ref) + tl.sum(tl.exp(vm - ref))
+        if need_race:
+            if bmax + G_BOUND >= run_key:   # else no token of this block can win the race
+                key = tl.where((vm > ninf) & (tok != excl), vm + _gumbel(tok, seed), ninf)
+                kmax = tl.max(key)
+                kwin = tl.min(tl.where(key == kmax, tok, _INT_MAX))
+                run_win = tl.where(kmax > run_key, kwin, run_win)
+                run_key = tl.maximum(run_key, kmax)
+    run_arg = tl.where(bmax > run_max, barg, run_arg)
+    run_max = tl.maximum(run_max, bmax)
+    return run_max, run_arg, run_sum, run_key, run_win
+
+
+@triton.jit(do_not_specialize=["batch", "blocks_per_split", "num_splits"])
+def _row_pass_kernel(
+    logits_ptr, stride_lr, stride_lv,      # fp32|fp16|bf16 [R, V]
+    mask_ptr, stride_mr, num_words,        # int32 [R, >= ceil(V/32)] (HAS_MASK)
+    draft_ptr,                             # int32|int64 [N]
+    cu_ptr,                                # int32|int64 [B] inclusive cumulative draft counts
+    temp_ptr,                              # fp32 [B] (not ALL_GREEDY)
+    unif_ptr,                              # fp64 [R, 2] contiguous (not ALL_GREEDY)
+    thr_ptr,                               # fp32 [R] top-p thresholds on v (HAS_TOP_P)
+    part_max_ptr, part_arg_ptr, part_sum_ptr, part_key_ptr, part_win_ptr,  # [R, S]
+    batch, V, blocks_per_split, num_splits,
+    HAS_MASK: tl.constexpr, ALL_GREEDY: tl.constexpr, NO_DRAFT_PROBS: tl.constexpr,
+    HAS_TOP_P: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_B: tl.constexpr, NUM_STAGES: tl.constexpr,
+):
+    r = tl.program_id(0)
+    s = tl.program_id(1)
+    r64 = r.to(tl.int64)
+    ninf = float("-inf")
+
+    inv_t = tl.full((), 1.0, tl.float32)
+    need_sum = tl.full((), 0, tl.int1)
+    need_race = tl.full((), 0, tl.int1)
+    excl = tl.full((), -1, tl.int32)
+    seed = tl.full((), 0, tl.uint32)
+    thr = tl.full((), ninf, tl.float32)
+    if not ALL_GREEDY:
+        b = _seq_of_row(cu_ptr, r, batch, BLOCK_B)
+        is_bonus = r == tl.load(cu_ptr + b).to(tl.int32) + b
+        sampling, inv_t = _inv_temperature(temp_ptr, b)
+        need_sum = sampling & (is_bonus == 0)
+        if NO_DRAFT_PROBS:
+            need_race = sampling
+            excl = tl.load(draft_ptr + (r - b), mask=is_bonus == 0, other=-1).to(tl.int32)
+        else:
+            need_race = sampling & is_bonus
+        if sampling:
+            seed = _row_seed(unif_ptr, r)
+    if HAS_TOP_P:
+        thr = tl.load(thr_ptr + r)
+
+    run_max = tl.full((), ninf, tl.float32)
+    run_arg = tl.full((), -1, tl.int32)
+    run_sum = tl.full((), 0.0, tl.float32)
+    run_key = tl.full((), ninf, tl.float32)
+    run_win = tl.full((), -1, tl.int32)
+
+    row = logits_ptr + r64 * stride_lr
+    mrow = mask_ptr + r64 * stride_mr
+    nfull = V // (BLOCK_W * 32)                 # blocks without a vocabulary tail
+    nblocks = tl.cdiv(V, BLOCK_W * 32)
+    blk0 = s * blocks_per_split
+    blk1 = tl.minimum(blk0 + blocks_per_split, nblocks)
+    for blk in tl.range(blk0, tl.minimum(blk1, nfull), num_stages=NUM_STAGES):   # unmasked: vectorised loads
+        run_max, run_arg, run_sum, run_key, run_win = _row_block(
+            row, stride_lv, mrow, blk, V, num_words, inv_t, thr, need_sum, need_race, excl, seed,
+            run_max, run_arg, run_sum, run_key, run_win,
+            False, HAS_MASK, ALL_GREEDY, HAS_TOP_P, BLOCK_W)
+    if blk1 > nfull:                                   # this chunk holds the vocabulary tail
+        run_max, run_arg, run_sum, run_key, run_win = _row_block(
+            row, stride_lv, mrow, nfull, V, num_words, inv_t, thr, need_sum, need_race, excl, seed,
+            run_max, run_arg, run_sum, run_key, run_win,
+            True, HAS_MASK, ALL_GREEDY, HAS_TOP_P, BLOCK_W)
+
+    o = r64 * num_splits + s
+    tl.store(part_max_ptr + o, run_max)
+    tl.store(part_arg_ptr + o, run_arg)
+    if not ALL_GREEDY:
+        tl.store(part_sum_ptr + o, run_sum)
+        tl.store(part_key_ptr + o, run_key)
+        tl.store(part_win_ptr + o, run_win)
+
+
+@triton.jit
+def _combine_argmax(val_ptr, idx_ptr, base, so, smask):
+    # max over the S partials of a row and the lowest token id reaching it (-1 if all -inf)
+    vals = tl.load(val_ptr + base + so, mask=smask, other=float("-inf"))
+    best = tl.max(vals, axis=0)
+    ids = tl.load(idx_ptr + base + so, mask=smask, other=-1)
+    win = tl.min(tl.where(smask & (vals == best), ids, _INT_MAX), axis=0)
+    win = tl.where(best > float("-inf"), win, -1)
+    return best, win, vals
+
+
+@triton.jit(do_not_specialize=["batch", "num_splits", "max_draft", "stride_ob"])
+def _chain_kernel(
+    logits_ptr, stride_lr, stride_lv,      # [R, V]
+    mask_ptr, stride_mr,                   # int32 [R, W] (HAS_MASK)
+    draft_ptr,                             # [N]
+    cu_ptr,                                # [B]
+    temp_ptr, unif_ptr, thr_ptr,           # fp32 [B], fp64 [R, 2], fp32 [R]
+    dprob_ptr, stride_dr, stride_dv,       # float [N, V] (not NO_DRAFT_PROBS)
+    part_max_ptr, part_arg_ptr, part_sum_ptr, part_key_ptr, part_win_ptr,  # [R, S]
+    out_ptr, stride_ob,                    # int32 [B, max_draft + 1]
+    acc_ptr, emit_ptr, err_ptr,            # int32 [B]
+    pend_row_ptr, pend_max_ptr, pend_sum_ptr,  # int32/fp32/fp32 [B] (not NO_DRAFT_PROBS)
+    batch, V, num_splits, max_draft,
+    HAS_MASK: tl.constexpr, ALL_GREEDY: tl.constexpr, NO_DRAFT_PROBS: tl.constexpr,
+    HAS_TOP_P: tl.constexpr, MAX_S: tl.constexpr, OUT_W: tl.constexpr,
+):
+    b = tl.program_id(0)
+    ninf = float("-inf")
+    start = tl.load(cu_ptr + b - 1, mask=b > 0, other=0).to(tl.int32)
+    n = tl.load(cu_ptr + b).to(tl.int32) - start
+    row0 = start + b
+    sampling = tl.full((), 0, tl.int1)
+    inv_t = tl.full((), 1.0, tl.float32)
+    if not ALL_GREEDY:
+        sampling, inv_t = _inv_temperature(temp_ptr, b)
+
+    js = tl.arange(0, OUT_W)
+    so = tl.arange(0, MAX_S)
+    smask = so < num_splits
+    out = tl.full([OUT_W], -1, tl.int32)
+    acc = tl.full((), -1, tl.int32)
+    err = tl.where(n > max_draft, max_draft + 1, -1)
+    pend = tl.full((), -1, tl.int32)
+    pmax = tl.full((), 0.0, tl.float32)
+    psum = tl.full((), 0.0, tl.float32)
+    active = n <= max_draft
+    i = tl.zeros((), dtype=tl.int32)
+    while active:
+        r = row0 + i
+        r64 = r.to(tl.int64)
+        base = r64 * num_splits
+        is_bonus = i == n
+        maxes = tl.load(part_max_ptr + base + so, mask=smask, other=ninf)
+        row_max = tl.max(maxes)
+        arg = tl.min(tl.where(smask & (maxes == row_max),
+                              tl.load(part_arg_ptr + base + so, mask=smask, other=-1), _INT_MAX))
+        invalid = (row_max == ninf) | (row_max == float("inf"))
+        x = tl.load(draft_ptr + start + i, mask=is_bonus == 0, other=-1).to(tl.int32)
+        if ALL_GREEDY:
+            accepted = x == arg
+            recovered = arg
+            bonus_tok = arg
+        else:
+            keys = tl.load(part_key_ptr + base + so, mask=smask, other=ninf)
+            best = tl.max(keys)
+            win = tl.min(tl.where(smask & (keys == best),
+                                  tl.load(part_win_ptr + base + so, mask=smask, other=-1), _INT_MAX))
+            win = tl.where(best > ninf, win, -1)
+            sums = tl.load(part_sum_ptr + base + so, mask=smask, other=0.0)
+            safe_max = tl.where(row_max > ninf, row_max, 0.0)
+            z = tl.sum(tl.where(maxes > ninf, sums * tl.exp(maxes - safe_max), 0.0), axis=0)
+            x_in = (x >= 0) & (x < V)
+            xs = tl.where(x_in, x, 0)
+            lx = tl.load(logits_ptr + r64 * stride_lr + xs.to(tl.int64) * stride_lv).to(tl.float32)
+            vx = lx * inv_t
+            ok_x = x_in & (vx == vx)
+            if HAS_MASK:
+                word = tl.load(mask_ptr + r64 * stride_mr + xs // 32)
+                ok_x = ok_x & (((word >> (xs % 32)) & 1) != 0)
+            if HAS_TOP_P:
+                ok_x = ok_x & (vx >= tl.load(thr_ptr + r))
+            w_x = tl.exp(vx - safe_max)
+            z_safe = tl.where(z > 0, z, 1.0)
+            p_x = tl.where(ok_x, w_x.to(tl.float64) / z_safe.to(tl.float64), 0.0)
+            if NO_DRAFT_PROBS:
+                q_x = tl.full((), 1.0, tl.float64)
+            else:
+                q_x = tl.load(dprob_ptr + (start + i).to(tl.int64) * stride_dr + xs.to(tl.int64) * stride_dv,
+                              mask=x_in & (is_bonus == 0), other=0.0).to(tl.float64)
+            u0 = tl.load(unif_ptr + 2 * r64, mask=sampling, other=0.0)
+            accepted = tl.where(sampling, u0 * q_x < p_x, x == arg)
+            if NO_DRAFT_PROBS:
+                recovered = tl.where(sampling, win, arg)
+            else:
+                recovered = tl.where(sampling, -1, arg)
+                to_pend = sampling & (is_bonus == 0) & (accepted == 0) & (invalid == 0)
+                pend = tl.where(to_pend, r, pend)
+                pmax = tl.where(to_pend, safe_max, pmax)
+                psum = tl.where(to_pend, z, psum)
+            bonus_tok = tl.where(sampling, win, arg)
+        emitted = tl.where(is_bonus, bonus_tok, tl.where(accepted, x, recovered))
+        out = tl.where((js == i) & (invalid == 0), emitted, out)
+        err = tl.where(invalid, i, err)
+        acc = tl.where(invalid, -1, tl.where(is_bonus, n, tl.where(accepted, acc, i)))
+        active = (invalid == 0) & (is_bonus == 0) & (accepted != 0)
+        i += 1
+
+    out = tl.where(err >= 0, -1, out)
+    acc = tl.where(err >= 0, -1, acc)
+    tl.store(out_ptr + b.to(tl.int64) * stride_ob + js, out, mask=js <= max_draft)
+    tl.store(acc_ptr + b, acc)
+    tl.store(emit_ptr + b, tl.where(acc >= 0, acc + 1, 0))
+    tl.store(err_ptr + b, err)
+    if not NO_DRAFT_PROBS:
+        tl.store(pend_row_ptr + b, tl.where(err >= 0, -1, pend))
+        tl.store(pend_max_ptr + b, pmax)
+        tl.store(pend_sum_ptr + b, psum)
+
+
+@triton.jit(do_not_specialize=["batch", "blocks_per_split", "num_splits"])
+def _residual_kernel(
+    logits_ptr, stride_lr, stride_lv, mask_ptr, stride_mr, num_words,
+    temp_ptr, unif_ptr, thr_ptr,
+    dprob_ptr, stride_dr, stride_dv,       # float [N, V]
+    pend_row_ptr, pend_max_ptr, pend_sum_ptr,  # [B]
+    res_key_ptr, res_win_ptr, p_key_ptr, p_win_ptr,  # [B, S]
+    batch, V, blocks_per_split, num_splits,
+    HAS_MASK: tl.constexpr, HAS_TOP_P: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    b = tl.program_id(0)
+    s = tl.program_id(1)
+    ninf = float("-inf")
+    r = tl.load(pend_row_ptr + b)
+    o = b.to(tl.int64) * num_splits + s
+    run_rkey = tl.full((), ninf, tl.float32)
+    run_rwin = tl.full((), -1, tl.int32)
+    run_pkey = tl.full((), ninf, tl.float32)
+    run_pwin = tl.full((), -1, tl.int32)
+    if r >= 0:
+        r64 = r.to(tl.int64)
+        d64 = (r - b).to(tl.int64)                      # draft index of the rejected row
+        m = tl.load(pend_max_ptr + b)
+        z = tl.load(pend_sum_ptr + b)
+        _sampling, inv_t = _inv_temperature(temp_ptr, b)
+        seed = _row_seed(unif_ptr, r)
+        thr = tl.full((), ninf, tl.float32)
+        if HAS_TOP_P:
+            thr = tl.load(thr_ptr + r)
+        bits = tl.arange(0, 32)
+        nblocks = tl.cdiv(V, BLOCK_W * 32)
+        blk0 = s * blocks_per_split
+        blk1 = tl.minimum(blk0 + blocks_per_split, nblocks)
+        for blk in range(blk0, blk1):
+            w = blk * BLOCK_W + tl.arange(0, BLOCK_W)
+            tok = w[:, None] * 32 + bits[None, :]
+            inb = tok < V
+            x = tl.load(logits_ptr + r64 * stride_lr + tok.to(tl.int64) * stride_lv,
+                        mask=inb, other=0.0).to(tl.float32)
+            if HAS_MASK:
+                word = tl.load(mask_ptr + r64 * stride_mr + w, mask=w < num_words, other=0)
+                allowed = (((word[:, None] >> bits[None, :]) & 1) != 0) & inb
+            else:
+                allowed = inb
+            v = x * inv_t
+            if HAS_TOP_P:
+                allowed = allowed & (v >= thr)
+            vm = tl.where(allowed & (v == v), v, ninf)
+            q = tl.load(dprob_ptr + d64 * stride_dr + tok.to(tl.int64) * stride_dv,
+                        mask=inb, other=0.0).to(tl.float32)
+            p = tl.math.div_rn(tl.exp(vm - m), tl.zeros_like(vm) + z)
+            res = p - q
+            g = _gumbel(tok, seed)
+            rkey = tl.where((vm > ninf) & (res > 0), tl.log(tl.where(res > 0, res, 1.0)) + g, ninf)
+            kmax = tl.max(rkey)
+            kwin = tl.min(tl.where(rkey == kmax, tok, _INT_MAX))
+            run_rwin = tl.where(kmax > run_rkey, kwin, run_rwin)
+            run_rkey = tl.maximum(run_rkey, kmax)
+            pkey = vm + g
+            kmax = tl.max(pkey)
+            kwin = tl.min(tl.where(pkey == kmax, tok, _INT_MAX))
+            run_pwin = tl.where(kmax > run_pkey, kwin, run_pwin)
+            run_pkey = tl.maximum(run_pkey, kmax)
+    tl.store(res_key_ptr + o, run_rkey)
+    tl.store(res_win_ptr + o, run_rwin)
+    tl.store(p_key_ptr + o, run_pkey)
+    tl.store(p_win_ptr + o, run_pwin)
+
+
+@triton.jit(do_not_specialize=["num_splits", "stride_ob"])
+def _residual_finish_kernel(
+    pend_row_ptr, acc_ptr, out_ptr, stride_ob,
+    res_key_ptr, res_win_ptr, p_key_ptr, p_win_ptr,   # [B, S]
+    num_splits, MAX_S: tl.constexpr,
+):
+    b = tl.program_id(0)
+    r = tl.load(pend_row_ptr + b)
+    if r >= 0:
+        so = tl.arange(0, MAX_S)
+        smask = so < num_splits
+        base = b.to(tl.int64) * num_splits
+        _rk, rwin, _rv = _combine_argmax(res_key_ptr, res_win_ptr, base, so, smask)
+        _pk, pwin, _pv = _combine_argmax(p_key_ptr, p_win_ptr, base, so, smask)
+        tok = tl.where(rwin >= 0, rwin, pwin)
+        slot = tl.load(acc_ptr + b)
+        tl.store(out_ptr + b.to(tl.int64) * stride_ob + slot, tok)
+
+
+# ---------------------------------------------------------------------------------------------
+# host side
+
+_DUMMIES: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+
+def _dummy(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    key = (str(device), dtype)
+    t = _DUMMIES.get(key)
+    if t is None:
+        t = torch.zeros(2, dtype=dtype, device=device)
+        _DUMMIES[key] = t
+    return t
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return 1
+
+
+def plan_splits(rows: int, vocab_size: int, device: torch.device, *, block_words: int | None = None,
+                num_splits: int | None = None) -> tuple[int, int, int]:
+    """``(block_words, num_splits, blocks_per_split)`` for a row count and vocabulary size.
+
+    On a GPU the vocabulary is cut so that about four programs per SM are in flight; in the
+    interpreter one program per row reads the whole row with large blocks.
+    """
+    if block_words is None:
+        if device.type == "cuda":
+            block_words = _GPU_BLOCK_W
+        else:  # one block per row when the vocabulary is small (less numpy work per step)
+            block_words = min(_INTERP_BLOCK_W, triton.next_power_of_2(triton.cdiv(vocab_size, 32)))
+    nblocks = max(1, triton.cdiv(vocab_size, 32 * block_words))
+    if num_splits is None:
+        if device.type == "cuda":
+            num_splits = triton.cdiv(4 * _sm_count(device), max(rows, 1))
+        else:
+            num_splits = 1
+    num_splits = max(1, min(num_splits, nblocks, MAX_SPLITS))
+    per = triton.cdiv(nblocks, num_splits)
+    num_splits = triton.cdiv(nblocks, per)
+    return block_words, num_splits, per
+
+
+def workspace_sizes(rows: int, batch: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Scratch tensors the kernels need for ``rows`` logit rows and ``batch`` sequences."""
+    f32, i32 = torch.float32, torch.int32
+    rs = (rows * MAX_SPLITS,)
+    bs = (batch * MAX_SPLITS,)
+    return {
+        "part_max": (rs, f32), "part_arg": (rs, i32), "part_sum": (rs, f32),
+        "part_key": (rs, f32), "part_win": (rs, i32),
+        "pend_row": ((batch,), i32), "pend_max": ((batch,), f32), "pend_sum": ((batch,), f32),
+        "res_key": (bs, f32), "res_win": (bs, i32), "p_key": (bs, f32), "p_win": (bs, i32),
+    }
+
+
+def verify_triton(
+    draft_token_ids: torch.Tensor,       # int32|int64 [N]
+    cu_num_draft_tokens: torch.Tensor,   # int32|int64 [B]
+    target_logits: torch.Tensor,         # fp32|fp16|bf16 [N + B, V], last dim contiguous
+    bitmask: torch.Tensor | None,        # int32 [N + B, >= ceil(V/32)], last dim contiguous
+    draft_probs: torch.Tensor | None,    # float [N, V]
+    temperature: torch.Tensor | None,    # fp32 [B]
+    top_p_threshold: torch.Tensor | None,  # fp32 [N + B]
+    uniforms: torch.Tensor | None,       # float64 [N + B, 2] contiguous
+    output_token_ids: torch.Tensor,      # int32 [B, max_draft + 1]  (written)
+    num_accepted: torch.Tensor,          # int32 [B]  (written)
+    num_emitted: torch.Tensor,           # int32 [B]  (written)
+    error_position: torch.Tensor,        # int32 [B]  (written)
+    *,
+    workspace: dict[str, torch.Tensor] | None = None,
+    block_words: int | None = None,
+    num_splits: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> None:
+    """Launch the fused kernels; same contract and outputs as ``torch_ref.verify_reference``.
+
+    ``workspace`` maps the names of :func:`workspace_sizes` to flat tensors at least that large;
+    missing or too small entries are (re)allocated and stored back into the dict.
+    ``block_words`` / ``num_splits`` override the launch plan (tests use them to exercise
+    multi-chunk rows in the interpreter); ``num_warps`` and ``num_stages`` (software pipelining
+    of the full-block loop: cp.async stages on sm80+) tune pass A. No host synchronisation.
+    """
+    dev = target_logits.device
+    if dev.type != "cuda" and not interpreter_active():
+        raise ValueError("the triton backend needs CUDA tensors, or TRITON_INTERPRET=1 set before "
+                         "structgen.kernels.triton_verify is first imported (CPU tensors)")
+    rows, vocab = target_logits.shape
+    batch = cu_num_draft_tokens.numel()
+    bw, splits, per = plan_splits(rows, vocab, dev, block_words=block_words, num_splits=num_splits)
+    ws = workspace if workspace is not None else {}
+    for name, (shape, dtype) in workspace_sizes(rows, batch).items():
+        t = ws.get(name)
+        if t is None or t.numel() < shape[0] or t.dtype != dtype or t.device != dev:
+            ws[name] = torch.empty(shape, dtype=dtype, device=dev)
+
+    all_greedy = temperature is None
+    no_dp = draft_probs is None or all_greedy
+    has_mask = bitmask is not None
+    has_top_p = top_p_threshold is not None and not all_greedy
+    f32 = torch.float32
+    mask_t = bitmask if has_mask else _dummy(dev, torch.int32)
+    mask_stride = bitmask.stride(0) if has_mask else 0
+    num_words = bitmask.shape[1] if has_mask else 0
+    draft_t = draft_token_ids if draft_token_ids.numel() else _dummy(dev, torch.int32)
+    temp_t = temperature if temperature is not None else _dummy(dev, f32)
+    unif_t = uniforms if (uniforms is not None and not all_greedy) else _dummy(dev, torch.float64)
+    thr_t = top_p_threshold if has_top_p else _dummy(dev, f32)
+    dp_t = draft_probs if not no_dp else _dummy(dev, f32)
+    dp_s0, dp_s1 = (draft_probs.stride(0), draft_probs.stride(1)) if not no_dp else (0, 0)
+    max_draft = output_token_ids.shape[1] - 1
+    parts = (ws["part_max"], ws["part_arg"], ws["part_sum"], ws["part_key"], ws["part_win"])
+
+    _row_pass_kernel[(rows, splits)](
+        target_logits, target_logits.stride(0), target_logits.stride(1),
+        mask_t, mask_stride, num_words,
+        draft_t, cu_num_draft_tokens, temp_t, unif_t, thr_t,
+        *parts,
+        batch, vocab, per, splits,
+        HAS_MASK=has_mask, ALL_GREEDY=all_greedy, NO_DRAFT_PROBS=no_dp, HAS_TOP_P=has_top_p,
+        BLOCK_W=bw, BLOCK_B=128, NUM_STAGES=num_stages, num_warps=num_warps,
+    )
+    _chain_kernel[(batch,)](
+        target_logits, target_logits.stride(0), target_logits.stride(1),
+        mask_t, mask_stride,
+        draft_t, cu_num_draft_tokens, temp_t, unif_t, thr_t,
+        dp_t, dp_s0, dp_s1,
+        *parts,
+        output_token_ids, output_token_ids.stride(0),
+        num_accepted, num_emitted, error_position,
+        ws["pend_row"], ws["pend_max"], ws["pend_sum"],
+        batch, vocab, splits, max_draft,
+        HAS_MASK=has_mask, ALL_GREEDY=all_greedy, NO_DRAFT_PROBS=no_dp, HAS_TOP_P=has_top_p,
+        MAX_S=MAX_SPLITS, OUT_W=OUT_BLOCK, num_warps=1,
+    )
+    if not no_dp:
+        res = (ws["res_key"], ws["res_win"], ws["p_key"], ws["p_win"])
+        _residual_kernel[(batch, splits)](
+            target_logits, target_logits.stride(0), target_logits.stride(1),
+            mask_t, mask_stride, num_words,
+            temp_t, unif_t, thr_t,
+            dp_t, dp_s0, dp_s1,
+            ws["pend_row"], ws["pend_max"], ws["pend_sum"],
+            *res,
+            batch, vocab, per, splits,
+            HAS_MASK=has_mask, HAS_TOP_P=has_top_p, BLOCK_W=bw, num_warps=num_warps,
+        )
+        _residual_finish_kernel[(batch,)](
+            ws["pend_row"], num_accepted, output_token_ids, output_token_ids.stride(0),
+            *res, splits, MAX_S=MAX_SPLITS, num_warps=1,
+        )
