@@ -16,8 +16,15 @@ import pytest
 
 import structgen
 from structgen.config import CompileOptions
-from structgen.errors import (CompileLimitError, GrammarError, GrammarSyntaxError, RegexError,
-                              SchemaError, StructgenError, UnsupportedFeatureError)
+from structgen.errors import (
+    CompileLimitError,
+    GrammarError,
+    GrammarSyntaxError,
+    RegexError,
+    SchemaError,
+    StructgenError,
+    UnsupportedFeatureError,
+)
 
 
 @contextmanager
