@@ -543,7 +543,9 @@ class _Compiler:
         finally:
             self.keep = saved_keep
         d = self._determinise(nfa, start, end, inline_stack[0])
-        d = _minimise(_trim_regular(d))
+        d = _trim_regular(d)
+        if d.trans.shape[0] > 64:
+            d = _minimise(d)
         self._regular_cache[e] = d
         return d
 
@@ -597,7 +599,8 @@ class _Compiler:
             acc[j] = (in_a and in_b) if op == "and" else (in_a and not in_b)
         del na
         d = _Dfa(trans, acc, [() for _ in range(len(order))])
-        return _minimise(_trim_regular(d))
+        d = _trim_regular(d)
+        return _minimise(d) if d.trans.shape[0] > 64 else d
 
     # -- subset construction ------------------------------------------------------
     def _determinise(self, nfa: _Nfa, start: int, end: int, name: str) -> _Dfa:
@@ -900,21 +903,25 @@ def _row_classes(mat: np.ndarray) -> np.ndarray:
 def _embed(nfa: _Nfa, d: _Dfa, s: int) -> int:
     """Copy a call-free DFA into the NFA after state ``s``; return the end state."""
     n = d.trans.shape[0]
-    base = [nfa.new() for _ in range(n)]
-    end = nfa.new()
-    nfa.eps[s].append(base[0])
+    base0 = len(nfa)
+    for _ in range(n + 1):
+        nfa.new()
+    end = base0 + n
+    nfa.eps[s].append(base0)
+    trans = d.trans
+    # run boundaries per row: positions where the target changes
+    change = np.ones((n, 257), dtype=bool)
+    change[:, 1:256] = trans[:, 1:] != trans[:, :-1]
+    rows, cols = np.nonzero(change)
     for q in range(n):
-        row = d.trans[q]
-        # run-length encode the row into (lo, hi, target)
-        lo = 0
-        while lo < 256:
+        edges = nfa.edges[base0 + q]
+        starts = cols[rows == q]
+        row = trans[q]
+        for k in range(len(starts) - 1):
+            lo = int(starts[k])
             t = int(row[lo])
-            hi = lo
-            while hi + 1 < 256 and int(row[hi + 1]) == t:
-                hi += 1
             if t >= 0:
-                nfa.edges[base[q]].append((lo, hi, base[t]))
-            lo = hi + 1
+                edges.append((lo, int(starts[k + 1]) - 1, base0 + t))
         if d.accept[q]:
-            nfa.eps[base[q]].append(end)
+            nfa.eps[base0 + q].append(end)
     return end
