@@ -380,21 +380,37 @@ class _Compiler:
         for comp in _sccs(sorted(reach), refs):
             if len(comp) > 1 or comp[0] in refs[comp[0]]:
                 recursive.update(comp)
-        # decide which rules stay as calls
+        # big repetitions of big items: hoist the item into a rule of its own (a call), so
+        # that {m,n} unrolls calls rather than copies of a large automaton
+        hoisted: dict[ir.Expr, str] = {}
+        memo: dict[int, int] = {}
+        for n in sorted(reach):
+            rules[n] = self._hoist(rules[n], hoisted, memo, rules)
+        for name in hoisted.values():
+            reach.add(name)
+            refs[name] = set()
+            _refs(rules[name], refs[name])
+        # decide which non-recursive rules stay as calls: bottom-up, a rule is inlined while
+        # its fully inlined size times its number of uses stays small
         uses: dict[str, int] = {n: 0 for n in reach}
         for n in reach:
             counter: dict[str, int] = {}
             self._count_refs(rules[n], counter)
             for r, c in counter.items():
                 uses[r] += c
-        memo: dict[int, int] = {}
         keep = {g.start} | recursive
-        for n in reach:
-            if n in keep:
+        full: dict[str, int] = {}
+        order = [c for comp in _sccs(sorted(reach), refs) for c in comp]  # children first
+        for n in order:
+            if n in recursive:
+                full[n] = 1
                 continue
-            size = _size(rules[n], memo)
-            if uses[n] > 1 and size * (uses[n] - 1) > 4000:
+            own = _size(rules[n], {})
+            inl = sum(full.get(r, 1) for r in refs[n] if r not in keep)
+            full[n] = own + inl
+            if n != g.start and (full[n] * max(uses[n] - 1, 0) > 4000 or full[n] > 20_000):
                 keep.add(n)
+                full[n] = 1
         self.kept = [g.start] + sorted(keep - {g.start})
         self.rule_index = {n: i for i, n in enumerate(self.kept)}
         self.exprs = rules
@@ -417,6 +433,29 @@ class _Compiler:
             out.append(RuleDfa(name=n, trans=d.trans, accept=d.accept, calls=tuple(d.calls),
                                has_bytes=has_bytes))
         return CompiledGrammar(tuple(out), 0, key, source=self.g)
+
+    def _hoist(self, e: ir.Expr, hoisted: dict[ir.Expr, str], memo: dict[int, int],
+               rules: dict[str, ir.Expr]) -> ir.Expr:
+        """Replace the item of a large repetition with a call to a synthetic rule."""
+        if isinstance(e, ir.Repeat):
+            item = self._hoist(e.item, hoisted, memo, rules)
+            reps = e.max if e.max is not None else max(e.min, 1)
+            if reps > 2 and _size(item, memo) * reps > 2000 and not isinstance(item, ir.Ref):
+                name = hoisted.get(item)
+                if name is None:
+                    name = f"__rep{len(hoisted)}"
+                    while name in rules:
+                        name += "_"
+                    hoisted[item] = name
+                    rules[name] = item
+                item = ir.Ref(name)
+            return ir.Repeat(item, e.min, e.max) if item is not e.item else e
+        if isinstance(e, (ir.Seq, ir.Alt)):
+            items = tuple(self._hoist(x, hoisted, memo, rules) for x in e.items)
+            if all(a is b for a, b in zip(items, e.items)):
+                return e
+            return type(e)(items)
+        return e  # And/Diff operands stay regular (they are inlined in full anyway)
 
     def _count_refs(self, e: ir.Expr, counter: dict[str, int]) -> None:
         stack = [e]
