@@ -17,6 +17,7 @@ switched off when its acceptance stays below ``SpecConfig.min_acceptance``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,6 +194,32 @@ class PromptLookupDrafter(Drafter):
                 end = j + len(suf) - 1
             if out:
                 break
+        return out
+
+
+    _KEY = re.compile(rb'"([A-Za-z_][A-Za-z0-9_ -]{1,40})":\s*"?$')
+    _FILLER = re.compile(rb"^(?:\s|:|=|-|\bis\b|\bare\b|\bwas\b|\bof\b|\bthe\b)+", re.I)
+
+    def key_continuations(self, source: bytes, text: bytes, num: int,
+                          max_bytes: int = 64) -> list[bytes]:
+        """At the start of a JSON value: find the property name in ``source`` (case-insensitive,
+        underscores as spaces) and propose what follows it, minus filler words ("is", ":")."""
+        m = self._KEY.search(text[-64:])
+        if m is None:
+            return []
+        key = m.group(1).replace(b"_", b" ").lower()
+        low = source.lower()
+        out: list[bytes] = []
+        end = len(low)
+        while len(out) < num:
+            j = low.rfind(key, 0, end)
+            if j < 0:
+                break
+            cont = source[j + len(key): j + len(key) + max_bytes]
+            cont = cont[self._FILLER.match(cont).end():] if self._FILLER.match(cont) else cont
+            if cont and cont not in out:
+                out.append(cont)
+            end = j
         return out
 
 

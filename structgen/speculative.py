@@ -200,7 +200,11 @@ class _Sequence:
             if self._prompt_text is None:
                 self._prompt_text = self.vocab.decode_bytes(self.prompt)
             source = self._prompt_text + out_text
-            for cont in self.lookup_d.continuations(source, out_text + forced, self.cfg.draft_num):
+            conts = self.lookup_d.continuations(source, out_text + forced, self.cfg.draft_num)
+            if not conts:  # at a value's start: what follows the property's name in the prompt
+                conts = self.lookup_d.key_continuations(self._prompt_text, out_text + forced,
+                                                        self.cfg.draft_num)
+            for cont in conts:
                 seg, bounded = cut_value(cont)
                 n = m.viable_prefix_length(forced + seg) - len(forced)
                 cut_by_grammar = n < len(seg)
@@ -213,7 +217,11 @@ class _Sequence:
                         if m.viable_prefix_length(probe) == len(probe):
                             tail = close + m.forced_bytes(limit=256, after=probe)
                             break
-                parts = [(self.grammar_d, forced), (self.lookup_d, seg), (self.grammar_d, tail)]
+                if not seg and not cut_by_grammar:
+                    continue  # nothing copied: closing the value here is a blind guess
+                # the closing and what follows it are right only if the copied value is: they
+                # count as the lookup drafter's proposal
+                parts = [(self.grammar_d, forced), (self.lookup_d, seg + tail)]
                 cand = self._text_tokens([(d, p) for d, p in parts if p])
                 if cand is not None:
                     cand.tokens = cand.tokens[:limit]
