@@ -297,11 +297,12 @@ class _Sequence:
         if budget <= 0:
             self.finish = "length"
             return []
-        # a position where the grammar allows exactly one token needs no model
+        # a position where the grammar allows exactly one token (EOS after a complete
+        # document) needs no model: plain constrained decoding could emit nothing else
         t0 = time.perf_counter()
         allowed = m.allowed_token_ids() if m.is_accepting() else None
         st.time_masks += time.perf_counter() - t0
-        if allowed is not None and len(allowed) <= len(self.eos) and set(allowed) <= self.eos:
+        if allowed is not None and len(allowed) == 1 and allowed[0] in self.eos:
             tok = allowed[0]
             m.accept_token(tok)
             self.output.append(tok)
