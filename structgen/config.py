@@ -77,9 +77,9 @@ class SpecConfig:
     ngram_max / ngram_min: n-gram sizes tried by prompt lookup, longest first.
     draft_model: alias or path of a smaller causal LM with the same tokenizer (None = off).
     adaptive: adapt each drafter's draft length to its observed acceptance.
-    min_acceptance: a drafter whose acceptance stays below this after ``warmup_proposals``
-        proposals is switched off for the rest of the request.
-    warmup_proposals: proposals before a drafter can be switched off.
+    min_acceptance: a drafter whose acceptance (accepted / proposed tokens) stays below this
+        after ``warmup_proposals`` proposals is switched off for the rest of the request.
+    warmup_proposals: proposals (drafts, not tokens) before a drafter can be switched off.
     backend: verify backend, ``"auto"`` | ``"torch"`` | ``"triton"``.
     """
 

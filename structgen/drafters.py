@@ -83,7 +83,7 @@ class Drafter:
                 self.length = min(cfg.max_draft_tokens, self.length + 2)
             else:
                 self.length = max(cfg.min_draft_tokens, min(self.length, accepted + 2))
-        if (self.proposed >= cfg.warmup_proposals
+        if (self.calls >= cfg.warmup_proposals
                 and self.accepted / self.proposed < cfg.min_acceptance
                 and self.name != "grammar"):
             self.enabled = False

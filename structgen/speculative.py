@@ -135,7 +135,7 @@ class _Sequence:
         self._out_ends: list[int] = [0]  # output byte offset after each output token
 
     # -- drafting ---------------------------------------------------------------------------
-    def _text_tokens(self, parts: list[tuple[Any, bytes]]) -> Candidate | None:
+    def _text_tokens(self, parts: list[tuple[Any, bytes]], limit: int) -> Candidate | None:
         """Tokenize the concatenated text parts; attribute each token to the part (drafter)
         holding its first byte; cut at the first grammar-invalid token.
 
@@ -165,6 +165,7 @@ class _Sequence:
                 p = p[len(best):]
         if pending:
             toks += canonical_tokens(self.lm.tokenizer, self.vocab, self.output + toks, pending)
+        toks = toks[:limit]
         toks = toks[: self.matcher.validate_tokens(toks)]
         if not toks:
             return None
@@ -222,14 +223,12 @@ class _Sequence:
                 # the closing and what follows it are right only if the copied value is: they
                 # count as the lookup drafter's proposal
                 parts = [(self.grammar_d, forced), (self.lookup_d, seg + tail)]
-                cand = self._text_tokens([(d, p) for d, p in parts if p])
+                cand = self._text_tokens([(d, p) for d, p in parts if p], limit)
                 if cand is not None:
-                    cand.tokens = cand.tokens[:limit]
                     cands.append(cand)
         if forced:
-            cand = self._text_tokens([(self.grammar_d, forced)])
+            cand = self._text_tokens([(self.grammar_d, forced)], limit)
             if cand is not None:
-                cand.tokens = cand.tokens[:limit]
                 cands.append(cand)
         rest = limit
         if self.model_d is not None and self.model_d.enabled:

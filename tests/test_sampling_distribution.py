@@ -83,7 +83,8 @@ def chi_square_p(samples: Counter, exact: dict) -> float:
     observed.append(rest_o + sum(v for k, v in samples.items() if k not in exact))
     if len(expected) < 2:
         return 1.0
-    return float(stats.chisquare(observed, f_exp=[e * sum(observed) / sum(expected) for e in expected]).pvalue)
+    f_exp = [e * sum(observed) / sum(expected) for e in expected]
+    return float(stats.chisquare(observed, f_exp=f_exp).pvalue)
 
 
 @pytest.fixture(scope="module")

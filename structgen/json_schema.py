@@ -1,0 +1,289 @@
+"""JSON Schema (Draft 2020-12, draft-07 spellings accepted) and Pydantic models -> grammar.
+
+The grammar accepts exactly the JSON texts that serialise a valid value the way
+:func:`canonical_json` does (compact separators, or bounded whitespace between tokens in
+the ``flexible`` mode), where strings may use any JSON escape form. "Valid" means what
+``jsonschema.Draft202012Validator`` says (with its format checker when
+``formats="enforce"``). Whatever cannot be enforced exactly raises
+:class:`~structgen.errors.UnsupportedFeatureError` naming the keyword and its JSON pointer
+(or, with ``lenient=True``, is dropped and recorded as a warning), so the grammar never
+accepts an invalid value.
+
+How it works (see the three helper modules):
+
+* :mod:`structgen.json_schema_doc` loads and indexes the schema, resolves ``$ref`` and
+  defines the canonical key order;
+* :mod:`structgen.json_schema_algebra` normalises every schema location into a
+  per-JSON-type language with exact intersection, union and complement, which is what
+  makes ``allOf``/``anyOf``/``oneOf``/``not``/``if``-``then``-``else``,
+  ``dependentSchemas`` and ``unevaluated*`` exact;
+* :mod:`structgen.json_schema_lower` lowers that to IR rules (one per schema node and
+  key-order context; recursive schemas give recursive rules).
+
+Known limits (each raises ``UnsupportedFeatureError`` rather than over-accepting):
+``uniqueItems`` is exact only when items come from a small finite set of scalars (or at
+most one item is allowed); ``$recursiveRef``; patterns Python's ``re`` cannot compile
+(such as ``\\p{..}``) or that use constructs the regex compiler cannot express
+(lookaround, backreferences); formats without a grammar; very large combinations of
+applicators. Additional (undeclared) object keys are not checked for duplicates.
+Numbers: bounds are exact; ``multipleOf`` uses exact decimal arithmetic; under ``not``
+only integer literals and plain decimals with at most 15 digits are generated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from . import ir
+from .config import CompileOptions, JsonSchemaOptions
+from .errors import ConfigError, GrammarError, SchemaError
+from .json_schema_algebra import Normalizer
+from .json_schema_doc import Loc, SchemaDoc, parse_schema_text
+from .json_schema_lower import Lowering, pattern_error
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .automaton import CompiledGrammar
+
+__all__ = ["schema_to_grammar", "compile_json_schema", "canonical_json", "schema_warnings",
+           "SPEC_FORMATS"]
+
+SPEC_FORMATS = frozenset({
+    "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname",
+    "ipv4", "ipv6", "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template",
+    "json-pointer", "relative-json-pointer", "regex",
+})
+"""Formats defined by the specification: enforced via :mod:`structgen.formats` when
+``formats="enforce"``, or rejected as unsupported when it has no grammar for one.
+Other format names are annotations (the validator ignores them too)."""
+
+
+def _coerce(schema: Any) -> Any:
+    if isinstance(schema, (dict, bool)):
+        return schema
+    if isinstance(schema, str):
+        return parse_schema_text(schema)
+    if isinstance(schema, type):
+        try:
+            from pydantic import BaseModel
+        except ImportError as e:  # pragma: no cover
+            raise SchemaError("pydantic is required to convert a model class") from e
+        if issubclass(schema, BaseModel):
+            return schema.model_json_schema()
+    raise SchemaError(f"a JSON schema must be a dict, a bool, JSON text or a pydantic model class, "
+                      f"not {type(schema).__name__}")
+
+
+def _check_options(options: JsonSchemaOptions) -> None:
+    if options.whitespace not in ("compact", "flexible"):
+        raise ConfigError(f"whitespace must be 'compact' or 'flexible', not {options.whitespace!r}",
+                          key="whitespace")
+    if options.formats not in ("enforce", "annotation"):
+        raise ConfigError(f"formats must be 'enforce' or 'annotation', not {options.formats!r}",
+                          key="formats")
+    if options.property_order != "schema":
+        raise ConfigError(f"property_order must be 'schema', not {options.property_order!r}",
+                          key="property_order")
+    if options.max_whitespace < 0:
+        raise ConfigError("max_whitespace must be >= 0", key="max_whitespace")
+
+
+def _format_support(name: str) -> bool | None:
+    """True: enforceable; False: a spec format without a grammar; None: annotation only."""
+    try:
+        from . import formats
+    except ImportError:  # pragma: no cover - formats module not available
+        formats = None  # type: ignore[assignment]
+    if formats is not None and formats.format_expr(name) is not None:
+        return True
+    return False if name in SPEC_FORMATS else None
+
+
+def _build(schema: Any, options: JsonSchemaOptions,
+           remotes: Mapping[str, Any] | None) -> tuple[ir.Grammar, list[str]]:
+    _check_options(options)
+    schema = _coerce(schema)
+    doc = SchemaDoc(schema, remotes=remotes, max_depth=options.max_depth)
+    norm = Normalizer(doc, formats=options.formats, lenient=options.lenient, max_enum=options.max_enum,
+                      format_supported=_format_support, pattern_check=pattern_error)
+    low = Lowering(norm, doc, options)
+    root = Loc(0, "")
+    grammar = low.build(norm.ref_node(root), (root,))
+    return grammar, list(dict.fromkeys(norm.warnings))
+
+
+def schema_to_grammar(schema: dict | bool | str | type, options: JsonSchemaOptions | None = None, *,
+                      remotes: Mapping[str, Any] | None = None) -> ir.Grammar:
+    """Lower a JSON schema (dict, bool, JSON text, or pydantic model class) to IR.
+
+    ``remotes`` maps absolute URIs to schema documents that ``$ref`` may use; other
+    remote references raise :class:`~structgen.errors.SchemaError`. Raises SchemaError
+    (malformed schema, unknown ``$ref``, invalid JSON text with line/column, a root that
+    accepts nothing), UnsupportedFeatureError, or CompileLimitError (deeper than
+    ``max_depth``, enum larger than ``max_enum``, too many automaton states).
+    """
+    return _build(schema, options or JsonSchemaOptions(), remotes)[0]
+
+
+_CACHE: OrderedDict[str, tuple[Any, list[str]]] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_CACHE_SIZE = 128
+_WARNINGS: dict[int, list[str]] = {}
+
+
+def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchemaOptions | None = None,
+                        compile_options: CompileOptions | None = None,
+                        remotes: Mapping[str, Any] | None = None,
+                        **option_overrides: Any) -> CompiledGrammar:
+    """Compile a JSON schema to a :class:`~structgen.automaton.CompiledGrammar`.
+
+    ``option_overrides`` replace fields of ``options`` (e.g. ``whitespace="flexible"``).
+    Results are cached by content (canonical JSON of the schema, the options and the
+    compile options) in a bounded, thread-safe LRU. The returned grammar's ``metadata``
+    holds ``"warnings"`` (lenient mode) and ``"schema"``; both are also set as attributes
+    when the object allows it. Grammars are shared by content, so two schemas with the
+    same grammar share one object (and its metadata).
+    """
+    from .automaton import compile_grammar
+
+    options = options or JsonSchemaOptions()
+    if option_overrides:
+        try:
+            options = dataclasses.replace(options, **option_overrides)
+        except TypeError as e:
+            raise ConfigError(f"unknown JSON schema option: {e}") from None
+    schema = _coerce(schema)
+    copts = compile_options or CompileOptions()
+    try:
+        key = json.dumps([schema, repr(options), repr(copts),
+                          sorted((remotes or {}).items()) if remotes else None],
+                         sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError) as e:
+        raise SchemaError(f"schema is not JSON-serialisable: {e}") from None
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+            return hit[0]
+    grammar, warnings = _build(schema, options, remotes)
+    try:
+        cg = compile_grammar(grammar, copts)
+    except GrammarError as e:
+        if "accepts no string" in str(e):
+            raise SchemaError("schema is unsatisfiable: no JSON value is valid", pointer="#") from None
+        raise
+    meta = getattr(cg, "metadata", None)
+    if isinstance(meta, dict):
+        meta["warnings"] = warnings
+        meta["schema"] = schema
+    for attr, value in (("warnings", warnings), ("schema", schema)):
+        try:
+            setattr(cg, attr, value)
+        except AttributeError:
+            pass
+    with _CACHE_LOCK:
+        _WARNINGS[id(cg)] = warnings
+        _CACHE[key] = (cg, warnings)
+        while len(_CACHE) > _CACHE_SIZE:
+            old, _w = _CACHE.popitem(last=False)[1]
+            _WARNINGS.pop(id(old), None)
+    return cg
+
+
+def schema_warnings(cg: Any) -> list[str]:
+    """Warnings recorded for a grammar made by :func:`compile_json_schema` (lenient mode)."""
+    meta = getattr(cg, "metadata", None)
+    if isinstance(meta, dict) and "warnings" in meta:
+        return list(meta["warnings"])
+    return list(_WARNINGS.get(id(cg), []))
+
+
+_DOC_CACHE: OrderedDict[str, SchemaDoc] = OrderedDict()
+
+
+def _doc_for(schema: Any, remotes: Mapping[str, Any] | None = None) -> SchemaDoc:
+    key = json.dumps([schema, sorted(remotes) if remotes else None], sort_keys=True)
+    with _CACHE_LOCK:
+        doc = _DOC_CACHE.get(key)
+        if doc is not None:
+            _DOC_CACHE.move_to_end(key)
+            return doc
+    doc = SchemaDoc(schema, remotes=remotes, max_depth=10_000)
+    with _CACHE_LOCK:
+        _DOC_CACHE[key] = doc
+        while len(_DOC_CACHE) > 64:
+            _DOC_CACHE.popitem(last=False)
+    return doc
+
+
+def canonical_json(instance: Any, schema: dict | bool | str | type, *,
+                   remotes: Mapping[str, Any] | None = None) -> str:
+    """Serialise ``instance`` the way structgen's grammar for ``schema`` expects it.
+
+    Compact separators, ``ensure_ascii=False``; object keys declared at that position
+    (``properties`` of the schemas that apply there, through ``$ref``/``allOf``/``anyOf``/
+    ``oneOf``/``not``/``if``/``then``/``else``/``dependentSchemas``, in document order, then
+    their ``required`` names) come first in that order, then the remaining keys in
+    instance order. ``remotes`` as for :func:`schema_to_grammar`. Raises ValueError for
+    values JSON cannot represent (NaN, infinity).
+    """
+    doc = _doc_for(_coerce(schema), remotes)
+    out: list[str] = []
+
+    def emit(v: Any, ctx: tuple[Loc, ...]) -> None:
+        if isinstance(v, dict):
+            declared = doc.declared_names(ctx) if ctx else []
+            dset = set(declared)
+            keys = [k for k in declared if k in v] + [k for k in v if k not in dset]
+            out.append("{")
+            for i, k in enumerate(keys):
+                if not isinstance(k, str):
+                    raise ValueError(f"object keys must be strings, not {type(k).__name__}")
+                if i:
+                    out.append(",")
+                out.append(_dump_str(k))
+                out.append(":")
+                emit(v[k], _child(doc, ctx, k))
+            out.append("}")
+        elif isinstance(v, (list, tuple)):
+            out.append("[")
+            for i, x in enumerate(v):
+                if i:
+                    out.append(",")
+                emit(x, doc.item_ctx(ctx, i) if ctx else ())
+            out.append("]")
+        elif isinstance(v, str):
+            out.append(_dump_str(v))
+        else:
+            out.append(json.dumps(v, ensure_ascii=False, allow_nan=False))
+
+    emit(instance, (Loc(0, ""),))
+    return "".join(out)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _dump_str(s: str) -> str:
+    # lone surrogates cannot be UTF-8 encoded: those strings are written with \u escapes
+    return json.dumps(s, ensure_ascii=bool(_SURROGATE.search(s)))
+
+
+def _child(doc: SchemaDoc, ctx: tuple[Loc, ...], key: str) -> tuple[Loc, ...]:
+    if not ctx:
+        return ()
+    if key in doc.declared_names(ctx):
+        return doc.child_ctx(ctx, key, None)
+    pats = doc.ctx_patterns(ctx)
+    matches = {}
+    for p in pats:
+        try:
+            matches[p] = re.search(p, key) is not None
+        except re.error:
+            matches[p] = False
+    return doc.child_ctx(ctx, None, matches)

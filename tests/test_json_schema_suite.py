@@ -1,0 +1,50 @@
+"""The JSON-Schema-Test-Suite ratchet (draft 2020-12).
+
+Recomputes every instance's status with ``benchmarks/json_schema_suite.py`` and fails on
+any false positive (an invalid instance accepted) in the required tests, any new false
+positive in the format tests, any instance whose status got worse than the checked-in
+ratchet (``tests/data/json_schema_suite_ratchet.json``), and pass totals below it.
+Improvements pass; record them with ``python benchmarks/json_schema_suite.py --update``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _runner() -> ModuleType:
+    path = ROOT / "benchmarks" / "json_schema_suite.py"
+    spec = importlib.util.spec_from_file_location("json_schema_suite", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("section", ["required", "format"])
+def test_suite_ratchet(section: str) -> None:
+    suite = _runner()
+    ratchet = suite.load_ratchet()
+    assert section in ratchet, "ratchet file missing; run benchmarks/json_schema_suite.py --update"
+    results = suite.run(section)
+    regs = suite.regressions(section, results, ratchet)
+    assert not regs, f"{len(regs)} regressions:\n" + "\n".join(regs[:40])
+    now = suite.counts(results)
+    old = ratchet[section]["counts"]
+    assert now["pass"] >= old["pass"], (now, old)
+    assert now["total"] == old["total"], "the vendored suite changed; rerun with --update"
+    if section == "required":
+        assert now["false_positive"] == 0
+        assert now["pass"] >= 850
+
+
+def test_suite_runner_smoke() -> None:
+    suite = _runner()
+    results = suite.run("required", smoke=True)
+    assert results and all(s != "false_positive" for s in results.values())
