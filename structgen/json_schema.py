@@ -2,7 +2,8 @@
 
 The grammar accepts exactly the JSON texts that serialise a valid value the way
 :func:`canonical_json` does (compact separators, or bounded whitespace between tokens in
-the ``flexible`` mode), where strings may use any JSON escape form. "Valid" means what
+the ``flexible`` mode), where string values and undeclared keys may use any JSON escape
+form (declared property names: their canonical spelling only). "Valid" means what
 ``jsonschema.Draft202012Validator`` says (with its format checker when
 ``formats="enforce"``). Whatever cannot be enforced exactly raises
 :class:`~structgen.errors.UnsupportedFeatureError` naming the keyword and its JSON pointer
