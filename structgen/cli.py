@@ -176,13 +176,12 @@ def _compile_file(path: str, lenient: bool) -> Any:
         schema = load_schema(path)
     except StructgenError as e:
         raise _Usage(_text(e)) from None
-    import structgen
-
     from .config import JsonSchemaOptions
+    from .json_schema import compile_json_schema
 
     if lenient:
-        return structgen.compile_json_schema(schema, options=JsonSchemaOptions(lenient=True))
-    return structgen.compile_json_schema(schema)
+        return compile_json_schema(schema, options=JsonSchemaOptions(lenient=True))
+    return compile_json_schema(schema)
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
