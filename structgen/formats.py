@@ -19,8 +19,10 @@ The languages follow the RFCs that JSON Schema names, narrowed where the checker
 * ``email``: RFC 5321 ``Mailbox`` with a dot-atom local part of at most 64 bytes (no
   quoted local parts) and a ``hostname`` or ``[IPv4]`` / ``[IPv6:...]`` domain.
 * ``hostname``: RFC 1123 labels of 1-63 letters, digits and hyphens, not starting or
-  ending with a hyphen, dot separated, no trailing dot. The 253-byte total limit is
-  *not* enforced (it would need ~16k automaton states).
+  ending with a hyphen, dot separated, no trailing dot; labels with "--" in the 3rd and
+  4th positions (IDNA A-labels such as ``xn--...``) are rejected, since their punycode
+  validity is beyond an automaton. The 253-byte total limit is *not* enforced (it would
+  need ~16k automaton states).
 * ``ipv4``: dotted quad, each 0-255 without leading zeros.
 * ``ipv6``: every RFC 4291 text form (``::`` compression, embedded IPv4), no zone id.
 * ``uuid``: 8-4-4-4-12 hex digits, either case.
@@ -184,6 +186,11 @@ def _hostname() -> ir.Expr:
         if n >= 63:
             return None
         if b == 0x2D:
+            if n == 3 and hy:
+                # "--" in the 3rd and 4th positions: A-labels ("xn--") and other reserved
+                # LDH labels; their IDNA validity cannot be checked by an automaton, so they
+                # are rejected (a narrowing, never an over-acceptance)
+                return None
             return (n + 1, True) if n >= 1 else None
         return (n + 1, False)
 
