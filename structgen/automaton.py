@@ -33,6 +33,7 @@ import numpy as np
 from . import ir
 from .config import CompileOptions
 from .errors import CompileLimitError, CompileTimeoutError, GrammarError
+from .graphs import strongly_connected_components
 
 __all__ = ["CompiledGrammar", "RuleDfa", "compile_grammar"]
 
@@ -230,53 +231,6 @@ def _size(e: ir.Expr, memo: dict[int, int]) -> int:
     return s
 
 
-def _sccs(nodes: list[str], edges: dict[str, set[str]]) -> list[list[str]]:
-    """Tarjan's SCC algorithm, iterative."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    on: set[str] = set()
-    st: list[str] = []
-    out: list[list[str]] = []
-    counter = 0
-    for root in nodes:
-        if root in index:
-            continue
-        work = [(root, iter(sorted(edges.get(root, ()))))]
-        index[root] = low[root] = counter
-        counter += 1
-        st.append(root)
-        on.add(root)
-        while work:
-            v, it = work[-1]
-            advanced = False
-            for w in it:
-                if w not in index:
-                    index[w] = low[w] = counter
-                    counter += 1
-                    st.append(w)
-                    on.add(w)
-                    work.append((w, iter(sorted(edges.get(w, ())))))
-                    advanced = True
-                    break
-                if w in on:
-                    low[v] = min(low[v], index[w])
-            if advanced:
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = st.pop()
-                    on.discard(w)
-                    comp.append(w)
-                    if w == v:
-                        break
-                out.append(comp)
-    return out
-
-
 def _eliminate_immediate_left_recursion(name: str, e: ir.Expr) -> ir.Expr:
     branches = e.items if isinstance(e, ir.Alt) else (e,)
     rec: list[ir.Expr] = []
@@ -377,7 +331,7 @@ class _Compiler:
                     reach.add(r)
                     todo.append(r)
         recursive: set[str] = set()
-        for comp in _sccs(sorted(reach), refs):
+        for comp in strongly_connected_components(sorted(reach), refs):
             if len(comp) > 1 or comp[0] in refs[comp[0]]:
                 recursive.update(comp)
         # big repetitions of big items: hoist the item into a rule of its own (a call), so
@@ -400,7 +354,8 @@ class _Compiler:
                 uses[r] += c
         keep = {g.start} | recursive
         full: dict[str, int] = {}
-        order = [c for comp in _sccs(sorted(reach), refs) for c in comp]  # children first
+        # children first: Tarjan emits a component after everything it reaches
+        order = [c for comp in strongly_connected_components(sorted(reach), refs) for c in comp]
         for n in order:
             if n in recursive:
                 full[n] = 1
@@ -787,7 +742,7 @@ class _Compiler:
                 for r, _t in d.calls[q]:
                     callees.add(self.kept[r])
             left[self.kept[i]] = callees
-        for comp in _sccs(self.kept, left):
+        for comp in strongly_connected_components(self.kept, left):
             if len(comp) > 1 or comp[0] in left[comp[0]]:
                 raise GrammarError(
                     "left recursion through rule(s) " + " -> ".join(sorted(comp))

@@ -958,45 +958,11 @@ def _left_graph(rules: dict[str, ir.Expr], null: dict[str, bool]) -> dict[str, s
 
 
 def _sccs(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components (iterative Tarjan), each in rule order."""
+    """Strongly connected components, each in rule (definition) order."""
+    from .graphs import strongly_connected_components
+
     order = {n: i for i, n in enumerate(graph)}
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    on: set[str] = set()
-    stack: list[str] = []
-    out: list[list[str]] = []
-    for root in graph:
-        if root in index:
-            continue
-        work: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(graph[root], key=order.get)))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on.add(root)
-        while work:
-            v, it = work[-1]
-            w = next(it, None)
-            if w is not None:
-                if w not in index:
-                    index[w] = low[w] = len(index)
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(sorted(graph[w], key=order.get))))
-                elif w in on:
-                    low[v] = min(low[v], index[w])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    x = stack.pop()
-                    on.discard(x)
-                    comp.append(x)
-                    if x == v:
-                        break
-                out.append(sorted(comp, key=order.get))
-    return out
+    return strongly_connected_components(graph, graph, key=order.__getitem__)
 
 
 def _substitute_leading(e: ir.Expr, target: str, body: ir.Expr, null: dict[str, bool]) -> ir.Expr:
