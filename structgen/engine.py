@@ -386,20 +386,28 @@ class VocabTable:
     """
 
     def __init__(self, token_bytes: list[bytes | None], eos_ids: list[int], vocab_size: int,
-                 key: Any) -> None:
+                 key: Any, flat_view: tuple[Any, Any, Any] | None = None) -> None:
         self.key = key
         self.vocab_size = vocab_size
         self.num_words = (vocab_size + 31) // 32
         self.token_bytes = token_bytes
         self.eos_ids = np.array(sorted(set(eos_ids)), dtype=np.int64)
-        ids = np.array([i for i, b in enumerate(token_bytes) if b], dtype=np.int64)
-        blobs = [token_bytes[i] for i in ids.tolist()]
-        lens = np.array([len(b) for b in blobs], dtype=np.int64)  # type: ignore[arg-type]
+        if flat_view is not None:
+            # the vocabulary's own lazily built arrays: lengths [V], offsets [V+1], bytes [total]
+            all_lens, all_offs, flat = flat_view
+            ids = np.nonzero(np.asarray(all_lens) > 0)[0].astype(np.int64)
+            lens = np.asarray(all_lens, dtype=np.int64)[ids]
+            offs = np.asarray(all_offs, dtype=np.int64)[ids]
+            flat = np.asarray(flat, dtype=np.uint8)
+        else:
+            ids = np.array([i for i, b in enumerate(token_bytes) if b], dtype=np.int64)
+            blobs = [token_bytes[i] for i in ids.tolist()]
+            lens = np.array([len(b) for b in blobs], dtype=np.int64)  # type: ignore[arg-type]
+            flat = np.frombuffer(b"".join(blobs), dtype=np.uint8)  # type: ignore[arg-type]
+            offs = (np.concatenate([[0], np.cumsum(lens)[:-1]]) if lens.size
+                    else np.zeros(0, np.int64))
         self.num_tokens = int(ids.size)
         self.max_len = int(lens.max()) if lens.size else 0
-        # flat bytes + offsets, then per level the (parent, byte) keys
-        flat = np.frombuffer(b"".join(blobs), dtype=np.uint8)  # type: ignore[arg-type]
-        offs = np.concatenate([[0], np.cumsum(lens)[:-1]]) if lens.size else np.zeros(0, np.int64)
         node = np.zeros(self.num_tokens, dtype=np.int64)  # node of each token's prefix so far
         n_prev = 1
         active = np.arange(self.num_tokens, dtype=np.int64)

@@ -61,8 +61,11 @@ def vocab_table(vocab: Any) -> VocabTable:
         key = getattr(vocab, "content_hash", None) or id(vocab)
         vt = _VT_BY_HASH.get(key) if isinstance(key, str) else None
         if vt is None:
+            flat_view = None
+            if all(hasattr(vocab, a) for a in ("lengths", "offsets", "flat_bytes")):
+                flat_view = (vocab.lengths, vocab.offsets, vocab.flat_bytes)
             vt = VocabTable(list(vocab.token_bytes), list(vocab.eos_token_ids),
-                            int(vocab.vocab_size), key)
+                            int(vocab.vocab_size), key, flat_view)
             if isinstance(key, str):
                 _VT_BY_HASH[key] = vt
         try:
