@@ -15,6 +15,7 @@ fi
 # so make transformers fail fast instead of retrying the network.
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export STRUCTGEN_HYPOTHESIS_PROFILE="${STRUCTGEN_HYPOTHESIS_PROFILE:-ci}"
 
 echo "[test] ruff check"
 "$PY" -m ruff check . || { echo "[test] ruff check failed" >&2; exit 1; }
