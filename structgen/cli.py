@@ -8,7 +8,13 @@ Subcommands:
   unsupported keywords with their JSON pointers; ``--explain`` prints the IR grammar.
 * ``demo``: the main job: compile the example schemas, validate their samples and (once
   ``structgen.generate`` exists) generate with the default model.
-* ``generate``, ``bench``, ``models``: not implemented yet (exit 2).
+* ``generate --model M (--schema S.json | --pydantic mod:Class | --grammar G.lark | --regex RE)
+  (--prompt TEXT | --prompts FILE.jsonl) [--config spec.yaml] [--out OUT.jsonl]
+  [--metrics-out FILE.json|.prom] [--metrics-port PORT]``: constrained (speculative) generation;
+  one JSON line per result; exit 1 when any output is invalid or incomplete.
+* ``models [list | pull ALIAS... | path ALIAS]``: the model/tokenizer aliases and the cache.
+* ``bench ARGS...``: the benchmark suite (:func:`structgen.bench.main`).
+* ``config [--example | --check FILE]``: the documented YAML configuration.
 
 Exit codes: 0 success / all valid, 1 some instance invalid (or a failed check), 2 usage error,
 unreadable input or malformed schema (one-line message on stderr).
@@ -21,6 +27,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -359,15 +366,500 @@ def _demo_generate(structgen: Any, name: str, schema: Any, validator: Any,
 
 
 # ---------------------------------------------------------------------------------------------
+# generate
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class _Constraint:
+    """One output constraint of `generate`: the compiled grammar and how outputs are checked."""
+
+    kind: str  # "schema" | "pydantic" | "grammar" | "regex"
+    compiled: Any
+    validator: Any = None  # SchemaValidator (jsonschema + formats) for JSON kinds
+    pydantic: Any = None
+
+    @property
+    def is_json(self) -> bool:
+        return self.kind in ("schema", "pydantic")
+
+
+@dataclass
+class _Request:
+    index: int
+    prompt: str | None
+    messages: list[dict[str, Any]] | None
+    constraint: _Constraint
+    id: Any = None
+
+
+def _grammar_error(path: str, e: StructgenError) -> str:
+    from .errors import GrammarError, RegexError
+
+    if isinstance(e, GrammarError):
+        where = f"{path}:{e.line}:{e.column}" if e.line is not None and e.column is not None else \
+            f"{path}:{e.line}" if e.line is not None else path
+        return f"{where}: {e.message}"
+    if isinstance(e, RegexError):
+        at = f" at offset {e.position}" if e.position is not None else ""
+        return f"{path}: {e.message}{at}"
+    return f"{path}: {_text(e)}"
+
+
+def _schema_constraint(schema: Any, source: str, settings: Any, pydantic: Any = None) -> _Constraint:
+    from .json_schema import compile_json_schema
+    from .validation import SchemaValidator
+
+    try:
+        validator = SchemaValidator(schema, use_grammar=False)
+        compiled = compile_json_schema(schema, options=settings.json_schema,
+                                       compile_options=settings.compile)
+    except StructgenError as e:
+        raise _Usage(f"{source}: {_text(e)}") from None
+    return _Constraint("pydantic" if pydantic is not None else "schema", compiled, validator, pydantic)
+
+
+def _import_pydantic(spec: str) -> Any:
+    import importlib
+    import os
+
+    mod_name, sep, attr = spec.partition(":")
+    if not sep or not mod_name or not attr:
+        raise _Usage(f"--pydantic wants pkg.module:Class, not {spec!r}")
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:  # `structgen` (the console script) does not put the working folder on the path
+        sys.path.insert(0, cwd)
+    try:
+        obj: Any = importlib.import_module(mod_name)
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's module
+        raise _Usage(f"--pydantic {spec}: cannot import {mod_name}: {type(e).__name__}: {e}") from None
+    finally:
+        if added:
+            sys.path.remove(cwd)
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise _Usage(f"--pydantic {spec}: {mod_name} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    from pydantic import BaseModel
+
+    if not (isinstance(obj, type) and issubclass(obj, BaseModel)):
+        raise _Usage(f"--pydantic {spec}: {attr} is not a pydantic BaseModel subclass")
+    return obj
+
+
+def _main_constraint(args: argparse.Namespace, settings: Any) -> _Constraint | None:
+    from .validation import load_schema
+
+    if args.schema:
+        try:
+            schema = load_schema(args.schema)
+        except StructgenError as e:
+            raise _Usage(_text(e)) from None
+        return _schema_constraint(schema, args.schema, settings)
+    if args.pydantic:
+        cls = _import_pydantic(args.pydantic)
+        try:
+            schema = cls.model_json_schema()
+        except Exception as e:  # noqa: BLE001 - pydantic cannot describe the class
+            raise _Usage(f"--pydantic {args.pydantic}: no JSON schema: {e}") from None
+        return _schema_constraint(schema, args.pydantic, settings, pydantic=cls)
+    if args.grammar:
+        from .lark_frontend import compile_lark
+
+        try:
+            text = Path(args.grammar).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise _Usage(f"cannot read {args.grammar}: {getattr(e, 'strerror', None) or e}") from None
+        start = args.start or settings.generation.start
+        try:
+            return _Constraint("grammar", compile_lark(text, start=start, compile_options=settings.compile))
+        except StructgenError as e:
+            raise _Usage(_grammar_error(args.grammar, e)) from None
+    if args.regex is not None:
+        from .regex import compile_regex_grammar
+
+        try:
+            return _Constraint("regex", compile_regex_grammar(args.regex))
+        except StructgenError as e:
+            raise _Usage(_grammar_error("--regex", e)) from None
+    return None
+
+
+def _check_messages(value: Any) -> bool:
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                    and isinstance(m.get("content"), str) for m in value))
+
+
+def _read_requests(args: argparse.Namespace, main: _Constraint | None, settings: Any) -> list[_Request]:
+    """The requests of ``--prompt`` or of the ``--prompts`` JSON Lines file (checked here, before
+    any model is loaded: a bad line is a usage error naming FILE:LINE)."""
+    if args.prompt is not None:
+        if main is None:
+            raise _Usage("give one of --schema, --pydantic, --grammar or --regex")
+        if not args.prompt:
+            raise _Usage("--prompt is empty")
+        return [_Request(0, args.prompt, None, main)]
+    name = args.prompts
+    try:
+        raw = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
+    except OSError as e:
+        raise _Usage(f"cannot read {name}: {e.strerror or e}") from None
+    base = Path(name).resolve().parent if name != "-" else Path.cwd()
+    cache: dict[str, _Constraint] = {}
+    requests: list[_Request] = []
+    for lineno, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{name}:{lineno}"
+        try:
+            item = json.loads(line)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise _Usage(f"{where}: not a JSON object: {e}") from None
+        if not isinstance(item, dict):
+            raise _Usage(f"{where}: each line must be a JSON object with a \"prompt\" or \"messages\"")
+        prompt, messages = item.get("prompt"), item.get("messages")
+        if (prompt is None) == (messages is None):
+            raise _Usage(f"{where}: give exactly one of \"prompt\" and \"messages\"")
+        if prompt is not None and not (isinstance(prompt, str) and prompt):
+            raise _Usage(f"{where}: \"prompt\" must be a non-empty string")
+        if messages is not None and not _check_messages(messages):
+            raise _Usage(f"{where}: \"messages\" must be a non-empty list of "
+                         "{\"role\": ..., \"content\": ...} objects")
+        constraint = main
+        if "schema" in item:
+            spec = item["schema"]
+            if isinstance(spec, str):  # a schema file, relative to the prompts file
+                from .validation import load_schema
+
+                path = Path(spec) if Path(spec).is_absolute() else base / spec
+                key = "file:" + str(path)
+                if key not in cache:
+                    try:
+                        schema = load_schema(str(path))
+                    except StructgenError as e:
+                        raise _Usage(f"{where}: {_text(e)}") from None
+                    cache[key] = _schema_constraint(schema, f"{where}: {spec}", settings)
+            elif isinstance(spec, (dict, bool)):
+                key = "inline:" + json.dumps(spec, sort_keys=True)
+                if key not in cache:
+                    cache[key] = _schema_constraint(spec, f"{where}: schema", settings)
+            else:
+                raise _Usage(f"{where}: \"schema\" must be a JSON Schema object or a file name")
+            constraint = cache[key]
+        if constraint is None:
+            raise _Usage(f"{where}: no constraint: give --schema, --pydantic, --grammar or --regex, "
+                         "or a \"schema\" field on every line")
+        requests.append(_Request(len(requests), prompt, messages, constraint, item.get("id")))
+    if not requests:
+        raise _Usage(f"no prompts in {name}")
+    return requests
+
+
+def _check_output(req: _Request, res: Any) -> tuple[bool, Any, list[str]]:
+    """(valid, parsed value, errors) of one result, by an oracle other than the grammar where
+    there is one: jsonschema (with formats) and pydantic for JSON; the compiled grammar for
+    Lark grammars and regexes."""
+    if res.finish_reason != "stop":
+        return False, None, [f"incomplete: finish_reason={res.finish_reason} (max_new_tokens reached)"]
+    c = req.constraint
+    if not c.is_json:
+        ok = bool(c.compiled.accepts(res.text))
+        return ok, None, [] if ok else ["the output is not a sentence of the grammar"]
+    from .validation import Document
+
+    try:
+        value = json.loads(res.text)
+    except ValueError as e:
+        return False, None, [f"not JSON: {e}"]
+    result = c.validator.validate(Document(1, value), "<output>")
+    errors = [f"{e.path}: {e.message}" for e in result.errors]
+    if c.pydantic is not None and not errors:
+        try:
+            c.pydantic.model_validate_json(res.text)
+        except Exception as e:  # noqa: BLE001 - pydantic's ValidationError
+            errors.append(f"pydantic: {' '.join(str(e).split())}")
+    return not errors, value, errors
+
+
+class _Progress:
+    """A one-line progress bar on ``stream``, drawn only when it is a terminal."""
+
+    def __init__(self, total: int, stream: Any, prog: str) -> None:
+        self.total = total
+        self.stream = stream
+        self.prog = prog
+        self.enabled = _isatty(stream)
+        self.t0 = time.perf_counter()
+
+    def update(self, done: int, tokens: int) -> None:
+        if not self.enabled:
+            return
+        width = 30
+        fill = round(width * done / self.total) if self.total else width
+        rate = tokens / max(time.perf_counter() - self.t0, 1e-9)
+        self.stream.write(f"\r{self.prog}: [{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} "
+                          f"requests, {rate:.1f} tokens/s")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _chunks(requests: list[_Request], size: int) -> list[list[_Request]]:
+    """Micro-batches of at most ``size`` consecutive requests of one kind (prompt / messages)."""
+    out: list[list[_Request]] = []
+    for r in requests:
+        if out and len(out[-1]) < size and (out[-1][0].prompt is None) == (r.prompt is None):
+            out[-1].append(r)
+        else:
+            out.append([r])
+    return out
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    import os
+    from dataclasses import replace
+
+    from .errors import ConfigError
+
+    prog = "structgen generate"
+    settings = _load_settings(args.config)
+    gen = settings.generation
+    cfg = settings.speculative_decoding
+    try:
+        if args.temperature is not None:
+            cfg = replace(cfg, temperature=args.temperature)
+        if args.batch_size is not None:
+            cfg = replace(cfg, batch_size=args.batch_size)
+        if args.max_new_tokens is not None:
+            gen = replace(gen, max_new_tokens=args.max_new_tokens)
+    except ConfigError as e:
+        raise _Usage(f"--{(e.key or '').replace('_', '-')}: {e}") from None
+    seed = args.seed if args.seed is not None else gen.seed
+    speculative = gen.speculative and not args.no_speculative
+    if args.metrics_out and Path(args.metrics_out).suffix not in (".json", ".prom"):
+        raise _Usage(f"--metrics-out {args.metrics_out}: the name must end in .json or .prom")
+
+    main = _main_constraint(args, settings)
+    requests = _read_requests(args, main, settings)
+
+    from .assets import resolve_model
+    from .errors import AssetError
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    model_name = args.model or gen.model or _default_model()
+    try:
+        model_path = resolve_model(model_name)
+    except AssetError as e:
+        raise _Usage(str(e)) from None
+
+    out: IO[str]
+    if args.out:
+        try:
+            out = open(args.out, "w", encoding="utf-8")
+        except OSError as e:
+            raise _Usage(f"cannot write {args.out}: {e.strerror or e}") from None
+    else:
+        out = sys.stdout
+    try:
+        from .model import load_model
+
+        if not _isatty(sys.stderr):  # transformers draws its own loading bars otherwise
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        try:
+            lm = load_model(str(model_path))
+        except Exception as e:  # noqa: BLE001 - transformers' many load errors
+            raise _Usage(f"cannot load model {model_name}: {type(e).__name__}: {e}") from None
+        return _generate_all(args, prog, lm, requests, cfg, gen.max_new_tokens, seed, speculative,
+                             settings, out)
+    finally:
+        if out is not sys.stdout:
+            out.close()
+
+
+def _isatty(stream: Any) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def _default_model() -> str:
+    from .api import DEFAULT_MODEL
+
+    return DEFAULT_MODEL
+
+
+def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_Request], cfg: Any,
+                  max_new_tokens: int, seed: int | None, speculative: bool, settings: Any,
+                  out: IO[str]) -> int:
+    import structgen
+
+    from .metrics import Metrics, serve_metrics
+
+    metrics = Metrics(thresholds=settings.monitoring)
+    server = None
+    if args.metrics_port is not None:
+        try:
+            server = serve_metrics(metrics, port=args.metrics_port)
+        except OSError as e:
+            raise _Usage(f"--metrics-port {args.metrics_port}: {e.strerror or e}") from None
+        _note(prog, f"metrics at http://127.0.0.1:{server.port}/metrics")
+    progress = _Progress(len(requests), sys.stderr, prog)
+    failed = done = tokens = 0
+    metrics.mark_start()
+    try:
+        for chunk in _chunks(requests, cfg.batch_size):
+            kw: dict[str, Any] = {"grammar": [r.constraint.compiled for r in chunk],
+                                  "max_new_tokens": max_new_tokens, "speculative": speculative,
+                                  "config": cfg, "seed": None if seed is None else seed + chunk[0].index}
+            if chunk[0].prompt is not None:
+                kw["prompt"] = [r.prompt for r in chunk]
+            else:
+                kw["messages"] = [r.messages for r in chunk]
+            try:
+                results = structgen.generate(lm, **kw)
+            except StructgenError as e:
+                raise _Usage(_text(e)) from None
+            for req, res in zip(chunk, results):
+                valid, value, errors = _check_output(req, res)
+                metrics.observe(res, valid=valid)
+                failed += not valid
+                line: dict[str, Any] = {"index": req.index}
+                if req.id is not None:
+                    line["id"] = req.id
+                line.update({"text": res.text, "value": value, "finish_reason": res.finish_reason,
+                             "valid": valid, "errors": errors, "num_tokens": len(res.tokens),
+                             "stats": res.stats.as_dict() if hasattr(res.stats, "as_dict") else None})
+                out.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
+                tokens += len(res.tokens)
+            out.flush()
+            done += len(chunk)
+            progress.update(done, tokens)
+    finally:
+        progress.close()
+        if server is not None:
+            server.close()
+    d = metrics.as_dict()
+    acc = d["draft"]["acceptance"]
+    tpp = d["tokens_per_pass"]
+    print(f"{prog}: {done} request(s): {d['requests']['valid']} valid, {d['requests']['invalid']} "
+          f"invalid, {d['requests']['incomplete']} incomplete; "
+          f"{'-' if tpp is None else f'{tpp:.2f}'} tokens/pass, draft acceptance "
+          f"{'-' if acc is None else f'{acc:.1%}'}", file=sys.stderr)
+    for a in d["alerts"]:
+        print(f"{prog}: warning: {a['message']}", file=sys.stderr)
+    if args.metrics_out:
+        try:
+            metrics.write(args.metrics_out)
+        except OSError as e:
+            _err(prog, f"cannot write {args.metrics_out}: {e.strerror or e}")
+            return EXIT_USAGE
+    return EXIT_INVALID if failed else EXIT_OK
+
+
+def _load_settings(path: str | None) -> Any:
+    from .settings import Settings, load_settings
+
+    if not path:
+        return Settings()
+    try:
+        return load_settings(path)
+    except StructgenError as e:
+        raise _Usage(str(e)) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# models, bench, config
+# ---------------------------------------------------------------------------------------------
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from . import assets
+    from .errors import AssetError
+
+    action = args.action or "list"
+    known = set(assets.TOKENIZERS) | set(assets.MODELS)
+    if action == "list":
+        rows = assets.list_aliases()
+        if args.json:
+            for r in rows:
+                print(json.dumps({"alias": r.alias, "kind": r.kind, "cached": r.cached,
+                                  "path": str(r.path), "download_mb": r.download_mb,
+                                  "licence": r.licence, "distribution": r.distribution,
+                                  "description": r.description, **r.extra}, default=str))
+            return EXIT_OK
+        print(f"cache: {assets.cache_dir()}")
+        for r in rows:
+            mark = " (default)" if r.extra.get("default") else ""
+            state = "cached" if r.cached else "not cached"
+            licence = r.licence.split(" (")[0]
+            print(f"{r.kind:9} {r.alias + mark:24} {state:10} {r.download_mb:8.1f} MB  {licence:26} "
+                  f"{r.path if r.cached else '-'}")
+        return EXIT_OK
+    aliases = args.aliases
+    if not aliases:
+        raise _Usage(f"models {action}: give an alias (see `structgen models`)")
+    for a in aliases:
+        if a not in known:
+            raise _Usage(f"unknown alias {a!r}; known aliases: {', '.join(sorted(known))}")
+    status = EXIT_OK
+    for a in aliases:
+        try:
+            if action == "pull":
+                t0 = time.perf_counter()
+                path = assets.pull(a)
+                print(f"{a}: {path} ({time.perf_counter() - t0:.1f} s)")
+            else:
+                fn = assets.tokenizer_path if a in assets.TOKENIZERS else assets.model_path
+                print(fn(a, fetch=False))
+        except AssetError as e:
+            _err(f"structgen models {action}", str(e))
+            status = EXIT_INVALID
+    return status
+
+
+def _cmd_bench(argv: Sequence[str]) -> int:
+    try:
+        from . import bench
+    except ModuleNotFoundError as e:
+        if e.name in ("structgen.bench", f"{__package__}.bench"):
+            _err("structgen bench", "the benchmark suite (structgen.bench) is not available in this "
+                 "installation")
+            return EXIT_USAGE
+        raise
+    return int(bench.main(list(argv)))
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    from .settings import dump, example
+
+    if args.check:
+        settings = _load_settings(args.check)
+        sys.stdout.write(dump(settings, comments=False))
+        return EXIT_OK
+    sys.stdout.write(example())
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
 # entry point
 # ---------------------------------------------------------------------------------------------
 
-def _not_yet(args: argparse.Namespace) -> int:
-    raise _Usage(f"'{args.command}' is not implemented yet")
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit 2), like every other usage error here."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {' '.join(message.split())} "
+                              f"(see `{self.prog} --help`)\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="structgen", description="Grammar-constrained generation toolkit.")
+    p = _Parser(prog="structgen", description="Grammar-constrained generation toolkit.")
     p.add_argument("--version", action="version", version=f"structgen {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -400,17 +892,70 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--model", help="model alias or folder (default: structgen's default model)")
     d.set_defaults(func=_cmd_demo)
 
-    for name, text in (("generate", "generate constrained output (not implemented yet)"),
-                       ("bench", "run benchmarks (not implemented yet)"),
-                       ("models", "list and fetch models (not implemented yet)")):
-        s = sub.add_parser(name, help=text)
-        s.add_argument("rest", nargs=argparse.REMAINDER)
-        s.set_defaults(func=_not_yet)
+    g = sub.add_parser(
+        "generate", help="generate constrained output (JSON Lines, one result per line)",
+        description="Generate output that matches a JSON Schema, a Pydantic model, a Lark grammar or "
+        "a regex, with speculative decoding. One JSON line per result (text, value, finish_reason, "
+        "valid, errors, stats) on stdout or --out; a summary and alerts on stderr; a progress bar on "
+        "stderr when it is a terminal. Exit: 0 all outputs valid, 1 some output invalid or "
+        "incomplete, 2 usage error (missing file, bad schema, bad configuration key, unknown model).")
+    g.add_argument("--model", "-m", metavar="M",
+                   help="model alias (see `structgen models`) or Hugging Face folder "
+                   "(default: generation.model of --config, else smollm2-135m)")
+    what = g.add_mutually_exclusive_group()
+    what.add_argument("--schema", "-s", metavar="S.json", help="JSON Schema file")
+    what.add_argument("--pydantic", metavar="pkg.module:Class", help="a Pydantic model class")
+    what.add_argument("--grammar", "-g", metavar="G.lark", help="Lark grammar file")
+    what.add_argument("--regex", metavar="PATTERN", help="a regular expression")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", "-p", metavar="TEXT", help="one prompt")
+    src.add_argument("--prompts", metavar="FILE.jsonl",
+                     help="JSON Lines: {\"prompt\": ...} or {\"messages\": [...]}, optionally "
+                     "\"schema\" (an object, or a file relative to FILE) and \"id\"; '-' for stdin")
+    g.add_argument("--config", "-c", metavar="spec.yaml", help="YAML configuration "
+                   "(see `structgen config --example`)")
+    g.add_argument("--out", "-o", metavar="OUT.jsonl", help="write the result lines here (default stdout)")
+    g.add_argument("--max-new-tokens", type=int, metavar="N")
+    g.add_argument("--temperature", type=float, metavar="T", help="0 = greedy")
+    g.add_argument("--seed", type=int, metavar="S", help="request i uses seed S + i")
+    g.add_argument("--batch-size", type=int, metavar="B", help="requests per micro-batch")
+    g.add_argument("--start", metavar="RULE", help="start rule of the Lark grammar")
+    g.add_argument("--no-speculative", action="store_true",
+                   help="plain grammar-constrained decoding (the baseline)")
+    g.add_argument("--metrics-out", metavar="FILE", help="write the run metrics: .json or .prom "
+                   "(Prometheus text format)")
+    g.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve /metrics (Prometheus) and /metrics.json on 127.0.0.1:PORT while running "
+                   "(0: a free port, printed on stderr)")
+    g.set_defaults(func=_cmd_generate)
+
+    m = sub.add_parser("models", help="list model and tokenizer aliases; fetch one; show where it is",
+                       description="`structgen models` lists the aliases and whether they are cached; "
+                       "`models pull ALIAS...` fetches into the cache; `models path ALIAS` prints the "
+                       "cached folder. Exit: 0 ok, 1 fetch failed / not cached, 2 unknown alias.")
+    m.add_argument("action", nargs="?", choices=("list", "pull", "path"), help="default: list")
+    m.add_argument("aliases", nargs="*", metavar="ALIAS")
+    m.add_argument("--json", action="store_true", help="list: one JSON object per alias")
+    m.set_defaults(func=_cmd_models)
+
+    b = sub.add_parser("bench", help="run the benchmark suite (arguments go to structgen.bench)")
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+
+    k = sub.add_parser("config", help="print the documented default YAML configuration, or check a file",
+                       description="Without options: print the documented default configuration. "
+                       "--check FILE: load FILE (exit 2 with FILE:LINE on a bad key or value) and print "
+                       "the effective settings.")
+    k.add_argument("--example", action="store_true", help="print the documented defaults (the default)")
+    k.add_argument("--check", metavar="FILE", help="validate a configuration file")
+    k.set_defaults(func=_cmd_config)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"] and not {"-h", "--help"} & set(argv[1:2]):
+        return _cmd_bench(argv[1:])  # every further argument belongs to the benchmark suite
     parser = _parser()
     try:
         args = parser.parse_args(argv)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CompileOptions", "JsonSchemaOptions", "SpecConfig"]
+__all__ = ["CompileOptions", "GenerationOptions", "JsonSchemaOptions", "MonitoringOptions", "SpecConfig"]
 
 
 @dataclass(frozen=True)
@@ -119,3 +119,73 @@ class SpecConfig:
             raise ConfigError("need 1 <= ngram_min <= ngram_max", key="ngram_min")
         if self.backend not in ("auto", "torch", "triton"):
             raise ConfigError("backend must be auto, torch or triton", key="backend")
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """Per-request generation options (the ``generation:`` section of the YAML file; the
+    ``structgen generate`` flags of the same names override them).
+
+    model: model alias (see ``structgen models``) or local Hugging Face folder; None = the
+        default model (``smollm2-135m``).
+    max_new_tokens: generated tokens per request before it stops with
+        ``finish_reason="length"`` (an incomplete output).
+    seed: base random seed (request ``i`` uses ``seed + i``); None = random.
+    speculative: False runs plain grammar-constrained decoding (no drafts), the baseline.
+    start: start rule of a Lark grammar.
+    """
+
+    model: str | None = None
+    max_new_tokens: int = 256
+    seed: int | None = None
+    speculative: bool = True
+    start: str = "start"
+
+    def __post_init__(self) -> None:
+        from .errors import ConfigError
+
+        if self.max_new_tokens < 1:
+            raise ConfigError("max_new_tokens must be >= 1", key="max_new_tokens")
+        if not self.start:
+            raise ConfigError("start must be a rule name", key="start")
+
+
+@dataclass(frozen=True)
+class MonitoringOptions:
+    """Alert thresholds for the run metrics (the ``monitoring:`` section of the YAML file).
+
+    An alert is reported (in the metrics JSON, as ``structgen_alert`` in the Prometheus
+    text, and as a warning line on stderr) when its condition holds at the end of a run; it
+    never changes the exit code. None switches an alert off.
+
+    min_acceptance: alert when draft acceptance (accepted / proposed draft tokens, all
+        drafters) is below this.
+    min_drafter_acceptance: alert when one drafter's acceptance is below this.
+    min_validity: alert when the output validity rate (valid / requests) is below this;
+        1.0 (the default) alerts on any invalid or incomplete output.
+    min_tokens_per_pass: alert when generated tokens per target forward pass is below this.
+    max_latency_p95_s: alert when the 95th percentile of end-to-end request latency
+        (seconds) is above this.
+    min_requests: alerts are evaluated only once this many requests were observed.
+    """
+
+    min_acceptance: float | None = None
+    min_drafter_acceptance: float | None = None
+    min_validity: float | None = 1.0
+    min_tokens_per_pass: float | None = None
+    max_latency_p95_s: float | None = None
+    min_requests: int = 1
+
+    def __post_init__(self) -> None:
+        from .errors import ConfigError
+
+        for name in ("min_acceptance", "min_drafter_acceptance", "min_validity"):
+            v = getattr(self, name)
+            if v is not None and not (0 <= v <= 1):
+                raise ConfigError(f"{name} must be in [0, 1] or null", key=name)
+        if self.min_tokens_per_pass is not None and self.min_tokens_per_pass < 0:
+            raise ConfigError("min_tokens_per_pass must be >= 0 or null", key="min_tokens_per_pass")
+        if self.max_latency_p95_s is not None and self.max_latency_p95_s <= 0:
+            raise ConfigError("max_latency_p95_s must be > 0 or null", key="max_latency_p95_s")
+        if self.min_requests < 1:
+            raise ConfigError("min_requests must be >= 1", key="min_requests")

@@ -318,8 +318,7 @@ def test_unreadable_file_exit_2_others_still_checked(tmp_path, schema_file, caps
     ["nosuchcommand"],
     [],
     ["generate"],
-    ["bench", "--smoke"],
-    ["models"],
+    ["models", "pull"],
 ])
 def test_usage_errors_exit_2(tmp_path, capsys, monkeypatch, argv):
     monkeypatch.chdir(tmp_path)
