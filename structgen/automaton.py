@@ -35,44 +35,194 @@ from .config import CompileOptions
 from .errors import CompileLimitError, CompileTimeoutError, GrammarError
 from .graphs import strongly_connected_components
 
-__all__ = ["CompiledGrammar", "RuleDfa", "compile_grammar"]
+__all__ = ["CompiledGrammar", "DfaRule", "LazyRule", "compile_grammar"]
 
 
 # ---------------------------------------------------------------------------
 # Compiled artefacts
 # ---------------------------------------------------------------------------
 
-@dataclass(frozen=True, eq=False)
-class RuleDfa:
-    """One rule's deterministic automaton over bytes plus call edges.
+class LazyRule:
+    """One rule of a compiled grammar: a trimmed Thompson NFA over bytes and call symbols,
+    determinised lazily (subset construction one state at a time, on first use).
 
-    trans:  int32 [num_states, 256], next state or -1 (dead).
-    accept: bool  [num_states], the rule may return here.
-    calls:  per state, a tuple of ``(callee_rule_index, return_state)``.
-    has_bytes: bool [num_states], the state has at least one byte edge.
-    State 0 is the start state.
+    Compilation stays linear in the size of the grammar; only the DFA states a request
+    actually visits are ever built (the lazy-DFA design of RE2). A DFA state is the set of
+    *important* NFA states of an epsilon closure (those with byte edges or call edges, and
+    the rule's end), so closures that differ only in pass-through states share one DFA
+    state. The NFA is trimmed at compile time: every NFA state left can reach the rule's
+    end (calls only to rules with a non-empty language), so every non-empty DFA state can
+    still complete the rule, which keeps token masks exact without a DFA-level trim.
+
+    Per DFA state ``q`` (0 = start), :meth:`info` gives ``(row, accept, has_bytes, calls,
+    tail)``: ``row`` int32 ``[256]`` next state or -1; ``calls`` a tuple of
+    ``(callee_rule_index, return_state)``; ``tail``: accepting with no byte or call edges.
+    Thread-safe; picklable (the lazily built states are not pickled).
     """
 
-    name: str
-    trans: np.ndarray
-    accept: np.ndarray
-    calls: tuple[tuple[tuple[int, int], ...], ...]
-    has_bytes: np.ndarray
+    def __init__(self, name: str, eps: tuple[tuple[int, ...], ...],
+                 edges: tuple[tuple[tuple[int, int, int], ...], ...],
+                 calls: tuple[tuple[tuple[int, int], ...], ...], end: int,
+                 class_of: np.ndarray, nclass: int) -> None:
+        self.name = name
+        self._eps = eps            # per NFA state: epsilon targets
+        self._edges = edges        # per NFA state: (class_lo, class_hi, target)
+        self._ncalls = calls       # per NFA state: (callee rule, target)
+        self._end = end
+        self._class_of = class_of  # int32 [256] byte -> class
+        self._nclass = nclass
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.RLock()
+        n = len(self._eps)
+        self._important = [bool(self._edges[x]) or bool(self._ncalls[x]) or x == self._end
+                           for x in range(n)]
+        self._eclose: dict[int, frozenset[int]] = {}
+        self._ids: dict[frozenset[int], int] = {}
+        self._sets: list[frozenset[int]] = []
+        self._info: list[tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool] | None] = []
+        self._intern(self._closure_of((0,)))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"name": self.name, "eps": self._eps, "edges": self._edges, "calls": self._ncalls,
+                "end": self._end, "class_of": self._class_of, "nclass": self._nclass}
+
+    def __setstate__(self, st: dict[str, Any]) -> None:
+        self.__init__(st["name"], st["eps"], st["edges"], st["calls"], st["end"],  # type: ignore[misc]
+                      st["class_of"], st["nclass"])
+
+    @property
+    def num_nfa_states(self) -> int:
+        """Size of the rule's (trimmed) NFA: fixed at compile time."""
+        return len(self._eps)
 
     @property
     def num_states(self) -> int:
-        return int(self.trans.shape[0])
+        """DFA states built so far (grows as requests visit new states)."""
+        return len(self._sets)
+
+    def _eclose1(self, x: int) -> frozenset[int]:
+        got = self._eclose.get(x)
+        if got is None:
+            seen = {x}
+            stack = [x]
+            eps = self._eps
+            while stack:
+                y = stack.pop()
+                for z in eps[y]:
+                    if z not in seen:
+                        seen.add(z)
+                        stack.append(z)
+            imp = self._important
+            got = frozenset(y for y in seen if imp[y])
+            self._eclose[x] = got
+        return got
+
+    def _closure_of(self, targets: Iterable[int]) -> frozenset[int]:
+        ts = list(targets)
+        if len(ts) == 1:
+            return self._eclose1(ts[0])
+        return frozenset().union(*(self._eclose1(t) for t in ts))
+
+    def _intern(self, key: frozenset[int]) -> int:
+        j = self._ids.get(key)
+        if j is None:
+            j = len(self._sets)
+            self._ids[key] = j
+            self._sets.append(key)
+            self._info.append(None)
+        return j
+
+    def info(self, q: int) -> tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool]:
+        """``(row, accept, has_bytes, calls, tail)`` of DFA state ``q`` (built on first use)."""
+        got = self._info[q]
+        if got is not None:
+            return got
+        with self._lock:
+            got = self._info[q]
+            if got is None:
+                got = self._expand(q)
+                self._info[q] = got
+        return got
+
+    def _expand(self, q: int) -> tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool]:
+        S = self._sets[q]
+        nclass = self._nclass
+        buckets: list[set[int] | None] = [None] * nclass
+        callt: dict[int, set[int]] = {}
+        edges, ncalls = self._edges, self._ncalls
+        for x in S:
+            for clo, chi, t in edges[x]:
+                for c in range(clo, chi + 1):
+                    b = buckets[c]
+                    if b is None:
+                        buckets[c] = {t}
+                    else:
+                        b.add(t)
+            for r, t in ncalls[x]:
+                callt.setdefault(r, set()).add(t)
+        crow = np.full(nclass, -1, dtype=np.int32)
+        seen: dict[frozenset[int], int] = {}
+        for c in range(nclass):
+            b = buckets[c]
+            if b is None:
+                continue
+            k = frozenset(b)
+            j = seen.get(k)
+            if j is None:
+                j = self._intern(self._closure_of(k))
+                seen[k] = j
+            crow[c] = j
+        row = crow[self._class_of]
+        calls = tuple((r, self._intern(self._closure_of(callt[r]))) for r in sorted(callt))
+        accept = self._end in S
+        has_bytes = bool((crow >= 0).any())
+        return (row, accept, has_bytes, calls, accept and not has_bytes and not calls)
+
+
+class DfaRule:
+    """A call-free rule given as an already trimmed DFA (an intersection, a difference or
+    an explicit :class:`~structgen.ir.Dfa`): same :meth:`info` interface as
+    :class:`LazyRule`. Built once per distinct sub-expression and shared by every grammar
+    that uses it (process-wide cache), instead of being copied into each caller's NFA."""
+
+    def __init__(self, name: str, trans: np.ndarray, accept: np.ndarray) -> None:
+        self.name = name
+        self._trans = trans    # int32 [n, 256], -1 dead
+        self._accept = accept  # bool [n]
+        has = (trans >= 0).any(axis=1).tolist()
+        acc = accept.tolist()
+        self._infos = [(trans[q], acc[q], has[q], (), acc[q] and not has[q])
+                       for q in range(trans.shape[0])]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"name": self.name, "trans": self._trans, "accept": self._accept}
+
+    def __setstate__(self, st: dict[str, Any]) -> None:
+        self.__init__(st["name"], st["trans"], st["accept"])  # type: ignore[misc]
+
+    @property
+    def num_nfa_states(self) -> int:
+        return int(self._trans.shape[0])
+
+    @property
+    def num_states(self) -> int:
+        return int(self._trans.shape[0])
+
+    def info(self, q: int) -> tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool]:
+        return self._infos[q]
 
 
 class CompiledGrammar:
-    """An immutable compiled grammar: rule DFAs plus the index of the root rule.
+    """An immutable compiled grammar: lazily determinised rules plus the root rule's index.
 
     Equality and hashing are by content (a SHA-256 of the source IR and options), so
     equal grammars compiled twice are interchangeable. Runtime tables built while
     matching are shared by every matcher of this grammar (thread-safe).
     """
 
-    def __init__(self, rules: tuple[RuleDfa, ...], root: int, key: str,
+    def __init__(self, rules: tuple[LazyRule | DfaRule, ...], root: int, key: str,
                  source: ir.Grammar | None = None) -> None:
         self._rules = rules
         self._root = root
@@ -84,7 +234,7 @@ class CompiledGrammar:
 
     # -- identity ---------------------------------------------------------
     @property
-    def rules(self) -> tuple[RuleDfa, ...]:
+    def rules(self) -> tuple[LazyRule | DfaRule, ...]:
         return self._rules
 
     @property
@@ -103,6 +253,12 @@ class CompiledGrammar:
 
     @property
     def num_states(self) -> int:
+        """NFA states over all rules (the compiled size; fixed at compile time)."""
+        return sum(r.num_nfa_states for r in self._rules)
+
+    @property
+    def num_dfa_states(self) -> int:
+        """DFA states built lazily so far, over all rules."""
         return sum(r.num_states for r in self._rules)
 
     def __hash__(self) -> int:
@@ -159,6 +315,14 @@ class CompiledGrammar:
 _CACHE: OrderedDict[str, CompiledGrammar] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 256
+_INLINE_SHARED_MAX = 48   # a rule referenced more than once is inlined only up to this size
+_INLINE_MAX = 20_000      # no rule is inlined above this size
+_MINIMISE_MIN = 256       # regular sub-automata above this size are minimised
+_EMBED_MAX = 12           # regular sub-automata up to this many states are copied, not called
+_DFA_RULES_SIZE = 1024    # process-wide caches of regular sub-automata (by IR content)
+_REGULAR: OrderedDict[ir.Expr, Any] = OrderedDict()
+_DFA_RULES: OrderedDict[ir.Expr, DfaRule] = OrderedDict()
+_NO_CALLS: set[str] = set()  # sentinel for ``keep`` while building regular operands
 
 
 def grammar_key(grammar: ir.Grammar, options: CompileOptions) -> str:
@@ -194,6 +358,13 @@ def compile_grammar(grammar: ir.Grammar, options: CompileOptions | None = None) 
 # ---------------------------------------------------------------------------
 # IR analysis helpers
 # ---------------------------------------------------------------------------
+
+def _closed(e: ir.Expr) -> bool:
+    """No rule references inside ``e`` (its automaton depends on nothing else)."""
+    refs: set[str] = set()
+    _refs(e, refs)
+    return not refs
+
 
 def _refs(e: ir.Expr, out: set[str]) -> None:
     stack = [e]
@@ -289,6 +460,9 @@ class _Compiler:
         self.kept: list[str] = []
         self.exprs: dict[str, ir.Expr] = {}
         self._regular_cache: dict[ir.Expr, _Dfa] = {}
+        self.dfa_rules: list[DfaRule] = []
+        self.dfa_rule_index: dict[ir.Expr, int] = {}
+        self.keep: set[str] = set()
         self._tick = 0
 
     # -- limits ---------------------------------------------------------------
@@ -344,8 +518,9 @@ class _Compiler:
             reach.add(name)
             refs[name] = set()
             _refs(rules[name], refs[name])
-        # decide which non-recursive rules stay as calls: bottom-up, a rule is inlined while
-        # its fully inlined size times its number of uses stays small
+        # decide which non-recursive rules stay as calls: bottom-up, a rule used once is
+        # inlined unless huge, a shared rule only while small (rules are determinised lazily,
+        # so copies buy nothing at run time and cost NFA size at compile time)
         uses: dict[str, int] = {n: 0 for n in reach}
         for n in reach:
             counter: dict[str, int] = {}
@@ -363,7 +538,8 @@ class _Compiler:
             own = _size(rules[n], {})
             inl = sum(full.get(r, 1) for r in refs[n] if r not in keep)
             full[n] = own + inl
-            if n != g.start and (full[n] * max(uses[n] - 1, 0) > 4000 or full[n] > 20_000):
+            if n != g.start and ((uses[n] > 1 and full[n] > _INLINE_SHARED_MAX)
+                                 or full[n] > _INLINE_MAX):
                 keep.add(n)
                 full[n] = 1
         self.kept = [g.start] + sorted(keep - {g.start})
@@ -372,22 +548,123 @@ class _Compiler:
         self.recursive = recursive
         self.keep = keep
 
-        dfas: list[_Dfa] = []
+        built: list[tuple[_Nfa, int]] = []
+        total = 0
         for n in self.kept:
             nfa = _Nfa()
             start = nfa.new()
+            assert start == 0
             end = self._build(nfa, rules[n], start, inline_stack=(n,))
-            dfa = self._determinise(nfa, start, end, n)
-            dfas.append(dfa)
-        dfas = self._trim_all(dfas)
-        self._check_left_recursion(dfas)
-        out: list[RuleDfa] = []
-        for n, d in zip(self.kept, dfas):
-            d = _minimise(d)
-            has_bytes = (d.trans >= 0).any(axis=1)
-            out.append(RuleDfa(name=n, trans=d.trans, accept=d.accept, calls=tuple(d.calls),
-                               has_bytes=has_bytes))
+            total += len(nfa)
+            if total > self.opt.max_states:
+                raise CompileLimitError(
+                    f"grammar automaton exceeds {self.opt.max_states} NFA states in rule {n!r} "
+                    "(CompileOptions.max_states)")
+            built.append((nfa, end))
+        trimmed = self._trim_nfas(built)
+        self._check_left_recursion_nfa(trimmed)
+        out: list[LazyRule | DfaRule] = [
+            _lazy_rule(n, nfa, end) for n, (nfa, end) in zip(self.kept, trimmed)]
+        out.extend(self.dfa_rules)
         return CompiledGrammar(tuple(out), 0, key, source=self.g)
+
+    # -- NFA-level trimming and checks ------------------------------------------------
+    def _trim_nfas(self, built: list[tuple[_Nfa, int]]) -> list[tuple[_Nfa, int]]:
+        """Keep only NFA states that can reach their rule's end (through byte edges,
+        epsilons and calls to rules whose language is non-empty); drop edges into the rest.
+        A fixpoint over rules decides which languages are non-empty."""
+        preds: list[list[list[int]]] = []
+        call_preds: list[list[list[tuple[int, int]]]] = []
+        for nfa, _end in built:
+            self.check_time()
+            n = len(nfa)
+            pr: list[list[int]] = [[] for _ in range(n)]
+            cp: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+            for x in range(n):
+                for t in nfa.eps[x]:
+                    pr[t].append(x)
+                for _lo, _hi, t in nfa.edges[x]:
+                    pr[t].append(x)
+                for r, t in nfa.calls[x]:
+                    cp[t].append((x, r))
+            preds.append(pr)
+            call_preds.append(cp)
+        # shared DFA rules are trimmed and non-empty by construction
+        nonempty = [False] * len(built) + [True] * len(self.dfa_rules)
+        good: list[list[bool]] = [[] for _ in built]
+        changed = True
+        while changed:
+            changed = False
+            for i, (nfa, end) in enumerate(built):
+                self.check_time()
+                g = [False] * len(nfa)
+                g[end] = True
+                stack = [end]
+                pr, cp = preds[i], call_preds[i]
+                while stack:
+                    y = stack.pop()
+                    for x in pr[y]:
+                        if not g[x]:
+                            g[x] = True
+                            stack.append(x)
+                    for x, r in cp[y]:
+                        if nonempty[r] and not g[x]:
+                            g[x] = True
+                            stack.append(x)
+                good[i] = g
+                if g[0] and not nonempty[i]:
+                    nonempty[i] = True
+                    changed = True
+        if not nonempty[0]:
+            raise GrammarError(f"the grammar accepts no string at all (start rule {self.kept[0]!r})")
+        out: list[tuple[_Nfa, int]] = []
+        for i, (nfa, end) in enumerate(built):
+            g = good[i]
+            t = _Nfa()
+            t.eps = [[y for y in ys if g[y]] if g[x] else [] for x, ys in enumerate(nfa.eps)]
+            t.edges = [[e for e in es if g[e[2]]] if g[x] else [] for x, es in enumerate(nfa.edges)]
+            t.calls = [[(r, y) for r, y in cs if nonempty[r] and g[y]] if g[x] else []
+                       for x, cs in enumerate(nfa.calls)]
+            out.append((t, end))
+        return out
+
+    def _check_left_recursion_nfa(self, built: list[tuple[_Nfa, int]]) -> None:
+        """Reject left recursion (a rule that can call itself before consuming a byte)."""
+        def reach(nfa: _Nfa, nullable: list[bool]) -> tuple[set[int], set[int]]:
+            seen = {0}
+            stack = [0]
+            callees: set[int] = set()
+            while stack:
+                x = stack.pop()
+                nxt = list(nfa.eps[x])
+                for r, t in nfa.calls[x]:
+                    callees.add(r)
+                    if nullable[r]:
+                        nxt.append(t)
+                for y in nxt:
+                    if y not in seen:
+                        seen.add(y)
+                        stack.append(y)
+            return seen, callees
+
+        nullable = [False] * len(built) + [bool(r.info(0)[1]) for r in self.dfa_rules]
+        names = self.kept + [r.name for r in self.dfa_rules]
+        changed = True
+        while changed:
+            changed = False
+            for i, (nfa, end) in enumerate(built):
+                if not nullable[i] and end in reach(nfa, nullable)[0]:
+                    nullable[i] = True
+                    changed = True
+        left = {self.kept[i]: {names[r] for r in reach(nfa, nullable)[1]}
+                for i, (nfa, _end) in enumerate(built)}
+        for r in self.dfa_rules:
+            left[r.name] = set()
+        for comp in strongly_connected_components(names, left):
+            if len(comp) > 1 or comp[0] in left[comp[0]]:
+                raise GrammarError(
+                    "left recursion through rule(s) " + " -> ".join(sorted(comp))
+                    + "; rewrite it as repetition (e.g. A: A x | y  =>  A: y x*)")
 
     def _hoist(self, e: ir.Expr, hoisted: dict[ir.Expr, str], memo: dict[int, int],
                rules: dict[str, ir.Expr]) -> ir.Expr:
@@ -489,14 +766,46 @@ class _Compiler:
             return self._build(nfa, self.exprs[name], s, inline_stack + (name,))
         if isinstance(e, (ir.And, ir.Diff, ir.Dfa)):
             d = self._regular(e, inline_stack)
-            return _embed(nfa, d, s)
+            if d.trans.shape[0] <= _EMBED_MAX or self.keep is _NO_CALLS:
+                return _embed(nfa, d, s)
+            t = nfa.new()
+            if bool(d.accept.any()):  # an empty language leaves ``t`` unreachable
+                nfa.calls[s].append((self._dfa_rule(e, d), t))
+            return t
         raise GrammarError(f"unknown IR node {type(e).__name__}")
 
     # -- regular sub-languages (And / Diff / Dfa) --------------------------------
+    def _dfa_rule(self, e: ir.Expr, d: _Dfa) -> int:
+        """Index of the (shared) :class:`DfaRule` for regular sub-expression ``e``."""
+        j = self.dfa_rule_index.get(e)
+        if j is None:
+            with _CACHE_LOCK:
+                rule = _DFA_RULES.get(e)
+                if rule is None:
+                    rule = DfaRule(f"__dfa{len(_DFA_RULES)}", d.trans, d.accept)
+                    _DFA_RULES[e] = rule
+                    while len(_DFA_RULES) > _DFA_RULES_SIZE:
+                        _DFA_RULES.popitem(last=False)
+                else:
+                    _DFA_RULES.move_to_end(e)
+            j = len(self.kept) + len(self.dfa_rules)
+            self.dfa_rule_index[e] = j
+            self.dfa_rules.append(rule)
+        return j
+
     def _regular(self, e: ir.Expr, inline_stack: tuple[str, ...]) -> _Dfa:
         got = self._regular_cache.get(e)
         if got is not None:
             return got
+        shareable = _closed(e)
+        if shareable:
+            with _CACHE_LOCK:
+                got = _REGULAR.get(e)
+                if got is not None:
+                    _REGULAR.move_to_end(e)
+            if got is not None:
+                self._regular_cache[e] = got
+                return got
         if isinstance(e, ir.Dfa):
             n = len(e.trans)
             trans = np.full((n, 256), -1, dtype=np.int32)
@@ -512,13 +821,18 @@ class _Compiler:
                 trans = trans[perm]
                 trans = np.where(trans >= 0, inv[np.maximum(trans, 0)], -1).astype(np.int32)
                 acc = acc[perm]
-            d = _Dfa(trans, acc, [() for _ in range(n)])
+            d = _trim_regular(_Dfa(trans, acc, [() for _ in range(n)]))
         else:
             assert isinstance(e, (ir.And, ir.Diff))
             left = self._regular_operand(e.left, inline_stack)
             right = self._regular_operand(e.right, inline_stack)
             d = self._product(left, right, "and" if isinstance(e, ir.And) else "diff")
         self._regular_cache[e] = d
+        if shareable:
+            with _CACHE_LOCK:
+                _REGULAR[e] = d
+                while len(_REGULAR) > _DFA_RULES_SIZE:
+                    _REGULAR.popitem(last=False)
         return d
 
     def _regular_operand(self, e: ir.Expr, inline_stack: tuple[str, ...]) -> _Dfa:
@@ -531,14 +845,14 @@ class _Compiler:
         start = nfa.new()
         saved_keep = self.keep
         # operands of And/Diff must be fully regular: inline every non-recursive rule
-        self.keep = set()
+        self.keep = _NO_CALLS
         try:
             end = self._build_regular(nfa, e, start, inline_stack)
         finally:
             self.keep = saved_keep
         d = self._determinise(nfa, start, end, inline_stack[0])
         d = _trim_regular(d)
-        if d.trans.shape[0] > 64:
+        if d.trans.shape[0] > _MINIMISE_MIN:
             d = _minimise(d)
         self._regular_cache[e] = d
         return d
@@ -554,47 +868,58 @@ class _Compiler:
         return self._build(nfa, e, s, inline_stack)
 
     def _product(self, a: _Dfa, b: _Dfa, op: str) -> _Dfa:
-        """Product of two call-free DFAs (missing transitions = dead)."""
-        na, nb = a.trans.shape[0], b.trans.shape[0]
+        """Product of two call-free DFAs (missing transitions = dead), explored from the
+        start pair over the joint byte classes of both automata."""
+        # joint byte classes: bytes on which every state of both automata agrees
+        joint = np.concatenate([a.trans, b.trans], axis=0)  # [na + nb, 256]
+        _cols, first, cls_of = np.unique(joint, axis=1, return_index=True, return_inverse=True)
+        cls_of = cls_of.reshape(-1)
+        ta = a.trans[:, first].tolist()  # [na][nclass]
+        tb = b.trans[:, first].tolist()  # [nb][nclass]
+        nclass = len(first)
+        dead_b = [-1] * nclass
+        is_and = op == "and"
         ids: dict[tuple[int, int], int] = {(0, 0): 0}
         order = [(0, 0)]
-        rows: list[np.ndarray] = []
+        rows: list[list[int]] = []
+        limit = self.opt.max_states
         i = 0
         while i < len(order):
-            self.check_time()
+            if i & 63 == 0:
+                self.check_time()
             qa, qb = order[i]
-            ta = a.trans[qa] if qa >= 0 else np.full(256, -1, np.int32)
-            tb = b.trans[qb] if qb >= 0 else np.full(256, -1, np.int32)
-            if op == "and":
-                live = (ta >= 0) & (tb >= 0)
-            else:
-                live = ta >= 0
-            row = np.full(256, -1, dtype=np.int32)
-            pairs = ta.astype(np.int64) * (nb + 1) + (tb.astype(np.int64) + 1)
-            for p in np.unique(pairs[live]):
-                pa, pb = int(p) // (nb + 1), int(p) % (nb + 1) - 1
+            ra = ta[qa]
+            rb = tb[qb] if qb >= 0 else dead_b
+            row = [-1] * nclass
+            for c in range(nclass):
+                pa = ra[c]
+                if pa < 0:
+                    continue
+                pb = rb[c]
+                if is_and and pb < 0:
+                    continue
                 key = (pa, pb)
                 j = ids.get(key)
                 if j is None:
                     j = len(order)
                     ids[key] = j
                     order.append(key)
-                    if len(order) > self.opt.max_states:
+                    if j >= limit:
                         raise CompileLimitError(
-                            f"intersection/difference automaton exceeds {self.opt.max_states} states")
-                row[live & (pairs == p)] = j
+                            f"intersection/difference automaton exceeds {limit} states "
+                            "(CompileOptions.max_states)")
+                row[c] = j
             rows.append(row)
             i += 1
-        trans = np.stack(rows).astype(np.int32)
-        acc = np.zeros(len(order), dtype=bool)
-        for j, (qa, qb) in enumerate(order):
-            in_a = qa >= 0 and bool(a.accept[qa])
-            in_b = qb >= 0 and bool(b.accept[qb])
-            acc[j] = (in_a and in_b) if op == "and" else (in_a and not in_b)
-        del na
-        d = _Dfa(trans, acc, [() for _ in range(len(order))])
+        trans = np.array(rows, dtype=np.int32)[:, cls_of]
+        acc_a = a.accept.tolist()
+        acc_b = b.accept.tolist()
+        acc = np.array([(acc_a[qa] and (qb >= 0 and acc_b[qb])) if is_and
+                        else (acc_a[qa] and not (qb >= 0 and acc_b[qb])) for qa, qb in order],
+                       dtype=bool)
+        d = _Dfa(np.ascontiguousarray(trans), acc, [() for _ in range(len(order))])
         d = _trim_regular(d)
-        return _minimise(d) if d.trans.shape[0] > 64 else d
+        return _minimise(d) if d.trans.shape[0] > _MINIMISE_MIN else d
 
     # -- subset construction ------------------------------------------------------
     def _determinise(self, nfa: _Nfa, start: int, end: int, name: str) -> _Dfa:
@@ -695,75 +1020,6 @@ class _Compiler:
         ctrans = np.array(rows, dtype=np.int32).reshape(len(subsets), nclass)
         trans = ctrans[:, class_of]
         return _Dfa(np.ascontiguousarray(trans), np.array(accept, dtype=bool), calls)
-
-    # -- trimming across rules ----------------------------------------------------
-    def _trim_all(self, dfas: list[_Dfa]) -> list[_Dfa]:
-        """Remove states that cannot reach acceptance (given which rules are non-empty)."""
-        n = len(dfas)
-        nonempty = [False] * n
-        changed = True
-        coreach: list[np.ndarray] = [d.accept.copy() for d in dfas]
-        while changed:
-            changed = False
-            for i, d in enumerate(dfas):
-                cr = _coreachable(d, nonempty)
-                if cr.sum() != coreach[i].sum() or not np.array_equal(cr, coreach[i]):
-                    coreach[i] = cr
-                    changed = True
-                ne = bool(cr[0]) if d.trans.shape[0] else False
-                if ne != nonempty[i]:
-                    nonempty[i] = ne
-                    changed = True
-        if not nonempty[0]:
-            raise GrammarError(f"the grammar accepts no string at all (start rule {self.kept[0]!r})")
-        out = []
-        for i, d in enumerate(dfas):
-            out.append(_restrict(d, coreach[i], nonempty))
-        return out
-
-    def _check_left_recursion(self, dfas: list[_Dfa]) -> None:
-        n = len(dfas)
-        nullable = [bool(d.accept[0]) for d in dfas]
-        # nullable fixpoint through calls
-        changed = True
-        while changed:
-            changed = False
-            for i, d in enumerate(dfas):
-                if nullable[i]:
-                    continue
-                if _eps_reach(d, nullable)[1]:
-                    nullable[i] = True
-                    changed = True
-        left: dict[str, set[str]] = {}
-        for i, d in enumerate(dfas):
-            states, _ = _eps_reach(d, nullable)
-            callees = set()
-            for q in states:
-                for r, _t in d.calls[q]:
-                    callees.add(self.kept[r])
-            left[self.kept[i]] = callees
-        for comp in strongly_connected_components(self.kept, left):
-            if len(comp) > 1 or comp[0] in left[comp[0]]:
-                raise GrammarError(
-                    "left recursion through rule(s) " + " -> ".join(sorted(comp))
-                    + "; rewrite it as repetition (e.g. A: A x | y  =>  A: y x*)")
-        del n
-
-
-def _eps_reach(d: _Dfa, nullable: list[bool]) -> tuple[set[int], bool]:
-    """States reachable from 0 through calls to nullable rules; whether one accepts."""
-    seen = {0}
-    stack = [0]
-    acc = False
-    while stack:
-        q = stack.pop()
-        if d.accept[q]:
-            acc = True
-        for r, t in d.calls[q]:
-            if nullable[r] and t not in seen:
-                seen.add(t)
-                stack.append(t)
-    return seen, acc
 
 
 def _coreachable(d: _Dfa, nonempty: list[bool]) -> np.ndarray:
@@ -892,6 +1148,23 @@ def _row_classes(mat: np.ndarray) -> np.ndarray:
         _, inv = np.unique(m, axis=0, return_inverse=True)
         inv = inv.reshape(-1)
     return inv.astype(np.int64)
+
+
+def _lazy_rule(name: str, nfa: _Nfa, end: int) -> LazyRule:
+    """Freeze a trimmed NFA into a :class:`LazyRule` (byte classes from edge boundaries)."""
+    cuts = {0, 256}
+    for es in nfa.edges:
+        for lo, hi, _t in es:
+            cuts.add(lo)
+            cuts.add(hi + 1)
+    bounds = sorted(cuts)
+    class_of = np.zeros(256, dtype=np.int32)
+    for ci in range(len(bounds) - 1):
+        class_of[bounds[ci]:bounds[ci + 1]] = ci
+    cl = class_of.tolist()
+    edges = tuple(tuple((cl[lo], cl[hi], t) for lo, hi, t in es) for es in nfa.edges)
+    return LazyRule(name, tuple(tuple(x) for x in nfa.eps), edges,
+                    tuple(tuple(c) for c in nfa.calls), end, class_of, len(bounds) - 1)
 
 
 def _embed(nfa: _Nfa, d: _Dfa, s: int) -> int:

@@ -12,8 +12,10 @@ __all__ = ["CompileOptions", "GenerationOptions", "JsonSchemaOptions", "Monitori
 class CompileOptions:
     """Limits for compiling a grammar IR into an automaton.
 
-    max_states: total DFA states over all rules (after inlining) before
-        :class:`~structgen.errors.CompileLimitError` is raised.
+    max_states: NFA states over all rules (after inlining), and states of any automaton
+        built eagerly (intersections/differences for length bounds, ``not``), before
+        :class:`~structgen.errors.CompileLimitError` is raised. Rules themselves are
+        determinised lazily at run time, so a rule's DFA size is not limited here.
     timeout_s: wall-clock budget for one compilation before
         :class:`~structgen.errors.CompileTimeoutError` is raised.
     max_rules: number of rules in the IR grammar.

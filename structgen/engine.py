@@ -41,13 +41,9 @@ class Engine:
     def __init__(self, grammar: CompiledGrammar, *, mask_cache_bytes: int = 64 << 20) -> None:
         self.grammar = grammar
         self.rules = grammar.rules
-        self._trans_py = [r.trans for r in self.rules]
-        self._accept = [r.accept.tolist() for r in self.rules]
-        self._has_bytes = [r.has_bytes.tolist() for r in self.rules]
-        self._calls = [r.calls for r in self.rules]
-        # tail return states: accepting, no byte edges, no calls -> returning is immediate
-        self._tail = [[a and not hb and not cs for a, hb, cs in zip(acc, hbs, calls)]
-                      for acc, hbs, calls in zip(self._accept, self._has_bytes, self._calls)]
+        # per rule: info(q) -> (row [256], accept, has_bytes, calls, tail), built lazily;
+        # tail = accepting with no byte edges and no calls (returning is immediate)
+        self._info = [r.info for r in self.rules]
         self.lock = threading.RLock()
         # stacks
         self.frames: list[tuple[int, int, int]] = [(-1, -1, -1)]  # id 0 = ROOT
@@ -95,13 +91,15 @@ class Engine:
                 acc = True
                 continue
             parent, r, q = frames[s]
-            if self._has_bytes[r][q]:
+            info_r = self._info[r]
+            _row, acc_q, bytes_q, calls_q, _tail = info_r(q)
+            if bytes_q:
                 out.add(s)
-            if self._accept[r][q] and parent not in seen:
+            if acc_q and parent not in seen:
                 seen.add(parent)
                 todo.append(parent)
-            for callee, q2 in self._calls[r][q]:
-                ret = parent if self._tail[r][q2] else self._intern(parent, r, q2)
+            for callee, q2 in calls_q:
+                ret = parent if info_r(q2)[4] else self._intern(parent, r, q2)
                 ns = self._intern(ret, callee, 0)
                 if ns not in seen:
                     seen.add(ns)
@@ -149,7 +147,7 @@ class Engine:
             accs: list[bool] = [False]
             for s in stacks:
                 parent, r, q = self.frames[s]
-                row = self._trans_py[r][q]
+                row = self._info[r](q)[0]
                 arr = np.zeros(256, dtype=np.int32)  # 0 = nothing from this stack
                 for tgt in np.unique(row[row >= 0]).tolist():
                     ns = self._intern(parent, r, tgt)
