@@ -38,6 +38,8 @@ _LAZY = {
     "CompileOptions": "structgen.config:CompileOptions",
     "JsonSchemaOptions": "structgen.config:JsonSchemaOptions",
     "SpecConfig": "structgen.config:SpecConfig",
+    "StructgenLogitsProcessor": "structgen.integrations:StructgenLogitsProcessor",
+    "StructgenBackend": "structgen.integrations:StructgenBackend",
     "generate": "structgen.api:generate",
     "stream": "structgen.api:stream",
     "generate_model": "structgen.api:generate_model",

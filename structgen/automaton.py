@@ -214,6 +214,109 @@ class DfaRule:
         return self._infos[q]
 
 
+class ProductRule:
+    """``A - B`` over two trimmed call-free DFAs, explored lazily (pairs of states interned
+    on first use). Only built where every live pair can complete (see
+    ``_Compiler._lazy_diff``), so no trimming is needed. Same :meth:`info` interface as
+    :class:`LazyRule`; thread-safe; picklable (pairs are rebuilt lazily)."""
+
+    def __init__(self, name: str, a: Any, b: Any) -> None:
+        self.name = name
+        self._a, self._b = a, b
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.RLock()
+        self._ids: dict[tuple[int, int], int] = {(0, 0): 0}
+        self._pairs: list[tuple[int, int]] = [(0, 0)]
+        self._infos: list[Any] = [None]
+        self._acc_a = self._a.accept.tolist()
+        self._acc_b = self._b.accept.tolist()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"name": self.name, "a": self._a, "b": self._b}
+
+    def __setstate__(self, st: dict[str, Any]) -> None:
+        self.__init__(st["name"], st["a"], st["b"])  # type: ignore[misc]
+
+    @property
+    def num_nfa_states(self) -> int:
+        return int(self._a.trans.shape[0] + self._b.trans.shape[0])
+
+    @property
+    def num_states(self) -> int:
+        return len(self._pairs)
+
+    def info(self, q: int) -> tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool]:
+        got = self._infos[q]
+        if got is not None:
+            return got
+        with self._lock:
+            got = self._infos[q]
+            if got is None:
+                qa, qb = self._pairs[q]
+                ra = self._a.trans[qa]
+                rb = self._b.trans[qb] if qb >= 0 else np.full(256, -1, np.int32)
+                key = ra.astype(np.int64) * (self._b.trans.shape[0] + 1) + (rb + 1)
+                row = np.full(256, -1, dtype=np.int32)
+                live = ra >= 0
+                nb1 = self._b.trans.shape[0] + 1
+                for k in np.unique(key[live]).tolist():
+                    pair = (k // nb1, k % nb1 - 1)
+                    j = self._ids.get(pair)
+                    if j is None:
+                        j = len(self._pairs)
+                        self._ids[pair] = j
+                        self._pairs.append(pair)
+                        self._infos.append(None)
+                    row[live & (key == k)] = j
+                acc = bool(self._acc_a[qa]) and not (qb >= 0 and bool(self._acc_b[qb]))
+                has = bool(live.any())
+                got = (row, acc, has, (), acc and not has)
+                self._infos[q] = got
+        return got
+
+
+def _all_states_infinite(d: Any) -> bool:
+    """Does every state of the trimmed DFA ``d`` have infinitely many completions (can
+    reach a cycle)?"""
+    n = d.trans.shape[0]
+    if n == 0:
+        return False
+    on_cycle = _cyclic_states(d)
+    if not on_cycle.any():
+        return False
+    # backward reachability to cycle states
+    good = on_cycle.copy()
+    changed = True
+    while changed:
+        nxt = good | ((d.trans >= 0) & good[np.maximum(d.trans, 0)]).any(axis=1)
+        changed = bool((nxt != good).any())
+        good = nxt
+    return bool(good.all())
+
+
+def _finite_language(d: Any) -> bool:
+    """Is the language of the trimmed DFA ``d`` finite (no cycle among its states)?"""
+    return not _cyclic_states(d).any()
+
+
+def _cyclic_states(d: Any) -> np.ndarray:
+    """States that lie on a cycle (strongly connected components); cached on ``d``."""
+    got = getattr(d, "_cyclic", None)
+    if got is not None:
+        return got
+    n = d.trans.shape[0]
+    succ = [set(r[r >= 0].tolist()) for r in d.trans]
+    comps = strongly_connected_components(list(range(n)), {q: succ[q] for q in range(n)})
+    out = np.zeros(n, dtype=bool)
+    for comp in comps:
+        if len(comp) > 1 or comp[0] in succ[comp[0]]:
+            out[list(comp)] = True
+    d._cyclic = out
+    return out
+
+
 class CompiledGrammar:
     """An immutable compiled grammar: lazily determinised rules plus the root rule's index.
 
@@ -222,7 +325,7 @@ class CompiledGrammar:
     matching are shared by every matcher of this grammar (thread-safe).
     """
 
-    def __init__(self, rules: tuple[LazyRule | DfaRule, ...], root: int, key: str,
+    def __init__(self, rules: tuple[LazyRule | DfaRule | ProductRule, ...], root: int, key: str,
                  source: ir.Grammar | None = None) -> None:
         self._rules = rules
         self._root = root
@@ -234,7 +337,7 @@ class CompiledGrammar:
 
     # -- identity ---------------------------------------------------------
     @property
-    def rules(self) -> tuple[LazyRule | DfaRule, ...]:
+    def rules(self) -> tuple[LazyRule | DfaRule | ProductRule, ...]:
         return self._rules
 
     @property
@@ -460,7 +563,7 @@ class _Compiler:
         self.kept: list[str] = []
         self.exprs: dict[str, ir.Expr] = {}
         self._regular_cache: dict[ir.Expr, _Dfa] = {}
-        self.dfa_rules: list[DfaRule] = []
+        self.dfa_rules: list[DfaRule | ProductRule] = []
         self.dfa_rule_index: dict[ir.Expr, int] = {}
         self.keep: set[str] = set()
         self._tick = 0
@@ -563,7 +666,7 @@ class _Compiler:
             built.append((nfa, end))
         trimmed = self._trim_nfas(built)
         self._check_left_recursion_nfa(trimmed)
-        out: list[LazyRule | DfaRule] = [
+        out: list[LazyRule | DfaRule | ProductRule] = [
             _lazy_rule(n, nfa, end) for n, (nfa, end) in zip(self.kept, trimmed)]
         out.extend(self.dfa_rules)
         return CompiledGrammar(tuple(out), 0, key, source=self.g)
@@ -764,6 +867,10 @@ class _Compiler:
             if name in inline_stack:  # defensive; recursive rules are kept
                 raise GrammarError(f"unexpected recursion through rule {name!r}")
             return self._build(nfa, self.exprs[name], s, inline_stack + (name,))
+        if isinstance(e, ir.Diff) and self.keep is not _NO_CALLS:
+            lazy = self._lazy_diff(e, inline_stack)
+            if lazy is not None:
+                return lazy(nfa, s)
         if isinstance(e, (ir.And, ir.Diff, ir.Dfa)):
             d = self._regular(e, inline_stack)
             if d.trans.shape[0] <= _EMBED_MAX or self.keep is _NO_CALLS:
@@ -775,6 +882,30 @@ class _Compiler:
         raise GrammarError(f"unknown IR node {type(e).__name__}")
 
     # -- regular sub-languages (And / Diff / Dfa) --------------------------------
+    def _lazy_diff(self, e: ir.Diff, inline_stack: tuple[str, ...]) -> Any:
+        """``A - B`` without building the product, when that is exact: ``B`` finite and
+        every live state of ``A`` has infinitely many completions. Then every live pair
+        state can still complete outside ``B`` (finitely many strings cannot cover an
+        infinite set), so the product needs no trimming and is explored lazily at run
+        time by a :class:`ProductRule`. Returns a function adding the call, or None."""
+        a = self._regular_operand(e.left, inline_stack)
+        if not _all_states_infinite(a):
+            return None
+        b = self._regular_operand(e.right, inline_stack)
+        if not _finite_language(b):
+            return None
+        j = self.dfa_rule_index.get(e)
+        if j is None:
+            j = len(self.kept) + len(self.dfa_rules)
+            self.dfa_rule_index[e] = j
+            self.dfa_rules.append(ProductRule(f"__diff{j}", a, b))  # type: ignore[arg-type]
+
+        def add(nfa: _Nfa, s: int) -> int:
+            t = nfa.new()
+            nfa.calls[s].append((j, t))
+            return t
+        return add
+
     def _dfa_rule(self, e: ir.Expr, d: _Dfa) -> int:
         """Index of the (shared) :class:`DfaRule` for regular sub-expression ``e``."""
         j = self.dfa_rule_index.get(e)
@@ -841,6 +972,13 @@ class _Compiler:
         got = self._regular_cache.get(e)
         if got is not None:
             return got
+        shareable = _closed(e)
+        if shareable:
+            with _CACHE_LOCK:
+                got = _REGULAR.get(e)
+            if got is not None:
+                self._regular_cache[e] = got
+                return got
         nfa = _Nfa()
         start = nfa.new()
         saved_keep = self.keep
@@ -855,6 +993,11 @@ class _Compiler:
         if d.trans.shape[0] > _MINIMISE_MIN:
             d = _minimise(d)
         self._regular_cache[e] = d
+        if shareable:
+            with _CACHE_LOCK:
+                _REGULAR[e] = d
+                while len(_REGULAR) > _DFA_RULES_SIZE:
+                    _REGULAR.popitem(last=False)
         return d
 
     def _build_regular(self, nfa: _Nfa, e: ir.Expr, s: int, inline_stack: tuple[str, ...]) -> int:

@@ -1,0 +1,441 @@
+"""Integrations: the transformers logits processor and the vLLM-style backend adapter.
+
+Oracles: ``structgen.generate(..., speculative=False)`` for greedy constrained decoding
+(token identity), ``jsonschema`` for validity, brute force over a finite language ("choice")
+for the backend's verbs, and replay from the start for rollback.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import subprocess
+import sys
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import structgen
+from structgen.errors import ConfigError, StructgenError
+from structgen.integrations import (
+    IntegrationError,
+    StructgenBackend,
+    StructgenGrammar,
+    StructgenLogitsProcessor,
+    TokenRejectedError,
+    compile_constraint,
+)
+from structgen.matcher import Matcher, allocate_bitmask
+from structgen.sampling import unpack_bitmask
+from structgen.vocab import Vocabulary
+
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                      "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+     "required": ["name", "age"], "additionalProperties": False},
+    {"type": "object", "properties": {"status": {"enum": ["open", "closed", "pending"]},
+                                      "tags": {"type": "array", "items": {"type": "string", "maxLength": 5},
+                                               "maxItems": 3}},
+     "required": ["status", "tags"], "additionalProperties": False},
+    {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 4},
+]
+
+PROMPTS = [  # different lengths: the batch is left-padded
+    "Extract: Bob Smith is 42 years old. JSON:",
+    "JSON:",
+    'The ticket status is "open" with tags urgent, db. Output:',
+]
+
+
+def test_import_does_not_pull_torch() -> None:
+    code = ("import sys, structgen.integrations as i; assert i.StructgenBackend; "
+            "bad = [m for m in ('torch', 'transformers', 'pydantic') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(_repo_root()))
+
+
+def _repo_root():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------- backend (toy vocab)
+
+TOY_TOKENS = [b"a", b"b", b"ab", b"ba", b"c", b"abc", b"x", b"bab", None]
+TOY_EOS = 8
+CHOICES = ["ab", "abc", "ba", "b", "bab"]
+
+
+def _toy_vocab() -> Vocabulary:
+    return Vocabulary(TOY_TOKENS, eos_token_ids=[TOY_EOS])
+
+
+def _oracle_valid_prefix(tokens: list[int], choices: list[str]) -> int:
+    """Brute force: how many leading tokens keep the output a prefix of some choice (EOS is
+    valid exactly when the output is one of the choices; nothing is valid after EOS)."""
+    words = [c.encode() for c in choices]
+    out = b""
+    for n, t in enumerate(tokens):
+        if t == TOY_EOS:  # complete output: EOS accepted; nothing after it
+            return n + 1 if out in words else n
+        nxt = out + TOY_TOKENS[t]
+        if not any(w.startswith(nxt) for w in words):
+            return n
+        out = nxt
+    return len(tokens)
+
+
+def _oracle_mask(prefix: bytes, terminated: bool, choices: list[str]) -> set[int]:
+    words = [c.encode() for c in choices]
+    if terminated:
+        return {TOY_EOS}
+    allowed = {t for t, b in enumerate(TOY_TOKENS)
+               if b is not None and any(w.startswith(prefix + b) for w in words)}
+    if prefix in words:
+        allowed.add(TOY_EOS)
+    return allowed
+
+
+def _bits(bitmask: torch.Tensor, row: int, vocab_size: int) -> set[int]:
+    return set(torch.nonzero(unpack_bitmask(bitmask[row:row + 1], vocab_size)[0]).flatten().tolist())
+
+
+token_lists = st.lists(st.integers(0, len(TOY_TOKENS) - 1), max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(tokens=token_lists, pre=token_lists)
+def test_validate_tokens_equals_brute_force_and_fork_accept(tokens: list[int], pre: list[int]) -> None:
+    backend = StructgenBackend(vocab=_toy_vocab())
+    g = backend.compile_grammar("choice", CHOICES)
+    # move to some reachable state first
+    pre = pre[: _oracle_valid_prefix(pre, CHOICES)]
+    assert g.accept_tokens("r", pre)
+    before = backend.allocate_token_bitmask(1)
+    g.fill_bitmask(before, 0)
+    got = g.validate_tokens(tokens)
+    assert len(got) == _oracle_valid_prefix(pre + tokens, CHOICES) - len(pre)
+    assert got == tokens[: len(got)]
+    # the same count as accepting one by one on a fork
+    fork = g.matcher.fork()
+    n = 0
+    for t in tokens:
+        if not fork.accept_token(t):
+            break
+        n += 1
+    assert n == len(got)
+    # no state change
+    after = backend.allocate_token_bitmask(1)
+    g.fill_bitmask(after, 0)
+    assert torch.equal(before, after)
+    assert g.num_processed_tokens == len(pre)
+
+
+@settings(max_examples=150, deadline=None)
+@given(tokens=token_lists, k=st.integers(0, 6))
+def test_rollback_equals_replay_and_mask_oracle(tokens: list[int], k: int) -> None:
+    vocab = _toy_vocab()
+    backend = StructgenBackend(vocab=vocab)
+    tokens = tokens[: _oracle_valid_prefix(tokens, CHOICES)]
+    g = backend.compile_grammar("choice", CHOICES)
+    assert g.accept_tokens("r", tokens)
+    k = min(k, len(tokens))
+    g.rollback(k)
+    kept = tokens[: len(tokens) - k]
+    replay = backend.compile_grammar("choice", CHOICES)
+    assert replay.accept_tokens("r2", kept)
+    bm = backend.allocate_token_bitmask(3)
+    g.fill_bitmask(bm, 0)
+    replay.fill_bitmask(bm, 1)
+    m = Matcher(backend.compile("choice", CHOICES), vocab)
+    assert m.accept_tokens(kept) == len(kept)
+    m.fill_bitmask(bm, 2)
+    assert torch.equal(bm[0], bm[1]) and torch.equal(bm[0], bm[2])
+    assert g.is_terminated() == replay.is_terminated() == (TOY_EOS in kept)
+    prefix = b"".join(TOY_TOKENS[t] for t in kept if t != TOY_EOS)
+    assert _bits(bm, 0, vocab.vocab_size) == _oracle_mask(prefix, TOY_EOS in kept, CHOICES)
+    assert g.num_processed_tokens == len(kept)
+
+
+def test_accept_tokens_is_all_or_nothing_and_errors() -> None:
+    backend = StructgenBackend(vocab=_toy_vocab())
+    g = backend.compile_grammar("CHOICE", json.dumps(CHOICES))
+    assert not g.accept_tokens("r", [0, 6])  # "a" then "x": rejected, nothing accepted
+    assert g.num_processed_tokens == 0 and g.matcher.num_accepted == 0
+    assert g.accept_tokens("r", [1, 0])  # "ba"
+    assert not g.is_terminated() and g.is_accepting()
+    assert g.accept_tokens("r", [TOY_EOS]) and g.is_terminated()
+    assert g.validate_tokens([0, 1]) == []
+    with pytest.raises(IntegrationError, match="cannot roll back 4"):
+        g.rollback(4)
+    g.rollback(3)
+    assert g.num_processed_tokens == 0
+    g.accept_tokens("r", [1])
+    g.reset()
+    assert g.matcher.num_accepted == 0 and g.num_processed_tokens == 0
+    with pytest.raises(ConfigError, match="unknown request_type"):
+        backend.compile_grammar("ebnf", "x")
+    with pytest.raises(ConfigError, match="choice"):
+        backend.compile_grammar("choice", [])
+    with pytest.raises(ConfigError, match="choice 1"):
+        backend.compile_grammar("choice", ["a", 3])
+    with pytest.raises(ConfigError):
+        StructgenBackend()
+    assert isinstance(IntegrationError("x"), StructgenError)
+
+
+def test_backend_caches_and_request_types() -> None:
+    class Options(enum.Enum):  # shaped like a serving engine's request-type enum
+        JSON = enum.auto()
+        JSON_OBJECT = enum.auto()
+        REGEX = enum.auto()
+        GRAMMAR = enum.auto()
+        CHOICE = enum.auto()
+
+    vocab = Vocabulary([bytes([b]) for b in range(256)] + [None], eos_token_ids=[256])
+    backend = StructgenBackend(vocab=vocab)
+    s1 = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}
+    s2 = {"properties": {"b": {"type": "string"}, "a": {"type": "integer"}}, "type": "object"}
+    g1 = backend.compile_grammar(Options.JSON, s1)
+    g2 = backend.compile_grammar("json", json.loads(json.dumps(s2)))
+    assert g1.matcher.grammar is g2.matcher.grammar  # one compiled grammar, two requests
+    assert backend.cache_hits == 1 and backend.cache_misses == 1
+    assert g1.matcher is not g2.matcher
+    checks = [
+        (Options.JSON_OBJECT, None, ['{"k":[1,{}]}'], ["[1]", '"s"']),
+        (Options.REGEX, r"[a-c]{2}\d", ["ab1", "cc9"], ["ab", "abcd", "a1"]),
+        (Options.GRAMMAR, 'start: "x" start | "y"', ["y", "xxy"], ["x", "yy"]),
+        (Options.CHOICE, ["yes", "no"], ["yes", "no"], ["ye", "yesno", "n"]),
+    ]
+    for kind, spec, good, bad in checks:
+        for text in good + bad:
+            g = backend.compile_grammar(kind, spec)
+            ids = list(text.encode()) + [256]
+            assert (len(g.validate_tokens(ids)) == len(ids)) == (text in good), (kind, text)
+    misses = backend.cache_misses
+    backend.compile_grammar("json", s1)
+    assert backend.cache_misses == misses  # still cached
+    backend.destroy()
+    backend.compile_grammar("json", s1)
+    assert backend.cache_misses == misses + 1
+
+
+def test_compile_constraint_errors_are_typed() -> None:
+    with pytest.raises(structgen.SchemaError):
+        compile_constraint("json", {"type": 5})
+    with pytest.raises(structgen.GrammarError):
+        compile_constraint("grammar", "start: undefined_rule")
+    with pytest.raises(structgen.RegexError):
+        compile_constraint("regex", "a(")
+    with pytest.raises(ConfigError):
+        compile_constraint("regex", 5)
+
+
+# --------------------------------------------------------------------------- real tokenizer
+
+
+@pytest.mark.assets
+def test_backend_serving_loop_gpt2(tokenizer_by_alias) -> None:
+    """A serving-engine-style loop: batch bitmask, random logits, accept; speculative-style
+    validate + accept + rollback on the way; every finished output validates."""
+    tok = tokenizer_by_alias("gpt2")
+    backend = StructgenBackend(tok, vocab_size=50304)
+    assert backend.vocab_size == 50304
+    gen = torch.Generator().manual_seed(0)
+    reqs = {f"r{i}": (backend.compile_grammar("json", s), s) for i, s in enumerate(SCHEMAS)}
+    outs: dict[str, list[int]] = {r: [] for r in reqs}
+    bm = backend.allocate_token_bitmask(len(reqs))
+    eos = tok.eos_token_id
+    for _step in range(120):
+        live = [r for r, (g, _s) in reqs.items() if not g.is_terminated()]
+        if not live:
+            break
+        for i, r in enumerate(live):
+            reqs[r][0].fill_bitmask(bm, i)
+        allowed = unpack_bitmask(bm[: len(live)], 50304)  # [live, V]
+        assert not allowed[:, 50257:].any()  # padding rows never allowed
+        logits = torch.randn((len(live), 50304), generator=gen)
+        logits[:, eos] += 4.0  # end soon when allowed
+        tokens = logits.masked_fill(~allowed, float("-inf")).argmax(-1).tolist()
+        for r, t in zip(live, tokens):
+            g = reqs[r][0]
+            # a speculative engine validates a draft, accepts it and may roll part back
+            draft = [t, t, t]
+            ok = g.validate_tokens(draft)
+            assert ok[:1] == [t]
+            assert g.accept_tokens(r, ok)
+            g.rollback(len(ok) - 1)
+            outs[r].append(t)
+    for r, (g, schema) in reqs.items():
+        if g.is_terminated():
+            assert outs[r][-1] == eos
+            jsonschema.validate(json.loads(tok.decode(outs[r][:-1])), schema)
+    assert any(g.is_terminated() for g, _s in reqs.values())
+
+
+# --------------------------------------------------------------------------- logits processor
+
+
+@pytest.mark.assets
+def test_processor_masks_match_matcher_and_padding(tokenizer_by_alias) -> None:
+    tok = tokenizer_by_alias("gpt2")
+    schema = SCHEMAS[2]
+    proc = StructgenLogitsProcessor(schema, tok)
+    assert isinstance(proc, __import__("transformers").LogitsProcessor)
+    ids = torch.tensor([[50256, 50256, 40], [11, 12, 13]])  # [2, 3]
+    scores = torch.zeros((2, 50304))
+    out = proc(ids, scores)
+    vocab = proc.vocab
+    assert vocab is not None and vocab.vocab_size == 50304 and proc.prompt_length == 3
+    ref = Matcher(structgen.compile_json_schema(schema), vocab)
+    allowed = set(ref.allowed_token_ids())
+    for row in range(2):
+        assert set(torch.nonzero(torch.isfinite(out[row])).flatten().tolist()) == allowed
+    assert torch.isinf(out[:, 50257:]).all()
+    # feed "[" then "true": masks follow; EOS only once the array is complete
+    lb = tok.convert_tokens_to_ids("[")
+    true = tok.convert_tokens_to_ids("true")
+    rb = tok.convert_tokens_to_ids("]")
+    ids = torch.cat([ids, torch.tensor([[lb], [lb]])], 1)
+    proc(ids, scores)
+    ids = torch.cat([ids, torch.tensor([[true], [true]])], 1)
+    proc(ids, scores)
+    ids = torch.cat([ids, torch.tensor([[rb], [rb]])], 1)
+    out = proc(ids, scores)
+    assert torch.isfinite(out[:, 50256]).all()  # complete: EOS allowed
+    ids = torch.cat([ids, torch.tensor([[50256], [50256]])], 1)
+    out = proc(ids, scores)
+    assert proc.is_finished(0) and proc.is_finished(1)
+    assert [torch.isfinite(out[r]).nonzero().flatten().tolist() for r in range(2)] == [[50256]] * 2
+    ids = torch.cat([ids, torch.tensor([[50256], [50256]])], 1)  # padding after EOS: ignored
+    proc(ids, scores)
+    # a token the grammar forbids -> typed error naming row and position
+    proc.reset()
+    proc(ids[:, :3], scores)
+    with pytest.raises(TokenRejectedError, match="batch row 1") as ei:
+        proc(torch.cat([ids[:, :3], torch.tensor([[lb], [true]])], 1), scores)
+    assert ei.value.row == 1 and ei.value.position == 3 and ei.value.token_id == true
+    with pytest.raises(ConfigError):
+        StructgenLogitsProcessor("start: 'a'", tok)  # Lark text must go in grammar=
+    with pytest.raises(ConfigError, match="2 grammars"):
+        StructgenLogitsProcessor(SCHEMAS[:2], tok)(ids[:1, :3], scores[:1])
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tokenizer_by_alias):
+    from _tiny_lm import build_tiny_llama
+
+    from structgen.model import CausalLM
+
+    tok = tokenizer_by_alias("gpt2")
+    return {kind: CausalLM(build_tiny_llama(tok, kind), tok) for kind in ("random", "biased")}
+
+
+def _left_padded(tok, prompts):
+    ids = [tok.encode(p) for p in prompts]
+    width = max(len(x) for x in ids)
+    pad = tok.eos_token_id
+    input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
+    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+    return input_ids, mask
+
+
+def _generated(row: list[int], eos: int) -> list[int]:
+    """Tokens up to and including the first EOS."""
+    return row[: row.index(eos) + 1] if eos in row else row
+
+
+@pytest.mark.assets
+@pytest.mark.model
+@pytest.mark.parametrize("kind", ["random", "biased"])
+def test_processor_greedy_equals_plain_constrained_decoding(tiny_models, kind: str) -> None:
+    lm = tiny_models[kind]
+    tok = lm.tokenizer
+    eos = tok.eos_token_id
+    input_ids, mask = _left_padded(tok, PROMPTS)
+    proc = StructgenLogitsProcessor(SCHEMAS, tok)  # mixed schemas: one per row
+    out = lm.model.generate(input_ids=input_ids, attention_mask=mask, logits_processor=[proc],
+                            do_sample=False, max_new_tokens=40, pad_token_id=eos)
+    new = out[:, input_ids.shape[1]:].tolist()
+    finished = 0
+    for row, (prompt, schema) in enumerate(zip(PROMPTS, SCHEMAS)):
+        ref = structgen.generate(lm, schema=schema, prompt=prompt, max_new_tokens=40,
+                                 speculative=False)
+        got = _generated(new[row], eos)
+        assert got == ref.tokens, (row, tok.decode(got), ref.text)
+        if ref.finish_reason == "stop":
+            finished += 1
+            jsonschema.validate(json.loads(tok.decode(got[:-1])), schema)
+    if kind == "biased":
+        assert finished == len(PROMPTS)
+    # one processor serves consecutive generate calls (a new batch starts afresh)
+    proc = StructgenLogitsProcessor(SCHEMAS[2], tok)
+    for rows in (slice(0, 3), slice(1, 2)):
+        out = lm.model.generate(input_ids=input_ids[rows], attention_mask=mask[rows],
+                                logits_processor=[proc], do_sample=False, max_new_tokens=40,
+                                pad_token_id=eos)
+    ref = structgen.generate(lm, schema=SCHEMAS[2], prompt=PROMPTS[1], max_new_tokens=40,
+                             speculative=False)
+    assert _generated(out[0, input_ids.shape[1]:].tolist(), eos) == ref.tokens
+
+
+@pytest.mark.assets
+@pytest.mark.model
+def test_processor_sampling_outputs_are_valid(tiny_models) -> None:
+    lm = tiny_models["biased"]
+    tok = lm.tokenizer
+    eos = tok.eos_token_id
+    schema = SCHEMAS[0]
+    input_ids, mask = _left_padded(tok, PROMPTS)
+    input_ids = input_ids.repeat(2, 1)
+    mask = mask.repeat(2, 1)
+    proc = StructgenLogitsProcessor(schema, tok)
+    torch.manual_seed(1)
+    out = lm.model.generate(input_ids=input_ids, attention_mask=mask, logits_processor=[proc],
+                            do_sample=True, temperature=1.5, top_k=200, max_new_tokens=40,
+                            pad_token_id=eos)
+    new = out[:, input_ids.shape[1]:].tolist()
+    texts = set()
+    finished = 0
+    for row in new:
+        got = _generated(row, eos)
+        text = tok.decode([t for t in got if t != eos])
+        if got[-1] == eos:
+            finished += 1
+            jsonschema.validate(json.loads(text), schema)
+        else:  # cut short: still a viable prefix of the grammar
+            assert structgen.compile_json_schema(schema).accepts_prefix(text)
+        texts.add(text)
+    assert finished >= 3
+    assert len(texts) > 1  # it did sample
+
+
+@pytest.mark.assets
+@pytest.mark.model
+def test_processor_beam_search_outputs_are_valid(tiny_models) -> None:
+    lm = tiny_models["biased"]
+    tok = lm.tokenizer
+    eos = tok.eos_token_id
+    input_ids, mask = _left_padded(tok, PROMPTS[:2])
+    proc = StructgenLogitsProcessor(SCHEMAS[1], tok)
+    out = lm.model.generate(input_ids=input_ids, attention_mask=mask, logits_processor=[proc],
+                            do_sample=False, num_beams=3, max_new_tokens=30, pad_token_id=eos)
+    for row in out[:, input_ids.shape[1]:].tolist():
+        got = _generated(row, eos)
+        assert got[-1] == eos
+        jsonschema.validate(json.loads(tok.decode(got[:-1])), SCHEMAS[1])
+
+
+def test_numpy_bitmask_rows() -> None:
+    backend = StructgenBackend(vocab=_toy_vocab())
+    g: StructgenGrammar = backend.compile_grammar("choice", CHOICES)
+    arr = np.zeros((2, 1), dtype=np.int32)
+    g.fill_bitmask(arr, 1)
+    t = allocate_bitmask(2, 9)
+    g.fill_bitmask(t, 0)
+    assert arr[1, 0] == int(t[0, 0]) and arr[0, 0] == 0
