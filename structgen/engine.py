@@ -38,7 +38,7 @@ ROOT = 0  # the empty stack
 class Engine:
     """Runtime tables for one compiled grammar (thread-safe, grows lazily)."""
 
-    def __init__(self, grammar: CompiledGrammar, *, mask_cache_bytes: int = 64 << 20) -> None:
+    def __init__(self, grammar: CompiledGrammar, *, mask_cache_bytes: int = 32 << 20) -> None:
         self.grammar = grammar
         self.rules = grammar.rules
         # per rule: info(q) -> (row [256], accept, has_bytes, calls, tail), built lazily;
