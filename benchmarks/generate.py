@@ -9,6 +9,9 @@ facts, schemas with 5-30 fields, nested objects, arrays, enums), greedy, batch 1
 * ``xgrammar`` -- transformers ``generate`` with XGrammar's logits processor (if installed);
 * ``outlines`` -- outlines' transformers integration (if installed).
 
+The engine runners and the oracles are shared with the full suite (:mod:`structgen.bench`,
+``structgen bench``), which also covers code and prose tasks.
+
 Rounds are interleaved (each task runs every engine before the next task) so machine noise
 hits all engines alike. Reports per engine: wall time, new tokens, tokens per target forward
 pass, draft acceptance (accepted / proposed draft tokens), validity (jsonschema), task
@@ -36,89 +39,35 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import jsonschema  # noqa: E402
 import torch  # noqa: E402
 from tasks.extraction import TASKS, messages  # noqa: E402
 
-import structgen  # noqa: E402
+from structgen import bench  # noqa: E402
 from structgen.config import SpecConfig  # noqa: E402
 from structgen.model import CausalLM, load_model  # noqa: E402
 
 
-def tiny_model() -> CausalLM:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from structgen import assets
-
-    tok = assets.load_tokenizer("gpt2")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=50304, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                      eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id)
-    return CausalLM(LlamaForCausalLM(cfg).eval(), tok)
-
-
-def prompt_text(lm: CausalLM, task: dict[str, Any]) -> str:
-    tok = lm.tokenizer
-    if getattr(tok, "chat_template", None):
-        return tok.apply_chat_template(messages(task), add_generation_prompt=True, tokenize=False)
-    return "\n".join(m["content"] for m in messages(task))
+def _task(task: dict[str, Any]) -> dict[str, Any]:
+    return {**task, "type": "json", "messages": messages(task)}
 
 
 def run_structgen(lm: CausalLM, task: dict[str, Any], *, speculative: bool, max_new: int,
                   cfg: SpecConfig, draft: Any) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    r = structgen.generate(lm, schema=task["schema"], prompt=prompt_text(lm, task),
-                           max_new_tokens=max_new, speculative=speculative, config=cfg,
-                           draft_model=draft)
-    wall = time.perf_counter() - t0
-    st = r.stats
-    return {"text": r.text, "tokens": r.tokens, "wall_s": wall, "new_tokens": st.new_tokens,
-            "forward_passes": st.forward_passes, "drafted": st.drafted, "accepted": st.accepted,
-            "finish_reason": r.finish_reason, "drafters": st.drafters,
-            "time": {k: getattr(st, k) for k in ("time_masks", "time_drafting", "time_forward",
-                                                    "time_verify", "time_prefill")}}
+    return bench.run_structgen(lm, _task(task), speculative=speculative, max_new=max_new, cfg=cfg,
+                               draft=draft)
 
 
 def run_xgrammar(lm: CausalLM, task: dict[str, Any], max_new: int, state: dict[str, Any]) -> dict[str, Any]:
-    import xgrammar as xgr
-    from xgrammar.contrib.hf import LogitsProcessor
-
-    t0 = time.perf_counter()
-    if "compiler" not in state:
-        info = xgr.TokenizerInfo.from_huggingface(lm.tokenizer, vocab_size=lm.vocab_size)
-        state["compiler"] = xgr.GrammarCompiler(info)
-    cg = state["compiler"].compile_json_schema(json.dumps(task["schema"]), any_whitespace=False)
-    ids = lm.tokenizer(prompt_text(lm, task), return_tensors="pt", add_special_tokens=False).input_ids
-    with torch.inference_mode():
-        out = lm.model.generate(ids, max_new_tokens=max_new, do_sample=False,
-                                logits_processor=[LogitsProcessor(cg)],
-                                pad_token_id=lm.tokenizer.eos_token_id)
-    new = out[0, ids.shape[1]:].tolist()
-    text = lm.tokenizer.decode(new, skip_special_tokens=True)
-    return {"text": text, "tokens": new, "wall_s": time.perf_counter() - t0, "new_tokens": len(new)}
+    return bench.run_xgrammar(lm, _task(task), max_new, state)
 
 
 def run_outlines(lm: CausalLM, task: dict[str, Any], max_new: int, state: dict[str, Any]) -> dict[str, Any]:
-    import outlines
-    from outlines.types import JsonSchema
-
-    t0 = time.perf_counter()
-    if "model" not in state:
-        state["model"] = outlines.from_transformers(lm.model, lm.tokenizer)
-    gen = outlines.Generator(state["model"], JsonSchema(json.dumps(task["schema"])))
-    text = gen(prompt_text(lm, task), max_new_tokens=max_new, do_sample=False)
-    n = len(lm.tokenizer.encode(text, add_special_tokens=False))
-    return {"text": text, "tokens": None, "wall_s": time.perf_counter() - t0, "new_tokens": n}
+    return bench.run_outlines(lm, _task(task), max_new, state)
 
 
 def check(task: dict[str, Any], text: str) -> tuple[bool, bool]:
-    try:
-        v = json.loads(text)
-    except Exception:  # noqa: BLE001
-        return False, False
-    valid = jsonschema.Draft202012Validator(task["schema"]).is_valid(v)
-    return valid, v == task["answer"]
+    c = bench.check_output(_task(task), text, None)
+    return c["valid"], bool(c["quality"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     engines = args.engines.split(",")
     if args.smoke:
-        lm = tiny_model()
+        lm = bench.tiny_model()
         args.tasks, args.max_new_tokens = 2, 48
         engines = [e for e in engines if e in ("plain", "spec")]
     else:

@@ -421,6 +421,7 @@ _CACHE_SIZE = 256
 _INLINE_SHARED_MAX = 48   # a rule referenced more than once is inlined only up to this size
 _INLINE_MAX = 20_000      # no rule is inlined above this size
 _MINIMISE_MIN = 256       # regular sub-automata above this size are minimised
+_SHARE_MIN = 24           # repeated sub-expressions of at least this size become shared rules
 _EMBED_MAX = 12           # regular sub-automata up to this many states are copied, not called
 _DFA_RULES_SIZE = 1024    # process-wide caches of regular sub-automata (by IR content)
 _REGULAR: OrderedDict[ir.Expr, Any] = OrderedDict()
@@ -566,6 +567,8 @@ class _Compiler:
         self.dfa_rules: list[DfaRule | ProductRule] = []
         self.dfa_rule_index: dict[ir.Expr, int] = {}
         self.keep: set[str] = set()
+        self.origin: dict[str, str] = {}  # synthetic rule -> the source rule it came from
+        self._hoist_owner = ""
         self._tick = 0
 
     # -- limits ---------------------------------------------------------------
@@ -616,7 +619,12 @@ class _Compiler:
         hoisted: dict[ir.Expr, str] = {}
         memo: dict[int, int] = {}
         for n in sorted(reach):
+            self._hoist_owner = n
             rules[n] = self._hoist(rules[n], hoisted, memo, rules)
+        # shared sub-expressions (a JSON string value, a number, an object shape used by
+        # several properties): one synthetic rule each, called from every place, so the
+        # automaton is not copied and runtime mask caches per rule state are shared
+        self._share_common(sorted(reach), rules, hoisted, memo)
         for name in hoisted.values():
             reach.add(name)
             refs[name] = set()
@@ -659,11 +667,14 @@ class _Compiler:
             assert start == 0
             end = self._build(nfa, rules[n], start, inline_stack=(n,))
             total += len(nfa)
-            if total > self.opt.max_states:
-                raise CompileLimitError(
-                    f"grammar automaton exceeds {self.opt.max_states} NFA states in rule {n!r} "
-                    "(CompileOptions.max_states)")
             built.append((nfa, end))
+            if total > self.opt.max_states:
+                # name the biggest rule so far (and the source rule it came from)
+                big = max(range(len(built)), key=lambda i: len(built[i][0]))
+                name = self.kept[big]
+                raise CompileLimitError(
+                    f"grammar automaton exceeds {self.opt.max_states} NFA states in rule "
+                    f"{self.origin.get(name, name)!r} (CompileOptions.max_states)")
         trimmed = self._trim_nfas(built)
         self._check_left_recursion_nfa(trimmed)
         out: list[LazyRule | DfaRule | ProductRule] = [
@@ -783,6 +794,7 @@ class _Compiler:
                         name += "_"
                     hoisted[item] = name
                     rules[name] = item
+                    self.origin[name] = self.origin.get(self._hoist_owner, self._hoist_owner)
                 item = ir.Ref(name)
             return ir.Repeat(item, e.min, e.max) if item is not e.item else e
         if isinstance(e, (ir.Seq, ir.Alt)):
@@ -791,6 +803,57 @@ class _Compiler:
                 return e
             return type(e)(items)
         return e  # And/Diff operands stay regular (they are inlined in full anyway)
+
+    def _share_common(self, names: list[str], rules: dict[str, ir.Expr],
+                      hoisted: dict[ir.Expr, str], memo: dict[int, int]) -> None:
+        """Hoist sub-expressions of size >= ``_SHARE_MIN`` that occur more than once."""
+        count: dict[ir.Expr, int] = {}
+        stack = [rules[n] for n in names]
+        seen_ids: set[int] = set()
+        while stack:
+            x = stack.pop()
+            if isinstance(x, (ir.Seq, ir.Alt, ir.Repeat)) and _size(x, memo) >= _SHARE_MIN:
+                c = count.get(x, 0)
+                count[x] = c + 1
+                if c or id(x) in seen_ids:
+                    continue  # children already counted for this content
+                seen_ids.add(id(x))
+                stack.extend(x.items if isinstance(x, (ir.Seq, ir.Alt)) else (x.item,))
+        shared = {x for x, c in count.items() if c > 1}
+        if not shared:
+            return
+        done: dict[int, ir.Expr] = {}
+        owner = [""]
+
+        def rewrite(e: ir.Expr, top: bool) -> ir.Expr:
+            got = done.get(id(e))
+            if got is not None and not top:
+                return got
+            if not top and e in shared:
+                name = hoisted.get(e)
+                if name is None:
+                    name = f"__cse{len(hoisted)}"
+                    while name in rules:
+                        name += "_"
+                    hoisted[e] = name
+                    self.origin[name] = owner[0]
+                    rules[name] = rewrite(e, True)
+                out: ir.Expr = ir.Ref(name)
+            elif isinstance(e, (ir.Seq, ir.Alt)):
+                items = tuple(rewrite(x, False) for x in e.items)
+                out = e if all(a is b for a, b in zip(items, e.items)) else type(e)(items)
+            elif isinstance(e, ir.Repeat):
+                item = rewrite(e.item, False)
+                out = e if item is e.item else ir.Repeat(item, e.min, e.max)
+            else:
+                out = e
+            if not top:
+                done[id(e)] = out
+            return out
+
+        for n in names:
+            owner[0] = self.origin.get(n, n)
+            rules[n] = rewrite(rules[n], True)
 
     def _count_refs(self, e: ir.Expr, counter: dict[str, int]) -> None:
         stack = [e]
@@ -815,7 +878,7 @@ class _Compiler:
         if len(nfa) > self.opt.max_states:
             raise CompileLimitError(
                 f"grammar automaton exceeds {self.opt.max_states} NFA states in rule "
-                f"{inline_stack[0]!r} (CompileOptions.max_states)")
+                f"{self.origin.get(inline_stack[0], inline_stack[0])!r} (CompileOptions.max_states)")
         if isinstance(e, ir.ByteSet):
             t = nfa.new()
             for lo, hi in e.ranges:
@@ -1142,8 +1205,8 @@ class _Compiler:
                         subsets.append(closed)
                         if len(subsets) > self.opt.max_states:
                             raise CompileLimitError(
-                                f"rule {name!r}: automaton exceeds {self.opt.max_states} states "
-                                "(CompileOptions.max_states)")
+                                f"rule {self.origin.get(name, name)!r}: automaton exceeds "
+                                f"{self.opt.max_states} states (CompileOptions.max_states)")
                     seen_targets[key] = j
                 row[c] = j
             crow = []

@@ -954,7 +954,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"] and not {"-h", "--help"} & set(argv[1:2]):
+    if argv[:1] == ["bench"]:
         return _cmd_bench(argv[1:])  # every further argument belongs to the benchmark suite
     parser = _parser()
     try:

@@ -1,0 +1,1171 @@
+"""Token-mask benchmark: structgen against xgrammar, llguidance and outlines-core.
+
+Every engine gets the same tokenizer vocabulary (``--tokenizer``: ``llama3`` 128k by default,
+``qwen2`` 151k, ``mistral`` 32k SentencePiece with byte fallback), the same grammars and the
+same replayed token sequences, and the engines run interleaved, case by case (for each case
+every engine in turn, the starting engine rotating), each in its own worker process so that
+a compile that overruns ``--compile-timeout`` is killed without stalling the run.
+
+Cases:
+
+* JSON schemas from JSONSchemaBench (``--data``; ``--limit`` schemas per subset, sampled with
+  ``--seed``), each with one fixed valid instance: candidates are the schema's own
+  ``examples`` and ``--candidates`` instances from hypothesis-jsonschema (seeded with
+  ``--seed``); those ``jsonschema`` accepts (formats checked) are serialised with
+  :func:`structgen.json_schema.canonical_json` (compact, declared properties in schema
+  order: the form structgen's grammar defines) and the longest one of at most
+  ``--max-chars`` characters is kept. The text is tokenized with a plain ``encode`` (for
+  SentencePiece tokenizers the dummy-prefix space is removed, see :func:`replay_tokens`). A
+  structgen rejection of such an instance is a false rejection (a bug).
+* Lark grammars from ``grammars/`` (JSON, SQL, arithmetic) with fixed sample inputs that
+  Lark's own Earley parser accepts. llguidance and xgrammar take the Lark text directly;
+  outlines-core is regular-expression only and reports n/a.
+
+Engine settings (compact JSON everywhere, no whitespace between tokens):
+
+* structgen: ``compile_json_schema(schema)`` / ``compile_lark(text)`` with the compile timeout,
+  ``Matcher.fill_bitmask`` + ``Matcher.accept_token``;
+* xgrammar: ``GrammarCompiler(max_threads=--threads, cache_enabled=False)``,
+  ``compile_json_schema(any_whitespace=False, separators=(",", ":"), strict_mode=False)``
+  (strict mode would forbid properties the schema allows) or ``compile_lark``;
+  ``GrammarMatcher.fill_next_token_bitmask`` + ``accept_token``;
+* llguidance: ``LLMatcher(tokenizer, LLMatcher.grammar_from_json_schema(schema, defaults=
+  {"whitespace_flexible": False, ...}))`` or ``grammar_from_lark``; ``llguidance.torch.
+  fill_next_token_bitmask`` + ``consume_token``;
+* outlines-core: ``Index(build_regex_from_schema(schema, whitespace_pattern=""), vocabulary)``,
+  ``Guide.write_mask_into`` + ``Guide.advance``. Its ``Vocabulary`` is built from the
+  token bytes of :class:`structgen.vocab.Vocabulary` (its own ``from_pretrained`` needs the
+  Hugging Face hub).
+
+Measurements (``time.perf_counter_ns``), per engine and case:
+
+* compile: cold (structgen's content caches and xgrammar's compiler cache are cleared; the
+  process itself is warm: every worker compiles and replays a small schema first);
+* time to first mask (TTFM): compile + matcher creation + the first mask fill;
+* step: advance by the next replayed token + fill the next mask (median / mean / p99 over
+  all steps of a case kind);
+* allowed tokens per step: popcount of the mask over the text tokens (special tokens and
+  EOS excluded, so engines with different special-token policies compare); structgen's
+  count is compared with each peer's step by step and disagreements are listed;
+* rejections: a replayed token missing from the mask or refused on advance (for structgen a
+  false rejection; for a peer it can also be a deliberate narrowing of the schema);
+* structgen's runtime memory after the replay: ``Engine.mask_cache_bytes`` (the mask cache)
+  and ``Engine.memory_bytes()`` (tables + mask cache).
+
+Ratios structgen/peer are computed over the cases both engines replayed (steps cut to the
+common prefix), separately for JSON-schema and Lark cases. Output: a table on stdout and
+JSON in ``benchmarks/results/masks-<tokenizer>.json`` (``--out``).
+
+``--smoke`` (CI): 3 schemas (1 per subset of three small subsets, or the repository's
+``schemas/`` examples when the data set is absent) and 1 Lark case; peers run when they
+are installed (the ``bench`` extra). Exit status 1 when structgen falsely rejects an
+instance or crashes. Examples::
+
+    python benchmarks/masks.py --smoke
+    python benchmarks/masks.py --limit 10                     # Llama-3, 10 schemas per subset
+    python benchmarks/masks.py --limit 5 --tokenizer qwen2
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import multiprocessing as mp
+import os
+import platform
+import random
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / "benchmarks" / "results"
+ENGINES = ("structgen", "xgrammar", "llguidance", "outlines-core")
+PEERS = ENGINES[1:]
+SMOKE_SUBSETS = ("Glaiveai2K", "Github_trivial", "Github_easy")
+
+
+def default_data() -> Path:
+    """``/work/shared/data/jsonschemabench`` if present, else ``../shared/...`` of the repo."""
+    for p in (Path("/work/shared/data/jsonschemabench"),
+              ROOT.parent / "shared" / "data" / "jsonschemabench"):
+        if p.is_dir():
+            return p
+    return ROOT.parent / "shared" / "data" / "jsonschemabench"
+
+
+# Lark cases: (grammar file stem, sample inputs). Every sample is checked with Lark's own
+# parser before it is used.
+LARK_SAMPLES: dict[str, list[str]] = {
+    "json": [
+        '{"name": "Ada Lovelace", "tags": ["math", "engine"], "n": -1.5e3, "ok": true,'
+        ' "nested": {"a": null, "b": [0, 0.25]}}',
+        '[1, 2,\n 3, {"k": "v\\n\\u00e9", "empty": {}, "list": []}]',
+        '{"id":42,"title":"Structured output","price":12.99,"in_stock":false}',
+    ],
+    "sql": [
+        "SELECT u.name, COUNT(*) AS n FROM users AS u LEFT OUTER JOIN orders AS o ON u.id = o.user_id"
+        " WHERE o.total > 10 AND u.name LIKE 'A%' GROUP BY u.name HAVING COUNT(*) >= 2"
+        " ORDER BY n DESC LIMIT 10;",
+        "select distinct city from customers where country in ('DE', 'FR') and not age < 18"
+        " order by city asc",
+        "SELECT id, price * 1.2 AS gross FROM products WHERE discontinued IS NOT NULL"
+        " OR (stock = 0 AND name <> 'x')",
+    ],
+    "arithmetic": [
+        "(1 + 2.5) * -3 / (4 - 5)",
+        "12*(3+4)-5/6",
+        "-(-(7)) + 8 * 9 - 10 / (11 + 12.75)",
+    ],
+}
+
+WARMUP_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+                 "required": ["a"]}
+WARMUP_TEXT = '{"a":12,"b":"xy"}'
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine adapters (run inside the worker processes)
+# ---------------------------------------------------------------------------------------------
+
+class CompileFailed(Exception):
+    """The engine refused the grammar (unsupported feature, limit, syntax): not a crash.
+    ``timeout``: the engine's own compile time limit stopped it."""
+
+    def __init__(self, message: str, timeout: bool = False) -> None:
+        super().__init__(message)
+        self.timeout = timeout
+
+
+class Adapter:
+    """One engine behind the benchmark's interface.
+
+    ``compile(case)`` -> compiled grammar (raises :class:`CompileFailed`);
+    ``new_matcher(compiled)`` -> a fresh matcher at the start state;
+    ``fill(matcher, bitmask)`` writes the packed int32 mask into ``bitmask[0]`` (torch
+    ``[1, ceil(V/32)]``); ``advance(matcher, token)`` -> False if the token is refused.
+    """
+
+    name = ""
+
+    def __init__(self, tokenizer: Any, vocab: Any, opts: dict[str, Any]) -> None:
+        self.tok = tokenizer
+        self.vocab = vocab
+        self.opts = opts
+
+    def version(self) -> str:
+        return "?"
+
+    def supports(self, case: dict[str, Any]) -> str | None:
+        """None if the engine can run the case, else why not (reported as n/a)."""
+        return None
+
+    def clear_caches(self) -> list[str]:
+        return []
+
+    def compile(self, case: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def new_matcher(self, compiled: Any) -> Any:
+        raise NotImplementedError
+
+    def fill(self, matcher: Any, bitmask: Any) -> None:
+        raise NotImplementedError
+
+    def advance(self, matcher: Any, token: int) -> bool:
+        raise NotImplementedError
+
+    def memory(self, compiled: Any, matcher: Any) -> dict[str, Any]:
+        return {}
+
+
+class StructgenAdapter(Adapter):
+    name = "structgen"
+
+    def __init__(self, tokenizer: Any, vocab: Any, opts: dict[str, Any]) -> None:
+        super().__init__(tokenizer, vocab, opts)
+        from structgen.config import CompileOptions
+        from structgen.json_schema import compile_json_schema
+        from structgen.lark_frontend import compile_lark
+        from structgen.matcher import Matcher
+
+        self._copts = CompileOptions(timeout_s=float(opts["compile_timeout"]))
+        self._cjs, self._clark, self._Matcher = compile_json_schema, compile_lark, Matcher
+
+    def version(self) -> str:
+        import structgen
+
+        return structgen.__version__
+
+    def clear_caches(self) -> list[str]:
+        """Clear structgen's content-keyed caches (compiled grammars, schema documents, compiled
+        patterns, numeric expressions), so the next compile is cold for that grammar. Tables
+        that do not depend on the grammar (Unicode data, formats, the vocabulary table) stay
+        warm, as in a long-running server."""
+        import importlib
+
+        cleared = []
+        for mod_name, attr in (("structgen.json_schema", "_CACHE"), ("structgen.json_schema", "_DOC_CACHE"),
+                               ("structgen.automaton", "_CACHE"), ("structgen.lark_frontend", "_LRU"),
+                               ("structgen.json_schema", "_WARNINGS")):
+            obj = getattr(importlib.import_module(mod_name), attr, None)
+            if hasattr(obj, "clear"):
+                obj.clear()
+                cleared.append(f"{mod_name}.{attr}")
+        for mod_name, attr in (("structgen.json_schema_lower", "compile_pattern"),
+                               ("structgen.numeric", "_build")):
+            fn = getattr(importlib.import_module(mod_name), attr, None)
+            if hasattr(fn, "cache_clear"):
+                fn.cache_clear()
+                cleared.append(f"{mod_name}.{attr}")
+        return cleared
+
+    def compile(self, case: dict[str, Any]) -> Any:
+        from structgen.errors import StructgenError
+
+        try:
+            if case["kind"] == "schema":
+                return self._cjs(case["schema"], compile_options=self._copts)
+            return self._clark(case["grammar"], compile_options=self._copts)
+        except StructgenError as e:
+            kw = getattr(e, "keyword", None)
+            raise CompileFailed(f"{type(e).__name__}{':' + str(kw) if kw else ''}: {str(e)[:200]}",
+                                timeout=type(e).__name__ == "CompileTimeoutError") from None
+
+    def new_matcher(self, compiled: Any) -> Any:
+        return self._Matcher(compiled, self.vocab)
+
+    def fill(self, matcher: Any, bitmask: Any) -> None:
+        matcher.fill_bitmask(bitmask, 0)
+
+    def advance(self, matcher: Any, token: int) -> bool:
+        return matcher.accept_token(token)
+
+    def memory(self, compiled: Any, matcher: Any) -> dict[str, Any]:
+        eng = compiled.engine
+        out: dict[str, Any] = {}
+        for key, get in (("mask_cache_bytes", lambda: int(eng.mask_cache_bytes)),
+                         ("masks_cached", lambda: len(eng.mask_cache)),
+                         ("engine_bytes", lambda: int(eng.memory_bytes())),
+                         ("configurations", lambda: len(eng.configs)),
+                         ("automaton_states", lambda: int(compiled.num_states))):
+            try:
+                out[key] = get()
+            except Exception:  # noqa: BLE001 - the engine's internals may change; report what exists
+                pass
+        return out
+
+
+class XgrammarAdapter(Adapter):
+    name = "xgrammar"
+
+    def __init__(self, tokenizer: Any, vocab: Any, opts: dict[str, Any]) -> None:
+        super().__init__(tokenizer, vocab, opts)
+        import xgrammar as xgr
+
+        self.xgr = xgr
+        self.info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab.vocab_size, stop_token_ids=list(vocab.eos_token_ids))
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=int(opts["threads"]), cache_enabled=False)
+
+    def version(self) -> str:
+        from importlib.metadata import version
+
+        return version("xgrammar")
+
+    def supports(self, case: dict[str, Any]) -> str | None:
+        if case["kind"] == "lark" and not hasattr(self.compiler, "compile_lark"):
+            return "this xgrammar version has no Lark front-end (compile_lark)"
+        return None
+
+    def clear_caches(self) -> list[str]:
+        self.compiler.clear_cache()
+        return ["GrammarCompiler.clear_cache (cache_enabled=False)"]
+
+    def compile(self, case: dict[str, Any]) -> Any:
+        try:
+            if case["kind"] == "schema":
+                return self.compiler.compile_json_schema(
+                    json.dumps(case["schema"]), any_whitespace=False, separators=(",", ":"),
+                    strict_mode=False)
+            return self.compiler.compile_lark(case["grammar"])
+        except (RuntimeError, ValueError, TypeError) as e:
+            raise CompileFailed(f"{type(e).__name__}: {str(e)[:200]}") from None
+
+    def new_matcher(self, compiled: Any) -> Any:
+        return self.xgr.GrammarMatcher(compiled)
+
+    def fill(self, matcher: Any, bitmask: Any) -> None:
+        matcher.fill_next_token_bitmask(bitmask, 0)
+
+    def advance(self, matcher: Any, token: int) -> bool:
+        return bool(matcher.accept_token(token))
+
+    def memory(self, compiled: Any, matcher: Any) -> dict[str, Any]:
+        try:
+            return {"compiled_bytes": int(compiled.memory_size_bytes)}
+        except Exception:  # noqa: BLE001
+            return {}
+
+
+class LlguidanceAdapter(Adapter):
+    name = "llguidance"
+
+    def __init__(self, tokenizer: Any, vocab: Any, opts: dict[str, Any]) -> None:
+        super().__init__(tokenizer, vocab, opts)
+        import llguidance
+        import llguidance.hf
+        import llguidance.torch
+
+        self.llg = llguidance
+        self.fill_fn = llguidance.torch.fill_next_token_bitmask
+        self.lltok = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab.vocab_size,
+                                                  eos_token=list(vocab.eos_token_ids))
+
+    def version(self) -> str:
+        from importlib.metadata import version
+
+        return version("llguidance")
+
+    def compile(self, case: dict[str, Any]) -> Any:
+        M = self.llg.LLMatcher
+        try:
+            if case["kind"] == "schema":
+                g = M.grammar_from_json_schema(
+                    case["schema"], defaults={"whitespace_flexible": False, "item_separator": ",",
+                                              "key_separator": ":"})
+            else:
+                g = M.grammar_from_lark(case["grammar"])
+            m = M(self.lltok, g, log_level=0)
+        except (ValueError, RuntimeError, TypeError) as e:
+            raise CompileFailed(f"{type(e).__name__}: {str(e)[:200]}") from None
+        if m.is_error():
+            raise CompileFailed(m.get_error()[:200])
+        return [m]  # the first matcher is the compiled grammar itself; later ones are copies
+
+    def new_matcher(self, compiled: Any) -> Any:
+        return compiled.pop() if compiled else None
+
+    def fill(self, matcher: Any, bitmask: Any) -> None:
+        self.fill_fn(matcher, bitmask, 0)
+
+    def advance(self, matcher: Any, token: int) -> bool:
+        return bool(matcher.consume_token(token))
+
+
+class OutlinesCoreAdapter(Adapter):
+    name = "outlines-core"
+
+    def __init__(self, tokenizer: Any, vocab: Any, opts: dict[str, Any]) -> None:
+        super().__init__(tokenizer, vocab, opts)
+        import outlines_core
+        from outlines_core.json_schema import build_regex_from_schema
+
+        self.oc = outlines_core
+        self.build_regex = build_regex_from_schema
+        eos = int(vocab.eos_token_ids[0])
+        by_bytes: dict[bytes, list[int]] = {}
+        for tid, b in enumerate(vocab.token_bytes):
+            if b and tid != eos:
+                by_bytes.setdefault(bytes(b), []).append(tid)
+        self.ocvocab = outlines_core.Vocabulary(eos, by_bytes)
+
+    def version(self) -> str:
+        from importlib.metadata import version
+
+        return version("outlines-core")
+
+    def supports(self, case: dict[str, Any]) -> str | None:
+        if case["kind"] != "schema":
+            return "regular expressions only (no context-free grammars)"
+        return None
+
+    def compile(self, case: dict[str, Any]) -> Any:
+        try:
+            regex = self.build_regex(json.dumps(case["schema"]), whitespace_pattern="")
+            return self.oc.Index(regex, self.ocvocab)
+        except (ValueError, RuntimeError, TypeError) as e:
+            raise CompileFailed(f"{type(e).__name__}: {str(e)[:200]}") from None
+
+    def new_matcher(self, compiled: Any) -> Any:
+        return self.oc.Guide(compiled)
+
+    def fill(self, matcher: Any, bitmask: Any) -> None:
+        row = bitmask[0]
+        matcher.write_mask_into(row.data_ptr(), row.numel(), 4)
+
+    def advance(self, matcher: Any, token: int) -> bool:
+        try:
+            matcher.advance(token, return_tokens=False)
+        except ValueError:
+            return False
+        return True
+
+
+ADAPTERS: dict[str, type[Adapter]] = {
+    "structgen": StructgenAdapter, "xgrammar": XgrammarAdapter, "llguidance": LlguidanceAdapter,
+    "outlines-core": OutlinesCoreAdapter,
+}
+
+
+def _load_vocab(alias: str) -> tuple[Any, Any]:
+    from structgen import assets
+    from structgen.vocab import Vocabulary
+
+    tok = assets.load_tokenizer(alias)
+    return tok, Vocabulary.from_tokenizer(tok)
+
+
+class _Replayer:
+    """Runs one case on one adapter and measures it (inside a worker)."""
+
+    def __init__(self, adapter: Adapter, vocab: Any) -> None:
+        import numpy as np
+        import torch
+
+        self.np = np
+        self.a = adapter
+        words = (vocab.vocab_size + 31) // 32
+        self.bitmask = torch.zeros((1, words), dtype=torch.int32)
+        self.words = self.bitmask[0].numpy().view(np.uint32)  # shares memory with the tensor
+        text = np.zeros(words * 32, dtype=bool)
+        text[[i for i, b in enumerate(vocab.token_bytes) if b]] = True
+        self.text_bits = np.packbits(text, bitorder="little")  # uint8 [words * 4]
+        self.eos = int(vocab.eos_token_ids[0])
+
+    def _allowed(self, t: int) -> bool:
+        return bool((int(self.words[t >> 5]) >> (t & 31)) & 1)
+
+    def _count(self) -> int:
+        np = self.np
+        return int(np.bitwise_count(self.words.view(np.uint8) & self.text_bits).sum())
+
+    def run(self, case: dict[str, Any], on_compiled: Any) -> dict[str, Any]:
+        a = self.a
+        why = a.supports(case)
+        if why:
+            return {"status": "n/a", "reason": why}
+        a.clear_caches()
+        gc.collect()
+        bm = self.bitmask
+        bm.zero_()
+        clock = time.perf_counter_ns
+        t0 = clock()
+        try:
+            compiled = a.compile(case)
+        except CompileFailed as e:
+            on_compiled(None)
+            return {"status": "compile_timeout" if e.timeout else "compile_error", "error": str(e),
+                    "compile_ns": clock() - t0}
+        t1 = clock()
+        on_compiled(t1 - t0)
+        m = a.new_matcher(compiled)
+        a.fill(m, bm)
+        t2 = clock()
+        res: dict[str, Any] = {"status": "ok", "compile_ns": t1 - t0, "ttfm_ns": t2 - t0,
+                               "first_fill_ns": t2 - t1}
+        counts = [self._count()]
+        steps: list[int] = []
+        tokens = case.get("tokens") or []
+        reject = None
+        for i, t in enumerate(tokens):
+            if not self._allowed(t):
+                reject = {"at": i, "how": "not in mask"}
+                break
+            bm.zero_()
+            s0 = clock()
+            ok = a.advance(m, t)
+            a.fill(m, bm)
+            s1 = clock()
+            if not ok:
+                reject = {"at": i, "how": "refused on advance"}
+                break
+            steps.append(s1 - s0)
+            counts.append(self._count())
+        res["steps_ns"] = steps
+        res["allowed"] = counts
+        res["reject"] = reject
+        if tokens and reject is None and not case.get("truncated"):
+            res["eos_ok"] = self._allowed(self.eos)
+        res["memory"] = a.memory(compiled, m)
+        return res
+
+
+def _worker(engine: str, tok_alias: str, opts: dict[str, Any], conn: Any) -> None:
+    """Worker process main loop: build the adapter, warm it up, then run cases on request."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        tok, vocab = _load_vocab(tok_alias)
+        adapter = ADAPTERS[engine](tok, vocab, opts)
+        rep = _Replayer(adapter, vocab)
+        warm = {"kind": "schema", "schema": WARMUP_SCHEMA,
+                "tokens": tok.encode(WARMUP_TEXT, add_special_tokens=False)}
+        rep.run(warm, lambda _ns: None)
+        conn.send(("ready", {"version": adapter.version(), "cold": adapter.clear_caches()}))
+    except ImportError as e:
+        conn.send(("unavailable", f"not importable: {e}"))
+        return
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which skips the engine
+        conn.send(("unavailable", f"set-up failed: {type(e).__name__}: {str(e)[:300]}"))
+        return
+    while True:
+        try:
+            case = conn.recv()
+        except EOFError:
+            return
+        if case is None:
+            return
+        try:
+            res = rep.run(case, lambda ns: conn.send(("compiled", ns)))
+        except Exception as e:  # noqa: BLE001 - a crash of the engine on this case
+            res = {"status": "crash", "error": f"{type(e).__name__}: {str(e)[:300]}",
+                   "traceback": traceback.format_exc()[-1500:]}
+        conn.send(("done", res))
+
+
+class EngineProc:
+    """Parent-side handle of one engine's worker process (restarted after a kill)."""
+
+    def __init__(self, engine: str, tok_alias: str, opts: dict[str, Any]) -> None:
+        self.engine = engine
+        self.tok_alias = tok_alias
+        self.opts = opts
+        self.ctx = mp.get_context("spawn")
+        self.proc: Any = None
+        self.conn: Any = None
+        self.info: dict[str, Any] | None = None
+        self.unavailable: str | None = None
+        self.restarts = 0
+        self.ready = False
+
+    def start(self) -> None:
+        parent, child = self.ctx.Pipe()
+        self.proc = self.ctx.Process(target=_worker, args=(self.engine, self.tok_alias, self.opts, child),
+                                     daemon=True, name=f"masks-{self.engine}")
+        self.proc.start()
+        child.close()
+        self.conn = parent
+
+    def wait_ready(self, timeout: float = 600.0) -> bool:
+        if self.conn is None:
+            self.start()
+        try:
+            if not self.conn.poll(timeout):
+                self.kill()
+                self.unavailable = f"set-up took more than {timeout:.0f} s"
+                return False
+            kind, payload = self.conn.recv()
+        except (EOFError, OSError):
+            self.kill()
+            self.unavailable = "worker died during set-up"
+            return False
+        if kind == "unavailable":
+            self.kill()
+            self.unavailable = payload
+            return False
+        self.info = payload
+        self.ready = True
+        return True
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        if self.conn is not None:
+            self.conn.close()
+        self.proc = self.conn = None
+        self.ready = False
+
+    def respawn(self) -> None:
+        """Kill the worker and start its replacement now: its set-up (tokenizer, vocabulary,
+        warm-up) overlaps with the other engines' turns."""
+        self.kill()
+        self.restarts += 1
+        self.start()
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+        if self.proc is not None:
+            self.proc.join(10)
+        self.kill()
+
+    def run(self, case: dict[str, Any], compile_timeout: float, replay_timeout: float) -> dict[str, Any]:
+        if self.conn is None:
+            self.restarts += 1
+            self.start()
+        if not self.ready and not self.wait_ready():
+            return {"status": "crash", "error": f"worker restart failed: {self.unavailable}"}
+        try:
+            self.conn.send(case)
+            if not self.conn.poll(compile_timeout):
+                self.respawn()
+                return {"status": "compile_timeout", "compile_ns": int(compile_timeout * 1e9)}
+            kind, payload = self.conn.recv()
+            if kind == "done":  # n/a (no compile message)
+                return payload
+            if not self.conn.poll(replay_timeout):
+                self.respawn()
+                return {"status": "replay_timeout", "compile_ns": payload}
+            kind, res = self.conn.recv()
+            return res
+        except (EOFError, OSError) as e:
+            code = self.proc.exitcode if self.proc is not None else None
+            self.respawn()
+            return {"status": "crash", "error": f"worker died ({type(e).__name__}, exit code {code})"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases (parent process)
+# ---------------------------------------------------------------------------------------------
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(_sig: int, _frm: Any) -> None:
+    raise _Timeout()
+
+
+def load_schemas(data: Path, subsets: list[str] | None, limit: int | None,
+                 seed: int) -> list[dict[str, Any]]:
+    """A fixed sample: per subset file, shuffled with ``seed``, the first ``limit`` rows."""
+    rows: list[dict[str, Any]] = []
+    for f in sorted(data.glob("*.jsonl")):
+        if subsets and f.stem not in subsets:
+            continue
+        sub = [json.loads(line) for line in f.open(encoding="utf-8") if line.strip()]
+        if limit is not None:
+            random.Random(seed).shuffle(sub)
+            sub = sub[:limit]
+        for r in sub:
+            r["subset"] = r.get("subset") or f.stem
+        rows.extend(sub)
+    return rows
+
+
+def repo_schemas() -> list[dict[str, Any]]:
+    """The repository's example schemas (``schemas/NAME.schema.json``) with their valid samples."""
+    rows = []
+    for f in sorted((ROOT / "schemas").glob("*.schema.json")):
+        name = f.name[: -len(".schema.json")]
+        valid = f.with_name(f"{name}.valid.json")
+        row: dict[str, Any] = {"id": name, "subset": "repo", "schema": json.loads(f.read_text())}
+        if valid.exists():
+            row["instances"] = [json.loads(valid.read_text())]
+        rows.append(row)
+    return rows
+
+
+def _validator(schema: Any) -> Any:
+    import jsonschema
+
+    try:
+        cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
+        return cls(schema, format_checker=jsonschema.FormatChecker())
+    except Exception:  # noqa: BLE001 - a malformed schema: no instance can be checked
+        return None
+
+
+def hypothesis_instances(schema: Any, n: int, seed: int, deadline_s: float) -> list[Any]:
+    """Up to ``n`` instances from hypothesis-jsonschema, seeded (``[]`` if unavailable)."""
+    try:
+        from hypothesis import HealthCheck, Phase, given, settings
+        from hypothesis import seed as hyp_seed
+        from hypothesis_jsonschema import from_schema
+    except ImportError:
+        return []
+    found: list[Any] = []
+    try:
+        strat = from_schema(schema)
+
+        @hyp_seed(seed)
+        @settings(max_examples=n, database=None, deadline=None, phases=[Phase.generate],
+                  suppress_health_check=list(HealthCheck), derandomize=False)
+        @given(strat)
+        def collect(v: Any) -> None:
+            if len(found) < n:
+                found.append(v)
+
+        old = signal.signal(signal.SIGALRM, _alarm)
+        # repeating: an alarm that lands in a callback whose exceptions Python ignores (a
+        # weakref finaliser) is raised again a second later
+        signal.setitimer(signal.ITIMER_REAL, deadline_s, 1.0)
+        try:
+            collect()
+        finally:
+            while True:
+                try:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+                    break
+                except _Timeout:
+                    continue
+            signal.signal(signal.SIGALRM, old)
+    except _Timeout:
+        pass
+    except Exception:  # noqa: BLE001 - hypothesis-jsonschema cannot handle every schema
+        pass
+    return found
+
+
+def pick_instance(schema: Any, candidates: list[Any], max_chars: int) -> tuple[str | None, int]:
+    """The canonical text of the longest ``jsonschema``-valid candidate of at most ``max_chars``
+    characters (else the shortest valid one); and how many candidates were valid."""
+    from structgen.json_schema import canonical_json
+
+    v = _validator(schema)
+    if v is None:
+        return None, 0
+    texts = []
+    for inst in candidates:
+        try:
+            if not v.is_valid(inst):
+                continue
+            texts.append(canonical_json(inst, schema))
+        except Exception:  # noqa: BLE001 - unrepresentable value or a schema jsonschema cannot use
+            continue
+    if not texts:
+        return None, 0
+    fit = [t for t in texts if len(t) <= max_chars]
+    best = max(fit, key=len) if fit else min(texts, key=len)
+    return best, len(texts)
+
+
+def replay_tokens(tok: Any, vocab: Any, text: str) -> list[int] | None:
+    """A plain ``encode`` of ``text`` whose token bytes spell exactly ``text``.
+
+    SentencePiece tokenizers add a dummy-prefix space at the start of an encoding ("▁{"),
+    which is not part of the output text a grammar sees in the middle of a generation; then
+    ``"\\n" + text`` is encoded and the tokens of ``"\\n"`` are dropped. None if no
+    tokenization spells the text exactly.
+    """
+    want = text.encode("utf-8")
+    ids = list(tok.encode(text, add_special_tokens=False))
+    if vocab.decode_bytes(ids) == want:
+        return ids
+    pre = list(tok.encode("\n", add_special_tokens=False))
+    full = list(tok.encode("\n" + text, add_special_tokens=False))
+    if full[: len(pre)] == pre and vocab.decode_bytes(full[len(pre):]) == want:
+        return full[len(pre):]
+    return None
+
+
+def build_cases(args: argparse.Namespace, tok: Any,
+                vocab: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """All cases (JSON schemas first, then Lark), with their replayed token ids."""
+    import lark
+
+    from structgen.lark_frontend import builtin_grammar
+
+    info: dict[str, Any] = {"schemas_without_instance": [], "untokenizable": []}
+    cases: list[dict[str, Any]] = []
+    if not args.no_schemas:
+        if args.data.is_dir():
+            subsets = args.subset or (list(SMOKE_SUBSETS) if args.smoke else None)
+            rows = load_schemas(args.data, subsets, args.limit, args.seed)
+            info["schema_source"] = str(args.data)
+        else:
+            rows = repo_schemas()[:3] if args.smoke else repo_schemas()
+            info["schema_source"] = f"{ROOT / 'schemas'} ({args.data} not found)"
+        t0 = time.time()
+        for r in rows:
+            schema = r["schema"]
+            cands: list[Any] = list(r.get("instances") or [])
+            ex = schema.get("examples") if isinstance(schema, dict) else None
+            if isinstance(ex, list):
+                cands.extend(ex)
+            if args.candidates > 0:
+                cands.extend(hypothesis_instances(schema, args.candidates, args.seed, args.instance_deadline))
+            text, n_valid = pick_instance(schema, cands, args.max_chars)
+            name = f"{r['subset']}/{r.get('id')}"
+            case: dict[str, Any] = {"kind": "schema", "name": name, "subset": r["subset"], "schema": schema,
+                                    "text": text, "valid_candidates": n_valid, "tokens": None}
+            if text is None:
+                info["schemas_without_instance"].append(name)
+            else:
+                ids = replay_tokens(tok, vocab, text)
+                if ids is None:
+                    info["untokenizable"].append(name)
+                else:
+                    if len(ids) > args.max_tokens:
+                        ids, case["truncated"] = ids[: args.max_tokens], True
+                    case["tokens"] = ids
+            cases.append(case)
+        info["instance_prep_s"] = round(time.time() - t0, 1)
+    if not args.no_lark:
+        grammars = args.grammar or (["arithmetic"] if args.smoke else list(LARK_SAMPLES))
+        for g in grammars:
+            text = builtin_grammar(g)
+            parser = lark.Lark(text, parser="earley", lexer="dynamic_complete")
+            samples = LARK_SAMPLES[g][:1] if args.smoke else LARK_SAMPLES[g]
+            for i, s in enumerate(samples):
+                parser.parse(s)  # the oracle: Lark itself accepts every sample
+                ids = replay_tokens(tok, vocab, s)
+                if ids is None:
+                    info["untokenizable"].append(f"lark/{g}#{i}")
+                    continue
+                cases.append({"kind": "lark", "name": f"lark/{g}#{i}", "subset": "lark", "grammar": text,
+                              "grammar_name": g, "text": s, "tokens": ids})
+    return cases, info
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics and report
+# ---------------------------------------------------------------------------------------------
+
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    import numpy as np
+
+    return float(np.percentile(np.asarray(xs, dtype=np.float64), q))
+
+
+def _mean(xs: list[float]) -> float | None:
+    return float(sum(xs) / len(xs)) if xs else None
+
+
+def _step_stats(steps_ns: list[int]) -> dict[str, Any]:
+    us = [s / 1e3 for s in steps_ns]
+    return {"steps": len(us), "step_median_us": _pct(us, 50), "step_mean_us": _mean(us),
+            "step_p99_us": _pct(us, 99), "step_max_us": max(us) if us else None}
+
+
+def case_summary(res: dict[str, Any]) -> dict[str, Any]:
+    """Per case and engine: what goes into the JSON file (no per-step arrays)."""
+    out = {k: v for k, v in res.items() if k not in ("steps_ns", "allowed", "traceback")}
+    for k in ("compile_ns", "ttfm_ns", "first_fill_ns"):
+        if isinstance(out.get(k), int):
+            out[k.replace("_ns", "_ms")] = out.pop(k) / 1e6
+    if "steps_ns" in res:
+        out.update(_step_stats(res["steps_ns"]))
+        al = res.get("allowed") or []
+        out["allowed_mean"] = _mean(al)
+        out["allowed_first"] = al[0] if al else None
+    return out
+
+
+def engine_summary(cases: list[dict[str, Any]], engine: str) -> dict[str, Any]:
+    st: dict[str, Any] = {"cases": 0, "ok": 0, "replayed": 0, "compile_error": 0, "compile_timeout": 0,
+                          "replay_timeout": 0, "crash": 0, "n/a": 0, "rejections": 0, "eos_refused": 0}
+    compile_ms, ttfm_ms, steps, allowed = [], [], [], []
+    for c in cases:
+        r = c["raw"].get(engine)
+        if r is None:
+            continue
+        st["cases"] += 1
+        s = r.get("status", "crash")
+        st[s] = st.get(s, 0) + 1
+        if s != "ok":
+            continue
+        compile_ms.append(r["compile_ns"] / 1e6)
+        ttfm_ms.append(r["ttfm_ns"] / 1e6)
+        if c.get("tokens"):
+            st["replayed"] += 1
+            steps.extend(r["steps_ns"])
+            allowed.extend(r["allowed"])
+            if r.get("reject"):
+                st["rejections"] += 1
+            elif r.get("eos_ok") is False:
+                st["eos_refused"] += 1
+    st.update({"compile_median_ms": _pct(compile_ms, 50), "compile_mean_ms": _mean(compile_ms),
+               "ttfm_median_ms": _pct(ttfm_ms, 50), "ttfm_p90_ms": _pct(ttfm_ms, 90),
+               "ttfm_max_ms": max(ttfm_ms) if ttfm_ms else None,
+               "allowed_per_step_mean": _mean(allowed), "allowed_per_step_median": _pct(allowed, 50)})
+    st.update(_step_stats(steps))
+    return st
+
+
+def ratios(cases: list[dict[str, Any]], peer: str) -> dict[str, Any]:
+    """structgen / peer over the cases both compiled (TTFM, compile) and replayed (steps cut
+    to the common prefix)."""
+    a_steps: list[int] = []
+    b_steps: list[int] = []
+    a_ttfm, b_ttfm, a_comp, b_comp = [], [], [], []
+    n_replayed = 0
+    for c in cases:
+        a, b = c["raw"].get("structgen"), c["raw"].get(peer)
+        if not a or not b or a.get("status") != "ok" or b.get("status") != "ok":
+            continue
+        a_ttfm.append(a["ttfm_ns"])
+        b_ttfm.append(b["ttfm_ns"])
+        a_comp.append(a["compile_ns"])
+        b_comp.append(b["compile_ns"])
+        n = min(len(a["steps_ns"]), len(b["steps_ns"]))
+        if n:
+            n_replayed += 1
+            a_steps.extend(a["steps_ns"][:n])
+            b_steps.extend(b["steps_ns"][:n])
+
+    def r(x: float | None, y: float | None) -> float | None:
+        return x / y if x is not None and y else None
+
+    return {"cases_compiled_both": len(a_ttfm), "cases_replayed_both": n_replayed, "steps": len(a_steps),
+            "step_median": r(_pct(a_steps, 50), _pct(b_steps, 50)),
+            "step_mean": r(_mean(a_steps), _mean(b_steps)),
+            "step_p99": r(_pct(a_steps, 99), _pct(b_steps, 99)),
+            "compile_median": r(_pct(a_comp, 50), _pct(b_comp, 50)),
+            "ttfm_median": r(_pct(a_ttfm, 50), _pct(b_ttfm, 50)),
+            "ttfm_p90": r(_pct(a_ttfm, 90), _pct(b_ttfm, 90))}
+
+
+def disagreements(cases: list[dict[str, Any]], peer: str, tok: Any, limit: int = 12) -> dict[str, Any]:
+    """Steps where structgen's allowed-token count (text tokens) differs from the peer's."""
+    compared = differ = 0
+    cases_differ: list[str] = []
+    examples: list[dict[str, Any]] = []
+    for c in cases:
+        a, b = c["raw"].get("structgen"), c["raw"].get(peer)
+        if not a or not b or a.get("status") != "ok" or b.get("status") != "ok":
+            continue
+        ca, cb = a.get("allowed") or [], b.get("allowed") or []
+        n = min(len(ca), len(cb))
+        first = None
+        for i in range(n):
+            compared += 1
+            if ca[i] != cb[i]:
+                differ += 1
+                if first is None:
+                    first = i
+        if first is not None:
+            cases_differ.append(c["name"])
+            if len(examples) < limit:
+                prefix = tok.decode(c["tokens"][:first]) if c.get("tokens") else ""
+                examples.append({"case": c["name"], "step": first, "structgen": ca[first], peer: cb[first],
+                                 "after": prefix[-80:]})
+    return {"steps_compared": compared, "steps_differ": differ, "cases_differ": len(cases_differ),
+            "case_names": cases_differ[:50], "first_difference_examples": examples}
+
+
+def _fmt(x: Any, nd: int = 1) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:,.{nd}f}"
+    return str(x)
+
+
+def print_report(report: dict[str, Any]) -> None:
+    for kind, label in (("schema", "JSON-schema cases"), ("lark", "Lark cases")):
+        per = report["summary"].get(kind)
+        if not per:
+            continue
+        print(f"\n== {label} ({report['tokenizer']}, vocab {report['vocab_size']:,}) ==")
+        hdr = (f"{'engine':14} {'cases':>5} {'ok':>4} {'fail':>4} {'t/o':>3} {'compile ms':>10} "
+               f"{'TTFM med':>9} {'TTFM p90':>9} {'step med us':>11} {'mean us':>9} {'p99 us':>9} "
+               f"{'steps':>6} {'allowed':>8} {'rej':>4}")
+        print(hdr)
+        for eng, s in per.items():
+            if s.get("unavailable"):
+                print(f"{eng:14} skipped: {s['unavailable']}")
+                continue
+            fail = s["compile_error"] + s["crash"] + s["n/a"]
+            tmo = s["compile_timeout"] + s["replay_timeout"]
+            print(f"{eng:14} {s['cases']:5d} {s['ok']:4d} {fail:4d} {tmo:3d} "
+                  f"{_fmt(s['compile_median_ms'], 2):>10} "
+                  f"{_fmt(s['ttfm_median_ms'], 2):>9} {_fmt(s['ttfm_p90_ms'], 2):>9} "
+                  f"{_fmt(s['step_median_us']):>11} {_fmt(s['step_mean_us']):>9} {_fmt(s['step_p99_us']):>9} "
+                  f"{s['steps']:6d} {_fmt(s['allowed_per_step_mean'], 0):>8} {s['rejections']:4d}")
+        rat = report["ratios"].get(kind, {})
+        if rat:
+            print(f"{'ratio structgen/peer':22} {'cases':>5} {'step med':>9} {'mean':>7} {'p99':>7} "
+                  f"{'compile':>8} {'TTFM med':>9} {'TTFM p90':>9}")
+            for peer, r in rat.items():
+                print(f"  / {peer:18} {r['cases_replayed_both']:5d} {_fmt(r['step_median'], 2):>9} "
+                      f"{_fmt(r['step_mean'], 2):>7} {_fmt(r['step_p99'], 2):>7} "
+                      f"{_fmt(r['compile_median'], 2):>8} "
+                      f"{_fmt(r['ttfm_median'], 2):>9} {_fmt(r['ttfm_p90'], 2):>9}")
+        dis = report["disagreements"].get(kind, {})
+        for peer, d in dis.items():
+            print(f"  allowed-count disagreements with {peer}: "
+                  f"{d['steps_differ']}/{d['steps_compared']} steps, "
+                  f"{d['cases_differ']} cases")
+    sg = report.get("structgen", {})
+    if sg:
+        print(f"\nstructgen over the JSON schemas: TTFM median {_fmt(sg.get('ttfm_median_ms'), 2)} ms, "
+              f"p90 {_fmt(sg.get('ttfm_p90_ms'), 2)} ms ({sg.get('schemas_compiled')} compiled of "
+              f"{sg.get('schemas')}); mask cache after replay: median "
+              f"{_fmt(sg.get('mask_cache_median_mb'), 2)} MB, max {_fmt(sg.get('mask_cache_max_mb'), 2)} MB; "
+              f"engine tables + cache: median {_fmt(sg.get('engine_median_mb'), 2)} MB, "
+              f"max {_fmt(sg.get('engine_max_mb'), 2)} MB; false rejections: {sg.get('false_rejections')}")
+        for fr in sg.get("false_rejection_cases", [])[:10]:
+            print(f"  FALSE REJECTION {fr['case']} at token {fr['at']} ({fr['how']}): ...{fr['after']!r}")
+        for cr in sg.get("crashes", [])[:10]:
+            print(f"  CRASH {cr['case']}: {cr['error']}")
+
+
+def structgen_summary(cases: list[dict[str, Any]], tok: Any) -> dict[str, Any]:
+    schema_cases = [c for c in cases if c["kind"] == "schema"]
+    ttfm, cache, eng = [], [], []
+    false_rej, crashes = [], []
+    for c in cases:
+        r = c["raw"].get("structgen")
+        if not r:
+            continue
+        if r.get("status") == "crash":
+            crashes.append({"case": c["name"], "error": r.get("error"), "traceback": r.get("traceback")})
+        if r.get("status") != "ok":
+            continue
+        if c["kind"] == "schema":
+            ttfm.append(r["ttfm_ns"] / 1e6)
+            mem = r.get("memory") or {}
+            if "mask_cache_bytes" in mem:
+                cache.append(mem["mask_cache_bytes"] / 2**20)
+            if "engine_bytes" in mem:
+                eng.append(mem["engine_bytes"] / 2**20)
+        rej = r.get("reject")
+        if rej:
+            toks = c.get("tokens") or []
+            false_rej.append({"case": c["name"], "at": rej["at"], "how": rej["how"],
+                              "token": toks[rej["at"]] if rej["at"] < len(toks) else None,
+                              "after": tok.decode(toks[: rej["at"]])[-80:],
+                              "text": (c.get("text") or "")[:2000]})
+        elif r.get("eos_ok") is False:
+            false_rej.append({"case": c["name"], "at": len(c.get("tokens") or []),
+                              "how": "EOS refused at the end",
+                              "after": (c.get("text") or "")[-80:], "text": (c.get("text") or "")[:2000]})
+    return {"schemas": len(schema_cases), "schemas_compiled": len(ttfm),
+            "ttfm_median_ms": _pct(ttfm, 50), "ttfm_p90_ms": _pct(ttfm, 90),
+            "mask_cache_median_mb": _pct(cache, 50), "mask_cache_p90_mb": _pct(cache, 90),
+            "mask_cache_max_mb": max(cache) if cache else None,
+            "engine_median_mb": _pct(eng, 50), "engine_max_mb": max(eng) if eng else None,
+            "memory_source": "Engine.mask_cache_bytes and Engine.memory_bytes() after the replay",
+            "false_rejections": len(false_rej), "false_rejection_cases": false_rej, "crashes": crashes}
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokenizer", default="llama3", help="structgen tokenizer alias: llama3, qwen2, mistral")
+    ap.add_argument("--engines", default=",".join(ENGINES),
+                    help="comma-separated subset of " + ", ".join(ENGINES))
+    ap.add_argument("--data", type=Path, default=default_data(), help="JSONSchemaBench folder (*.jsonl)")
+    ap.add_argument("--subset", action="append", help="only these subsets (repeatable)")
+    ap.add_argument("--limit", type=int, default=10, help="schemas per subset (0: all)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--grammar", action="append", choices=sorted(LARK_SAMPLES),
+                    help="only these Lark grammars")
+    ap.add_argument("--no-schemas", action="store_true")
+    ap.add_argument("--no-lark", action="store_true")
+    ap.add_argument("--candidates", type=int, default=20,
+                    help="hypothesis-jsonschema instances tried per schema")
+    ap.add_argument("--instance-deadline", type=float, default=10.0, help="seconds of hypothesis per schema")
+    ap.add_argument("--max-chars", type=int, default=3000, help="longest instance text kept")
+    ap.add_argument("--max-tokens", type=int, default=2000, help="replayed tokens per case (longer: cut)")
+    ap.add_argument("--compile-timeout", type=float, default=20.0, help="seconds per compile (worker killed)")
+    ap.add_argument("--replay-timeout", type=float, default=120.0, help="seconds per replay after compile")
+    ap.add_argument("--threads", type=int, default=1, help="xgrammar compiler threads")
+    ap.add_argument("--smoke", action="store_true", help="3 schemas + 1 Lark case (CI)")
+    ap.add_argument("--out", type=Path, default=None, help="JSON report path")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.limit = 1
+        args.candidates = min(args.candidates, 5)
+        args.instance_deadline = min(args.instance_deadline, 5.0)
+        args.compile_timeout = min(args.compile_timeout, 10.0)
+    if args.limit == 0:
+        args.limit = None
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    bad = [e for e in engines if e not in ENGINES]
+    if bad or "structgen" not in engines:
+        print(f"--engines must include structgen and name only {', '.join(ENGINES)} (got {bad or engines})",
+              file=sys.stderr)
+        return 2
+    out = args.out or RESULTS / f"masks-{args.tokenizer}{'-smoke' if args.smoke else ''}.json"
+    t_start = time.time()
+
+    opts = {"compile_timeout": args.compile_timeout, "threads": args.threads}
+    procs = {e: EngineProc(e, args.tokenizer, opts) for e in engines}
+    for p in procs.values():  # set-up runs in the workers while the cases are prepared here
+        p.start()
+    try:
+        from structgen.errors import AssetError
+
+        try:
+            tok, vocab = _load_vocab(args.tokenizer)
+        except AssetError as e:
+            print(f"tokenizer {args.tokenizer!r} unavailable: {e}", file=sys.stderr)
+            return 2
+        cases, prep = build_cases(args, tok, vocab)
+        print(f"{len(cases)} cases ({sum(c['kind'] == 'schema' for c in cases)} schemas, "
+              f"{sum(c['kind'] == 'lark' for c in cases)} Lark) prepared in {time.time() - t_start:.0f} s",
+              file=sys.stderr)
+        engine_info: dict[str, Any] = {}
+        for e, p in procs.items():
+            ok = p.wait_ready()
+            engine_info[e] = {"available": ok, **(p.info or {})}
+            if not ok:
+                engine_info[e]["unavailable"] = p.unavailable
+                print(f"engine {e} skipped: {p.unavailable}", file=sys.stderr)
+        if not engine_info["structgen"]["available"]:
+            print(f"structgen worker failed: {procs['structgen'].unavailable}", file=sys.stderr)
+            return 1
+        live = [e for e in engines if engine_info[e]["available"]]
+        for i, case in enumerate(cases):
+            case["raw"] = {}
+            slim = {k: case[k] for k in ("kind", "schema", "grammar", "tokens", "truncated") if k in case}
+            k = i % len(live)
+            t_case = time.time()
+            for e in live[k:] + live[:k]:  # interleaved, the first engine rotating
+                case["raw"][e] = procs[e].run(slim, args.compile_timeout, args.replay_timeout)
+            if time.time() - t_case > 30:
+                states = ", ".join(f"{e}: {r.get('status')}" for e, r in case["raw"].items())
+                print(f"  slow case {case['name']} ({time.time() - t_case:.0f} s; {states})", file=sys.stderr)
+            if (i + 1) % 10 == 0 or i + 1 == len(cases):
+                print(f"  {i + 1}/{len(cases)} cases, {time.time() - t_start:.0f} s", file=sys.stderr)
+        for e in live:
+            engine_info[e]["worker_restarts"] = procs[e].restarts
+    finally:
+        for p in procs.values():
+            p.close()
+
+    report: dict[str, Any] = {
+        "benchmark": "masks", "tokenizer": args.tokenizer, "vocab_size": vocab.vocab_size,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": {"platform": platform.platform(),
+                                                               "python": platform.python_version(),
+                                                               "cpus": os.cpu_count()},
+        "args": {k: str(v) for k, v in vars(args).items()}, "engines": engine_info, "prep": prep,
+        "summary": {}, "ratios": {}, "disagreements": {},
+    }
+    avail = [e for e in engines if engine_info[e]["available"]]
+    for kind in ("schema", "lark"):
+        kc = [c for c in cases if c["kind"] == kind]
+        if not kc:
+            continue
+        report["summary"][kind] = {e: (engine_summary(kc, e) if e in avail
+                                       else {"unavailable": engine_info[e].get("unavailable")})
+                                   for e in engines}
+        report["ratios"][kind] = {p: ratios(kc, p) for p in avail if p != "structgen"}
+        report["disagreements"][kind] = {p: disagreements(kc, p, tok) for p in avail if p != "structgen"}
+    report["structgen"] = structgen_summary(cases, tok)
+    report["cases"] = [{"name": c["name"], "kind": c["kind"], "subset": c["subset"],
+                        "text_chars": len(c["text"]) if c.get("text") else None,
+                        "tokens": len(c["tokens"]) if c.get("tokens") else 0,
+                        "truncated": bool(c.get("truncated")), "text": c.get("text"),
+                        "engines": {e: case_summary(r) for e, r in c["raw"].items()}} for c in cases]
+    report["wall_s"] = round(time.time() - t_start, 1)
+    print_report(report)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1, ensure_ascii=False))
+    print(f"\nwrote {out} ({report['wall_s']} s)")
+    sg = report["structgen"]
+    return 1 if sg["false_rejections"] or sg["crashes"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
