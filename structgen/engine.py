@@ -59,7 +59,11 @@ class Engine:
         self.mask_cache: OrderedDict[tuple[Any, int], np.ndarray] = OrderedDict()
         self.mask_cache_bytes = 0
         self.mask_cache_limit = mask_cache_bytes
-        self.stats = {"mask_hits": 0, "mask_misses": 0, "rows_filled": 0}
+        self.stats = {"mask_hits": 0, "mask_misses": 0, "rows_filled": 0, "ci_hits": 0, "ci_misses": 0}
+        # context-independent split per (vocab, rule, state): packed words of tokens that are
+        # accepted whatever lies below the top frame, and the ids of tokens that depend on it
+        self.ci_cache: OrderedDict[tuple[Any, int, int], tuple[np.ndarray, np.ndarray] | None] = OrderedDict()
+        self.ci_cache_bytes = 0
         root_stack = self._intern(ROOT, grammar.root, 0)
         stacks, acc = self.closure(root_stack)
         self.start = self._config(stacks, acc)
@@ -259,12 +263,14 @@ class Engine:
             cache.move_to_end(key)
             return m
         self.stats["mask_misses"] += 1
-        allowed = self._allowed_tokens(cid, vt)
-        bits = np.zeros(vt.num_words * 32, dtype=bool)
-        bits[allowed] = True
-        if self.is_accepting(cid):
-            bits[vt.eos_ids] = True
-        m = np.packbits(bits, bitorder="little").view(np.uint32)
+        m = self._split_mask(cid, vt)
+        if m is None:
+            allowed = self._allowed_tokens(cid, vt)
+            bits = np.zeros(vt.num_words * 32, dtype=bool)
+            bits[allowed] = True
+            if self.is_accepting(cid):
+                bits[vt.eos_ids] = True
+            m = np.packbits(bits, bitorder="little").view(np.uint32)
         with self.lock:
             cache[key] = m
             self.mask_cache_bytes += m.nbytes
@@ -272,6 +278,166 @@ class Engine:
                 _, old = cache.popitem(last=False)
                 self.mask_cache_bytes -= old.nbytes
         return m
+
+    # -- context-independent split (masks shared by every stack with the same top) -------
+    def _split_mask(self, cid: int, vt: VocabTable) -> np.ndarray | None:
+        """The packed mask of ``cid`` assembled from per-(rule, state) caches, or None when
+        the split does not apply (a single stack at the bottom of the parse).
+
+        A configuration is a union of stacks, so its allowed tokens are the union over its
+        stacks. For a stack whose top frame is ``(rule, state)``, walking a token from the
+        same top frame with an empty stack below tells most tokens apart without the real
+        context: a token the rooted walk accepts is accepted in any context; a token the
+        rooted walk rejects before the rule could have returned is rejected in any context.
+        Only tokens that pass a point where the rule may return depend on the frames below;
+        those (usually few) are walked from the real stack. The first two sets are cached
+        per (vocabulary, rule, state) and shared by every context (every property that
+        calls the same string rule, every nesting depth of a recursive rule)."""
+        if cid < 0:
+            return None
+        stacks = self.configs[cid][0]
+        if not stacks:
+            return None
+        frames = self.frames
+        if len(stacks) == 1:
+            (only,) = tuple(stacks)
+            if frames[only][0] == ROOT:
+                return None
+        words = np.zeros(vt.num_words, dtype=np.uint32)
+        pending: list[tuple[int, np.ndarray]] = []
+        for sid in stacks:
+            _parent, r, q = frames[sid]
+            got = self._context_independent(r, q, vt)
+            if got is None:  # the rule may return right away: everything depends on context
+                single = self._config(*self.closure(sid))
+                pending.append((single, vt.flat_ids))
+                continue
+            certain, uncertain = got
+            words |= certain
+            if uncertain.size:
+                pending.append((self._config(*self.closure(sid)), uncertain))
+        for single, ids in pending:
+            ids = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1) == 0]
+            if ids.size == 0:
+                continue
+            ok = self._walk_ids(single, ids, vt)
+            if ok.size:
+                np.bitwise_or.at(words, ok >> 5, (np.uint32(1) << (ok & 31).astype(np.uint32)))
+        if self.is_accepting(cid) and vt.eos_ids.size:
+            e = vt.eos_ids
+            np.bitwise_or.at(words, e >> 5, (np.uint32(1) << (e & 31).astype(np.uint32)))
+        return words
+
+    def _context_independent(self, r: int, q: int, vt: VocabTable) -> tuple[np.ndarray, np.ndarray] | None:
+        key = (vt.key, r, q)
+        cache = self.ci_cache
+        if key in cache:
+            self.stats["ci_hits"] += 1
+            cache.move_to_end(key)
+            return cache[key]
+        self.stats["ci_misses"] += 1
+        with self.lock:
+            rooted = self._config(*self.closure(self._intern(ROOT, r, q)))
+        if rooted < 0:
+            got = (np.zeros(vt.num_words, dtype=np.uint32), np.zeros(0, dtype=np.int64))
+        elif self.accepting[rooted]:
+            got = None
+        else:
+            certain, uncertain = self._trie_split(rooted, vt)
+            bits = np.zeros(vt.num_words * 32, dtype=bool)
+            bits[certain] = True
+            got = (np.packbits(bits, bitorder="little").view(np.uint32), uncertain)
+        with self.lock:
+            cache[key] = got
+            if got is not None:
+                self.ci_cache_bytes += got[0].nbytes + got[1].nbytes
+            limit = self.mask_cache_limit // 2
+            while self.ci_cache_bytes > limit and len(cache) > 1:
+                _, old = cache.popitem(last=False)
+                if old is not None:
+                    self.ci_cache_bytes -= old[0].nbytes + old[1].nbytes
+        return got
+
+    def _trie_split(self, cid: int, vt: VocabTable) -> tuple[np.ndarray, np.ndarray]:
+        """Rooted trie walk from ``cid``: (tokens accepted, tokens that pass an accepting
+        configuration before their end and so depend on the context)."""
+        nodes = np.zeros(1, dtype=np.int64)
+        states = np.array([cid], dtype=np.int32)
+        taint = np.zeros(0, dtype=np.int64)  # previous-level nodes whose subtrees are uncertain
+        certain: list[np.ndarray] = []
+        uncertain: list[np.ndarray] = []
+        filled = self.filled
+        for lv in vt.levels:
+            if taint.size:
+                tc = lv.child_count[taint]
+                tt = int(tc.sum())
+                taint = _expand(lv.child_start[taint], tc, tt) if tt else np.zeros(0, np.int64)
+                if taint.size:
+                    k = lv.tok_count[taint]
+                    nk = int(k.sum())
+                    if nk:
+                        uncertain.append(lv.tok_ids[_expand(lv.tok_start[taint], k, nk)])
+            if nodes.size:
+                starts = lv.child_start[nodes]
+                counts = lv.child_count[nodes]
+                total = int(counts.sum())
+                if total:
+                    child = _expand(starts, counts, total)
+                    par_state = np.repeat(states, counts)
+                    if not filled[par_state].all():
+                        for c in np.unique(par_state[~filled[par_state]]).tolist():
+                            self.fill_row(int(c))
+                        filled = self.filled
+                    nxt = self.trans[par_state, lv.byte[child]]
+                    keep = nxt >= 0
+                    live = child[keep]
+                    st = nxt[keep]
+                    k = lv.tok_count[live]
+                    nk = int(k.sum())
+                    if nk:
+                        certain.append(lv.tok_ids[_expand(lv.tok_start[live], k, nk)])
+                    acc = self.accepting[st]
+                    if acc.any():
+                        taint = np.concatenate([taint, live[acc]])
+                        nodes, states = live[~acc], st[~acc]
+                    else:
+                        nodes, states = live, st
+                else:
+                    nodes = np.zeros(0, dtype=np.int64)
+            if nodes.size == 0 and taint.size == 0:
+                break
+        empty = np.zeros(0, dtype=np.int64)
+        return (np.concatenate(certain) if certain else empty,
+                np.concatenate(uncertain) if uncertain else empty)
+
+    def _walk_ids(self, cid: int, ids: np.ndarray, vt: VocabTable) -> np.ndarray:
+        """The token ids among ``ids`` (non-empty tokens) accepted from configuration ``cid``."""
+        idx = np.searchsorted(vt.flat_ids, ids)
+        lens = vt.flat_lens
+        mat = vt.matrix
+        st = np.full(idx.size, cid, dtype=np.int32)
+        act = idx
+        found: list[np.ndarray] = []
+        filled = self.filled
+        for j in range(vt.max_len):
+            fin = lens[act] == j
+            if fin.any():
+                found.append(vt.flat_ids[act[fin]])
+                act = act[~fin]
+                st = st[~fin]
+            if act.size == 0:
+                break
+            if not filled[st].all():
+                for c in np.unique(st[~filled[st]]).tolist():
+                    self.fill_row(int(c))
+                filled = self.filled
+            nxt = self.trans[st, mat[act, j]]
+            keep = nxt >= 0
+            act = act[keep]
+            st = nxt[keep]
+        if act.size:
+            found.append(vt.flat_ids[act])
+        return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
     def _allowed_tokens(self, cid: int, vt: VocabTable) -> np.ndarray:
         """Token ids (original numbering) whose bytes can be consumed from ``cid``.
@@ -315,6 +481,8 @@ class Engine:
             keep = nxt >= 0
             act = act[keep]
             st = nxt[keep]
+        if act.size:  # tokens of the maximum length, fully consumed
+            found.append(vt.flat_ids[act])
         return np.concatenate(found)
 
     def _allowed_trie(self, cid: int, vt: VocabTable) -> np.ndarray:
@@ -352,7 +520,8 @@ class Engine:
     def memory_bytes(self) -> int:
         """Approximate bytes held by the runtime tables and the mask cache."""
         return int(self.trans.nbytes + self.filled.nbytes + self.accepting.nbytes
-                   + self.mask_cache_bytes + 64 * (len(self.frames) + len(self.configs)))
+                   + self.mask_cache_bytes + self.ci_cache_bytes
+                   + 64 * (len(self.frames) + len(self.configs)))
 
 
 def _expand(starts: np.ndarray, counts: np.ndarray, total: int) -> np.ndarray:

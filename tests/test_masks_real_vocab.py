@@ -141,3 +141,48 @@ def test_recursive_grammar_brute_force(tokenizer_by_alias, alias: str) -> None:
         t = rng.choice(opening if opening and _step < 12 else text)
         assert m.accept_token(t)
         prefix += vocab.token_bytes[t]
+
+
+@pytest.mark.parametrize("alias", ["llama3", "qwen2"])
+def test_shared_rule_masks_match_regex_oracle(tokenizer_by_alias, alias: str) -> None:
+    """A schema whose string values share one called rule (and a nested object), so masks
+    are assembled from the per-(rule, state) context-independent caches. Its language is
+    regular and written out below as a regex (compact JSON, declared keys in order, JSON
+    strings with every escape form); the third-party ``regex`` module's partial matching is
+    the oracle at every step of a valid document, over an ASCII-only vocabulary slice (so
+    that every prefix decodes)."""
+    from structgen.json_schema import compile_json_schema
+
+    word = {"type": "string"}
+    schema = {"type": "object", "additionalProperties": False, "required": ["a", "b", "c", "d"],
+              "properties": {"a": word, "b": word, "c": {"type": "array", "items": word, "maxItems": 3},
+                             "d": {"type": "object", "additionalProperties": False, "required": ["e"],
+                                   "properties": {"e": word}}}}
+    w = r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"'
+    oracle = (r'\{"a":' + w + r',"b":' + w + r',"c":\[(?:' + w + r'(?:,' + w + r'){0,2})?\],'
+              r'"d":\{"e":' + w + r'\}\}')
+    g = compile_json_schema(schema)
+    assert len(g.rules) > 1  # the string value is a called rule
+    full = _slice_vocab(tokenizer_by_alias(alias), 4000, seed=7, must=b'abcde {}[]":,\\')
+    table = [b if b is not None and all(c < 0x80 for c in b) else None for b in full.token_bytes]
+    vocab = Vocabulary(table, full.eos_token_ids, full.vocab_size)
+    doc = '{"a":"abc cab","b":"a\\"b","c":["ab","c b"],"d":{"e":"bad"}}'
+    assert re_oracle.fullmatch(oracle, doc)
+    ids = [i for i, b in enumerate(vocab.token_bytes) if b]
+    m = Matcher(g, vocab)
+    prefix = b""
+    pos = 0
+    while pos < len(doc):
+        allowed = set(m.allowed_token_ids())
+        for i in ids:
+            t = vocab.token_bytes[i]
+            ok = re_oracle.fullmatch(oracle, (prefix + t).decode("ascii"), partial=True) is not None
+            assert (i in allowed) == ok, (prefix, t)
+        # advance by the longest allowed token that continues the document
+        rest = doc.encode()[pos:]
+        step = max((i for i in allowed if vocab.token_bytes[i] and rest.startswith(vocab.token_bytes[i])),
+                   key=lambda i: len(vocab.token_bytes[i]))
+        assert m.accept_token(step)
+        prefix += vocab.token_bytes[step]
+        pos = len(prefix)
+    assert g.engine.stats["ci_misses"] > 0  # the split path ran
