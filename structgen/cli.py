@@ -711,6 +711,12 @@ def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_
         _note(prog, f"metrics at http://127.0.0.1:{server.port}/metrics")
     progress = _Progress(len(requests), sys.stderr, prog)
     failed = done = tokens = 0
+    values_out: IO[str] | None = None
+    if args.values_out:
+        try:
+            values_out = open(args.values_out, "w", encoding="utf-8")
+        except OSError as e:
+            raise _Usage(f"cannot write {args.values_out}: {e.strerror or e}") from None
     metrics.mark_start()
     try:
         for chunk in _chunks(requests, cfg.batch_size):
@@ -736,6 +742,10 @@ def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_
                              "valid": valid, "errors": errors, "num_tokens": len(res.tokens),
                              "stats": res.stats.as_dict() if hasattr(res.stats, "as_dict") else None})
                 out.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
+                if values_out is not None:
+                    # the output text itself (compact JSON is one line); a cut-short output is
+                    # written as is, so that a validator reports it
+                    values_out.write(res.text.replace("\n", " ") + "\n")
                 tokens += len(res.tokens)
             out.flush()
             done += len(chunk)
@@ -744,6 +754,8 @@ def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_
         progress.close()
         if server is not None:
             server.close()
+        if values_out is not None:
+            values_out.close()
     d = metrics.as_dict()
     acc = d["draft"]["acceptance"]
     tpp = d["tokens_per_pass"]
@@ -915,6 +927,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--config", "-c", metavar="spec.yaml", help="YAML configuration "
                    "(see `structgen config --example`)")
     g.add_argument("--out", "-o", metavar="OUT.jsonl", help="write the result lines here (default stdout)")
+    g.add_argument("--values-out", metavar="VALUES.jsonl",
+                   help="also write each output alone, one per line (JSON Lines for JSON schemas: "
+                   "feed it to `structgen validate`)")
     g.add_argument("--max-new-tokens", type=int, metavar="N")
     g.add_argument("--temperature", type=float, metavar="T", help="0 = greedy")
     g.add_argument("--seed", type=int, metavar="S", help="request i uses seed S + i")

@@ -367,3 +367,22 @@ def test_python_dash_m() -> None:
     p = subprocess.run([sys.executable, "-m", "structgen", "--version"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0 and structgen.__version__ in p.stdout
+
+
+@pytest.mark.assets
+@pytest.mark.model
+def test_readme_flow_generate_then_validate(model_dir: Path, files: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's first steps: `structgen generate` on a schema, then `structgen validate` on
+    what it wrote (`--values-out`), both exiting 0; jsonschema is the independent oracle."""
+    values = tmp_path / "values.jsonl"
+    rc, stdout, err = run(capsys, "generate", "--model", model_dir, "--schema", files / "s.json",
+                          "--prompt", "A ticket, please:", "--max-new-tokens", "40",
+                          "--values-out", values)
+    assert rc == 0, err
+    (line,) = lines_of(stdout)
+    assert line["finish_reason"] == "stop"
+    (text,) = values.read_text().splitlines()
+    jsonschema.validate(json.loads(text), SCHEMA)
+    rc, _out, err = run(capsys, "validate", "--schema", files / "s.json", values)
+    assert rc == 0, err
