@@ -21,6 +21,7 @@ schemas per subset (CI). Example::
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import random
@@ -72,6 +73,37 @@ def keyword_of(exc: BaseException) -> str:
     return f"{type(exc).__name__}:{kw}" if kw else type(exc).__name__
 
 
+CLOSING = (b'}]"0,:nulltrfase123456789.-abcdefghijklmopqvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_/ '
+           b'{[+!#$%&*=?@^`|~()<>;\\')
+MAX_GREEDY_BYTES = 4000
+
+
+def _in_string(data: bytes | bytearray) -> bool:
+    """Does JSON text ``data`` end inside a string literal?"""
+    inside = esc = False
+    for b in data:
+        if esc:
+            esc = False
+        elif inside and b == 0x5C:
+            esc = True
+        elif b == 0x22:
+            inside = not inside
+    return inside
+_SHORT_TOKENS: dict[int, dict[bytes, int]] = {}
+
+
+def _short_tokens(vocab: Any) -> dict[bytes, int]:
+    """bytes -> the first token id spelling them (tokens of at most 8 bytes), per vocabulary."""
+    got = _SHORT_TOKENS.get(id(vocab))
+    if got is None:
+        got = {}
+        for tid, b in enumerate(vocab.token_bytes):
+            if b and len(b) <= 8 and b not in got:
+                got[b] = tid
+        _SHORT_TOKENS[id(vocab)] = got
+    return got
+
+
 def random_walk(matcher: Any, vocab: Any, rng: random.Random, max_steps: int) -> bytes | None:
     """Random allowed tokens, then a shortest completion; the produced bytes (None if stuck)."""
     eng = matcher.grammar.engine
@@ -85,16 +117,31 @@ def random_walk(matcher: Any, vocab: Any, rng: random.Random, max_steps: int) ->
         t = rng.choice(allowed)
         assert matcher.accept_token(t)
         out += vocab.token_bytes[t]
-    # finish: shortest completion, tokenized greedily with allowed tokens
-    cid = matcher._hist[-1]
-    tail = eng.shortest_completion(cid, prefer=b'"}]0,:')
+    by_bytes = _short_tokens(vocab)
+    # finish: a shortest completion, tokenized greedily with allowed tokens. The
+    # breadth-first search gives up on long completions through recursive rules (each
+    # '[' or '{' is a new configuration); then close greedily, one byte at a time
+    # (closing brackets and quotes first), and search again
+    tail = None
+    for k in range(MAX_GREEDY_BYTES):
+        if k % 16 == 0:
+            tail = eng.shortest_completion(matcher._hist[-1], prefer=CLOSING,
+                                           max_nodes=50_000 if k == 0 else 2_000)
+            if tail is not None:
+                break
+        elif matcher.is_accepting():
+            tail = b""
+            break
+        for b in (b'"' + CLOSING) if _in_string(out) else CLOSING:
+            tid = by_bytes.get(bytes([b]))
+            if tid is not None and matcher.accept_token(tid):
+                out.append(b)
+                break
+        else:
+            return None
     if tail is None:
         return None
     i = 0
-    by_bytes = {}
-    for tid, b in enumerate(vocab.token_bytes):
-        if b and len(b) <= 8 and b not in by_bytes:
-            by_bytes[b] = tid
     while i < len(tail):
         for ln in range(min(8, len(tail) - i), 0, -1):
             tid = by_bytes.get(tail[i:i + ln])
@@ -121,7 +168,10 @@ def valid_instances(schema: Any, n: int, seed: int, deadline_s: float) -> list[A
         return out
     found: list[Any] = []
     try:
-        strat = from_schema(schema)
+        # hypothesis-jsonschema rewrites the schema it is given in place (it inlines $ref,
+        # merges allOf and sorts keys): give it a copy, or the caller's schema (and with it
+        # the canonical property order of canonical_json) changes under its feet
+        strat = from_schema(copy.deepcopy(schema))
 
         @settings(max_examples=n, database=None, derandomize=True, deadline=None,
                   phases=[Phase.generate], suppress_health_check=list(HealthCheck))
@@ -154,12 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--instances", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=10.0, help="compile timeout per schema (s)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--walk-tokenizer", action="append", choices=("llama3", "qwen2"),
+                    help="vocabularies for the random walks (repeatable; default llama3)")
     ap.add_argument("--smoke", action="store_true", help="3 schemas per subset, 1 walk, 1 instance")
     ap.add_argument("--no-instances", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.smoke:
         args.limit, args.walks, args.instances = 3, 1, 1
+    walk_toks = args.walk_tokenizer or ["llama3"]
     if not args.data.exists():
         print(f"data folder {args.data} not found (pass --data)", file=sys.stderr)
         return 2
@@ -176,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     per: dict[str, Counter[str]] = defaultdict(Counter)
     errors: Counter[str] = Counter()
     failures: list[dict[str, Any]] = []
+    unlocated: list[dict[str, Any]] = []  # compile errors naming no keyword or no pointer
     compile_times: list[float] = []
     rng = random.Random(args.seed)
     t_start = time.time()
@@ -189,6 +243,13 @@ def main(argv: list[str] | None = None) -> int:
         except StructgenError as e:
             c["compile_error"] += 1
             errors[keyword_of(e)] += 1
+            msg = str(e)
+            has_ptr = bool(getattr(e, "pointer", "")) or " at #" in msg
+            has_kw = bool(getattr(e, "keyword", None))
+            if not (has_ptr and has_kw):
+                c["compile_error_unlocated"] += 1
+                unlocated.append({"id": row.get("id"), "subset": sub, "error": type(e).__name__,
+                                  "pointer": has_ptr, "keyword": has_kw, "message": msg[:300]})
             continue
         except RecursionError:
             c["crash"] += 1
@@ -208,9 +269,9 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # noqa: BLE001
             validator = None
         # soundness walks
-        for _w in range(args.walks):
-            m = Matcher(g, vocabs["llama3"])
-            data = random_walk(m, vocabs["llama3"], rng, args.max_steps)
+        for _w, walk_tok in ((w, a) for w in range(args.walks) for a in walk_toks):
+            m = Matcher(g, vocabs[walk_tok])
+            data = random_walk(m, vocabs[walk_tok], rng, args.max_steps)
             if data is None:
                 c["walk_stuck"] += 1
                 continue
@@ -219,13 +280,13 @@ def main(argv: list[str] | None = None) -> int:
                 inst = json.loads(data.decode("utf-8"))
             except Exception:  # noqa: BLE001
                 c["walk_invalid"] += 1
-                failures.append({"id": row.get("id"), "kind": "walk_not_json",
+                failures.append({"id": row.get("id"), "kind": "walk_not_json", "vocab": walk_tok,
                                  "doc": data[:300].decode("utf-8", "replace")})
                 continue
             if validator is not None and not validator.is_valid(inst):
                 c["walk_invalid"] += 1
                 err = next(iter(validator.iter_errors(inst)))
-                failures.append({"id": row.get("id"), "kind": "walk_invalid",
+                failures.append({"id": row.get("id"), "kind": "walk_invalid", "vocab": walk_tok,
                                  "doc": data[:300].decode("utf-8", "replace"),
                                  "error": f"{list(err.absolute_path)}: {err.message[:200]}"})
         # completeness
@@ -261,12 +322,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{c['walk_invalid']:7d} {c['instances']:5d} {c['false_reject_llama3']:8d} "
               f"{c['false_reject_qwen2']:7d} {c['crash']:5d}")
     print("compile errors by type/keyword:", dict(errors.most_common(20)))
+    print(f"compile errors naming no keyword or no JSON pointer: {len(unlocated)}")
     if compile_times:
         ct = sorted(compile_times)
         med, p90 = ct[len(ct) // 2], ct[int(len(ct) * 0.9)]
         print(f"compile time median {med * 1e3:.1f} ms, p90 {p90 * 1e3:.1f} ms")
     report = {"per_subset": {k: dict(v) for k, v in per.items()}, "total": dict(total),
-              "errors": dict(errors), "failures": failures[:500],
+              "errors": dict(errors), "failures": failures[:500], "unlocated_errors": unlocated[:500],
               "args": {k: str(v) for k, v in vars(args).items()}}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import ir
 from .config import CompileOptions, JsonSchemaOptions
-from .errors import ConfigError, GrammarError, SchemaError
+from .errors import CompileLimitError, ConfigError, GrammarError, SchemaError
 from .json_schema_algebra import Normalizer
 from .json_schema_doc import Loc, SchemaDoc, parse_schema_text
 from .json_schema_lower import Lowering, pattern_error
@@ -106,7 +106,7 @@ def _format_support(name: str) -> bool | None:
 
 
 def _build(schema: Any, options: JsonSchemaOptions,
-           remotes: Mapping[str, Any] | None) -> tuple[ir.Grammar, list[str]]:
+           remotes: Mapping[str, Any] | None) -> tuple[ir.Grammar, list[str], dict[str, str]]:
     _check_options(options)
     schema = _coerce(schema)
     doc = SchemaDoc(schema, remotes=remotes, max_depth=options.max_depth)
@@ -115,7 +115,7 @@ def _build(schema: Any, options: JsonSchemaOptions,
     low = Lowering(norm, doc, options)
     root = Loc(0, "")
     grammar = low.build(norm.ref_node(root), (root,))
-    return grammar, list(dict.fromkeys(norm.warnings))
+    return grammar, list(dict.fromkeys(norm.warnings)), low.rule_where
 
 
 def schema_to_grammar(schema: dict | bool | str | type, options: JsonSchemaOptions | None = None, *,
@@ -161,9 +161,11 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
     schema = _coerce(schema)
     copts = compile_options or CompileOptions()
     try:
+        # not sort_keys: key order is part of the schema's meaning here (declared
+        # properties are matched in schema order), so reordered schemas must not share
         key = json.dumps([schema, repr(options), repr(copts),
                           sorted((remotes or {}).items()) if remotes else None],
-                         sort_keys=True, ensure_ascii=False)
+                         ensure_ascii=False)
     except (TypeError, ValueError) as e:
         raise SchemaError(f"schema is not JSON-serialisable: {e}") from None
     with _CACHE_LOCK:
@@ -171,12 +173,15 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit[0]
-    grammar, warnings = _build(schema, options, remotes)
+    grammar, warnings, rule_where = _build(schema, options, remotes)
     try:
         cg = compile_grammar(grammar, copts)
     except GrammarError as e:
         if "accepts no string" in str(e):
             raise SchemaError("schema is unsatisfiable: no JSON value is valid", pointer="#") from None
+        raise
+    except CompileLimitError as e:
+        _locate_limit_error(e, rule_where)
         raise
     meta = getattr(cg, "metadata", None)
     if isinstance(meta, dict):
@@ -196,6 +201,25 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
     return cg
 
 
+_RULE_IN_MESSAGE = re.compile(r"rule '([^']+)'")
+
+
+def _locate_limit_error(e: CompileLimitError, rule_where: Mapping[str, str]) -> None:
+    """Add the schema location to an automaton size error that names an IR rule.
+
+    The automaton only knows rule names (``'s25'``); the lowering knows which schema
+    location each rule came from. Sets ``e.pointer`` and appends it to the message (in
+    place, so the exception type and traceback stay). Timeouts name no rule: unchanged.
+    """
+    m = _RULE_IN_MESSAGE.search(str(e))
+    ptr = rule_where.get(m.group(1)) if m else None
+    if ptr is None or getattr(e, "pointer", None):
+        return
+    e.pointer = ptr  # type: ignore[attr-defined]
+    if e.args and isinstance(e.args[0], str):
+        e.args = (f"{e.args[0]} (schema location {ptr})",) + e.args[1:]
+
+
 def schema_warnings(cg: Any) -> list[str]:
     """Warnings recorded for a grammar made by :func:`compile_json_schema` (lenient mode)."""
     meta = getattr(cg, "metadata", None)
@@ -208,7 +232,8 @@ _DOC_CACHE: OrderedDict[str, SchemaDoc] = OrderedDict()
 
 
 def _doc_for(schema: Any, remotes: Mapping[str, Any] | None = None) -> SchemaDoc:
-    key = json.dumps([schema, sorted(remotes) if remotes else None], sort_keys=True)
+    # key order matters (it is the canonical property order): no sort_keys
+    key = json.dumps([schema, sorted(remotes.items()) if remotes else None])
     with _CACHE_LOCK:
         doc = _DOC_CACHE.get(key)
         if doc is not None:

@@ -140,6 +140,7 @@ class Lowering:
         self._memo: dict[tuple[Any, Ctx], str] = {}
         self._queue: list[tuple[str, Any, Ctx]] = []
         self._count = 0
+        self.rule_where: dict[str, str] = {"root": "#"}  # rule name -> schema pointer (errors)
         if options.whitespace == "flexible":
             self.ws = ir.rep(ir.byteset([9, 10, 13, 32]), 0, options.max_whitespace)
         else:
@@ -199,7 +200,9 @@ class Lowering:
         self._count += 1
         if self._count > 200_000:
             raise CompileLimitError("JSON schema lowering produced more than 200000 rules")
-        return f"{hint}{self._count}"
+        name = f"{hint}{self._count}"
+        self.rule_where[name] = self.norm.where()
+        return name
 
     def node_ref(self, node: Any, ctx: Ctx) -> ir.Expr:
         if node == TRUE:
@@ -210,6 +213,8 @@ class Lowering:
         name = self._memo.get(key)
         if name is None:
             name = self.new_rule()
+            if node[0] == "ref":
+                self.rule_where[name] = self.doc.pointer(node[1])
             self._memo[key] = name
             self._queue.append((name, node, ctx))
         return ir.ref(name)
@@ -279,7 +284,7 @@ class Lowering:
                 hi = max(lo, self.opt.max_string_length)  # the global cap never empties a schema
             if hi is not None and lo > hi:
                 parts.append(ir.NEVER)
-            elif lo > 0 or hi is not None:
+            elif (lo > 0 or hi is not None) and not (pos and self.formats_imply_length(fmts, lo, hi)):
                 parts.append(ir.rep(self.any_char(), lo, hi))
             for p in sorted(pats):
                 parts.append(self.pattern(p))
@@ -303,6 +308,25 @@ class Lowering:
             e = ir.diff(self.str_content_any(pos), self.lower_str(f[1], not pos))
         self._cache[key] = e
         return e
+
+    def formats_imply_length(self, fmts: frozenset, lo: int, hi: int | None) -> bool:
+        """Do the formats alone keep every string's length within [lo, hi]?
+
+        Then the length counter is redundant and left out: intersecting a format's
+        automaton with a counter can multiply its size (``email`` with ``maxLength: 1024``).
+        Format languages are ASCII, so their byte lengths are code-point lengths.
+        """
+        if not fmts:
+            return False
+        from . import formats
+        f_lo, f_hi = 0, None
+        for name in fmts:
+            b = formats.format_length_bounds(name)
+            if b is None:
+                return False
+            f_lo = max(f_lo, b[0])
+            f_hi = b[1] if f_hi is None else (f_hi if b[1] is None else min(f_hi, b[1]))
+        return f_lo >= lo and (hi is None or (f_hi is not None and f_hi <= hi))
 
     def pattern(self, p: str) -> ir.Expr:
         return compile_pattern(p)
@@ -330,6 +354,12 @@ class Lowering:
         elif tag == "lits":
             if pos:
                 texts = sorted({t for v in f[1] for t in number_spellings(v)})
+                if self.doc.drafts[0] in ("3", "4"):
+                    # draft-03/04: 2.0 is not an integer, and whether "integer" applied to
+                    # these values is no longer known here: integral values are written
+                    # as integer literals only (a narrowing; never an invalid "2.0")
+                    texts = [t for t in texts
+                             if not (("." in t or "e" in t or "E" in t) and float(t).is_integer())]
                 e = _trie((tuple(t.encode()) for t in texts), lambda b: ir.byteset([b]))
             else:
                 exact = [num.number_expr(v, v) for v in sorted(f[1]) if _finite(v)]
@@ -342,6 +372,11 @@ class Lowering:
             for m in ms[1:]:
                 e = ir.and_(e, num.number_expr(lo, hi, exclusive_minimum=lo_x, exclusive_maximum=hi_x,
                                                multiple_of=m, integer_only=integer))
+            if integer and pos and self.doc.drafts[0] in ("3", "4"):
+                # draft-03/04: "integer" is a number written without fraction or exponent
+                # (1.0 and 1e2 are not integers there, as jsonschema's Draft4Validator
+                # says). Only at + polarity: at - the wider language keeps `not` sound.
+                e = ir.and_(e, self.int_literal())
             if not pos:
                 e = ir.alt(e, self.not_safe())
         elif tag == "and":
@@ -356,6 +391,11 @@ class Lowering:
             e = ir.diff(universe, self.lower_num(f[1], not pos))
         self._cache[key] = e
         return e
+
+    def int_literal(self) -> ir.Expr:
+        """Integer literals: ``-?(0|[1-9][0-9]*)``."""
+        return ir.seq(ir.opt(ir.lit("-")), ir.alt(ir.lit("0"), ir.seq(ir.byte_range(0x31, 0x39),
+                                                                     ir.star(ir.byte_range(0x30, 0x39)))))
 
     def not_safe(self) -> ir.Expr:
         return ir.diff(self.number_all(), self.safe_number())

@@ -336,10 +336,43 @@ LABEL = r"(?![A-Za-z0-9-]{2}--)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 HOSTNAME = re.compile(rf"{LABEL}(?:\.{LABEL})*")
 
 
+def hostname_rfc(s: str) -> bool:
+    """The RFC language (minus A-labels): labels of 1-63 bytes, at most 253 bytes in all."""
+    return bool(HOSTNAME.fullmatch(s)) and len(s) <= 253
+
+
+def hostname_documented(s: str) -> bool:
+    """The documented narrowing: a label starting at byte offset o has at most 63 - o % 32
+    bytes (so the first label, and one at a multiple of 32, may have all 63)."""
+    if not hostname_rfc(s):
+        return False
+    o = 0
+    for label in s.split("."):
+        if len(label) > 63 - o % 32:
+            return False
+        o += len(label) + 1
+    return True
+
+
 @SETTINGS
 @given(st.lists(st.text("ab0Z-_.", max_size=6), min_size=1, max_size=4).map(".".join))
 def test_hostname_random(s):
     assert acceptor("hostname")(s) == bool(HOSTNAME.fullmatch(s)), s
+
+
+label_st = st.one_of(st.integers(1, 5), st.integers(28, 66)).flatmap(
+    lambda n: st.text("ab0-", min_size=n, max_size=n))
+
+
+@SETTINGS
+@given(st.lists(label_st, min_size=1, max_size=9).map(".".join))
+def test_hostname_long_names(s):
+    acc = acceptor("hostname")(s)
+    assert acc == hostname_documented(s), s
+    # soundness against the RFC itself, and completeness for labels up to 32 bytes
+    assert not acc or hostname_rfc(s)
+    if hostname_rfc(s) and all(len(x) <= 32 for x in s.split(".")):
+        assert acc, s
 
 
 def test_hostname_lengths():
@@ -350,6 +383,15 @@ def test_hostname_lengths():
     assert not acc("") and not acc(".") and not acc("example.com.") and not acc("a_b")
     assert not acc("xn--4gbwdl.xn--wgbh1c")  # A-labels are rejected (punycode not checkable)
     assert acc("1host") and acc("www.example.com")
+    # total length: at most 253 bytes (the JSON-Schema-Test-Suite's 259-byte name is invalid)
+    name253 = ".".join(["a" * 63] * 3 + ["b" * 61])
+    assert len(name253) == 253 and acc(name253) and not acc(name253 + "b")
+    assert not acc(".".join(["a" * 63] * 4) + ".com")
+    many = ".".join("abcdefghij"[i % 10] for i in range(127))  # 127 one-byte labels
+    assert len(many) == 253 and acc(many) and not acc(many + ".a")
+    # the narrowing: a label starting at offset 4 may have 59 bytes, not 63
+    assert acc("www." + "c" * 59) and not acc("www." + "c" * 60)
+    assert acc("a" * 31 + "." + "c" * 63)  # a label starting at offset 32 may use all 63
 
 
 ATEXT = "A-Za-z0-9!#$%&'*+\\-/=?^_`{|}~"
@@ -364,7 +406,7 @@ def email_oracle(s: str) -> bool:
         return ip_oracle(domain[6:-1], ipaddress.IPv6Address)
     if domain.startswith("[") and domain.endswith("]"):
         return ip_oracle(domain[1:-1], ipaddress.IPv4Address)
-    return bool(HOSTNAME.fullmatch(domain))
+    return hostname_documented(domain)
 
 
 email_st = st.tuples(
@@ -481,3 +523,57 @@ def test_uri_reference_cases():
         assert not acc(s), s
     # a first segment with ':' must be a scheme: "1a:b" is neither URI nor relative
     assert not acc("1a:b")
+
+
+# ---------------------------------------------------------------------------
+# length bounds of format languages (used to drop redundant minLength/maxLength)
+# ---------------------------------------------------------------------------
+
+def _ir_exprs():
+    leaf = st.sampled_from([ir.lit("a"), ir.lit("b"), ir.byteset(b"ab"), ir.EMPTY])
+    return st.recursive(leaf, lambda kids: st.one_of(
+        st.lists(kids, min_size=1, max_size=3).map(lambda xs: ir.seq(*xs)),
+        st.lists(kids, min_size=1, max_size=3).map(lambda xs: ir.alt(*xs)),
+        st.tuples(kids, st.integers(0, 2), st.integers(0, 2)).map(
+            lambda t: ir.rep(t[0], t[1], t[1] + t[2]))), max_leaves=5)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_ir_exprs())
+def test_length_bounds_match_brute_force(e):
+    from itertools import product
+
+    from hypothesis import assume
+
+    from structgen.formats import length_bounds
+
+    b = length_bounds(e)
+    assert b is not None and b[1] is not None  # every generated expression is finite
+    assume(b[1] <= 5)
+    g = ir.Grammar({"s": e}, "s")
+    accepts = compile_grammar(g).accepts if compile_grammar is not None else (
+        lambda w: ir.reference_accepts(g, w))
+    lengths = [n for n in range(0, 7) for w in product("ab", repeat=n) if accepts("".join(w))]
+    assert (b[0], b[1]) == (min(lengths), max(lengths))
+
+
+def test_format_length_bounds_and_implied_max_length():
+    from structgen.formats import format_length_bounds
+    from structgen.json_schema import compile_json_schema
+
+    assert format_length_bounds("uuid") == (36, 36) and format_length_bounds("ipv4") == (7, 15)
+    assert format_length_bounds("hostname") == (1, 253)
+    assert format_length_bounds("email") == (3, 64 + 1 + 253)
+    assert format_length_bounds("date-time")[1] is None
+    longest = "x" * 64 + "@" + ".".join(["a" * 63] * 3 + ["b" * 61])
+    # maxLength above the format's longest string is implied: same language either way
+    g = compile_json_schema({"type": "string", "format": "email", "maxLength": 1024})
+    assert g.accepts(f'"{longest}"') and g.accepts('"a@b"') and not g.accepts('"ab"')
+    assert not g.accepts(f'"{longest}b"')
+    # a binding maxLength / minLength is still enforced (checked by jsonschema too)
+    ipv4_14 = {"type": "string", "format": "ipv4", "maxLength": 14}
+    email_5 = {"type": "string", "format": "email", "minLength": 5}
+    for schema, text, ok in ((ipv4_14, "255.255.255.255", False), (ipv4_14, "255.255.255.25", True),
+                             (email_5, "a@b", False), (email_5, "ab@cd", True)):
+        assert jsonschema.Draft202012Validator(schema, format_checker=CHECKER).is_valid(text) == ok
+        assert compile_json_schema(schema).accepts(f'"{text}"') == ok, (schema, text)
