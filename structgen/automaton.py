@@ -1385,10 +1385,12 @@ def _embed(nfa: _Nfa, d: _Dfa, s: int) -> int:
     # run boundaries per row: positions where the target changes
     change = np.ones((n, 257), dtype=bool)
     change[:, 1:256] = trans[:, 1:] != trans[:, :-1]
-    rows, cols = np.nonzero(change)
+    rows, cols = np.nonzero(change)  # row-major: grouped by state, ascending
+    bounds = np.searchsorted(rows, np.arange(n + 1))
+    cols_l = cols.tolist()
     for q in range(n):
         edges = nfa.edges[base0 + q]
-        starts = cols[rows == q]
+        starts = cols_l[bounds[q]:bounds[q + 1]]
         row = trans[q]
         for k in range(len(starts) - 1):
             lo = int(starts[k])
