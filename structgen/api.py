@@ -27,7 +27,7 @@ from typing import Any
 from .config import SpecConfig
 from .errors import ConfigError
 
-__all__ = ["GenerationResult", "generate", "stream", "generate_model", "DEFAULT_MODEL",
+__all__ = ["BatchResults", "GenerationResult", "generate", "stream", "generate_model", "DEFAULT_MODEL",
            "resolve_grammar"]
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -73,6 +73,10 @@ def resolve_grammar(*, schema: Any = None, grammar: str | None = None, regex: st
     given = [x is not None for x in (schema, grammar, regex)]
     if sum(given) != 1:
         raise ConfigError("give exactly one of schema=, grammar= or regex=")
+    from .automaton import CompiledGrammar
+
+    if isinstance(grammar, CompiledGrammar):  # compiled by the caller, with its own options
+        return grammar, None
     pyd = None
     if schema is not None:
         from .json_schema import compile_json_schema
@@ -132,8 +136,11 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
     when ``prompt`` is a list of strings or ``messages`` a list of conversations.
 
     For a batch, ``schema``/``grammar`` may also be a list (one per prompt: mixed schemas).
-    Sequences run in micro-batches of ``config.batch_size``; each has its own matcher,
-    drafters and acceptance statistics.
+    Sequences run in micro-batches of ``config.batch_size``: every step is one batched target
+    forward for all live sequences of the micro-batch and one verify call; each sequence has
+    its own matcher, drafters and acceptance statistics, and its output is the one it gets
+    alone (greedy). The list returned for a batch is a :class:`BatchResults` whose ``stats``
+    sums the batch. With ``seed``, sequence ``i`` uses ``seed + i``.
     """
     from .model import load_model, vocabulary_for
     from .speculative import run_sequence
@@ -180,19 +187,58 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
     grammars = per_item(grammar) if grammar is not None else [None] * n
     regexes = per_item(regex) if regex is not None else [None] * n
 
-    results: list[GenerationResult] = []
-    for start_i in range(0, n, cfg.batch_size):
-        for i in range(start_i, min(n, start_i + cfg.batch_size)):
-            g, pyd = resolve_grammar(schema=schemas[i], grammar=grammars[i], regex=regexes[i],
-                                     start=start)
-            item = items[i]
-            ids = _prompt_ids(lm, item if isinstance(item, str) else None,
-                              None if isinstance(item, str) else item)
-            res = run_sequence(lm, vocab, g, ids, cfg, speculative=speculative,
-                               max_new_tokens=max_new_tokens, draft_lm=draft_lm,
-                               seed=None if seed is None else seed + i)
+    if not batch:
+        g, pyd = resolve_grammar(schema=schemas[0], grammar=grammars[0], regex=regexes[0],
+                                 start=start)
+        item = items[0]
+        ids = _prompt_ids(lm, item if isinstance(item, str) else None,
+                          None if isinstance(item, str) else item)
+        res = run_sequence(lm, vocab, g, ids, cfg, speculative=speculative,
+                           max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed)
+        return _finish(res, pyd, schemas[0] is not None)
+    return _generate_batch(lm, vocab, cfg, items, schemas, grammars, regexes, start=start,
+                           speculative=speculative, max_new_tokens=max_new_tokens,
+                           draft_lm=draft_lm, seed=seed)
+
+
+class BatchResults(list):  # type: ignore[type-arg]
+    """The results of a batched :func:`generate` call, in prompt order (a plain list of
+    :class:`GenerationResult`), plus ``stats``: the call's
+    :class:`~structgen.speculative.BatchStats` (counts summed over the sequences, target
+    forward passes as actually batched, wall-clock times; ``stats.tokens_per_second`` is the
+    call's throughput)."""
+
+    stats: Any = None
+
+
+def _generate_batch(lm: Any, vocab: Any, cfg: SpecConfig, items: list[Any], schemas: list[Any],
+                    grammars: list[Any], regexes: list[Any], *, start: str, speculative: bool,
+                    max_new_tokens: int, draft_lm: Any, seed: int | None) -> BatchResults:
+    """Micro-batches of ``cfg.batch_size`` sequences, each run by
+    :func:`~structgen.speculative.run_batch` (one batched target forward per step)."""
+    from .speculative import BatchStats, run_batch
+
+    n = len(items)
+    results = BatchResults()
+    total = BatchStats()
+    for lo in range(0, n, cfg.batch_size):
+        idx = range(lo, min(n, lo + cfg.batch_size))
+        compiled = [resolve_grammar(schema=schemas[i], grammar=grammars[i], regex=regexes[i],
+                                    start=start) for i in idx]
+        ids = [_prompt_ids(lm, items[i] if isinstance(items[i], str) else None,
+                           None if isinstance(items[i], str) else items[i]) for i in idx]
+        for i, p in zip(idx, ids):
+            if not p:
+                raise ConfigError(f"prompt {i} of the batch encodes to no tokens")
+        outs, bst = run_batch(lm, vocab, [g for g, _ in compiled], ids, cfg,
+                              speculative=speculative, max_new_tokens=max_new_tokens,
+                              draft_lm=draft_lm,
+                              seeds=[None if seed is None else seed + i for i in idx])
+        total.add(bst)
+        for i, (_g, pyd), res in zip(idx, compiled, outs):
             results.append(_finish(res, pyd, schemas[i] is not None))
-    return results if batch else results[0]
+    results.stats = total
+    return results
 
 
 def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | None = None,

@@ -5,6 +5,11 @@ sequence's KV cache (a ``transformers.DynamicCache``); :meth:`CausalLM.extend` f
 tokens and returns their logits, :meth:`CausalLM.crop` drops rejected positions so that
 the accepted prefix is never recomputed.
 
+:class:`BatchKV` runs several sequences through one batched forward per step: a shared
+left-padded ``DynamicCache`` whose rows may accept different numbers of tokens per step
+(rejected positions stay behind as masked "holes"), explicit per-row position ids, and
+rows that can be dropped when their sequence finishes.
+
 Imports torch and transformers (only when this module is imported).
 """
 
@@ -20,7 +25,7 @@ import torch
 
 from .errors import AssetError
 
-__all__ = ["CausalLM", "load_model", "vocabulary_for"]
+__all__ = ["BatchKV", "CausalLM", "load_model", "vocabulary_for"]
 
 _LOAD_LOCK = threading.Lock()
 _LOADED: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -79,6 +84,244 @@ class CausalLM:
         if remove:
             self.cache.crop(-remove)
             self.length = length
+
+
+# model types whose ``ForCausalLM`` logits are exactly ``lm_head(last_hidden_state)`` (no
+# soft-capping or scaling): for these :class:`BatchKV` applies the head to the real positions
+# only, not to the padding of a batched step
+_PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3"})
+
+
+class BatchKV:
+    """One batched KV cache for ``B`` sequences of a :class:`CausalLM`, stepped together.
+
+    Layout: the cache holds ``L`` slots per row; ``mask`` (bool ``[B, L]``) marks the slots
+    that hold a real token of that row. Prompts are left-padded; a step feeds every row
+    ``n_b >= 1`` tokens, padded to ``K = max(n_b)`` with masked dummy positions; after
+    verification row ``b`` keeps the first ``keep_b <= n_b`` of them (:meth:`commit`), the
+    rest become masked holes and the common tail is cropped. Position ids are explicit: a
+    token's position is the number of real tokens before it in its row, so each row computes
+    what it would compute alone (up to float rounding of differently shaped matmuls).
+    :meth:`select` drops finished rows; :meth:`compact` squeezes the holes out (exact: the
+    attended keys/values and their positions do not change).
+
+    The model's own (single-sequence) cache in ``lm`` is not touched.
+    """
+
+    def __init__(self, lm: CausalLM) -> None:
+        from transformers import DynamicCache
+
+        self.lm = lm
+        self.cache = DynamicCache()
+        self.device = lm.device
+        self.mask = torch.zeros((0, 0), dtype=torch.bool)   # [B, L]
+        self.pos = torch.zeros(0, dtype=torch.long)          # [B] real tokens per row
+        self.forward_passes = 0
+        self.real_positions = 0    # positions fed that belonged to a row
+        self.padded_positions = 0  # dummy positions fed to square the batch
+        self._fed = torch.zeros(0, dtype=torch.long)  # [B] tokens fed per row by the last extend
+        model = lm.model
+        self._base = None
+        self._head = None
+        if getattr(model.config, "model_type", None) in _PLAIN_HEAD_TYPES:
+            base = getattr(model, "model", None)
+            head = model.get_output_embeddings()
+            if base is not None and head is not None:
+                self._base, self._head = base, head
+        self._cache_kw = _cache_kwarg(self._base if self._base is not None else model)
+
+    @property
+    def batch(self) -> int:
+        return int(self.mask.shape[0])
+
+    @property
+    def length(self) -> int:
+        """Cache slots per row (real tokens, holes and left padding)."""
+        return int(self.mask.shape[1])
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
+                 rows: torch.Tensor | None, cols: torch.Tensor | None) -> torch.Tensor | None:
+        """Run ``ids`` ``[B, K]`` after the cache with the full 2-D ``mask`` ``[B, L + K]`` and
+        position ids ``pos`` ``[B, K]``; return float32 logits of the positions ``(rows,
+        cols)`` as ``[R, V]`` (None when ``rows`` is None: a prefill)."""
+        dev = self.device
+        kwargs = {self._cache_kw: self.cache, "use_cache": True,
+                  "attention_mask": mask.to(dev, dtype=torch.long), "position_ids": pos.to(dev)}
+        ids = ids.to(dev)
+        self.forward_passes += 1
+        if self._base is not None:
+            hidden = self._base(input_ids=ids, **kwargs).last_hidden_state  # [B, K, H]
+            if rows is None:
+                return None
+            return self._head(hidden[rows.to(dev), cols.to(dev)]).float()  # [R, V]
+        if rows is None:
+            self.lm.model(input_ids=ids, logits_to_keep=1, **kwargs)
+            return None
+        logits = self.lm.model(input_ids=ids, **kwargs).logits  # [B, K, V]
+        return logits[rows.to(dev), cols.to(dev)].float()  # [R, V]
+
+    @torch.inference_mode()
+    def prefill(self, prompts: list[list[int]]) -> None:
+        """Start a fresh cache holding the given token lists (each may be empty), left-padded."""
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+        b = len(prompts)
+        width = max((len(p) for p in prompts), default=0)
+        self.mask = torch.zeros((b, width), dtype=torch.bool)
+        self.pos = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+        if width == 0:
+            return
+        ids = torch.zeros((b, width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            if p:
+                ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+                self.mask[i, width - len(p):] = True
+        self.real_positions += int(self.mask.sum())
+        if self.device.type == "cpu" and self._prefill_rows(prompts, width):
+            return  # compute-bound device: no padded positions (and exactly the unbatched prefill)
+        pos = (self.mask.long().cumsum(1) - 1).clamp(min=0)  # [B, width]
+        self.padded_positions += b * width - int(self.mask.sum())
+        self._forward(ids, self.mask, pos, None, None)
+
+    def _prefill_rows(self, prompts: list[list[int]], width: int) -> bool:
+        """Prefill row by row into single-sequence caches and assemble the left-padded batched
+        cache (padding slots hold zeros). False, with nothing done, when the cache type does
+        not allow that assembly."""
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        model = self._base if self._base is not None else self.lm.model
+        parts: list[tuple[int, Any]] = []
+        for i, p in enumerate(prompts):
+            if not p:
+                continue
+            c = DynamicCache()
+            kwargs = {self._cache_kw: c, "use_cache": True}
+            if self._base is None:
+                kwargs["logits_to_keep"] = 1
+            model(input_ids=torch.tensor([p], dtype=torch.long, device=self.device), **kwargs)
+            self.forward_passes += 1
+            layers = getattr(c, "layers", None)
+            if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+                return False
+            parts.append((i, layers))
+        first = parts[0][1]
+        batched = DynamicCache()
+        for li in range(len(first)):
+            k0, v0 = first[li].keys, first[li].values  # [1, heads, n, D]
+            keys = k0.new_zeros((len(prompts), k0.shape[1], width, k0.shape[3]))
+            values = v0.new_zeros((len(prompts), v0.shape[1], width, v0.shape[3]))
+            for i, layers in parts:
+                n = layers[li].keys.shape[2]
+                keys[i, :, width - n:] = layers[li].keys[0]
+                values[i, :, width - n:] = layers[li].values[0]
+            batched.update(keys, values, li)
+        self.cache = batched
+        return True
+
+    @torch.inference_mode()
+    def extend(self, rows: list[list[int]]) -> torch.Tensor:
+        """Feed every row its tokens (``len(rows) == B``, each non-empty) in ONE forward.
+
+        Returns float32 logits ``[sum(len(r)), V]``: row 0's positions, then row 1's, ...
+        (the flattened layout of :func:`structgen.verify.verify`). Until :meth:`commit` every
+        fed position counts as held by its row."""
+        b = self.batch
+        if len(rows) != b or any(not r for r in rows):
+            raise ValueError(f"extend needs {b} non-empty token lists, got {[len(r) for r in rows]}")
+        lens = torch.tensor([len(r) for r in rows], dtype=torch.long)  # [B]
+        k = int(lens.max())
+        ids = torch.empty((b, k), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+            ids[i, len(r):] = r[-1]  # dummy positions: any valid id, masked below
+        steps = torch.arange(k)
+        new_mask = steps[None, :] < lens[:, None]              # [B, K]
+        pos = self.pos[:, None] + torch.minimum(steps[None, :], (lens - 1)[:, None])  # [B, K]
+        mask = torch.cat([self.mask, new_mask], dim=1)         # [B, L + K]
+        row_idx = torch.repeat_interleave(torch.arange(b), lens)  # [R]
+        col_idx = torch.cat([torch.arange(n) for n in lens.tolist()])  # [R]
+        logits = self._forward(ids, mask, pos, row_idx, col_idx)
+        assert logits is not None
+        self.mask = mask
+        self._fed = lens
+        self.real_positions += int(lens.sum())
+        self.padded_positions += b * k - int(lens.sum())
+        return logits
+
+    @torch.inference_mode()
+    def commit(self, keep: list[int]) -> None:
+        """After :meth:`extend`: row ``b`` keeps the first ``keep[b]`` positions it was fed;
+        the others become holes; the slots no row keeps are cropped from the tail."""
+        fed = self._fed
+        kt = torch.tensor(keep, dtype=torch.long)
+        if kt.shape != fed.shape or bool(((kt < 0) | (kt > fed)).any()):
+            raise ValueError(f"keep {keep} must be within the fed lengths {fed.tolist()}")
+        k = int(fed.max())
+        start = self.length - k
+        steps = torch.arange(k)
+        self.mask[:, start:] = steps[None, :] < kt[:, None]
+        self.pos += kt
+        top = int(kt.max()) if len(keep) else 0
+        if top < k:
+            self.cache.crop(-(k - top))
+            self.mask = self.mask[:, : start + top]
+
+    @torch.inference_mode()
+    def select(self, rows: list[int]) -> None:
+        """Keep only the given rows (in that order), e.g. when sequences finish."""
+        idx = torch.tensor(rows, dtype=torch.long)
+        if self.cache.get_seq_length() > 0:
+            self.cache.batch_select_indices(idx.to(self.device))
+        self.mask = self.mask[idx]
+        self.pos = self.pos[idx]
+        self.compact(min_holes=0.0 if not rows else 0.5)
+
+    def _layers(self) -> list[Any] | None:
+        """The cache's per-layer tensors holders, when they are plain dynamic layers."""
+        from transformers.cache_utils import DynamicLayer
+
+        layers = getattr(self.cache, "layers", None)
+        if not layers or any(type(layer) is not DynamicLayer or not layer.is_initialized
+                             for layer in layers):
+            return None
+        return list(layers)
+
+    @torch.inference_mode()
+    def compact(self, min_holes: float = 0.5) -> bool:
+        """Squeeze out holes and common left padding when they are at least ``min_holes`` of
+        the slots (each row's real slots keep their order and position ids; exact). Returns
+        whether the cache was rewritten (only plain ``DynamicLayer`` caches are)."""
+        b, length = self.mask.shape
+        if b == 0 or length == 0:
+            return False
+        counts = self.mask.sum(1)                       # [B]
+        width = int(counts.max())
+        if length - width <= min_holes * length:
+            return False
+        layers = self._layers()
+        if layers is None:
+            return False
+        # gather index per row: its real slots, right-aligned; left padding points at slot 0
+        order = torch.argsort((~self.mask).to(torch.int8), dim=1, stable=True)  # real slots first
+        src = torch.zeros((b, width), dtype=torch.long)
+        new_mask = torch.zeros((b, width), dtype=torch.bool)
+        for i in range(b):
+            n = int(counts[i])
+            if n:
+                src[i, width - n:] = order[i, :n]
+                new_mask[i, width - n:] = True
+        dev = self.device
+        for layer in layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name)                # [B, heads, L, D]
+                idx = src.to(dev)[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
+                g = torch.gather(t, 2, idx)
+                g = g * new_mask.to(dev)[:, None, :, None].to(g.dtype)  # padding slots hold zeros
+                setattr(layer, name, g.contiguous())
+        self.mask = new_mask
+        return True
 
 
 def load_model(model: Any, tokenizer: Any = None, *, dtype: torch.dtype = torch.float32) -> CausalLM:

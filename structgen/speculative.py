@@ -1,6 +1,7 @@
 """The generation loop: drafts -> pre-validation -> one target forward -> exact verify.
 
-One sequence at a time (a batch is a list of these, see :mod:`structgen.api`):
+Each step of a sequence (:func:`run_sequence`; :func:`run_batch` runs the steps of many
+sequences together, see below):
 
 1. drafters propose candidates (grammar-forced text in canonical tokenization, prompt
    lookup continuations, a grammar-masked draft model), composed as forced + continuation;
@@ -17,6 +18,12 @@ decoding, the baseline. Greedy output is identical in both modes; sampled output
 same distribution. A position where the grammar allows exactly one token (e.g. EOS after
 a complete document) is committed without a forward pass (that is what plain constrained
 decoding would emit too).
+
+Batches (:func:`run_batch`): a step is split in :meth:`_Sequence.prepare` (everything before
+the forward: drafting, pre-validation, masks, the sequence's uniforms) and
+:meth:`_Sequence.commit` (after verification). Between them the live sequences share ONE
+batched target forward (:class:`structgen.model.BatchKV`) and ONE verify call over their
+flattened drafts; each keeps its own matcher, drafters and statistics.
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ from .drafters import Candidate, DraftModelDrafter, GrammarForcedDrafter, Prompt
 from .matcher import Matcher, bitmask_words
 from .model import CausalLM
 
-__all__ = ["GenerationStats", "SequenceResult", "run_sequence", "stream_sequence"]
+__all__ = ["BatchStats", "GenerationStats", "SequenceResult", "run_batch", "run_sequence",
+           "stream_sequence"]
 
 
 @dataclass
@@ -98,6 +106,17 @@ class SequenceResult:
     text: str
     finish_reason: str  # "stop" (EOS / grammar complete) | "length" | "error"
     stats: GenerationStats
+
+
+@dataclass
+class _Plan:
+    """One sequence's step up to the target forward (see :meth:`_Sequence.prepare`)."""
+
+    draft: list[int]            # pre-validated draft tokens (k)
+    cand: Candidate | None      # the candidate they came from (drafter segments, probs)
+    bitmask: torch.Tensor       # int32 [k+1, W]: one mask per draft position plus the bonus row
+    uniforms: torch.Tensor      # float64 [k+1, 2]: the sequence's own draws for verification
+    budget: int                 # tokens the sequence may still emit
 
 
 class _Sequence:
@@ -230,27 +249,19 @@ class _Sequence:
             cand = self._text_tokens([(self.grammar_d, forced)], limit)
             if cand is not None:
                 cands.append(cand)
-        rest = limit
         if self.model_d is not None and self.model_d.enabled:
-            ftoks = cands[-1].tokens if (forced and cands) else []
-            rest = limit - len(ftoks)
-            if rest > 0:
-                fm = m.fork()
-                fm.accept_tokens(ftoks)
-                context = self.prompt + self.output + ftoks
-                toks, probs = self.model_d.propose(
-                    fm, context, min(self.model_d.length, rest),
-                    temperature=self.cfg.temperature, generator=self.generator)
-                if toks:
-                    segs = [(self.grammar_d, len(ftoks))] if ftoks else []
-                    cand = Candidate(ftoks + toks, segs + [(self.model_d, len(toks))])  # type: ignore[list-item]
-                    if self.cfg.temperature > 0 and probs is not None:
-                        # forced tokens are deterministic proposals: point masses  [len(ftoks), V]
-                        point = torch.zeros((len(ftoks), probs.shape[1]), dtype=probs.dtype)
-                        if ftoks:
-                            point[torch.arange(len(ftoks)), torch.tensor(ftoks)] = 1.0
-                        cand.probs = torch.cat([point, probs])  # [len(ftoks) + len(toks), V]
-                    cands.append(cand)
+            # The draft model drafts through grammar-forced text too (masked by the grammar):
+            # it then picks the tokenization of that text the model family prefers, where the
+            # canonical tokenization of the forced bytes may differ from the target's choice and
+            # sink every model token after it.
+            toks, probs = self.model_d.propose(
+                m.fork(), self.prompt + self.output, min(self.model_d.length, limit),
+                temperature=self.cfg.temperature, generator=self.generator)
+            if toks:
+                cand = Candidate(list(toks), [(self.model_d, len(toks))])  # type: ignore[list-item]
+                if self.cfg.temperature > 0 and probs is not None:
+                    cand.probs = probs  # [len(toks), V]
+                cands.append(cand)
         return cands
 
     def _choose(self, cands: list[Candidate]) -> Candidate | None:
@@ -286,10 +297,10 @@ class _Sequence:
         return best
 
     # -- one step ------------------------------------------------------------------------------
-    def step(self) -> list[int]:
-        """Run one verify step; returns the newly committed tokens (may be empty at the end)."""
-        from .verify import verify
-
+    def prepare(self) -> _Plan | list[int]:
+        """First half of a step, everything before the target forward: the length check, the
+        model-free EOS, drafting, pre-validation and the masks. Returns the step's
+        :class:`_Plan`, or the tokens committed without a forward pass (``finish`` is then set)."""
         st = self.stats
         m = self.matcher
         budget = self.max_new - len(self.output)
@@ -332,37 +343,39 @@ class _Sequence:
         if k:
             m.rollback(k)
         st.time_masks += time.perf_counter() - t0
+        assert self.pending is not None
+        uniforms = torch.rand((k + 1, 2), dtype=torch.float64, generator=self.generator)
+        return _Plan(draft, cand, bm, uniforms, budget)
 
+    def step(self) -> list[int]:
+        """Run one verify step; returns the newly committed tokens (may be empty at the end)."""
+        plan = self.prepare()
+        if not isinstance(plan, _Plan):
+            return plan
+        st = self.stats
+        k = len(plan.draft)
         # one target forward over [pending] + draft
         t0 = time.perf_counter()
         assert self.pending is not None
-        logits = self.lm.extend([self.pending] + draft)  # [k+1, V]
+        logits = self.lm.extend([self.pending] + plan.draft)  # [k+1, V]
         st.forward_passes += 1
         st.time_forward += time.perf_counter() - t0
 
-        # verify
         t0 = time.perf_counter()
-        temperature = self.cfg.temperature
-        uniforms = torch.rand((k + 1, 2), dtype=torch.float64, generator=self.generator)
-        out = verify(
-            torch.tensor(draft, dtype=torch.int64),                 # [k]
-            torch.tensor([k], dtype=torch.int32),                    # [1] cumulative draft counts
-            logits,                                                  # [k+1, V]
-            bm,                                                      # [k+1, W]
-            draft_probs=self._draft_probs(cand),
-            temperature=torch.tensor([temperature], dtype=torch.float32),
-            top_p=(torch.tensor([self.cfg.top_p], dtype=torch.float32) if self.cfg.top_p < 1 else None),
-            uniforms=uniforms,
-            backend=self.cfg.backend,
-        )
-        n_acc = int(out.num_accepted[0])
-        if n_acc < 0:
-            raise RuntimeError("verification found a fully masked row (grammar dead end)")
-        emitted = [int(t) for t in out.output_token_ids[0, : n_acc + 1].tolist()]
-        if self.cfg.verify_threshold is not None and k:
-            n_acc, emitted = self._lossy(draft, logits, bm, n_acc, emitted)
+        n_acc, emitted = _verify_plans([self], [plan], logits)[0]
         st.time_verify += time.perf_counter() - t0
+        # crop the KV cache to pending + accepted drafts
+        self.lm.crop(self.lm.length - (k - n_acc))
+        return self.commit(plan, n_acc, emitted)
 
+    def commit(self, plan: _Plan, n_acc: int, emitted: list[int]) -> list[int]:
+        """Second half of a step, after verification (``n_acc`` drafts accepted, then the
+        ``emitted`` tokens): drafter bookkeeping and committing to the matcher and output.
+        The caller crops the KV cache to ``1 + n_acc`` of the positions it fed."""
+        st = self.stats
+        m = self.matcher
+        cand = plan.cand
+        k = len(plan.draft)
         # bookkeeping per drafter
         if cand is not None:
             left = n_acc
@@ -372,11 +385,8 @@ class _Sequence:
                 left -= took
             st.drafted += k
             st.accepted += n_acc
-        st.bonus += 1
 
-        # commit: crop the KV cache to pending + accepted drafts
-        self.lm.crop(self.lm.length - (k - n_acc))
-        emitted = emitted[:budget]
+        emitted = emitted[: plan.budget]
         committed: list[int] = []
         for t in emitted:
             if not m.accept_token(t):
@@ -385,6 +395,7 @@ class _Sequence:
             if t in self.eos:
                 self.finish = "stop"
                 break
+        st.bonus += int(len(committed) > n_acc)  # the verifier's own token (not cut by a drafted EOS)
         self.output.extend(committed)
         self._learn_splits(committed)
         st.new_tokens += len(committed)
@@ -459,6 +470,70 @@ class _Sequence:
                 self.stats.drafters[d.name] = d.stats()
 
 
+def _verify_plans(seqs: list[_Sequence], plans: list[_Plan],
+                  logits: torch.Tensor) -> list[tuple[int, list[int]]]:
+    """Verify the steps of several sequences in ONE call of :func:`structgen.verify.verify`.
+
+    ``logits`` ``[sum(k_b + 1), V]``: sequence ``b``'s rows are the target logits at its
+    ``[pending] + draft`` positions, in batch order (the verify contract's flattened layout).
+    Each sequence brings its own masks and uniforms, so its verdict is the one it would get
+    alone. Returns ``(num_accepted, emitted tokens)`` per sequence (after the opt-in lossy
+    acceptance, when configured)."""
+    from .verify import verify
+
+    cfg = seqs[0].cfg
+    lens = [len(p.draft) for p in plans]
+    cu: list[int] = []
+    total = 0
+    for k in lens:
+        total += k
+        cu.append(total)
+    draft_ids = torch.tensor([t for p in plans for t in p.draft], dtype=torch.int64)  # [N]
+    bitmask = plans[0].bitmask if len(plans) == 1 else torch.cat([p.bitmask for p in plans])  # [N+B, W]
+    uniforms = plans[0].uniforms if len(plans) == 1 else torch.cat([p.uniforms for p in plans])  # [N+B, 2]
+    probs = [s._draft_probs(p.cand) for s, p in zip(seqs, plans)]
+    draft_probs = None
+    if any(q is not None for q in probs):
+        # a sequence without draft probabilities proposed deterministically: point masses
+        parts = []
+        for q, p in zip(probs, plans):
+            if q is not None:
+                parts.append(q)
+            elif p.draft:
+                point = torch.zeros((len(p.draft), logits.shape[1]), dtype=torch.float32)
+                point[torch.arange(len(p.draft)), torch.tensor(p.draft)] = 1.0
+                parts.append(point)
+        draft_probs = torch.cat(parts)  # [N, V]
+    b = len(plans)
+    out = verify(
+        draft_ids,                                                   # [N]
+        torch.tensor(cu, dtype=torch.int32),                         # [B] inclusive cumulative
+        logits,                                                      # [N+B, V]
+        bitmask,                                                     # [N+B, W]
+        draft_probs=draft_probs,                                     # [N, V] or None
+        temperature=torch.full((b,), cfg.temperature, dtype=torch.float32),
+        top_p=(torch.full((b,), cfg.top_p, dtype=torch.float32) if cfg.top_p < 1 else None),
+        uniforms=uniforms,
+        backend=cfg.backend,
+    )
+    accepted = out.num_accepted.tolist()
+    tokens = out.output_token_ids.tolist()
+    results: list[tuple[int, list[int]]] = []
+    row = 0
+    for i, (s, p) in enumerate(zip(seqs, plans)):
+        k = lens[i]
+        n_acc = int(accepted[i])
+        if n_acc < 0:
+            raise RuntimeError(f"verification found a fully masked row (grammar dead end) in "
+                               f"sequence {i} of the batch")
+        emitted = [int(t) for t in tokens[i][: n_acc + 1]]
+        if cfg.verify_threshold is not None and k:
+            n_acc, emitted = s._lossy(p.draft, logits[row: row + k + 1], p.bitmask, n_acc, emitted)
+        results.append((n_acc, emitted))
+        row += k + 1
+    return results
+
+
 def stream_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
                     cfg: SpecConfig, *, speculative: bool = True, max_new_tokens: int = 256,
                     draft_lm: CausalLM | None = None, seed: int | None = None
@@ -486,7 +561,253 @@ def run_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids:
     for _new, state in stream_sequence(lm, vocab, grammar, prompt_ids, cfg, **kw):
         seq = state
     assert seq is not None
+    return _sequence_result(seq)
+
+
+# run_batch cuts the drafts of a step to the common length with the best expected tokens per
+# unit of forward time (see _StepCost); False feeds every pre-validated draft whole
+BATCH_DRAFT_CUT = True
+
+
+def _sequence_result(seq: _Sequence) -> SequenceResult:
     text_tokens = [t for t in seq.output if t not in seq.eos]
-    data = vocab.decode_bytes(text_tokens)
+    data = seq.vocab.decode_bytes(text_tokens)
     text = codecs.decode(data, "utf-8", errors="replace")
     return SequenceResult(seq.output, text, seq.finish or "stop", seq.stats)
+
+
+@dataclass
+class BatchStats(GenerationStats):
+    """Counters of a batched call: token and draft counts summed over its sequences.
+
+    Unlike a plain sum of the sequences' stats, ``forward_passes`` counts the batched target
+    forwards actually run (one per step of a micro-batch, whatever its size), and the times are
+    the call's wall-clock time per phase: ``time_total`` is the whole call, so
+    ``tokens_per_second`` is the batch's throughput. ``row_forward_passes`` is the sum over
+    sequences of the forwards each took part in (what the per-sequence stats count);
+    ``real_positions`` / ``padded_positions`` count the positions fed to the target that
+    belonged to a sequence / only squared the batch (prefill included).
+    """
+
+    sequences: int = 0
+    micro_batches: int = 0
+    row_forward_passes: int = 0
+    real_positions: int = 0
+    padded_positions: int = 0
+
+    def add(self, other: BatchStats) -> None:
+        """Add another micro-batch's counters (times add up: micro-batches run one after another)."""
+        self.merge(other)
+        for k in ("sequences", "micro_batches", "row_forward_passes", "real_positions",
+                  "padded_positions"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+        if other.time_to_first_token is not None and self.time_to_first_token is None:
+            self.time_to_first_token = other.time_to_first_token
+
+
+class _StepCost:
+    """Online model of a batched target forward's time, ``t = fixed + per_position * positions``
+    (least squares over this batch's steps; a prior until the fed sizes vary), used to cut
+    drafts so that the squared-up batch (every row padded to the longest draft) feeds only
+    positions worth their compute: on a compute-bound device a padded or unlikely position
+    costs as much as a certain one."""
+
+    def __init__(self, prior_fixed_positions: float = 12.0) -> None:
+        self.obs: list[tuple[float, float]] = []
+        self.prior = prior_fixed_positions
+
+    def add(self, positions: int, seconds: float) -> None:
+        self.obs.append((float(positions), seconds))
+        del self.obs[:-64]
+
+    def fixed_positions(self) -> float:
+        """The fixed cost of a forward, in units of one fed position."""
+        xs = [x for x, _ in self.obs]
+        if len(self.obs) < 4 or max(xs) - min(xs) < 4:
+            return self.prior
+        n = len(xs)
+        mx = sum(xs) / n
+        my = sum(y for _, y in self.obs) / n
+        sxx = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in self.obs) / sxx
+        if slope <= 0:
+            return self.prior
+        return min(max((my - slope * mx) / slope, 0.0), 4 * self.prior + 64)
+
+
+def _expected_accepts(plan: _Plan) -> list[float]:
+    """Probability, under each drafter's running acceptance, that draft positions 0..j are all
+    accepted (the terms of :meth:`Candidate.score`)."""
+    out: list[float] = []
+    p = 1.0
+    if plan.cand is not None:
+        for drafter, n in plan.cand.segments:
+            r = drafter.acceptance_estimate()
+            for _ in range(n):
+                p *= r
+                out.append(p)
+    return out[: len(plan.draft)]
+
+
+def _cut_drafts(plans: list[_Plan], cost: _StepCost) -> None:
+    """Cut every draft to the common length that maximises expected tokens per unit of forward
+    time (pre-validated prefixes stay valid, so this is lossless for greedy decoding and keeps
+    sampling exact)."""
+    ks = [len(p.draft) for p in plans]
+    top = max(ks)
+    if top == 0 or len(plans) < 2:
+        return
+    probs = [_expected_accepts(p) for p in plans]
+    fixed = cost.fixed_positions()
+    b = len(plans)
+    best_k, best = top, -1.0
+    gain = float(b)  # every row emits its recovered / bonus token
+    for k in range(top + 1):
+        if k:
+            gain += sum(pr[k - 1] for pr in probs if len(pr) >= k)
+        fed = b * (k + 1)  # padded to the longest draft
+        rate = gain / (fixed + fed)
+        if rate > best:
+            best_k, best = k, rate
+    if best_k >= top:
+        return
+    for p in plans:
+        if len(p.draft) > best_k:
+            _truncate(p, best_k)
+
+
+def _truncate(plan: _Plan, k: int) -> None:
+    plan.draft = plan.draft[:k]
+    plan.bitmask = plan.bitmask[: k + 1]
+    plan.uniforms = plan.uniforms[: k + 1]
+    c = plan.cand
+    if c is None:
+        return
+    c.tokens = c.tokens[:k]
+    if c.probs is not None:
+        c.probs = c.probs[:k]
+    segs = []
+    left = k
+    for d, n in c.segments:
+        take = min(n, left)
+        if take:
+            segs.append((d, take))
+        left -= take
+    c.segments = segs
+    if not k:
+        plan.cand = None
+
+
+def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts: list[list[int]],
+              cfg: SpecConfig, *, speculative: bool = True, max_new_tokens: int = 256,
+              draft_lm: CausalLM | None = None, seeds: list[int | None] | None = None
+              ) -> tuple[list[SequenceResult], BatchStats]:
+    """Generate for several prompts together (one micro-batch; mixed grammars allowed).
+
+    Every step runs ONE batched target forward for all live sequences (:class:`BatchKV`:
+    left padding, per-row holes for rejected drafts, explicit position ids) and ONE verify
+    call over the flattened drafts; each sequence keeps its own matcher, drafters, random
+    generator and statistics, so its output is what :func:`run_sequence` produces for it
+    alone (greedy: token-identical barring argmax near-ties that the float rounding of
+    differently shaped batched matmuls could flip). Finished sequences leave the batch. A
+    draft model, if any, runs per sequence (its own cache).
+
+    Every row is padded to the step's longest draft, so on a compute-bound device a padded or
+    unlikely draft position costs as much as a sure one: the drafts of a step are cut to the
+    common length with the best expected tokens per second (:data:`BATCH_DRAFT_CUT`; a cost
+    model fitted online to the step times). Cutting a pre-validated draft is lossless for
+    greedy decoding and keeps sampling exact; sampled tokens then differ from the run alone
+    with the same seed (same distribution; with the cut off they are the same draws).
+
+    Returns the per-sequence results (in prompt order) and the batch's :class:`BatchStats`.
+    """
+    from .model import BatchKV
+
+    n = len(prompts)
+    if len(grammars) != n:
+        raise ValueError(f"{len(grammars)} grammars for {n} prompts")
+    if any(not p for p in prompts):
+        raise ValueError("every prompt must contain at least one token")
+    seeds = list(seeds) if seeds is not None else [None] * n
+    t_start = time.perf_counter()
+    seqs = [
+        _Sequence(lm, vocab, g, p, cfg, speculative=speculative, max_new_tokens=max_new_tokens,
+                  draft_lm=(CausalLM(draft_lm.model, draft_lm.tokenizer) if draft_lm is not None
+                            else None),
+                  seed=sd)
+        for g, p, sd in zip(grammars, prompts, seeds)
+    ]
+    bst = BatchStats(sequences=n, micro_batches=1 if n else 0)
+    if not n:
+        return [], bst
+    kv = BatchKV(lm)
+    cost = _StepCost()
+    t0 = time.perf_counter()
+    kv.prefill([s.prompt[:-1] for s in seqs])
+    dt = time.perf_counter() - t0
+    t_prefill, t_forward, t_verify, passes = dt, 0.0, 0.0, 0
+    for s in seqs:
+        s.pending = s.prompt[-1]
+        s.stats.time_prefill += dt
+
+    def committed(s: _Sequence, new: list[int]) -> None:
+        now = time.perf_counter() - t_start
+        if new and s.stats.time_to_first_token is None:
+            s.stats.time_to_first_token = now
+        s.stats.time_total = now
+
+    live = list(range(n))  # live[r] is the sequence held in row r of the batched cache
+    while live:
+        plans: dict[int, _Plan] = {}
+        for i in live:
+            p = seqs[i].prepare()
+            if isinstance(p, _Plan):
+                plans[i] = p
+            else:  # finished without a forward pass
+                committed(seqs[i], p)
+        if len(plans) < len(live):
+            kv.select([r for r, i in enumerate(live) if i in plans])
+            live = [i for i in live if i in plans]
+            if not live:
+                break
+        if speculative and BATCH_DRAFT_CUT:
+            _cut_drafts([plans[i] for i in live], cost)
+        t0 = time.perf_counter()
+        logits = kv.extend([[seqs[i].pending] + plans[i].draft for i in live])  # type: ignore[operator]
+        dt_f = time.perf_counter() - t0
+        cost.add(len(live) * max(len(plans[i].draft) + 1 for i in live), dt_f)
+        t0 = time.perf_counter()
+        results = _verify_plans([seqs[i] for i in live], [plans[i] for i in live], logits)
+        kv.commit([1 + n_acc for n_acc, _ in results])
+        dt_v = time.perf_counter() - t0
+        passes += 1
+        t_forward += dt_f
+        t_verify += dt_v
+        for i, (n_acc, emitted) in zip(live, results):
+            s = seqs[i]
+            s.stats.forward_passes += 1
+            s.stats.time_forward += dt_f
+            s.stats.time_verify += dt_v
+            committed(s, s.commit(plans[i], n_acc, emitted))
+        still = [r for r, i in enumerate(live) if seqs[i].finish is None]
+        if len(still) < len(live):
+            kv.select(still)
+            live = [live[r] for r in still]
+        else:
+            kv.compact(0.5)
+
+    out: list[SequenceResult] = []
+    for s in seqs:
+        s.finalize_stats()
+        bst.merge(s.stats)
+        bst.row_forward_passes += s.stats.forward_passes
+        out.append(_sequence_result(s))
+    # merge() summed the sequences' forward counts and times; the batch's own are wall-clock
+    # (masks and drafting stay summed: that CPU work runs one sequence after another)
+    bst.forward_passes = passes
+    bst.time_prefill, bst.time_forward, bst.time_verify = t_prefill, t_forward, t_verify
+    bst.time_total = time.perf_counter() - t_start
+    firsts = [s.stats.time_to_first_token for s in seqs if s.stats.time_to_first_token is not None]
+    bst.time_to_first_token = min(firsts) if firsts else None
+    bst.real_positions, bst.padded_positions = kv.real_positions, kv.padded_positions
+    return out, bst

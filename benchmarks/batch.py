@@ -1,0 +1,200 @@
+"""Batch benchmark: 32 mixed-schema requests in one call vs one at a time.
+
+Requests (``--requests``, default 32): every extraction task of ``benchmarks/tasks/extraction.py``
+with its own text, every example schema in ``schemas/`` ("produce an example instance"), then
+task schemas paired with other tasks' texts, until the count is reached. Four engines run the
+same requests greedily on the same model, interleaved per repeat so machine noise hits all:
+
+* ``batch-spec``  -- one ``structgen.generate`` call with the list (speculative, micro-batches of
+  ``--batch-size``: one batched target forward per step);
+* ``batch-plain`` -- the same call with ``speculative=False`` (batched plain constrained decoding);
+* ``single-spec`` / ``single-plain`` -- one call per request (batch 1).
+
+Reported per engine: wall time, output tokens, throughput (output tokens / s, prefill included),
+target forward passes (batched passes for the batch engines), valid outputs (``jsonschema``),
+finish reasons, and whether each output is token-identical to ``single-plain`` (the exactness
+oracle). Speed ratios are against ``single-plain`` and ``single-spec``.
+
+    python benchmarks/batch.py                                   # smollm2-135m, 32 requests
+    python benchmarks/batch.py --model qwen2.5-coder-0.5b
+    python benchmarks/batch.py --smoke                           # tiny random model, 6 requests (CI)
+
+The full mode writes ``benchmarks/results/batch-<model>-<device>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import jsonschema  # noqa: E402
+import torch  # noqa: E402
+from tasks.extraction import TASKS, messages  # noqa: E402
+
+import structgen  # noqa: E402
+from structgen.config import SpecConfig  # noqa: E402
+from structgen.model import CausalLM, load_model  # noqa: E402
+
+ENGINES = ("batch-spec", "batch-plain", "single-spec", "single-plain")
+
+
+def requests(n: int) -> list[dict[str, Any]]:
+    """``n`` (name, schema, messages) requests with mixed schemas (see the module doc)."""
+    out: list[dict[str, Any]] = []
+    for t in TASKS:
+        out.append({"name": t["name"], "schema": t["schema"], "messages": messages(t)})
+    for sp in sorted((ROOT / "schemas").glob("*.schema.json")):
+        schema = json.loads(sp.read_text())
+        out.append({"name": sp.name.removesuffix(".schema.json"), "schema": schema, "messages": [
+            {"role": "user", "content": "Produce an example instance of this JSON schema: "
+                                        + json.dumps(schema, separators=(",", ":"))}]})
+    for i, t in enumerate(TASKS):
+        for j, u in enumerate(TASKS):
+            if i != j:
+                msgs = messages(t)
+                body = msgs[-1]["content"].replace(t["text"], u["text"])
+                out.append({"name": f"{t['name']}<-{u['name']}", "schema": t["schema"],
+                            "messages": msgs[:-1] + [{"role": msgs[-1]["role"], "content": body}]})
+    return out[:n]
+
+
+def tiny_model() -> CausalLM:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from structgen import assets
+
+    tok = assets.load_tokenizer("gpt2")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=50304, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id)
+    return CausalLM(LlamaForCausalLM(cfg).eval(), tok)
+
+
+def _valid(schema: dict[str, Any], r: Any) -> bool:
+    if r.finish_reason != "stop":
+        return False
+    try:
+        return jsonschema.Draft202012Validator(schema).is_valid(json.loads(r.text))
+    except ValueError:
+        return False
+
+
+def run_engine(lm: CausalLM, engine: str, reqs: list[dict[str, Any]], max_new: int,
+               batch_size: int) -> dict[str, Any]:
+    speculative = engine.endswith("spec")
+    cfg = SpecConfig(batch_size=batch_size)
+    t0 = time.perf_counter()
+    if engine.startswith("batch"):
+        rs = structgen.generate(lm, schema=[q["schema"] for q in reqs],
+                                messages=[q["messages"] for q in reqs], max_new_tokens=max_new,
+                                speculative=speculative, config=cfg)
+        passes = rs.stats.forward_passes
+        extra = {"row_forward_passes": rs.stats.row_forward_passes,
+                 "real_positions": rs.stats.real_positions,
+                 "padded_positions": rs.stats.padded_positions,
+                 "micro_batches": rs.stats.micro_batches,
+                 "time": {k: round(getattr(rs.stats, k), 3) for k in
+                          ("time_prefill", "time_forward", "time_verify", "time_masks",
+                           "time_drafting")},
+                 "drafted": rs.stats.drafted, "accepted": rs.stats.accepted,
+                 "drafters": rs.stats.drafters}
+    else:
+        rs = [structgen.generate(lm, schema=q["schema"], messages=q["messages"],
+                                 max_new_tokens=max_new, speculative=speculative, config=cfg)
+              for q in reqs]
+        passes = sum(r.stats.forward_passes for r in rs)
+        extra = {"drafted": sum(r.stats.drafted for r in rs),
+                 "accepted": sum(r.stats.accepted for r in rs)}
+    wall = time.perf_counter() - t0
+    tokens = sum(len(r.tokens) for r in rs)
+    valid = [_valid(q["schema"], r) for q, r in zip(reqs, rs)]
+    finish: dict[str, int] = {}
+    for r in rs:
+        finish[r.finish_reason] = finish.get(r.finish_reason, 0) + 1
+    return {"engine": engine, "wall_s": round(wall, 3), "output_tokens": tokens,
+            "tokens_per_s": round(tokens / wall, 2), "forward_passes": passes,
+            "tokens_per_pass": round(tokens / passes, 3) if passes else None,
+            "valid": sum(valid), "requests": len(reqs), "finish_reasons": finish,
+            "outputs": [r.tokens for r in rs], "invalid": [q["name"] for q, v in zip(reqs, valid) if not v],
+            **extra}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
+    ap.add_argument("--smoke", action="store_true", help="tiny random model, 6 requests, no file")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    engines = [e for e in args.engines.split(",") if e]
+    unknown = set(engines) - set(ENGINES)
+    if unknown:
+        ap.error(f"unknown engines {sorted(unknown)}; choose from {ENGINES}")
+    if args.smoke:
+        lm = tiny_model()
+        args.requests, args.max_new_tokens, args.batch_size = 6, 24, 4
+    else:
+        lm = load_model(args.model)
+    reqs = requests(args.requests)
+    # warm-up: grammar compilation (cached per schema) and first-call costs outside the timing
+    structgen.generate(lm, schema=[q["schema"] for q in reqs], messages=[q["messages"] for q in reqs],
+                       max_new_tokens=2, speculative=False, config=SpecConfig(batch_size=args.batch_size))
+    results: dict[str, dict[str, Any]] = {}
+    for e in engines:
+        results[e] = run_engine(lm, e, reqs, args.max_new_tokens, args.batch_size)
+        r = results[e]
+        print(f"{e:13} {r['wall_s']:8.1f} s  {r['output_tokens']:6d} tokens  {r['tokens_per_s']:7.1f} tok/s  "
+              f"{r['forward_passes']:6d} passes  valid {r['valid']}/{r['requests']}  {r['finish_reasons']}",
+              file=sys.stderr)
+    oracle = results.get("single-plain")
+    summary: dict[str, Any] = {}
+    for e, r in results.items():
+        s = {k: r[k] for k in ("wall_s", "output_tokens", "tokens_per_s", "forward_passes",
+                               "tokens_per_pass", "valid", "requests", "finish_reasons")}
+        if oracle is not None and e != "single-plain":
+            same = sum(a == b for a, b in zip(r["outputs"], oracle["outputs"]))
+            s["identical_to_single_plain"] = f"{same}/{len(reqs)}"
+        for base in ("single-plain", "single-spec"):
+            if base in results and base != e:
+                s[f"throughput_vs_{base}"] = round(r["tokens_per_s"] / results[base]["tokens_per_s"], 3)
+        summary[e] = s
+    print(json.dumps(summary, indent=1))
+    meta = {"model": "tiny-random" if args.smoke else args.model, "requests": len(reqs),
+            "request_names": [q["name"] for q in reqs], "batch_size": args.batch_size,
+            "max_new_tokens": args.max_new_tokens, "greedy": True, "threads": args.threads,
+            "device": str(lm.device), "torch": torch.__version__, "platform": platform.platform(),
+            "processor": platform.processor(), "cpu_count": os.cpu_count(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    out = args.out
+    if out is None and not args.smoke:
+        out = ROOT / "benchmarks" / "results" / f"batch-{args.model}-{lm.device.type}.json"
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"meta": meta, "summary": summary, "results": results}, indent=1))
+        print(f"wrote {out}", file=sys.stderr)
+    bad = [e for e, s in summary.items() if str(s.get("identical_to_single_plain", "x/x")).split("/")[0]
+           != str(len(reqs)) and "identical_to_single_plain" in s]
+    if bad:
+        print(f"NOTE: outputs differ from single-plain for {bad}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
