@@ -33,6 +33,7 @@ __all__ = ["Engine", "VocabTable", "DEAD", "UNKNOWN"]
 DEAD = -1
 UNKNOWN = -2
 ROOT = 0  # the empty stack
+_WALK_IDS_MAX = 4096  # above this many context-dependent tokens, walk the trie instead
 
 
 class Engine:
@@ -304,23 +305,25 @@ class Engine:
             if frames[only][0] == ROOT:
                 return None
         words = np.zeros(vt.num_words, dtype=np.uint32)
-        pending: list[tuple[int, np.ndarray]] = []
+        pending: list[tuple[int, np.ndarray | None]] = []
         for sid in stacks:
             _parent, r, q = frames[sid]
             got = self._context_independent(r, q, vt)
             if got is None:  # the rule may return right away: everything depends on context
-                single = self._config(*self.closure(sid))
-                pending.append((single, vt.flat_ids))
+                pending.append((self._config(*self.closure(sid)), None))
                 continue
             certain, uncertain = got
             words |= certain
             if uncertain.size:
                 pending.append((self._config(*self.closure(sid)), uncertain))
         for single, ids in pending:
-            ids = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1) == 0]
-            if ids.size == 0:
-                continue
-            ok = self._walk_ids(single, ids, vt)
+            if ids is None or ids.size > _WALK_IDS_MAX:
+                ok = self._allowed_tokens(single, vt)  # a trie walk prunes better
+            else:
+                ids = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1) == 0]
+                if ids.size == 0:
+                    continue
+                ok = self._walk_ids(single, ids, vt)
             if ok.size:
                 np.bitwise_or.at(words, ok >> 5, (np.uint32(1) << (ok & 31).astype(np.uint32)))
         if self.is_accepting(cid) and vt.eos_ids.size:
