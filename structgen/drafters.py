@@ -277,15 +277,30 @@ class DraftModelDrafter(Drafter):
         bm = allocate_bitmask(1, self.lm.vocab_size)
         toks: list[int] = []
         probs: list[Any] = []
+        pending: list[int] = []  # drafted tokens not fed to the draft model yet
         for step in range(limit):
             m.fill_bitmask(bm, 0)
-            p = masked_distribution(logits, bm[0], temperature)  # [V] float32
-            if p is None:
-                break
-            if temperature > 0:
-                t = int(torch.multinomial(p, 1, generator=generator))
+            only = _single_allowed(bm[0])
+            if only is not None:
+                # the grammar leaves one token: the masked distribution is a point mass on it
+                # whatever the logits, so no forward pass is needed to draft it
+                if only >= self.lm.vocab_size:
+                    break
+                t = only
+                p = torch.zeros(self.lm.vocab_size, dtype=torch.float32)  # [V]
+                p[t] = 1.0
             else:
-                t = int(torch.argmax(p))
+                if pending:  # one forward for every token drafted since the last choice
+                    logits = self.lm.extend(pending, all_logits=False)[-1]
+                    self.cached.extend(pending)
+                    pending = []
+                p = masked_distribution(logits, bm[0], temperature)  # [V] float32
+                if p is None:
+                    break
+                if temperature > 0:
+                    t = int(torch.multinomial(p, 1, generator=generator))
+                else:
+                    t = int(torch.argmax(p))
             if not m.accept_token(t):  # cannot happen: t was drawn under the mask
                 break
             # EOS is proposed like any token (dropping it would bias the proposal distribution)
@@ -294,8 +309,21 @@ class DraftModelDrafter(Drafter):
             if m.is_terminated():
                 break
             if step + 1 < limit:
-                logits = self.lm.extend([t], all_logits=False)[-1]
-                self.cached.append(t)
+                pending.append(t)
         if not toks:
             return [], None
         return toks, torch.stack(probs)
+
+
+def _single_allowed(words: Any) -> int | None:
+    """The token id when the packed int32 mask row ``words`` allows exactly one token."""
+    import torch
+
+    nz = torch.nonzero(words).flatten()
+    if nz.numel() != 1:
+        return None
+    w = int(nz[0])
+    v = int(words[w]) & 0xFFFFFFFF
+    if v & (v - 1):
+        return None
+    return 32 * w + v.bit_length() - 1
