@@ -54,16 +54,17 @@ def _alarm(_sig: int, _frm: Any) -> None:
 
 def load_schemas(data: Path, subsets: list[str] | None, limit: int | None,
                  seed: int) -> list[dict[str, Any]]:
+    """A fixed sample: per subset file, shuffled with ``seed``, the first ``limit`` rows."""
     rows: list[dict[str, Any]] = []
     for f in sorted(data.glob("*.jsonl")):
         if subsets and f.stem not in subsets:
             continue
-        sub = [json.loads(line) for line in f.open() if line.strip()]
+        sub = [json.loads(line) for line in f.open(encoding="utf-8") if line.strip()]
         if limit is not None:
             random.Random(seed).shuffle(sub)
             sub = sub[:limit]
         for r in sub:
-            r.setdefault("subset", f.stem)
+            r["subset"] = r.get("subset") or f.stem
         rows.extend(sub)
     return rows
 
@@ -157,41 +158,62 @@ def random_walk(matcher: Any, vocab: Any, rng: random.Random, max_steps: int) ->
 
 
 def valid_instances(schema: Any, n: int, seed: int, deadline_s: float) -> list[Any]:
+    """The schema's own ``examples`` (up to ``n``), then up to ``n`` derandomised
+    hypothesis-jsonschema instances (``seed`` is not used: the draw is fixed per schema)."""
     out: list[Any] = []
     ex = schema.get("examples") if isinstance(schema, dict) else None
     if isinstance(ex, list):
         out.extend(ex[:n])
+    del seed
+    return out + hypothesis_instances(schema, n, None, deadline_s)
+
+
+def hypothesis_instances(schema: Any, n: int, seed: int | None, deadline_s: float) -> list[Any]:
+    """Up to ``n`` instances from hypothesis-jsonschema within ``deadline_s`` seconds
+    (``[]`` if it is unavailable or cannot handle the schema). ``seed`` None: derandomised.
+
+    hypothesis-jsonschema rewrites the schema it is given in place (it inlines $ref, merges
+    allOf and sorts keys): it gets a copy, or the caller's schema (and with it the canonical
+    property order of canonical_json) would change under its feet.
+    """
     try:
         from hypothesis import HealthCheck, Phase, given, settings
+        from hypothesis import seed as hyp_seed
         from hypothesis_jsonschema import from_schema
     except ImportError:
-        return out
+        return []
     found: list[Any] = []
     try:
-        # hypothesis-jsonschema rewrites the schema it is given in place (it inlines $ref,
-        # merges allOf and sorts keys): give it a copy, or the caller's schema (and with it
-        # the canonical property order of canonical_json) changes under its feet
         strat = from_schema(copy.deepcopy(schema))
 
-        @settings(max_examples=n, database=None, derandomize=True, deadline=None,
-                  phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+        @settings(max_examples=n, database=None, deadline=None, phases=[Phase.generate],
+                  suppress_health_check=list(HealthCheck), derandomize=seed is None)
         @given(strat)
         def collect(v: Any) -> None:
             if len(found) < n:
                 found.append(v)
 
-        signal.signal(signal.SIGALRM, _alarm)
-        signal.setitimer(signal.ITIMER_REAL, deadline_s)
+        if seed is not None:
+            collect = hyp_seed(seed)(collect)
+        old = signal.signal(signal.SIGALRM, _alarm)
+        # repeating: an alarm that lands in a callback whose exceptions Python ignores (a
+        # weakref finaliser) is raised again a second later
+        signal.setitimer(signal.ITIMER_REAL, deadline_s, 1.0)
         try:
             collect()
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            while True:
+                try:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+                    break
+                except _Timeout:
+                    continue
+            signal.signal(signal.SIGALRM, old)
     except _Timeout:
         pass
     except Exception:  # noqa: BLE001 - hypothesis-jsonschema cannot handle every schema
         pass
-    del seed
-    return out + found
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:

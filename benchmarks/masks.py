@@ -74,7 +74,6 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import random
 import signal
 import sys
 import time
@@ -87,6 +86,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+if str(ROOT / "benchmarks") not in sys.path:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from jsonschemabench import hypothesis_instances, load_schemas  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 ENGINES = ("structgen", "xgrammar", "llguidance", "outlines-core")
@@ -631,31 +634,6 @@ class EngineProc:
 # Cases (parent process)
 # ---------------------------------------------------------------------------------------------
 
-class _Timeout(Exception):
-    pass
-
-
-def _alarm(_sig: int, _frm: Any) -> None:
-    raise _Timeout()
-
-
-def load_schemas(data: Path, subsets: list[str] | None, limit: int | None,
-                 seed: int) -> list[dict[str, Any]]:
-    """A fixed sample: per subset file, shuffled with ``seed``, the first ``limit`` rows."""
-    rows: list[dict[str, Any]] = []
-    for f in sorted(data.glob("*.jsonl")):
-        if subsets and f.stem not in subsets:
-            continue
-        sub = [json.loads(line) for line in f.open(encoding="utf-8") if line.strip()]
-        if limit is not None:
-            random.Random(seed).shuffle(sub)
-            sub = sub[:limit]
-        for r in sub:
-            r["subset"] = r.get("subset") or f.stem
-        rows.extend(sub)
-    return rows
-
-
 def repo_schemas() -> list[dict[str, Any]]:
     """The repository's example schemas (``schemas/NAME.schema.json``) with their valid samples."""
     rows = []
@@ -677,47 +655,6 @@ def _validator(schema: Any) -> Any:
         return cls(schema, format_checker=jsonschema.FormatChecker())
     except Exception:  # noqa: BLE001 - a malformed schema: no instance can be checked
         return None
-
-
-def hypothesis_instances(schema: Any, n: int, seed: int, deadline_s: float) -> list[Any]:
-    """Up to ``n`` instances from hypothesis-jsonschema, seeded (``[]`` if unavailable)."""
-    try:
-        from hypothesis import HealthCheck, Phase, given, settings
-        from hypothesis import seed as hyp_seed
-        from hypothesis_jsonschema import from_schema
-    except ImportError:
-        return []
-    found: list[Any] = []
-    try:
-        strat = from_schema(schema)
-
-        @hyp_seed(seed)
-        @settings(max_examples=n, database=None, deadline=None, phases=[Phase.generate],
-                  suppress_health_check=list(HealthCheck), derandomize=False)
-        @given(strat)
-        def collect(v: Any) -> None:
-            if len(found) < n:
-                found.append(v)
-
-        old = signal.signal(signal.SIGALRM, _alarm)
-        # repeating: an alarm that lands in a callback whose exceptions Python ignores (a
-        # weakref finaliser) is raised again a second later
-        signal.setitimer(signal.ITIMER_REAL, deadline_s, 1.0)
-        try:
-            collect()
-        finally:
-            while True:
-                try:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
-                    break
-                except _Timeout:
-                    continue
-            signal.signal(signal.SIGALRM, old)
-    except _Timeout:
-        pass
-    except Exception:  # noqa: BLE001 - hypothesis-jsonschema cannot handle every schema
-        pass
-    return found
 
 
 def pick_instance(schema: Any, candidates: list[Any], max_chars: int) -> tuple[str | None, int]:

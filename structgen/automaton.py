@@ -1129,21 +1129,7 @@ class _Compiler:
 
     # -- subset construction ------------------------------------------------------
     def _determinise(self, nfa: _Nfa, start: int, end: int, name: str) -> _Dfa:
-        # byte equivalence classes from all edge boundaries
-        cuts = {0, 256}
-        for edges in nfa.edges:
-            for lo, hi, _ in edges:
-                cuts.add(lo)
-                cuts.add(hi + 1)
-        bounds = sorted(cuts)
-        class_of = np.zeros(256, dtype=np.int32)
-        for ci in range(len(bounds) - 1):
-            class_of[bounds[ci]:bounds[ci + 1]] = ci
-        nclass = len(bounds) - 1
-        # per NFA state: list of (class_lo, class_hi, target)
-        cedges: list[list[tuple[int, int, int]]] = []
-        for edges in nfa.edges:
-            cedges.append([(int(class_of[lo]), int(class_of[hi]), t) for lo, hi, t in edges])
+        class_of, nclass, cedges = _byte_classes(nfa)
 
         eps = nfa.eps
         closure_memo: dict[int, frozenset[int]] = {}
@@ -1356,8 +1342,10 @@ def _row_classes(mat: np.ndarray) -> np.ndarray:
     return inv.astype(np.int64)
 
 
-def _lazy_rule(name: str, nfa: _Nfa, end: int) -> LazyRule:
-    """Freeze a trimmed NFA into a :class:`LazyRule` (byte classes from edge boundaries)."""
+def _byte_classes(nfa: _Nfa) -> tuple[np.ndarray, int, list[list[tuple[int, int, int]]]]:
+    """Byte equivalence classes from all edge boundaries of ``nfa``: ``class_of`` int32
+    ``[256]``, the number of classes, and per NFA state its edges as
+    ``(class_lo, class_hi, target)``."""
     cuts = {0, 256}
     for es in nfa.edges:
         for lo, hi, _t in es:
@@ -1368,9 +1356,15 @@ def _lazy_rule(name: str, nfa: _Nfa, end: int) -> LazyRule:
     for ci in range(len(bounds) - 1):
         class_of[bounds[ci]:bounds[ci + 1]] = ci
     cl = class_of.tolist()
-    edges = tuple(tuple((cl[lo], cl[hi], t) for lo, hi, t in es) for es in nfa.edges)
-    return LazyRule(name, tuple(tuple(x) for x in nfa.eps), edges,
-                    tuple(tuple(c) for c in nfa.calls), end, class_of, len(bounds) - 1)
+    cedges = [[(cl[lo], cl[hi], t) for lo, hi, t in es] for es in nfa.edges]
+    return class_of, len(bounds) - 1, cedges
+
+
+def _lazy_rule(name: str, nfa: _Nfa, end: int) -> LazyRule:
+    """Freeze a trimmed NFA into a :class:`LazyRule`."""
+    class_of, nclass, cedges = _byte_classes(nfa)
+    return LazyRule(name, tuple(tuple(x) for x in nfa.eps), tuple(tuple(es) for es in cedges),
+                    tuple(tuple(c) for c in nfa.calls), end, class_of, nclass)
 
 
 def _embed(nfa: _Nfa, d: _Dfa, s: int) -> int:

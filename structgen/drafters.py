@@ -40,6 +40,20 @@ class Candidate:
     segments: list[tuple[Drafter, int]] = field(default_factory=list)
     probs: Any = None
 
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens (and their probabilities and drafter segments)."""
+        self.tokens = self.tokens[:n]
+        if self.probs is not None:
+            self.probs = self.probs[:n]
+        segs = []
+        left = n
+        for d, k in self.segments:
+            take = min(k, left)
+            if take:
+                segs.append((d, take))
+            left -= take
+        self.segments = segs
+
     def score(self) -> float:
         """Expected number of accepted tokens under each drafter's running acceptance."""
         total = 0.0

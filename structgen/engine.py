@@ -346,7 +346,7 @@ class Engine:
         elif self.accepting[rooted]:
             got = None
         else:
-            certain, uncertain = self._trie_split(rooted, vt)
+            certain, uncertain = self._trie_walk(rooted, vt)
             bits = np.zeros(vt.num_words * 32, dtype=bool)
             bits[certain] = True
             got = (np.packbits(bits, bitorder="little").view(np.uint32), uncertain)
@@ -361,15 +361,17 @@ class Engine:
                     self.ci_cache_bytes -= old[0].nbytes + old[1].nbytes
         return got
 
-    def _trie_split(self, cid: int, vt: VocabTable) -> tuple[np.ndarray, np.ndarray]:
-        """Rooted trie walk from ``cid``: (tokens accepted, tokens that pass an accepting
-        configuration before their end and so depend on the context)."""
+    def _trie_walk(self, cid: int, vt: VocabTable, split: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Level-by-level walk of the vocabulary's byte trie from ``cid``, expanding only
+        children of live nodes: (tokens accepted, tokens that depend on the context). With
+        ``split`` (a rooted walk, see :meth:`_split_mask`), a node reached in an accepting
+        configuration is not expanded further and its descendants are context-dependent;
+        without it the second array is empty."""
         nodes = np.zeros(1, dtype=np.int64)
         states = np.array([cid], dtype=np.int32)
         taint = np.zeros(0, dtype=np.int64)  # previous-level nodes whose subtrees are uncertain
         certain: list[np.ndarray] = []
         uncertain: list[np.ndarray] = []
-        filled = self.filled
         for lv in vt.levels:
             if taint.size:
                 tc = lv.child_count[taint]
@@ -387,10 +389,7 @@ class Engine:
                 if total:
                     child = _expand(starts, counts, total)
                     par_state = np.repeat(states, counts)
-                    if not filled[par_state].all():
-                        for c in np.unique(par_state[~filled[par_state]]).tolist():
-                            self.fill_row(int(c))
-                        filled = self.filled
+                    self._fill_rows(par_state)
                     nxt = self.trans[par_state, lv.byte[child]]
                     keep = nxt >= 0
                     live = child[keep]
@@ -399,8 +398,8 @@ class Engine:
                     nk = int(k.sum())
                     if nk:
                         certain.append(lv.tok_ids[_expand(lv.tok_start[live], k, nk)])
-                    acc = self.accepting[st]
-                    if acc.any():
+                    acc = self.accepting[st] if split else None
+                    if acc is not None and acc.any():
                         taint = np.concatenate([taint, live[acc]])
                         nodes, states = live[~acc], st[~acc]
                     else:
@@ -415,13 +414,15 @@ class Engine:
 
     def _walk_ids(self, cid: int, ids: np.ndarray, vt: VocabTable) -> np.ndarray:
         """The token ids among ``ids`` (non-empty tokens) accepted from configuration ``cid``."""
-        idx = np.searchsorted(vt.flat_ids, ids)
+        return self._walk_flat(cid, np.searchsorted(vt.flat_ids, ids), vt)
+
+    def _walk_flat(self, cid: int, act: np.ndarray, vt: VocabTable) -> np.ndarray:
+        """Token ids of the flat vocabulary rows ``act`` whose bytes are consumed from ``cid``
+        (all tokens walked in parallel, one byte column at a time)."""
         lens = vt.flat_lens
         mat = vt.matrix
-        st = np.full(idx.size, cid, dtype=np.int32)
-        act = idx
+        st = np.full(act.size, cid, dtype=np.int32)
         found: list[np.ndarray] = []
-        filled = self.filled
         for j in range(vt.max_len):
             fin = lens[act] == j
             if fin.any():
@@ -430,17 +431,21 @@ class Engine:
                 st = st[~fin]
             if act.size == 0:
                 break
-            if not filled[st].all():
-                for c in np.unique(st[~filled[st]]).tolist():
-                    self.fill_row(int(c))
-                filled = self.filled
+            self._fill_rows(st)
             nxt = self.trans[st, mat[act, j]]
             keep = nxt >= 0
             act = act[keep]
             st = nxt[keep]
-        if act.size:
+        if act.size:  # tokens of the maximum length, fully consumed
             found.append(vt.flat_ids[act])
         return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+    def _fill_rows(self, states: np.ndarray) -> None:
+        """Make sure the transition rows of every configuration in ``states`` are known."""
+        filled = self.filled
+        if not filled[states].all():
+            for c in np.unique(states[~filled[states]]).tolist():
+                self.fill_row(int(c))
 
     def _allowed_tokens(self, cid: int, vt: VocabTable) -> np.ndarray:
         """Token ids (original numbering) whose bytes can be consumed from ``cid``.
@@ -461,63 +466,11 @@ class Engine:
     def _allowed_loop_split(self, cid: int, vt: VocabTable, loops: np.ndarray) -> np.ndarray:
         words = np.packbits(~loops, bitorder="little").view(np.uint64)  # [4] non-loop bytes
         impure = (vt.byte_bits & words).any(axis=1)  # [N] token has a non-looping byte
-        pure_ids = vt.flat_ids[~impure]
-        act = np.nonzero(impure)[0]
-        st = np.full(act.size, cid, dtype=np.int32)
-        lens = vt.flat_lens
-        mat = vt.matrix
-        found = [pure_ids]
-        filled = self.filled
-        for j in range(vt.max_len):
-            fin = lens[act] == j
-            if fin.any():
-                found.append(vt.flat_ids[act[fin]])
-                act = act[~fin]
-                st = st[~fin]
-            if act.size == 0:
-                break
-            if not filled[st].all():
-                for c in np.unique(st[~filled[st]]).tolist():
-                    self.fill_row(int(c))
-                filled = self.filled
-            nxt = self.trans[st, mat[act, j]]
-            keep = nxt >= 0
-            act = act[keep]
-            st = nxt[keep]
-        if act.size:  # tokens of the maximum length, fully consumed
-            found.append(vt.flat_ids[act])
-        return np.concatenate(found)
+        return np.concatenate([vt.flat_ids[~impure],
+                               self._walk_flat(cid, np.nonzero(impure)[0], vt)])
 
     def _allowed_trie(self, cid: int, vt: VocabTable) -> np.ndarray:
-        nodes = np.zeros(1, dtype=np.int64)  # live nodes of the previous level (root = 0)
-        states = np.array([cid], dtype=np.int32)
-        found: list[np.ndarray] = []
-        filled = self.filled
-        for lv in vt.levels:
-            starts = lv.child_start[nodes]
-            counts = lv.child_count[nodes]
-            total = int(counts.sum())
-            if total == 0:
-                break
-            child = _expand(starts, counts, total)  # [total] node ids at this level
-            par_state = np.repeat(states, counts)
-            if not filled[par_state].all():
-                for c in np.unique(par_state[~filled[par_state]]).tolist():
-                    self.fill_row(int(c))
-                filled = self.filled
-            nxt = self.trans[par_state, lv.byte[child]]
-            keep = nxt >= 0
-            nodes = child[keep]
-            states = nxt[keep]
-            if nodes.size == 0:
-                break
-            tcount = lv.tok_count[nodes]
-            ntok = int(tcount.sum())
-            if ntok:
-                found.append(lv.tok_ids[_expand(lv.tok_start[nodes], tcount, ntok)])
-        if not found:
-            return np.zeros(0, dtype=np.int64)
-        return np.concatenate(found)
+        return self._trie_walk(cid, vt, split=False)[0]
 
     # -- introspection -------------------------------------------------------------
     def memory_bytes(self) -> int:

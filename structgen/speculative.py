@@ -278,17 +278,7 @@ class _Sequence:
         for c in cands[: max(1, self.cfg.draft_num) + 2]:
             n = m.validate_tokens(c.tokens)  # pre-validation: longest grammar-valid prefix
             if n < len(c.tokens):
-                c.tokens = c.tokens[:n]
-                if c.probs is not None:
-                    c.probs = c.probs[:n]
-                segs = []
-                left = n
-                for d, k in c.segments:
-                    take = min(k, left)
-                    if take:
-                        segs.append((d, take))
-                    left -= take
-                c.segments = segs
+                c.truncate(n)
             if not c.tokens:
                 continue
             s = c.score()
@@ -683,17 +673,7 @@ def _truncate(plan: _Plan, k: int) -> None:
     c = plan.cand
     if c is None:
         return
-    c.tokens = c.tokens[:k]
-    if c.probs is not None:
-        c.probs = c.probs[:k]
-    segs = []
-    left = k
-    for d, n in c.segments:
-        take = min(n, left)
-        if take:
-            segs.append((d, take))
-        left -= take
-    c.segments = segs
+    c.truncate(k)
     if not k:
         plan.cand = None
 
