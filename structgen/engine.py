@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import trie as native
+
 if TYPE_CHECKING:  # pragma: no cover
     from .automaton import CompiledGrammar
 
@@ -34,6 +36,7 @@ DEAD = -1
 UNKNOWN = -2
 ROOT = 0  # the empty stack
 _WALK_IDS_MAX = 4096  # above this many context-dependent tokens, walk the trie instead
+_SPLIT_DEPTH = 6  # most stack frames a rooted split walk takes
 
 
 class Engine:
@@ -50,6 +53,8 @@ class Engine:
         self.frames: list[tuple[int, int, int]] = [(-1, -1, -1)]  # id 0 = ROOT
         self.frame_ids: dict[tuple[int, int, int], int] = {}
         self._closure: dict[int, tuple[frozenset[int], bool]] = {}
+        self._srows: dict[int, tuple[np.ndarray, list[tuple[frozenset[int], bool]]]] = {}
+        self._groups: dict[tuple[int, int], tuple[np.ndarray, list[int]]] = {}
         # configurations
         self.configs: list[tuple[frozenset[int], bool]] = []
         self.config_ids: dict[tuple[frozenset[int], bool], int] = {}
@@ -60,10 +65,12 @@ class Engine:
         self.mask_cache: OrderedDict[tuple[Any, int], np.ndarray] = OrderedDict()
         self.mask_cache_bytes = 0
         self.mask_cache_limit = mask_cache_bytes
+        self.native = native.available()  # compiled trie walks (structgen.trie) when numba is present
         self.stats = {"mask_hits": 0, "mask_misses": 0, "rows_filled": 0, "ci_hits": 0, "ci_misses": 0}
         # context-independent split per (vocab, rule, state): packed words of tokens that are
         # accepted whatever lies below the top frame, and the ids of tokens that depend on it
-        self.ci_cache: OrderedDict[tuple[Any, int, int], tuple[np.ndarray, np.ndarray] | None] = OrderedDict()
+        self.ci_cache: OrderedDict[tuple[Any, tuple[tuple[int, int], ...], bool],
+                                   tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self.ci_cache_bytes = 0
         root_stack = self._intern(ROOT, grammar.root, 0)
         stacks, acc = self.closure(root_stack)
@@ -139,57 +146,72 @@ class Engine:
         return cid >= 0 and bool(self.configs[cid][1])
 
     def fill_row(self, cid: int) -> None:
-        """Compute ``trans[cid, :]`` (all 256 bytes) if not yet known."""
+        """Compute ``trans[cid, :]`` (all 256 bytes) if not yet known.
+
+        Each stack of the configuration steps on its own (:meth:`_stack_row`, cached per
+        stack); a byte's successor is the union of the stacks' successors on it."""
         if self.filled[cid]:
             return
         with self.lock:
             if self.filled[cid]:
                 return
             stacks, _acc = self.configs[cid]
-            per_stack: list[np.ndarray] = []
-            results: list[frozenset[int] | None] = [None]
-            res_ids: dict[frozenset[int], int] = {}
-            accs: list[bool] = [False]
-            for s in stacks:
-                parent, r, q = self.frames[s]
-                row = self._info[r](q)[0]
-                arr = np.zeros(256, dtype=np.int32)  # 0 = nothing from this stack
-                for tgt in np.unique(row[row >= 0]).tolist():
-                    ns = self._intern(parent, r, tgt)
-                    st, a = self.closure(ns)
-                    key = st | (frozenset([-1]) if a else frozenset())
-                    j = res_ids.get(key)
-                    if j is None:
-                        j = len(results)
-                        results.append(st)
-                        accs.append(a)
-                        res_ids[key] = j
-                    arr[row == tgt] = j
-                per_stack.append(arr)
-            out = np.full(256, DEAD, dtype=np.int32)
-            if per_stack:
-                mat = np.stack(per_stack)  # [num_stacks, 256]
-                if mat.shape[0] == 1:
-                    combos = {int(j): None for j in np.unique(mat[0]).tolist()}
-                    for j in combos:
-                        if j == 0:
-                            continue
-                        st = results[j]
-                        assert st is not None
-                        out[mat[0] == j] = self._config(st, accs[j])
-                else:
-                    cols, inv = np.unique(mat, axis=1, return_inverse=True)
-                    inv = inv.reshape(-1)
-                    for k in range(cols.shape[1]):
-                        js = [int(x) for x in cols[:, k] if x != 0]
-                        if not js:
-                            continue
-                        st_u: frozenset[int] = frozenset().union(*(results[j] for j in js))  # type: ignore[misc]
-                        a_u = any(accs[j] for j in js)
-                        out[inv == k] = self._config(st_u, a_u)
+            config = self._config
+            if len(stacks) == 1:
+                (sid,) = tuple(stacks)
+                labels, results = self._stack_row(sid)
+                lut = np.array([DEAD] + [config(st, a) for st, a in results], dtype=np.int32)
+                out = lut[labels]
+            elif not stacks:
+                out = np.full(256, DEAD, dtype=np.int32)
+            else:
+                rows = [self._stack_row(sid) for sid in stacks]
+                # joint label per byte: relabel (label so far, this stack's label) pairs
+                joint = rows[0][0].astype(np.int64)
+                for labels, results in rows[1:]:
+                    _u, joint = np.unique(joint * (len(results) + 1) + labels, return_inverse=True)
+                    joint = joint.reshape(-1)
+                _u, first, joint = np.unique(joint, return_index=True, return_inverse=True)
+                lut_l: list[int] = []
+                for b in first.tolist():
+                    parts = [res[lab[b] - 1] for lab, res in rows if lab[b]]
+                    if not parts:
+                        lut_l.append(DEAD)
+                    elif len(parts) == 1:
+                        lut_l.append(config(*parts[0]))
+                    else:
+                        st_u: frozenset[int] = frozenset().union(*(p[0] for p in parts))
+                        lut_l.append(config(st_u, any(p[1] for p in parts)))
+                out = np.array(lut_l, dtype=np.int32)[joint.reshape(-1)]
             self.trans[cid] = out
             self.filled[cid] = True
             self.stats["rows_filled"] += 1
+
+    def _stack_row(self, sid: int) -> tuple[np.ndarray, list[tuple[frozenset[int], bool]]]:
+        """Successors of one stack on every byte: labels (int32 [256], 0 = dead, j = the
+        (stacks, accepting) closure ``results[j - 1]``)."""
+        got = self._srows.get(sid)
+        if got is not None:
+            return got
+        parent, r, q = self.frames[sid]
+        key = (r, q)
+        grp = self._groups.get(key)
+        if grp is None:
+            row = self._info[r](q)[0]
+            uniq, inv = np.unique(row, return_inverse=True)
+            targets = uniq.tolist()
+            if targets and targets[0] < 0:  # dead bytes get label 0
+                targets = targets[1:]
+                labels = inv.reshape(-1).astype(np.int32)
+            else:
+                labels = inv.reshape(-1).astype(np.int32) + 1
+            grp = (labels, targets)
+            self._groups[key] = grp
+        labels, targets = grp
+        intern, closure = self._intern, self.closure
+        got = (labels, [closure(intern(parent, r, t)) for t in targets])
+        self._srows[sid] = got
+        return got
 
     def step(self, cid: int, b: int) -> int:
         v = int(self.trans[cid, b])
@@ -265,7 +287,12 @@ class Engine:
             return m
         self.stats["mask_misses"] += 1
         m = self._split_mask(cid, vt)
-        if m is None:
+        if m is None and self.native:
+            m = np.zeros(vt.num_words, dtype=np.uint32)
+            self._allowed_native(cid, vt, m)
+            if self.is_accepting(cid) and vt.eos_ids.size:
+                _set_bits(m, vt.eos_ids)
+        elif m is None:
             allowed = self._allowed_tokens(cid, vt)
             bits = np.zeros(vt.num_words * 32, dtype=bool)
             bits[allowed] = True
@@ -282,18 +309,20 @@ class Engine:
 
     # -- context-independent split (masks shared by every stack with the same top) -------
     def _split_mask(self, cid: int, vt: VocabTable) -> np.ndarray | None:
-        """The packed mask of ``cid`` assembled from per-(rule, state) caches, or None when
-        the split does not apply (a single stack at the bottom of the parse).
+        """The packed mask of ``cid`` assembled from per-stack-top caches, or None when the
+        split does not apply (a single stack at the bottom of the parse).
 
         A configuration is a union of stacks, so its allowed tokens are the union over its
-        stacks. For a stack whose top frame is ``(rule, state)``, walking a token from the
-        same top frame with an empty stack below tells most tokens apart without the real
-        context: a token the rooted walk accepts is accepted in any context; a token the
-        rooted walk rejects before the rule could have returned is rejected in any context.
-        Only tokens that pass a point where the rule may return depend on the frames below;
-        those (usually few) are walked from the real stack. The first two sets are cached
-        per (vocabulary, rule, state) and shared by every context (every property that
-        calls the same string rule, every nesting depth of a recursive rule)."""
+        stacks. For a stack, walking a token from its top frames with an empty stack below
+        (a *rooted* walk) tells most tokens apart without the real context: a token the
+        rooted walk accepts is accepted in any context; a token it rejects without having
+        passed a point where the rooted frames could return is rejected in any context.
+        Only the rest depend on the frames below; those are walked from the real stack.
+        The rooted results are cached per (vocabulary, top frames) and shared by every
+        context (every property that calls the same string rule, every nesting depth of a
+        recursive rule). One top frame is tried first; while too many tokens stay
+        undecided (a rule that matches one character inside its caller's loop, say), one
+        more frame is taken (:meth:`_context_independent`)."""
         if cid < 0:
             return None
         stacks = self.configs[cid][0]
@@ -305,19 +334,21 @@ class Engine:
             if frames[only][0] == ROOT:
                 return None
         words = np.zeros(vt.num_words, dtype=np.uint32)
-        pending: list[tuple[int, np.ndarray | None]] = []
+        pending: list[tuple[int, np.ndarray]] = []
         for sid in stacks:
-            _parent, r, q = frames[sid]
-            got = self._context_independent(r, q, vt)
-            if got is None:  # the rule may return right away: everything depends on context
-                pending.append((self._config(*self.closure(sid)), None))
-                continue
-            certain, uncertain = got
+            certain, uncertain = self._context_independent(sid, vt)
             words |= certain
             if uncertain.size:
                 pending.append((self._config(*self.closure(sid)), uncertain))
+        trie = vt.trie() if self.native else None
         for single, ids in pending:
-            if ids is None or ids.size > _WALK_IDS_MAX:
+            if trie is not None:
+                if ids.size > _WALK_IDS_MAX:
+                    self._allowed_native(single, vt, words)
+                else:
+                    native.walk_ids(self, trie, single, ids, words)
+                continue
+            if ids.size > _WALK_IDS_MAX:
                 ok = self._allowed_tokens(single, vt)  # a trie walk prunes better
             else:
                 ids = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1) == 0]
@@ -325,26 +356,63 @@ class Engine:
                     continue
                 ok = self._walk_ids(single, ids, vt)
             if ok.size:
-                np.bitwise_or.at(words, ok >> 5, (np.uint32(1) << (ok & 31).astype(np.uint32)))
+                _set_bits(words, ok)
         if self.is_accepting(cid) and vt.eos_ids.size:
-            e = vt.eos_ids
-            np.bitwise_or.at(words, e >> 5, (np.uint32(1) << (e & 31).astype(np.uint32)))
+            _set_bits(words, vt.eos_ids)
         return words
 
-    def _context_independent(self, r: int, q: int, vt: VocabTable) -> tuple[np.ndarray, np.ndarray] | None:
-        key = (vt.key, r, q)
+    def _context_independent(self, sid: int, vt: VocabTable) -> tuple[np.ndarray, np.ndarray]:
+        """(certain words, undecided ids) of stack ``sid`` from its shallowest rooted top
+        (at most ``_SPLIT_DEPTH`` frames) that leaves at most ``_WALK_IDS_MAX`` tokens
+        undecided; a top that is the whole stack decides every token."""
+        frames = self.frames
+        chain: list[tuple[int, int]] = []
+        s = sid
+        while True:
+            parent, r, q = frames[s]
+            chain.append((r, q))
+            exact = parent == ROOT
+            got = self._rooted_split(tuple(chain), exact, vt)
+            if exact or got[1].size <= _WALK_IDS_MAX or len(chain) >= _SPLIT_DEPTH:
+                return got
+            s = parent
+
+    def _rooted_split(self, chain: tuple[tuple[int, int], ...], exact: bool,
+                      vt: VocabTable) -> tuple[np.ndarray, np.ndarray]:
+        key = (vt.key, chain, exact)
         cache = self.ci_cache
-        if key in cache:
+        got = cache.get(key)
+        if got is not None:
             self.stats["ci_hits"] += 1
             cache.move_to_end(key)
-            return cache[key]
+            return got
         self.stats["ci_misses"] += 1
         with self.lock:
-            rooted = self._config(*self.closure(self._intern(ROOT, r, q)))
+            s = ROOT
+            for r, q in reversed(chain):
+                s = self._intern(s, r, q)
+            rooted = self._config(*self.closure(s))
+        empty = np.zeros(0, dtype=np.int64)
         if rooted < 0:
-            got = (np.zeros(vt.num_words, dtype=np.uint32), np.zeros(0, dtype=np.int64))
-        elif self.accepting[rooted]:
-            got = None
+            got = (np.zeros(vt.num_words, dtype=np.uint32), empty)
+        elif exact:  # the rooted stack is the real one: nothing depends on anything else
+            w = np.zeros(vt.num_words, dtype=np.uint32)
+            if self.native:
+                self._allowed_native(rooted, vt, w)
+            else:
+                ok = self._allowed_tokens(rooted, vt)
+                if ok.size:
+                    _set_bits(w, ok)
+            got = (w, empty)
+        elif self.native:
+            w = np.zeros(vt.num_words, dtype=np.uint32)
+            self.fill_row(rooted)
+            loops = self.trans[rooted] == rooted
+            if int(loops.sum()) >= 32:
+                unc = native.walk_loop_split(self, vt.trie(), rooted, loops, w, split=True)
+            else:
+                unc = native.walk_trie(self, vt.trie(), rooted, True, w)
+            got = (w, unc.copy())
         else:
             certain, uncertain = self._trie_walk(rooted, vt)
             bits = np.zeros(vt.num_words * 32, dtype=bool)
@@ -352,13 +420,11 @@ class Engine:
             got = (np.packbits(bits, bitorder="little").view(np.uint32), uncertain)
         with self.lock:
             cache[key] = got
-            if got is not None:
-                self.ci_cache_bytes += got[0].nbytes + got[1].nbytes
+            self.ci_cache_bytes += got[0].nbytes + got[1].nbytes
             limit = self.mask_cache_limit // 2
             while self.ci_cache_bytes > limit and len(cache) > 1:
                 _, old = cache.popitem(last=False)
-                if old is not None:
-                    self.ci_cache_bytes -= old[0].nbytes + old[1].nbytes
+                self.ci_cache_bytes -= old[0].nbytes + old[1].nbytes
         return got
 
     def _trie_walk(self, cid: int, vt: VocabTable, split: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -463,6 +529,17 @@ class Engine:
             return self._allowed_loop_split(cid, vt, loops)
         return self._allowed_trie(cid, vt)
 
+    def _allowed_native(self, cid: int, vt: VocabTable, words: np.ndarray) -> None:
+        """:meth:`_allowed_tokens` with the compiled walks, OR-ed into packed ``words``."""
+        if cid < 0 or not self.configs[cid][0]:
+            return
+        self.fill_row(cid)
+        loops = self.trans[cid] == cid
+        if int(loops.sum()) >= 32:
+            native.walk_loop_split(self, vt.trie(), cid, loops, words)
+        else:
+            native.walk_trie(self, vt.trie(), cid, False, words)
+
     def _allowed_loop_split(self, cid: int, vt: VocabTable, loops: np.ndarray) -> np.ndarray:
         words = np.packbits(~loops, bitorder="little").view(np.uint64)  # [4] non-loop bytes
         impure = (vt.byte_bits & words).any(axis=1)  # [N] token has a non-looping byte
@@ -478,6 +555,10 @@ class Engine:
         return int(self.trans.nbytes + self.filled.nbytes + self.accepting.nbytes
                    + self.mask_cache_bytes + self.ci_cache_bytes
                    + 64 * (len(self.frames) + len(self.configs)))
+
+
+def _set_bits(words: np.ndarray, ids: np.ndarray) -> None:
+    np.bitwise_or.at(words, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
 
 
 def _expand(starts: np.ndarray, counts: np.ndarray, total: int) -> np.ndarray:
@@ -570,3 +651,10 @@ class VocabTable:
                             - lv.tok_start).astype(np.int64)
             self.levels.append(lv)
             n_prev = uniq.size
+        self._trie: native.Trie | None = None
+
+    def trie(self) -> native.Trie:
+        """The depth-first trie for the compiled walks (built on first use, shared per vocabulary)."""
+        if self._trie is None:
+            self._trie = native.trie_for(self.key, self.token_bytes, self.vocab_size)
+        return self._trie

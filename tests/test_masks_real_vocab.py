@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from structgen import ir
+from structgen import trie as native
 from structgen.automaton import compile_grammar
 from structgen.matcher import Matcher
 from structgen.regex import compile_regex
@@ -26,6 +27,25 @@ from structgen.vocab import Vocabulary
 pytestmark = pytest.mark.assets
 
 ALIASES = ["llama3", "qwen2", "gpt2", "mistral"]
+
+
+@pytest.fixture(params=["default", "deep-split", "numpy"])
+def engine_mode(request, monkeypatch) -> str:
+    """Run a test on each mask path: the default (compiled walks when numba is present),
+    rooted split walks forced to take more stack frames (any undecided token triggers a
+    deeper top), and the numpy walks."""
+    from collections import OrderedDict
+
+    from structgen import automaton, engine, json_schema
+
+    # fresh compiled grammars (each has its own engine, which reads the mode when built)
+    monkeypatch.setattr(automaton, "_CACHE", OrderedDict())
+    monkeypatch.setattr(json_schema, "_CACHE", OrderedDict())
+    if request.param == "deep-split":
+        monkeypatch.setattr(engine, "_WALK_IDS_MAX", 1)
+    elif request.param == "numpy":
+        monkeypatch.setattr(engine.native, "available", lambda: False)
+    return request.param
 
 
 def _slice_vocab(tokenizer, n: int, seed: int, must: bytes = b"") -> Vocabulary:
@@ -112,7 +132,7 @@ def _nested_viable(p: bytes) -> bool:
 
 
 @pytest.mark.parametrize("alias", ["llama3", "qwen2"])
-def test_recursive_grammar_brute_force(tokenizer_by_alias, alias: str) -> None:
+def test_recursive_grammar_brute_force(tokenizer_by_alias, alias: str, engine_mode: str) -> None:
     tok = tokenizer_by_alias(alias)
     full = Vocabulary.from_tokenizer(tok)
     # every token made only of brackets and commas, plus a random slice of the rest
@@ -125,6 +145,7 @@ def test_recursive_grammar_brute_force(tokenizer_by_alias, alias: str) -> None:
         ir.seq(ir.lit(","), ir.ref("s"))))), ir.lit("]"))}, "s")
     cg = compile_grammar(g)
     m = Matcher(cg, vocab)
+    assert cg.engine.native == (engine_mode != "numpy" and native.available())
     prefix = b""
     for _step in range(25):
         allowed = set(m.allowed_token_ids())
@@ -144,7 +165,7 @@ def test_recursive_grammar_brute_force(tokenizer_by_alias, alias: str) -> None:
 
 
 @pytest.mark.parametrize("alias", ["llama3", "qwen2"])
-def test_shared_rule_masks_match_regex_oracle(tokenizer_by_alias, alias: str) -> None:
+def test_shared_rule_masks_match_regex_oracle(tokenizer_by_alias, alias: str, engine_mode: str) -> None:
     """A schema whose string values share one called rule (and a nested object), so masks
     are assembled from the per-(rule, state) context-independent caches. Its language is
     regular and written out below as a regex (compact JSON, declared keys in order, JSON
@@ -186,3 +207,5 @@ def test_shared_rule_masks_match_regex_oracle(tokenizer_by_alias, alias: str) ->
         prefix += vocab.token_bytes[step]
         pos = len(prefix)
     assert g.engine.stats["ci_misses"] > 0  # the split path ran
+    if engine_mode == "deep-split":
+        assert any(len(k[1]) > 1 for k in g.engine.ci_cache)  # tops of more than one frame

@@ -1,0 +1,183 @@
+"""Compiled token walks: the vocabulary's byte trie in depth-first order, walked by numba.
+
+The engine's masks are walks of token bytes through its configuration transition table
+``trans`` (int32 ``[configs, 256]``; -2 unknown, -1 dead). The numpy walks in
+:mod:`structgen.engine` move a whole trie level at a time; the kernels here walk the trie
+depth first in compiled code, skipping a whole subtree at its first dead byte, and write
+allowed tokens straight into packed mask words.
+
+Rows of ``trans`` are filled lazily by the engine (Python), so every kernel is resumable:
+when it meets an unknown row it returns where it stopped and which configuration needs its
+row; the driver fills that row and calls the kernel again with the same scratch arrays, so
+no work is repeated.
+
+numba is optional: :func:`available` says whether the kernels can be used (and
+``STRUCTGEN_NATIVE=0`` turns them off); the engine falls back to its numpy walks.
+
+Trie layout (nodes ``1..n`` in depth-first order; node 0 is the root, the empty prefix):
+
+    byte:  uint8 [n+1]   byte on the edge into the node
+    depth: int32 [n+1]   prefix length (root 0)
+    skip:  int32 [n+1]   first node after the node's subtree (n+1 at the end)
+    lo:    int32 [n+2]   first token slot of the subtree (slots = tokens sorted by bytes);
+                         lo[n+1] = number of tokens, so the subtree's slots are
+                         [lo[i], lo[skip[i]])
+    own:   int32 [n+1]   tokens whose bytes end exactly at the node: slots [lo[i], lo[i]+own[i])
+    slot_ids: int64 [T]  token id of each slot
+Per token id: ``id_off`` / ``id_len`` (int64 ``[V]``) index ``blob`` (uint8, all token bytes).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+__all__ = ["available", "Trie", "trie_for"]
+
+UNKNOWN = -2
+DONE = -3
+
+_lock = threading.Lock()
+_kernels: Any = None
+_status: bool | None = None
+
+
+def available() -> bool:
+    """Whether the compiled kernels can be used (numba importable, not disabled)."""
+    global _status
+    if _status is None:
+        with _lock:
+            if _status is None:
+                if os.environ.get("STRUCTGEN_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+                    _status = False
+                else:
+                    try:
+                        _load()
+                        _status = True
+                    except Exception:  # noqa: BLE001 - any numba/llvmlite problem: numpy fallback
+                        _status = False
+    return _status
+
+
+def _load() -> Any:
+    global _kernels
+    if _kernels is None:
+        from . import _trie_kernels  # imports numba
+
+        _kernels = _trie_kernels
+    return _kernels
+
+
+class Trie:
+    """Depth-first byte trie of one vocabulary (see the module docstring for the layout)."""
+
+    def __init__(self, token_bytes: list[bytes | None], vocab_size: int) -> None:
+        k = _load()
+        ids = [i for i, b in enumerate(token_bytes) if b and i < vocab_size]
+        ids.sort(key=lambda i: token_bytes[i])  # type: ignore[arg-type,return-value]
+        slot_ids = np.array(ids, dtype=np.int64)
+        lens = np.array([len(token_bytes[i]) for i in ids], dtype=np.int64)  # type: ignore[arg-type]
+        blobs = [token_bytes[i] for i in ids]
+        flat = np.frombuffer(b"".join(blobs), dtype=np.uint8)  # type: ignore[arg-type]
+        offs = np.zeros(len(ids), dtype=np.int64)
+        if len(ids) > 1:
+            offs[1:] = np.cumsum(lens)[:-1]
+        n = k.count_nodes(flat, offs, lens)
+        self.byte = np.zeros(n + 1, dtype=np.uint8)
+        self.depth = np.zeros(n + 1, dtype=np.int32)
+        self.skip = np.zeros(n + 1, dtype=np.int32)
+        self.lo = np.zeros(n + 2, dtype=np.int32)
+        self.own = np.zeros(n + 1, dtype=np.int32)
+        k.build_nodes(flat, offs, lens, self.byte, self.depth, self.skip, self.lo, self.own)
+        self.num_nodes = n
+        self.slot_ids = slot_ids
+        self.max_depth = int(lens.max()) if lens.size else 0
+        # per token id: offset and length into blob (0 length for empty / special tokens)
+        self.id_len = np.zeros(vocab_size, dtype=np.int64)
+        self.id_off = np.zeros(vocab_size, dtype=np.int64)
+        self.id_len[slot_ids] = lens
+        self.id_off[slot_ids] = offs
+        self.blob = flat
+        # byte set per slot (4 x uint64 = 256 bits), for loop-split walks
+        bits = np.zeros((len(ids), 256), dtype=bool)
+        if len(ids):
+            rows = np.repeat(np.arange(len(ids), dtype=np.int64), lens)
+            bits[rows, flat] = True
+        self.slot_bytes = np.ascontiguousarray(np.packbits(bits, axis=1, bitorder="little").view(np.uint64))
+
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for a in (self.byte, self.depth, self.skip, self.lo, self.own, self.slot_ids,
+                                          self.id_len, self.id_off, self.blob, self.slot_bytes)))
+
+
+_tries: dict[Any, Trie] = {}
+
+
+def trie_for(key: Any, token_bytes: list[bytes | None], vocab_size: int) -> Trie:
+    """The (process-wide, cached) trie of a vocabulary table."""
+    t = _tries.get(key)
+    if t is None:
+        with _lock:
+            t = _tries.get(key)
+            if t is None:
+                t = Trie(token_bytes, vocab_size)
+                _tries[key] = t
+    return t
+
+
+# -- drivers (the engine passes itself for row filling) -----------------------------------
+
+def walk_trie(eng: Any, trie: Trie, cid: int, split: bool, words: np.ndarray) -> np.ndarray:
+    """OR into ``words`` the tokens accepted from configuration ``cid``; with ``split`` (a
+    rooted walk), also return the ids of the rejected tokens that passed an accepting
+    configuration first (they depend on the context), else an empty array."""
+    k = _load()
+    st = np.zeros(trie.max_depth + 1, dtype=np.int32)
+    st[0] = cid
+    tn = np.zeros(trie.max_depth + 1, dtype=np.uint8)
+    unc = np.zeros(trie.slot_ids.size if split else 0, dtype=np.int64)
+    cnt = np.zeros(1, dtype=np.int64)
+    i = 1
+    end = trie.num_nodes + 1
+    while True:
+        i, need = k.walk(trie.byte, trie.depth, trie.skip, trie.lo, trie.own, trie.slot_ids,
+                         eng.trans, eng.accepting, i, end, st, tn, split, words, unc, cnt)
+        if need == DONE:
+            break
+        eng.fill_row(int(need))
+    return unc[: int(cnt[0])]
+
+
+def walk_ids(eng: Any, trie: Trie, cid: int, ids: np.ndarray, words: np.ndarray,
+             split: bool = False) -> np.ndarray:
+    """OR into ``words`` the tokens among ``ids`` whose bytes are consumed from ``cid``
+    (tokens already set in ``words`` are skipped). With ``split`` (a rooted walk), the
+    rejected tokens that passed an accepting configuration first are returned."""
+    k = _load()
+    pos = np.zeros(4, dtype=np.int64)  # resume point: token index, byte index, state, passed
+    pos[2] = cid
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    unc = np.zeros(ids.size if split else 0, dtype=np.int64)
+    cnt = np.zeros(1, dtype=np.int64)
+    while True:
+        need = k.walk_ids(trie.id_off, trie.id_len, trie.blob, eng.trans, eng.accepting, cid, ids, pos,
+                          words, split, unc, cnt)
+        if need == DONE:
+            return unc[: int(cnt[0])]
+        eng.fill_row(int(need))
+
+
+def walk_loop_split(eng: Any, trie: Trie, cid: int, loops: np.ndarray, words: np.ndarray,
+                    split: bool = False) -> np.ndarray:
+    """Tokens made only of bytes that loop on ``cid`` are allowed outright; the others are
+    walked byte by byte (``split`` as in :func:`walk_ids`, for a non-accepting ``cid``).
+    ``loops``: bool [256]."""
+    k = _load()
+    nonloop = np.packbits(~loops, bitorder="little").view(np.uint64)
+    impure = k.loop_split(trie.slot_bytes, trie.slot_ids, nonloop, words)
+    if impure.size:
+        return walk_ids(eng, trie, cid, impure, words, split)
+    return np.zeros(0, dtype=np.int64)
