@@ -36,7 +36,7 @@ def count_nodes(flat, offs, lens):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def build_nodes(flat, offs, lens, byte, depth, skip, lo, own):  # type: ignore[no-untyped-def]
+def build_nodes(flat, offs, lens, byte, depth, skip, lo, own, suf):  # type: ignore[no-untyped-def]
     """Fill the depth-first node arrays from byte-sorted tokens (see structgen.trie)."""
     maxlen = 0
     for k in range(lens.size):
@@ -66,19 +66,48 @@ def build_nodes(flat, offs, lens, byte, depth, skip, lo, own):  # type: ignore[n
     skip[0] = n + 1
     lo[0] = 0
     lo[n + 1] = lens.size
+    # suf[i]: the bytes on every edge below node i (children first: reverse depth-first
+    # order visits a node after its whole subtree; the parent is the last shallower node)
+    parent = np.zeros(n + 1, dtype=np.int64)
+    top = 0
+    for j in range(1, n + 1):
+        while top > 0 and depth[stack[top - 1]] >= depth[j]:
+            top -= 1
+        parent[j] = stack[top - 1] if top > 0 else 0
+        stack[top] = j
+        top += 1
+    for j in range(n, 0, -1):
+        p = parent[j]
+        b = byte[j]
+        for w in range(4):
+            suf[p, w] |= suf[j, w]
+        suf[p, b >> 6] |= np.uint64(1) << np.uint64(b & 63)
 
 
 @njit(cache=True, nogil=True)
-def walk(byte, depth, skip, lo, own, slot_ids, trans, accepting, i, end, st, tn, split,
-         words, unc, cnt):  # type: ignore[no-untyped-def]
+def _loops(trans, t, loopset, loopok):  # type: ignore[no-untyped-def]
+    """Bytes on which configuration ``t`` (row known) steps to itself, as 4 x uint64."""
+    if not loopok[t]:
+        for w in range(4):
+            loopset[t, w] = 0
+        for b in range(256):
+            if trans[t, b] == t:
+                loopset[t, b >> 6] |= np.uint64(1) << np.uint64(b & 63)
+        loopok[t] = 1
+
+
+@njit(cache=True, nogil=True)
+def walk(byte, depth, skip, lo, own, suf, slot_ids, trans, accepting, loopset, loopok, i, end,
+         st, tn, split, words, unc, cnt):  # type: ignore[no-untyped-def]
     """Depth-first walk of nodes ``[i, end)``; ``st[d]`` is the configuration after the
     first ``d`` bytes of the current path (``st[depth[i] - 1]`` set by the caller).
 
-    Accepted tokens are OR-ed into ``words``. With ``split`` (a walk rooted at one rule
-    state, see Engine._split_mask), ``tn[d]`` records whether the path passed an accepting
-    configuration after one of its first ``d`` bytes (``tn[0] = 0``): where such a path
-    dies, the rule could have returned earlier, so the ids of the dead node's subtree are
-    appended to ``unc`` (count in ``cnt[0]``) instead of being rejected.
+    Accepted tokens are OR-ed into ``words``. Where every byte below a node loops on the
+    node's configuration, the whole subtree is accepted without visiting it. With ``split``
+    (a walk rooted at a stack top, see Engine._split_mask), ``tn[d]`` records whether the
+    path passed an accepting configuration after one of its first ``d`` bytes (``tn[0] =
+    0``): where such a path dies, the rule could have returned earlier, so the ids of the
+    dead node's subtree are appended to ``unc`` (count in ``cnt[0]``), not rejected.
     Returns ``(i, need)``: ``need`` is a configuration whose row is unknown (resume at
     node ``i`` after filling it) or DONE."""
     nu = cnt[0]
@@ -97,9 +126,23 @@ def walk(byte, depth, skip, lo, own, slot_ids, trans, accepting, i, end, st, tn,
             i = skip[i]
             continue
         a = lo[i]
-        for q in range(a, a + own[i]):
+        b = a + own[i]
+        e = skip[i]
+        for q in range(a, b):
             tid = slot_ids[q]
             words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+        if e > i + 1:  # the node has children
+            if trans[t, 0] == UNKNOWN:
+                cnt[0] = nu
+                return i, t  # node i is visited again once t's row is known
+            _loops(trans, t, loopset, loopok)
+            if ((suf[i, 0] & ~loopset[t, 0]) | (suf[i, 1] & ~loopset[t, 1]) | (suf[i, 2] & ~loopset[t, 2])
+                    | (suf[i, 3] & ~loopset[t, 3])) == 0:
+                for q in range(b, lo[e]):
+                    tid = slot_ids[q]
+                    words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+                i = e
+                continue
         st[d] = t
         if split:
             tn[d] = tn[d - 1] | accepting[t]
@@ -175,3 +218,4 @@ def loop_split(slot_bytes, slot_ids, nonloop, words):  # type: ignore[no-untyped
             tid = slot_ids[q]
             words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
     return out[:m]
+

@@ -78,6 +78,7 @@ class LazyRule:
         n = len(self._eps)
         self._important = [bool(self._edges[x]) or bool(self._ncalls[x]) or x == self._end
                            for x in range(n)]
+        self.leaf = not any(self._ncalls)  # no call edges: the rule never pushes a frame
         self._eclose: dict[int, frozenset[int]] = {}
         self._ids: dict[frozenset[int], int] = {}
         self._sets: list[frozenset[int]] = []
@@ -187,6 +188,8 @@ class DfaRule:
     :class:`LazyRule`. Built once per distinct sub-expression and shared by every grammar
     that uses it (process-wide cache), instead of being copied into each caller's NFA."""
 
+    leaf = True  # never calls another rule
+
     def __init__(self, name: str, trans: np.ndarray, accept: np.ndarray) -> None:
         self.name = name
         self._trans = trans    # int32 [n, 256], -1 dead
@@ -219,6 +222,8 @@ class ProductRule:
     on first use). Only built where every live pair can complete (see
     ``_Compiler._lazy_diff``), so no trimming is needed. Same :meth:`info` interface as
     :class:`LazyRule`; thread-safe; picklable (pairs are rebuilt lazily)."""
+
+    leaf = True  # never calls another rule
 
     def __init__(self, name: str, a: Any, b: Any) -> None:
         self.name = name

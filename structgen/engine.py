@@ -55,12 +55,16 @@ class Engine:
         self._closure: dict[int, tuple[frozenset[int], bool]] = {}
         self._srows: dict[int, tuple[np.ndarray, list[tuple[frozenset[int], bool]]]] = {}
         self._groups: dict[tuple[int, int], tuple[np.ndarray, list[int]]] = {}
+        self._rtabs: dict[int, _RuleTable] = {}  # call-free rules' DFA tables (compiled walks)
         # configurations
         self.configs: list[tuple[frozenset[int], bool]] = []
         self.config_ids: dict[tuple[frozenset[int], bool], int] = {}
         self.trans = np.full((64, 256), UNKNOWN, dtype=np.int32)
         self.filled = np.zeros(64, dtype=bool)
         self.accepting = np.zeros(64, dtype=bool)
+        # per configuration, filled by the compiled walks: bytes that loop (4 x uint64), known?
+        self.loopset = np.zeros((64, 4), dtype=np.uint64)
+        self.loopok = np.zeros(64, dtype=np.uint8)
         # masks: (vocab key, config) -> packed uint32 words
         self.mask_cache: OrderedDict[tuple[Any, int], np.ndarray] = OrderedDict()
         self.mask_cache_bytes = 0
@@ -138,7 +142,14 @@ class Engine:
                 f[: self.filled.shape[0]] = self.filled
                 a = np.zeros(cap, dtype=bool)
                 a[: self.accepting.shape[0]] = self.accepting
-                self.trans, self.filled, self.accepting = t, f, a
+                ls = np.zeros((cap, 4), dtype=np.uint64)
+                ls[: self.loopset.shape[0]] = self.loopset
+                lk = np.zeros(cap, dtype=np.uint8)
+                lk[: self.loopok.shape[0]] = self.loopok
+                # trans last: a compiled walk reads it last, so every array it gets along with
+                # a grown trans is grown too
+                self.loopset, self.loopok, self.filled, self.accepting = ls, lk, f, a
+                self.trans = t
             self.accepting[cid] = acc
         return cid
 
@@ -387,37 +398,36 @@ class Engine:
             cache.move_to_end(key)
             return got
         self.stats["ci_misses"] += 1
-        with self.lock:
-            s = ROOT
-            for r, q in reversed(chain):
-                s = self._intern(s, r, q)
-            rooted = self._config(*self.closure(s))
         empty = np.zeros(0, dtype=np.int64)
-        if rooted < 0:
-            got = (np.zeros(vt.num_words, dtype=np.uint32), empty)
-        elif exact:  # the rooted stack is the real one: nothing depends on anything else
+        if self.native and len(chain) == 1 and self.rules[chain[0][0]].leaf:
+            # one call-free frame: walk the rule's own DFA table, no stacks or configurations
+            r, q = chain[0]
             w = np.zeros(vt.num_words, dtype=np.uint32)
-            if self.native:
-                self._allowed_native(rooted, vt, w)
-            else:
+            unc = self._native_walk(self._rule_table(r), q, vt, w, split=not exact)
+            got = (w, unc.copy())
+        else:
+            with self.lock:
+                s = ROOT
+                for r, q in reversed(chain):
+                    s = self._intern(s, r, q)
+                rooted = self._config(*self.closure(s))
+            if rooted < 0:
+                got = (np.zeros(vt.num_words, dtype=np.uint32), empty)
+            elif self.native:
+                w = np.zeros(vt.num_words, dtype=np.uint32)
+                unc = self._native_walk(self, rooted, vt, w, split=not exact)
+                got = (w, unc.copy())
+            elif exact:  # the rooted stack is the real one: nothing depends on anything else
+                w = np.zeros(vt.num_words, dtype=np.uint32)
                 ok = self._allowed_tokens(rooted, vt)
                 if ok.size:
                     _set_bits(w, ok)
-            got = (w, empty)
-        elif self.native:
-            w = np.zeros(vt.num_words, dtype=np.uint32)
-            self.fill_row(rooted)
-            loops = self.trans[rooted] == rooted
-            if int(loops.sum()) >= 32:
-                unc = native.walk_loop_split(self, vt.trie(), rooted, loops, w, split=True)
+                got = (w, empty)
             else:
-                unc = native.walk_trie(self, vt.trie(), rooted, True, w)
-            got = (w, unc.copy())
-        else:
-            certain, uncertain = self._trie_walk(rooted, vt)
-            bits = np.zeros(vt.num_words * 32, dtype=bool)
-            bits[certain] = True
-            got = (np.packbits(bits, bitorder="little").view(np.uint32), uncertain)
+                certain, uncertain = self._trie_walk(rooted, vt)
+                bits = np.zeros(vt.num_words * 32, dtype=bool)
+                bits[certain] = True
+                got = (np.packbits(bits, bitorder="little").view(np.uint32), uncertain)
         with self.lock:
             cache[key] = got
             self.ci_cache_bytes += got[0].nbytes + got[1].nbytes
@@ -533,12 +543,29 @@ class Engine:
         """:meth:`_allowed_tokens` with the compiled walks, OR-ed into packed ``words``."""
         if cid < 0 or not self.configs[cid][0]:
             return
-        self.fill_row(cid)
-        loops = self.trans[cid] == cid
+        self._native_walk(self, cid, vt, words, split=False)
+
+    @staticmethod
+    def _native_walk(src: Any, start: int, vt: VocabTable, words: np.ndarray, split: bool) -> np.ndarray:
+        """Compiled walk from state ``start`` of ``src`` (this engine's configurations or a
+        :class:`_RuleTable`): where at least 32 bytes loop on the start, the tokens made of
+        looping bytes are taken at once and the rest walked one by one; elsewhere the trie
+        is walked. Returns the undecided ids of a ``split`` walk."""
+        src.fill_row(start)
+        loops = src.trans[start] == start
         if int(loops.sum()) >= 32:
-            native.walk_loop_split(self, vt.trie(), cid, loops, words)
-        else:
-            native.walk_trie(self, vt.trie(), cid, False, words)
+            return native.walk_loop_split(src, vt.trie(), start, loops, words, split)
+        return native.walk_trie(src, vt.trie(), start, split, words)
+
+    def _rule_table(self, r: int) -> _RuleTable:
+        tab = self._rtabs.get(r)
+        if tab is None:
+            with self.lock:
+                tab = self._rtabs.get(r)
+                if tab is None:
+                    tab = _RuleTable(self._info[r], self.lock)
+                    self._rtabs[r] = tab
+        return tab
 
     def _allowed_loop_split(self, cid: int, vt: VocabTable, loops: np.ndarray) -> np.ndarray:
         words = np.packbits(~loops, bitorder="little").view(np.uint64)  # [4] non-loop bytes
@@ -555,6 +582,54 @@ class Engine:
         return int(self.trans.nbytes + self.filled.nbytes + self.accepting.nbytes
                    + self.mask_cache_bytes + self.ci_cache_bytes
                    + 64 * (len(self.frames) + len(self.configs)))
+
+
+class _RuleTable:
+    """The byte transitions of one call-free rule's DFA, tabulated for the compiled walks
+    (rows filled on first use). It has the attributes the walks read from an Engine:
+    ``trans`` (int32 [cap, 256]: -2 unknown, -1 dead), ``accepting`` (the rule may return),
+    ``loopset``/``loopok`` and :meth:`fill_row`."""
+
+    def __init__(self, info: Any, lock: Any) -> None:
+        self._info = info
+        self.lock = lock
+        self.filled = np.zeros(0, dtype=bool)
+        self.accepting = np.zeros(0, dtype=bool)
+        self.loopset = np.zeros((0, 4), dtype=np.uint64)
+        self.loopok = np.zeros(0, dtype=np.uint8)
+        self.trans = np.full((0, 256), UNKNOWN, dtype=np.int32)
+        self._grow(16)
+
+    def _grow(self, need: int) -> None:
+        old = self.trans.shape[0]
+        if need <= old:
+            return
+        cap = max(need, 2 * old)
+
+        def ext(a: np.ndarray, fill: Any) -> np.ndarray:
+            b = np.full((cap,) + a.shape[1:], fill, dtype=a.dtype)
+            b[:old] = a
+            return b
+
+        self.filled, self.accepting = ext(self.filled, False), ext(self.accepting, False)
+        self.loopset, self.loopok = ext(self.loopset, 0), ext(self.loopok, 0)
+        self.trans = ext(self.trans, UNKNOWN)  # last (see Engine._config)
+
+    def fill_row(self, q: int) -> None:
+        if q < self.filled.shape[0] and self.filled[q]:
+            return
+        with self.lock:
+            if q < self.filled.shape[0] and self.filled[q]:
+                return
+            info = self._info
+            row, acc = info(q)[:2]
+            targets = np.unique(row[row >= 0]).tolist()
+            self._grow(max([q] + targets) + 1)
+            self.accepting[q] = acc
+            for t in targets:
+                self.accepting[t] = info(t)[1]
+            self.trans[q] = row
+            self.filled[q] = True
 
 
 def _set_bits(words: np.ndarray, ids: np.ndarray) -> None:

@@ -23,6 +23,7 @@ Trie layout (nodes ``1..n`` in depth-first order; node 0 is the root, the empty 
                          lo[n+1] = number of tokens, so the subtree's slots are
                          [lo[i], lo[skip[i]])
     own:   int32 [n+1]   tokens whose bytes end exactly at the node: slots [lo[i], lo[i]+own[i])
+    suf:   uint64 [n+1, 4]  the set of bytes on the edges below the node (256 bits)
     slot_ids: int64 [T]  token id of each slot
 Per token id: ``id_off`` / ``id_len`` (int64 ``[V]``) index ``blob`` (uint8, all token bytes).
 """
@@ -91,7 +92,8 @@ class Trie:
         self.skip = np.zeros(n + 1, dtype=np.int32)
         self.lo = np.zeros(n + 2, dtype=np.int32)
         self.own = np.zeros(n + 1, dtype=np.int32)
-        k.build_nodes(flat, offs, lens, self.byte, self.depth, self.skip, self.lo, self.own)
+        self.suf = np.zeros((n + 1, 4), dtype=np.uint64)
+        k.build_nodes(flat, offs, lens, self.byte, self.depth, self.skip, self.lo, self.own, self.suf)
         self.num_nodes = n
         self.slot_ids = slot_ids
         self.max_depth = int(lens.max()) if lens.size else 0
@@ -109,8 +111,9 @@ class Trie:
         self.slot_bytes = np.ascontiguousarray(np.packbits(bits, axis=1, bitorder="little").view(np.uint64))
 
     def nbytes(self) -> int:
-        return int(sum(a.nbytes for a in (self.byte, self.depth, self.skip, self.lo, self.own, self.slot_ids,
-                                          self.id_len, self.id_off, self.blob, self.slot_bytes)))
+        arrays = (self.byte, self.depth, self.skip, self.lo, self.own, self.suf, self.slot_ids,
+                  self.id_len, self.id_off, self.blob, self.slot_bytes)
+        return int(sum(a.nbytes for a in arrays))
 
 
 _tries: dict[Any, Trie] = {}
@@ -143,8 +146,10 @@ def walk_trie(eng: Any, trie: Trie, cid: int, split: bool, words: np.ndarray) ->
     i = 1
     end = trie.num_nodes + 1
     while True:
-        i, need = k.walk(trie.byte, trie.depth, trie.skip, trie.lo, trie.own, trie.slot_ids,
-                         eng.trans, eng.accepting, i, end, st, tn, split, words, unc, cnt)
+        acc, ls, lk = eng.accepting, eng.loopset, eng.loopok
+        trans = eng.trans  # read last (see Engine._config)
+        i, need = k.walk(trie.byte, trie.depth, trie.skip, trie.lo, trie.own, trie.suf, trie.slot_ids,
+                         trans, acc, ls, lk, i, end, st, tn, split, words, unc, cnt)
         if need == DONE:
             break
         eng.fill_row(int(need))
@@ -163,8 +168,10 @@ def walk_ids(eng: Any, trie: Trie, cid: int, ids: np.ndarray, words: np.ndarray,
     unc = np.zeros(ids.size if split else 0, dtype=np.int64)
     cnt = np.zeros(1, dtype=np.int64)
     while True:
-        need = k.walk_ids(trie.id_off, trie.id_len, trie.blob, eng.trans, eng.accepting, cid, ids, pos,
-                          words, split, unc, cnt)
+        acc = eng.accepting
+        trans = eng.trans  # read last (see Engine._config)
+        need = k.walk_ids(trie.id_off, trie.id_len, trie.blob, trans, acc, cid, ids, pos, words, split,
+                          unc, cnt)
         if need == DONE:
             return unc[: int(cnt[0])]
         eng.fill_row(int(need))
@@ -181,3 +188,4 @@ def walk_loop_split(eng: Any, trie: Trie, cid: int, loops: np.ndarray, words: np
     if impure.size:
         return walk_ids(eng, trie, cid, impure, words, split)
     return np.zeros(0, dtype=np.int64)
+
