@@ -443,11 +443,15 @@ def grammar_key(grammar: ir.Grammar, options: CompileOptions) -> str:
     return h.hexdigest()
 
 
-def compile_grammar(grammar: ir.Grammar, options: CompileOptions | None = None) -> CompiledGrammar:
+def compile_grammar(grammar: ir.Grammar, options: CompileOptions | None = None, *,
+                    deadline: float | None = None) -> CompiledGrammar:
     """Compile an IR grammar (cached by content; compiled grammars are shared).
 
+    ``deadline`` (a ``time.monotonic()`` value) replaces ``options.timeout_s`` counted from
+    now, so a front-end can charge its own lowering time to the same budget.
     Raises :class:`GrammarError` (undefined rule, left recursion, non-regular operand of
-    And/Diff, empty language), :class:`CompileLimitError` or :class:`CompileTimeoutError`.
+    And/Diff, empty language), :class:`CompileLimitError` or :class:`CompileTimeoutError`
+    (the timeout names the rule being built when it fired).
     """
     options = options or CompileOptions()
     key = grammar_key(grammar, options)
@@ -456,7 +460,7 @@ def compile_grammar(grammar: ir.Grammar, options: CompileOptions | None = None) 
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit
-    cg = _Compiler(grammar, options).compile(key)
+    cg = _Compiler(grammar, options, deadline).compile(key)
     with _CACHE_LOCK:
         _CACHE[key] = cg
         while len(_CACHE) > _CACHE_SIZE:
@@ -560,10 +564,11 @@ class _Dfa:
 
 
 class _Compiler:
-    def __init__(self, grammar: ir.Grammar, options: CompileOptions) -> None:
+    def __init__(self, grammar: ir.Grammar, options: CompileOptions, deadline: float | None = None) -> None:
         self.g = grammar
         self.opt = options
-        self.deadline = time.monotonic() + options.timeout_s
+        self.deadline = time.monotonic() + options.timeout_s if deadline is None else deadline
+        self.where = ""  # the rule being worked on, named by a timeout
         self.total_states = 0
         self.rule_index: dict[str, int] = {}
         self.kept: list[str] = []
@@ -580,8 +585,9 @@ class _Compiler:
     def check_time(self) -> None:
         self._tick += 1
         if self._tick & 255 == 0 and time.monotonic() > self.deadline:
+            at = f" while building rule {self.origin.get(self.where, self.where)!r}" if self.where else ""
             raise CompileTimeoutError(
-                f"grammar compilation exceeded its time limit of {self.opt.timeout_s:g} s "
+                f"grammar compilation exceeded its time limit of {self.opt.timeout_s:g} s{at} "
                 "(CompileOptions.timeout_s)")
 
     def count_states(self, n: int, what: str) -> None:
@@ -624,7 +630,7 @@ class _Compiler:
         hoisted: dict[ir.Expr, str] = {}
         memo: dict[int, int] = {}
         for n in sorted(reach):
-            self._hoist_owner = n
+            self._hoist_owner = self.where = n
             rules[n] = self._hoist(rules[n], hoisted, memo, rules)
         # shared sub-expressions (a JSON string value, a number, an object shape used by
         # several properties): one synthetic rule each, called from every place, so the
@@ -667,6 +673,7 @@ class _Compiler:
         built: list[tuple[_Nfa, int]] = []
         total = 0
         for n in self.kept:
+            self.where = n
             nfa = _Nfa()
             start = nfa.new()
             assert start == 0
@@ -680,6 +687,8 @@ class _Compiler:
                 raise CompileLimitError(
                     f"grammar automaton exceeds {self.opt.max_states} NFA states in rule "
                     f"{self.origin.get(name, name)!r} (CompileOptions.max_states)")
+        # whole-grammar passes: a timeout names the biggest rule
+        self.where = self.kept[max(range(len(built)), key=lambda i: len(built[i][0]))] if built else ""
         trimmed = self._trim_nfas(built)
         self._check_left_recursion_nfa(trimmed)
         out: list[LazyRule | DfaRule | ProductRule] = [
@@ -934,7 +943,11 @@ class _Compiler:
                 return t
             if name in inline_stack:  # defensive; recursive rules are kept
                 raise GrammarError(f"unexpected recursion through rule {name!r}")
-            return self._build(nfa, self.exprs[name], s, inline_stack + (name,))
+            outer, self.where = self.where, name  # an inlined rule: a timeout names it
+            try:
+                return self._build(nfa, self.exprs[name], s, inline_stack + (name,))
+            finally:
+                self.where = outer
         if isinstance(e, ir.Diff) and self.keep is not _NO_CALLS:
             lazy = self._lazy_diff(e, inline_stack)
             if lazy is not None:

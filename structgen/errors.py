@@ -108,7 +108,14 @@ class RegexError(StructgenError, ValueError):
 
 
 class CompileLimitError(StructgenError):
-    """Compilation exceeded a configured size limit (automaton states, rule count, ...)."""
+    """Compilation exceeded a configured size limit (automaton states, rule count, ...).
+
+    ``pointer`` is the schema location being compiled when the limit was hit (JSON schemas,
+    when known)."""
+
+    def __init__(self, message: str = "", *, pointer: str | None = None) -> None:
+        self.pointer = pointer
+        super().__init__(message)
 
 
 class CompileTimeoutError(CompileLimitError):

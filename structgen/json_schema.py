@@ -37,6 +37,7 @@ import dataclasses
 import json
 import re
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -105,14 +106,14 @@ def _format_support(name: str) -> bool | None:
     return False if name in SPEC_FORMATS else None
 
 
-def _build(schema: Any, options: JsonSchemaOptions,
-           remotes: Mapping[str, Any] | None) -> tuple[ir.Grammar, list[str], dict[str, str]]:
+def _build(schema: Any, options: JsonSchemaOptions, remotes: Mapping[str, Any] | None,
+           deadline: float | None = None) -> tuple[ir.Grammar, list[str], dict[str, str]]:
     _check_options(options)
     schema = _coerce(schema)
     doc = SchemaDoc(schema, remotes=remotes, max_depth=options.max_depth)
     norm = Normalizer(doc, formats=options.formats, lenient=options.lenient, max_enum=options.max_enum,
                       format_supported=_format_support, pattern_check=pattern_error)
-    low = Lowering(norm, doc, options)
+    low = Lowering(norm, doc, options, deadline=deadline)
     root = Loc(0, "")
     grammar = low.build(norm.ref_node(root), (root,))
     return grammar, list(dict.fromkeys(norm.warnings)), low.rule_where
@@ -173,9 +174,10 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit[0]
-    grammar, warnings, rule_where = _build(schema, options, remotes)
+    deadline = time.monotonic() + copts.timeout_s  # lowering and automaton share the budget
+    grammar, warnings, rule_where = _build(schema, options, remotes, deadline)
     try:
-        cg = compile_grammar(grammar, copts)
+        cg = compile_grammar(grammar, copts, deadline=deadline)
     except GrammarError as e:
         if "accepts no string" in str(e):
             raise SchemaError("schema is unsatisfiable: no JSON value is valid", pointer="#") from None

@@ -26,6 +26,7 @@ duplicates; declared keys appear at most once by construction.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Hashable, Iterable
 from functools import lru_cache
 from itertools import product
@@ -33,7 +34,7 @@ from typing import Any
 
 from . import ir
 from .config import JsonSchemaOptions
-from .errors import CompileLimitError, SchemaError
+from .errors import CompileLimitError, CompileTimeoutError, SchemaError
 from .json_schema_algebra import (
     ARR_TOP,
     BOTTOM,
@@ -132,10 +133,13 @@ def _trie(seqs: Iterable[tuple[Hashable, ...]], leaf: Callable[[Any], ir.Expr]) 
 class Lowering:
     """Builds the IR grammar for one schema document."""
 
-    def __init__(self, norm: Normalizer, doc: SchemaDoc, options: JsonSchemaOptions) -> None:
+    def __init__(self, norm: Normalizer, doc: SchemaDoc, options: JsonSchemaOptions, *,
+                 deadline: float | None = None) -> None:
         self.norm = norm
         self.doc = doc
         self.opt = options
+        self.deadline = deadline  # time.monotonic() value; CompileTimeoutError past it
+        self.opt_timeout = (deadline - time.monotonic()) if deadline is not None else 0.0
         self.rules: dict[str, ir.Expr] = {}
         self._memo: dict[tuple[Any, Ctx], str] = {}
         self._queue: list[tuple[str, Any, Ctx]] = []
@@ -239,6 +243,12 @@ class Lowering:
 
     # -- typed sets -------------------------------------------------------------------------
     def lower_ts(self, ts: TS, ctx: Ctx) -> ir.Expr:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            where = self.norm.where()
+            limit = round(self.opt_timeout, 2)
+            raise CompileTimeoutError(f"grammar compilation exceeded its time limit of {limit:g} s "
+                                      f"while lowering the schema at {where} (CompileOptions.timeout_s)",
+                                      pointer=where)
         if ts == TOP:
             return self.any_value()
         if ts == BOTTOM:

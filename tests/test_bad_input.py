@@ -19,6 +19,7 @@ import structgen
 from structgen.config import CompileOptions
 from structgen.errors import (
     CompileLimitError,
+    CompileTimeoutError,
     GrammarError,
     GrammarSyntaxError,
     RegexError,
@@ -142,6 +143,17 @@ def test_compile_timeout_is_configurable() -> None:
     schema = {"type": "string", "pattern": "^(a|b)*a(a|b){18}$", "maxLength": 60}
     raises(CompileLimitError, lambda: structgen.compile_json_schema(
         schema, compile_options=CompileOptions(timeout_s=0.05)), seconds=60)
+
+
+def test_compile_timeout_names_the_schema_location() -> None:
+    big = {"type": "string", "pattern": "^(a|b)*a(a|b){18}$", "maxLength": 60}
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"$ref": "#/$defs/big"}},
+              "additionalProperties": False, "$defs": {"big": big}}
+    for timeout in (0.01, 0.3):  # fires while lowering the schema / while building the automaton
+        e = raises(CompileTimeoutError, lambda t=timeout: structgen.compile_json_schema(
+            schema, compile_options=CompileOptions(timeout_s=t)), seconds=60)
+        assert isinstance(e, CompileTimeoutError)
+        assert e.pointer in ("#/properties/s", "#/$defs/big") and e.pointer in str(e)
 
 
 def test_unsupported_keyword_names_keyword_and_pointer() -> None:
