@@ -16,6 +16,11 @@ Writes a JSON report (``--out``) and prints a table per subset. ``--smoke`` runs
 schemas per subset (CI). Example::
 
     python benchmarks/jsonschemabench.py --limit 200 --out benchmarks/results/jsonschemabench.json
+
+The whole set in shards (run them anywhere, in any order), then the combined table::
+
+    python benchmarks/jsonschemabench.py --shard 0/8 --out jsb-0.json   # ... --shard 7/8
+    python benchmarks/jsonschemabench.py --merge jsb-*.json --out jsonschemabench-full.json
 """
 
 from __future__ import annotations
@@ -230,8 +235,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="vocabularies for the random walks (repeatable; default llama3)")
     ap.add_argument("--smoke", action="store_true", help="3 schemas per subset, 1 walk, 1 instance")
     ap.add_argument("--no-instances", action="store_true")
+    ap.add_argument("--shard", default=None, help="I/N: only every N-th schema starting at I (0-based)")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None,
+                    help="print the combined table of these report files (e.g. all shards) and exit")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.merge:
+        reports = [json.loads(p.read_text()) for p in args.merge]
+        merged = merge_reports(reports)
+        print_report(merged)
+        if args.out:
+            args.out.write_text(json.dumps(merged, indent=1))
+        return 0
     if args.smoke:
         args.limit, args.walks, args.instances = 3, 1, 1
     walk_toks = args.walk_tokenizer or ["llama3"]
@@ -247,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     toks = {a: assets.load_tokenizer(a) for a in ("llama3", "qwen2")}
     vocabs = {a: Vocabulary.from_tokenizer(t) for a, t in toks.items()}
     rows = load_schemas(args.data, args.subset, args.limit, args.seed)
+    if args.shard:
+        k, n = (int(x) for x in args.shard.split("/"))
+        rows = rows[k::n]
     copts = CompileOptions(timeout_s=args.timeout)
     per: dict[str, Counter[str]] = defaultdict(Counter)
     errors: Counter[str] = Counter()
@@ -335,6 +353,42 @@ def main(argv: list[str] | None = None) -> int:
     total = Counter()
     for c in per.values():
         total.update(c)
+    report = {"per_subset": {k: dict(v) for k, v in per.items()}, "total": dict(total),
+              "errors": dict(errors), "failures": failures[:500], "unlocated_errors": unlocated[:500],
+              "compile_times_s": [round(t, 5) for t in compile_times],
+              "args": {k: str(v) for k, v in vars(args).items()}}
+    print_report(report)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+    bad = (total["walk_invalid"] + total["false_reject_llama3"] + total["false_reject_qwen2"]
+           + total["crash"])
+    return 1 if bad else 0
+
+
+def merge_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Sum shard reports (counters per subset, errors; failure lists concatenated)."""
+    per: dict[str, Counter[str]] = defaultdict(Counter)
+    errors: Counter[str] = Counter()
+    out: dict[str, Any] = {"failures": [], "unlocated_errors": [], "compile_times_s": [],
+                           "args": [r.get("args") for r in reports]}
+    for r in reports:
+        for sub, c in r["per_subset"].items():
+            per[sub].update(c)
+        errors.update(r["errors"])
+        for k in ("failures", "unlocated_errors", "compile_times_s"):
+            out[k].extend(r.get(k, []))
+    total: Counter[str] = Counter()
+    for c in per.values():
+        total.update(c)
+    out.update({"per_subset": {k: dict(v) for k, v in per.items()}, "total": dict(total),
+                "errors": dict(errors)})
+    return out
+
+
+def print_report(report: dict[str, Any]) -> None:
+    per = {k: Counter(v) for k, v in report["per_subset"].items()}
+    total = Counter(report["total"])
     print(f"{'subset':18} {'schemas':>7} {'compiled':>8} {'rate':>6} {'walks':>6} {'invalid':>7} "
           f"{'inst':>5} {'FR-llama':>8} {'FR-qwen':>7} {'crash':>5}")
     for name in sorted(per) + ["TOTAL"]:
@@ -343,21 +397,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:18} {c['schemas']:7d} {c['compiled']:8d} {rate:6.1%} {c['walks']:6d} "
               f"{c['walk_invalid']:7d} {c['instances']:5d} {c['false_reject_llama3']:8d} "
               f"{c['false_reject_qwen2']:7d} {c['crash']:5d}")
-    print("compile errors by type/keyword:", dict(errors.most_common(20)))
-    print(f"compile errors naming no keyword or no JSON pointer: {len(unlocated)}")
-    if compile_times:
-        ct = sorted(compile_times)
+    print("compile errors by type/keyword:", dict(Counter(report["errors"]).most_common(20)))
+    print(f"compile errors naming no keyword or no JSON pointer: {len(report['unlocated_errors'])}")
+    ct = sorted(report.get("compile_times_s") or [])
+    if ct:
         med, p90 = ct[len(ct) // 2], ct[int(len(ct) * 0.9)]
         print(f"compile time median {med * 1e3:.1f} ms, p90 {p90 * 1e3:.1f} ms")
-    report = {"per_subset": {k: dict(v) for k, v in per.items()}, "total": dict(total),
-              "errors": dict(errors), "failures": failures[:500], "unlocated_errors": unlocated[:500],
-              "args": {k: str(v) for k, v in vars(args).items()}}
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1))
-    bad = (total["walk_invalid"] + total["false_reject_llama3"] + total["false_reject_qwen2"]
-           + total["crash"])
-    return 1 if bad else 0
 
 
 if __name__ == "__main__":

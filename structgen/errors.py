@@ -110,11 +110,12 @@ class RegexError(StructgenError, ValueError):
 class CompileLimitError(StructgenError):
     """Compilation exceeded a configured size limit (automaton states, rule count, ...).
 
-    ``pointer`` is the schema location being compiled when the limit was hit (JSON schemas,
-    when known)."""
+    ``pointer`` is the schema location being compiled when the limit was hit and
+    ``keyword`` the innermost keyword on it (JSON schemas, when known)."""
 
-    def __init__(self, message: str = "", *, pointer: str | None = None) -> None:
+    def __init__(self, message: str = "", *, pointer: str | None = None, keyword: str | None = None) -> None:
         self.pointer = pointer
+        self.keyword = keyword
         super().__init__(message)
 
 

@@ -175,7 +175,11 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
             _CACHE.move_to_end(key)
             return hit[0]
     deadline = time.monotonic() + copts.timeout_s  # lowering and automaton share the budget
-    grammar, warnings, rule_where = _build(schema, options, remotes, deadline)
+    try:
+        grammar, warnings, rule_where = _build(schema, options, remotes, deadline)
+    except CompileLimitError as e:
+        _locate_limit_error(e, {})
+        raise
     try:
         cg = compile_grammar(grammar, copts, deadline=deadline)
     except GrammarError as e:
@@ -215,11 +219,30 @@ def _locate_limit_error(e: CompileLimitError, rule_where: Mapping[str, str]) -> 
     """
     m = _RULE_IN_MESSAGE.search(str(e))
     ptr = rule_where.get(m.group(1)) if m else None
-    if ptr is None or getattr(e, "pointer", None):
-        return
-    e.pointer = ptr  # type: ignore[attr-defined]
-    if e.args and isinstance(e.args[0], str):
-        e.args = (f"{e.args[0]} (schema location {ptr})",) + e.args[1:]
+    if ptr is not None and not getattr(e, "pointer", None):
+        e.pointer = ptr  # type: ignore[attr-defined]
+        if e.args and isinstance(e.args[0], str):
+            e.args = (f"{e.args[0]} (schema location {ptr})",) + e.args[1:]
+    if getattr(e, "pointer", None) and not getattr(e, "keyword", None):
+        e.keyword = keyword_at(e.pointer)  # type: ignore[attr-defined]
+
+
+def keyword_at(pointer: str) -> str | None:
+    """The innermost schema keyword on a JSON pointer (``#/properties/a/anyOf/2`` ->
+    ``anyOf``; a property or definition name is skipped), or None at the root."""
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer.lstrip("#").split("/") if p]
+    kw = None
+    i = 0
+    while i < len(parts):
+        p = parts[i]
+        kw = p
+        # keywords whose next segment is a name or an index, not a keyword
+        i += 2 if p in _NAMED_CHILDREN or (i + 1 < len(parts) and parts[i + 1].isdigit()) else 1
+    return kw
+
+
+_NAMED_CHILDREN = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+                             "dependencies", "dependentRequired"})
 
 
 def schema_warnings(cg: Any) -> list[str]:

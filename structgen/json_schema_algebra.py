@@ -1055,7 +1055,7 @@ class Normalizer:
             raise SchemaError("enum must be an array", pointer=ptr, keyword="enum")
         if len(values) > self.max_enum:
             raise CompileLimitError(f"enum with {len(values)} values exceeds max_enum={self.max_enum} "
-                                    f"at {ptr}")
+                                    f"at {ptr}", pointer=ptr, keyword="enum")
         null = False
         bools: set[bool] = set()
         nums: set[Any] = set()

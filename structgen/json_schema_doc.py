@@ -144,7 +144,8 @@ class SchemaDoc:
             node, ptr, base, depth = stack.pop()
             if depth > self.max_depth:
                 raise CompileLimitError(
-                    f"schema nesting deeper than max_depth={self.max_depth} at {ptr or '#'}")
+                    f"schema nesting deeper than max_depth={self.max_depth} at {ptr or '#'}",
+                    pointer=ptr or "#")
             loc = Loc(doc, ptr)
             if not isinstance(node, dict):
                 self.bases[loc] = base

@@ -203,7 +203,8 @@ class Lowering:
     def new_rule(self, hint: str = "s") -> str:
         self._count += 1
         if self._count > 200_000:
-            raise CompileLimitError("JSON schema lowering produced more than 200000 rules")
+            raise CompileLimitError("JSON schema lowering produced more than 200000 rules",
+                                    pointer=self.norm.where())
         name = f"{hint}{self._count}"
         self.rule_where[name] = self.norm.where()
         return name
@@ -611,7 +612,8 @@ class Lowering:
         atoms = list(atoms_d)
         if len(atoms) > MAX_KEY_ATOMS:
             raise CompileLimitError(f"object schema combines more than {MAX_KEY_ATOMS} property-name "
-                                    f"patterns at {self.norm.where()}")
+                                    f"patterns at {self.norm.where()}", pointer=self.norm.where(),
+                                    keyword="patternProperties")
         exclude = s_not(s_lits(dset | specials)) if (dset | specials) else ST
         groups: dict[tuple, list[tuple]] = {}
         for bits in product((False, True), repeat=len(atoms)):
@@ -758,7 +760,7 @@ class Lowering:
             order.append(s)
             if len(edges) > MAX_DP_STATES:
                 raise CompileLimitError(f"counting constraints need more than {MAX_DP_STATES} automaton "
-                                        f"states at {self.norm.where()}")
+                                        f"states at {self.norm.where()}", pointer=self.norm.where())
             for _e, t in out:
                 if t not in edges:
                     stack.append(t)
