@@ -304,8 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         compile_times.append(time.perf_counter() - t0)
         c["compiled"] += 1
         try:
-            validator = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)(
-                schema, format_checker=jsonschema.FormatChecker())
+            cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
+            # the draft's own format semantics (the global FormatChecker() has draft-3 "time")
+            validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
         except Exception:  # noqa: BLE001
             validator = None
         # soundness walks

@@ -652,7 +652,7 @@ def _validator(schema: Any) -> Any:
 
     try:
         cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
-        return cls(schema, format_checker=jsonschema.FormatChecker())
+        return cls(schema, format_checker=cls.FORMAT_CHECKER)  # the draft's own format semantics
     except Exception:  # noqa: BLE001 - a malformed schema: no instance can be checked
         return None
 

@@ -19,8 +19,10 @@ Keys: declared and other literal property names are matched in their canonical
 excluded from the additional-key language as well, so they are rejected. Other keys and
 all string values may use any JSON escape form.
 
-Duplicate keys: additional (undeclared, not required) keys are not checked for
-duplicates; declared keys appear at most once by construction.
+Duplicate keys: declared keys appear at most once by construction. Other keys are not
+checked for duplicates, except where a lower bound of 2 or more counts keys
+(``minProperties``, pattern counts): there literal names appear at most once and at most
+one non-literal key is written, so a parser that drops duplicates never sees too few.
 """
 
 from __future__ import annotations
@@ -709,40 +711,63 @@ class Lowering:
         def bump(c: int, counts: tuple, inc: tuple) -> tuple[int, tuple]:
             return min(c + 1, c_cap), tuple(min(x + i, cap) for x, i, cap in zip(counts, inc, caps))
 
-        def trans(state: tuple) -> list[tuple[ir.Expr, tuple]]:
-            phase, c, counts, seen = state
-            if r.max_props is not None and c > r.max_props:
-                return []
-            sep = comma if c > 0 else ir.EMPTY
-            out = []
-            if phase < len(slot_vars):
-                key, vs, req, cctx = slot_vars[phase]
-                if not req:
-                    out.append((ir.EMPTY, (phase + 1, c, counts, seen)))
-                for node, inc in vs:
+        # Duplicate keys: JSON parsers keep one of them, so a lower bound of 2 or more
+        # (minProperties, or a count of keys matching a pattern) must count distinct names.
+        # Then every literal name appears at most once and at most one non-literal key
+        # (pattern or additional property) is written: a narrowing, never an invalid object.
+        distinct = r.min_props >= 2 or any(lo >= 2 for _k, _s, lo, _hi in exists)
+
+        def machine(distinct: bool) -> ir.Expr:
+            def trans(state: tuple) -> list[tuple[ir.Expr, tuple]]:
+                phase, c, counts, seen = state
+                if r.max_props is not None and c > r.max_props:
+                    return []
+                sep = comma if c > 0 else ir.EMPTY
+                out = []
+                if phase < len(slot_vars):
+                    key, vs, req, cctx = slot_vars[phase]
+                    if not req:
+                        out.append((ir.EMPTY, (phase + 1, c, counts, seen)))
+                    for node, inc in vs:
+                        c2, counts2 = bump(c, counts, inc)
+                        out.append((ir.seq(sep, pair(key, node, cctx)), (phase + 1, c2, counts2, seen)))
+                    return out
+                for key, node, inc, cctx, lit_name in rest_vars:
+                    if distinct:
+                        # None stands for "the non-literal key"
+                        if lit_name in seen:
+                            continue
+                        seen2 = seen | {lit_name}
+                    else:
+                        if lit_name is not None and lit_name in seen:
+                            continue
+                        seen2 = seen | {lit_name} if lit_name in req_specials else seen
                     c2, counts2 = bump(c, counts, inc)
-                    out.append((ir.seq(sep, pair(key, node, cctx)), (phase + 1, c2, counts2, seen)))
+                    out.append((ir.seq(sep, pair(key, node, cctx)), (phase, c2, counts2, seen2)))
                 return out
-            for key, node, inc, cctx, lit_name in rest_vars:
-                if lit_name is not None and lit_name in seen:
-                    continue
-                seen2 = seen | {lit_name} if lit_name in req_specials else seen
-                c2, counts2 = bump(c, counts, inc)
-                out.append((ir.seq(sep, pair(key, node, cctx)), (phase, c2, counts2, seen2)))
-            return out
 
-        def accept(state: tuple) -> bool:
-            phase, c, counts, seen = state
-            if phase < len(slot_vars):
-                return False
-            if c < r.min_props or (r.max_props is not None and c > r.max_props):
-                return False
-            if not req_specials <= seen:
-                return False
-            return all(lo <= x and (hi is None or x <= hi)
-                       for x, (_k, _s, lo, hi) in zip(counts, exists))
+            def accept(state: tuple) -> bool:
+                phase, c, counts, seen = state
+                if phase < len(slot_vars):
+                    return False
+                if c < r.min_props or (r.max_props is not None and c > r.max_props):
+                    return False
+                if not req_specials <= seen:
+                    return False
+                return all(lo <= x and (hi is None or x <= hi)
+                           for x, (_k, _s, lo, hi) in zip(counts, exists))
 
-        body = self.state_machine((0, 0, tuple(0 for _ in exists), frozenset()), trans, accept)
+            return self.state_machine((0, 0, tuple(0 for _ in exists), frozenset()), trans, accept)
+
+        body = machine(distinct)
+        if distinct and body == ir.NEVER and regions and machine(False) != ir.NEVER:
+            # only objects with several pattern / additional keys would do
+            kw = "minProperties" if r.min_props >= 2 else "patternProperties"
+            self.norm.unsupported(kw, self.norm.where(),
+                                  f"{kw} needs two or more keys matched by patterns or "
+                                  "additionalProperties, which a grammar cannot keep distinct "
+                                  "(a duplicated key would count twice)")
+            body = machine(False)  # lenient mode: duplicates may count
         return ir.seq(ir.lit("{"), ws, body, ir.lit("}"))
 
     # -- acyclic state machines (self-loops allowed) -> rules --------------------------------------

@@ -949,6 +949,9 @@ def _residue_classes(M: int, P: int, c: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+_UNBOUNDED: dict[_Spec, ir.Expr] = {}  # number_expr without bounds or multipleOf
+
+
 @functools.lru_cache(maxsize=512)
 def _build(spec: _Spec, what: str) -> ir.Expr:
     if not spec.ths and spec.mod is None:
@@ -1099,4 +1102,11 @@ def number_expr(minimum: Number | None = None, maximum: Number | None = None, *,
     ths = _thresholds(minimum, maximum, exclusive_minimum, exclusive_maximum, floats=True,
                       frac_cap=frac_cap, exp_cap=exp_cap)
     spec = _Spec(ths, mod, True, True, max_fraction_digits, max_exponent_digits)
+    if minimum is None and maximum is None and multiple_of is None:
+        # no bounds: one fixed language per (integer_only, digit limits), a library constant
+        # like the Unicode tables (JSON Schema's "integer" alone is one), kept for the process
+        got = _UNBOUNDED.get(spec)
+        if got is None:
+            got = _UNBOUNDED.setdefault(spec, _build.__wrapped__(spec, "number"))
+        return got
     return _build(spec, "number")

@@ -68,8 +68,33 @@ def _load() -> Any:
     if _kernels is None:
         from . import _trie_kernels  # imports numba
 
+        _warm(_trie_kernels)
         _kernels = _trie_kernels
     return _kernels
+
+
+def _warm(k: Any) -> None:
+    """Call every kernel once on tiny inputs of the real argument types, so that loading
+    them from numba's disk cache (or compiling them, the first time ever) happens here,
+    once per process, and not inside the first mask that needs each one."""
+    flat = np.frombuffer(b"ab", dtype=np.uint8)
+    offs = np.array([0, 1], dtype=np.int64)
+    lens = np.array([1, 1], dtype=np.int64)
+    n = k.count_nodes(flat, offs, lens)
+    byte, depth, skip = np.zeros(n + 1, np.uint8), np.zeros(n + 1, np.int32), np.zeros(n + 1, np.int32)
+    lo, own, suf = np.zeros(n + 2, np.int32), np.zeros(n + 1, np.int32), np.zeros((n + 1, 4), np.uint64)
+    k.build_nodes(flat, offs, lens, byte, depth, skip, lo, own, suf)
+    trans = np.full((2, 256), -1, dtype=np.int32)
+    acc = np.zeros(2, dtype=bool)
+    ls, lk = np.zeros((2, 4), np.uint64), np.zeros(2, np.uint8)
+    st, tn = np.zeros(3, np.int32), np.zeros(3, np.uint8)
+    words, unc, cnt = np.zeros(1, np.uint32), np.zeros(2, np.int64), np.zeros(1, np.int64)
+    ids = np.array([0, 1], dtype=np.int64)
+    for split in (False, True):
+        k.walk(byte, depth, skip, lo, own, suf, ids, trans, acc, ls, lk, 1, n + 1, st, tn, split, words, unc,
+               cnt)
+        k.walk_ids(offs, lens, flat, trans, acc, 0, ids, np.zeros(4, np.int64), words, split, unc, cnt)
+    k.loop_split(np.zeros((2, 4), np.uint64), ids, np.zeros(4, np.uint64), words)
 
 
 class Trie:

@@ -732,3 +732,22 @@ def test_draft04_integer_is_an_integer_literal() -> None:
             assert not g.accepts(t) or valid, (schema, t)  # never accepts an invalid value
             if "not" not in schema and "enum" not in schema:  # narrowed there (see lowering)
                 assert g.accepts(t) == valid, (schema, t)
+
+
+def test_min_properties_counts_distinct_keys() -> None:
+    """JSON parsers keep one of two equal keys, so a lower bound of 2+ must not be met by a
+    duplicated key (oracle: jsonschema on the parsed object)."""
+    import jsonschema
+
+    schema = {"type": "object", "minProperties": 2, "additionalProperties": {"type": "integer"},
+              "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    g = compile_json_schema(schema)
+    for doc in ['{"a":1,"b":2}', '{"a":1,"x":2}', '{"x":1,"x":2}', '{"a":1,"a":2}', '{"b":1,"y":2,"y":3}']:
+        if g.accepts(doc):
+            assert jsonschema.validate(json.loads(doc), schema) is None, doc
+    assert g.accepts('{"a":1,"x":2}') and not g.accepts('{"x":1,"x":2}')
+    # only pattern keys could reach the bound: refused, naming the keyword
+    with pytest.raises(UnsupportedFeatureError) as ei:
+        compile_json_schema({"type": "object", "minProperties": 2, "additionalProperties": False,
+                             "patternProperties": {"^[a-z]+$": {"type": "integer"}}})
+    assert ei.value.keyword == "minProperties"
