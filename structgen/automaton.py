@@ -1129,8 +1129,9 @@ class _Compiler:
                     ids[key] = j
                     order.append(key)
                     if j >= limit:
+                        at = f" in rule {self.origin.get(self.where, self.where)!r}" if self.where else ""
                         raise CompileLimitError(
-                            f"intersection/difference automaton exceeds {limit} states "
+                            f"intersection/difference automaton exceeds {limit} states{at} "
                             "(CompileOptions.max_states)")
                 row[c] = j
             rows.append(row)
