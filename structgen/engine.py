@@ -53,6 +53,7 @@ class Engine:
         self.frames: list[tuple[int, int, int]] = [(-1, -1, -1)]  # id 0 = ROOT
         self.frame_ids: dict[tuple[int, int, int], int] = {}
         self._closure: dict[int, tuple[frozenset[int], bool]] = {}
+        self._rel: dict[tuple[int, int], tuple[tuple[tuple[tuple[int, int], ...], ...], bool]] = {}
         self._srows: dict[int, tuple[np.ndarray, list[tuple[frozenset[int], bool]]]] = {}
         self._groups: dict[tuple[int, int], tuple[np.ndarray, list[int]]] = {}
         self._rtabs: dict[int, _RuleTable] = {}  # call-free rules' DFA tables (compiled walks)
@@ -92,37 +93,73 @@ class Engine:
 
     def closure(self, sid: int) -> tuple[frozenset[int], bool]:
         """Stacks reachable from ``sid`` by calls and returns, restricted to those whose
-        top state has byte edges; and whether the empty stack (end of input) is reachable."""
+        top state has byte edges; and whether the empty stack (end of input) is reachable.
+
+        What happens above the parent frame depends only on the top frame's (rule, state):
+        that part is computed once per (rule, state) as frame chains relative to the parent
+        (:meth:`_relative_closure`) and re-rooted here; where the top frame can return, the
+        parent's own closure (cached) joins."""
         got = self._closure.get(sid)
         if got is not None:
             return got
+        parent, r, q = self.frames[sid]
+        chains, returns = self._relative_closure(r, q)
+        intern = self._intern
         out: set[int] = set()
+        for chain in chains:
+            s = parent
+            for fr, fq in chain:
+                s = intern(s, fr, fq)
+            out.add(s)
         acc = False
-        seen = {sid}
-        todo = [sid]
-        frames = self.frames
-        while todo:
-            s = todo.pop()
-            if s == ROOT:
+        if returns:
+            if parent == ROOT:
                 acc = True
-                continue
-            parent, r, q = frames[s]
-            info_r = self._info[r]
-            _row, acc_q, bytes_q, calls_q, _tail = info_r(q)
-            if bytes_q:
-                out.add(s)
-            if acc_q and parent not in seen:
-                seen.add(parent)
-                todo.append(parent)
-            for callee, q2 in calls_q:
-                ret = parent if info_r(q2)[4] else self._intern(parent, r, q2)
-                ns = self._intern(ret, callee, 0)
-                if ns not in seen:
-                    seen.add(ns)
-                    todo.append(ns)
+            else:
+                below, acc = self.closure(parent)
+                out |= below
         res = (frozenset(out), acc)
         self._closure[sid] = res
         return res
+
+    def _relative_closure(self, r: int, q: int) -> tuple[tuple[tuple[tuple[int, int], ...], ...], bool]:
+        """Closure of a frame ``(r, q)`` above an unknown parent: the frame chains (bottom
+        first) of the reachable stacks whose top has byte edges, and whether the parent is
+        reached (the frame can return). Left recursion is rejected at compile time, so
+        chains are finite."""
+        key = (r, q)
+        got = self._rel.get(key)
+        if got is not None:
+            return got
+        info = self._info
+        start: tuple[tuple[int, int], ...] = ((r, q),)
+        seen = {start}
+        todo = [start]
+        chains: list[tuple[tuple[int, int], ...]] = []
+        returns = False
+        while todo:
+            st = todo.pop()
+            if not st:
+                returns = True
+                continue
+            rr, qq = st[-1]
+            info_r = info[rr]
+            _row, acc_q, bytes_q, calls_q, _tail = info_r(qq)
+            if bytes_q:
+                chains.append(st)
+            below = st[:-1]
+            if acc_q and below not in seen:
+                seen.add(below)
+                todo.append(below)
+            for callee, q2 in calls_q:
+                ret = below if info_r(q2)[4] else below + ((rr, q2),)
+                ns = ret + ((callee, 0),)
+                if ns not in seen:
+                    seen.add(ns)
+                    todo.append(ns)
+        got = (tuple(chains), returns)
+        self._rel[key] = got
+        return got
 
     # -- configurations ---------------------------------------------------------
     def _config(self, stacks: frozenset[int], acc: bool) -> int:
