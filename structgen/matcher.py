@@ -18,6 +18,7 @@ grammar's shared :class:`~structgen.engine.Engine`.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import weakref
 from typing import Any
@@ -58,21 +59,33 @@ def vocab_table(vocab: Any) -> VocabTable:
             vt = None
         if vt is not None:
             return vt
-        key = getattr(vocab, "content_hash", None) or id(vocab)
-        vt = _VT_BY_HASH.get(key) if isinstance(key, str) else None
+        key = getattr(vocab, "content_hash", None)
+        if not isinstance(key, str):
+            # a duck-typed vocabulary: key by content too (an id() could be reused by a
+            # different vocabulary after this one is collected, and keys outlive it in the
+            # engines' mask caches and the shared trie cache)
+            key = _content_key(vocab)
+        vt = _VT_BY_HASH.get(key)
         if vt is None:
             flat_view = None
             if all(hasattr(vocab, a) for a in ("lengths", "offsets", "flat_bytes")):
                 flat_view = (vocab.lengths, vocab.offsets, vocab.flat_bytes)
             vt = VocabTable(list(vocab.token_bytes), list(vocab.eos_token_ids),
                             int(vocab.vocab_size), key, flat_view)
-            if isinstance(key, str):
-                _VT_BY_HASH[key] = vt
+            _VT_BY_HASH[key] = vt
         try:
             _VT_CACHE[vocab] = vt
         except TypeError:
             pass
         return vt
+
+
+def _content_key(vocab: Any) -> str:
+    d = hashlib.sha256(b"structgen.vocab-like.v1\0")
+    d.update(repr((int(vocab.vocab_size), sorted(int(e) for e in vocab.eos_token_ids))).encode())
+    for b in vocab.token_bytes:
+        d.update(b"\xff" if b is None else len(b).to_bytes(4, "little") + bytes(b))
+    return d.hexdigest()
 
 
 class Matcher:

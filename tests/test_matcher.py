@@ -277,3 +277,22 @@ def test_compile_limits() -> None:
     rec = dyck_grammar().rules["s"]
     with pytest.raises(GrammarError):
         compile_grammar(ir.Grammar({"s": rec, "t": ir.and_(ir.ref("s"), ir.lit("[]"))}, "t"))
+
+
+def test_duck_typed_vocabularies_are_keyed_by_content() -> None:
+    """A vocabulary without ``content_hash`` must not be keyed by ``id()``: ids are reused
+    after collection, and keys outlive the vocabulary in shared caches (engine mask caches,
+    the compiled-walk trie), so a new vocabulary could be served an old one's masks."""
+    import gc
+
+    from structgen.matcher import vocab_table
+
+    cg = compile_grammar(ir.Grammar({"s": ir.alt(ir.lit("ab"), ir.lit("cd"))}, "s"))
+    for i in range(30):
+        toks = [b"ab", b"a", b"b"] if i % 2 else [b"cd", b"c", b"d"]
+        v = toy_vocab(toks)
+        m = Matcher(cg, v)
+        assert set(m.allowed_token_ids()) == {0, 1}, (i, toks)
+        assert vocab_table(v).key == vocab_table(toy_vocab(list(toks))).key
+        del m, v
+        gc.collect()
