@@ -132,7 +132,7 @@ def random_walk(matcher: Any, vocab: Any, rng: random.Random, max_steps: int) ->
     for k in range(MAX_GREEDY_BYTES):
         if k % 16 == 0:
             tail = eng.shortest_completion(matcher._hist[-1], prefer=CLOSING,
-                                           max_nodes=50_000 if k == 0 else 2_000)
+                                           max_nodes=5_000 if k == 0 else 1_000)
             if tail is not None:
                 break
         elif matcher.is_accepting():
