@@ -1312,7 +1312,11 @@ def _minimise(d: _Dfa) -> _Dfa:
     block = _row_classes(init)
     nblocks = int(block.max()) + 1
     # columns (bytes) that behave identically in every state need to be compared only once
-    cols = np.unique(d.trans, axis=1) if d.trans.shape[1] > 1 else d.trans
+    if d.trans.shape[1] > 1:
+        _u, first = np.unique(_row_classes(d.trans.T), return_index=True)
+        cols = d.trans[:, first]
+    else:
+        cols = d.trans
     while True:
         tb = np.where(cols >= 0, block[np.maximum(cols, 0)], -1)
         cb = np.where(ccols >= 0, block[np.maximum(ccols, 0)], -1)
