@@ -1096,7 +1096,9 @@ class _Compiler:
         start pair over the joint byte classes of both automata."""
         # joint byte classes: bytes on which every state of both automata agrees
         joint = np.concatenate([a.trans, b.trans], axis=0)  # [na + nb, 256]
-        _cols, first, cls_of = np.unique(joint, axis=1, return_index=True, return_inverse=True)
+        # equal columns by row hashing of the transpose (a structured-array unique sorts
+        # the whole matrix)
+        _u, first, cls_of = np.unique(_row_classes(joint.T), return_index=True, return_inverse=True)
         cls_of = cls_of.reshape(-1)
         ta = a.trans[:, first].tolist()  # [na][nclass]
         tb = b.trans[:, first].tolist()  # [nb][nclass]
