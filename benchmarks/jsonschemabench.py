@@ -305,8 +305,10 @@ def main(argv: list[str] | None = None) -> int:
         c["compiled"] += 1
         try:
             cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
-            # the draft's own format semantics (the global FormatChecker() has draft-3 "time")
-            validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+            # formats as structgen enforces them: every format known to the 2020-12 format
+            # vocabulary, whatever the schema's draft (the global FormatChecker() would check
+            # "time" with draft 3's "%H:%M:%S")
+            validator = cls(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
         except Exception:  # noqa: BLE001
             validator = None
         # soundness walks

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _valid(schema: Any, inst: Any) -> bool:
     cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(inst)
+    return cls(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER).is_valid(inst)
 
 
 def _check(schema: Any, inst: Any, expected: str) -> None:
