@@ -652,7 +652,8 @@ def _validator(schema: Any) -> Any:
 
     try:
         cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
-        return cls(schema, format_checker=cls.FORMAT_CHECKER)  # the draft's own format semantics
+        # formats as structgen enforces them (2020-12 definitions, whatever the draft)
+        return cls(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
     except Exception:  # noqa: BLE001 - a malformed schema: no instance can be checked
         return None
 
