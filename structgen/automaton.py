@@ -803,10 +803,7 @@ class _Compiler:
             if reps > 2 and _size(item, memo) * reps > 2000 and not isinstance(item, ir.Ref):
                 name = hoisted.get(item)
                 if name is None:
-                    name = f"__rep{len(hoisted)}"
-                    while name in rules:
-                        name += "_"
-                    hoisted[item] = name
+                    name = _hoisted_name("__rep", item, hoisted, rules)
                     rules[name] = item
                     self.origin[name] = self.origin.get(self._hoist_owner, self._hoist_owner)
                 item = ir.Ref(name)
@@ -846,10 +843,7 @@ class _Compiler:
             if not top and e in shared:
                 name = hoisted.get(e)
                 if name is None:
-                    name = f"__cse{len(hoisted)}"
-                    while name in rules:
-                        name += "_"
-                    hoisted[e] = name
+                    name = _hoisted_name("__cse", e, hoisted, rules)
                     self.origin[name] = owner[0]
                     rules[name] = rewrite(e, True)
                 out: ir.Expr = ir.Ref(name)
@@ -1296,6 +1290,15 @@ def _restrict(d: _Dfa, keep: np.ndarray, nonempty: list[bool]) -> _Dfa:
 
 def _trim_regular(d: _Dfa) -> _Dfa:
     return _restrict(d, _coreachable(d, []), [])
+
+
+def _hoisted_name(prefix: str, e: ir.Expr, hoisted: dict[ir.Expr, str], rules: dict[str, ir.Expr]) -> str:
+    """A fresh rule name for the hoisted sub-expression ``e``, recorded in ``hoisted``."""
+    name = f"{prefix}{len(hoisted)}"
+    while name in rules:
+        name += "_"
+    hoisted[e] = name
+    return name
 
 
 def _minimise(d: _Dfa) -> _Dfa:

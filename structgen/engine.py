@@ -67,16 +67,12 @@ class Engine:
         self.loopset = np.zeros((64, 4), dtype=np.uint64)
         self.loopok = np.zeros(64, dtype=np.uint8)
         # masks: (vocab key, config) -> packed uint32 words
-        self.mask_cache: OrderedDict[tuple[Any, int], np.ndarray] = OrderedDict()
-        self.mask_cache_bytes = 0
-        self.mask_cache_limit = mask_cache_bytes
+        self.mask_cache = _ByteLru(mask_cache_bytes)
         self.native = native.available()  # compiled trie walks (structgen.trie) when numba is present
         self.stats = {"mask_hits": 0, "mask_misses": 0, "rows_filled": 0, "ci_hits": 0, "ci_misses": 0}
-        # context-independent split per (vocab, rule, state): packed words of tokens that are
-        # accepted whatever lies below the top frame, and the ids of tokens that depend on it
-        self.ci_cache: OrderedDict[tuple[Any, tuple[tuple[int, int], ...], bool],
-                                   tuple[np.ndarray, np.ndarray]] = OrderedDict()
-        self.ci_cache_bytes = 0
+        # rooted split walks per (vocab, top frames, exact): packed words of the tokens
+        # accepted whatever lies below, and the ids of the tokens that depend on it
+        self.ci_cache = _ByteLru(mask_cache_bytes // 2)
         root_stack = self._intern(ROOT, grammar.root, 0)
         stacks, acc = self.closure(root_stack)
         self.start = self._config(stacks, acc)
@@ -327,33 +323,24 @@ class Engine:
         when the configuration is accepting. Cached per (vocabulary, configuration).
         """
         key = (vt.key, cid)
-        cache = self.mask_cache
-        m = cache.get(key)
+        m = self.mask_cache.get(key)
         if m is not None:
             self.stats["mask_hits"] += 1
-            cache.move_to_end(key)
             return m
         self.stats["mask_misses"] += 1
         m = self._split_mask(cid, vt)
-        if m is None and self.native:
+        if m is None:
             m = np.zeros(vt.num_words, dtype=np.uint32)
-            self._allowed_native(cid, vt, m)
+            self._allowed_into(cid, vt, m)
             if self.is_accepting(cid) and vt.eos_ids.size:
                 _set_bits(m, vt.eos_ids)
-        elif m is None:
-            allowed = self._allowed_tokens(cid, vt)
-            bits = np.zeros(vt.num_words * 32, dtype=bool)
-            bits[allowed] = True
-            if self.is_accepting(cid):
-                bits[vt.eos_ids] = True
-            m = np.packbits(bits, bitorder="little").view(np.uint32)
         with self.lock:
-            cache[key] = m
-            self.mask_cache_bytes += m.nbytes
-            while self.mask_cache_bytes > self.mask_cache_limit and len(cache) > 1:
-                _, old = cache.popitem(last=False)
-                self.mask_cache_bytes -= old.nbytes
+            self.mask_cache.put(key, m, m.nbytes)
         return m
+
+    @property
+    def mask_cache_bytes(self) -> int:
+        return self.mask_cache.bytes
 
     # -- context-independent split (masks shared by every stack with the same top) -------
     def _split_mask(self, cid: int, vt: VocabTable) -> np.ndarray | None:
@@ -388,23 +375,17 @@ class Engine:
             words |= certain
             if uncertain.size:
                 pending.append((self._config(*self.closure(sid)), uncertain))
-        trie = vt.trie() if self.native else None
         for single, ids in pending:
-            if trie is not None:
-                if ids.size > _WALK_IDS_MAX:
-                    self._allowed_native(single, vt, words)
-                else:
-                    native.walk_ids(self, trie, single, ids, words)
-                continue
             if ids.size > _WALK_IDS_MAX:
-                ok = self._allowed_tokens(single, vt)  # a trie walk prunes better
+                self._allowed_into(single, vt, words)  # a trie walk prunes better
+            elif self.native:
+                native.walk_ids(self, vt.trie(), single, ids, words)
             else:
                 ids = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1) == 0]
-                if ids.size == 0:
-                    continue
-                ok = self._walk_ids(single, ids, vt)
-            if ok.size:
-                _set_bits(words, ok)
+                if ids.size:
+                    ok = self._walk_ids(single, ids, vt)
+                    if ok.size:
+                        _set_bits(words, ok)
         if self.is_accepting(cid) and vt.eos_ids.size:
             _set_bits(words, vt.eos_ids)
         return words
@@ -428,11 +409,9 @@ class Engine:
     def _rooted_split(self, chain: tuple[tuple[int, int], ...], exact: bool,
                       vt: VocabTable) -> tuple[np.ndarray, np.ndarray]:
         key = (vt.key, chain, exact)
-        cache = self.ci_cache
-        got = cache.get(key)
+        got = self.ci_cache.get(key)
         if got is not None:
             self.stats["ci_hits"] += 1
-            cache.move_to_end(key)
             return got
         self.stats["ci_misses"] += 1
         empty = np.zeros(0, dtype=np.int64)
@@ -456,9 +435,7 @@ class Engine:
                 got = (w, unc.copy())
             elif exact:  # the rooted stack is the real one: nothing depends on anything else
                 w = np.zeros(vt.num_words, dtype=np.uint32)
-                ok = self._allowed_tokens(rooted, vt)
-                if ok.size:
-                    _set_bits(w, ok)
+                self._allowed_into(rooted, vt, w)
                 got = (w, empty)
             else:
                 certain, uncertain = self._trie_walk(rooted, vt)
@@ -466,12 +443,7 @@ class Engine:
                 bits[certain] = True
                 got = (np.packbits(bits, bitorder="little").view(np.uint32), uncertain)
         with self.lock:
-            cache[key] = got
-            self.ci_cache_bytes += got[0].nbytes + got[1].nbytes
-            limit = self.mask_cache_limit // 2
-            while self.ci_cache_bytes > limit and len(cache) > 1:
-                _, old = cache.popitem(last=False)
-                self.ci_cache_bytes -= old[0].nbytes + old[1].nbytes
+            self.ci_cache.put(key, got, got[0].nbytes + got[1].nbytes)
         return got
 
     def _trie_walk(self, cid: int, vt: VocabTable, split: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -576,11 +548,15 @@ class Engine:
             return self._allowed_loop_split(cid, vt, loops)
         return self._allowed_trie(cid, vt)
 
-    def _allowed_native(self, cid: int, vt: VocabTable, words: np.ndarray) -> None:
-        """:meth:`_allowed_tokens` with the compiled walks, OR-ed into packed ``words``."""
-        if cid < 0 or not self.configs[cid][0]:
-            return
-        self._native_walk(self, cid, vt, words, split=False)
+    def _allowed_into(self, cid: int, vt: VocabTable, words: np.ndarray) -> None:
+        """OR the tokens allowed from ``cid`` (EOS aside) into packed ``words``: the compiled
+        walks when available, else :meth:`_allowed_tokens`."""
+        if not self.native:
+            ok = self._allowed_tokens(cid, vt)
+            if ok.size:
+                _set_bits(words, ok)
+        elif cid >= 0 and self.configs[cid][0]:
+            self._native_walk(self, cid, vt, words, split=False)
 
     @staticmethod
     def _native_walk(src: Any, start: int, vt: VocabTable, words: np.ndarray, split: bool) -> np.ndarray:
@@ -616,9 +592,43 @@ class Engine:
     # -- introspection -------------------------------------------------------------
     def memory_bytes(self) -> int:
         """Approximate bytes held by the runtime tables and the mask cache."""
-        return int(self.trans.nbytes + self.filled.nbytes + self.accepting.nbytes
-                   + self.mask_cache_bytes + self.ci_cache_bytes
+        tables = (self.trans, self.filled, self.accepting, self.loopset, self.loopok)
+        rule_tables = sum(t.trans.nbytes + t.loopset.nbytes for t in self._rtabs.values())
+        return int(sum(a.nbytes for a in tables) + rule_tables + self.mask_cache.bytes + self.ci_cache.bytes
                    + 64 * (len(self.frames) + len(self.configs)))
+
+
+class _ByteLru:
+    """An LRU map bounded by the bytes of its values (the caller states each value's size;
+    the newest entry always stays). Callers hold the engine lock around :meth:`put`."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.bytes = 0
+        self._d: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
+
+    def get(self, key: Any) -> Any:
+        hit = self._d.get(key)
+        if hit is None:
+            return None
+        self._d.move_to_end(key)
+        return hit[0]
+
+    def put(self, key: Any, value: Any, nbytes: int) -> None:
+        old = self._d.pop(key, None)
+        if old is not None:
+            self.bytes -= old[1]
+        self._d[key] = (value, nbytes)
+        self.bytes += nbytes
+        while self.bytes > self.limit and len(self._d) > 1:
+            _, (_v, n) = self._d.popitem(last=False)
+            self.bytes -= n
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __iter__(self) -> Any:
+        return iter(self._d)
 
 
 class _RuleTable:

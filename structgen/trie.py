@@ -135,11 +135,6 @@ class Trie:
             bits[rows, flat] = True
         self.slot_bytes = np.ascontiguousarray(np.packbits(bits, axis=1, bitorder="little").view(np.uint64))
 
-    def nbytes(self) -> int:
-        arrays = (self.byte, self.depth, self.skip, self.lo, self.own, self.suf, self.slot_ids,
-                  self.id_len, self.id_off, self.blob, self.slot_bytes)
-        return int(sum(a.nbytes for a in arrays))
-
 
 _tries: dict[Any, Trie] = {}
 
