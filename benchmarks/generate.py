@@ -77,18 +77,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", type=int, default=len(TASKS))
     ap.add_argument("--max-new-tokens", type=int, default=400)
     ap.add_argument("--engines", default="plain,spec,xgrammar,outlines")
+    ap.add_argument("--dtype", default="float32", help="model weights: float32, bfloat16, auto "
+                    "(all engines use the same loaded model)")
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    torch.set_num_threads(args.threads)
     engines = args.engines.split(",")
     if args.smoke:
         lm = bench.tiny_model()
         args.tasks, args.max_new_tokens = 2, 48
         engines = [e for e in engines if e in ("plain", "spec")]
     else:
-        lm = load_model(args.model)
-    draft = load_model(args.draft_model) if args.draft_model else None
+        lm = load_model(args.model, dtype=args.dtype)
+    draft = load_model(args.draft_model, dtype=args.dtype) if args.draft_model else None
     cfg = SpecConfig()
     results: dict[str, list[dict[str, Any]]] = {e: [] for e in engines}
     peer_state: dict[str, dict[str, Any]] = {e: {} for e in engines}
@@ -156,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     summary["identical_greedy_outputs"] = f"{identical}/{len(tasks)}"
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": platform.platform(),
             "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "model": "tiny-random" if args.smoke else args.model, "draft_model": args.draft_model,
+            "model": "tiny-random" if args.smoke else args.model, "dtype": str(lm.model.dtype),
+            "draft_model": args.draft_model,
             "max_new_tokens": args.max_new_tokens}
     print(json.dumps({"meta": meta, "summary": summary}, indent=1))
     if args.out:

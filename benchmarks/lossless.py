@@ -51,10 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--cases", type=int, default=50)
     ap.add_argument("--max-new-tokens", type=int, default=160)
+    ap.add_argument("--dtype", default="float32", help="model weights: float32, bfloat16, auto")
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    lm = load_model(args.model)
+    torch.set_num_threads(args.threads)
+    lm = load_model(args.model, dtype=args.dtype)
     rows = []
     ok = 0
     t0 = time.time()
@@ -75,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:28} identical={same} valid={valid} finish={plain.finish_reason} "
               f"tokens={len(plain.tokens)} passes {plain.stats.forward_passes}->{spec.stats.forward_passes}",
               file=sys.stderr)
-    print(json.dumps({"model": args.model, "cases": len(rows), "passed": ok,
+    print(json.dumps({"model": args.model, "dtype": str(lm.model.dtype), "threads": args.threads,
+                      "cases": len(rows), "passed": ok,
                       "seconds": round(time.time() - t0, 1)}))
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))

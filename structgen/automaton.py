@@ -24,7 +24,7 @@ import hashlib
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -580,22 +580,44 @@ class _Compiler:
         self.origin: dict[str, str] = {}  # synthetic rule -> the source rule it came from
         self._hoist_owner = ""
         self._tick = 0
+        self._regular_stack: list[ir.Expr] = []  # And/Diff being built (errors name them)
+        # the first intersection/difference that finished past the deadline, and its rule:
+        # what a later timeout names (the time went there, the check came after)
+        self._late: tuple[str, tuple[ir.Expr, ...]] | None = None
+
+    def _located(self, err: CompileLimitError, rule: str | None = None,
+                 exprs: tuple[ir.Expr, ...] | None = None) -> CompileLimitError:
+        """Attach where compilation was (the rule, the regular sub-expressions being built,
+        the rules kept as calls) so that a front-end can map the error to its source."""
+        name = rule if rule is not None else self.where
+        err.rule = self.origin.get(name, name) or None
+        err.ir_exprs = tuple(self._regular_stack) if exprs is None else exprs
+        err.ir_calls = frozenset(self.keep)
+        return err
 
     # -- limits ---------------------------------------------------------------
     def check_time(self) -> None:
         self._tick += 1
         if self._tick & 255 == 0 and time.monotonic() > self.deadline:
-            at = f" while building rule {self.origin.get(self.where, self.where)!r}" if self.where else ""
-            raise CompileTimeoutError(
+            name, exprs = self.where, None
+            if not self._regular_stack and self._late is not None:
+                name, exprs = self._late
+            at = f" while building rule {self.origin.get(name, name)!r}" if name else ""
+            raise self._located(CompileTimeoutError(
                 f"grammar compilation exceeded its time limit of {self.opt.timeout_s:g} s{at} "
-                "(CompileOptions.timeout_s)")
+                "(CompileOptions.timeout_s)"), name, exprs)
+
+    def check_time_now(self) -> None:
+        """:meth:`check_time` without its call-count stride (for coarse loops)."""
+        self._tick |= 255
+        self.check_time()
 
     def count_states(self, n: int, what: str) -> None:
         self.total_states += n
         if self.total_states > self.opt.max_states:
-            raise CompileLimitError(
+            raise self._located(CompileLimitError(
                 f"grammar automaton exceeds {self.opt.max_states} states while building {what} "
-                "(CompileOptions.max_states)")
+                "(CompileOptions.max_states)"))
 
     # -- driver ---------------------------------------------------------------
     def compile(self, key: str) -> CompiledGrammar:
@@ -684,9 +706,9 @@ class _Compiler:
                 # name the biggest rule so far (and the source rule it came from)
                 big = max(range(len(built)), key=lambda i: len(built[i][0]))
                 name = self.kept[big]
-                raise CompileLimitError(
+                raise self._located(CompileLimitError(
                     f"grammar automaton exceeds {self.opt.max_states} NFA states in rule "
-                    f"{self.origin.get(name, name)!r} (CompileOptions.max_states)")
+                    f"{self.origin.get(name, name)!r} (CompileOptions.max_states)"), name)
         # whole-grammar passes: a timeout names the biggest rule
         self.where = self.kept[max(range(len(built)), key=lambda i: len(built[i][0]))] if built else ""
         trimmed = self._trim_nfas(built)
@@ -884,9 +906,10 @@ class _Compiler:
         """Add ``e`` to ``nfa`` starting at state ``s``; return its end state."""
         self.check_time()
         if len(nfa) > self.opt.max_states:
-            raise CompileLimitError(
+            raise self._located(CompileLimitError(
                 f"grammar automaton exceeds {self.opt.max_states} NFA states in rule "
-                f"{self.origin.get(inline_stack[0], inline_stack[0])!r} (CompileOptions.max_states)")
+                f"{self.origin.get(inline_stack[0], inline_stack[0])!r} (CompileOptions.max_states)"),
+                inline_stack[0])
         if isinstance(e, ir.ByteSet):
             t = nfa.new()
             for lo, hi in e.ranges:
@@ -963,12 +986,16 @@ class _Compiler:
         state can still complete outside ``B`` (finitely many strings cannot cover an
         infinite set), so the product needs no trimming and is explored lazily at run
         time by a :class:`ProductRule`. Returns a function adding the call, or None."""
-        a = self._regular_operand(e.left, inline_stack)
-        if not _all_states_infinite(a):
-            return None
-        b = self._regular_operand(e.right, inline_stack)
-        if not _finite_language(b):
-            return None
+        self._regular_stack.append(e)
+        try:
+            a = self._regular_operand(e.left, inline_stack)
+            if not _all_states_infinite(a):
+                return None
+            b = self._regular_operand(e.right, inline_stack)
+            if not _finite_language(b):
+                return None
+        finally:
+            self._regular_stack.pop()
         j = self.dfa_rule_index.get(e)
         if j is None:
             j = len(self.kept) + len(self.dfa_rules)
@@ -1030,9 +1057,15 @@ class _Compiler:
             d = _trim_regular(_Dfa(trans, acc, [() for _ in range(n)]))
         else:
             assert isinstance(e, (ir.And, ir.Diff))
-            left = self._regular_operand(e.left, inline_stack)
-            right = self._regular_operand(e.right, inline_stack)
-            d = self._product(left, right, "and" if isinstance(e, ir.And) else "diff")
+            self._regular_stack.append(e)
+            try:
+                left = self._regular_operand(e.left, inline_stack)
+                right = self._regular_operand(e.right, inline_stack)
+                d = self._product(left, right, "and" if isinstance(e, ir.And) else "diff")
+                if self._late is None and time.monotonic() > self.deadline:
+                    self._late = (self.where, tuple(self._regular_stack))
+            finally:
+                self._regular_stack.pop()
         self._regular_cache[e] = d
         if shareable:
             with _CACHE_LOCK:
@@ -1066,7 +1099,7 @@ class _Compiler:
         d = self._determinise(nfa, start, end, inline_stack[0])
         d = _trim_regular(d)
         if d.trans.shape[0] > _MINIMISE_MIN:
-            d = _minimise(d)
+            d = _minimise(d, self.check_time_now)
         self._regular_cache[e] = d
         if shareable:
             with _CACHE_LOCK:
@@ -1126,9 +1159,9 @@ class _Compiler:
                     order.append(key)
                     if j >= limit:
                         at = f" in rule {self.origin.get(self.where, self.where)!r}" if self.where else ""
-                        raise CompileLimitError(
+                        raise self._located(CompileLimitError(
                             f"intersection/difference automaton exceeds {limit} states{at} "
-                            "(CompileOptions.max_states)")
+                            "(CompileOptions.max_states)"))
                 row[c] = j
             rows.append(row)
             i += 1
@@ -1140,7 +1173,7 @@ class _Compiler:
                        dtype=bool)
         d = _Dfa(np.ascontiguousarray(trans), acc, [() for _ in range(len(order))])
         d = _trim_regular(d)
-        return _minimise(d) if d.trans.shape[0] > _MINIMISE_MIN else d
+        return _minimise(d, self.check_time_now) if d.trans.shape[0] > _MINIMISE_MIN else d
 
     # -- subset construction ------------------------------------------------------
     def _determinise(self, nfa: _Nfa, start: int, end: int, name: str) -> _Dfa:
@@ -1205,9 +1238,9 @@ class _Compiler:
                         ids[closed] = j
                         subsets.append(closed)
                         if len(subsets) > self.opt.max_states:
-                            raise CompileLimitError(
+                            raise self._located(CompileLimitError(
                                 f"rule {self.origin.get(name, name)!r}: automaton exceeds "
-                                f"{self.opt.max_states} states (CompileOptions.max_states)")
+                                f"{self.opt.max_states} states (CompileOptions.max_states)"), name)
                     seen_targets[key] = j
                 row[c] = j
             crow = []
@@ -1301,8 +1334,9 @@ def _hoisted_name(prefix: str, e: ir.Expr, hoisted: dict[ir.Expr, str], rules: d
     return name
 
 
-def _minimise(d: _Dfa) -> _Dfa:
-    """Moore partition refinement (vectorised with numpy)."""
+def _minimise(d: _Dfa, check: Callable[[], None] | None = None) -> _Dfa:
+    """Moore partition refinement (vectorised with numpy); ``check`` runs once per round
+    (the compiler's deadline)."""
     n = d.trans.shape[0]
     if n <= 1:
         return d
@@ -1323,6 +1357,8 @@ def _minimise(d: _Dfa) -> _Dfa:
     else:
         cols = d.trans
     while True:
+        if check is not None:
+            check()
         tb = np.where(cols >= 0, block[np.maximum(cols, 0)], -1)
         cb = np.where(ccols >= 0, block[np.maximum(ccols, 0)], -1)
         sig = np.concatenate([block[:, None], tb, cb], axis=1)

@@ -730,6 +730,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per task and engine (median)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"),
+                    help="model weights (bfloat16 on the CPU runs a row-invariant forward)")
     ap.add_argument("--out", type=Path, default=None,
                     help="output folder (default benchmarks/results; --smoke: a new temporary folder)")
     ap.add_argument("--no-plots", action="store_true")
@@ -821,12 +823,12 @@ def _run(args: argparse.Namespace, types: list[str], engines: list[str]) -> int:
         print("structgen bench: no task selected", file=sys.stderr)
         return 2
     model_name = "tiny-random" if args.smoke else (args.model or DEFAULT_MODEL)
-    lm = tiny_model(favour=SMOKE_FAVOUR) if args.smoke else load_model(model_name)
+    lm = tiny_model(favour=SMOKE_FAVOUR) if args.smoke else load_model(model_name, dtype=args.dtype)
     if device != "cpu":
         lm = CausalLM(lm.model.to(device), lm.tokenizer)
     draft = None
     if args.draft_model:
-        draft = load_model(args.draft_model)
+        draft = load_model(args.draft_model, dtype=args.dtype)
         if device != "cpu":
             draft = CausalLM(draft.model.to(device), draft.tokenizer)
     cfg = SpecConfig()
@@ -907,6 +909,7 @@ def _run(args: argparse.Namespace, types: list[str], engines: list[str]) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M"), "model": model_name, "draft_model": args.draft_model,
         "device": device, "machine": f"{platform.platform()} ({platform.machine()})",
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "dtype": str(getattr(lm.model, "dtype", "")),
         "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
         "versions": _versions(), "engines": engines, "max_new_tokens": max_new, "repeats": args.repeats,
         "smoke": args.smoke, "warmup_s": warm_s, "skipped": skipped,

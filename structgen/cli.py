@@ -673,7 +673,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
             hf_logging.disable_progress_bar()
         try:
-            lm = load_model(str(model_path))
+            lm = load_model(str(model_path), dtype=getattr(args, "dtype", "float32"))
         except Exception as e:  # noqa: BLE001 - transformers' many load errors
             raise _Usage(f"cannot load model {model_name}: {type(e).__name__}: {e}") from None
         return _generate_all(args, prog, lm, requests, cfg, gen.max_new_tokens, seed, speculative,
@@ -914,6 +914,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--model", "-m", metavar="M",
                    help="model alias (see `structgen models`) or Hugging Face folder "
                    "(default: generation.model of --config, else smollm2-135m)")
+    g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"),
+                   help="weights of a model loaded by alias or folder (auto: bfloat16 where the "
+                   "hardware computes it natively). In bfloat16 on the CPU the forward is made "
+                   "row-invariant, so speculative output still equals plain decoding bit for bit")
     what = g.add_mutually_exclusive_group()
     what.add_argument("--schema", "-s", metavar="S.json", help="JSON Schema file")
     what.add_argument("--pydantic", metavar="pkg.module:Class", help="a Pydantic model class")

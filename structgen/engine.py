@@ -37,6 +37,13 @@ UNKNOWN = -2
 ROOT = 0  # the empty stack
 _WALK_IDS_MAX = 4096  # above this many context-dependent tokens, walk the trie instead
 _SPLIT_DEPTH = 6  # most stack frames a rooted split walk takes
+_HORIZON_BUDGET = 4  # pair checks one horizon query may do, per unit of depth
+_HORIZON_HOPS = 64  # predecessors followed back to a state whose class is known
+_HORIZON_MEMO = 500_000  # memoised state pairs kept per engine
+
+
+class _HorizonAbort(Exception):
+    pass
 
 
 class Engine:
@@ -57,6 +64,14 @@ class Engine:
         self._srows: dict[int, tuple[np.ndarray, list[tuple[frozenset[int], bool]]]] = {}
         self._groups: dict[tuple[int, int], tuple[np.ndarray, list[int]]] = {}
         self._rtabs: dict[int, _RuleTable] = {}  # call-free rules' DFA tables (compiled walks)
+        # bounded-horizon equivalence of rule states (:meth:`_horizon_rep`)
+        self._hshape: dict[tuple[int, int], tuple[bytes, tuple[int, ...], tuple[tuple[int, int], ...],
+                                                  bool]] = {}
+        self._hstat: dict[int, list[int]] = {}  # rule -> [work, shared]; work -1 = off
+        self._hrep_of: dict[tuple[int, int, int], int] = {}  # (rule, depth, state) -> representative
+        self._hpred: dict[tuple[int, int], int] = {}  # (rule, state) -> a state it succeeds (bytes or call)
+        self._hpair: dict[tuple[int, int, int], int] = {}  # (rule, p, q) -> depth verified equal
+        self._hfail: dict[tuple[int, int, int], int] = {}  # (rule, p, q) -> depth they differ at
         # configurations
         self.configs: list[tuple[frozenset[int], bool]] = []
         self.config_ids: dict[tuple[frozenset[int], bool], int] = {}
@@ -128,6 +143,7 @@ class Engine:
         if got is not None:
             return got
         info = self._info
+        pred = self._hpred
         start: tuple[tuple[int, int], ...] = ((r, q),)
         seen = {start}
         todo = [start]
@@ -148,6 +164,7 @@ class Engine:
                 seen.add(below)
                 todo.append(below)
             for callee, q2 in calls_q:
+                pred.setdefault((rr, q2), qq)
                 ret = below if info_r(q2)[4] else below + ((rr, q2),)
                 ns = ret + ((callee, 0),)
                 if ns not in seen:
@@ -251,6 +268,8 @@ class Engine:
                 labels = inv.reshape(-1).astype(np.int32) + 1
             grp = (labels, targets)
             self._groups[key] = grp
+            for t in targets:
+                self._hpred.setdefault((r, t), q)
         labels, targets = grp
         intern, closure = self._intern, self.closure
         got = (labels, [closure(intern(parent, r, t)) for t in targets])
@@ -413,6 +432,16 @@ class Engine:
         if got is not None:
             self.stats["ci_hits"] += 1
             return got
+        # a chain whose frames behave like already-walked ones on every token (a counted
+        # string's character positions far from its bounds) shares their walk
+        with self.lock:
+            canon = tuple((r, self._horizon_rep(r, q, vt.max_len)) for r, q in chain)
+        if canon != chain:
+            got = self.ci_cache.get((vt.key, canon, exact))
+            if got is not None:
+                self.stats["ci_hits"] += 1
+                return got
+            key = (vt.key, canon, exact)  # filed under the class; walked from the real frames
         self.stats["ci_misses"] += 1
         empty = np.zeros(0, dtype=np.int64)
         if self.native and len(chain) == 1 and self.rules[chain[0][0]].leaf:
@@ -445,6 +474,136 @@ class Engine:
         with self.lock:
             self.ci_cache.put(key, got, got[0].nbytes + got[1].nbytes)
         return got
+
+    # -- bounded-horizon equivalence of rule states ------------------------------------
+    def _horizon_rep(self, r: int, q: int, depth: int) -> int:
+        """A state of rule ``r`` that behaves like ``q`` on every input of at most ``depth``
+        symbols (bytes or calls), or ``q`` itself.
+
+        Such states are interchangeable for any token of at most ``depth`` bytes as long as
+        every call consumes at least one byte: walking the token from either visits states
+        with the same acceptance, the same byte partition and the same callees, so rooted
+        split walks (and masks) from them are equal. A counted string (``maxLength``) is a
+        chain of one state per character: every position at least ``depth`` characters
+        away from its bounds falls in one class, so the vocabulary is walked once for them,
+        not once per character.
+
+        The class is found by going back along recorded predecessors (a state whose
+        successor ``q`` is) while each consecutive pair is equivalent (transitivity), to a
+        state whose representative is known, or else the furthest one, which becomes the
+        representative. Pairs are compared structurally (:meth:`_heq`), memoising how deep
+        each pair was verified; a pair is verified ``depth`` deeper than asked, so going
+        along a chain re-verifies only every ``depth`` states (constant amortised work per
+        state). A rule whose queries cost much more than the walks they share is not tried
+        again."""
+        stat = self._hstat.get(r)
+        if stat is None:
+            stat = self._hstat[r] = [0, 0]  # [work spent, walks shared]; work -1 = off
+        if stat[0] < 0:
+            return q
+        got = self._hrep_of.get((r, depth, q))
+        if got is not None:
+            return got
+        start = _HORIZON_BUDGET * max(depth, 1)
+        budget = [start]
+        path = [q]
+        rep = None
+        try:
+            x = q
+            for _ in range(_HORIZON_HOPS):
+                p = self._hpred.get((r, x))
+                if p is None or p in path or not self._heq(r, p, x, depth, depth, budget):
+                    break
+                rep = self._hrep_of.get((r, depth, p))
+                if rep is not None:
+                    break
+                path.append(p)
+                x = p
+        except _HorizonAbort:
+            stat[0] = -1
+            return q
+        if rep is None:
+            rep = path[-1]
+        stat[0] += start - budget[0]
+        if rep != q:
+            stat[1] += 1
+        if stat[0] > _HORIZON_BUDGET * depth * (2 + 16 * stat[1]):
+            stat[0] = -1  # costs more than it saves
+        if len(self._hpair) + len(self._hfail) > _HORIZON_MEMO:
+            self._hpair.clear()  # representatives stay valid; the pair memo is rebuilt
+            self._hfail.clear()
+        for x in path:
+            self._hrep_of[(r, depth, x)] = rep
+        return rep
+
+    def _hlocal(self, r: int, q: int) -> tuple[bytes, tuple[int, ...], tuple[tuple[int, int], ...], bool]:
+        """(byte labels in first-occurrence order, targets in that order (-1 dead), calls,
+        accepting) of state ``q`` of rule ``r``; raises :class:`_HorizonAbort` at a call of
+        a rule that may consume nothing."""
+        got = self._hshape.get((r, q))
+        if got is None:
+            row, acc, _bytes, calls, _tail = self._info[r](q)
+            for callee, _q2 in calls:
+                if self._relative_closure(callee, 0)[1]:
+                    raise _HorizonAbort  # a call that may consume nothing: no byte bound
+            uniq, first, inv = np.unique(row, return_index=True, return_inverse=True)
+            order = np.argsort(first, kind="stable")
+            rank = np.empty_like(order)
+            rank[order] = np.arange(order.size)
+            got = (rank[inv.reshape(-1)].astype(np.uint8).tobytes(),
+                   tuple(int(t) for t in uniq[order].tolist()), tuple(calls), bool(acc))
+            self._hshape[(r, q)] = got
+            pred = self._hpred
+            for t in got[1]:
+                if t >= 0:
+                    pred.setdefault((r, t), q)
+            for _c, t in calls:
+                pred.setdefault((r, t), q)
+        return got
+
+    def _heq(self, r: int, p: int, q: int, need: int, slack: int, budget: list[int]) -> bool:
+        """Whether states ``p`` and ``q`` of rule ``r`` agree on every input of at most
+        ``need`` symbols. A pair not yet verified that deep is verified ``need + slack``
+        deep (memoised per pair; differences memoised with the depth they show at)."""
+        if p == q:
+            return True
+        key = (r, p, q)
+        if self._hpair.get(key, -1) >= need:
+            return True
+        f = self._hfail.get(key)
+        if f is not None and f <= need:
+            return False
+        need += slack
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _HorizonAbort
+        lp, tp, cp, ap = self._hlocal(r, p)
+        lq, tq, cq, aq = self._hlocal(r, q)
+        fail = None
+        if ap != aq:
+            fail = 0
+        elif need == 0:
+            pass
+        elif lp != lq or len(cp) != len(cq) or any(a[0] != b[0] for a, b in zip(cp, cq)):
+            fail = 1
+        else:
+            pairs = [(a, b) for a, b in zip(tp, tq) if a != b] + [(a[1], b[1]) for a, b in zip(cp, cq)
+                                                                  if a[1] != b[1]]
+            for a, b in pairs:
+                if a < 0 or b < 0:
+                    fail = 1
+                    break
+                if not self._heq(r, a, b, need - 1, 0, budget):
+                    fail = self._hfail[(r, a, b)] + 1
+                    break
+        if fail is not None:
+            # a valid upper bound on the depth they differ at (exact where slack is 0)
+            self._hfail[key] = min(fail, self._hfail.get(key, fail))
+            if slack and fail > need - slack:  # they differ only deeper than asked: ask exactly
+                return self._heq(r, p, q, need - slack, 0, budget)
+            return False
+        self._hpair[key] = need
+        return True
 
     def _trie_walk(self, cid: int, vt: VocabTable, split: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Level-by-level walk of the vocabulary's byte trie from ``cid``, expanding only

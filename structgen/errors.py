@@ -111,11 +111,19 @@ class CompileLimitError(StructgenError):
     """Compilation exceeded a configured size limit (automaton states, rule count, ...).
 
     ``pointer`` is the schema location being compiled when the limit was hit and
-    ``keyword`` the innermost keyword on it (JSON schemas, when known)."""
+    ``keyword`` the schema keyword responsible for the size there (JSON schemas, when
+    known). ``rule`` is the grammar rule being compiled (automaton errors); ``ir_exprs``
+    the intersections/differences being built, innermost last, and ``ir_calls`` the rules
+    compiled as calls rather than inlined (diagnostics: how a front-end locates the error).
+    """
 
-    def __init__(self, message: str = "", *, pointer: str | None = None, keyword: str | None = None) -> None:
+    def __init__(self, message: str = "", *, pointer: str | None = None, keyword: str | None = None,
+                 rule: str | None = None) -> None:
         self.pointer = pointer
         self.keyword = keyword
+        self.rule = rule
+        self.ir_exprs: tuple = ()
+        self.ir_calls: frozenset[str] = frozenset()
         super().__init__(message)
 
 

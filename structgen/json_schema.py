@@ -46,6 +46,12 @@ from . import ir
 from .config import CompileOptions, JsonSchemaOptions
 from .errors import CompileLimitError, ConfigError, GrammarError, SchemaError
 from .json_schema_algebra import Normalizer
+from .json_schema_diag import (
+    explain_unsat,
+    keyword_at,  # noqa: F401 - kept importable from here
+    locate_automaton_error,
+    structural_keyword,
+)
 from .json_schema_doc import Loc, SchemaDoc, parse_schema_text
 from .json_schema_lower import Lowering, pattern_error
 
@@ -106,17 +112,47 @@ def _format_support(name: str) -> bool | None:
     return False if name in SPEC_FORMATS else None
 
 
+_UNSAT = "schema is unsatisfiable: no JSON value is valid"
+
+
 def _build(schema: Any, options: JsonSchemaOptions, remotes: Mapping[str, Any] | None,
-           deadline: float | None = None) -> tuple[ir.Grammar, list[str], dict[str, str]]:
+           deadline: float | None = None) -> tuple[ir.Grammar, list[str], Lowering]:
     _check_options(options)
     schema = _coerce(schema)
-    doc = SchemaDoc(schema, remotes=remotes, max_depth=options.max_depth)
+    try:
+        doc = SchemaDoc(schema, remotes=remotes, max_depth=options.max_depth)
+    except CompileLimitError as e:
+        _locate_limit_error(e, None)
+        raise
     norm = Normalizer(doc, formats=options.formats, lenient=options.lenient, max_enum=options.max_enum,
                       format_supported=_format_support, pattern_check=pattern_error)
     low = Lowering(norm, doc, options, deadline=deadline)
     root = Loc(0, "")
-    grammar = low.build(norm.ref_node(root), (root,))
-    return grammar, list(dict.fromkeys(norm.warnings)), low.rule_where
+    try:
+        grammar = low.build(norm.ref_node(root), (root,))
+    except SchemaError as e:
+        if e.message == _UNSAT and e.pointer == "#" and e.keyword is None:
+            raise _unsat_error(low) from None
+        raise
+    except CompileLimitError as e:
+        _locate_limit_error(e, low)
+        raise
+    return grammar, list(dict.fromkeys(norm.warnings)), low
+
+
+def _unsat_error(low: Lowering) -> SchemaError:
+    """The unsatisfiable-schema error, naming the subschema and keyword responsible
+    (found within a small time budget of its own; the root otherwise)."""
+    got = explain_unsat(low.doc, low.norm)
+    if got is None:
+        return SchemaError(_UNSAT, pointer="#", keyword=structural_keyword(low.doc, "#"))
+    ptr, kw = got
+    why = f" because of keyword {kw!r}" if kw else ""
+    if ptr == "#":
+        msg = f"{_UNSAT} (the schema accepts nothing{why})"
+    else:
+        msg = f"{_UNSAT} (the subschema at {ptr}, which every value must satisfy, accepts nothing{why})"
+    return SchemaError(msg, pointer=ptr, keyword=kw)
 
 
 def schema_to_grammar(schema: dict | bool | str | type, options: JsonSchemaOptions | None = None, *,
@@ -175,19 +211,15 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
             _CACHE.move_to_end(key)
             return hit[0]
     deadline = time.monotonic() + copts.timeout_s  # lowering and automaton share the budget
-    try:
-        grammar, warnings, rule_where = _build(schema, options, remotes, deadline)
-    except CompileLimitError as e:
-        _locate_limit_error(e, {})
-        raise
+    grammar, warnings, low = _build(schema, options, remotes, deadline)
     try:
         cg = compile_grammar(grammar, copts, deadline=deadline)
     except GrammarError as e:
         if "accepts no string" in str(e):
-            raise SchemaError("schema is unsatisfiable: no JSON value is valid", pointer="#") from None
+            raise _unsat_error(low) from None
         raise
     except CompileLimitError as e:
-        _locate_limit_error(e, rule_where)
+        _locate_limit_error(e, low, grammar)
         raise
     meta = getattr(cg, "metadata", None)
     if isinstance(meta, dict):
@@ -210,39 +242,39 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
 _RULE_IN_MESSAGE = re.compile(r"rule '([^']+)'")
 
 
-def _locate_limit_error(e: CompileLimitError, rule_where: Mapping[str, str]) -> None:
-    """Add the schema location to an automaton size error that names an IR rule.
+def _locate_limit_error(e: CompileLimitError, low: Lowering | None,
+                        grammar: ir.Grammar | None = None) -> None:
+    """Give a size or time limit error its schema location and keyword.
 
-    The automaton only knows rule names (``'s25'``); the lowering knows which schema
-    location each rule came from. Sets ``e.pointer`` and appends it to the message (in
-    place, so the exception type and traceback stay). Timeouts name no rule: unchanged.
+    The automaton only knows IR rules (``'s25'``) and the intersections it was building;
+    the lowering knows which schema location each rule came from and which keyword each
+    expression was made for. Sets ``e.pointer`` and ``e.keyword`` and appends them to the
+    message (in place, so the exception type and traceback stay).
     """
-    m = _RULE_IN_MESSAGE.search(str(e))
-    ptr = rule_where.get(m.group(1)) if m else None
-    if ptr is not None and not getattr(e, "pointer", None):
-        e.pointer = ptr  # type: ignore[attr-defined]
-        if e.args and isinstance(e.args[0], str):
-            e.args = (f"{e.args[0]} (schema location {ptr})",) + e.args[1:]
-    if getattr(e, "pointer", None) and not getattr(e, "keyword", None):
-        e.keyword = keyword_at(e.pointer)  # type: ignore[attr-defined]
-
-
-def keyword_at(pointer: str) -> str | None:
-    """The innermost schema keyword on a JSON pointer (``#/properties/a/anyOf/2`` ->
-    ``anyOf``; a property or definition name is skipped), or None at the root."""
-    parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer.lstrip("#").split("/") if p]
-    kw = None
-    i = 0
-    while i < len(parts):
-        p = parts[i]
-        kw = p
-        # keywords whose next segment is a name or an index, not a keyword
-        i += 2 if p in _NAMED_CHILDREN or (i + 1 < len(parts) and parts[i + 1].isdigit()) else 1
-    return kw
-
-
-_NAMED_CHILDREN = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
-                             "dependencies", "dependentRequired"})
+    doc = low.doc if low is not None else None
+    ptr, kw = e.pointer, e.keyword
+    if low is not None and grammar is not None and not ptr:
+        rule = e.rule
+        if rule is None:
+            m = _RULE_IN_MESSAGE.search(str(e))
+            rule = e.rule = m.group(1) if m else None
+        ptr, kw = locate_automaton_error(e, doc, grammar.rules, low.rule_where, low.rule_kw, low.expr_kw)
+    if not ptr and low is not None:
+        ptr = "#"
+    if ptr and not kw:
+        kw = structural_keyword(doc, ptr)
+    if not (e.args and isinstance(e.args[0], str)):
+        e.pointer, e.keyword = ptr, kw
+        return
+    text = e.args[0]
+    add = []
+    if ptr and not re.search(re.escape(ptr) + r"(?![\w/~%.-])", text):
+        add.append(f"schema location {ptr}")
+    if kw and repr(kw) not in text:
+        add.append(f"keyword {kw!r}")
+    if add:
+        e.args = (f"{text} ({', '.join(add)})",) + e.args[1:]
+    e.pointer, e.keyword = ptr, kw
 
 
 def schema_warnings(cg: Any) -> list[str]:

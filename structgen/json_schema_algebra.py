@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
-from .errors import CompileLimitError, SchemaError, UnsupportedFeatureError
+from .errors import CompileLimitError, CompileTimeoutError, SchemaError, UnsupportedFeatureError
 from .json_schema_doc import Loc, SchemaDoc, escape_token
 
 __all__ = ["TS", "Arr", "Obj", "Normalizer", "TRUE", "FALSE", "TOP", "BOTTOM",
@@ -656,6 +657,12 @@ class Normalizer:
         self._memo: dict[Node, TS] = {}
         self._active: set[Node] = set()
         self._pos: list[str] = ["#"]  # pointer of the schema being normalised (for errors)
+        self._kws: list[str | None] = [None]  # keyword being normalised there (for errors)
+        # time.monotonic() value past which normalisation raises CompileTimeoutError (set by
+        # the lowering; None: no limit) and the limit in seconds, for the message
+        self.deadline: float | None = None
+        self.time_limit = 0.0
+        self._tick = 0
         self.format_supported = format_supported or (lambda name: True)
         self.pattern_check = pattern_check or (lambda p: None)
 
@@ -669,6 +676,34 @@ class Normalizer:
 
     def where(self) -> str:
         return self._pos[-1]
+
+    def keyword(self) -> str | None:
+        """The keyword being normalised at :meth:`where` (None when not known)."""
+        return self._kws[-1]
+
+    def enter(self, pointer: str) -> None:
+        """Push the schema location being worked on (error messages name it)."""
+        self._pos.append(pointer)
+        self._kws.append(None)
+
+    def leave(self) -> None:
+        self._pos.pop()
+        self._kws.pop()
+
+    def check_deadline(self) -> None:
+        """Raise CompileTimeoutError past :attr:`deadline`, naming the innermost schema
+        location (and keyword) being normalised."""
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            where, kw = self.where(), self.keyword()
+            what = f"keyword {kw!r} of the schema at {where}" if kw else f"the schema at {where}"
+            raise CompileTimeoutError(f"grammar compilation exceeded its time limit of "
+                                      f"{round(self.time_limit, 2):g} s while lowering {what} "
+                                      "(CompileOptions.timeout_s)", pointer=where, keyword=kw)
+
+    def _tick_deadline(self) -> None:
+        self._tick += 1
+        if self._tick & 31 == 0:
+            self.check_deadline()
 
     # -- node construction ------------------------------------------------------------
     def ref_node(self, loc: Loc, scope: tuple[str, ...] = ()) -> Node:
@@ -721,11 +756,12 @@ class Normalizer:
         if tag == "not":
             return self.complement(self.normalize(n[1]))
         if tag == "ref":
-            self._pos.append(self.doc.pointer(n[1]))
+            self.check_deadline()
+            self.enter(self.doc.pointer(n[1]))
             try:
                 return self._schema(n[1], n[2])
             finally:
-                self._pos.pop()
+                self.leave()
         raise AssertionError(tag)
 
     def is_empty(self, n: Node, depth: int = 2) -> bool:
@@ -736,6 +772,8 @@ class Normalizer:
             return False
         try:
             ts = self.normalize(n)
+        except CompileTimeoutError:
+            raise
         except (UnsupportedFeatureError, CompileLimitError):
             return False
         return self.ts_empty(ts, depth - 1)
@@ -824,6 +862,8 @@ class Normalizer:
 
     def _dnf(self, recs: Iterable[Any]) -> tuple:
         """Canonicalise, prune provably empty records, dedup and drop subsumed ones."""
+        if self.deadline is not None:
+            self._tick_deadline()
         out: dict[Any, None] = {}
         for r in recs:
             if r is None:
@@ -839,7 +879,7 @@ class Normalizer:
             out[r] = None
             if len(out) > 16 * MAX_DNF:
                 break
-        lst = _drop_subsumed(list(out))
+        lst = _drop_subsumed(list(out), self.check_deadline if self.deadline is not None else None)
         if len(lst) > MAX_DNF:
             raise UnsupportedFeatureError(
                 f"combination of applicators needs more than {MAX_DNF} alternatives",
@@ -941,7 +981,9 @@ class Normalizer:
             if res not in scope:
                 scope = scope + (res,)
         draft = doc.draft(loc)
+        kws = self._kws  # kws[-1]: the keyword being normalised here (error messages)
         if draft in _OLD and "$ref" in node:
+            kws[-1] = "$ref"
             return self.normalize(self.ref_node(doc.resolve(node["$ref"], loc), scope))
 
         def sub(*path: str | int) -> Loc:
@@ -951,10 +993,13 @@ class Normalizer:
             return self.ref_node(sub(*path), scope)
 
         ts = TOP
+        kws[-1] = "type"
         ts = self.meet(ts, self._type_kw(node, ptr))
         if "enum" in node:
+            kws[-1] = "enum"
             ts = self.meet(ts, self._enum(node["enum"], ptr))
         if "const" in node:
+            kws[-1] = "const"
             ts = self.meet(ts, const_ts(value_key(node["const"])))
         num = self._num_kw(node, ptr)
         if num != ST:
@@ -962,15 +1007,19 @@ class Normalizer:
         st = self._str_kw(node, ptr)
         if st != ST:
             ts = self.meet(ts, only(str=st))
+        kws[-1] = "items"
         arr = self._arr_kw(node, ptr, child)
         if arr is not None:
             ts = self.meet(ts, only(arr=self._prune_arr((arr,))))
+        kws[-1] = "properties"
         ts = self._obj_kw(node, ptr, child, ts)
 
         # in-place applicators
         if "$ref" in node:
+            kws[-1] = "$ref"
             ts = self.meet(ts, self.normalize(self.ref_node(doc.resolve(node["$ref"], loc), scope)))
         if "$dynamicRef" in node:
+            kws[-1] = "$dynamicRef"
             ref = node["$dynamicRef"]
             if not isinstance(ref, str):
                 raise SchemaError("$dynamicRef must be a string", pointer=ptr, keyword="$dynamicRef")
@@ -980,6 +1029,7 @@ class Normalizer:
             self.unsupported("$recursiveRef", ptr, "$recursiveRef (draft 2019-09) is not supported")
         for kw in ("allOf", "anyOf", "oneOf"):
             if kw in node:
+                kws[-1] = kw
                 subs = node[kw]
                 if not isinstance(subs, list) or not subs:
                     raise SchemaError(f"{kw} must be a non-empty array", pointer=ptr, keyword=kw)
@@ -992,8 +1042,10 @@ class Normalizer:
                 else:
                     ts = self.meet(ts, self._one_of(parts))
         if "not" in node:
+            kws[-1] = "not"
             ts = self.meet(ts, self.complement(self.normalize(child("not"))))
         if "if" in node:
+            kws[-1] = "if"
             cond = self.normalize(child("if"))
             then = self.normalize(child("then")) if "then" in node else TOP
             els = self.normalize(child("else")) if "else" in node else TOP
@@ -1007,8 +1059,10 @@ class Normalizer:
                     pass  # fewer annotations: stricter, still sound
         # unevaluated* come last: they see every other keyword's annotations
         if "unevaluatedItems" in node:
+            kws[-1] = "unevaluatedItems"
             ts = self._unevaluated_items(ts, child("unevaluatedItems"))
         if "unevaluatedProperties" in node:
+            kws[-1] = "unevaluatedProperties"
             ts = self._unevaluated_props(ts, child("unevaluatedProperties"))
         return ts
 
@@ -1248,6 +1302,7 @@ class Normalizer:
         lo = self._nonneg(node, "minProperties", ptr) if "minProperties" in node else 0
         hi = self._nonneg(node, "maxProperties", ptr) if "maxProperties" in node else None
         if "propertyNames" in node:
+            self._kws[-1] = "propertyNames"
             pn = self.normalize(child("propertyNames"))
             if pn.str != ST:
                 props.append((s_not(pn.str), FALSE))
@@ -1265,6 +1320,7 @@ class Normalizer:
             for k, v in d.items():
                 deps.append((k, v, (kw, k)))
         for k, v, path in deps:
+            self._kws[-1] = path[0]
             absent = Obj(props=((s_lits((k,)), FALSE),))
             if isinstance(v, list):
                 if not all(isinstance(x, str) for x in v):
@@ -1387,12 +1443,14 @@ def _arr_le(a: Arr, b: Arr) -> bool:
     return all(_implies(a.item(i), b.item(i)) for i in range(n)) and _implies(a.rest, b.rest)
 
 
-def _drop_subsumed(recs: list[Any]) -> list[Any]:
+def _drop_subsumed(recs: list[Any], check: Callable[[], None] | None = None) -> list[Any]:
     if len(recs) < 2 or len(recs) > 3000:
         return recs
     le = _obj_le if isinstance(recs[0], Obj) else _arr_le
     keep: list[Any] = []
     for i, r in enumerate(recs):
+        if check is not None and i & 63 == 63:
+            check()  # quadratic in the number of records: a deadline check now and then
         if any(j != i and le(r, q) and not (le(q, r) and j > i) for j, q in enumerate(recs)):
             continue
         keep.append(r)

@@ -142,11 +142,18 @@ class Lowering:
         self.opt = options
         self.deadline = deadline  # time.monotonic() value; CompileTimeoutError past it
         self.opt_timeout = (deadline - time.monotonic()) if deadline is not None else 0.0
+        norm.deadline, norm.time_limit = deadline, self.opt_timeout  # normalising counts too
         self.rules: dict[str, ir.Expr] = {}
         self._memo: dict[tuple[Any, Ctx], str] = {}
         self._queue: list[tuple[str, Any, Ctx]] = []
         self._count = 0
-        self.rule_where: dict[str, str] = {"root": "#"}  # rule name -> schema pointer (errors)
+        # error locations (never used to build the grammar): rule name -> schema pointer, and
+        # the keyword a rule or an IR expression was made for (the pointer of an expression
+        # is that of the rule it is used in: string and number languages are shared)
+        self.rule_where: dict[str, str] = {"root": "#"}
+        self.rule_kw: dict[str, str] = {}
+        self.expr_kw: dict[ir.Expr, str] = {}
+        self._key_kw: str | None = None  # set while property names are lowered
         if options.whitespace == "flexible":
             self.ws = ir.rep(ir.byteset([9, 10, 13, 32]), 0, options.max_whitespace)
         else:
@@ -201,6 +208,37 @@ class Lowering:
             self.rules["any_obj"] = ir.seq(ir.lit("{"), ws, pairs, ir.lit("}"))
         return ir.ref("any")
 
+    # -- error locations ------------------------------------------------------------------
+    def note(self, e: ir.Expr, keyword: str) -> ir.Expr:
+        """Record ``keyword`` as the one ``e`` was made for (automaton errors name it)."""
+        if e is not ir.NEVER and e is not ir.EMPTY:
+            self.expr_kw.setdefault(e, self._key_kw or keyword)
+        return e
+
+    def node_pointer(self, node: Any) -> str | None:
+        """The schema location a node stands for: its own for a reference, the shortest one
+        among its parts for a Boolean combination (``#/properties/a`` for the meet of
+        ``#/properties/a`` and ``#/allOf/0/properties/a``), None for other nodes."""
+        tag = node[0]
+        if tag == "ref":
+            return self.doc.pointer(node[1])
+        if tag == "not":
+            return self.node_pointer(node[1])
+        if tag in ("and", "or"):
+            ptrs = [p for p in (self.node_pointer(m) for m in node[1]) if p is not None]
+            return min(ptrs, key=lambda p: (len(p), p)) if ptrs else None
+        return None
+
+    def check_deadline(self, keyword: str | None = None) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            where = self.norm.where()
+            kw = keyword or self.norm.keyword()
+            what = f"keyword {kw!r} of the schema at {where}" if kw else f"the schema at {where}"
+            limit = round(self.opt_timeout, 2)
+            raise CompileTimeoutError(f"grammar compilation exceeded its time limit of {limit:g} s "
+                                      f"while lowering {what} (CompileOptions.timeout_s)",
+                                      pointer=where, keyword=kw)
+
     # -- driver -------------------------------------------------------------------------
     def new_rule(self, hint: str = "s") -> str:
         self._count += 1
@@ -220,8 +258,9 @@ class Lowering:
         name = self._memo.get(key)
         if name is None:
             name = self.new_rule()
-            if node[0] == "ref":
-                self.rule_where[name] = self.doc.pointer(node[1])
+            ptr = self.node_pointer(node)
+            if ptr is not None:
+                self.rule_where[name] = ptr
             self._memo[key] = name
             self._queue.append((name, node, ctx))
         return ir.ref(name)
@@ -236,22 +275,17 @@ class Lowering:
         self.rules["root"] = ir.seq(self.ws, body, self.ws)
         while self._queue:
             name, node, cctx = self._queue.pop()
-            self.norm._pos.append(self.doc.pointer(node[1]) if node[0] == "ref" else self.norm.where())
+            self.norm.enter(self.rule_where[name])
             try:
                 self.rules[name] = self.lower_ts(self.norm.normalize(node), cctx)
             finally:
-                self.norm._pos.pop()
+                self.norm.leave()
         # drop rules the root cannot reach (dead branches)
         return ir.Grammar(_reachable(self.rules, "root"), "root")
 
     # -- typed sets -------------------------------------------------------------------------
     def lower_ts(self, ts: TS, ctx: Ctx) -> ir.Expr:
-        if self.deadline is not None and time.monotonic() > self.deadline:
-            where = self.norm.where()
-            limit = round(self.opt_timeout, 2)
-            raise CompileTimeoutError(f"grammar compilation exceeded its time limit of {limit:g} s "
-                                      f"while lowering the schema at {where} (CompileOptions.timeout_s)",
-                                      pointer=where)
+        self.check_deadline()
         if ts == TOP:
             return self.any_value()
         if ts == BOTTOM:
@@ -290,6 +324,7 @@ class Lowering:
         elif tag == "lits":
             cc = _regex().char_class_expr
             e = _trie((tuple(s) for s in sorted(f[1])), lambda ch: cc([(ord(ch), ord(ch))], "json"))
+            self.note(e, "enum")
         elif tag == "c":
             _, lo, hi, pats, fmts = f
             parts: list[ir.Expr] = []
@@ -298,27 +333,29 @@ class Lowering:
             if hi is not None and lo > hi:
                 parts.append(ir.NEVER)
             elif (lo > 0 or hi is not None) and not (pos and self.formats_imply_length(fmts, lo, hi)):
-                parts.append(ir.rep(self.any_char(), lo, hi))
+                parts.append(self.note(ir.rep(self.any_char(), lo, hi),
+                                       "maxLength" if f[2] is not None else "minLength"))
             for p in sorted(pats):
-                parts.append(self.pattern(p))
+                parts.append(self.note(self.pattern(p), "pattern"))
             if pos:
                 for fm in sorted(fmts):
-                    parts.append(self.format(fm))
+                    parts.append(self.note(self.format(fm), "format"))
             if not parts:
                 e = self.str_content_any(pos)
             else:
                 e = parts[0]
                 for p in parts[1:]:
-                    e = ir.and_(e, p)
+                    # an intersection is named after what is intersected (pattern, format)
+                    e = self.note(ir.and_(e, p), self.expr_kw.get(p, "pattern"))
         elif tag == "and":
             items = [self.lower_str(x, pos) for x in sorted(f[1], key=repr)]
             e = items[0]
             for x in items[1:]:
-                e = ir.and_(e, x)
+                e = self.note(ir.and_(e, x), self.expr_kw.get(x, "allOf"))
         elif tag == "or":
-            e = ir.alt(*(self.lower_str(x, pos) for x in sorted(f[1], key=repr)))
+            e = self.note(ir.alt(*(self.lower_str(x, pos) for x in sorted(f[1], key=repr))), "anyOf")
         else:
-            e = ir.diff(self.str_content_any(pos), self.lower_str(f[1], not pos))
+            e = self.note(ir.diff(self.str_content_any(pos), self.lower_str(f[1], not pos)), "not")
         self._cache[key] = e
         return e
 
@@ -377,31 +414,36 @@ class Lowering:
             else:
                 exact = [num.number_expr(v, v) for v in sorted(f[1]) if _finite(v)]
                 e = ir.alt(*exact, self.not_safe())
+            self.note(e, "enum")
         elif tag == "c":
             _, lo, lo_x, hi, hi_x, integer, mults = f
+            kw = ("multipleOf" if mults else ("exclusiveMinimum" if lo_x else "minimum") if lo is not None
+                  else ("exclusiveMaximum" if hi_x else "maximum") if hi is not None else "type")
             ms = sorted(mults) or [None]
             e = num.number_expr(lo, hi, exclusive_minimum=lo_x, exclusive_maximum=hi_x,
                                 multiple_of=ms[0], integer_only=integer)
+            self.note(e, kw)
             for m in ms[1:]:
-                e = ir.and_(e, num.number_expr(lo, hi, exclusive_minimum=lo_x, exclusive_maximum=hi_x,
-                                               multiple_of=m, integer_only=integer))
+                e_m = num.number_expr(lo, hi, exclusive_minimum=lo_x, exclusive_maximum=hi_x,
+                                      multiple_of=m, integer_only=integer)
+                e = self.note(ir.and_(e, e_m), "multipleOf")
             if integer and pos and self.doc.drafts[0] in ("3", "4"):
                 # draft-03/04: "integer" is a number written without fraction or exponent
                 # (1.0 and 1e2 are not integers there, as jsonschema's Draft4Validator
                 # says). Only at + polarity: at - the wider language keeps `not` sound.
-                e = ir.and_(e, self.int_literal())
+                e = self.note(ir.and_(e, self.int_literal()), kw)
             if not pos:
-                e = ir.alt(e, self.not_safe())
+                e = self.note(ir.alt(e, self.not_safe()), kw)
         elif tag == "and":
             items = [self.lower_num(x, pos) for x in sorted(f[1], key=repr)]
             e = items[0]
             for x in items[1:]:
-                e = ir.and_(e, x)
+                e = self.note(ir.and_(e, x), self.expr_kw.get(x, "allOf"))
         elif tag == "or":
-            e = ir.alt(*(self.lower_num(x, pos) for x in sorted(f[1], key=repr)))
+            e = self.note(ir.alt(*(self.lower_num(x, pos) for x in sorted(f[1], key=repr))), "anyOf")
         else:
             universe = self.safe_number() if pos else self.number_all()
-            e = ir.diff(universe, self.lower_num(f[1], not pos))
+            e = self.note(ir.diff(universe, self.lower_num(f[1], not pos)), "not")
         self._cache[key] = e
         return e
 
@@ -440,6 +482,7 @@ class Lowering:
         item_refs = [self.node_ref(r.item(i), self.doc_item_ctx(ctx, i)) for i in range(P)]
         rest_ctx = self.doc_item_ctx(ctx, P)
         contains = [(c, lo, hi, st) for c, lo, hi, st in r.contains if lo > 0 or hi is not None]
+        count_kw = "maxItems" if r.max_items is not None else "minItems" if r.min_items > 1 else "items"
         if not contains:
             rest = self.node_ref(r.rest, rest_ctx)
             lo = max(0, r.min_items - P)
@@ -450,14 +493,15 @@ class Lowering:
                 else:
                     first = ir.seq(rest, ws)
                     more = ir.rep(ir.seq(comma, rest, ws), max(lo - 1, 0), None if hi is None else hi - 1)
+                    self.note(more, count_kw)
                     tail = ir.seq(first, more) if lo >= 1 else ir.opt(ir.seq(first, more))
             else:
-                tail = ir.rep(ir.seq(comma, rest, ws), lo, hi) if rest != ir.NEVER else (
+                tail = self.note(ir.rep(ir.seq(comma, rest, ws), lo, hi), count_kw) if rest != ir.NEVER else (
                     ir.EMPTY if lo == 0 else ir.NEVER)
             for i in range(P - 1, -1, -1):
                 elem = ir.seq(comma if i > 0 else ir.EMPTY, item_refs[i], ws, tail)
                 tail = elem if i < r.min_items else ir.opt(elem)
-            return ir.seq(ir.lit("["), ws, tail, ir.lit("]"))
+            return self.note(ir.seq(ir.lit("["), ws, tail, ir.lit("]")), "prefixItems" if P else "items")
         # counting automaton over (items so far, contains counters)
         caps = [max(lo, (hi + 1) if hi is not None else 0) for _c, lo, hi, _s in contains]
         n_cap = max(P, r.min_items, (r.max_items + 1) if r.max_items is not None else 0, 1)
@@ -500,8 +544,8 @@ class Lowering:
             return all(lo <= c and (hi is None or c <= hi)
                        for c, (_n, lo, hi, _s) in zip(counts, contains))
 
-        body = self.state_machine((0, tuple(0 for _ in contains)), trans, accept)
-        return ir.seq(ir.lit("["), ws, body, ir.lit("]"))
+        body = self.state_machine((0, tuple(0 for _ in contains)), trans, accept, "contains")
+        return self.note(ir.seq(ir.lit("["), ws, body, ir.lit("]")), "contains")
 
     def finite_domain(self, node: Any) -> list[tuple] | None:
         """The value keys of a finite node language (scalars only), or None."""
@@ -557,8 +601,8 @@ class Lowering:
         def accept(state: tuple) -> bool:
             return state[0] >= r.min_items
 
-        body = self.state_machine((0, frozenset()), trans, accept)
-        return ir.seq(ir.lit("["), ws, body, ir.lit("]"))
+        body = self.state_machine((0, frozenset()), trans, accept, "uniqueItems")
+        return self.note(ir.seq(ir.lit("["), ws, body, ir.lit("]")), "uniqueItems")
 
     # -- objects ------------------------------------------------------------------------------------
     def lower_obj(self, r: Obj, ctx: Ctx) -> ir.Expr:
@@ -629,10 +673,15 @@ class Lowering:
             cctx = self.doc_child_ctx(ctx, None, tuple(sigma[pat_atom[p]] for p in ctx_pats))
             groups.setdefault((v, ex, cctx), []).append(kf)
         regions: list[tuple[ir.Expr, Any, Ctx, tuple[int, ...]]] = []
-        for (v, ex, cctx), kfs in groups.items():
-            key = ir.seq(ir.lit('"'), self.lower_str(s_or(*kfs), True), ir.lit('"'))
-            if key != ir.NEVER:
-                regions.append((key, v, cctx, ex))
+        # property-name languages: errors name the keyword that made them
+        self._key_kw = "patternProperties" if ctx_pats else "additionalProperties"
+        try:
+            for (v, ex, cctx), kfs in groups.items():
+                key = ir.seq(ir.lit('"'), self.lower_str(s_or(*kfs), True), ir.lit('"'))
+                if key != ir.NEVER:
+                    regions.append((key, v, cctx, ex))
+        finally:
+            self._key_kw = None
 
         def key_expr(name: str) -> ir.Expr:
             # Declared property names are matched in their canonical spelling only
@@ -653,7 +702,8 @@ class Lowering:
             rest_pairs = [pair(k, v, c) for k, v, c, _ex in regions]
             rest_pairs += [pair(key_expr(l), v, self.doc_child_ctx(ctx, l, None))
                            for l, v, _req, _ex in lit_regions]
-            rp = ir.alt(*rest_pairs)
+            # undeclared keys: one alternative per region of the property-name patterns
+            rp = self.note(ir.alt(*rest_pairs), "patternProperties" if ctx_pats else "additionalProperties")
             # tails[j]: slots j.. when something came before (each present pair is
             # comma-prefixed); shared as rules so no pair is copied more than twice
             tail = ir.star(ir.seq(comma, rp))
@@ -665,6 +715,7 @@ class Lowering:
                 tail = ir.seq(ir.seq(comma, pr) if req else ir.opt(ir.seq(comma, pr)), tail)
                 if len(slots) > 1 and not _small(tail):
                     name = self.new_rule("o")
+                    self.rule_kw[name] = "properties"
                     self.rules[name] = tail
                     tail = ir.ref(name)
                 tails.append(tail)
@@ -679,7 +730,7 @@ class Lowering:
             else:
                 firsts.append(ir.opt(ir.seq(rp, tails[len(slots)])))
             t_t = ir.alt(*firsts)
-            return ir.seq(ir.lit("{"), ws, t_t, ir.lit("}"))
+            return self.note(ir.seq(ir.lit("{"), ws, t_t, ir.lit("}")), "properties")
 
         # general case: a counting automaton
         caps = [max(lo, (hi + 1) if hi is not None else 0) for _k, _s, lo, hi in exists]
@@ -757,7 +808,10 @@ class Lowering:
                 return all(lo <= x and (hi is None or x <= hi)
                            for x, (_k, _s, lo, hi) in zip(counts, exists))
 
-            return self.state_machine((0, 0, tuple(0 for _ in exists), frozenset()), trans, accept)
+            return self.state_machine((0, 0, tuple(0 for _ in exists), frozenset()), trans, accept, count_kw)
+
+        count_kw = ("minProperties" if r.min_props else "maxProperties" if r.max_props is not None
+                    else "required" if req_specials else "patternProperties" if exists else "properties")
 
         body = machine(distinct)
         if distinct and body == ir.NEVER and regions and machine(False) != ir.NEVER:
@@ -768,11 +822,12 @@ class Lowering:
                                   "additionalProperties, which a grammar cannot keep distinct "
                                   "(a duplicated key would count twice)")
             body = machine(False)  # lenient mode: duplicates may count
-        return ir.seq(ir.lit("{"), ws, body, ir.lit("}"))
+        return self.note(ir.seq(ir.lit("{"), ws, body, ir.lit("}")), count_kw)
 
     # -- acyclic state machines (self-loops allowed) -> rules --------------------------------------
     def state_machine(self, start: Hashable, trans: Callable[[Any], list[tuple[ir.Expr, Any]]],
-                      accept: Callable[[Any], bool]) -> ir.Expr:
+                      accept: Callable[[Any], bool], keyword: str | None = None) -> ir.Expr:
+        """``keyword``: the schema keyword that needs the counting (error messages)."""
         edges: dict[Any, list[tuple[ir.Expr, Any]]] = {}
         order: list[Any] = []
         stack = [start]
@@ -783,9 +838,12 @@ class Lowering:
             out = trans(s)
             edges[s] = out
             order.append(s)
+            if len(edges) & 63 == 0:
+                self.check_deadline(keyword)
             if len(edges) > MAX_DP_STATES:
                 raise CompileLimitError(f"counting constraints need more than {MAX_DP_STATES} automaton "
-                                        f"states at {self.norm.where()}", pointer=self.norm.where())
+                                        f"states at {self.norm.where()}", pointer=self.norm.where(),
+                                        keyword=keyword)
             for _e, t in out:
                 if t not in edges:
                     stack.append(t)
@@ -835,6 +893,8 @@ class Lowering:
             body = ir.seq(ir.star(ir.alt(*loops)) if loops else ir.EMPTY, ir.alt(*outs))
             if indeg[s] > 1 and not _small(body):
                 name = self.new_rule("q")
+                if keyword is not None:
+                    self.rule_kw[name] = keyword
                 self.rules[name] = body
                 body = ir.ref(name)
             expr[s] = body

@@ -25,7 +25,7 @@ import torch
 
 from .errors import AssetError
 
-__all__ = ["BatchKV", "CausalLM", "load_model", "vocabulary_for"]
+__all__ = ["BatchKV", "CausalLM", "load_model", "make_row_invariant", "resolve_dtype", "vocabulary_for"]
 
 _LOAD_LOCK = threading.Lock()
 _LOADED: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -43,10 +43,13 @@ class CausalLM:
     larger than the tokenizer's vocabulary; the padding rows are never allowed by a grammar.
     """
 
-    def __init__(self, model: Any, tokenizer: Any) -> None:
+    def __init__(self, model: Any, tokenizer: Any, *, row_invariant: bool | None = None) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
+        if row_invariant is None:
+            row_invariant = self.device.type == "cpu" and model.dtype in (torch.bfloat16, torch.float16)
+        self.row_invariant = bool(row_invariant) and make_row_invariant(model)
         self._cache_kw = _cache_kwarg(model)
         self.cache: Any = None
         self.length = 0  # tokens held in the cache
@@ -84,6 +87,78 @@ class CausalLM:
         if remove:
             self.cache.crop(-remove)
             self.length = length
+
+
+# -- row-invariant forward (bitwise-equal logits whatever the number of positions per pass)
+
+_ROWWISE_MAX = 64  # query rows computed one by one; longer passes (a prompt) use plain SDPA
+_ROWWISE_NAME = "structgen_rowwise"
+
+
+def _rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """SDPA that computes each query row of a short causal pass exactly as a one-token pass
+    at that position would: row ``i`` of ``q`` new positions attends to the first
+    ``kv - q + 1 + i`` cached positions, in its own single-query call.
+
+    query ``[1, H, q, d]``, key/value ``[1, Hkv, kv, d]`` (cache included) -> output
+    ``[1, q, H, d]``. Batched or masked passes, one-row passes and long passes (prefill)
+    go to transformers' SDPA unchanged."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    q = query.shape[2]
+    if q == 1 or q > _ROWWISE_MAX or query.shape[0] != 1 or attention_mask is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    kv = key.shape[2]
+    outs = []
+    for i in range(q):
+        n = kv - q + 1 + i
+        o, _ = sdpa_attention_forward(module, query[:, :, i:i + 1], key[:, :, :n], value[:, :, :n], None,
+                                      **kwargs)
+        outs.append(o)  # [1, 1, H, d]
+    return torch.cat(outs, dim=1), None
+
+
+def _two_row_linear(lin: torch.nn.Linear) -> None:
+    """Run a one-row input as two identical rows (and keep the first): oneDNN's reduced-
+    precision GEMM takes a different kernel for a single row, while every row of a
+    two-or-more-row product is computed the same way whatever the row count."""
+    if getattr(lin, "_structgen_two_row", False):
+        return
+    inner = lin.forward
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if x.dim() >= 2 and x.numel() == x.shape[-1]:  # exactly one row
+            y = inner(x.reshape(1, -1).repeat(2, 1))  # [2, out]
+            return y[:1].reshape(*x.shape[:-1], y.shape[-1])
+        return inner(x)
+
+    lin.forward = forward  # type: ignore[method-assign]
+    lin._structgen_two_row = True  # type: ignore[attr-defined]
+
+
+def make_row_invariant(model: Any) -> bool:
+    """Make ``model``'s forward row-invariant on the CPU in bfloat16/float16: the logits of a
+    position do not depend on how many positions the pass computes, so a speculative verify
+    pass of ``k`` positions gives bit for bit the logits that ``k`` one-token passes give,
+    and greedy speculative output equals plain decoding token for token (measured in
+    ``tests/test_model_rowinvariant.py``). Linear layers run one-row inputs as two rows;
+    attention of short passes runs row by row (:func:`_rowwise_attention`). Returns False
+    (model unchanged) where the model's attention is not SDPA/eager. Costs a few percent of
+    a pass (the per-row attention calls)."""
+    cfg = getattr(model, "config", None)
+    impl = getattr(cfg, "_attn_implementation", None)
+    if impl not in ("sdpa", "eager", _ROWWISE_NAME) or not hasattr(model, "set_attn_implementation"):
+        return False
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(_ROWWISE_NAME, _rowwise_attention)
+    if impl != _ROWWISE_NAME:
+        model.set_attn_implementation(_ROWWISE_NAME)
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Linear):
+            _two_row_linear(mod)
+    return True
 
 
 # model types whose ``ForCausalLM`` logits are exactly ``lm_head(last_hidden_state)`` (no
@@ -324,10 +399,42 @@ class BatchKV:
         return True
 
 
-def load_model(model: Any, tokenizer: Any = None, *, dtype: torch.dtype = torch.float32) -> CausalLM:
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(dtype: Any) -> torch.dtype:
+    """``torch.dtype`` or a name (``"float32"``/``"fp32"``, ``"bfloat16"``/``"bf16"``,
+    ``"float16"``/``"fp16"``, ``"auto"``). ``"auto"`` is bfloat16 where the hardware computes
+    it natively (a CUDA device with bf16 support, or a CPU with AVX512-BF16 / AMX) and float32
+    otherwise. Weights converted to bfloat16 are a slightly different model than float32 ones;
+    speculative output is compared with plain decoding of the same model and dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).lower()
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if _cpu_has_bf16() else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: use one of {sorted(_DTYPES) + ['auto']}")
+    return _DTYPES[name]
+
+
+def load_model(model: Any, tokenizer: Any = None, *, dtype: Any = torch.float32) -> CausalLM:
     """A :class:`CausalLM` from a transformers model object, a local directory, or an alias
     known to :mod:`structgen.assets` (fetched and cached on first use). Loaded models are
-    memoised per (path, dtype)."""
+    memoised per (path, dtype). ``dtype`` applies to paths and aliases (see
+    :func:`resolve_dtype`); model objects keep their own."""
+    dtype = resolve_dtype(dtype)
     if isinstance(model, CausalLM):
         return model
     if not isinstance(model, (str, os.PathLike)):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -154,6 +155,121 @@ def test_compile_timeout_names_the_schema_location() -> None:
             schema, compile_options=CompileOptions(timeout_s=t)), seconds=60)
         assert isinstance(e, CompileTimeoutError)
         assert e.pointer in ("#/properties/s", "#/$defs/big") and e.pointer in str(e)
+
+
+# ---------------------------------------------------------------------------
+# every failure names the schema location and the keyword responsible
+# ---------------------------------------------------------------------------
+
+def located(exc: type[BaseException], schema: Any, seconds: float = 60, **copts: Any) -> tuple[str, str]:
+    """Compile ``schema`` expecting ``exc``; its (pointer, keyword), both in the message."""
+    e = raises(exc, lambda: structgen.compile_json_schema(
+        schema, compile_options=CompileOptions(**copts) if copts else None), seconds=seconds)
+    pointer, keyword = e.pointer, e.keyword  # type: ignore[attr-defined]
+    assert pointer and keyword, str(e)
+    assert pointer in str(e) and keyword in str(e), str(e)
+    return pointer, keyword
+
+
+def test_unsatisfiable_schema_names_the_empty_subschema_and_keyword() -> None:
+    # "dims" requires a and b, and oneOf wants exactly one of {a}, {b} present: with both
+    # present both branches match, so no object is valid at #/properties/dims (required)
+    dims = {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+            "required": ["a", "b"], "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "dims": dims},
+              "required": ["name", "dims"]}
+    assert located(SchemaError, schema) == ("#/properties/dims", "oneOf")
+    # the same through $ref: the contradiction lives in the definition
+    schema = {"$defs": {"s": {"type": "string", "minLength": 3, "maxLength": 2}}, "type": "object",
+              "properties": {"x": {"$ref": "#/$defs/s"}}, "required": ["x"]}
+    ptr, kw = located(SchemaError, schema)
+    assert ptr == "#/$defs/s" and kw in ("minLength", "maxLength")
+    # at the root
+    assert located(SchemaError, {"allOf": [{"type": "string"}, {"type": "integer"}]}) == ("#", "allOf")
+    ptr, kw = located(SchemaError, {"type": "integer", "minimum": 10, "maximum": 1})
+    assert ptr == "#" and kw in ("minimum", "maximum")
+
+
+def test_intersection_limit_names_the_keyword_intersected() -> None:
+    # a length bound intersected with a pattern whose DFA has 2**9 states: the product
+    # automaton is what exceeds the limit, made for `pattern` at #/properties/code
+    pat = "^(a|b)*a(a|b){8}$"
+    schema = {"type": "object", "properties": {"n": {"type": "integer"},
+                                               "code": {"type": "string", "pattern": pat, "maxLength": 60}}}
+    assert located(CompileLimitError, schema, max_states=2000) == ("#/properties/code", "pattern")
+    schema = {"type": "object", "properties": {"code": {"type": "string", "maxLength": 60,
+                                                         "not": {"pattern": pat}}}}
+    assert located(CompileLimitError, schema, max_states=2000) == ("#/properties/code", "not")
+
+
+def test_automaton_size_limit_names_the_keyword_that_makes_the_size() -> None:
+    small = {"max_states": 2000}
+    blob = {"type": "object", "properties": {"name": {"type": "string"},
+                                             "blob": {"type": "string", "maxLength": 5000}}}
+    assert located(CompileLimitError, blob, **small) == ("#/properties/blob", "maxLength")
+    xs = {"type": "object", "properties": {"name": {"type": "string"}, "xs": {
+        "type": "array", "items": {"type": "object", "properties": {"a": {"type": "string"}}},
+        "maxItems": 5000}}}
+    assert located(CompileLimitError, xs, **small) == ("#/properties/xs", "maxItems")
+    extra = {"type": "object", "properties": {"a": {
+        "type": "object", "properties": {"x": {"type": "integer"}},
+        "additionalProperties": {"type": "string", "maxLength": 3000}}}}
+    assert located(CompileLimitError, extra, **small) == ("#/properties/a/additionalProperties", "maxLength")
+    # forty properties of the same size: no one of them is to blame, the object is
+    many = {"type": "object", "properties": {"a": {"type": "object", "properties": {
+        f"p{i}": {"type": "string", "maxLength": 40} for i in range(40)}}}}
+    assert located(CompileLimitError, many, **small) == ("#/properties/a", "properties")
+    # seven property-name patterns: 2**7 regions of undeclared keys
+    pats = {"type": "object", "properties": {"a": {"type": "object", "patternProperties": {
+        f"^k{i}": {"type": "integer"} for i in range(7)}}}}
+    assert located(CompileLimitError, pats, max_states=1000) == ("#/properties/a", "patternProperties")
+
+
+def test_lowering_timeout_names_the_innermost_location_and_keyword() -> None:
+    # the second oneOf branch of itemsObject refers back to the root, which has oneOf and
+    # dependencies of its own: its complement (for oneOf) is what takes the time
+    def fmt(t: str, fs: list[str]) -> dict:
+        return {"properties": {"type": {"enum": [t]}, "format": {"enum": fs}}}
+    schema = {
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "type": "object",
+        "oneOf": [{"required": ["type"]}, {"required": ["$ref"]}],
+        "properties": {"type": {"type": "string"}, "$ref": {"type": "string"}, "format": {"type": "string"},
+                       "items": {"$ref": "#/definitions/itemsObject"}},
+        "dependencies": {"format": {"oneOf": [fmt("integer", ["int32", "int64"]),
+                                              fmt("number", ["float", "double"]),
+                                              fmt("string", ["byte", "date", "date-time"])]}},
+        "definitions": {"itemsObject": {"oneOf": [
+            {"type": "object", "required": ["$ref"], "properties": {"$ref": {"type": "string"}},
+             "additionalProperties": False},
+            {"allOf": [{"$ref": "#"}, {"required": ["type"], "properties": {"type": {}, "format": {}},
+                                       "additionalProperties": False}]}]}},
+    }
+    t0 = time.monotonic()
+    assert located(CompileTimeoutError, schema, timeout_s=0.5) == ("#/definitions/itemsObject", "oneOf")
+    assert time.monotonic() - t0 < 10  # the deadline is honoured while normalising, too
+
+
+def test_automaton_timeout_names_the_rule_location_and_keyword() -> None:
+    structgen.compile_json_schema({"type": "string", "pattern": "^[a-c]+$"})  # warm the regex tables
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {
+        "type": "string", "pattern": "^(a|b)*a(a|b){18}$", "maxLength": 60}}}
+    assert located(CompileLimitError, schema, timeout_s=0.5) == ("#/properties/s", "pattern")
+
+
+def test_structural_keyword_fallback() -> None:
+    from structgen.json_schema_diag import structural_keyword
+    from structgen.json_schema_doc import SchemaDoc
+
+    big = {"properties": {f"p{i}": {"type": "integer"} for i in range(20)}}
+    doc = SchemaDoc({"properties": {"a": {"type": "string"}},
+                     "anyOf": [{"required": ["a"]}, {"required": ["b"]}],
+                     "$defs": {"big": big}, "$ref": "#/$defs/big"})
+    assert structural_keyword(doc, "#") == "$ref"  # its target is the largest subschema here
+    assert structural_keyword(SchemaDoc({"type": "array", "items": big, "contains": {"type": "integer"}}),
+                              "#") == "items"
+    assert structural_keyword(doc, "#/properties/a") == "type"
+    assert structural_keyword(doc, "#/$defs/big") == "properties"
 
 
 def test_unsupported_keyword_names_keyword_and_pointer() -> None:

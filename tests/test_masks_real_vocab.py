@@ -209,3 +209,49 @@ def test_shared_rule_masks_match_regex_oracle(tokenizer_by_alias, alias: str, en
     assert g.engine.stats["ci_misses"] > 0  # the split path ran
     if engine_mode == "deep-split":
         assert any(len(k[1]) > 1 for k in g.engine.ci_cache)  # tops of more than one frame
+
+
+@pytest.mark.parametrize("alias", ["llama3", "qwen2"])
+def test_counted_string_masks_match_regex_oracle(tokenizer_by_alias, alias: str, engine_mode: str) -> None:
+    """Long ``maxLength`` strings: one automaton state per character, where positions far
+    from the bounds share their vocabulary walks (bounded-horizon state classes). The
+    ``regex`` module's partial matching with the same counted repetitions is the oracle at
+    every step of a document that runs through the middle and up to both ends of the
+    counts (an ASCII-only vocabulary slice, so characters are bytes)."""
+    from structgen.json_schema import compile_json_schema
+
+    schema = {"type": "object", "additionalProperties": False, "required": ["a", "b"],
+              "properties": {"a": {"type": "string", "minLength": 3, "maxLength": 90},
+                             "b": {"type": "string", "maxLength": 260}}}
+    ch = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
+    oracle = r'\{"a":"' + ch + r'{3,90}","b":"' + ch + r'{0,260}"\}'
+    g = compile_json_schema(schema)
+    full = _slice_vocab(tokenizer_by_alias(alias), 3000, seed=11, must=b'abcdehqtx {}":,\\')
+    table = [b if b is not None and all(c < 0x80 for c in b) else None for b in full.token_bytes]
+    vocab = Vocabulary(table, full.eos_token_ids, full.vocab_size)
+    a = "ab cd, ea \\\"q\\\" " * 6  # 90 characters (escapes count once)
+    b = "the cab, bade a deed " * 12 + "ab"  # 254 characters
+    doc = json_doc = '{"a":"' + a[:88] + 'x","b":"' + b + '"}'
+    assert re_oracle.fullmatch(oracle, json_doc)
+    ids = [i for i, t in enumerate(vocab.token_bytes) if t]
+    m = Matcher(g, vocab)
+    prefix = b""
+    pos = 0
+    checked = 0
+    while pos < len(doc):
+        allowed = set(m.allowed_token_ids())
+        for i in ids:
+            t = vocab.token_bytes[i]
+            ok = re_oracle.fullmatch(oracle, (prefix + t).decode("ascii"), partial=True) is not None
+            assert (i in allowed) == ok, (prefix, t)
+        checked += 1
+        rest = doc.encode()[pos:]
+        # short steps (at most 3 bytes) so most character positions get a mask of their own
+        step = max((i for i in allowed if vocab.token_bytes[i] and rest.startswith(vocab.token_bytes[i])
+                    and len(vocab.token_bytes[i]) <= 3), key=lambda i: len(vocab.token_bytes[i]))
+        assert m.accept_token(step)
+        prefix += vocab.token_bytes[step]
+        pos = len(prefix)
+    assert m.is_accepting() and checked > 100
+    if engine_mode == "default" and native.available():
+        assert any(shared > 0 for _work, shared in g.engine._hstat.values())  # walks were shared
