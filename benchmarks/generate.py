@@ -92,6 +92,19 @@ def main(argv: list[str] | None = None) -> int:
     else:
         lm = load_model(args.model, dtype=args.dtype)
     draft = load_model(args.draft_model, dtype=args.dtype) if args.draft_model else None
+    peer_lm = lm
+    if getattr(lm, "row_invariant", False) and any(e in engines for e in ("xgrammar", "outlines")):
+        # the peers get the model as a user would load it (structgen's row-invariant forward
+        # is its own; a copy keeps it out of the peers' measurements)
+        import copy
+
+        m = copy.deepcopy(lm.model)
+        for mod in m.modules():
+            if getattr(mod, "_structgen_two_row", False):
+                del mod.forward  # back to the class's forward
+                mod._structgen_two_row = False
+        m.set_attn_implementation("sdpa")
+        peer_lm = CausalLM(m, lm.tokenizer, row_invariant=False)
     cfg = SpecConfig()
     results: dict[str, list[dict[str, Any]]] = {e: [] for e in engines}
     peer_state: dict[str, dict[str, Any]] = {e: {} for e in engines}
@@ -109,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
                     r = run_structgen(lm, task, speculative=True, max_new=args.max_new_tokens, cfg=cfg,
                                       draft=draft)
                 elif e == "xgrammar":
-                    r = run_xgrammar(lm, task, args.max_new_tokens, peer_state[e])
+                    r = run_xgrammar(peer_lm, task, args.max_new_tokens, peer_state[e])
                 elif e == "outlines":
-                    r = run_outlines(lm, task, args.max_new_tokens, peer_state[e])
+                    r = run_outlines(peer_lm, task, args.max_new_tokens, peer_state[e])
                 else:
                     raise SystemExit(f"unknown engine {e}")
             except ImportError as exc:

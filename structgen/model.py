@@ -98,25 +98,49 @@ _ROWWISE_NAME = "structgen_rowwise"
 def _rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """SDPA that computes each query row of a short causal pass exactly as a one-token pass
-    at that position would: row ``i`` of ``q`` new positions attends to the first
-    ``kv - q + 1 + i`` cached positions, in its own single-query call.
+    at that position does: row ``i`` of ``q`` new positions attends to the first
+    ``kv - q + 1 + i`` cached positions, in its own single-query call, and a one-token pass
+    makes that same call.
 
-    query ``[1, H, q, d]``, key/value ``[1, Hkv, kv, d]`` (cache included) -> output
-    ``[1, q, H, d]``. Batched or masked passes, one-row passes and long passes (prefill)
-    go to transformers' SDPA unchanged."""
+    query ``[B, H, q, d]``, key/value ``[B, Hkv, kv, d]`` (cache included) -> output
+    ``[B, q, H, d]``. The mask is the one transformers builds for SDPA (None where it can be
+    skipped). Batched passes, masks other than the plain causal one, long passes (a
+    prompt) and models with extra attention arguments (soft-capping, sliding windows,
+    position biases) go to transformers' SDPA unchanged."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    q = query.shape[2]
-    if q == 1 or q > _ROWWISE_MAX or query.shape[0] != 1 or attention_mask is not None:
+    q, kv = query.shape[2], key.shape[2]
+    extra = any(kwargs.get(k) is not None for k in ("softcap", "sliding_window", "position_bias"))
+    if (query.shape[0] != 1 or q > _ROWWISE_MAX or extra or kwargs.get("dropout", 0.0)
+            or (attention_mask is not None and not _is_causal_tail(attention_mask, q, kv))):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    kv = key.shape[2]
-    outs = []
+    h, hkv, d = query.shape[1], key.shape[1], query.shape[-1]
+    if h % hkv:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    scale = kwargs.get("scaling")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    out = torch.empty((1, q, h, value.shape[-1]), dtype=query.dtype, device=query.device)
     for i in range(q):
         n = kv - q + 1 + i
-        o, _ = sdpa_attention_forward(module, query[:, :, i:i + 1], key[:, :, :n], value[:, :, :n], None,
-                                      **kwargs)
-        outs.append(o)  # [1, 1, H, d]
-    return torch.cat(outs, dim=1), None
+        # grouped-query heads packed as rows of their key/value head: [1, Hkv, H/Hkv, d]
+        # (torch's CPU SDPA is several times slower with enable_gqa for one query)
+        qi = query[:, :, i:i + 1].reshape(1, hkv, h // hkv, d)
+        o = sdpa(qi, key[:, :, :n], value[:, :, :n], attn_mask=None, dropout_p=0.0, scale=scale,
+                 is_causal=False)  # [1, Hkv, H/Hkv, dv]
+        out[:, i] = o.reshape(1, h, -1)
+    return out, None
+
+
+def _is_causal_tail(mask: torch.Tensor, q: int, kv: int) -> bool:
+    """Whether a ``[1, 1|H, q, kv]`` SDPA mask lets row ``i`` see exactly the first
+    ``kv - q + 1 + i`` positions (bool: True = attend; float: 0 = attend)."""
+    if mask.dim() != 4 or mask.shape[0] != 1 or mask.shape[-2:] != (q, kv):
+        return False
+    m = mask[0, 0]
+    allowed = m if m.dtype == torch.bool else m == 0
+    want = (torch.arange(kv, device=m.device)[None, :]
+            < (torch.arange(q, device=m.device)[:, None] + (kv - q + 1)))
+    return bool(torch.equal(allowed, want)) and (mask.shape[1] == 1 or bool((mask == mask[:, :1]).all()))
 
 
 def _two_row_linear(lin: torch.nn.Linear) -> None:
@@ -151,8 +175,11 @@ def make_row_invariant(model: Any) -> bool:
     if impl not in ("sdpa", "eager", _ROWWISE_NAME) or not hasattr(model, "set_attn_implementation"):
         return False
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(_ROWWISE_NAME, _rowwise_attention)
+    # the same masks as SDPA (an attention function without a mask function gets none)
+    AttentionMaskInterface.register(_ROWWISE_NAME, sdpa_mask)
     if impl != _ROWWISE_NAME:
         model.set_attn_implementation(_ROWWISE_NAME)
     for mod in model.modules():
