@@ -41,6 +41,9 @@ class CausalLM:
 
     ``vocab_size`` is the width of the logits (the model's embedding rows), which may be
     larger than the tokenizer's vocabulary; the padding rows are never allowed by a grammar.
+    ``row_invariant`` (default: on for bfloat16/float16 models on the CPU) patches the model
+    in place so that a position's logits do not depend on the number of positions per pass
+    (:func:`make_row_invariant`); ``False`` leaves the model untouched.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, row_invariant: bool | None = None) -> None:
@@ -48,7 +51,8 @@ class CausalLM:
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         if row_invariant is None:
-            row_invariant = self.device.type == "cpu" and model.dtype in (torch.bfloat16, torch.float16)
+            row_invariant = (self.device.type == "cpu"
+                             and getattr(model, "dtype", None) in (torch.bfloat16, torch.float16))
         self.row_invariant = bool(row_invariant) and make_row_invariant(model)
         self._cache_kw = _cache_kwarg(model)
         self.cache: Any = None
@@ -97,50 +101,52 @@ _ROWWISE_NAME = "structgen_rowwise"
 
 def _rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """SDPA that computes each query row of a short causal pass exactly as a one-token pass
-    at that position does: row ``i`` of ``q`` new positions attends to the first
-    ``kv - q + 1 + i`` cached positions, in its own single-query call, and a one-token pass
+    """SDPA that computes every query row exactly as a one-token pass of that sequence at that
+    position does: the row attends to the key/value slots it may see, gathered in order
+    (``kv - q + 1 + i`` leading slots for row ``i`` of an unpadded sequence; the unmasked
+    slots of its mask row in a padded batch), in its own single-query call; a one-token pass
     makes that same call.
 
     query ``[B, H, q, d]``, key/value ``[B, Hkv, kv, d]`` (cache included) -> output
-    ``[B, q, H, d]``. The mask is the one transformers builds for SDPA (None where it can be
-    skipped). Batched passes, masks other than the plain causal one, long passes (a
-    prompt) and models with extra attention arguments (soft-capping, sliding windows,
-    position biases) go to transformers' SDPA unchanged."""
+    ``[B, q, H, d]``. The mask is the one transformers builds for SDPA (bool, True = attend;
+    None where it can be skipped). Long unbatched passes (a prompt), non-boolean masks and
+    models with extra attention arguments (soft-capping, sliding windows, position biases)
+    go to transformers' SDPA unchanged."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    q, kv = query.shape[2], key.shape[2]
+    bsz, h, q, d = query.shape
+    kv, hkv = key.shape[2], key.shape[1]
     extra = any(kwargs.get(k) is not None for k in ("softcap", "sliding_window", "position_bias"))
-    if (query.shape[0] != 1 or q > _ROWWISE_MAX or extra or kwargs.get("dropout", 0.0)
-            or (attention_mask is not None and not _is_causal_tail(attention_mask, q, kv))):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    h, hkv, d = query.shape[1], key.shape[1], query.shape[-1]
-    if h % hkv:
+    odd_mask = attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.dim() != 4
+                                               or tuple(attention_mask.shape[-2:]) != (q, kv))
+    if (extra or kwargs.get("dropout", 0.0) or h % hkv or odd_mask or (bsz == 1 and q > _ROWWISE_MAX)
+            or q * bsz > _ROWWISE_MAX * 8):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     scale = kwargs.get("scaling")
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    out = torch.empty((1, q, h, value.shape[-1]), dtype=query.dtype, device=query.device)
-    for i in range(q):
-        n = kv - q + 1 + i
-        # grouped-query heads packed as rows of their key/value head: [1, Hkv, H/Hkv, d]
-        # (torch's CPU SDPA is several times slower with enable_gqa for one query)
-        qi = query[:, :, i:i + 1].reshape(1, hkv, h // hkv, d)
-        o = sdpa(qi, key[:, :, :n], value[:, :, :n], attn_mask=None, dropout_p=0.0, scale=scale,
-                 is_causal=False)  # [1, Hkv, H/Hkv, dv]
-        out[:, i] = o.reshape(1, h, -1)
+    out = torch.zeros((bsz, q, h, value.shape[-1]), dtype=query.dtype, device=query.device)
+    for b in range(bsz):
+        rows = None if attention_mask is None else attention_mask[b, 0]  # [q, kv]
+        for i in range(q):
+            if rows is None:
+                n = kv - q + 1 + i
+                k_i, v_i = key[b:b + 1, :, :n], value[b:b + 1, :, :n]
+            else:
+                idx = rows[i].nonzero().reshape(-1)
+                n = idx.numel()
+                if n == 0:  # a padding row: nothing to attend to
+                    continue
+                if int(idx[-1]) == n - 1:  # the leading slots, as an unpadded sequence has them
+                    k_i, v_i = key[b:b + 1, :, :n], value[b:b + 1, :, :n]
+                else:
+                    k_i, v_i = key[b:b + 1, :, idx], value[b:b + 1, :, idx]
+            # grouped-query heads packed as rows of their key/value head: [1, Hkv, H/Hkv, d]
+            # (torch's CPU SDPA is several times slower with enable_gqa for one query)
+            qi = query[b:b + 1, :, i:i + 1].reshape(1, hkv, h // hkv, d)
+            o = sdpa(qi, k_i, v_i, attn_mask=None, dropout_p=0.0, scale=scale,
+                     is_causal=False)  # [1, Hkv, H/Hkv, dv]
+            out[b, i] = o.reshape(h, -1)
     return out, None
-
-
-def _is_causal_tail(mask: torch.Tensor, q: int, kv: int) -> bool:
-    """Whether a ``[1, 1|H, q, kv]`` SDPA mask lets row ``i`` see exactly the first
-    ``kv - q + 1 + i`` positions (bool: True = attend; float: 0 = attend)."""
-    if mask.dim() != 4 or mask.shape[0] != 1 or mask.shape[-2:] != (q, kv):
-        return False
-    m = mask[0, 0]
-    allowed = m if m.dtype == torch.bool else m == 0
-    want = (torch.arange(kv, device=m.device)[None, :]
-            < (torch.arange(q, device=m.device)[:, None] + (kv - q + 1)))
-    return bool(torch.equal(allowed, want)) and (mask.shape[1] == 1 or bool((mask == mask[:, :1]).all()))
 
 
 def _two_row_linear(lin: torch.nn.Linear) -> None:
@@ -165,11 +171,11 @@ def make_row_invariant(model: Any) -> bool:
     """Make ``model``'s forward row-invariant on the CPU in bfloat16/float16: the logits of a
     position do not depend on how many positions the pass computes, so a speculative verify
     pass of ``k`` positions gives bit for bit the logits that ``k`` one-token passes give,
-    and greedy speculative output equals plain decoding token for token (measured in
-    ``tests/test_model_rowinvariant.py``). Linear layers run one-row inputs as two rows;
-    attention of short passes runs row by row (:func:`_rowwise_attention`). Returns False
-    (model unchanged) where the model's attention is not SDPA/eager. Costs a few percent of
-    a pass (the per-row attention calls)."""
+    and greedy speculative output equals plain decoding token for token, batched or not
+    (``tests/test_model_rowinvariant.py``). Linear layers run one-row inputs as two rows;
+    attention runs row by row (:func:`_rowwise_attention`). Returns False (model unchanged)
+    where the model's attention is not SDPA/eager. A pass costs about what the stock forward
+    costs (the per-row attention calls are offset by packing grouped-query heads)."""
     cfg = getattr(model, "config", None)
     impl = getattr(cfg, "_attn_implementation", None)
     if impl not in ("sdpa", "eager", _ROWWISE_NAME) or not hasattr(model, "set_attn_implementation"):
