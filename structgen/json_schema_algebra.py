@@ -881,9 +881,12 @@ class Normalizer:
                 break
         lst = _drop_subsumed(list(out), self.check_deadline if self.deadline is not None else None)
         if len(lst) > MAX_DNF:
+            from .json_schema_diag import applicator_keyword
+
+            kw = self.keyword() or applicator_keyword(self.doc, self.where()) or "anyOf"
             raise UnsupportedFeatureError(
-                f"combination of applicators needs more than {MAX_DNF} alternatives",
-                pointer=self.where(), keyword="anyOf/oneOf/not")
+                f"combination of applicators needs more than {MAX_DNF} alternatives (keyword {kw!r} "
+                "and the applicators it combines with)", pointer=self.where(), keyword=kw)
         return tuple(lst)
 
     def _prune_arr(self, recs: tuple[Arr, ...]) -> tuple[Arr, ...]:

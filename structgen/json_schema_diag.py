@@ -121,6 +121,22 @@ def structural_keyword(doc: SchemaDoc | None, pointer: str | None) -> str | None
     return keyword_at(pointer)
 
 
+_APPLICATORS = ("oneOf", "anyOf", "allOf", "not", "if", "then", "else", "$ref", "dependentSchemas",
+                "dependencies")
+
+
+def applicator_keyword(doc: SchemaDoc | None, pointer: str | None) -> str | None:
+    """The applicator keyword (``oneOf``, ``anyOf``, ``allOf``, ``not``, ``if``, ``$ref``...)
+    of the schema at ``pointer`` with the largest value, else :func:`structural_keyword`."""
+    loc = loc_of(doc, pointer) if doc is not None and pointer else None
+    node = _node(doc, loc) if loc is not None else None  # type: ignore[arg-type]
+    if isinstance(node, dict):
+        present = [kw for kw in _APPLICATORS if kw in node]
+        if present:
+            return max(present, key=lambda kw: _json_size(node[kw]))
+    return structural_keyword(doc, pointer)
+
+
 def keyword_at(pointer: str) -> str | None:
     """The innermost schema keyword on a JSON pointer (``#/properties/a/anyOf/2`` ->
     ``anyOf``; a property or definition name is skipped), or None at the root."""

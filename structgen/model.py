@@ -127,19 +127,26 @@ def _rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, valu
     out = torch.zeros((bsz, q, h, value.shape[-1]), dtype=query.dtype, device=query.device)
     for b in range(bsz):
         rows = None if attention_mask is None else attention_mask[b, 0]  # [q, kv]
+        leading: list[int] | None = None  # slots per row where each row sees leading slots only
+        if rows is None:
+            leading = [kv - q + 1 + i for i in range(q)]
+        else:
+            counts = rows.sum(-1)  # [q]
+            if torch.equal(rows, torch.arange(kv, device=rows.device)[None, :] < counts[:, None]):
+                leading = counts.tolist()
         for i in range(q):
-            if rows is None:
-                n = kv - q + 1 + i
+            if leading is not None:  # as an unpadded sequence has them: a slice of the cache
+                n = leading[i]
                 k_i, v_i = key[b:b + 1, :, :n], value[b:b + 1, :, :n]
             else:
-                idx = rows[i].nonzero().reshape(-1)
+                idx = rows[i].nonzero().reshape(-1)  # type: ignore[index]
                 n = idx.numel()
-                if n == 0:  # a padding row: nothing to attend to
-                    continue
-                if int(idx[-1]) == n - 1:  # the leading slots, as an unpadded sequence has them
+                if n and int(idx[-1]) == n - 1:  # leading slots after all
                     k_i, v_i = key[b:b + 1, :, :n], value[b:b + 1, :, :n]
                 else:
                     k_i, v_i = key[b:b + 1, :, idx], value[b:b + 1, :, idx]
+            if n == 0:  # a padding row: nothing to attend to
+                continue
             # grouped-query heads packed as rows of their key/value head: [1, Hkv, H/Hkv, d]
             # (torch's CPU SDPA is several times slower with enable_gqa for one query)
             qi = query[b:b + 1, :, i:i + 1].reshape(1, hkv, h // hkv, d)

@@ -296,3 +296,17 @@ def test_lark_left_recursion_is_handled_or_reported() -> None:
     with deadline(60):
         g = structgen.compile_lark('start: start "+" NUM | NUM\nNUM: /[0-9]+/\n')
     assert g.accepts("1+22+3") and not g.accepts("1++2")
+
+
+def test_applicator_explosion_names_an_applicator() -> None:
+    """allOf of nine two-way anyOfs over object shapes needs 2^9 = 512 alternatives (more
+    than the normaliser keeps): the error names the applicator and where it is."""
+    branches = [{"anyOf": [{"type": "object", "required": [f"a{i}"]},
+                           {"type": "object", "required": [f"b{i}"], "properties": {f"a{i}": False}}]}
+                for i in range(9)]
+    schema = {"type": "object", "properties": {"x": {"allOf": branches}}}
+    e = raises(UnsupportedFeatureError, lambda: structgen.compile_json_schema(schema))
+    assert isinstance(e, UnsupportedFeatureError)
+    assert e.pointer is not None and e.pointer.startswith("#/properties/x")
+    assert e.keyword in ("allOf", "anyOf")
+    assert e.keyword in str(e)
