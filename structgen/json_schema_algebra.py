@@ -642,6 +642,13 @@ def const_ts(key: tuple) -> TS:
 _OLD = ("3", "4", "6", "7")
 MAX_DNF = 256
 
+# formats each old draft defines; any other name is an unknown format there (an annotation)
+_F4 = frozenset({"date-time", "email", "hostname", "ipv4", "ipv6", "uri"})
+_F6 = _F4 | {"uri-reference", "uri-template", "json-pointer"}
+_F7 = _F6 | {"date", "time", "idn-email", "idn-hostname", "iri", "iri-reference", "relative-json-pointer",
+             "regex"}
+_DRAFT_FORMATS = {"3": _F4 | {"date", "time", "host-name", "ip-address"}, "4": _F4, "6": _F6, "7": _F7}
+
 
 class Normalizer:
     """Turns nodes into :class:`TS` values (memoised), reporting unsupported features."""
@@ -1007,7 +1014,7 @@ class Normalizer:
         num = self._num_kw(node, ptr)
         if num != ST:
             ts = self.meet(ts, only(num=num))
-        st = self._str_kw(node, ptr)
+        st = self._str_kw(node, ptr, draft)
         if st != ST:
             ts = self.meet(ts, only(str=st))
         kws[-1] = "items"
@@ -1194,7 +1201,7 @@ class Normalizer:
             raise SchemaError(f"{kw} must be a non-negative integer", pointer=ptr, keyword=kw)
         return int(v)
 
-    def _str_kw(self, node: dict, ptr: str) -> tuple:
+    def _str_kw(self, node: dict, ptr: str, draft: str | None = None) -> tuple:
         lo = self._nonneg(node, "minLength", ptr) if "minLength" in node else 0
         hi = self._nonneg(node, "maxLength", ptr) if "maxLength" in node else None
         pats: frozenset[str] = frozenset()
@@ -1209,7 +1216,10 @@ class Normalizer:
             fm = node["format"]
             if not isinstance(fm, str):
                 raise SchemaError("format must be a string", pointer=ptr, keyword="format")
-            if self.format_supported(fm) is True:
+            known = _DRAFT_FORMATS.get(draft or "")
+            if known is not None and fm not in known:
+                pass  # not a format of the schema's draft: an annotation there (e.g. uuid in draft 6)
+            elif self.format_supported(fm) is True:
                 fmts = frozenset((fm,))
             elif self.format_supported(fm) is None:
                 pass  # the validator does not check this format either: annotation only

@@ -577,3 +577,29 @@ def test_format_length_bounds_and_implied_max_length():
                              (email_5, "a@b", False), (email_5, "ab@cd", True)):
         assert jsonschema.Draft202012Validator(schema, format_checker=CHECKER).is_valid(text) == ok
         assert compile_json_schema(schema).accepts(f'"{text}"') == ok, (schema, text)
+
+
+@pytest.mark.parametrize("draft, fmt, enforced", [
+    ("http://json-schema.org/draft-06/schema#", "uuid", False),   # uuid is defined from 2019-09 on
+    ("http://json-schema.org/draft-07/schema#", "duration", False),
+    ("http://json-schema.org/draft-04/schema#", "date", False),   # date is defined from draft 7 on
+    ("http://json-schema.org/draft-07/schema#", "date", True),
+    ("http://json-schema.org/draft-06/schema#", "ipv4", True),
+    ("https://json-schema.org/draft/2020-12/schema", "uuid", True),
+])
+def test_formats_follow_the_schema_draft(draft: str, fmt: str, enforced: bool) -> None:
+    """A format name the schema's own draft does not define is an unknown format there (an
+    annotation, as the draft's validators treat it); the oracle is jsonschema's validator for
+    that draft with its format checker."""
+    import jsonschema
+
+    schema = {"$schema": draft, "type": "string", "format": fmt}
+    cls = jsonschema.validators.validator_for(schema)
+    valid = cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid("")
+    assert valid == (not enforced)
+    from structgen.json_schema import compile_json_schema
+
+    e = compile_json_schema(schema).engine
+    c = e.walk(e.start, b'""')
+    accepted = c >= 0 and e.is_accepting(c)
+    assert accepted == (not enforced)
