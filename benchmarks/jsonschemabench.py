@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from structgen import assets
-    from structgen.json_schema import canonical_json, compile_json_schema
+    from structgen.json_schema import canonical_json, compile_json_schema, format_checker_for
     from structgen.matcher import Matcher
     from structgen.vocab import Vocabulary
 
@@ -305,10 +305,10 @@ def main(argv: list[str] | None = None) -> int:
         c["compiled"] += 1
         try:
             cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
-            # formats as structgen enforces them: every format known to the 2020-12 format
-            # vocabulary, whatever the schema's draft (the global FormatChecker() would check
-            # "time" with draft 3's "%H:%M:%S")
-            validator = cls(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+            # formats as structgen enforces them: the 2020-12 definitions of the formats the
+            # schema's draft defines (the global FormatChecker() would check "time" with draft
+            # 3's "%H:%M:%S")
+            validator = cls(schema, format_checker=format_checker_for(schema))
         except Exception:  # noqa: BLE001
             validator = None
         # soundness walks

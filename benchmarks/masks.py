@@ -652,8 +652,10 @@ def _validator(schema: Any) -> Any:
 
     try:
         cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
-        # formats as structgen enforces them (2020-12 definitions, whatever the draft)
-        return cls(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+        # formats as structgen enforces them (2020-12 definitions of the draft's formats)
+        from structgen.json_schema import format_checker_for
+
+        return cls(schema, format_checker=format_checker_for(schema))
     except Exception:  # noqa: BLE001 - a malformed schema: no instance can be checked
         return None
 

@@ -58,8 +58,8 @@ from .json_schema_lower import Lowering, pattern_error
 if TYPE_CHECKING:  # pragma: no cover
     from .automaton import CompiledGrammar
 
-__all__ = ["schema_to_grammar", "compile_json_schema", "canonical_json", "schema_warnings",
-           "SPEC_FORMATS"]
+__all__ = ["schema_to_grammar", "compile_json_schema", "canonical_json", "format_checker_for",
+           "schema_warnings", "SPEC_FORMATS"]
 
 SPEC_FORMATS = frozenset({
     "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname",
@@ -275,6 +275,27 @@ def _locate_limit_error(e: CompileLimitError, low: Lowering | None,
     if add:
         e.args = (f"{text} ({', '.join(add)})",) + e.args[1:]
     e.pointer, e.keyword = ptr, kw
+
+
+def format_checker_for(schema: Any) -> Any:
+    """A ``jsonschema`` format checker that checks formats the way compiled grammars enforce
+    them: the 2020-12 definitions, restricted to the format names the schema's own draft
+    defines (a name its draft does not define is an annotation there). For oracles."""
+    import copy
+
+    from jsonschema import Draft202012Validator
+
+    from .json_schema_algebra import _DRAFT_FORMATS
+
+    fc = copy.copy(Draft202012Validator.FORMAT_CHECKER)
+    try:
+        draft = SchemaDoc(schema).drafts[0] if isinstance(schema, (dict, bool)) else "2020-12"
+    except Exception:  # noqa: BLE001 - a malformed schema: the full 2020-12 vocabulary
+        draft = "2020-12"
+    known = _DRAFT_FORMATS.get(draft)
+    if known is not None:
+        fc.checkers = {k: v for k, v in fc.checkers.items() if k in known}
+    return fc
 
 
 def schema_warnings(cg: Any) -> list[str]:
