@@ -44,7 +44,7 @@ from tasks.extraction import TASKS, messages  # noqa: E402
 
 from structgen import bench  # noqa: E402
 from structgen.config import SpecConfig  # noqa: E402
-from structgen.model import CausalLM, load_model  # noqa: E402
+from structgen.model import CausalLM, load_model, stock_copy  # noqa: E402
 
 
 def _task(task: dict[str, Any]) -> dict[str, Any]:
@@ -96,15 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(lm, "row_invariant", False) and any(e in engines for e in ("xgrammar", "outlines")):
         # the peers get the model as a user would load it (structgen's row-invariant forward
         # is its own; a copy keeps it out of the peers' measurements)
-        import copy
-
-        m = copy.deepcopy(lm.model)
-        for mod in m.modules():
-            if getattr(mod, "_structgen_two_row", False):
-                del mod.forward  # back to the class's forward
-                mod._structgen_two_row = False
-        m.set_attn_implementation("sdpa")
-        peer_lm = CausalLM(m, lm.tokenizer, row_invariant=False)
+        peer_lm = CausalLM(stock_copy(lm.model), lm.tokenizer, row_invariant=False)
     cfg = SpecConfig()
     results: dict[str, list[dict[str, Any]]] = {e: [] for e in engines}
     peer_state: dict[str, dict[str, Any]] = {e: {} for e in engines}

@@ -52,7 +52,7 @@ from .json_schema_diag import (
     locate_automaton_error,
     structural_keyword,
 )
-from .json_schema_doc import Loc, SchemaDoc, parse_schema_text
+from .json_schema_doc import Loc, SchemaDoc, _draft_of, parse_schema_text
 from .json_schema_lower import Lowering, pattern_error
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -288,11 +288,7 @@ def format_checker_for(schema: Any) -> Any:
     from .json_schema_algebra import _DRAFT_FORMATS
 
     fc = copy.copy(Draft202012Validator.FORMAT_CHECKER)
-    try:
-        draft = SchemaDoc(schema).drafts[0] if isinstance(schema, (dict, bool)) else "2020-12"
-    except Exception:  # noqa: BLE001 - a malformed schema: the full 2020-12 vocabulary
-        draft = "2020-12"
-    known = _DRAFT_FORMATS.get(draft)
+    known = _DRAFT_FORMATS.get(_draft_of(schema, "2020-12"))
     if known is not None:
         fc.checkers = {k: v for k, v in fc.checkers.items() if k in known}
     return fc

@@ -15,6 +15,7 @@ Imports torch and transformers (only when this module is imported).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import threading
@@ -25,7 +26,8 @@ import torch
 
 from .errors import AssetError
 
-__all__ = ["BatchKV", "CausalLM", "load_model", "make_row_invariant", "resolve_dtype", "vocabulary_for"]
+__all__ = ["BatchKV", "CausalLM", "load_model", "make_row_invariant", "resolve_dtype", "stock_copy",
+           "vocabulary_for"]
 
 _LOAD_LOCK = threading.Lock()
 _LOADED: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -141,10 +143,7 @@ def _rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, valu
             else:
                 idx = rows[i].nonzero().reshape(-1)  # type: ignore[index]
                 n = idx.numel()
-                if n and int(idx[-1]) == n - 1:  # leading slots after all
-                    k_i, v_i = key[b:b + 1, :, :n], value[b:b + 1, :, :n]
-                else:
-                    k_i, v_i = key[b:b + 1, :, idx], value[b:b + 1, :, idx]
+                k_i, v_i = key[b:b + 1, :, idx], value[b:b + 1, :, idx]
             if n == 0:  # a padding row: nothing to attend to
                 continue
             # grouped-query heads packed as rows of their key/value head: [1, Hkv, H/Hkv, d]
@@ -172,6 +171,22 @@ def _two_row_linear(lin: torch.nn.Linear) -> None:
 
     lin.forward = forward  # type: ignore[method-assign]
     lin._structgen_two_row = True  # type: ignore[attr-defined]
+
+
+def stock_copy(model: Any) -> Any:
+    """A deep copy of a model made row-invariant by :func:`make_row_invariant`, with the stock
+    transformers forward back (SDPA attention, the modules' own linear forwards): the model as
+    a user would load it, e.g. for peers in a benchmark."""
+    import copy
+
+    m = copy.deepcopy(model)
+    for mod in m.modules():
+        if getattr(mod, "_structgen_two_row", False):
+            del mod.forward  # the instance attribute: back to the class's forward
+            mod._structgen_two_row = False
+    if getattr(getattr(m, "config", None), "_attn_implementation", None) == _ROWWISE_NAME:
+        m.set_attn_implementation("sdpa")
+    return m
 
 
 def make_row_invariant(model: Any) -> bool:
@@ -443,6 +458,7 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
+@functools.lru_cache(maxsize=1)
 def _cpu_has_bf16() -> bool:
     try:
         flags = Path("/proc/cpuinfo").read_text()

@@ -19,14 +19,16 @@ import torch
 _BIAS = [('"', 1.1), ("}", 1.0), ("]", 1.0), (";", 0.9), ("\u0120FROM", 0.8), (",", 0.5), ("1", 0.3)]
 
 
-def build_tiny_llama(tok: Any, kind: str = "random", seed: int = 0) -> Any:
-    """A 2-layer ``LlamaForCausalLM`` (hidden 64, 50304 logit rows: 47 padding rows beyond
-    GPT-2's 50257) in eval mode; EOS = BOS = pad = GPT-2's ``<|endoftext|>``."""
+def build_tiny_llama(tok: Any, kind: str = "random", seed: int = 0, *, hidden_size: int = 64,
+                     intermediate_size: int = 128) -> Any:
+    """A 2-layer ``LlamaForCausalLM`` (hidden 64 by default, 50304 logit rows: 47 padding rows
+    beyond GPT-2's 50257) in eval mode; EOS = BOS = pad = GPT-2's ``<|endoftext|>``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     eos = tok.eos_token_id
-    cfg = LlamaConfig(vocab_size=50304, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    cfg = LlamaConfig(vocab_size=50304, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                      num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                       eos_token_id=eos, bos_token_id=eos, pad_token_id=eos)
     model = LlamaForCausalLM(cfg).eval()

@@ -164,6 +164,40 @@ def test_recursive_grammar_brute_force(tokenizer_by_alias, alias: str, engine_mo
         prefix += vocab.token_bytes[t]
 
 
+def _ascii_slice(tokenizer, n: int, seed: int, must: bytes) -> Vocabulary:
+    """A vocabulary slice (:func:`_slice_vocab`) keeping only ASCII tokens, so every prefix
+    decodes and characters are bytes."""
+    full = _slice_vocab(tokenizer, n, seed=seed, must=must)
+    table = [b if b is not None and all(c < 0x80 for c in b) else None for b in full.token_bytes]
+    return Vocabulary(table, full.eos_token_ids, full.vocab_size)
+
+
+def _replay_against_regex(g, vocab: Vocabulary, doc: str, oracle: str,
+                          max_step: int | None = None) -> tuple[Matcher, int]:
+    """Walk ``doc`` through a matcher token by token (the longest allowed token that continues
+    it, at most ``max_step`` bytes), checking at every step that the mask equals the ``regex``
+    module's partial-match oracle over the whole vocabulary. Returns the matcher at the end
+    and the number of masks checked."""
+    ids = [i for i, b in enumerate(vocab.token_bytes) if b]
+    m = Matcher(g, vocab)
+    prefix = b""
+    checked = 0
+    while len(prefix) < len(doc.encode()):
+        allowed = set(m.allowed_token_ids())
+        for i in ids:
+            t = vocab.token_bytes[i]
+            ok = re_oracle.fullmatch(oracle, (prefix + t).decode("ascii"), partial=True) is not None
+            assert (i in allowed) == ok, (prefix, t)
+        checked += 1
+        rest = doc.encode()[len(prefix):]
+        step = max((i for i in allowed if vocab.token_bytes[i] and rest.startswith(vocab.token_bytes[i])
+                    and (max_step is None or len(vocab.token_bytes[i]) <= max_step)),
+                   key=lambda i: len(vocab.token_bytes[i]))
+        assert m.accept_token(step)
+        prefix += vocab.token_bytes[step]
+    return m, checked
+
+
 @pytest.mark.parametrize("alias", ["llama3", "qwen2"])
 def test_shared_rule_masks_match_regex_oracle(tokenizer_by_alias, alias: str, engine_mode: str) -> None:
     """A schema whose string values share one called rule (and a nested object), so masks
@@ -184,28 +218,10 @@ def test_shared_rule_masks_match_regex_oracle(tokenizer_by_alias, alias: str, en
               r'"d":\{"e":' + w + r'\}\}')
     g = compile_json_schema(schema)
     assert len(g.rules) > 1  # the string value is a called rule
-    full = _slice_vocab(tokenizer_by_alias(alias), 4000, seed=7, must=b'abcde {}[]":,\\')
-    table = [b if b is not None and all(c < 0x80 for c in b) else None for b in full.token_bytes]
-    vocab = Vocabulary(table, full.eos_token_ids, full.vocab_size)
+    vocab = _ascii_slice(tokenizer_by_alias(alias), 4000, seed=7, must=b'abcde {}[]":,\\')
     doc = '{"a":"abc cab","b":"a\\"b","c":["ab","c b"],"d":{"e":"bad"}}'
     assert re_oracle.fullmatch(oracle, doc)
-    ids = [i for i, b in enumerate(vocab.token_bytes) if b]
-    m = Matcher(g, vocab)
-    prefix = b""
-    pos = 0
-    while pos < len(doc):
-        allowed = set(m.allowed_token_ids())
-        for i in ids:
-            t = vocab.token_bytes[i]
-            ok = re_oracle.fullmatch(oracle, (prefix + t).decode("ascii"), partial=True) is not None
-            assert (i in allowed) == ok, (prefix, t)
-        # advance by the longest allowed token that continues the document
-        rest = doc.encode()[pos:]
-        step = max((i for i in allowed if vocab.token_bytes[i] and rest.startswith(vocab.token_bytes[i])),
-                   key=lambda i: len(vocab.token_bytes[i]))
-        assert m.accept_token(step)
-        prefix += vocab.token_bytes[step]
-        pos = len(prefix)
+    _replay_against_regex(g, vocab, doc, oracle)
     assert g.engine.stats["ci_misses"] > 0  # the split path ran
     if engine_mode == "deep-split":
         assert any(len(k[1]) > 1 for k in g.engine.ci_cache)  # tops of more than one frame
@@ -226,32 +242,13 @@ def test_counted_string_masks_match_regex_oracle(tokenizer_by_alias, alias: str,
     ch = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
     oracle = r'\{"a":"' + ch + r'{3,90}","b":"' + ch + r'{0,260}"\}'
     g = compile_json_schema(schema)
-    full = _slice_vocab(tokenizer_by_alias(alias), 3000, seed=11, must=b'abcdehqtx {}":,\\')
-    table = [b if b is not None and all(c < 0x80 for c in b) else None for b in full.token_bytes]
-    vocab = Vocabulary(table, full.eos_token_ids, full.vocab_size)
+    vocab = _ascii_slice(tokenizer_by_alias(alias), 3000, seed=11, must=b'abcdehqtx {}":,\\')
     a = "ab cd, ea \\\"q\\\" " * 6  # 90 characters (escapes count once)
     b = "the cab, bade a deed " * 12 + "ab"  # 254 characters
-    doc = json_doc = '{"a":"' + a[:88] + 'x","b":"' + b + '"}'
-    assert re_oracle.fullmatch(oracle, json_doc)
-    ids = [i for i, t in enumerate(vocab.token_bytes) if t]
-    m = Matcher(g, vocab)
-    prefix = b""
-    pos = 0
-    checked = 0
-    while pos < len(doc):
-        allowed = set(m.allowed_token_ids())
-        for i in ids:
-            t = vocab.token_bytes[i]
-            ok = re_oracle.fullmatch(oracle, (prefix + t).decode("ascii"), partial=True) is not None
-            assert (i in allowed) == ok, (prefix, t)
-        checked += 1
-        rest = doc.encode()[pos:]
-        # short steps (at most 3 bytes) so most character positions get a mask of their own
-        step = max((i for i in allowed if vocab.token_bytes[i] and rest.startswith(vocab.token_bytes[i])
-                    and len(vocab.token_bytes[i]) <= 3), key=lambda i: len(vocab.token_bytes[i]))
-        assert m.accept_token(step)
-        prefix += vocab.token_bytes[step]
-        pos = len(prefix)
+    doc = '{"a":"' + a[:88] + 'x","b":"' + b + '"}'
+    assert re_oracle.fullmatch(oracle, doc)
+    # short steps (at most 3 bytes) so most character positions get a mask of their own
+    m, checked = _replay_against_regex(g, vocab, doc, oracle, max_step=3)
     assert m.is_accepting() and checked > 100
     if engine_mode == "default" and native.available():
         assert any(shared > 0 for _work, shared in g.engine._hstat.values())  # walks were shared

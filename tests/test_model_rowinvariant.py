@@ -17,21 +17,21 @@ import structgen
 pytestmark = pytest.mark.assets
 
 
-@pytest.fixture(scope="module")
-def tiny_bf16(tokenizer_by_alias):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _tiny(tokenizer_by_alias, **kw):
+    """The 2-layer random Llama of tests/_tiny_lm.py, wide enough (512) that oneDNN's one-row
+    bf16 GEMM kernel differs from the multi-row one, in bfloat16."""
+    from _tiny_lm import build_tiny_llama
 
     from structgen.model import CausalLM
 
     tok = tokenizer_by_alias("gpt2")
-    torch.manual_seed(1)
-    cfg = LlamaConfig(vocab_size=50304, hidden_size=512, intermediate_size=2048, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(4.0)
-    return CausalLM(model.eval().to(torch.bfloat16), tok)
+    model = build_tiny_llama(tok, "random", seed=1, hidden_size=512, intermediate_size=2048)
+    return CausalLM(model.to(torch.bfloat16), tok, **kw)
+
+
+@pytest.fixture(scope="module")
+def tiny_bf16(tokenizer_by_alias):
+    return _tiny(tokenizer_by_alias)
 
 
 def _singles(lm, prefix: list[int], tokens: list[int]) -> torch.Tensor:
@@ -69,16 +69,7 @@ def test_plain_sdpa_bf16_is_not_row_invariant_here(tokenizer_by_alias) -> None:
     differ from one-token passes in the last bits (oneDNN takes another GEMM kernel for one
     row; at these sizes on an AVX-512 CPU they differ for this seed). Only closeness is
     asserted: the exact kernels are the BLAS library's business."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from structgen.model import CausalLM
-
-    tok = tokenizer_by_alias("gpt2")
-    torch.manual_seed(1)
-    cfg = LlamaConfig(vocab_size=50304, hidden_size=512, intermediate_size=2048, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id)
-    lm = CausalLM(LlamaForCausalLM(cfg).eval().to(torch.bfloat16), tok, row_invariant=False)
+    lm = _tiny(tokenizer_by_alias, row_invariant=False)
     assert not lm.row_invariant
     g = torch.Generator().manual_seed(5)
     prefix = torch.randint(0, 50257, (23,), generator=g).tolist()
@@ -111,17 +102,9 @@ def test_greedy_speculative_equals_plain_bf16(tiny_bf16, prompt: str) -> None:
 def test_row_invariant_forward_computes_the_same_model(tiny_bf16) -> None:
     """The row-invariant forward is the same function as transformers' stock one (SDPA,
     grouped-query heads), up to bf16 rounding: compared on the same weights, per position."""
-    import copy
+    from structgen.model import CausalLM, stock_copy
 
-    from structgen.model import CausalLM
-
-    stock_model = copy.deepcopy(tiny_bf16.model)
-    for mod in stock_model.modules():
-        if getattr(mod, "_structgen_two_row", False):
-            del mod.forward
-            mod._structgen_two_row = False
-    stock_model.set_attn_implementation("sdpa")
-    stock = CausalLM(stock_model, tiny_bf16.tokenizer, row_invariant=False)
+    stock = CausalLM(stock_copy(tiny_bf16.model), tiny_bf16.tokenizer, row_invariant=False)
     g = torch.Generator().manual_seed(3)
     prefix = torch.randint(0, 50257, (40,), generator=g).tolist()
     tokens = torch.randint(0, 50257, (9,), generator=g).tolist()
