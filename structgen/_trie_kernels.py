@@ -10,9 +10,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-UNKNOWN = -2
-DONE = -3
-
 
 @njit(cache=True, nogil=True)
 def _lcp(flat, offs, lens, k):  # type: ignore[no-untyped-def]
@@ -82,126 +79,6 @@ def build_nodes(flat, offs, lens, byte, depth, skip, lo, own, suf):  # type: ign
         for w in range(4):
             suf[p, w] |= suf[j, w]
         suf[p, b >> 6] |= np.uint64(1) << np.uint64(b & 63)
-
-
-@njit(cache=True, nogil=True)
-def _loops(trans, t, loopset, loopok):  # type: ignore[no-untyped-def]
-    """Bytes on which configuration ``t`` (row known) steps to itself, as 4 x uint64."""
-    if not loopok[t]:
-        for w in range(4):
-            loopset[t, w] = 0
-        for b in range(256):
-            if trans[t, b] == t:
-                loopset[t, b >> 6] |= np.uint64(1) << np.uint64(b & 63)
-        loopok[t] = 1
-
-
-@njit(cache=True, nogil=True)
-def walk(byte, depth, skip, lo, own, suf, slot_ids, trans, accepting, loopset, loopok, i, end,
-         st, tn, split, words, unc, cnt):  # type: ignore[no-untyped-def]
-    """Depth-first walk of nodes ``[i, end)``; ``st[d]`` is the configuration after the
-    first ``d`` bytes of the current path (``st[depth[i] - 1]`` set by the caller).
-
-    Accepted tokens are OR-ed into ``words``. Where every byte below a node loops on the
-    node's configuration, the whole subtree is accepted without visiting it. With ``split``
-    (a walk rooted at a stack top, see Engine._split_mask), ``tn[d]`` records whether the
-    path passed an accepting configuration after one of its first ``d`` bytes (``tn[0] =
-    0``): where such a path dies, the rule could have returned earlier, so the ids of the
-    dead node's subtree are appended to ``unc`` (count in ``cnt[0]``), not rejected.
-    Returns ``(i, need)``: ``need`` is a configuration whose row is unknown (resume at
-    node ``i`` after filling it) or DONE."""
-    nu = cnt[0]
-    while i < end:
-        d = depth[i]
-        s = st[d - 1]
-        t = trans[s, byte[i]]
-        if t == UNKNOWN:
-            cnt[0] = nu
-            return i, s
-        if t < 0:
-            if split and tn[d - 1]:
-                for q in range(lo[i], lo[skip[i]]):
-                    unc[nu] = slot_ids[q]
-                    nu += 1
-            i = skip[i]
-            continue
-        a = lo[i]
-        b = a + own[i]
-        e = skip[i]
-        for q in range(a, b):
-            tid = slot_ids[q]
-            words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
-        if e > i + 1:  # the node has children
-            if trans[t, 0] == UNKNOWN:
-                cnt[0] = nu
-                return i, t  # node i is visited again once t's row is known
-            _loops(trans, t, loopset, loopok)
-            if ((suf[i, 0] & ~loopset[t, 0]) | (suf[i, 1] & ~loopset[t, 1]) | (suf[i, 2] & ~loopset[t, 2])
-                    | (suf[i, 3] & ~loopset[t, 3])) == 0:
-                for q in range(b, lo[e]):
-                    tid = slot_ids[q]
-                    words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
-                i = e
-                continue
-        st[d] = t
-        if split:
-            tn[d] = tn[d - 1] | accepting[t]
-        i += 1
-    cnt[0] = nu
-    return i, DONE
-
-
-@njit(cache=True, nogil=True)
-def walk_ids(id_off, id_len, blob, trans, accepting, cid, ids, pos, words, split,
-             unc, cnt):  # type: ignore[no-untyped-def]
-    """Walk tokens ``ids[pos[0]:]`` from ``cid``, OR-ing the accepted ones into ``words``
-    (tokens already set are skipped). With ``split``, a token that dies after passing an
-    accepting configuration (after its first byte or later) is appended to ``unc`` (count
-    ``cnt[0]``). Resumable: ``pos`` = (token index, byte index, configuration, passed an
-    accepting configuration). Returns a configuration whose row is unknown, or DONE."""
-    nu = cnt[0]
-    k = pos[0]
-    j = pos[1]
-    s = pos[2]
-    passed = pos[3]
-    while k < ids.size:
-        tid = ids[k]
-        if j == 0:
-            if (words[tid >> 5] >> np.uint32(tid & 31)) & np.uint32(1):
-                k += 1
-                continue
-            s = cid
-            passed = 0
-        ln = id_len[tid]
-        off = id_off[tid]
-        ok = ln > 0
-        while j < ln:
-            t = trans[s, blob[off + j]]
-            if t == UNKNOWN:
-                pos[0] = k
-                pos[1] = j
-                pos[2] = s
-                pos[3] = passed
-                cnt[0] = nu
-                return s
-            if t < 0:
-                ok = False
-                if split and passed:
-                    unc[nu] = tid
-                    nu += 1
-                break
-            s = t
-            j += 1
-            if accepting[t]:
-                passed = 1
-        if ok:
-            words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
-        k += 1
-        j = 0
-    pos[0] = k
-    pos[1] = 0
-    cnt[0] = nu
-    return DONE
 
 
 @njit(cache=True, nogil=True)

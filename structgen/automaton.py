@@ -75,6 +75,7 @@ class LazyRule:
 
     def _reset(self) -> None:
         self._lock = threading.RLock()
+        self._csr: tuple[np.ndarray, ...] | None = None
         n = len(self._eps)
         self._important = [bool(self._edges[x]) or bool(self._ncalls[x]) or x == self._end
                            for x in range(n)]
@@ -97,6 +98,28 @@ class LazyRule:
     def num_nfa_states(self) -> int:
         """Size of the rule's (trimmed) NFA: fixed at compile time."""
         return len(self._eps)
+
+    def csr(self) -> tuple[np.ndarray, ...]:
+        """The NFA as flat arrays for the compiled runtime (:mod:`structgen._pda_kernels`),
+        built once: ``(eps_off [n+1], eps, edge_off [n+1], edges [m, 3] (class_lo,
+        class_hi, target), call_off [n+1], calls [k, 2] (callee, target), important [n])``,
+        all int32 but ``important`` (uint8)."""
+        got = self._csr
+        if got is None:
+            def flat(lists: tuple[tuple[Any, ...], ...], width: int) -> tuple[np.ndarray, np.ndarray]:
+                off = np.zeros(len(lists) + 1, dtype=np.int32)
+                off[1:] = np.cumsum(np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists)))
+                items = [e for x in lists for e in x]
+                arr = np.array(items, dtype=np.int32).reshape(-1, width) if width > 1 else \
+                    np.array(items, dtype=np.int32)
+                return off, arr
+
+            eo, eps = flat(self._eps, 1)
+            do, edges = flat(self._edges, 3)
+            co, calls = flat(self._ncalls, 2)
+            imp = np.array(self._important, dtype=np.uint8)
+            got = self._csr = (eo, eps, do, edges, co, calls, imp)
+        return got
 
     @property
     def num_states(self) -> int:
@@ -429,6 +452,7 @@ _MINIMISE_MIN = 256       # regular sub-automata above this size are minimised
 _SHARE_MIN = 24           # repeated sub-expressions of at least this size become shared rules
 _EMBED_MAX = 12           # regular sub-automata up to this many states are copied, not called
 _DFA_RULES_SIZE = 1024    # process-wide caches of regular sub-automata (by IR content)
+_KERNEL_STEPS_PER_S = 1e8  # work units per second of the compiled DFA kernels (measured ~1.2e8)
 _REGULAR: OrderedDict[ir.Expr, Any] = OrderedDict()
 _DFA_RULES: OrderedDict[ir.Expr, DfaRule] = OrderedDict()
 _NO_CALLS: set[str] = set()  # sentinel for ``keep`` while building regular operands
@@ -471,6 +495,75 @@ def compile_grammar(grammar: ir.Grammar, options: CompileOptions | None = None, 
 # ---------------------------------------------------------------------------
 # IR analysis helpers
 # ---------------------------------------------------------------------------
+
+_NATIVE_READY = False
+
+
+def native_ready() -> float:
+    """Load the compiled DFA kernels once per process (a no-op without numba); returns the
+    seconds it took (0 once loaded), which a compile adds to its deadline: loading code is
+    a cost of the process, not of the grammar being compiled."""
+    global _NATIVE_READY
+    if _NATIVE_READY:
+        return 0.0
+    t0 = time.monotonic()
+    from . import _dfa_kernels
+
+    if _dfa_kernels.COMPILED:
+        _dfa_kernels.warm()
+    _NATIVE_READY = True
+    return time.monotonic() - t0
+
+
+def _merge_equal_rules(start: str, reach: set[str], rules: dict[str, ir.Expr],
+                       origin: dict[str, str]) -> bool:
+    """Merge reachable rules with structurally equal bodies into one (references to the
+    others are renamed; repeated while merging makes more bodies equal). ``reach`` and
+    ``rules`` are updated in place; returns whether anything was merged."""
+    merged = False
+    for _ in range(8):
+        canon: dict[ir.Expr, str] = {}
+        alias: dict[str, str] = {}
+        for n in [start] + sorted(reach - {start}):
+            c = canon.setdefault(rules[n], n)
+            if c != n:
+                alias[n] = c
+        if not alias:
+            break
+        merged = True
+        for n, c in alias.items():
+            reach.discard(n)
+            origin.setdefault(c, origin.get(n, n))
+        memo: dict[int, ir.Expr] = {}
+        for n in reach:
+            rules[n] = _rename_refs(rules[n], alias, memo)
+    return merged
+
+
+def _rename_refs(e: ir.Expr, alias: dict[str, str], memo: dict[int, ir.Expr]) -> ir.Expr:
+    """``e`` with every ``Ref(a)`` for ``a`` in ``alias`` replaced by ``Ref(alias[a])``."""
+    got = memo.get(id(e))
+    if got is not None:
+        return got
+    out: ir.Expr = e
+    if isinstance(e, ir.Ref):
+        if e.name in alias:
+            out = ir.Ref(alias[e.name])
+    elif isinstance(e, (ir.Seq, ir.Alt)):
+        items = tuple(_rename_refs(x, alias, memo) for x in e.items)
+        if any(a is not b for a, b in zip(items, e.items)):
+            out = type(e)(items)
+    elif isinstance(e, ir.Repeat):
+        item = _rename_refs(e.item, alias, memo)
+        if item is not e.item:
+            out = ir.Repeat(item, e.min, e.max)
+    elif isinstance(e, (ir.And, ir.Diff)):
+        left, right = _rename_refs(e.left, alias, memo), _rename_refs(e.right, alias, memo)
+        if left is not e.left or right is not e.right:
+            out = type(e)(left, right)
+    memo[id(e)] = out
+    return out
+
 
 def _closed(e: ir.Expr) -> bool:
     """No rule references inside ``e`` (its automaton depends on nothing else)."""
@@ -612,6 +705,30 @@ class _Compiler:
         self._tick |= 255
         self.check_time()
 
+    def dfa_kernels(self) -> Any:
+        """:mod:`structgen._dfa_kernels`, loaded (the loading time extends the deadline)."""
+        self.deadline += native_ready()
+        from . import _dfa_kernels
+
+        return _dfa_kernels
+
+    def work_budget(self) -> int:
+        """Inner steps a compiled DFA kernel may take before the deadline (a conservative
+        rate; the kernel stops with OUT_OF_TIME past it)."""
+        return int(max(self.deadline - time.monotonic(), 0.0) * _KERNEL_STEPS_PER_S) + 1000
+
+    def kernel_status(self, status: int, what: str) -> None:
+        """Raise for a DFA kernel's LIMIT / OUT_OF_TIME status."""
+        from . import _dfa_kernels as dk
+
+        if status == dk.LIMIT:
+            at = f" in rule {self.origin.get(self.where, self.where)!r}" if self.where else ""
+            raise self._located(CompileLimitError(
+                f"{what} automaton exceeds {self.opt.max_states} states{at} (CompileOptions.max_states)"))
+        if status == dk.OUT_OF_TIME:
+            self.deadline = min(self.deadline, time.monotonic())
+            self.check_time_now()
+
     def count_states(self, n: int, what: str) -> None:
         self.total_states += n
         if self.total_states > self.opt.max_states:
@@ -662,6 +779,16 @@ class _Compiler:
             reach.add(name)
             refs[name] = set()
             _refs(rules[name], refs[name])
+        # rules with equal bodies (the same string type under many property names) become
+        # one rule: one automaton, and one set of runtime mask caches for all of them
+        if _merge_equal_rules(g.start, reach, rules, self.origin):
+            for n in reach:
+                refs[n] = set()
+                _refs(rules[n], refs[n])
+            recursive = set()
+            for comp in strongly_connected_components(sorted(reach), refs):
+                if len(comp) > 1 or comp[0] in refs[comp[0]]:
+                    recursive.update(comp)
         # decide which non-recursive rules stay as calls: bottom-up, a rule used once is
         # inlined unless huge, a shared rule only while small (rules are determinised lazily,
         # so copies buy nothing at run time and cost NFA size at compile time)
@@ -1040,6 +1167,7 @@ class _Compiler:
                 self._regular_cache[e] = got
                 return got
         if isinstance(e, ir.Dfa):
+            self.dfa_kernels()
             n = len(e.trans)
             trans = np.full((n, 256), -1, dtype=np.int32)
             for q, edges in enumerate(e.trans):
@@ -1120,7 +1248,15 @@ class _Compiler:
 
     def _product(self, a: _Dfa, b: _Dfa, op: str) -> _Dfa:
         """Product of two call-free DFAs (missing transitions = dead), explored from the
-        start pair over the joint byte classes of both automata."""
+        start pair over the joint byte classes of both automata (compiled when numba is
+        present), then trimmed and minimised."""
+        dk = self.dfa_kernels()
+        if dk.COMPILED:
+            status, trans, acc = dk.product(_c32(a.trans), a.accept, _c32(b.trans), b.accept, op == "and",
+                                            self.opt.max_states, self.work_budget())
+            self.kernel_status(int(status), "intersection/difference")
+            d = _trim_regular(_Dfa(trans, acc, [()] * trans.shape[0]))
+            return _minimise(d, self.check_time_now) if d.trans.shape[0] > _MINIMISE_MIN else d
         # joint byte classes: bytes on which every state of both automata agrees
         joint = np.concatenate([a.trans, b.trans], axis=0)  # [na + nb, 256]
         # equal columns by row hashing of the transpose (a structured-array unique sorts
@@ -1177,6 +1313,18 @@ class _Compiler:
 
     # -- subset construction ------------------------------------------------------
     def _determinise(self, nfa: _Nfa, start: int, end: int, name: str) -> _Dfa:
+        dk = self.dfa_kernels()
+        if dk.COMPILED and not any(nfa.calls):
+            eo, eps, do, edges = _nfa_csr(nfa)
+            status, trans, acc = dk.determinise(eo, eps, do, edges, start, end, self.opt.max_states,
+                                                self.work_budget())
+            if status == dk.LIMIT:
+                raise self._located(CompileLimitError(
+                    f"rule {self.origin.get(name, name)!r}: automaton exceeds "
+                    f"{self.opt.max_states} states (CompileOptions.max_states)"), name)
+            self.kernel_status(int(status), f"rule {name!r}")
+            self.count_states(trans.shape[0], f"rule {name!r}")
+            return _Dfa(trans, acc, [()] * trans.shape[0])
         class_of, nclass, cedges = _byte_classes(nfa)
 
         eps = nfa.eps
@@ -1322,7 +1470,30 @@ def _restrict(d: _Dfa, keep: np.ndarray, nonempty: list[bool]) -> _Dfa:
 
 
 def _trim_regular(d: _Dfa) -> _Dfa:
+    """``d`` (call-free) restricted to states reachable from the start that can accept."""
+    from . import _dfa_kernels as dk
+
+    if dk.COMPILED:
+        trans, acc = dk.trim(_c32(d.trans), np.ascontiguousarray(d.accept, dtype=bool))
+        return _Dfa(trans, acc, [()] * trans.shape[0])
     return _restrict(d, _coreachable(d, []), [])
+
+
+def _c32(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def _nfa_csr(nfa: _Nfa) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A call-free NFA as flat arrays: epsilon CSR and byte-edge CSR ``(lo, hi, target)``."""
+    n = len(nfa.eps)
+    eo = np.zeros(n + 1, dtype=np.int64)
+    eo[1:] = np.cumsum(np.fromiter((len(x) for x in nfa.eps), dtype=np.int64, count=n))
+    eps = np.fromiter((t for x in nfa.eps for t in x), dtype=np.int32, count=int(eo[-1]))
+    do = np.zeros(n + 1, dtype=np.int64)
+    do[1:] = np.cumsum(np.fromiter((len(x) for x in nfa.edges), dtype=np.int64, count=n))
+    edges = np.fromiter((v for x in nfa.edges for e in x for v in e), dtype=np.int32,
+                        count=3 * int(do[-1])).reshape(-1, 3)
+    return eo.astype(np.int32), eps, do.astype(np.int32), edges
 
 
 def _hoisted_name(prefix: str, e: ir.Expr, hoisted: dict[ir.Expr, str], rules: dict[str, ir.Expr]) -> str:
@@ -1335,11 +1506,18 @@ def _hoisted_name(prefix: str, e: ir.Expr, hoisted: dict[ir.Expr, str], rules: d
 
 
 def _minimise(d: _Dfa, check: Callable[[], None] | None = None) -> _Dfa:
-    """Moore partition refinement (vectorised with numpy); ``check`` runs once per round
-    (the compiler's deadline)."""
+    """Minimal DFA of ``d``: Hopcroft's algorithm in compiled code for call-free DFAs, else
+    Moore partition refinement (vectorised with numpy); ``check`` runs once per round (the
+    compiler's deadline)."""
     n = d.trans.shape[0]
     if n <= 1:
         return d
+    from . import _dfa_kernels as dk
+
+    if dk.COMPILED and not any(d.calls):
+        status, trans, acc = dk.minimise(_c32(d.trans), np.ascontiguousarray(d.accept, dtype=bool),
+                                         1 << 62)
+        return _Dfa(trans, acc, [()] * trans.shape[0])
     called = sorted({r for cs in d.calls for r, _ in cs})
     ccols = np.full((n, len(called)), -1, dtype=np.int64)
     cpos = {r: i for i, r in enumerate(called)}

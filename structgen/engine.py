@@ -1,18 +1,20 @@
 """Shared runtime of a compiled grammar: a lazily determinised pushdown automaton.
 
-A *stack* is an interned chain of frames ``(parent, rule, state)``; the top frame's
-state is where the rule's DFA currently is, lower frames hold return states. A
-*configuration* is the set of stacks the parse may be in (more than one when the
-grammar is ambiguous or a call and a byte edge compete), closed under calls and
-returns, and keeps only stacks whose top state has byte edges; plus a flag saying
-whether the whole input may end here.
+A *stack* is an interned chain of frames ``(parent, rule state)``; the top frame's rule
+state is where that rule's DFA currently is, lower frames hold return states. A
+*configuration* is the set of stacks the parse may be in (more than one when the grammar
+is ambiguous or a call and a byte edge compete), closed under calls and returns, keeping
+only stacks whose top state has byte edges; plus a flag saying whether the whole input
+may end here.
 
-Configurations are interned to small integers, and the byte transition function
-between them is tabulated in ``trans`` (int32 ``[capacity, 256]``: -2 unknown, -1 dead),
-filled one row at a time on first use. Everything a matcher needs is then integer
-lookups: stepping a token is one lookup per byte, and a token mask over the whole
-vocabulary is a vectorised walk of the vocabulary's byte matrix through ``trans``
-(:meth:`Engine.token_mask`), cached per configuration.
+Rule states ``(rule, DFA state)``, stacks and configurations are interned to small
+integers in flat arrays, and the byte transition function between configurations is
+tabulated in ``trans`` (int32 ``[capacity, 256]``: -2 unknown, -1 dead), filled one row at a
+time on first use. All of that runs in compiled code (:mod:`structgen._pda_kernels`);
+Python only reads a rule's DFA state the first time the kernels meet it (:meth:`Engine._expand`).
+Everything a matcher needs is then integer lookups: stepping a token is one lookup per
+byte, and a token mask over the whole vocabulary is a walk of the vocabulary's byte trie
+through ``trans`` (:meth:`Engine.token_mask`), cached per configuration.
 
 One Engine is shared by every matcher of a grammar; a lock guards growth of the tables.
 """
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import _pda_kernels as K
 from . import trie as native
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -32,18 +35,186 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Engine", "VocabTable", "DEAD", "UNKNOWN"]
 
-DEAD = -1
-UNKNOWN = -2
+DEAD = K.DEAD
+UNKNOWN = K.UNKNOWN
 ROOT = 0  # the empty stack
 _WALK_IDS_MAX = 4096  # above this many context-dependent tokens, walk the trie instead
 _SPLIT_DEPTH = 6  # most stack frames a rooted split walk takes
 _HORIZON_BUDGET = 4  # pair checks one horizon query may do, per unit of depth
 _HORIZON_HOPS = 64  # predecessors followed back to a state whose class is known
 _HORIZON_MEMO = 500_000  # memoised state pairs kept per engine
+_SLICE_BUDGET = 32  # (state, slice state) pairs a slice check may visit, per byte of depth
 
 
 class _HorizonAbort(Exception):
     pass
+
+
+def _grown(a: np.ndarray, rows: int, fill: Any) -> np.ndarray:
+    b = np.full((rows,) + a.shape[1:], fill, dtype=a.dtype)
+    b[: a.shape[0]] = a
+    return b
+
+
+def _rule_arrays(rules: tuple[Any, ...]) -> dict[str, np.ndarray]:
+    """The fixed rule part of the kernel tables (see :mod:`structgen._pda_kernels`)."""
+    nr = len(rules)
+    kind = np.zeros(nr, dtype=np.int8)
+    base = np.zeros(nr, dtype=np.int64)
+    aux = np.full(nr, -1, dtype=np.int64)
+    cls = np.zeros((nr, 256), dtype=np.int32)
+    ncls = np.zeros(nr, dtype=np.int32)
+    end = np.full(nr, -1, dtype=np.int32)
+    eo_l, eps_l, do_l, edg_l, co_l, cal_l, imp_l = [], [], [], [], [], [], []
+    tb_l: list[np.ndarray] = []
+    acc_l: list[np.ndarray] = []
+    nx = 0  # NFA states so far
+    ne = nd = nc = 0  # epsilon / edge / call entries so far
+    nt = 0  # table rows so far
+
+    def table(t: np.ndarray, a: np.ndarray) -> int:
+        nonlocal nt
+        at = nt
+        tb_l.append(np.asarray(t, dtype=np.int32))
+        acc_l.append(np.asarray(a, dtype=np.uint8))
+        nt += t.shape[0]
+        return at
+
+    for r, rule in enumerate(rules):
+        if hasattr(rule, "csr"):  # LazyRule
+            eo, eps, do, edges, co, calls, imp = rule.csr()
+            kind[r] = K.LAZY
+            base[r] = nx
+            cls[r] = rule._class_of
+            ncls[r] = rule._nclass
+            end[r] = nx + rule._end
+            eo_l.append(eo[:-1] + ne)
+            eps_l.append(eps + nx)
+            do_l.append(do[:-1] + nd)
+            e2 = edges.copy()
+            e2[:, 2] += nx
+            edg_l.append(e2)
+            co_l.append(co[:-1] + nc)
+            c2 = calls.copy()
+            c2[:, 1] += nx
+            cal_l.append(c2)
+            imp_l.append(imp)
+            nx += imp.shape[0]
+            ne += eps.shape[0]
+            nd += edges.shape[0]
+            nc += calls.shape[0]
+        elif hasattr(rule, "_trans"):  # DfaRule
+            kind[r] = K.TABLE
+            base[r] = table(rule._trans, rule._accept)
+        else:  # ProductRule
+            kind[r] = K.PRODUCT
+            base[r] = table(rule._a.trans, rule._a.accept)
+            aux[r] = table(rule._b.trans, rule._b.accept)
+
+    def cat(parts: list[np.ndarray], tail: int | None, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        out = np.concatenate(parts) if parts else np.zeros(shape, dtype=dtype)
+        if tail is not None:
+            out = np.concatenate([out, np.array([tail], dtype=out.dtype)])
+        return np.ascontiguousarray(out.astype(dtype, copy=False))
+
+    return {
+        "rkind": kind, "rbase": base, "raux": aux, "rcls": cls, "rncls": ncls, "rend": end,
+        "rstart": np.full(nr, -1, dtype=np.int32),
+        "xepso": cat(eo_l, ne, (0,), np.int32), "xeps": cat(eps_l, None, (0,), np.int32),
+        "xedgo": cat(do_l, nd, (0,), np.int32), "xedg": cat(edg_l, None, (0, 3), np.int32),
+        "xcalo": cat(co_l, nc, (0,), np.int32), "xcal": cat(cal_l, None, (0, 2), np.int32),
+        "ximp": cat(imp_l, None, (0,), np.uint8),
+        "tb": cat(tb_l, None, (0, 256), np.int32), "tbacc": cat(acc_l, None, (0,), np.uint8),
+    }
+
+
+class _Tables:
+    """The arrays behind :mod:`structgen._pda_kernels` (layout in its docstring) and their
+    growth. ``T`` is the tuple the kernels take; it is rebuilt whenever an array grows."""
+
+    # (name, initial rows, fill, extra dims, dtype): row-indexed tables grow together per group
+    _GROUPS = {
+        "g": (K.M_NG, 256, [("g_row", UNKNOWN, (256,), np.int32), ("g_flag", 0, (), np.uint8),
+                            ("g_call", 0, (2,), np.int32), ("g_rule", -1, (), np.int32),
+                            ("g_key", 0, (2,), np.int32), ("g_pred", -1, (), np.int32),
+                            ("g_acc", False, (), bool), ("g_ls", 0, (4,), np.uint64),
+                            ("g_lk", 0, (), np.uint8)]),
+        "fr": (K.M_NFR, 1024, [("fr", -1, (2,), np.int32), ("cl", 0, (3,), np.int32),
+                               ("cl_cfg", UNKNOWN, (), np.int32)]),
+        "cf": (K.M_NCF, 256, [("cf", 0, (3,), np.int32), ("trans", UNKNOWN, (256,), np.int32),
+                              ("accepting", False, (), bool), ("loopset", 0, (4,), np.uint64),
+                              ("loopok", 0, (4,), np.uint64), ("rowdone", 0, (), np.uint8)]),
+    }
+    # data arrays (name, used-counter slot, initial size, columns)
+    _DATA = [("calls", K.M_NCALL, 256, (2,)), ("cl_d", K.M_NCLD, 4096, ()), ("cf_d", K.M_NCFD, 4096, ()),
+             ("ec_d", K.M_NECD, 4096, ()), ("gs_d", K.M_NGSD, 4096, ())]
+    _HASHES = {"g": "gs", "fr": "fr_h", "cf": "cf_h"}
+
+    def __init__(self, rules: tuple[Any, ...]) -> None:
+        self.meta = np.zeros(16, dtype=np.int64)
+        for k, v in _rule_arrays(rules).items():
+            setattr(self, k, v)
+        self.xec = np.zeros((self.ximp.shape[0], 2), dtype=np.int32)
+        self.xec[:, 1] = -1
+        for grp, (_slot, rows, cols) in self._GROUPS.items():
+            for name, fill, dims, dt in cols:
+                setattr(self, name, np.full((rows,) + dims, fill, dtype=dt))
+            self._new_hash(grp, 2 * rows)
+        self.cl[:, 1] = -1
+        for name, _slot, size, dims in self._DATA:
+            setattr(self, name, np.zeros((size,) + dims, dtype=np.int32))
+        self.meta[K.M_NFR] = 1
+        self._pack()
+
+    def _new_hash(self, grp: str, size: int) -> None:
+        h = self._HASHES[grp]
+        setattr(self, h + "k", np.full(size, -1, dtype=np.int64))
+        setattr(self, h + "v", np.zeros(size, dtype=np.int32))
+
+    # kernel field name -> attribute, where they differ
+    _ATTR = {"ecd": "ec_d", "grow": "g_row", "gflag": "g_flag", "gcall": "g_call", "grule": "g_rule",
+             "gkey": "g_key", "gsd": "gs_d", "gshk": "gsk", "gshv": "gsv", "gpred": "g_pred", "gacc": "g_acc",
+             "gls": "g_ls", "glk": "g_lk", "frhk": "fr_hk", "frhv": "fr_hv", "cld": "cl_d", "clcfg": "cl_cfg",
+             "cfd": "cf_d", "cfhk": "cf_hk", "cfhv": "cf_hv", "acc": "accepting", "ls": "loopset",
+             "lk": "loopok", "rdone": "rowdone"}
+
+    def arrays(self) -> list[np.ndarray]:
+        return [getattr(self, self._ATTR.get(f, f)) for f in K.FIELD_NAMES]
+
+    def _pack(self) -> None:
+        self.T = K.make_tables(*self.arrays())
+
+    def grow(self) -> None:
+        """After NEED_GROW: double every row table that is at least half full, and every
+        data array short of the room a kernel asked for."""
+        m = self.meta
+        want = int(m[K.M_WANT])
+        for name, slot, _size, _dims in self._DATA:
+            a = getattr(self, name)
+            used = int(m[slot])
+            if used + want > a.shape[0] or 2 * used >= a.shape[0]:
+                setattr(self, name, _grown(a, max(2 * a.shape[0], 2 * (used + want)), 0))
+        m[K.M_WANT] = 0
+        for grp, (slot, _rows, cols) in self._GROUPS.items():
+            n = int(m[slot])
+            cap = getattr(self, cols[0][0]).shape[0]
+            if 2 * n < cap:
+                continue
+            cap *= 2
+            for name, fill, _dims, _dt in cols:
+                setattr(self, name, _grown(getattr(self, name), cap, fill))
+            self._new_hash(grp, 2 * cap)
+            if grp == "fr":
+                K.rehash_frames(self.fr, n, self.fr_hk, self.fr_hv)
+            elif grp == "cf":
+                K.rehash_seqs(self.cf[:, 2].copy(), self.cf[:, :2].copy(), self.cf_d, n, self.cf_hk,
+                              self.cf_hv)
+            else:
+                K.rehash_seqs(self.g_rule.copy(), self.g_key, self.gs_d, n, self.gsk, self.gsv)
+        self._pack()
+
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for a in self.arrays()))
 
 
 class Engine:
@@ -52,255 +223,113 @@ class Engine:
     def __init__(self, grammar: CompiledGrammar, *, mask_cache_bytes: int = 32 << 20) -> None:
         self.grammar = grammar
         self.rules = grammar.rules
-        # per rule: info(q) -> (row [256], accept, has_bytes, calls, tail), built lazily;
-        # tail = accepting with no byte edges and no calls (returning is immediate)
-        self._info = [r.info for r in self.rules]
         self.lock = threading.RLock()
-        # stacks
-        self.frames: list[tuple[int, int, int]] = [(-1, -1, -1)]  # id 0 = ROOT
-        self.frame_ids: dict[tuple[int, int, int], int] = {}
-        self._closure: dict[int, tuple[frozenset[int], bool]] = {}
-        self._rel: dict[tuple[int, int], tuple[tuple[tuple[tuple[int, int], ...], ...], bool]] = {}
-        self._srows: dict[int, tuple[np.ndarray, list[tuple[frozenset[int], bool]]]] = {}
-        self._groups: dict[tuple[int, int], tuple[np.ndarray, list[int]]] = {}
-        self._rtabs: dict[int, _RuleTable] = {}  # call-free rules' DFA tables (compiled walks)
-        # bounded-horizon equivalence of rule states (:meth:`_horizon_rep`)
-        self._hshape: dict[tuple[int, int], tuple[bytes, tuple[int, ...], tuple[tuple[int, int], ...],
-                                                  bool]] = {}
+        self.native = native.available()  # compiled trie walks (structgen.trie) when numba is present
+        self.tab = _Tables(self.rules)
+        # bounded-horizon equivalence of rule states (:meth:`_horizon_rep`); states are
+        # rule-state ids of the kernel tables
+        self._hshape: dict[int, tuple[bytes, tuple[int, ...], tuple[tuple[int, int], ...], bool]] = {}
         self._hstat: dict[int, list[int]] = {}  # rule -> [work, shared]; work -1 = off
-        self._hrep_of: dict[tuple[int, int, int], int] = {}  # (rule, depth, state) -> representative
-        self._hpred: dict[tuple[int, int], int] = {}  # (rule, state) -> a state it succeeds (bytes or call)
-        self._hpair: dict[tuple[int, int, int], int] = {}  # (rule, p, q) -> depth verified equal
-        self._hfail: dict[tuple[int, int, int], int] = {}  # (rule, p, q) -> depth they differ at
-        # configurations
-        self.configs: list[tuple[frozenset[int], bool]] = []
-        self.config_ids: dict[tuple[frozenset[int], bool], int] = {}
-        self.trans = np.full((64, 256), UNKNOWN, dtype=np.int32)
-        self.filled = np.zeros(64, dtype=bool)
-        self.accepting = np.zeros(64, dtype=bool)
-        # per configuration, filled by the compiled walks: bytes that loop (4 x uint64), known?
-        self.loopset = np.zeros((64, 4), dtype=np.uint64)
-        self.loopok = np.zeros(64, dtype=np.uint8)
+        self._hrep_of: dict[tuple[int, int], int] = {}  # (depth, state) -> representative
+        self._hpair: dict[tuple[int, int], int] = {}  # (p, q) -> depth verified equal
+        self._hfail: dict[tuple[int, int], int] = {}  # (p, q) -> depth they differ at
+        self._nullable: dict[int, bool] = {}  # rule start state -> may return without a byte
+        self._slice_ok: dict[tuple[str, int, bool, int], bool] = {}  # (slice, depth, gmode, state)
         # masks: (vocab key, config) -> packed uint32 words
         self.mask_cache = _ByteLru(mask_cache_bytes)
-        self.native = native.available()  # compiled trie walks (structgen.trie) when numba is present
-        self.stats = {"mask_hits": 0, "mask_misses": 0, "rows_filled": 0, "ci_hits": 0, "ci_misses": 0}
+        self.stats = {"mask_hits": 0, "mask_misses": 0, "ci_hits": 0, "ci_misses": 0}
         # rooted split walks per (vocab, top frames, exact): packed words of the tokens
         # accepted whatever lies below, and the ids of the tokens that depend on it
         self.ci_cache = _ByteLru(mask_cache_bytes // 2)
-        root_stack = self._intern(ROOT, grammar.root, 0)
-        stacks, acc = self.closure(root_stack)
-        self.start = self._config(stacks, acc)
+        with self.lock:
+            g0 = self._run(K.start_state, grammar.root)
+            self.start = self._closure_config(self._frame(ROOT, g0))
 
-    # -- stacks -------------------------------------------------------------------
-    def _intern(self, parent: int, rule: int, state: int) -> int:
-        key = (parent, rule, state)
-        sid = self.frame_ids.get(key)
-        if sid is None:
-            sid = len(self.frames)
-            self.frames.append(key)
-            self.frame_ids[key] = sid
-        return sid
+    def _run(self, fn: Any, *args: Any) -> int:
+        """Call a table kernel until it stops asking for room (hold the lock)."""
+        while True:
+            r = int(fn(self.tab.T, *args))
+            if r != K.NEED_GROW:
+                return r
+            self.tab.grow()
 
-    def closure(self, sid: int) -> tuple[frozenset[int], bool]:
-        """Stacks reachable from ``sid`` by calls and returns, restricted to those whose
-        top state has byte edges; and whether the empty stack (end of input) is reachable.
+    def _service(self, status: int) -> None:
+        """Deal with a resumable kernel's NEED_GROW (the caller then resumes it)."""
+        if status != K.NEED_GROW:  # pragma: no cover - a kernel bug
+            raise RuntimeError(f"unexpected kernel status {status}")
+        self.tab.grow()
 
-        What happens above the parent frame depends only on the top frame's (rule, state):
-        that part is computed once per (rule, state) as frame chains relative to the parent
-        (:meth:`_relative_closure`) and re-rooted here; where the top frame can return, the
-        parent's own closure (cached) joins."""
-        got = self._closure.get(sid)
-        if got is not None:
-            return got
-        parent, r, q = self.frames[sid]
-        chains, returns = self._relative_closure(r, q)
-        intern = self._intern
-        out: set[int] = set()
-        for chain in chains:
-            s = parent
-            for fr, fq in chain:
-                s = intern(s, fr, fq)
-            out.add(s)
-        acc = False
-        if returns:
-            if parent == ROOT:
-                acc = True
-            else:
-                below, acc = self.closure(parent)
-                out |= below
-        res = (frozenset(out), acc)
-        self._closure[sid] = res
-        return res
+    # -- rule states, stacks and configurations -------------------------------------------
+    def _expand(self, g: int) -> None:
+        if not self.tab.g_flag[g] & K.EXPANDED:
+            self._run(K.expand, g)
 
-    def _relative_closure(self, r: int, q: int) -> tuple[tuple[tuple[tuple[int, int], ...], ...], bool]:
-        """Closure of a frame ``(r, q)`` above an unknown parent: the frame chains (bottom
-        first) of the reachable stacks whose top has byte edges, and whether the parent is
-        reached (the frame can return). Left recursion is rejected at compile time, so
-        chains are finite."""
-        key = (r, q)
-        got = self._rel.get(key)
-        if got is not None:
-            return got
-        info = self._info
-        pred = self._hpred
-        start: tuple[tuple[int, int], ...] = ((r, q),)
-        seen = {start}
-        todo = [start]
-        chains: list[tuple[tuple[int, int], ...]] = []
-        returns = False
-        while todo:
-            st = todo.pop()
-            if not st:
-                returns = True
-                continue
-            rr, qq = st[-1]
-            info_r = info[rr]
-            _row, acc_q, bytes_q, calls_q, _tail = info_r(qq)
-            if bytes_q:
-                chains.append(st)
-            below = st[:-1]
-            if acc_q and below not in seen:
-                seen.add(below)
-                todo.append(below)
-            for callee, q2 in calls_q:
-                pred.setdefault((rr, q2), qq)
-                ret = below if info_r(q2)[4] else below + ((rr, q2),)
-                ns = ret + ((callee, 0),)
-                if ns not in seen:
-                    seen.add(ns)
-                    todo.append(ns)
-        got = (tuple(chains), returns)
-        self._rel[key] = got
-        return got
+    def _frame(self, parent: int, g: int) -> int:
+        return self._run(K.frame, parent, g)
 
-    # -- configurations ---------------------------------------------------------
-    def _config(self, stacks: frozenset[int], acc: bool) -> int:
-        if not stacks and not acc:
-            return DEAD
-        key = (stacks, acc)
-        cid = self.config_ids.get(key)
-        if cid is None:
-            cid = len(self.configs)
-            self.configs.append(key)
-            self.config_ids[key] = cid
-            if cid >= self.trans.shape[0]:
-                cap = self.trans.shape[0] * 2
-                t = np.full((cap, 256), UNKNOWN, dtype=np.int32)
-                t[: self.trans.shape[0]] = self.trans
-                f = np.zeros(cap, dtype=bool)
-                f[: self.filled.shape[0]] = self.filled
-                a = np.zeros(cap, dtype=bool)
-                a[: self.accepting.shape[0]] = self.accepting
-                ls = np.zeros((cap, 4), dtype=np.uint64)
-                ls[: self.loopset.shape[0]] = self.loopset
-                lk = np.zeros(cap, dtype=np.uint8)
-                lk[: self.loopok.shape[0]] = self.loopok
-                # trans last: a compiled walk reads it last, so every array it gets along with
-                # a grown trans is grown too
-                self.loopset, self.loopok, self.filled, self.accepting = ls, lk, f, a
-                self.trans = t
-            self.accepting[cid] = acc
-        return cid
+    def _closure_config(self, sid: int) -> int:
+        return self._run(K.closure_config, sid)
+
+    def _stacks(self, cid: int) -> list[int]:
+        cf = self.tab.cf
+        st, n = int(cf[cid, 0]), int(cf[cid, 1])
+        return self.tab.cf_d[st:st + n].tolist()
+
+    def rule_of(self, g: int) -> int:
+        return int(self.tab.g_rule[g])
+
+    @property
+    def trans(self) -> np.ndarray:
+        return self.tab.trans
+
+    @property
+    def accepting(self) -> np.ndarray:
+        return self.tab.accepting
+
+    @property
+    def num_configs(self) -> int:
+        return int(self.tab.meta[K.M_NCF])
+
+    @property
+    def num_rule_states(self) -> int:
+        return int(self.tab.meta[K.M_NG])
 
     def is_accepting(self, cid: int) -> bool:
-        return cid >= 0 and bool(self.configs[cid][1])
+        return cid >= 0 and bool(self.tab.accepting[cid])
 
     def fill_row(self, cid: int) -> None:
-        """Compute ``trans[cid, :]`` (all 256 bytes) if not yet known.
-
-        Each stack of the configuration steps on its own (:meth:`_stack_row`, cached per
-        stack); a byte's successor is the union of the stacks' successors on it."""
-        if self.filled[cid]:
+        """Compute ``trans[cid, :]`` (all 256 bytes) if not yet known (entries are otherwise
+        computed one at a time, on first use)."""
+        if self.tab.rowdone[cid]:
             return
         with self.lock:
-            if self.filled[cid]:
-                return
-            stacks, _acc = self.configs[cid]
-            config = self._config
-            if len(stacks) == 1:
-                (sid,) = tuple(stacks)
-                labels, results = self._stack_row(sid)
-                lut = np.array([DEAD] + [config(st, a) for st, a in results], dtype=np.int32)
-                out = lut[labels]
-            elif not stacks:
-                out = np.full(256, DEAD, dtype=np.int32)
-            else:
-                rows = [self._stack_row(sid) for sid in stacks]
-                # joint label per byte: relabel (label so far, this stack's label) pairs
-                joint = rows[0][0].astype(np.int64)
-                for labels, results in rows[1:]:
-                    _u, joint = np.unique(joint * (len(results) + 1) + labels, return_inverse=True)
-                    joint = joint.reshape(-1)
-                _u, first, joint = np.unique(joint, return_index=True, return_inverse=True)
-                lut_l: list[int] = []
-                for b in first.tolist():
-                    parts = [res[lab[b] - 1] for lab, res in rows if lab[b]]
-                    if not parts:
-                        lut_l.append(DEAD)
-                    elif len(parts) == 1:
-                        lut_l.append(config(*parts[0]))
-                    else:
-                        st_u: frozenset[int] = frozenset().union(*(p[0] for p in parts))
-                        lut_l.append(config(st_u, any(p[1] for p in parts)))
-                out = np.array(lut_l, dtype=np.int32)[joint.reshape(-1)]
-            self.trans[cid] = out
-            self.filled[cid] = True
-            self.stats["rows_filled"] += 1
-
-    def _stack_row(self, sid: int) -> tuple[np.ndarray, list[tuple[frozenset[int], bool]]]:
-        """Successors of one stack on every byte: labels (int32 [256], 0 = dead, j = the
-        (stacks, accepting) closure ``results[j - 1]``)."""
-        got = self._srows.get(sid)
-        if got is not None:
-            return got
-        parent, r, q = self.frames[sid]
-        key = (r, q)
-        grp = self._groups.get(key)
-        if grp is None:
-            row = self._info[r](q)[0]
-            uniq, inv = np.unique(row, return_inverse=True)
-            targets = uniq.tolist()
-            if targets and targets[0] < 0:  # dead bytes get label 0
-                targets = targets[1:]
-                labels = inv.reshape(-1).astype(np.int32)
-            else:
-                labels = inv.reshape(-1).astype(np.int32) + 1
-            grp = (labels, targets)
-            self._groups[key] = grp
-            for t in targets:
-                self._hpred.setdefault((r, t), q)
-        labels, targets = grp
-        intern, closure = self._intern, self.closure
-        got = (labels, [closure(intern(parent, r, t)) for t in targets])
-        self._srows[sid] = got
-        return got
+            self._run(K.fill_row, cid)
 
     def step(self, cid: int, b: int) -> int:
-        v = int(self.trans[cid, b])
+        v = int(self.tab.trans[cid, b])
         if v == UNKNOWN:
-            self.fill_row(cid)
-            v = int(self.trans[cid, b])
+            with self.lock:
+                v = self._run(K.succ, cid, b)
         return v
 
     def walk(self, cid: int, data: bytes) -> int:
         """Configuration after consuming ``data`` from ``cid`` (DEAD if rejected)."""
-        trans = self.trans
+        trans = self.tab.trans
         for b in data:
             if cid < 0:
                 return DEAD
             v = trans[cid, b]
             if v == UNKNOWN:
-                self.fill_row(cid)
-                trans = self.trans
-                v = trans[cid, b]
+                with self.lock:
+                    v = self._run(K.succ, cid, b)
+                trans = self.tab.trans
             cid = int(v)
         return cid
 
     def live_bytes(self, cid: int) -> np.ndarray:
         """Byte values that keep the parse alive from ``cid`` (int array)."""
         self.fill_row(cid)
-        return np.nonzero(self.trans[cid] >= 0)[0]
+        return np.nonzero(self.tab.trans[cid] >= 0)[0]
 
     def shortest_completion(self, cid: int, max_nodes: int = 50_000,
                             prefer: bytes = b"") -> bytes | None:
@@ -318,7 +347,7 @@ class Engine:
             nxt: list[int] = []
             for c in frontier:
                 self.fill_row(c)
-                row = self.trans[c]
+                row = self.tab.trans[c]
                 for b in order:
                     t = int(row[b])
                     if t < 0 or t in parent:
@@ -347,13 +376,13 @@ class Engine:
             self.stats["mask_hits"] += 1
             return m
         self.stats["mask_misses"] += 1
-        m = self._split_mask(cid, vt)
-        if m is None:
-            m = np.zeros(vt.num_words, dtype=np.uint32)
-            self._allowed_into(cid, vt, m)
-            if self.is_accepting(cid) and vt.eos_ids.size:
-                _set_bits(m, vt.eos_ids)
         with self.lock:
+            m = self._split_mask(cid, vt)
+            if m is None:
+                m = np.zeros(vt.num_words, dtype=np.uint32)
+                self._allowed_into(cid, vt, m)
+                if self.is_accepting(cid) and vt.eos_ids.size:
+                    _set_bits(m, vt.eos_ids)
             self.mask_cache.put(key, m, m.nbytes)
         return m
 
@@ -379,26 +408,23 @@ class Engine:
         more frame is taken (:meth:`_context_independent`)."""
         if cid < 0:
             return None
-        stacks = self.configs[cid][0]
+        stacks = self._stacks(cid)
         if not stacks:
             return None
-        frames = self.frames
-        if len(stacks) == 1:
-            (only,) = tuple(stacks)
-            if frames[only][0] == ROOT:
-                return None
+        if len(stacks) == 1 and int(self.tab.fr[stacks[0], 0]) == ROOT:
+            return None
         words = np.zeros(vt.num_words, dtype=np.uint32)
         pending: list[tuple[int, np.ndarray]] = []
         for sid in stacks:
             certain, uncertain = self._context_independent(sid, vt)
             words |= certain
             if uncertain.size:
-                pending.append((self._config(*self.closure(sid)), uncertain))
+                pending.append((self._closure_config(sid), uncertain))
         for single, ids in pending:
             if ids.size > _WALK_IDS_MAX:
                 self._allowed_into(single, vt, words)  # a trie walk prunes better
             elif self.native:
-                native.walk_ids(self, vt.trie(), single, ids, words)
+                native.walk_ids(self, vt.trie(), single, False, ids, words)
             else:
                 ids = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1) == 0]
                 if ids.size:
@@ -413,20 +439,22 @@ class Engine:
         """(certain words, undecided ids) of stack ``sid`` from its shallowest rooted top
         (at most ``_SPLIT_DEPTH`` frames) that leaves at most ``_WALK_IDS_MAX`` tokens
         undecided; a top that is the whole stack decides every token."""
-        frames = self.frames
-        chain: list[tuple[int, int]] = []
+        chain: list[int] = []  # rule states, top first
+        fr = self.tab.fr
         s = sid
         while True:
-            parent, r, q = frames[s]
-            chain.append((r, q))
+            parent, g = int(fr[s, 0]), int(fr[s, 1])
+            chain.append(g)
             exact = parent == ROOT
             got = self._rooted_split(tuple(chain), exact, vt)
             if exact or got[1].size <= _WALK_IDS_MAX or len(chain) >= _SPLIT_DEPTH:
                 return got
             s = parent
 
-    def _rooted_split(self, chain: tuple[tuple[int, int], ...], exact: bool,
+    def _rooted_split(self, chain: tuple[int, ...], exact: bool,
                       vt: VocabTable) -> tuple[np.ndarray, np.ndarray]:
+        """The rooted walk of the top frames ``chain`` (rule states, top first): certain
+        words and undecided ids (cached)."""
         key = (vt.key, chain, exact)
         got = self.ci_cache.get(key)
         if got is not None:
@@ -434,8 +462,7 @@ class Engine:
             return got
         # a chain whose frames behave like already-walked ones on every token (a counted
         # string's character positions far from its bounds) shares their walk
-        with self.lock:
-            canon = tuple((r, self._horizon_rep(r, q, vt.max_len)) for r, q in chain)
+        canon = tuple(self._horizon_rep(g, vt.max_len) for g in chain)
         if canon != chain:
             got = self.ci_cache.get((vt.key, canon, exact))
             if got is not None:
@@ -444,23 +471,19 @@ class Engine:
             key = (vt.key, canon, exact)  # filed under the class; walked from the real frames
         self.stats["ci_misses"] += 1
         empty = np.zeros(0, dtype=np.int64)
-        if self.native and len(chain) == 1 and self.rules[chain[0][0]].leaf:
-            # one call-free frame: walk the rule's own DFA table, no stacks or configurations
-            r, q = chain[0]
+        if self.native and len(chain) == 1 and self.rules[self.rule_of(chain[0])].leaf:
+            # one call-free frame: walk the rule's own DFA states, no stacks or configurations
             w = np.zeros(vt.num_words, dtype=np.uint32)
-            unc = self._native_walk(self._rule_table(r), q, vt, w, split=not exact)
+            unc = self._native_walk(True, chain[0], vt, w, split=not exact)
             got = (w, unc.copy())
         else:
-            with self.lock:
-                s = ROOT
-                for r, q in reversed(chain):
-                    s = self._intern(s, r, q)
-                rooted = self._config(*self.closure(s))
+            s = self._run(K.stack_of_chain, np.array(chain[::-1], dtype=np.int64), len(chain))
+            rooted = self._closure_config(s)
             if rooted < 0:
                 got = (np.zeros(vt.num_words, dtype=np.uint32), empty)
             elif self.native:
                 w = np.zeros(vt.num_words, dtype=np.uint32)
-                unc = self._native_walk(self, rooted, vt, w, split=not exact)
+                unc = self._native_walk(False, rooted, vt, w, split=not exact)
                 got = (w, unc.copy())
             elif exact:  # the rooted stack is the real one: nothing depends on anything else
                 w = np.zeros(vt.num_words, dtype=np.uint32)
@@ -471,14 +494,13 @@ class Engine:
                 bits = np.zeros(vt.num_words * 32, dtype=bool)
                 bits[certain] = True
                 got = (np.packbits(bits, bitorder="little").view(np.uint32), uncertain)
-        with self.lock:
-            self.ci_cache.put(key, got, got[0].nbytes + got[1].nbytes)
+        self.ci_cache.put(key, got, got[0].nbytes + got[1].nbytes)
         return got
 
     # -- bounded-horizon equivalence of rule states ------------------------------------
-    def _horizon_rep(self, r: int, q: int, depth: int) -> int:
-        """A state of rule ``r`` that behaves like ``q`` on every input of at most ``depth``
-        symbols (bytes or calls), or ``q`` itself.
+    def _horizon_rep(self, q: int, depth: int) -> int:
+        """A rule state of the same rule as ``q`` that behaves like ``q`` on every input of
+        at most ``depth`` symbols (bytes or calls), or ``q`` itself.
 
         Such states are interchangeable for any token of at most ``depth`` bytes as long as
         every call consumes at least one byte: walking the token from either visits states
@@ -488,37 +510,40 @@ class Engine:
         away from its bounds falls in one class, so the vocabulary is walked once for them,
         not once per character.
 
-        The class is found by going back along recorded predecessors (a state whose
-        successor ``q`` is) while each consecutive pair is equivalent (transitivity), to a
-        state whose representative is known, or else the furthest one, which becomes the
-        representative. Pairs are compared structurally (:meth:`_heq`), memoising how deep
-        each pair was verified; a pair is verified ``depth`` deeper than asked, so going
-        along a chain re-verifies only every ``depth`` states (constant amortised work per
-        state). A rule whose queries cost much more than the walks they share is not tried
-        again."""
+        The class is found by going back along recorded predecessors (the state each state
+        was first reached from) while each consecutive pair is equivalent (transitivity),
+        to a state whose representative is known, or else the furthest one, which becomes
+        the representative. Pairs are compared structurally (:meth:`_heq`), memoising how
+        deep each pair was verified; a pair is verified ``depth`` deeper than asked, so
+        going along a chain re-verifies only every ``depth`` states (constant amortised work
+        per state). A rule whose queries cost much more than the walks they share is not
+        tried again."""
+        r = self.rule_of(q)
         stat = self._hstat.get(r)
         if stat is None:
             stat = self._hstat[r] = [0, 0]  # [work spent, walks shared]; work -1 = off
         if stat[0] < 0:
             return q
-        got = self._hrep_of.get((r, depth, q))
+        got = self._hrep_of.get((depth, q))
         if got is not None:
             return got
         start = _HORIZON_BUDGET * max(depth, 1)
         budget = [start]
         path = [q]
         rep = None
+        pred = self.tab.g_pred
         try:
             x = q
             for _ in range(_HORIZON_HOPS):
-                p = self._hpred.get((r, x))
-                if p is None or p in path or not self._heq(r, p, x, depth, depth, budget):
+                p = int(pred[x])
+                if p < 0 or p in path or not self._heq(p, x, depth, depth, budget):
                     break
-                rep = self._hrep_of.get((r, depth, p))
+                rep = self._hrep_of.get((depth, p))
                 if rep is not None:
                     break
                 path.append(p)
                 x = p
+                pred = self.tab.g_pred  # the tables may have grown
         except _HorizonAbort:
             stat[0] = -1
             return q
@@ -533,41 +558,50 @@ class Engine:
             self._hpair.clear()  # representatives stay valid; the pair memo is rebuilt
             self._hfail.clear()
         for x in path:
-            self._hrep_of[(r, depth, x)] = rep
+            self._hrep_of[(depth, x)] = rep
         return rep
 
-    def _hlocal(self, r: int, q: int) -> tuple[bytes, tuple[int, ...], tuple[tuple[int, int], ...], bool]:
-        """(byte labels in first-occurrence order, targets in that order (-1 dead), calls,
-        accepting) of state ``q`` of rule ``r``; raises :class:`_HorizonAbort` at a call of
-        a rule that may consume nothing."""
-        got = self._hshape.get((r, q))
+    def _may_skip(self, g: int) -> bool:
+        """Whether a call of the rule starting at rule state ``g`` may return without
+        consuming a byte."""
+        got = self._nullable.get(g)
         if got is None:
-            row, acc, _bytes, calls, _tail = self._info[r](q)
+            s = self._frame(ROOT, g)
+            self._run(K.closure, s)
+            got = self._nullable[g] = bool(self.tab.cl[s, 2])
+        return got
+
+    def _hlocal(self, q: int) -> tuple[bytes, tuple[int, ...], tuple[tuple[int, int], ...], bool]:
+        """(byte labels in first-occurrence order, targets in that order (-1 dead), calls,
+        accepting) of rule state ``q``; raises :class:`_HorizonAbort` at a call of a rule
+        that may consume nothing."""
+        got = self._hshape.get(q)
+        if got is None:
+            self._expand(q)
+            tab = self.tab
+            row = tab.g_row[q]
+            c0, n = tab.g_call[q].tolist()
+            calls = tuple((int(a), int(b)) for a, b in tab.calls[c0:c0 + n].tolist())
+            acc = bool(tab.g_flag[q] & K.ACCEPT)
             for callee, _q2 in calls:
-                if self._relative_closure(callee, 0)[1]:
+                if self._may_skip(callee):
                     raise _HorizonAbort  # a call that may consume nothing: no byte bound
             uniq, first, inv = np.unique(row, return_index=True, return_inverse=True)
             order = np.argsort(first, kind="stable")
             rank = np.empty_like(order)
             rank[order] = np.arange(order.size)
             got = (rank[inv.reshape(-1)].astype(np.uint8).tobytes(),
-                   tuple(int(t) for t in uniq[order].tolist()), tuple(calls), bool(acc))
-            self._hshape[(r, q)] = got
-            pred = self._hpred
-            for t in got[1]:
-                if t >= 0:
-                    pred.setdefault((r, t), q)
-            for _c, t in calls:
-                pred.setdefault((r, t), q)
+                   tuple(int(t) for t in uniq[order].tolist()), calls, acc)
+            self._hshape[q] = got
         return got
 
-    def _heq(self, r: int, p: int, q: int, need: int, slack: int, budget: list[int]) -> bool:
-        """Whether states ``p`` and ``q`` of rule ``r`` agree on every input of at most
+    def _heq(self, p: int, q: int, need: int, slack: int, budget: list[int]) -> bool:
+        """Whether rule states ``p`` and ``q`` (of one rule) agree on every input of at most
         ``need`` symbols. A pair not yet verified that deep is verified ``need + slack``
         deep (memoised per pair; differences memoised with the depth they show at)."""
         if p == q:
             return True
-        key = (r, p, q)
+        key = (p, q)
         if self._hpair.get(key, -1) >= need:
             return True
         f = self._hfail.get(key)
@@ -577,8 +611,8 @@ class Engine:
         budget[0] -= 1
         if budget[0] < 0:
             raise _HorizonAbort
-        lp, tp, cp, ap = self._hlocal(r, p)
-        lq, tq, cq, aq = self._hlocal(r, q)
+        lp, tp, cp, ap = self._hlocal(p)
+        lq, tq, cq, aq = self._hlocal(q)
         fail = None
         if ap != aq:
             fail = 0
@@ -593,14 +627,14 @@ class Engine:
                 if a < 0 or b < 0:
                     fail = 1
                     break
-                if not self._heq(r, a, b, need - 1, 0, budget):
-                    fail = self._hfail[(r, a, b)] + 1
+                if not self._heq(a, b, need - 1, 0, budget):
+                    fail = self._hfail[(a, b)] + 1
                     break
         if fail is not None:
             # a valid upper bound on the depth they differ at (exact where slack is 0)
             self._hfail[key] = min(fail, self._hfail.get(key, fail))
             if slack and fail > need - slack:  # they differ only deeper than asked: ask exactly
-                return self._heq(r, p, q, need - slack, 0, budget)
+                return self._heq(p, q, need - slack, 0, budget)
             return False
         self._hpair[key] = need
         return True
@@ -686,9 +720,9 @@ class Engine:
 
     def _fill_rows(self, states: np.ndarray) -> None:
         """Make sure the transition rows of every configuration in ``states`` are known."""
-        filled = self.filled
-        if not filled[states].all():
-            for c in np.unique(states[~filled[states]]).tolist():
+        unknown = self.tab.rowdone[states] == 0
+        if unknown.any():
+            for c in np.unique(states[unknown]).tolist():
                 self.fill_row(int(c))
 
     def _allowed_tokens(self, cid: int, vt: VocabTable) -> np.ndarray:
@@ -699,7 +733,7 @@ class Engine:
         rest are walked byte by byte; elsewhere a level-by-level walk of the vocabulary's
         byte trie expands only children of live nodes, so restrictive states prune at once.
         """
-        if cid < 0 or not self.configs[cid][0]:
+        if cid < 0 or not self.tab.cf[cid, 1]:
             return np.zeros(0, dtype=np.int64)
         self.fill_row(cid)
         loops = self.trans[cid] == cid
@@ -714,30 +748,37 @@ class Engine:
             ok = self._allowed_tokens(cid, vt)
             if ok.size:
                 _set_bits(words, ok)
-        elif cid >= 0 and self.configs[cid][0]:
-            self._native_walk(self, cid, vt, words, split=False)
+        elif cid >= 0 and self.tab.cf[cid, 1]:
+            self._native_walk(False, cid, vt, words, split=False)
 
-    @staticmethod
-    def _native_walk(src: Any, start: int, vt: VocabTable, words: np.ndarray, split: bool) -> np.ndarray:
-        """Compiled walk from state ``start`` of ``src`` (this engine's configurations or a
-        :class:`_RuleTable`): where at least 32 bytes loop on the start, the tokens made of
+    def _native_walk(self, gmode: bool, start: int, vt: VocabTable, words: np.ndarray,
+                     split: bool) -> np.ndarray:
+        """Compiled walk from ``start`` (a configuration, or with ``gmode`` a rule state of a
+        call-free rule): where at least 32 bytes loop on the start, the tokens made of
         looping bytes are taken at once and the rest walked one by one; elsewhere the trie
         is walked. Returns the undecided ids of a ``split`` walk."""
-        src.fill_row(start)
-        loops = src.trans[start] == start
+        if gmode:
+            self._expand(start)
+            trans = self.tab.g_row
+        else:
+            self.fill_row(start)
+            trans = self.tab.trans
+        trie = vt.trie()
+        for sl in vt.slices():
+            key = (sl.name, sl.depth, gmode, start)
+            ok = self._slice_ok.get(key)
+            if ok is None:
+                ok = self._slice_ok[key] = self._run(K.slice_ok, gmode, start, sl.pd, sl.depth,
+                                                     _SLICE_BUDGET * sl.depth) == 1
+                trans = self.tab.g_row if gmode else self.tab.trans
+            if ok:
+                words |= sl.mask
+                trie = sl.trie
+                break
+        loops = trans[start] == start
         if int(loops.sum()) >= 32:
-            return native.walk_loop_split(src, vt.trie(), start, loops, words, split)
-        return native.walk_trie(src, vt.trie(), start, split, words)
-
-    def _rule_table(self, r: int) -> _RuleTable:
-        tab = self._rtabs.get(r)
-        if tab is None:
-            with self.lock:
-                tab = self._rtabs.get(r)
-                if tab is None:
-                    tab = _RuleTable(self._info[r], self.lock)
-                    self._rtabs[r] = tab
-        return tab
+            return native.walk_loop_split(self, trie, start, gmode, loops, words, split)
+        return native.walk_trie(self, trie, start, gmode, split, words)
 
     def _allowed_loop_split(self, cid: int, vt: VocabTable, loops: np.ndarray) -> np.ndarray:
         words = np.packbits(~loops, bitorder="little").view(np.uint64)  # [4] non-loop bytes
@@ -750,11 +791,9 @@ class Engine:
 
     # -- introspection -------------------------------------------------------------
     def memory_bytes(self) -> int:
-        """Approximate bytes held by the runtime tables and the mask cache."""
-        tables = (self.trans, self.filled, self.accepting, self.loopset, self.loopok)
-        rule_tables = sum(t.trans.nbytes + t.loopset.nbytes for t in self._rtabs.values())
-        return int(sum(a.nbytes for a in tables) + rule_tables + self.mask_cache.bytes + self.ci_cache.bytes
-                   + 64 * (len(self.frames) + len(self.configs)))
+        """Approximate bytes held by the runtime tables and the mask caches."""
+        return int(self.tab.nbytes() + self.mask_cache.bytes + self.ci_cache.bytes
+                   + 100 * (len(self._hshape) + len(self._hrep_of) + len(self._hpair) + len(self._hfail)))
 
 
 class _ByteLru:
@@ -790,54 +829,6 @@ class _ByteLru:
         return iter(self._d)
 
 
-class _RuleTable:
-    """The byte transitions of one call-free rule's DFA, tabulated for the compiled walks
-    (rows filled on first use). It has the attributes the walks read from an Engine:
-    ``trans`` (int32 [cap, 256]: -2 unknown, -1 dead), ``accepting`` (the rule may return),
-    ``loopset``/``loopok`` and :meth:`fill_row`."""
-
-    def __init__(self, info: Any, lock: Any) -> None:
-        self._info = info
-        self.lock = lock
-        self.filled = np.zeros(0, dtype=bool)
-        self.accepting = np.zeros(0, dtype=bool)
-        self.loopset = np.zeros((0, 4), dtype=np.uint64)
-        self.loopok = np.zeros(0, dtype=np.uint8)
-        self.trans = np.full((0, 256), UNKNOWN, dtype=np.int32)
-        self._grow(16)
-
-    def _grow(self, need: int) -> None:
-        old = self.trans.shape[0]
-        if need <= old:
-            return
-        cap = max(need, 2 * old)
-
-        def ext(a: np.ndarray, fill: Any) -> np.ndarray:
-            b = np.full((cap,) + a.shape[1:], fill, dtype=a.dtype)
-            b[:old] = a
-            return b
-
-        self.filled, self.accepting = ext(self.filled, False), ext(self.accepting, False)
-        self.loopset, self.loopok = ext(self.loopset, 0), ext(self.loopok, 0)
-        self.trans = ext(self.trans, UNKNOWN)  # last (see Engine._config)
-
-    def fill_row(self, q: int) -> None:
-        if q < self.filled.shape[0] and self.filled[q]:
-            return
-        with self.lock:
-            if q < self.filled.shape[0] and self.filled[q]:
-                return
-            info = self._info
-            row, acc = info(q)[:2]
-            targets = np.unique(row[row >= 0]).tolist()
-            self._grow(max([q] + targets) + 1)
-            self.accepting[q] = acc
-            for t in targets:
-                self.accepting[t] = info(t)[1]
-            self.trans[q] = row
-            self.filled[q] = True
-
-
 def _set_bits(words: np.ndarray, ids: np.ndarray) -> None:
     np.bitwise_or.at(words, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
 
@@ -860,6 +851,50 @@ class _Level:
     """
 
     __slots__ = ("byte", "child_start", "child_count", "tok_start", "tok_count", "tok_ids")
+
+
+def _json_text_automaton() -> np.ndarray:
+    """The bytes of JSON string content without escapes: complete, well-formed UTF-8
+    characters other than ``"``, ``\\`` and the C0 controls (int8 ``[8, 256]``: state 0 =
+    between characters, -1 = no edge)."""
+    pd = np.full((8, 256), -1, dtype=np.int8)
+    pd[0, 0x20:0x80] = 0
+    pd[0, 0x22] = pd[0, 0x5C] = -1
+    pd[0, 0xC2:0xE0] = 1
+    pd[0, 0xE0] = 2
+    pd[0, 0xE1:0xED] = pd[0, 0xEE:0xF0] = 3
+    pd[0, 0xED] = 4
+    pd[0, 0xF0] = 5
+    pd[0, 0xF1:0xF4] = 6
+    pd[0, 0xF4] = 7
+    pd[1, 0x80:0xC0] = 0
+    pd[2, 0xA0:0xC0] = 1
+    pd[3, 0x80:0xC0] = 1
+    pd[4, 0x80:0xA0] = 1
+    pd[5, 0x90:0xC0] = 3
+    pd[6, 0x80:0xC0] = 3
+    pd[7, 0x80:0x90] = 3
+    return pd
+
+
+# (name, slice automaton, token lengths in bytes): a slice of every length is tried, the
+# longest first
+_SLICE_LANGUAGES = [("json-text", _json_text_automaton(), (16, 8))]
+_SLICE_LOCK = threading.Lock()
+
+
+class _Slice:
+    """Tokens of one vocabulary that lie in a slice language (the bytes of plain text, say)
+    and have at most ``depth`` bytes: ``mask`` (packed words) and ``trie``, the trie of every
+    *other* token. From a state that can read every string of the language of at most
+    ``depth`` bytes (:func:`structgen._pda_kernels.slice_ok`), the slice's tokens are all
+    accepted, and only the other tokens need a walk."""
+
+    __slots__ = ("name", "depth", "pd", "mask", "trie", "size")
+
+    def __init__(self, name: str, depth: int, pd: np.ndarray, mask: np.ndarray, trie: native.Trie,
+                 size: int) -> None:
+        self.name, self.depth, self.pd, self.mask, self.trie, self.size = name, depth, pd, mask, trie, size
 
 
 class VocabTable:
@@ -933,9 +968,48 @@ class VocabTable:
             self.levels.append(lv)
             n_prev = uniq.size
         self._trie: native.Trie | None = None
+        self._slices: list[_Slice] | None = None
 
     def trie(self) -> native.Trie:
         """The depth-first trie for the compiled walks (built on first use, shared per vocabulary)."""
         if self._trie is None:
             self._trie = native.trie_for(self.key, self.token_bytes, self.vocab_size)
         return self._trie
+
+    def slices(self) -> list[_Slice]:
+        """The vocabulary's token slices (see :class:`_Slice`), longest first; built on
+        first use (once per vocabulary, shared)."""
+        got = self._slices
+        if got is None:
+            with _SLICE_LOCK:
+                got = self._slices
+                if got is None:
+                    got = self._slices = self._build_slices()
+        return got
+
+    def _build_slices(self) -> list[_Slice]:
+        out: list[_Slice] = []
+        if not self.num_tokens:
+            return out
+        for name, pd, depths in _SLICE_LANGUAGES:
+            # run the slice automaton over every token (column by column): in the slice iff
+            # it ends in state 0 without a missing edge
+            st = np.zeros(self.num_tokens, dtype=np.int64)
+            for j in range(self.max_len):
+                act = (self.flat_lens > j) & (st >= 0)
+                st[act] = pd[st[act], self.matrix[act, j]]
+            inside = st == 0
+            for depth in depths:
+                sel = inside & (self.flat_lens <= depth)
+                if int(sel.sum()) < self.num_tokens // 4:
+                    continue  # too small a slice to pay for a second trie
+                ids = self.flat_ids[sel]
+                bits = np.zeros(self.num_words * 32, dtype=bool)
+                bits[ids] = True
+                mask = np.packbits(bits, bitorder="little").view(np.uint32)
+                rest = list(self.token_bytes)
+                for t in ids.tolist():
+                    rest[t] = None
+                trie = native.trie_for((self.key, "slice", name, depth), rest, self.vocab_size)
+                out.append(_Slice(name, depth, pd, mask, trie, int(ids.size)))
+        return out

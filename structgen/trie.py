@@ -38,7 +38,6 @@ import numpy as np
 
 __all__ = ["available", "Trie", "trie_for"]
 
-UNKNOWN = -2
 DONE = -3
 
 _lock = threading.Lock()
@@ -73,6 +72,43 @@ def _load() -> Any:
     return _kernels
 
 
+def _warm_tables(byte: Any, depth: Any, skip: Any, lo: Any, own: Any, suf: Any, offs: Any, lens: Any,
+                 flat: Any, ids: Any, words: Any, unc: Any, cnt: Any) -> None:
+    """Run the runtime-table kernels once on the tables of a small recursive grammar."""
+    from . import _pda_kernels as pk
+    from . import ir
+    from .automaton import compile_grammar
+    from .engine import _Tables
+
+    t = ir.alt(ir.lit("b"), ir.seq(ir.lit("["), ir.ref("t"), ir.lit("]")))
+    cg = compile_grammar(ir.Grammar({"s": ir.seq(ir.lit("a"), ir.star(ir.ref("t"))), "t": t}, "s"))
+    tab = _Tables(cg.rules)
+    g = int(pk.start_state(tab.T, 0))
+    pk.expand(tab.T, g)
+    s = int(pk.frame(tab.T, 0, g))
+    c = int(pk.closure_config(tab.T, s))
+    pk.closure(tab.T, s)
+    pk.fill_row(tab.T, c)
+    pk.succ(tab.T, c, 98)
+    pk.stack_of_chain(tab.T, np.array([g], dtype=np.int64), 1)
+    st, tn = np.zeros(3, np.int32), np.zeros(3, np.uint8)
+    n = byte.shape[0] - 1
+    for gmode in (False, True):
+        for split in (False, True):
+            st[0] = g if gmode else c
+            pk.walk(byte, depth, skip, lo, own, suf, ids, tab.T, gmode, 1, n + 1, st, tn, split, words, unc,
+                    cnt)
+            pk.walk_ids(offs, lens, flat, tab.T, gmode, int(st[0]), ids, np.zeros(4, np.int64), words, split,
+                        unc, cnt)
+    from .engine import _SLICE_LANGUAGES
+
+    for gmode in (False, True):
+        pk.slice_ok(tab.T, gmode, g if gmode else c, _SLICE_LANGUAGES[0][1], 4, 128)
+    pk.rehash_frames(tab.fr, int(tab.meta[pk.M_NFR]), np.full(64, -1, np.int64), np.zeros(64, np.int32))
+    pk.rehash_seqs(tab.g_rule.copy(), tab.g_key, tab.gs_d, int(tab.meta[pk.M_NG]), np.full(64, -1, np.int64),
+                   np.zeros(64, np.int32))
+
+
 def _warm(k: Any) -> None:
     """Call every kernel once on tiny inputs of the real argument types, so that loading
     them from numba's disk cache (or compiling them, the first time ever) happens here,
@@ -84,16 +120,12 @@ def _warm(k: Any) -> None:
     byte, depth, skip = np.zeros(n + 1, np.uint8), np.zeros(n + 1, np.int32), np.zeros(n + 1, np.int32)
     lo, own, suf = np.zeros(n + 2, np.int32), np.zeros(n + 1, np.int32), np.zeros((n + 1, 4), np.uint64)
     k.build_nodes(flat, offs, lens, byte, depth, skip, lo, own, suf)
-    trans = np.full((2, 256), -1, dtype=np.int32)
-    acc = np.zeros(2, dtype=bool)
-    ls, lk = np.zeros((2, 4), np.uint64), np.zeros(2, np.uint8)
-    st, tn = np.zeros(3, np.int32), np.zeros(3, np.uint8)
     words, unc, cnt = np.zeros(1, np.uint32), np.zeros(2, np.int64), np.zeros(1, np.int64)
     ids = np.array([0, 1], dtype=np.int64)
-    for split in (False, True):
-        k.walk(byte, depth, skip, lo, own, suf, ids, trans, acc, ls, lk, 1, n + 1, st, tn, split, words, unc,
-               cnt)
-        k.walk_ids(offs, lens, flat, trans, acc, 0, ids, np.zeros(4, np.int64), words, split, unc, cnt)
+    _warm_tables(byte, depth, skip, lo, own, suf, offs, lens, flat, ids, words, unc, cnt)
+    from . import _dfa_kernels
+
+    _dfa_kernels.warm()
     k.loop_split(np.zeros((2, 4), np.uint64), ids, np.zeros(4, np.uint64), words)
 
 
@@ -151,61 +183,59 @@ def trie_for(key: Any, token_bytes: list[bytes | None], vocab_size: int) -> Trie
     return t
 
 
-# -- drivers (the engine passes itself for row filling) -----------------------------------
+# -- drivers (the engine passes itself: its kernel tables and what a kernel asks for) -------
 
-def walk_trie(eng: Any, trie: Trie, cid: int, split: bool, words: np.ndarray) -> np.ndarray:
-    """OR into ``words`` the tokens accepted from configuration ``cid``; with ``split`` (a
-    rooted walk), also return the ids of the rejected tokens that passed an accepting
-    configuration first (they depend on the context), else an empty array."""
-    k = _load()
+def walk_trie(eng: Any, trie: Trie, start: int, gmode: bool, split: bool, words: np.ndarray) -> np.ndarray:
+    """OR into ``words`` the tokens accepted from ``start`` (a configuration of ``eng``, or
+    with ``gmode`` a rule state of a call-free rule); with ``split`` (a rooted walk), also
+    return the ids of the rejected tokens that passed an accepting state first (they depend
+    on the context), else an empty array."""
+    from . import _pda_kernels as pk
+
     st = np.zeros(trie.max_depth + 1, dtype=np.int32)
-    st[0] = cid
+    st[0] = start
     tn = np.zeros(trie.max_depth + 1, dtype=np.uint8)
-    unc = np.zeros(trie.slot_ids.size if split else 0, dtype=np.int64)
+    unc = np.empty(trie.slot_ids.size if split else 0, dtype=np.int64)  # written before read
     cnt = np.zeros(1, dtype=np.int64)
     i = 1
     end = trie.num_nodes + 1
     while True:
-        acc, ls, lk = eng.accepting, eng.loopset, eng.loopok
-        trans = eng.trans  # read last (see Engine._config)
-        i, need = k.walk(trie.byte, trie.depth, trie.skip, trie.lo, trie.own, trie.suf, trie.slot_ids,
-                         trans, acc, ls, lk, i, end, st, tn, split, words, unc, cnt)
-        if need == DONE:
+        i, status = pk.walk(trie.byte, trie.depth, trie.skip, trie.lo, trie.own, trie.suf, trie.slot_ids,
+                            eng.tab.T, gmode, i, end, st, tn, split, words, unc, cnt)
+        if status == DONE:
             break
-        eng.fill_row(int(need))
+        eng._service(int(status))
     return unc[: int(cnt[0])]
 
 
-def walk_ids(eng: Any, trie: Trie, cid: int, ids: np.ndarray, words: np.ndarray,
+def walk_ids(eng: Any, trie: Trie, start: int, gmode: bool, ids: np.ndarray, words: np.ndarray,
              split: bool = False) -> np.ndarray:
-    """OR into ``words`` the tokens among ``ids`` whose bytes are consumed from ``cid``
+    """OR into ``words`` the tokens among ``ids`` whose bytes are consumed from ``start``
     (tokens already set in ``words`` are skipped). With ``split`` (a rooted walk), the
-    rejected tokens that passed an accepting configuration first are returned."""
-    k = _load()
+    rejected tokens that passed an accepting state first are returned."""
+    from . import _pda_kernels as pk
+
     pos = np.zeros(4, dtype=np.int64)  # resume point: token index, byte index, state, passed
-    pos[2] = cid
+    pos[2] = start
     ids = np.ascontiguousarray(ids, dtype=np.int64)
-    unc = np.zeros(ids.size if split else 0, dtype=np.int64)
+    unc = np.empty(ids.size if split else 0, dtype=np.int64)
     cnt = np.zeros(1, dtype=np.int64)
     while True:
-        acc = eng.accepting
-        trans = eng.trans  # read last (see Engine._config)
-        need = k.walk_ids(trie.id_off, trie.id_len, trie.blob, trans, acc, cid, ids, pos, words, split,
-                          unc, cnt)
-        if need == DONE:
+        status = pk.walk_ids(trie.id_off, trie.id_len, trie.blob, eng.tab.T, gmode, start, ids, pos, words,
+                             split, unc, cnt)
+        if status == DONE:
             return unc[: int(cnt[0])]
-        eng.fill_row(int(need))
+        eng._service(int(status))
 
 
-def walk_loop_split(eng: Any, trie: Trie, cid: int, loops: np.ndarray, words: np.ndarray,
+def walk_loop_split(eng: Any, trie: Trie, start: int, gmode: bool, loops: np.ndarray, words: np.ndarray,
                     split: bool = False) -> np.ndarray:
-    """Tokens made only of bytes that loop on ``cid`` are allowed outright; the others are
-    walked byte by byte (``split`` as in :func:`walk_ids`, for a non-accepting ``cid``).
+    """Tokens made only of bytes that loop on ``start`` are allowed outright; the others are
+    walked byte by byte (``split`` as in :func:`walk_ids`, for a non-accepting ``start``).
     ``loops``: bool [256]."""
     k = _load()
     nonloop = np.packbits(~loops, bitorder="little").view(np.uint64)
     impure = k.loop_split(trie.slot_bytes, trie.slot_ids, nonloop, words)
     if impure.size:
-        return walk_ids(eng, trie, cid, impure, words, split)
+        return walk_ids(eng, trie, start, gmode, impure, words, split)
     return np.zeros(0, dtype=np.int64)
-
