@@ -284,14 +284,15 @@ def determinise(eps_o, eps, edg_o, edg, start, end, limit, budget):  # type: ign
 def column_classes(ta, tb):  # type: ignore[no-untyped-def]
     """Bytes on which every state of both tables agrees share a class: ``(class_of [256],
     first byte of each class)``."""
-    h = np.zeros(256, dtype=np.int64)
-    for b in range(256):
-        x = np.int64(b == 0)
-        for q in range(ta.shape[0]):
-            x = _mix(x ^ (np.int64(ta[q, b]) * _GOLD + q))
-        for q in range(tb.shape[0]):
-            x = _mix(x ^ (np.int64(tb[q, b]) * _GOLD + q + 7))
-        h[b] = x
+    # polynomial hash of every column, rows outer (the tables are row-major)
+    h = np.zeros(256, dtype=np.uint64)
+    mul = np.uint64(0x100000001B3)
+    for q in range(ta.shape[0]):
+        for b in range(256):
+            h[b] = h[b] * mul + np.uint64(ta[q, b] + 2)
+    for q in range(tb.shape[0]):
+        for b in range(256):
+            h[b] = h[b] * mul + np.uint64(tb[q, b] + 3)
     class_of = np.full(256, -1, dtype=np.int32)
     firsts = np.empty(256, dtype=np.int32)
     n = 0

@@ -33,6 +33,7 @@ import numpy as np
 from . import ir
 from .config import CompileOptions
 from .errors import CompileLimitError, CompileTimeoutError, GrammarError
+from .gcpause import gc_paused
 from .graphs import strongly_connected_components
 
 __all__ = ["CompiledGrammar", "DfaRule", "LazyRule", "compile_grammar"]
@@ -484,7 +485,8 @@ def compile_grammar(grammar: ir.Grammar, options: CompileOptions | None = None, 
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit
-    cg = _Compiler(grammar, options, deadline).compile(key)
+    with gc_paused():
+        cg = _Compiler(grammar, options, deadline).compile(key)
     with _CACHE_LOCK:
         _CACHE[key] = cg
         while len(_CACHE) > _CACHE_SIZE:
@@ -546,7 +548,9 @@ def _rename_refs(e: ir.Expr, alias: dict[str, str], memo: dict[int, ir.Expr]) ->
     if got is not None:
         return got
     out: ir.Expr = e
-    if isinstance(e, ir.Ref):
+    if alias.keys().isdisjoint(e.refs()):
+        pass  # nothing to rename below
+    elif isinstance(e, ir.Ref):
         if e.name in alias:
             out = ir.Ref(alias[e.name])
     elif isinstance(e, (ir.Seq, ir.Alt)):
@@ -567,24 +571,11 @@ def _rename_refs(e: ir.Expr, alias: dict[str, str], memo: dict[int, ir.Expr]) ->
 
 def _closed(e: ir.Expr) -> bool:
     """No rule references inside ``e`` (its automaton depends on nothing else)."""
-    refs: set[str] = set()
-    _refs(e, refs)
-    return not refs
+    return not e.refs()
 
 
 def _refs(e: ir.Expr, out: set[str]) -> None:
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, ir.Ref):
-            out.add(x.name)
-        elif isinstance(x, (ir.Seq, ir.Alt)):
-            stack.extend(x.items)
-        elif isinstance(x, ir.Repeat):
-            stack.append(x.item)
-        elif isinstance(x, (ir.And, ir.Diff)):
-            stack.append(x.left)
-            stack.append(x.right)
+    out |= e.refs()
 
 
 def _size(e: ir.Expr, memo: dict[int, int]) -> int:

@@ -29,6 +29,7 @@ import numpy as np
 
 from . import _pda_kernels as K
 from . import trie as native
+from .gcpause import gc_paused
 
 if TYPE_CHECKING:  # pragma: no cover
     from .automaton import CompiledGrammar
@@ -225,7 +226,8 @@ class Engine:
         self.rules = grammar.rules
         self.lock = threading.RLock()
         self.native = native.available()  # compiled trie walks (structgen.trie) when numba is present
-        self.tab = _Tables(self.rules)
+        with gc_paused():
+            self.tab = _Tables(self.rules)
         # bounded-horizon equivalence of rule states (:meth:`_horizon_rep`); states are
         # rule-state ids of the kernel tables
         self._hshape: dict[int, tuple[bytes, tuple[int, ...], tuple[tuple[int, int], ...], bool]] = {}

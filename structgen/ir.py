@@ -37,7 +37,7 @@ __all__ = [
 class Expr:
     """Base of IR expressions. Immutable; structural equality; cached hash."""
 
-    __slots__ = ("_hash", "_fp")
+    __slots__ = ("_hash", "_fp", "_rf")
 
     def _key(self) -> tuple:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -70,13 +70,44 @@ class Expr:
             return self._fp  # type: ignore[no-any-return]
         except AttributeError:
             h = hashlib.sha256(type(self).__name__.encode())
-            _feed(h, self._key())
+            if isinstance(self, (ByteSet, Dfa)):
+                h.update(repr(self._key()).encode())  # plain integers: one repr, not a walk
+            else:
+                _feed(h, self._key())
             fp = h.digest()
             object.__setattr__(self, "_fp", fp)
             return fp
 
     def __reduce__(self) -> tuple:
         return (type(self), self._args())
+
+    def refs(self) -> frozenset[str]:
+        """Names of the rules referenced anywhere inside (cached on every node visited)."""
+        try:
+            return self._rf  # type: ignore[no-any-return]
+        except AttributeError:
+            pass
+        # post-order over the DAG without recursion: children first, each node once
+        stack: list[tuple[Expr, bool]] = [(self, False)]
+        while stack:
+            x, done = stack.pop()
+            if hasattr(x, "_rf"):
+                continue
+            kids = x._children()
+            if not done and any(not hasattr(k, "_rf") for k in kids):
+                stack.append((x, True))
+                stack.extend((k, False) for k in kids if not hasattr(k, "_rf"))
+                continue
+            out: frozenset[str] = frozenset()
+            for k in kids:
+                out = out | k._rf if k._rf else out
+            if isinstance(x, Ref):
+                out = out | {x.name}
+            object.__setattr__(x, "_rf", out)
+        return self._rf  # type: ignore[no-any-return]
+
+    def _children(self) -> tuple[Expr, ...]:
+        return ()
 
 
 class ByteSet(Expr):
@@ -115,6 +146,9 @@ class Seq(Expr):
     def _key(self) -> tuple:
         return self.items
 
+    def _children(self) -> tuple[Expr, ...]:
+        return self.items
+
     def _args(self) -> tuple:
         return (self.items,)
 
@@ -132,6 +166,9 @@ class Alt(Expr):
         object.__setattr__(self, "items", items)
 
     def _key(self) -> tuple:
+        return self.items
+
+    def _children(self) -> tuple[Expr, ...]:
         return self.items
 
     def _args(self) -> tuple:
@@ -156,6 +193,9 @@ class Repeat(Expr):
 
     def _key(self) -> tuple:
         return (self.item, self.min, self.max)
+
+    def _children(self) -> tuple[Expr, ...]:
+        return (self.item,)
 
     def __repr__(self) -> str:
         return f"Repeat({self.item!r}, {self.min}, {self.max})"
@@ -191,6 +231,9 @@ class And(Expr):
     def _key(self) -> tuple:
         return (self.left, self.right)
 
+    def _children(self) -> tuple[Expr, ...]:
+        return (self.left, self.right)
+
     def __repr__(self) -> str:
         return f"And({self.left!r}, {self.right!r})"
 
@@ -207,6 +250,9 @@ class Diff(Expr):
         object.__setattr__(self, "right", right)
 
     def _key(self) -> tuple:
+        return (self.left, self.right)
+
+    def _children(self) -> tuple[Expr, ...]:
         return (self.left, self.right)
 
     def __repr__(self) -> str:

@@ -188,6 +188,7 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
     same grammar share one object (and its metadata).
     """
     from .automaton import compile_grammar
+    from .gcpause import gc_paused
 
     options = options or JsonSchemaOptions()
     if option_overrides:
@@ -211,7 +212,8 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
             _CACHE.move_to_end(key)
             return hit[0]
     deadline = time.monotonic() + copts.timeout_s  # lowering and automaton share the budget
-    grammar, warnings, low = _build(schema, options, remotes, deadline)
+    with gc_paused():
+        grammar, warnings, low = _build(schema, options, remotes, deadline)
     try:
         cg = compile_grammar(grammar, copts, deadline=deadline)
     except GrammarError as e:

@@ -1244,6 +1244,7 @@ def compile_lark(text: str, *, start: str = "start",
     raise (GrammarError, CompileLimitError, CompileTimeoutError).
     """
     from .automaton import compile_grammar
+    from .gcpause import gc_paused
 
     key = (text, start, compile_options)
     with _LRU_LOCK:
@@ -1251,7 +1252,8 @@ def compile_lark(text: str, *, start: str = "start",
         if hit is not None:
             _LRU.move_to_end(key)
             return hit
-    compiled = compile_grammar(lark_to_grammar(text, start=start), compile_options)
+    with gc_paused():
+        compiled = compile_grammar(lark_to_grammar(text, start=start), compile_options)
     with _LRU_LOCK:
         _LRU[key] = compiled
         _LRU.move_to_end(key)
