@@ -67,6 +67,7 @@ TAIL = 8
 LAZY = 0
 TABLE = 1
 PRODUCT = 2
+COUNTED = 3
 
 # meta slots
 M_NG = 0      # rule states interned
@@ -91,25 +92,25 @@ def _fields() -> list[tuple[str, object]]:
     return [
         ("meta", v(i64)),
         ("rkind", v(i8)), ("rbase", v(i64)), ("raux", v(i64)), ("rcls", m(i32)), ("rncls", v(i32)),
-        ("rend", v(i32)), ("rstart", v(i32)),
+        ("rend", v(i32)), ("rstart", v(i32)), ("rlo", v(i64)), ("rhi", v(i64)),
         ("xepso", v(i32)), ("xeps", v(i32)), ("xedgo", v(i32)), ("xedg", m(i32)), ("xcalo", v(i32)),
         ("xcal", m(i32)), ("ximp", v(u8)), ("xec", m(i32)), ("ecd", v(i32)),
         ("tb", m(i32)), ("tbacc", v(u8)),
         ("grow", m(i32)), ("gflag", v(u8)), ("gcall", m(i32)), ("calls", m(i32)), ("grule", v(i32)),
         ("gkey", m(i32)), ("gsd", v(i32)), ("gshk", v(i64)), ("gshv", v(i32)), ("gpred", v(i32)),
-        ("gacc", v(b1)), ("gls", m(u64)), ("glk", v(u8)),
+        ("gacc", v(b1)), ("gls", m(u64)), ("glk", v(u8)), ("gsl", m(i8)),
         ("fr", m(i32)), ("frhk", v(i64)), ("frhv", v(i32)), ("cl", m(i32)), ("cld", v(i32)),
         ("clcfg", v(i32)),
         ("cf", m(i32)), ("cfd", v(i32)), ("cfhk", v(i64)), ("cfhv", v(i32)), ("trans", m(i32)),
-        ("acc", v(b1)), ("ls", m(u64)), ("lk", m(u64)), ("rdone", v(u8)),
+        ("acc", v(b1)), ("ls", m(u64)), ("lk", m(u64)), ("rdone", v(u8)), ("csl", m(i8)),
     ]
 
 
-FIELD_NAMES = ["meta", "rkind", "rbase", "raux", "rcls", "rncls", "rend", "rstart", "xepso", "xeps",
-               "xedgo", "xedg", "xcalo", "xcal", "ximp", "xec", "ecd", "tb", "tbacc", "grow", "gflag",
-               "gcall", "calls", "grule", "gkey", "gsd", "gshk", "gshv", "gpred", "gacc", "gls", "glk", "fr",
-               "frhk", "frhv", "cl", "cld", "clcfg", "cf", "cfd", "cfhk", "cfhv", "trans", "acc", "ls", "lk",
-               "rdone"]
+FIELD_NAMES = ["meta", "rkind", "rbase", "raux", "rcls", "rncls", "rend", "rstart", "rlo", "rhi", "xepso",
+               "xeps", "xedgo", "xedg", "xcalo", "xcal", "ximp", "xec", "ecd", "tb", "tbacc", "grow", "gflag",
+               "gcall", "calls", "grule", "gkey", "gsd", "gshk", "gshv", "gpred", "gacc", "gls", "glk",
+               "gsl", "fr", "frhk", "frhv", "cl", "cld", "clcfg", "cf", "cfd", "cfhk", "cfhv", "trans",
+               "acc", "ls", "lk", "rdone", "csl"]
 
 if COMPILED:
     from numba import types as _nt
@@ -129,10 +130,10 @@ if COMPILED:
     assert [f for f, _t in _fields()] == FIELD_NAMES
 
     @njit(cache=True)
-    def make_tables(meta, rkind, rbase, raux, rcls, rncls, rend, rstart, xepso, xeps, xedgo, xedg, xcalo,
-                    xcal, ximp, xec, ecd, tb, tbacc, grow, gflag, gcall, calls, grule, gkey, gsd, gshk,
-                    gshv, gpred, gacc, gls, glk, fr, frhk, frhv, cl, cld, clcfg, cf, cfd, cfhk, cfhv,
-                    trans, acc, ls, lk, rdone):  # type: ignore[no-untyped-def]
+    def make_tables(meta, rkind, rbase, raux, rcls, rncls, rend, rstart, rlo, rhi, xepso, xeps, xedgo, xedg,
+                    xcalo, xcal, ximp, xec, ecd, tb, tbacc, grow, gflag, gcall, calls, grule, gkey, gsd, gshk,
+                    gshv, gpred, gacc, gls, glk, gsl, fr, frhk, frhv, cl, cld, clcfg, cf, cfd, cfhk,
+                    cfhv, trans, acc, ls, lk, rdone, csl):  # type: ignore[no-untyped-def]
         t = _structref.new(_TAB)
         t.meta = meta
         t.rkind = rkind
@@ -142,6 +143,8 @@ if COMPILED:
         t.rncls = rncls
         t.rend = rend
         t.rstart = rstart
+        t.rlo = rlo
+        t.rhi = rhi
         t.xepso = xepso
         t.xeps = xeps
         t.xedgo = xedgo
@@ -166,6 +169,7 @@ if COMPILED:
         t.gacc = gacc
         t.gls = gls
         t.glk = glk
+        t.gsl = gsl
         t.fr = fr
         t.frhk = frhk
         t.frhv = frhv
@@ -181,6 +185,7 @@ if COMPILED:
         t.ls = ls
         t.lk = lk
         t.rdone = rdone
+        t.csl = csl
         return t
 
 else:  # pragma: no cover - plain Python: a namespace object with the same attributes
@@ -372,6 +377,9 @@ def start_state(T, r):  # type: ignore[no-untyped-def]
     elif kind == TABLE:
         key = np.zeros(1, dtype=np.int32)
         g = state(T, r, key, 1)
+    elif kind == COUNTED:
+        key = np.zeros(2, dtype=np.int32)  # (items so far, item state)
+        g = state(T, r, key, 2)
     else:
         key = np.zeros(2, dtype=np.int32)
         key[1] = 1  # (a state 0, b state 0 + 1)
@@ -602,6 +610,11 @@ def _expand_product(T, g, r, row):  # type: ignore[no-untyped-def]
     rb = aux[r] + qb
     key = np.empty(2, dtype=np.int32)
     has = False
+    # distinct target pairs of this row, interned once each (a row has a few)
+    seen_a = np.empty(256, dtype=np.int64)
+    seen_b = np.empty(256, dtype=np.int64)
+    seen_t = np.empty(256, dtype=np.int64)
+    ns = 0
     for b in range(256):
         ta = tb[ra, b]
         if ta < 0:
@@ -609,17 +622,80 @@ def _expand_product(T, g, r, row):  # type: ignore[no-untyped-def]
             continue
         has = True
         tb_ = tb[rb, b] if qb >= 0 else -1
-        key[0] = ta
-        key[1] = tb_ + 1
-        t = _state(meta, g_row, g_flag, g_rule, g_key, gs_d, gshk, gshv, g_pred, r, key, 2)
+        t = np.int64(-1)
+        for i in range(ns - 1, -1, -1):
+            if seen_a[i] == ta and seen_b[i] == tb_:
+                t = seen_t[i]
+                break
         if t < 0:
-            return t
-        if g_pred[t] < 0 and t != g:
-            g_pred[t] = g
+            key[0] = ta
+            key[1] = tb_ + 1
+            t = _state(meta, g_row, g_flag, g_rule, g_key, gs_d, gshk, gshv, g_pred, r, key, 2)
+            if t < 0:
+                return t
+            if g_pred[t] < 0 and t != g:
+                g_pred[t] = g
+            seen_a[ns] = ta
+            seen_b[ns] = tb_
+            seen_t[ns] = t
+            ns += 1
         row[b] = t
     T.gcall[g, 0] = 0
     T.gcall[g, 1] = 0
     acc = tbacc[ra] != 0 and not (qb >= 0 and tbacc[rb] != 0)
+    f = EXPANDED
+    if acc:
+        f |= ACCEPT
+    if has:
+        f |= BYTES
+    if acc and not has:
+        f |= TAIL
+    return f
+
+
+@njit(cache=True, nogil=True)
+def _expand_counted(T, g, r, row):  # type: ignore[no-untyped-def]
+    """One state ``(c, q)`` of ``item{lo,hi}`` for an item given as a prefix-free table (no
+    accepting state has an edge, so an item ends exactly where its table accepts): ``c``
+    items read, ``q`` the item table's state (0 = between items)."""
+    meta, g_row, g_flag, g_rule, g_key, gs_d, gshk, gshv, g_pred = (
+        T.meta, T.grow, T.gflag, T.grule, T.gkey, T.gsd, T.gshk, T.gshv,
+        T.gpred)
+    tb, tbacc, base = T.tb, T.tbacc, T.rbase
+    st = g_key[g, 0]
+    c = gs_d[st]
+    q = gs_d[st + 1]
+    lo = T.rlo[r]
+    hi = T.rhi[r]
+    src = base[r] + q
+    key = np.empty(2, dtype=np.int32)
+    has = False
+    last = -1
+    last_t = np.int64(-1)
+    for b in range(256):
+        q2 = tb[src, b] if (q != 0 or c < hi) else -1
+        if q2 < 0:
+            row[b] = DEAD
+            continue
+        has = True
+        if q2 != last:
+            if tbacc[base[r] + q2]:  # the item ends here: one more item, between items
+                key[0] = c + 1
+                key[1] = 0
+            else:
+                key[0] = c
+                key[1] = q2
+            t = _state(meta, g_row, g_flag, g_rule, g_key, gs_d, gshk, gshv, g_pred, r, key, 2)
+            if t < 0:
+                return t
+            if g_pred[t] < 0 and t != g:
+                g_pred[t] = g
+            last = q2
+            last_t = t
+        row[b] = last_t
+    T.gcall[g, 0] = 0
+    T.gcall[g, 1] = 0
+    acc = q == 0 and c >= lo
     f = EXPANDED
     if acc:
         f |= ACCEPT
@@ -643,6 +719,8 @@ def expand(T, g):  # type: ignore[no-untyped-def]
         f = _expand_lazy(T, g, r, row)
     elif kind == TABLE:
         f = _expand_table(T, g, r, row)
+    elif kind == COUNTED:
+        f = _expand_counted(T, g, r, row)
     else:
         f = _expand_product(T, g, r, row)
     if f < 0:
@@ -1295,26 +1373,58 @@ def walk_ids(id_off, id_len, blob, T, gmode, start, ids, pos, words, split, unc,
 
 
 @njit(cache=True, nogil=True)
-def slice_ok(T, gmode, s, pd, depth, budget):  # type: ignore[no-untyped-def]
+def slice_from(T, gmode, s, q0, pd, depth, budget, width):  # type: ignore[no-untyped-def]
     """Whether every byte string of at most ``depth`` bytes that the slice automaton ``pd``
-    (int8 ``[P, 256]``, state 0 = start, -1 = no edge) can read is readable from state ``s``
-    (a rule state with ``gmode``, else a configuration). Then every token of the slice of at
-    most ``depth`` bytes is accepted from ``s``. Breadth-first over (state, slice state)
-    pairs, giving up (answer 0) after ``budget`` pairs: string bodies need a handful
-    (they loop) or one per character (counted strings), while states that branch on the
-    text (keys, enumerations) would build many states for nothing. 1, 0 or NEED_GROW."""
+    (int8 ``[P, 256]``, -1 = no edge) reads from its state ``q0`` into state 0 or beyond can
+    be read from state ``s`` (a rule state with ``gmode``, else a configuration): then every
+    token whose bytes, after the ones that led to ``s`` and ``q0``, lie in the slice is
+    accepted. Breadth-first over (state, slice state) pairs, giving up (answer 0) after
+    ``budget`` pairs or when one depth has more than ``width``; and at character
+    boundaries, where (almost) every printable ASCII byte does not lead to one and the
+    same state: text states loop or step to the next position of a counted string, while
+    states that branch on the text (keys, enumerations, patterns) would build many states
+    for nothing. Memoised per (state, slice state) in ``gsl``/``csl``. 1, 0 or NEED_GROW."""
+    memo = T.gsl if gmode else T.csl
+    got = memo[s, q0]
+    if got >= 0:
+        return np.int64(got)
     trans = T.grow if gmode else T.trans
     npd = pd.shape[0]
-    cur = [np.int64(s) * npd]
+    cur = [np.int64(s) * npd + q0]
     seen = {cur[0]}
+    ok = 1
     for _d in range(depth):
         if len(seen) > budget:
-            return 0
+            ok = 0
+            break
         nxt = [np.int64(0)]
         nxt.pop()
         for key in cur:
             x = key // npd
             p = key % npd
+            if p == 0:
+                ref = _step(T, gmode, trans, x, 0x61)
+                if ref == NEED_GROW:
+                    return NEED_GROW
+                if ref < 0:
+                    ok = 0
+                    break
+                odd = 0
+                for b in range(0x20, 0x7F):
+                    if pd[0, b] < 0:
+                        continue
+                    t = trans[x, b]
+                    if t == UNKNOWN:
+                        t = _step(T, gmode, trans, x, b)
+                        if t == NEED_GROW:
+                            return NEED_GROW
+                    if t != ref:
+                        odd += 1
+                        if odd > 4:
+                            break
+                if odd > 4:
+                    ok = 0
+                    break
             for b in range(256):
                 q = pd[p, b]
                 if q < 0:
@@ -1325,12 +1435,90 @@ def slice_ok(T, gmode, s, pd, depth, budget):  # type: ignore[no-untyped-def]
                     if t == NEED_GROW:
                         return NEED_GROW
                 if t < 0:
-                    return 0
+                    ok = 0
+                    break
                 k2 = np.int64(t) * npd + q
                 if k2 not in seen:
                     seen.add(k2)
                     nxt.append(k2)
-        if len(nxt) == 0:
-            return 1
+            if ok == 0:
+                break
+        if ok == 0 or len(nxt) == 0:
+            break
+        if len(nxt) > width:
+            ok = 0
+            break
         cur = nxt
-    return 1
+    memo[s, q0] = ok
+    return np.int64(ok)
+
+
+@njit(cache=True, nogil=True)
+def walk_sliced(fb, fd, fs, flo, fown, fsuf, fids, cb, cd, cs, clo, cown, csuf, cids, fchild, cchild,
+                s_off, s_ids, pd, depth, budget, width, T, gmode, start, pos, st, tn, split, words, unc,
+                cnt):  # type: ignore[no-untyped-def]
+    """The walk of :func:`walk` from ``start`` over the whole vocabulary, first byte by first
+    byte: where the state after first byte ``b`` can read the slice (:func:`slice_from`),
+    the slice's tokens that start with ``b`` (``s_ids[s_off[b]:s_off[b+1]]``) are accepted
+    at once and only the subtree of ``b`` in the trie of the other tokens (``c*`` arrays,
+    child ``cchild[b]``) is walked; otherwise the subtree of ``b`` in the full trie (``f*``,
+    child ``fchild[b]``). A key that may be any string (after its first byte) or a string
+    body costs a walk of the few thousand tokens outside the slice. Resumable: ``pos`` =
+    (byte, node, phase: 0 = deciding, 1 = walking the full trie, 2 = the other trie).
+    Returns DONE or NEED_GROW."""
+    trans = T.grow if gmode else T.trans
+    b = pos[0]
+    while b < 256:
+        phase = pos[2]
+        if phase == 0:
+            if fchild[b] < 0:
+                b += 1
+                pos[0] = b
+                continue
+            t = trans[start, b]
+            if t == UNKNOWN:
+                t = _step(T, gmode, trans, start, b)
+                if t == NEED_GROW:
+                    return NEED_GROW
+            if t < 0:  # nothing starting with b (the full-trie walk would skip it at once)
+                b += 1
+                pos[0] = b
+                continue
+            q = pd[0, b]
+            use = 0
+            if q >= 0 and s_off[b + 1] > s_off[b]:
+                v = slice_from(T, gmode, t, q, pd, depth - 1, budget, width)
+                if v == NEED_GROW:
+                    return NEED_GROW
+                use = v
+            if use:
+                for k in range(s_off[b], s_off[b + 1]):
+                    tid = s_ids[k]
+                    words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+                pos[2] = 2
+                pos[1] = cchild[b]
+            else:
+                pos[2] = 1
+                pos[1] = fchild[b]
+            phase = pos[2]
+        st[0] = start
+        tn[0] = 0
+        if phase == 2:
+            i0 = pos[1]
+            if i0 >= 0:
+                i, r = walk(cb, cd, cs, clo, cown, csuf, cids, T, gmode, i0, cs[cchild[b]], st, tn, split,
+                            words, unc, cnt)
+                if r == NEED_GROW:
+                    pos[1] = i
+                    return NEED_GROW
+        else:
+            i, r = walk(fb, fd, fs, flo, fown, fsuf, fids, T, gmode, pos[1], fs[fchild[b]], st, tn, split,
+                        words, unc, cnt)
+            if r == NEED_GROW:
+                pos[1] = i
+                return NEED_GROW
+        b += 1
+        pos[0] = b
+        pos[1] = 0
+        pos[2] = 0
+    return DONE

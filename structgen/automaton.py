@@ -36,7 +36,7 @@ from .errors import CompileLimitError, CompileTimeoutError, GrammarError
 from .gcpause import gc_paused
 from .graphs import strongly_connected_components
 
-__all__ = ["CompiledGrammar", "DfaRule", "LazyRule", "compile_grammar"]
+__all__ = ["CompiledGrammar", "CountedRule", "DfaRule", "LazyRule", "compile_grammar"]
 
 
 # ---------------------------------------------------------------------------
@@ -204,6 +204,51 @@ class LazyRule:
         accept = self._end in S
         has_bytes = bool((crow >= 0).any())
         return (row, accept, has_bytes, calls, accept and not has_bytes and not calls)
+
+
+class CountedRule:
+    """``item{lo,hi}`` for a call-free, prefix-free item (no accepting state of its table has
+    an edge, so an item ends exactly where the table accepts, and the empty string is not an
+    item), given as the item's trimmed DFA table. A state is (items read, item state): the
+    engine explores them lazily (:func:`structgen._pda_kernels._expand_counted`), so a
+    ``maxLength: 4096`` string is one small table, not 4096 unrolled copies of a character.
+    :meth:`info` answers for the start state only (compile-time checks need nothing more)."""
+
+    leaf = True  # never calls another rule
+
+    def __init__(self, name: str, trans: np.ndarray, accept: np.ndarray, lo: int, hi: int) -> None:
+        self.name = name
+        self._trans = trans    # int32 [n, 256], -1 dead: the item
+        self._accept = accept  # bool [n]
+        self.lo, self.hi = int(lo), int(hi)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"name": self.name, "trans": self._trans, "accept": self._accept, "lo": self.lo, "hi": self.hi}
+
+    def __setstate__(self, st: dict[str, Any]) -> None:
+        self.__init__(st["name"], st["trans"], st["accept"], st["lo"], st["hi"])  # type: ignore[misc]
+
+    @property
+    def num_nfa_states(self) -> int:
+        return int(self._trans.shape[0])
+
+    @property
+    def num_states(self) -> int:
+        return int(self._trans.shape[0])
+
+    def info(self, q: int) -> tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool]:
+        if q != 0:
+            raise ValueError("CountedRule.info answers for the start state only")
+        has = self.hi > 0
+        return (np.full(256, -1, dtype=np.int32), self.lo == 0, has, (), self.lo == 0 and not has)
+
+
+class _Counted(ir.Repeat):
+    """A bounded repetition the compiler builds as a :class:`CountedRule` call (the item is
+    closed and prefix-free); elsewhere (inside an intersection operand) it unrolls as the
+    :class:`~structgen.ir.Repeat` it is."""
+
+    __slots__ = ()
 
 
 class DfaRule:
@@ -451,6 +496,7 @@ _INLINE_SHARED_MAX = 48   # a rule referenced more than once is inlined only up 
 _INLINE_MAX = 20_000      # no rule is inlined above this size
 _MINIMISE_MIN = 256       # regular sub-automata above this size are minimised
 _SHARE_MIN = 24           # repeated sub-expressions of at least this size become shared rules
+_COUNTED_MIN = 256        # a bounded repetition of a closed item unrolling to more becomes counted
 _EMBED_MAX = 12           # regular sub-automata up to this many states are copied, not called
 _DFA_RULES_SIZE = 1024    # process-wide caches of regular sub-automata (by IR content)
 _KERNEL_STEPS_PER_S = 1e8  # work units per second of the compiled DFA kernels (measured ~1.2e8)
@@ -586,6 +632,8 @@ def _size(e: ir.Expr, memo: dict[int, int]) -> int:
         return got
     if isinstance(e, (ir.Seq, ir.Alt)):
         s = 1 + sum(_size(x, memo) for x in e.items)
+    elif isinstance(e, _Counted):
+        s = 2  # a call of its counted rule
     elif isinstance(e, ir.Repeat):
         reps = e.max if e.max is not None else max(e.min, 1)
         s = 1 + _size(e.item, memo) * max(1, min(reps, 10_000))
@@ -658,7 +706,8 @@ class _Compiler:
         self.kept: list[str] = []
         self.exprs: dict[str, ir.Expr] = {}
         self._regular_cache: dict[ir.Expr, _Dfa] = {}
-        self.dfa_rules: list[DfaRule | ProductRule] = []
+        self.dfa_rules: list[DfaRule | ProductRule | CountedRule] = []
+        self._prefix_free: dict[ir.Expr, bool] = {}
         self.dfa_rule_index: dict[ir.Expr, int] = {}
         self.keep: set[str] = set()
         self.origin: dict[str, str] = {}  # synthetic rule -> the source rule it came from
@@ -938,6 +987,8 @@ class _Compiler:
                rules: dict[str, ir.Expr]) -> ir.Expr:
         """Replace the item of a large repetition with a call to a synthetic rule."""
         if isinstance(e, ir.Repeat):
+            if self._countable(e, memo):
+                return _Counted(e.item, e.min, e.max)
             item = self._hoist(e.item, hoisted, memo, rules)
             reps = e.max if e.max is not None else max(e.min, 1)
             if reps > 2 and _size(item, memo) * reps > 2000 and not isinstance(item, ir.Ref):
@@ -955,6 +1006,37 @@ class _Compiler:
             return type(e)(items)
         return e  # And/Diff operands stay regular (they are inlined in full anyway)
 
+    def _countable(self, e: ir.Repeat, memo: dict[int, int]) -> bool:
+        """Should bounded repetition ``e`` become a :class:`CountedRule`? Its item must be
+        closed (no rule references) and prefix-free, and the unrolled repetition large."""
+        if isinstance(e, _Counted):
+            return True
+        if e.max is None or e.max < 2 or not _closed(e.item) or _size(e.item, memo) * e.max <= _COUNTED_MIN:
+            return False
+        got = self._prefix_free.get(e.item)
+        if got is None:
+            saved = self.where
+            try:
+                d = self._regular_operand(e.item, (self._hoist_owner or self.g.start,))
+            finally:
+                self.where = saved
+            edges = (d.trans >= 0).any(axis=1)
+            got = bool(d.trans.shape[0] > 0 and not d.accept[0] and not (d.accept & edges).any()
+                       and d.accept.any())
+            self._prefix_free[e.item] = got
+        return got
+
+    def _counted_rule(self, e: _Counted) -> int:
+        """Index of the (per-grammar) :class:`CountedRule` for ``e``."""
+        j = self.dfa_rule_index.get(e)
+        if j is None:
+            d = self._regular_operand(e.item, (self.where or self.g.start,))
+            j = len(self.kept) + len(self.dfa_rules)
+            self.dfa_rule_index[e] = j
+            self.dfa_rules.append(CountedRule(f"__cnt{j}", d.trans, d.accept, e.min,  # type: ignore[arg-type]
+                                              e.max))
+        return j
+
     def _share_common(self, names: list[str], rules: dict[str, ir.Expr],
                       hoisted: dict[ir.Expr, str], memo: dict[int, int]) -> None:
         """Hoist sub-expressions of size >= ``_SHARE_MIN`` that occur more than once."""
@@ -964,6 +1046,9 @@ class _Compiler:
         while stack:
             x = stack.pop()
             if isinstance(x, (ir.Seq, ir.Alt, ir.Repeat)) and _size(x, memo) >= _SHARE_MIN:
+                if isinstance(x, _Counted):
+                    count[x] = count.get(x, 0) + 1
+                    continue  # its item is built once, as the counted rule's table
                 c = count.get(x, 0)
                 count[x] = c + 1
                 if c or id(x) in seen_ids:
@@ -990,6 +1075,8 @@ class _Compiler:
             elif isinstance(e, (ir.Seq, ir.Alt)):
                 items = tuple(rewrite(x, False) for x in e.items)
                 out = e if all(a is b for a, b in zip(items, e.items)) else type(e)(items)
+            elif isinstance(e, _Counted):
+                out = e
             elif isinstance(e, ir.Repeat):
                 item = rewrite(e.item, False)
                 out = e if item is e.item else ir.Repeat(item, e.min, e.max)
@@ -1047,6 +1134,10 @@ class _Compiler:
                 nfa.eps[s].append(b)
                 end = self._build(nfa, it, b, inline_stack)
                 nfa.eps[end].append(t)
+            return t
+        if isinstance(e, _Counted) and self.keep is not _NO_CALLS:
+            t = nfa.new()
+            nfa.calls[s].append((self._counted_rule(e), t))
             return t
         if isinstance(e, ir.Repeat):
             cur = s

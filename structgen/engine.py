@@ -44,7 +44,6 @@ _SPLIT_DEPTH = 6  # most stack frames a rooted split walk takes
 _HORIZON_BUDGET = 4  # pair checks one horizon query may do, per unit of depth
 _HORIZON_HOPS = 64  # predecessors followed back to a state whose class is known
 _HORIZON_MEMO = 500_000  # memoised state pairs kept per engine
-_SLICE_BUDGET = 32  # (state, slice state) pairs a slice check may visit, per byte of depth
 
 
 class _HorizonAbort(Exception):
@@ -66,6 +65,8 @@ def _rule_arrays(rules: tuple[Any, ...]) -> dict[str, np.ndarray]:
     cls = np.zeros((nr, 256), dtype=np.int32)
     ncls = np.zeros(nr, dtype=np.int32)
     end = np.full(nr, -1, dtype=np.int32)
+    lo = np.zeros(nr, dtype=np.int64)
+    hi = np.zeros(nr, dtype=np.int64)
     eo_l, eps_l, do_l, edg_l, co_l, cal_l, imp_l = [], [], [], [], [], [], []
     tb_l: list[np.ndarray] = []
     acc_l: list[np.ndarray] = []
@@ -104,6 +105,10 @@ def _rule_arrays(rules: tuple[Any, ...]) -> dict[str, np.ndarray]:
             ne += eps.shape[0]
             nd += edges.shape[0]
             nc += calls.shape[0]
+        elif hasattr(rule, "lo"):  # CountedRule
+            kind[r] = K.COUNTED
+            base[r] = table(rule._trans, rule._accept)
+            lo[r], hi[r] = rule.lo, rule.hi
         elif hasattr(rule, "_trans"):  # DfaRule
             kind[r] = K.TABLE
             base[r] = table(rule._trans, rule._accept)
@@ -120,7 +125,7 @@ def _rule_arrays(rules: tuple[Any, ...]) -> dict[str, np.ndarray]:
 
     return {
         "rkind": kind, "rbase": base, "raux": aux, "rcls": cls, "rncls": ncls, "rend": end,
-        "rstart": np.full(nr, -1, dtype=np.int32),
+        "rstart": np.full(nr, -1, dtype=np.int32), "rlo": lo, "rhi": hi,
         "xepso": cat(eo_l, ne, (0,), np.int32), "xeps": cat(eps_l, None, (0,), np.int32),
         "xedgo": cat(do_l, nd, (0,), np.int32), "xedg": cat(edg_l, None, (0, 3), np.int32),
         "xcalo": cat(co_l, nc, (0,), np.int32), "xcal": cat(cal_l, None, (0, 2), np.int32),
@@ -139,12 +144,13 @@ class _Tables:
                             ("g_call", 0, (2,), np.int32), ("g_rule", -1, (), np.int32),
                             ("g_key", 0, (2,), np.int32), ("g_pred", -1, (), np.int32),
                             ("g_acc", False, (), bool), ("g_ls", 0, (4,), np.uint64),
-                            ("g_lk", 0, (), np.uint8)]),
+                            ("g_lk", 0, (), np.uint8), ("gsl", -1, (8,), np.int8)]),
         "fr": (K.M_NFR, 1024, [("fr", -1, (2,), np.int32), ("cl", 0, (3,), np.int32),
                                ("cl_cfg", UNKNOWN, (), np.int32)]),
         "cf": (K.M_NCF, 256, [("cf", 0, (3,), np.int32), ("trans", UNKNOWN, (256,), np.int32),
                               ("accepting", False, (), bool), ("loopset", 0, (4,), np.uint64),
-                              ("loopok", 0, (4,), np.uint64), ("rowdone", 0, (), np.uint8)]),
+                              ("loopok", 0, (4,), np.uint64), ("rowdone", 0, (), np.uint8),
+                              ("csl", -1, (8,), np.int8)]),
     }
     # data arrays (name, used-counter slot, initial size, columns)
     _DATA = [("calls", K.M_NCALL, 256, (2,)), ("cl_d", K.M_NCLD, 4096, ()), ("cf_d", K.M_NCFD, 4096, ()),
@@ -236,7 +242,6 @@ class Engine:
         self._hpair: dict[tuple[int, int], int] = {}  # (p, q) -> depth verified equal
         self._hfail: dict[tuple[int, int], int] = {}  # (p, q) -> depth they differ at
         self._nullable: dict[int, bool] = {}  # rule start state -> may return without a byte
-        self._slice_ok: dict[tuple[str, int, bool, int], bool] = {}  # (slice, depth, gmode, state)
         # masks: (vocab key, config) -> packed uint32 words
         self.mask_cache = _ByteLru(mask_cache_bytes)
         self.stats = {"mask_hits": 0, "mask_misses": 0, "ci_hits": 0, "ci_misses": 0}
@@ -524,6 +529,18 @@ class Engine:
         stat = self._hstat.get(r)
         if stat is None:
             stat = self._hstat[r] = [0, 0]  # [work spent, walks shared]; work -1 = off
+        tab = self.tab
+        if tab.rkind[r] == K.COUNTED:
+            # (c, s) of item{lo,hi}: within `depth` bytes at most `depth` more items end, so c
+            # matters only through c + k >= lo and c + k < hi for k <= depth: every c in
+            # [lo, hi - depth - 1] behaves alike, and (lo, s) stands for them
+            st = int(tab.g_key[q, 0])
+            c, s = int(tab.gs_d[st]), int(tab.gs_d[st + 1])
+            lo, hi = int(tab.rlo[r]), int(tab.rhi[r])
+            if c == lo or c < lo or c + depth >= hi or lo + depth >= hi:
+                return q
+            stat[1] += 1
+            return self._run(K.state, r, np.array([lo, s], dtype=np.int32), 2)
         if stat[0] < 0:
             return q
         got = self._hrep_of.get((depth, q))
@@ -756,31 +773,23 @@ class Engine:
     def _native_walk(self, gmode: bool, start: int, vt: VocabTable, words: np.ndarray,
                      split: bool) -> np.ndarray:
         """Compiled walk from ``start`` (a configuration, or with ``gmode`` a rule state of a
-        call-free rule): where at least 32 bytes loop on the start, the tokens made of
-        looping bytes are taken at once and the rest walked one by one; elsewhere the trie
-        is walked. Returns the undecided ids of a ``split`` walk."""
+        call-free rule), first byte by first byte: where the state after a first byte can
+        read the vocabulary's text slice whole, the slice's tokens with that first byte are
+        accepted at once and only the others are walked (:func:`structgen.trie.walk_sliced`).
+        Returns the undecided ids of a ``split`` walk."""
+        sl = vt.text_slice()
+        if sl is not None:
+            return native.walk_sliced(self, vt.trie(), sl, start, gmode, split, words)
         if gmode:
             self._expand(start)
             trans = self.tab.g_row
         else:
             self.fill_row(start)
             trans = self.tab.trans
-        trie = vt.trie()
-        for sl in vt.slices():
-            key = (sl.name, sl.depth, gmode, start)
-            ok = self._slice_ok.get(key)
-            if ok is None:
-                ok = self._slice_ok[key] = self._run(K.slice_ok, gmode, start, sl.pd, sl.depth,
-                                                     _SLICE_BUDGET * sl.depth) == 1
-                trans = self.tab.g_row if gmode else self.tab.trans
-            if ok:
-                words |= sl.mask
-                trie = sl.trie
-                break
         loops = trans[start] == start
         if int(loops.sum()) >= 32:
-            return native.walk_loop_split(self, trie, start, gmode, loops, words, split)
-        return native.walk_trie(self, trie, start, gmode, split, words)
+            return native.walk_loop_split(self, vt.trie(), start, gmode, loops, words, split)
+        return native.walk_trie(self, vt.trie(), start, gmode, split, words)
 
     def _allowed_loop_split(self, cid: int, vt: VocabTable, loops: np.ndarray) -> np.ndarray:
         words = np.packbits(~loops, bitorder="little").view(np.uint64)  # [4] non-loop bytes
@@ -879,24 +888,30 @@ def _json_text_automaton() -> np.ndarray:
     return pd
 
 
-# (name, slice automaton, token lengths in bytes): a slice of every length is tried, the
-# longest first
-_SLICE_LANGUAGES = [("json-text", _json_text_automaton(), (16, 8))]
+_SLICE_DEPTH = 16  # the text slice: tokens of at most this many bytes
+_SLICE_BUDGET = 512  # (state, slice state) pairs one slice check may visit
+_SLICE_WIDTH = 48  # ... and at one depth
 _SLICE_LOCK = threading.Lock()
 
 
 class _Slice:
-    """Tokens of one vocabulary that lie in a slice language (the bytes of plain text, say)
-    and have at most ``depth`` bytes: ``mask`` (packed words) and ``trie``, the trie of every
-    *other* token. From a state that can read every string of the language of at most
-    ``depth`` bytes (:func:`structgen._pda_kernels.slice_ok`), the slice's tokens are all
-    accepted, and only the other tokens need a walk."""
+    """The text slice of a vocabulary: the tokens of at most ``depth`` bytes that are plain
+    JSON text (``pd``, :func:`_json_text_automaton`), grouped by first byte (``ids[off[b] :
+    off[b+1]]``), and ``trie``, the trie of every *other* token. From a state that can read
+    every plain text of up to ``depth - 1`` bytes after first byte ``b``
+    (:func:`structgen._pda_kernels.slice_from`), the slice's tokens starting with ``b`` are
+    all accepted, and only ``b``'s subtree of ``trie`` needs a walk. ``fchild`` /
+    ``cchild``: the node of first byte ``b`` in the full trie / in ``trie`` (-1 none)."""
 
-    __slots__ = ("name", "depth", "pd", "mask", "trie", "size")
+    __slots__ = ("depth", "pd", "off", "ids", "trie", "fchild", "cchild", "size")
 
-    def __init__(self, name: str, depth: int, pd: np.ndarray, mask: np.ndarray, trie: native.Trie,
-                 size: int) -> None:
-        self.name, self.depth, self.pd, self.mask, self.trie, self.size = name, depth, pd, mask, trie, size
+    def __init__(self, depth: int, pd: np.ndarray, off: np.ndarray, ids: np.ndarray, trie: native.Trie,
+                 fchild: np.ndarray, cchild: np.ndarray) -> None:
+        self.depth, self.pd, self.off, self.ids, self.trie = depth, pd, off, ids, trie
+        self.fchild, self.cchild, self.size = fchild, cchild, int(ids.size)
+
+
+_TEXT_PD = _json_text_automaton()
 
 
 class VocabTable:
@@ -970,7 +985,7 @@ class VocabTable:
             self.levels.append(lv)
             n_prev = uniq.size
         self._trie: native.Trie | None = None
-        self._slices: list[_Slice] | None = None
+        self._slice: _Slice | bool | None = None
 
     def trie(self) -> native.Trie:
         """The depth-first trie for the compiled walks (built on first use, shared per vocabulary)."""
@@ -978,40 +993,43 @@ class VocabTable:
             self._trie = native.trie_for(self.key, self.token_bytes, self.vocab_size)
         return self._trie
 
-    def slices(self) -> list[_Slice]:
-        """The vocabulary's token slices (see :class:`_Slice`), longest first; built on
-        first use (once per vocabulary, shared)."""
-        got = self._slices
-        if got is None:
+    def text_slice(self) -> _Slice | None:
+        """The vocabulary's text slice (see :class:`_Slice`), built on first use (once per
+        vocabulary, shared); None without compiled walks or when the slice would be small."""
+        if self._slice is None:
             with _SLICE_LOCK:
-                got = self._slices
-                if got is None:
-                    got = self._slices = self._build_slices()
-        return got
+                if self._slice is None:
+                    self._slice = self._build_slice() or False
+        return self._slice or None
 
-    def _build_slices(self) -> list[_Slice]:
-        out: list[_Slice] = []
-        if not self.num_tokens:
-            return out
-        for name, pd, depths in _SLICE_LANGUAGES:
-            # run the slice automaton over every token (column by column): in the slice iff
-            # it ends in state 0 without a missing edge
-            st = np.zeros(self.num_tokens, dtype=np.int64)
-            for j in range(self.max_len):
-                act = (self.flat_lens > j) & (st >= 0)
-                st[act] = pd[st[act], self.matrix[act, j]]
-            inside = st == 0
-            for depth in depths:
-                sel = inside & (self.flat_lens <= depth)
-                if int(sel.sum()) < self.num_tokens // 4:
-                    continue  # too small a slice to pay for a second trie
-                ids = self.flat_ids[sel]
-                bits = np.zeros(self.num_words * 32, dtype=bool)
-                bits[ids] = True
-                mask = np.packbits(bits, bitorder="little").view(np.uint32)
-                rest = list(self.token_bytes)
-                for t in ids.tolist():
-                    rest[t] = None
-                trie = native.trie_for((self.key, "slice", name, depth), rest, self.vocab_size)
-                out.append(_Slice(name, depth, pd, mask, trie, int(ids.size)))
-        return out
+    def _build_slice(self) -> _Slice | None:
+        if not self.num_tokens or not native.available():
+            return None
+        pd = _TEXT_PD
+        # run the slice automaton over every token (column by column): in the slice iff
+        # it ends in state 0 without a missing edge
+        st = np.zeros(self.num_tokens, dtype=np.int64)
+        for j in range(self.max_len):
+            act = (self.flat_lens > j) & (st >= 0)
+            st[act] = pd[st[act], self.matrix[act, j]]
+        sel = (st == 0) & (self.flat_lens <= _SLICE_DEPTH)
+        if int(sel.sum()) < self.num_tokens // 4:
+            return None  # too small a slice to pay for a second trie
+        ids = self.flat_ids[sel]
+        first = self.matrix[sel, 0].astype(np.int64)
+        order = np.argsort(first, kind="stable")
+        ids, first = ids[order], first[order]
+        off = np.searchsorted(first, np.arange(257)).astype(np.int64)
+        rest = list(self.token_bytes)
+        for t in ids.tolist():
+            rest[t] = None
+        trie = native.trie_for((self.key, "text-slice", _SLICE_DEPTH), rest, self.vocab_size)
+
+        def children(tr: native.Trie) -> np.ndarray:
+            ch = np.full(256, -1, dtype=np.int64)
+            nodes = np.nonzero(tr.depth == 1)[0]
+            ch[tr.byte[nodes]] = nodes
+            return ch
+
+        return _Slice(_SLICE_DEPTH, pd, off, ids.astype(np.int64), trie, children(self.trie()),
+                      children(trie))

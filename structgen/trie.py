@@ -91,6 +91,7 @@ def _warm_tables(byte: Any, depth: Any, skip: Any, lo: Any, own: Any, suf: Any, 
     pk.fill_row(tab.T, c)
     pk.succ(tab.T, c, 98)
     pk.stack_of_chain(tab.T, np.array([g], dtype=np.int64), 1)
+    pk.state(tab.T, 0, np.zeros(2, dtype=np.int32), 2)
     st, tn = np.zeros(3, np.int32), np.zeros(3, np.uint8)
     n = byte.shape[0] - 1
     for gmode in (False, True):
@@ -100,10 +101,17 @@ def _warm_tables(byte: Any, depth: Any, skip: Any, lo: Any, own: Any, suf: Any, 
                     cnt)
             pk.walk_ids(offs, lens, flat, tab.T, gmode, int(st[0]), ids, np.zeros(4, np.int64), words, split,
                         unc, cnt)
-    from .engine import _SLICE_LANGUAGES
+    from .engine import _TEXT_PD
 
+    ch = np.full(256, -1, dtype=np.int64)
+    ch[byte[1:]] = np.arange(1, byte.shape[0])
+    off = np.zeros(257, dtype=np.int64)
     for gmode in (False, True):
-        pk.slice_ok(tab.T, gmode, g if gmode else c, _SLICE_LANGUAGES[0][1], 4, 128)
+        pk.slice_from(tab.T, gmode, g if gmode else c, 0, _TEXT_PD, 4, 128, 16)
+        for split in (False, True):
+            pk.walk_sliced(byte, depth, skip, lo, own, suf, ids, byte, depth, skip, lo, own, suf, ids, ch, ch,
+                           off, ids, _TEXT_PD, 4, 128, 16, tab.T, gmode, g if gmode else c,
+                           np.zeros(3, np.int64), st, tn, split, words, unc, cnt)
     pk.rehash_frames(tab.fr, int(tab.meta[pk.M_NFR]), np.full(64, -1, np.int64), np.zeros(64, np.int32))
     pk.rehash_seqs(tab.g_rule.copy(), tab.g_key, tab.gs_d, int(tab.meta[pk.M_NG]), np.full(64, -1, np.int64),
                    np.zeros(64, np.int32))
@@ -223,6 +231,31 @@ def walk_ids(eng: Any, trie: Trie, start: int, gmode: bool, ids: np.ndarray, wor
     while True:
         status = pk.walk_ids(trie.id_off, trie.id_len, trie.blob, eng.tab.T, gmode, start, ids, pos, words,
                              split, unc, cnt)
+        if status == DONE:
+            return unc[: int(cnt[0])]
+        eng._service(int(status))
+
+
+def walk_sliced(eng: Any, trie: Trie, sl: Any, start: int, gmode: bool, split: bool,
+                words: np.ndarray) -> np.ndarray:
+    """:func:`walk_trie` over the whole vocabulary using the text slice ``sl`` (a
+    :class:`structgen.engine._Slice`) first byte by first byte (see
+    :func:`structgen._pda_kernels.walk_sliced`)."""
+    from . import _pda_kernels as pk
+    from .engine import _SLICE_BUDGET, _SLICE_WIDTH
+
+    ct = sl.trie
+    md = max(trie.max_depth, ct.max_depth) + 1
+    st = np.zeros(md, dtype=np.int32)
+    tn = np.zeros(md, dtype=np.uint8)
+    unc = np.empty(trie.slot_ids.size if split else 0, dtype=np.int64)
+    cnt = np.zeros(1, dtype=np.int64)
+    pos = np.zeros(3, dtype=np.int64)
+    while True:
+        status = pk.walk_sliced(trie.byte, trie.depth, trie.skip, trie.lo, trie.own, trie.suf, trie.slot_ids,
+                                ct.byte, ct.depth, ct.skip, ct.lo, ct.own, ct.suf, ct.slot_ids, sl.fchild,
+                                sl.cchild, sl.off, sl.ids, sl.pd, sl.depth, _SLICE_BUDGET, _SLICE_WIDTH,
+                                eng.tab.T, gmode, start, pos, st, tn, split, words, unc, cnt)
         if status == DONE:
             return unc[: int(cnt[0])]
         eng._service(int(status))

@@ -209,17 +209,23 @@ def test_intersection_limit_names_the_keyword_intersected() -> None:
 
 def test_automaton_size_limit_names_the_keyword_that_makes_the_size() -> None:
     small = {"max_states": 2000}
-    blob = {"type": "object", "properties": {"name": {"type": "string"},
-                                             "blob": {"type": "string", "maxLength": 5000}}}
-    assert located(CompileLimitError, blob, **small) == ("#/properties/blob", "maxLength")
+    # a length bound on a plain string is a counted repetition (compact, however long); the same bound
+    # on a pattern is a product automaton that grows with the bound: the pattern is named
+    plain = {"type": "object", "properties": {"name": {"type": "string"},
+                                              "blob": {"type": "string", "maxLength": 5000}}}
+    structgen.compile_json_schema(plain, compile_options=CompileOptions(**small))
+    blob = {"type": "object", "properties": {"name": {"type": "string"}, "blob": {
+        "type": "string", "pattern": "^[a-z]*$", "maxLength": 5000}}}
+    assert located(CompileLimitError, blob, **small) == ("#/properties/blob", "pattern")
     xs = {"type": "object", "properties": {"name": {"type": "string"}, "xs": {
         "type": "array", "items": {"type": "object", "properties": {"a": {"type": "string"}}},
         "maxItems": 5000}}}
     assert located(CompileLimitError, xs, **small) == ("#/properties/xs", "maxItems")
     extra = {"type": "object", "properties": {"a": {
         "type": "object", "properties": {"x": {"type": "integer"}},
-        "additionalProperties": {"type": "string", "maxLength": 3000}}}}
-    assert located(CompileLimitError, extra, **small) == ("#/properties/a/additionalProperties", "maxLength")
+        "additionalProperties": {"type": "array", "items": {"type": "object", "properties": {
+            "a": {"type": "string"}}}, "maxItems": 3000}}}}
+    assert located(CompileLimitError, extra, **small) == ("#/properties/a/additionalProperties", "maxItems")
     # forty properties of the same size: no one of them is to blame, the object is
     many = {"type": "object", "properties": {"a": {"type": "object", "properties": {
         f"p{i}": {"type": "string", "maxLength": 40} for i in range(40)}}}}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import random
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -266,7 +267,8 @@ def test_compiled_grammar_identity_and_pickle() -> None:
 
 
 def test_compile_limits() -> None:
-    big = ir.Grammar({"s": ir.rep(ir.alt(ir.lit("ab"), ir.lit("cd")), 0, 5000)}, "s")
+    # an item that is a prefix of another item cannot be counted: the repetition unrolls
+    big = ir.Grammar({"s": ir.rep(ir.alt(ir.lit("a"), ir.lit("ab")), 0, 5000)}, "s")
     with pytest.raises(CompileLimitError):
         compile_grammar(big, CompileOptions(max_states=1000))
     with pytest.raises(GrammarError):
@@ -296,3 +298,25 @@ def test_duck_typed_vocabularies_are_keyed_by_content() -> None:
         assert vocab_table(v).key == vocab_table(toy_vocab(list(toks))).key
         del m, v
         gc.collect()
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 5000), (3, 400), (1000, 1000)])
+def test_counted_repetition_is_compact_and_exact(lo: int, hi: int) -> None:
+    """A bounded repetition of a prefix-free item compiles to one counted rule (a few states,
+    not ``hi`` unrolled copies) that accepts exactly ``lo..hi`` items; the oracle is the
+    IR's reference semantics."""
+    item = ir.alt(ir.lit("ab"), ir.lit("cd"), ir.seq(ir.lit("x"), ir.rep(ir.lit("y"), 0, 2), ir.lit("z")))
+    e = ir.rep(item, lo, hi)
+    g = compile_grammar(ir.Grammar({"s": e}, "s"), CompileOptions(max_states=1000))
+    assert any(type(r).__name__ == "CountedRule" for r in g.rules)
+    pieces = ["ab", "cd", "xz", "xyz", "xyyz"]
+    rng = random.Random(lo * 7919 + hi)
+    for n in sorted({0, 1, lo - 1, lo, lo + 1, hi - 1, hi, hi + 1, rng.randint(0, hi + 3)}):
+        if n < 0:
+            continue
+        text = "".join(rng.choice(pieces) for _ in range(n))
+        assert g.accepts(text) == (lo <= n <= hi), n
+        if n <= 12:
+            assert g.accepts(text) == ir.reference_accepts(ir.Grammar({"s": e}, "s"), text)
+        if n > 0:
+            assert not g.accepts(text + "x")  # an unfinished item
