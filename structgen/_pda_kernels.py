@@ -1109,6 +1109,18 @@ def fill_row(T, c):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
+def succ_row(T, c, b):  # type: ignore[no-untyped-def]
+    """``trans[c, b]``, filling the whole row of ``c`` on first use (:func:`fill_row`: bytes
+    with equal successor vectors share one computation, far fewer than the bytes a walk
+    asks for); a configuration, DEAD or NEED_GROW."""
+    if not T.rdone[c]:
+        r = fill_row(T, c)
+        if r == NEED_GROW:
+            return np.int64(NEED_GROW)
+    return np.int64(T.trans[c, b])
+
+
+@njit(cache=True, nogil=True)
 def stack_of_chain(T, gs, n):  # type: ignore[no-untyped-def]
     """The stack of rule states ``gs[:n]`` (bottom first) above the empty stack; or NEED_GROW."""
     s = np.int64(0)
@@ -1174,7 +1186,7 @@ def _step(T, gmode, trans, s, b):  # type: ignore[no-untyped-def]
         if r < 0:
             return np.int64(r)
         return np.int64(trans[s, b])
-    return succ(T, s, b)
+    return succ_row(T, s, b)
 
 
 @njit(cache=True, nogil=True)
@@ -1284,7 +1296,7 @@ def walk(byte, depth, skip, lo, own, suf, slot_ids, T, gmode, i, end, st, tn, sp
             else:
                 r = _loop_check(trans, ls, lk, t, suf, i, byte[i + 1])
                 while r < 0:
-                    v = succ(T, t, -1 - r)
+                    v = succ_row(T, t, -1 - r)
                     if v == NEED_GROW:
                         cnt[0] = nu
                         return i, NEED_GROW  # node i is visited again
@@ -1346,7 +1358,7 @@ def walk_ids(id_off, id_len, blob, T, gmode, start, ids, pos, words, split, unc,
                 passed = 1
             t = trans[s, blob[off + j]]
             if t == UNKNOWN:
-                t = succ(T, s, blob[off + j])
+                t = succ_row(T, s, blob[off + j])
                 if t == NEED_GROW:
                     pos[0] = k
                     pos[1] = j
@@ -1375,7 +1387,7 @@ def walk_ids(id_off, id_len, blob, T, gmode, start, ids, pos, words, split, unc,
 @njit(cache=True, nogil=True)
 def slice_from(T, gmode, s, q0, pd, depth, budget, width):  # type: ignore[no-untyped-def]
     """Whether every byte string of at most ``depth`` bytes that the slice automaton ``pd``
-    (int8 ``[P, 256]``, -1 = no edge) reads from its state ``q0`` into state 0 or beyond can
+    (int8 ``[P, 256]``, -1 = no edge) reads from its state ``q0`` (the last character cut or not) can
     be read from state ``s`` (a rule state with ``gmode``, else a configuration): then every
     token whose bytes, after the ones that led to ``s`` and ``q0``, lie in the slice is
     accepted. Breadth-first over (state, slice state) pairs, giving up (answer 0) after
@@ -1454,71 +1466,134 @@ def slice_from(T, gmode, s, q0, pd, depth, budget, width):  # type: ignore[no-un
 
 
 @njit(cache=True, nogil=True)
-def walk_sliced(fb, fd, fs, flo, fown, fsuf, fids, cb, cd, cs, clo, cown, csuf, cids, fchild, cchild,
-                s_off, s_ids, pd, depth, budget, width, T, gmode, start, pos, st, tn, split, words, unc,
+def walk_sliced(fb, fd, fs, flo, fown, fsuf, fids, cb, cd, cs, clo, cown, csuf, cids, cnode, sps, sids,
+                pd, depth, budget, width, thresh, T, gmode, start, pos, st, tn, pq, split, words, unc,
                 cnt):  # type: ignore[no-untyped-def]
-    """The walk of :func:`walk` from ``start`` over the whole vocabulary, first byte by first
-    byte: where the state after first byte ``b`` can read the slice (:func:`slice_from`),
-    the slice's tokens that start with ``b`` (``s_ids[s_off[b]:s_off[b+1]]``) are accepted
-    at once and only the subtree of ``b`` in the trie of the other tokens (``c*`` arrays,
-    child ``cchild[b]``) is walked; otherwise the subtree of ``b`` in the full trie (``f*``,
-    child ``fchild[b]``). A key that may be any string (after its first byte) or a string
-    body costs a walk of the few thousand tokens outside the slice. Resumable: ``pos`` =
-    (byte, node, phase: 0 = deciding, 1 = walking the full trie, 2 = the other trie).
+    """The walk of :func:`walk` from ``start`` over the whole vocabulary (trie ``f*``), taking
+    the text slice whole where it can: at the root, and at every node of more than
+    ``thresh`` descendants whose path so far is plain text (slice automaton state
+    ``pq[d]``), when the node's state can read the slice (:func:`slice_from`), the slice's
+    tokens below the node (``sids[sps[flo[i]] : sps[flo[fs[i]]]]``, in full-trie order) are
+    accepted at once and only the node's subtree in the trie of the other tokens (``c*``,
+    node ``cnode[i]``) is walked. A key that may be any string, or a string body, then
+    costs a walk of the few thousand tokens outside the slice, wherever the key's names
+    branch. Resumable: ``pos`` = (full-trie node, 0 = the root still to decide, -1 = the
+    root took the slice; other-trie node of the walk in progress, or -1; its end).
     Returns DONE or NEED_GROW."""
-    trans = T.grow if gmode else T.trans
-    b = pos[0]
-    while b < 256:
-        phase = pos[2]
-        if phase == 0:
-            if fchild[b] < 0:
-                b += 1
-                pos[0] = b
-                continue
-            t = trans[start, b]
-            if t == UNKNOWN:
-                t = _step(T, gmode, trans, start, b)
-                if t == NEED_GROW:
-                    return NEED_GROW
-            if t < 0:  # nothing starting with b (the full-trie walk would skip it at once)
-                b += 1
-                pos[0] = b
-                continue
-            q = pd[0, b]
-            use = 0
-            if q >= 0 and s_off[b + 1] > s_off[b]:
-                v = slice_from(T, gmode, t, q, pd, depth - 1, budget, width)
-                if v == NEED_GROW:
-                    return NEED_GROW
-                use = v
-            if use:
-                for k in range(s_off[b], s_off[b + 1]):
-                    tid = s_ids[k]
-                    words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
-                pos[2] = 2
-                pos[1] = cchild[b]
-            else:
-                pos[2] = 1
-                pos[1] = fchild[b]
-            phase = pos[2]
-        st[0] = start
-        tn[0] = 0
-        if phase == 2:
-            i0 = pos[1]
-            if i0 >= 0:
-                i, r = walk(cb, cd, cs, clo, cown, csuf, cids, T, gmode, i0, cs[cchild[b]], st, tn, split,
-                            words, unc, cnt)
-                if r == NEED_GROW:
-                    pos[1] = i
-                    return NEED_GROW
-        else:
-            i, r = walk(fb, fd, fs, flo, fown, fsuf, fids, T, gmode, pos[1], fs[fchild[b]], st, tn, split,
-                        words, unc, cnt)
+    if gmode:
+        trans, accepting = T.grow, T.gacc
+    else:
+        trans, accepting = T.trans, T.acc
+    gls, glk, ls, lk = T.gls, T.glk, T.ls, T.lk
+    end = fb.shape[0]
+    while True:
+        if pos[1] >= 0:  # a walk of the other tokens below a node that took the slice
+            j, r = walk(cb, cd, cs, clo, cown, csuf, cids, T, gmode, pos[1], pos[2], st, tn, split, words,
+                        unc, cnt)
             if r == NEED_GROW:
-                pos[1] = i
+                pos[1] = j
                 return NEED_GROW
-        b += 1
-        pos[0] = b
-        pos[1] = 0
-        pos[2] = 0
-    return DONE
+            pos[1] = -1
+            if pos[0] < 0:
+                return DONE
+            pos[0] = fs[pos[0]]
+        i = pos[0]
+        if i == 0:  # the root
+            st[0] = start
+            tn[0] = 0
+            pq[0] = 0
+            v = slice_from(T, gmode, start, 0, pd, depth, budget, width)
+            if v == NEED_GROW:
+                return NEED_GROW
+            if v == 1:
+                for k in range(sids.shape[0]):
+                    tid = sids[k]
+                    words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+                pos[0] = -1
+                pos[1] = 1
+                pos[2] = cb.shape[0]
+                continue
+            i = 1
+        nu = cnt[0]
+        nested = False
+        while i < end:
+            d = fd[i]
+            s = st[d - 1]
+            t = trans[s, fb[i]]
+            if t == UNKNOWN:
+                t = _step(T, gmode, trans, s, fb[i])
+                if t == NEED_GROW:
+                    cnt[0] = nu
+                    pos[0] = i
+                    return NEED_GROW
+            if t < 0:
+                if split and tn[d - 1]:
+                    for q in range(flo[i], flo[fs[i]]):
+                        unc[nu] = fids[q]
+                        nu += 1
+                i = fs[i]
+                continue
+            a = flo[i]
+            b = a + fown[i]
+            e = fs[i]
+            for q in range(a, b):
+                tid = fids[q]
+                words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+            if e > i + 1:  # the node has children
+                if gmode:
+                    if trans[t, 0] == UNKNOWN:
+                        r = expand(T, t)
+                        if r < 0:
+                            cnt[0] = nu
+                            pos[0] = i
+                            return r  # node i is visited again
+                    if not glk[t]:
+                        _loops(trans, t, gls, glk)
+                    full = ((fsuf[i, 0] & ~gls[t, 0]) | (fsuf[i, 1] & ~gls[t, 1]) | (fsuf[i, 2] & ~gls[t, 2])
+                            | (fsuf[i, 3] & ~gls[t, 3])) == 0
+                else:
+                    r = _loop_check(trans, ls, lk, t, fsuf, i, fb[i + 1])
+                    while r < 0:
+                        v = succ_row(T, t, -1 - r)
+                        if v == NEED_GROW:
+                            cnt[0] = nu
+                            pos[0] = i
+                            return NEED_GROW  # node i is visited again
+                        r = _loop_check(trans, ls, lk, t, fsuf, i, fb[i + 1])
+                    full = r == 1
+                if full:
+                    for q in range(b, flo[e]):
+                        tid = fids[q]
+                        words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+                    i = e
+                    continue
+                p = pq[d - 1]
+                q0 = pd[p, fb[i]] if p >= 0 else -1
+                pq[d] = q0
+                st[d] = t
+                if split:
+                    tn[d] = tn[d - 1] | accepting[t]
+                if q0 >= 0 and e - i > thresh and sps[flo[e]] > sps[b]:
+                    v = slice_from(T, gmode, t, q0, pd, depth, budget, width)
+                    if v == NEED_GROW:
+                        cnt[0] = nu
+                        pos[0] = i
+                        return NEED_GROW  # node i is visited again
+                    if v == 1:
+                        for k in range(sps[b], sps[flo[e]]):
+                            tid = sids[k]
+                            words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+                        c = cnode[i]
+                        cnt[0] = nu
+                        if c < 0:
+                            i = e
+                            continue
+                        pos[0] = i
+                        pos[1] = c + 1
+                        pos[2] = cs[c]
+                        nested = True
+                        break
+            i += 1
+        if not nested:
+            cnt[0] = nu
+            return DONE

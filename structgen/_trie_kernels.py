@@ -96,3 +96,52 @@ def loop_split(slot_bytes, slot_ids, nonloop, words):  # type: ignore[no-untyped
             words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
     return out[:m]
 
+
+
+@njit(cache=True, nogil=True)
+def match_nodes(byte, depth, cbyte, cdepth, cskip, out):  # type: ignore[no-untyped-def]
+    """For every node of a trie, the node of the same path in a sub-trie (a trie of some of
+    the same tokens, also depth-first in byte order), or -1: both orders agree, so one merge
+    pass matches them (``cm[d]``: the sub-trie node matched at depth ``d``)."""
+    n = byte.shape[0]
+    nc = cbyte.shape[0]
+    cm = np.full(int(depth.max()) + 2 if n > 1 else 2, -1, dtype=np.int64)
+    j = 1
+    out[0] = 0
+    for i in range(1, n):
+        d = depth[i]
+        out[i] = -1
+        cm[d] = -1
+        if j >= nc or cdepth[j] != d or cbyte[j] != byte[i]:
+            continue
+        if d > 1 and (cm[d - 1] < 0 or j >= cskip[cm[d - 1]]):
+            continue
+        out[i] = j
+        cm[d] = j
+        j += 1
+
+
+@njit(cache=True, nogil=True)
+def row_shape(row, lab, tg):  # type: ignore[no-untyped-def]
+    """The shape of a transition row (int32 ``[256]``): ``lab[b]`` the rank of ``row[b]``
+    among the row's distinct targets in first-occurrence order, ``tg[:n]`` those targets;
+    returns ``n``."""
+    n = 0
+    prev = -1
+    for b in range(256):
+        t = row[b]
+        if prev >= 0 and tg[prev] == t:
+            lab[b] = prev
+            continue
+        k = -1
+        for j in range(n):
+            if tg[j] == t:
+                k = j
+                break
+        if k < 0:
+            k = n
+            tg[n] = t
+            n += 1
+        lab[b] = k
+        prev = k
+    return n

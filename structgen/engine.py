@@ -51,9 +51,25 @@ class _HorizonAbort(Exception):
 
 
 def _grown(a: np.ndarray, rows: int, fill: Any) -> np.ndarray:
-    b = np.full((rows,) + a.shape[1:], fill, dtype=a.dtype)
+    b = np.empty((rows,) + a.shape[1:], dtype=a.dtype)
     b[: a.shape[0]] = a
+    b[a.shape[0]:] = fill
     return b
+
+
+def _row_shape(row: np.ndarray) -> tuple[bytes, tuple[int, ...]]:
+    """(rank of each byte's target among the row's distinct targets in first-occurrence
+    order, as bytes; those targets) of a transition row (int32 ``[256]``)."""
+    if native.available():
+        lab = np.empty(256, dtype=np.uint8)
+        tg = np.empty(256, dtype=np.int32)
+        n = native.row_shape(row, lab, tg)
+        return lab.tobytes(), tuple(tg[:n].tolist())
+    uniq, first, inv = np.unique(row, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return rank[inv.reshape(-1)].astype(np.uint8).tobytes(), tuple(int(t) for t in uniq[order].tolist())
 
 
 def _rule_arrays(rules: tuple[Any, ...]) -> dict[str, np.ndarray]:
@@ -605,12 +621,7 @@ class Engine:
             for callee, _q2 in calls:
                 if self._may_skip(callee):
                     raise _HorizonAbort  # a call that may consume nothing: no byte bound
-            uniq, first, inv = np.unique(row, return_index=True, return_inverse=True)
-            order = np.argsort(first, kind="stable")
-            rank = np.empty_like(order)
-            rank[order] = np.arange(order.size)
-            got = (rank[inv.reshape(-1)].astype(np.uint8).tobytes(),
-                   tuple(int(t) for t in uniq[order].tolist()), calls, acc)
+            got = (*_row_shape(row), calls, acc)
             self._hshape[q] = got
         return got
 
@@ -888,27 +899,30 @@ def _json_text_automaton() -> np.ndarray:
     return pd
 
 
-_SLICE_DEPTH = 16  # the text slice: tokens of at most this many bytes
+_SLICE_DEPTH = 24  # the text slice: tokens of at most this many bytes
 _SLICE_BUDGET = 512  # (state, slice state) pairs one slice check may visit
 _SLICE_WIDTH = 48  # ... and at one depth
+_SLICE_NODES = 24  # descendants a trie node needs for a slice check
 _SLICE_LOCK = threading.Lock()
 
 
 class _Slice:
     """The text slice of a vocabulary: the tokens of at most ``depth`` bytes that are plain
-    JSON text (``pd``, :func:`_json_text_automaton`), grouped by first byte (``ids[off[b] :
-    off[b+1]]``), and ``trie``, the trie of every *other* token. From a state that can read
-    every plain text of up to ``depth - 1`` bytes after first byte ``b``
-    (:func:`structgen._pda_kernels.slice_from`), the slice's tokens starting with ``b`` are
-    all accepted, and only ``b``'s subtree of ``trie`` needs a walk. ``fchild`` /
-    ``cchild``: the node of first byte ``b`` in the full trie / in ``trie`` (-1 none)."""
+    JSON text (``pd``, :func:`_json_text_automaton`; the last character may be cut), as
+    ``sids`` in the order of the full trie's slots (``sps[k]``: how many of them precede
+    slot ``k``, so a subtree's slice tokens are one range), and ``trie``, the trie of every
+    *other* token (``cnode``: the node of each full-trie node's path in it, or -1). From a
+    state that can read every plain text of up to ``depth`` bytes
+    (:func:`structgen._pda_kernels.slice_from`), a node's slice tokens are all accepted,
+    and only its subtree in ``trie`` needs a walk
+    (:func:`structgen._pda_kernels.walk_sliced`)."""
 
-    __slots__ = ("depth", "pd", "off", "ids", "trie", "fchild", "cchild", "size")
+    __slots__ = ("depth", "pd", "sps", "sids", "trie", "cnode", "size")
 
-    def __init__(self, depth: int, pd: np.ndarray, off: np.ndarray, ids: np.ndarray, trie: native.Trie,
-                 fchild: np.ndarray, cchild: np.ndarray) -> None:
-        self.depth, self.pd, self.off, self.ids, self.trie = depth, pd, off, ids, trie
-        self.fchild, self.cchild, self.size = fchild, cchild, int(ids.size)
+    def __init__(self, depth: int, pd: np.ndarray, sps: np.ndarray, sids: np.ndarray, trie: native.Trie,
+                 cnode: np.ndarray) -> None:
+        self.depth, self.pd, self.sps, self.sids, self.trie = depth, pd, sps, sids, trie
+        self.cnode, self.size = cnode, int(sids.size)
 
 
 _TEXT_PD = _json_text_automaton()
@@ -1007,29 +1021,26 @@ class VocabTable:
             return None
         pd = _TEXT_PD
         # run the slice automaton over every token (column by column): in the slice iff
-        # it ends in state 0 without a missing edge
+        # no edge is missing (a token may end inside a character: a slice check reads every
+        # path of the automaton, complete characters or not)
         st = np.zeros(self.num_tokens, dtype=np.int64)
         for j in range(self.max_len):
             act = (self.flat_lens > j) & (st >= 0)
             st[act] = pd[st[act], self.matrix[act, j]]
-        sel = (st == 0) & (self.flat_lens <= _SLICE_DEPTH)
+        sel = (st >= 0) & (self.flat_lens <= _SLICE_DEPTH)
         if int(sel.sum()) < self.num_tokens // 4:
             return None  # too small a slice to pay for a second trie
         ids = self.flat_ids[sel]
-        first = self.matrix[sel, 0].astype(np.int64)
-        order = np.argsort(first, kind="stable")
-        ids, first = ids[order], first[order]
-        off = np.searchsorted(first, np.arange(257)).astype(np.int64)
+        inside = np.zeros(self.vocab_size, dtype=bool)
+        inside[ids] = True
         rest = list(self.token_bytes)
         for t in ids.tolist():
             rest[t] = None
+        full = self.trie()
         trie = native.trie_for((self.key, "text-slice", _SLICE_DEPTH), rest, self.vocab_size)
+        in_slot = inside[full.slot_ids]
+        sps = np.zeros(in_slot.size + 1, dtype=np.int64)
+        np.cumsum(in_slot, out=sps[1:])
+        sids = np.ascontiguousarray(full.slot_ids[in_slot], dtype=np.int64)
+        return _Slice(_SLICE_DEPTH, pd, sps, sids, trie, native.match_nodes(full, trie))
 
-        def children(tr: native.Trie) -> np.ndarray:
-            ch = np.full(256, -1, dtype=np.int64)
-            nodes = np.nonzero(tr.depth == 1)[0]
-            ch[tr.byte[nodes]] = nodes
-            return ch
-
-        return _Slice(_SLICE_DEPTH, pd, off, ids.astype(np.int64), trie, children(self.trie()),
-                      children(trie))

@@ -103,15 +103,15 @@ def _warm_tables(byte: Any, depth: Any, skip: Any, lo: Any, own: Any, suf: Any, 
                         unc, cnt)
     from .engine import _TEXT_PD
 
-    ch = np.full(256, -1, dtype=np.int64)
-    ch[byte[1:]] = np.arange(1, byte.shape[0])
-    off = np.zeros(257, dtype=np.int64)
+    cnode = np.arange(byte.shape[0], dtype=np.int64)
+    sps = np.zeros(ids.size + 1, dtype=np.int64)
     for gmode in (False, True):
         pk.slice_from(tab.T, gmode, g if gmode else c, 0, _TEXT_PD, 4, 128, 16)
         for split in (False, True):
-            pk.walk_sliced(byte, depth, skip, lo, own, suf, ids, byte, depth, skip, lo, own, suf, ids, ch, ch,
-                           off, ids, _TEXT_PD, 4, 128, 16, tab.T, gmode, g if gmode else c,
-                           np.zeros(3, np.int64), st, tn, split, words, unc, cnt)
+            pk.walk_sliced(byte, depth, skip, lo, own, suf, ids, byte, depth, skip, lo, own, suf, ids, cnode,
+                           sps, ids, _TEXT_PD, 4, 128, 16, 1, tab.T, gmode, g if gmode else c,
+                           np.array([0, -1, 0], np.int64), st, tn, np.zeros(3, np.int64), split, words, unc,
+                           cnt)
     pk.rehash_frames(tab.fr, int(tab.meta[pk.M_NFR]), np.full(64, -1, np.int64), np.zeros(64, np.int32))
     pk.rehash_seqs(tab.g_rule.copy(), tab.g_key, tab.gs_d, int(tab.meta[pk.M_NG]), np.full(64, -1, np.int64),
                    np.zeros(64, np.int32))
@@ -135,6 +135,8 @@ def _warm(k: Any) -> None:
 
     _dfa_kernels.warm()
     k.loop_split(np.zeros((2, 4), np.uint64), ids, np.zeros(4, np.uint64), words)
+    k.match_nodes(byte, depth, byte, depth, skip, np.zeros(n + 1, np.int64))
+    k.row_shape(np.zeros(256, np.int32), np.zeros(256, np.uint8), np.zeros(256, np.int32))
 
 
 class Trie:
@@ -238,27 +240,41 @@ def walk_ids(eng: Any, trie: Trie, start: int, gmode: bool, ids: np.ndarray, wor
 
 def walk_sliced(eng: Any, trie: Trie, sl: Any, start: int, gmode: bool, split: bool,
                 words: np.ndarray) -> np.ndarray:
-    """:func:`walk_trie` over the whole vocabulary using the text slice ``sl`` (a
-    :class:`structgen.engine._Slice`) first byte by first byte (see
+    """:func:`walk_trie` over the whole vocabulary, taking the text slice ``sl`` (a
+    :class:`structgen.engine._Slice`) whole where a node's state can read it (see
     :func:`structgen._pda_kernels.walk_sliced`)."""
     from . import _pda_kernels as pk
-    from .engine import _SLICE_BUDGET, _SLICE_WIDTH
+    from .engine import _SLICE_BUDGET, _SLICE_NODES, _SLICE_WIDTH
 
     ct = sl.trie
     md = max(trie.max_depth, ct.max_depth) + 1
     st = np.zeros(md, dtype=np.int32)
     tn = np.zeros(md, dtype=np.uint8)
+    pq = np.zeros(md, dtype=np.int64)
     unc = np.empty(trie.slot_ids.size if split else 0, dtype=np.int64)
     cnt = np.zeros(1, dtype=np.int64)
-    pos = np.zeros(3, dtype=np.int64)
+    pos = np.array([0, -1, 0], dtype=np.int64)
     while True:
         status = pk.walk_sliced(trie.byte, trie.depth, trie.skip, trie.lo, trie.own, trie.suf, trie.slot_ids,
-                                ct.byte, ct.depth, ct.skip, ct.lo, ct.own, ct.suf, ct.slot_ids, sl.fchild,
-                                sl.cchild, sl.off, sl.ids, sl.pd, sl.depth, _SLICE_BUDGET, _SLICE_WIDTH,
-                                eng.tab.T, gmode, start, pos, st, tn, split, words, unc, cnt)
+                                ct.byte, ct.depth, ct.skip, ct.lo, ct.own, ct.suf, ct.slot_ids, sl.cnode,
+                                sl.sps, sl.sids, sl.pd, sl.depth, _SLICE_BUDGET, _SLICE_WIDTH, _SLICE_NODES,
+                                eng.tab.T, gmode, start, pos, st, tn, pq, split, words, unc, cnt)
         if status == DONE:
             return unc[: int(cnt[0])]
         eng._service(int(status))
+
+
+def row_shape(row: np.ndarray, lab: np.ndarray, tg: np.ndarray) -> int:
+    """See :func:`structgen._trie_kernels.row_shape`."""
+    return int(_load().row_shape(np.ascontiguousarray(row, dtype=np.int32), lab, tg))
+
+
+def match_nodes(full: Trie, sub: Trie) -> np.ndarray:
+    """For every node of ``full``, the node of ``sub`` (a trie of some of its tokens) with
+    the same path, or -1."""
+    out = np.empty(full.byte.shape[0], dtype=np.int64)
+    _load().match_nodes(full.byte, full.depth, sub.byte, sub.depth, sub.skip, out)
+    return out
 
 
 def walk_loop_split(eng: Any, trie: Trie, start: int, gmode: bool, loops: np.ndarray, words: np.ndarray,
