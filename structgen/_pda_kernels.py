@@ -1395,12 +1395,17 @@ def slice_from(T, gmode, s, q0, pd, depth, budget, width):  # type: ignore[no-un
     boundaries, where (almost) every printable ASCII byte does not lead to one and the
     same state: text states loop or step to the next position of a counted string, while
     states that branch on the text (keys, enumerations, patterns) would build many states
-    for nothing. Memoised per (state, slice state) in ``gsl``/``csl``. 1, 0 or NEED_GROW."""
+    for nothing. Memoised per (state, slice state) in ``gsl``/``csl``. 0 (no), 1 (yes), 3
+    (yes, and no state on the way is accepting and every C0 control byte at a character
+    boundary is dead: a token of plain text then a control byte is rejected in any
+    context) or NEED_GROW."""
     memo = T.gsl if gmode else T.csl
     got = memo[s, q0]
     if got >= 0:
         return np.int64(got)
     trans = T.grow if gmode else T.trans
+    accepting = T.gacc if gmode else T.acc
+    kill = 1
     npd = pd.shape[0]
     cur = [np.int64(s) * npd + q0]
     seen = {cur[0]}
@@ -1414,6 +1419,18 @@ def slice_from(T, gmode, s, q0, pd, depth, budget, width):  # type: ignore[no-un
         for key in cur:
             x = key // npd
             p = key % npd
+            if kill and accepting[x]:
+                kill = 0
+            if kill and p == 0:
+                for b in range(0x20):
+                    t = trans[x, b]
+                    if t == UNKNOWN:
+                        t = _step(T, gmode, trans, x, b)
+                        if t == NEED_GROW:
+                            return NEED_GROW
+                    if t >= 0:
+                        kill = 0
+                        break
             if p == 0:
                 ref = _step(T, gmode, trans, x, 0x61)
                 if ref == NEED_GROW:
@@ -1461,14 +1478,16 @@ def slice_from(T, gmode, s, q0, pd, depth, budget, width):  # type: ignore[no-un
             ok = 0
             break
         cur = nxt
+    if ok and kill:
+        ok = 3
     memo[s, q0] = ok
     return np.int64(ok)
 
 
 @njit(cache=True, nogil=True)
-def walk_sliced(fb, fd, fs, flo, fown, fsuf, fids, cb, cd, cs, clo, cown, csuf, cids, cnode, sps, sids,
-                pd, depth, budget, width, thresh, T, gmode, start, pos, st, tn, pq, split, words, unc,
-                cnt):  # type: ignore[no-untyped-def]
+def walk_sliced(fb, fd, fs, flo, fown, fsuf, fids, cb, cd, cs, clo, cown, csuf, cids, cnode, kb, kd, ks,
+                klo, kown, ksuf, kids, knode, sps, sids, pd, depth, budget, width, thresh, T, gmode, start,
+                pos, st, tn, pq, split, words, unc, cnt):  # type: ignore[no-untyped-def]
     """The walk of :func:`walk` from ``start`` over the whole vocabulary (trie ``f*``), taking
     the text slice whole where it can: at the root, and at every node of more than
     ``thresh`` descendants whose path so far is plain text (slice automaton state
@@ -1477,9 +1496,12 @@ def walk_sliced(fb, fd, fs, flo, fown, fsuf, fids, cb, cd, cs, clo, cown, csuf, 
     accepted at once and only the node's subtree in the trie of the other tokens (``c*``,
     node ``cnode[i]``) is walked. A key that may be any string, or a string body, then
     costs a walk of the few thousand tokens outside the slice, wherever the key's names
-    branch. Resumable: ``pos`` = (full-trie node, 0 = the root still to decide, -1 = the
-    root took the slice; other-trie node of the walk in progress, or -1; its end).
-    Returns DONE or NEED_GROW."""
+    branch. Where the check also finds control bytes dead (answer 3) and the path has not
+    passed an accepting state, the trie ``k*`` (node ``knode[i]``) is walked instead: it
+    also leaves out the tokens of plain text then a control byte, all rejected.
+    Resumable: ``pos`` = (full-trie node, 0 = the root still to decide, -1 = the root
+    took the slice; other-trie node of the walk in progress, or -1; its end; 1 when that
+    walk is in ``k*``). Returns DONE or NEED_GROW."""
     if gmode:
         trans, accepting = T.grow, T.gacc
     else:
@@ -1488,8 +1510,12 @@ def walk_sliced(fb, fd, fs, flo, fown, fsuf, fids, cb, cd, cs, clo, cown, csuf, 
     end = fb.shape[0]
     while True:
         if pos[1] >= 0:  # a walk of the other tokens below a node that took the slice
-            j, r = walk(cb, cd, cs, clo, cown, csuf, cids, T, gmode, pos[1], pos[2], st, tn, split, words,
-                        unc, cnt)
+            if pos[3]:
+                j, r = walk(kb, kd, ks, klo, kown, ksuf, kids, T, gmode, pos[1], pos[2], st, tn, split, words,
+                            unc, cnt)
+            else:
+                j, r = walk(cb, cd, cs, clo, cown, csuf, cids, T, gmode, pos[1], pos[2], st, tn, split, words,
+                            unc, cnt)
             if r == NEED_GROW:
                 pos[1] = j
                 return NEED_GROW
@@ -1505,13 +1531,14 @@ def walk_sliced(fb, fd, fs, flo, fown, fsuf, fids, cb, cd, cs, clo, cown, csuf, 
             v = slice_from(T, gmode, start, 0, pd, depth, budget, width)
             if v == NEED_GROW:
                 return NEED_GROW
-            if v == 1:
+            if v & 1:
                 for k in range(sids.shape[0]):
                     tid = sids[k]
                     words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
                 pos[0] = -1
                 pos[1] = 1
-                pos[2] = cb.shape[0]
+                pos[3] = 1 if v == 3 else 0
+                pos[2] = kb.shape[0] if v == 3 else cb.shape[0]
                 continue
             i = 1
         nu = cnt[0]
@@ -1579,18 +1606,20 @@ def walk_sliced(fb, fd, fs, flo, fown, fsuf, fids, cb, cd, cs, clo, cown, csuf, 
                         cnt[0] = nu
                         pos[0] = i
                         return NEED_GROW  # node i is visited again
-                    if v == 1:
+                    if v & 1:
                         for k in range(sps[b], sps[flo[e]]):
                             tid = sids[k]
                             words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
-                        c = cnode[i]
+                        kl = v == 3 and not (split and tn[d])
+                        c = knode[i] if kl else cnode[i]
                         cnt[0] = nu
                         if c < 0:
                             i = e
                             continue
                         pos[0] = i
                         pos[1] = c + 1
-                        pos[2] = cs[c]
+                        pos[2] = ks[c] if kl else cs[c]
+                        pos[3] = 1 if kl else 0
                         nested = True
                         break
             i += 1

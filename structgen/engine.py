@@ -915,14 +915,15 @@ class _Slice:
     state that can read every plain text of up to ``depth`` bytes
     (:func:`structgen._pda_kernels.slice_from`), a node's slice tokens are all accepted,
     and only its subtree in ``trie`` needs a walk
-    (:func:`structgen._pda_kernels.walk_sliced`)."""
+    (:func:`structgen._pda_kernels.walk_sliced`); ``ktrie`` / ``knode``: the same without
+    the tokens of plain text then a control byte, for states that reject those."""
 
-    __slots__ = ("depth", "pd", "sps", "sids", "trie", "cnode", "size")
+    __slots__ = ("depth", "pd", "sps", "sids", "trie", "cnode", "ktrie", "knode", "size")
 
     def __init__(self, depth: int, pd: np.ndarray, sps: np.ndarray, sids: np.ndarray, trie: native.Trie,
-                 cnode: np.ndarray) -> None:
+                 cnode: np.ndarray, ktrie: native.Trie, knode: np.ndarray) -> None:
         self.depth, self.pd, self.sps, self.sids, self.trie = depth, pd, sps, sids, trie
-        self.cnode, self.size = cnode, int(sids.size)
+        self.cnode, self.ktrie, self.knode, self.size = cnode, ktrie, knode, int(sids.size)
 
 
 _TEXT_PD = _json_text_automaton()
@@ -1023,10 +1024,17 @@ class VocabTable:
         # run the slice automaton over every token (column by column): in the slice iff
         # no edge is missing (a token may end inside a character: a slice check reads every
         # path of the automaton, complete characters or not)
+        # it ends in state 0 without a missing edge; ``killed``: plain text of fewer than
+        # ``depth`` bytes, then a C0 control byte
         st = np.zeros(self.num_tokens, dtype=np.int64)
+        killed = np.zeros(self.num_tokens, dtype=bool)
         for j in range(self.max_len):
-            act = (self.flat_lens > j) & (st >= 0)
-            st[act] = pd[st[act], self.matrix[act, j]]
+            act = np.nonzero((self.flat_lens > j) & (st >= 0))[0]
+            col = self.matrix[act, j]
+            nxt = pd[st[act], col]
+            if j < _SLICE_DEPTH - 1:
+                killed[act[(nxt < 0) & (st[act] == 0) & (col < 0x20)]] = True
+            st[act] = nxt
         sel = (st >= 0) & (self.flat_lens <= _SLICE_DEPTH)
         if int(sel.sum()) < self.num_tokens // 4:
             return None  # too small a slice to pay for a second trie
@@ -1038,9 +1046,13 @@ class VocabTable:
             rest[t] = None
         full = self.trie()
         trie = native.trie_for((self.key, "text-slice", _SLICE_DEPTH), rest, self.vocab_size)
+        for t in self.flat_ids[killed].tolist():
+            rest[t] = None
+        ktrie = native.trie_for((self.key, "text-slice-killed", _SLICE_DEPTH), rest, self.vocab_size)
         in_slot = inside[full.slot_ids]
         sps = np.zeros(in_slot.size + 1, dtype=np.int64)
         np.cumsum(in_slot, out=sps[1:])
         sids = np.ascontiguousarray(full.slot_ids[in_slot], dtype=np.int64)
-        return _Slice(_SLICE_DEPTH, pd, sps, sids, trie, native.match_nodes(full, trie))
+        return _Slice(_SLICE_DEPTH, pd, sps, sids, trie, native.match_nodes(full, trie), ktrie,
+                      native.match_nodes(full, ktrie))
 

@@ -109,9 +109,9 @@ def _warm_tables(byte: Any, depth: Any, skip: Any, lo: Any, own: Any, suf: Any, 
         pk.slice_from(tab.T, gmode, g if gmode else c, 0, _TEXT_PD, 4, 128, 16)
         for split in (False, True):
             pk.walk_sliced(byte, depth, skip, lo, own, suf, ids, byte, depth, skip, lo, own, suf, ids, cnode,
-                           sps, ids, _TEXT_PD, 4, 128, 16, 1, tab.T, gmode, g if gmode else c,
-                           np.array([0, -1, 0], np.int64), st, tn, np.zeros(3, np.int64), split, words, unc,
-                           cnt)
+                           byte, depth, skip, lo, own, suf, ids, cnode, sps, ids, _TEXT_PD, 4, 128, 16, 1,
+                           tab.T, gmode, g if gmode else c, np.array([0, -1, 0, 0], np.int64), st, tn,
+                           np.zeros(3, np.int64), split, words, unc, cnt)
     pk.rehash_frames(tab.fr, int(tab.meta[pk.M_NFR]), np.full(64, -1, np.int64), np.zeros(64, np.int32))
     pk.rehash_seqs(tab.g_rule.copy(), tab.g_key, tab.gs_d, int(tab.meta[pk.M_NG]), np.full(64, -1, np.int64),
                    np.zeros(64, np.int32))
@@ -246,17 +246,18 @@ def walk_sliced(eng: Any, trie: Trie, sl: Any, start: int, gmode: bool, split: b
     from . import _pda_kernels as pk
     from .engine import _SLICE_BUDGET, _SLICE_NODES, _SLICE_WIDTH
 
-    ct = sl.trie
+    ct, kt = sl.trie, sl.ktrie
     md = max(trie.max_depth, ct.max_depth) + 1
     st = np.zeros(md, dtype=np.int32)
     tn = np.zeros(md, dtype=np.uint8)
     pq = np.zeros(md, dtype=np.int64)
     unc = np.empty(trie.slot_ids.size if split else 0, dtype=np.int64)
     cnt = np.zeros(1, dtype=np.int64)
-    pos = np.array([0, -1, 0], dtype=np.int64)
+    pos = np.array([0, -1, 0, 0], dtype=np.int64)
     while True:
         status = pk.walk_sliced(trie.byte, trie.depth, trie.skip, trie.lo, trie.own, trie.suf, trie.slot_ids,
                                 ct.byte, ct.depth, ct.skip, ct.lo, ct.own, ct.suf, ct.slot_ids, sl.cnode,
+                                kt.byte, kt.depth, kt.skip, kt.lo, kt.own, kt.suf, kt.slot_ids, sl.knode,
                                 sl.sps, sl.sids, sl.pd, sl.depth, _SLICE_BUDGET, _SLICE_WIDTH, _SLICE_NODES,
                                 eng.tab.T, gmode, start, pos, st, tn, pq, split, words, unc, cnt)
         if status == DONE:

@@ -381,6 +381,11 @@ class Vocabulary:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Vocabulary):
             return NotImplemented
+        if self is other:
+            return True
+        a, b = self._cache.get("content_hash"), other._cache.get("content_hash")
+        if a is not None and b is not None:  # both known (a dict lookup hashed them): compare those
+            return bool(a == b)
         return (self._size == other._size and self._eos == other._eos
                 and self._token_bytes == other._token_bytes)
 

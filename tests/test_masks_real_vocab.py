@@ -62,7 +62,10 @@ def _slice_vocab(tokenizer, n: int, seed: int, must: bytes = b"") -> Vocabulary:
     return Vocabulary(table, full.eos_token_ids, full.vocab_size)
 
 
-ATOMS = ["a", "b", "ab", "ba", "[ab]", "[a-c]", "c", "[0-9]", "x", " ", '"', ",", "[ -~]", "[ -!#-~]"]
+# control bytes after text (and text that reads them or not) exercise the slice walks' rejection of
+# "plain text, then a control byte" tokens (structgen._pda_kernels.slice_from answering 3)
+ATOMS = ["a", "b", "ab", "ba", "[ab]", "[a-c]", "c", "[0-9]", "x", " ", '"', ",", "[ -~]", "[ -!#-~]",
+         "\\n", "[\\t-\\r -~]"]
 
 
 def patterns() -> st.SearchStrategy[str]:
@@ -85,7 +88,7 @@ def patterns() -> st.SearchStrategy[str]:
 def test_regex_masks_equal_partial_match_oracle(tokenizer_by_alias, alias: str, pattern: str,
                                                 seed: int, walk: list[int]) -> None:
     tok = tokenizer_by_alias(alias)
-    vocab = _slice_vocab(tok, 3000, seed, must=b'abcx0123456789 ",')
+    vocab = _slice_vocab(tok, 3000, seed, must=b'abcx0123456789 ",\n')
     cg = compile_grammar(ir.Grammar({"s": compile_regex(pattern)}, "s"))
     oracle = re_oracle.compile(pattern.encode())
     m = Matcher(cg, vocab)
