@@ -1427,20 +1427,8 @@ def _implies(sa: Node, sb: Node) -> bool:
 
 
 def _obj_le(a: Obj, b: Obj) -> bool:
-    if not (b.required <= a.required and b.min_props <= a.min_props):
-        return False
-    if b.max_props is not None and (a.max_props is None or a.max_props > b.max_props):
-        return False
-    if not (b.ev == ST or a.ev == SF or a.ev == b.ev):
-        return False
-    if not set(b.exists) <= set(a.exists):
-        return False
-    ap = dict(a.props)
-    for k, v in b.props:
-        va = ap.get(k)
-        if va is None or not _implies(va, v):
-            return False
-    return True
+    """Syntactically, is every object of ``a`` one of ``b``?"""
+    return _obj_le_facts(_obj_facts(a), _obj_facts(b))
 
 
 def _arr_le(a: Arr, b: Arr) -> bool:
@@ -1456,15 +1444,42 @@ def _arr_le(a: Arr, b: Arr) -> bool:
     return all(_implies(a.item(i), b.item(i)) for i in range(n)) and _implies(a.rest, b.rest)
 
 
+def _obj_facts(a: Obj) -> tuple[Any, ...]:
+    """What :func:`_obj_le` reads of ``a``, in the shapes it compares (built once per record)."""
+    return (a.required, a.min_props, a.max_props, a.ev, frozenset(a.exists), dict(a.props), a.props)
+
+
+def _obj_le_facts(fa: tuple[Any, ...], fb: tuple[Any, ...]) -> bool:
+    """:func:`_obj_le` on :func:`_obj_facts`."""
+    if not (fb[0] <= fa[0] and fb[1] <= fa[1]):
+        return False
+    if fb[2] is not None and (fa[2] is None or fa[2] > fb[2]):
+        return False
+    if not (fb[3] == ST or fa[3] == SF or fa[3] == fb[3]):
+        return False
+    if not fb[4] <= fa[4]:
+        return False
+    ap = fa[5]
+    for k, v in fb[6]:
+        va = ap.get(k)
+        if va is None or not _implies(va, v):
+            return False
+    return True
+
+
 def _drop_subsumed(recs: list[Any], check: Callable[[], None] | None = None) -> list[Any]:
     if len(recs) < 2 or len(recs) > 3000:
         return recs
-    le = _obj_le if isinstance(recs[0], Obj) else _arr_le
+    if isinstance(recs[0], Obj):
+        facts = [_obj_facts(r) for r in recs]
+        le: Callable[[Any, Any], bool] = _obj_le_facts
+    else:
+        facts, le = recs, _arr_le
     keep: list[Any] = []
-    for i, r in enumerate(recs):
+    for i, r in enumerate(facts):
         if check is not None and i & 63 == 63:
             check()  # quadratic in the number of records: a deadline check now and then
-        if any(j != i and le(r, q) and not (le(q, r) and j > i) for j, q in enumerate(recs)):
+        if any(j != i and le(r, q) and not (le(q, r) and j > i) for j, q in enumerate(facts)):
             continue
-        keep.append(r)
+        keep.append(recs[i])
     return keep
