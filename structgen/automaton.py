@@ -909,10 +909,15 @@ class _Compiler:
         # shared DFA rules are trimmed and non-empty by construction
         nonempty = [False] * len(built) + [True] * len(self.dfa_rules)
         good: list[list[bool]] = [[] for _ in built]
+        callees = [{r for ps in cp for _x, r in ps} for cp in call_preds]
+        fresh = [True] * len(built)  # some callee became non-empty since the last pass
         changed = True
         while changed:
             changed = False
             for i, (nfa, end) in enumerate(built):
+                if not fresh[i]:
+                    continue
+                fresh[i] = False
                 self.check_time()
                 g = [False] * len(nfa)
                 g[end] = True
@@ -932,11 +937,17 @@ class _Compiler:
                 if g[0] and not nonempty[i]:
                     nonempty[i] = True
                     changed = True
+                    for j, cs in enumerate(callees):
+                        if i in cs:
+                            fresh[j] = True
         if not nonempty[0]:
             raise GrammarError(f"the grammar accepts no string at all (start rule {self.kept[0]!r})")
         out: list[tuple[_Nfa, int]] = []
         for i, (nfa, end) in enumerate(built):
             g = good[i]
+            if all(g) and all(nonempty[r] for r in callees[i]):
+                out.append((nfa, end))  # nothing to drop
+                continue
             t = _Nfa()
             t.eps = [[y for y in ys if g[y]] if g[x] else [] for x, ys in enumerate(nfa.eps)]
             t.edges = [[e for e in es if g[e[2]]] if g[x] else [] for x, es in enumerate(nfa.edges)]
