@@ -259,7 +259,8 @@ class StructgenAdapter(Adapter):
         for key, get in (("mask_cache_bytes", lambda: int(eng.mask_cache_bytes)),
                          ("masks_cached", lambda: len(eng.mask_cache)),
                          ("engine_bytes", lambda: int(eng.memory_bytes())),
-                         ("configurations", lambda: len(eng.configs)),
+                         ("configurations", lambda: int(eng.num_configs)),
+                         ("rule_states", lambda: int(eng.num_rule_states)),
                          ("automaton_states", lambda: int(compiled.num_states))):
             try:
                 out[key] = get()
