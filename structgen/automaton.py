@@ -624,9 +624,11 @@ def _refs(e: ir.Expr, out: set[str]) -> None:
     out |= e.refs()
 
 
-def _size(e: ir.Expr, memo: dict[int, int]) -> int:
-    """Rough NFA size of an expression (for inlining decisions)."""
-    k = id(e)
+def _size(e: ir.Expr, memo: dict[ir.Expr, int]) -> int:
+    """Rough NFA size of an expression (for inlining decisions); ``memo`` is keyed by the
+    expressions themselves (structural: equal expressions have one size, and an entry never
+    outlives its key the way an ``id`` could)."""
+    k = e
     got = memo.get(k)
     if got is not None:
         return got
@@ -807,7 +809,7 @@ class _Compiler:
         # big repetitions of big items: hoist the item into a rule of its own (a call), so
         # that {m,n} unrolls calls rather than copies of a large automaton
         hoisted: dict[ir.Expr, str] = {}
-        memo: dict[int, int] = {}
+        memo: dict[ir.Expr, int] = {}
         for n in sorted(reach):
             self._hoist_owner = self.where = n
             rules[n] = self._hoist(rules[n], hoisted, memo, rules)
@@ -846,7 +848,7 @@ class _Compiler:
             if n in recursive:
                 full[n] = 1
                 continue
-            own = _size(rules[n], {})
+            own = _size(rules[n], memo)
             inl = sum(full.get(r, 1) for r in refs[n] if r not in keep)
             full[n] = own + inl
             if n != g.start and ((uses[n] > 1 and full[n] > _INLINE_SHARED_MAX)
@@ -994,7 +996,7 @@ class _Compiler:
                     "left recursion through rule(s) " + " -> ".join(sorted(comp))
                     + "; rewrite it as repetition (e.g. A: A x | y  =>  A: y x*)")
 
-    def _hoist(self, e: ir.Expr, hoisted: dict[ir.Expr, str], memo: dict[int, int],
+    def _hoist(self, e: ir.Expr, hoisted: dict[ir.Expr, str], memo: dict[ir.Expr, int],
                rules: dict[str, ir.Expr]) -> ir.Expr:
         """Replace the item of a large repetition with a call to a synthetic rule."""
         if isinstance(e, ir.Repeat):
@@ -1017,7 +1019,7 @@ class _Compiler:
             return type(e)(items)
         return e  # And/Diff operands stay regular (they are inlined in full anyway)
 
-    def _countable(self, e: ir.Repeat, memo: dict[int, int]) -> bool:
+    def _countable(self, e: ir.Repeat, memo: dict[ir.Expr, int]) -> bool:
         """Should bounded repetition ``e`` become a :class:`CountedRule`? Its item must be
         closed (no rule references) and prefix-free, and the unrolled repetition large."""
         if isinstance(e, _Counted):
@@ -1049,7 +1051,7 @@ class _Compiler:
         return j
 
     def _share_common(self, names: list[str], rules: dict[str, ir.Expr],
-                      hoisted: dict[ir.Expr, str], memo: dict[int, int]) -> None:
+                      hoisted: dict[ir.Expr, str], memo: dict[ir.Expr, int]) -> None:
         """Hoist sub-expressions of size >= ``_SHARE_MIN`` that occur more than once."""
         count: dict[ir.Expr, int] = {}
         stack = [rules[n] for n in names]

@@ -310,7 +310,7 @@ class _Sizes:
         from .automaton import _size
         self.rules, self.calls, self.deadline = rules, calls, deadline
         self._size = _size
-        self._size_memo: dict[int, int] = {}
+        self._size_memo: dict[ir.Expr, int] = {}
         self.memo: dict[int, int] = {}
         self._ticks = 0
 
