@@ -58,6 +58,8 @@ DEAD = -1
 UNKNOWN = -2
 DONE = -3
 NEED_GROW = -4
+SLICED = -5  # walk: the node's state read the text slice (its slice tokens are set)
+SLICED_KILL = -6  # ... and rejects "plain text then a control byte" (slice_from answered 3)
 
 EXPANDED = 1
 ACCEPT = 2
@@ -1240,7 +1242,7 @@ def _loop_check(trans, ls, lk, t, suf, i, first):  # type: ignore[no-untyped-def
 
 @njit(cache=True, nogil=True)
 def walk(byte, depth, skip, lo, own, suf, slot_ids, T, gmode, i, end, st, tn, split, words, unc,
-         cnt):  # type: ignore[no-untyped-def]
+         cnt, pq, pd, sps, sids, sp):  # type: ignore[no-untyped-def]
     """Depth-first walk of trie nodes ``[i, end)``; ``st[d]`` is the state after the first
     ``d`` bytes of the current path (``st[depth[i] - 1]`` set by the caller). States are
     configurations, or with ``gmode`` rule states of a call-free rule (a rooted walk of one
@@ -1252,13 +1254,19 @@ def walk(byte, depth, skip, lo, own, suf, slot_ids, T, gmode, i, end, st, tn, sp
     passed an accepting state after one of its first ``d`` bytes (``tn[0] = 0``): where such
     a path dies, the rule could have returned earlier, so the ids of the dead node's subtree
     are appended to ``unc`` (count in ``cnt[0]``), not rejected.
-    Returns ``(i, status)``: DONE, or NEED_GROW (call again from node ``i`` once the engine
-    has grown its tables)."""
+    With ``sp[3] >= 0`` (``sp`` = slice depth, budget, width, node threshold), a node of more
+    than ``sp[3]`` descendants whose path is plain text (slice automaton ``pd``, state
+    ``pq[d]``) and whose state reads the slice (:func:`slice_from`) stops the walk: its slice
+    tokens (``sids[sps[lo[i]] : sps[lo[skip[i]]]]``) are set, ``st``/``tn`` hold the node's
+    state, and SLICED or SLICED_KILL is returned with the node (see :func:`walk_sliced`).
+    Returns ``(i, status)``: DONE, SLICED, SLICED_KILL, or NEED_GROW (call again from node
+    ``i`` once the engine has grown its tables)."""
     if gmode:
         trans, accepting = T.grow, T.gacc
     else:
         trans, accepting = T.trans, T.acc
     gls, glk, ls, lk = T.gls, T.glk, T.ls, T.lk
+    thresh = sp[3]
     nu = cnt[0]
     while i < end:
         d = depth[i]
@@ -1308,6 +1316,24 @@ def walk(byte, depth, skip, lo, own, suf, slot_ids, T, gmode, i, end, st, tn, sp
                     words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
                 i = e
                 continue
+            if thresh >= 0:
+                p = pq[d - 1]
+                q0 = pd[p, byte[i]] if p >= 0 else -1
+                pq[d] = q0
+                if q0 >= 0 and e - i > thresh and sps[lo[e]] > sps[b]:
+                    v = slice_from(T, gmode, t, q0, pd, sp[0], sp[1], sp[2])
+                    if v == NEED_GROW:
+                        cnt[0] = nu
+                        return i, NEED_GROW  # node i is visited again
+                    if v & 1:
+                        for k in range(sps[b], sps[lo[e]]):
+                            tid = sids[k]
+                            words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+                        st[d] = t
+                        if split:
+                            tn[d] = tn[d - 1] | accepting[t]
+                        cnt[0] = nu
+                        return i, (SLICED_KILL if v == 3 else SLICED)
         st[d] = t
         if split:
             tn[d] = tn[d - 1] | accepting[t]
@@ -1486,12 +1512,12 @@ def slice_from(T, gmode, s, q0, pd, depth, budget, width):  # type: ignore[no-un
 
 @njit(cache=True, nogil=True)
 def walk_sliced(fb, fd, fs, flo, fown, fsuf, fids, cb, cd, cs, clo, cown, csuf, cids, cnode, kb, kd, ks,
-                klo, kown, ksuf, kids, knode, sps, sids, pd, depth, budget, width, thresh, T, gmode, start,
-                pos, st, tn, pq, split, words, unc, cnt):  # type: ignore[no-untyped-def]
+                klo, kown, ksuf, kids, knode, sps, sids, pd, sp, T, gmode, start, pos, st, tn, pq, split,
+                words, unc, cnt):  # type: ignore[no-untyped-def]
     """The walk of :func:`walk` from ``start`` over the whole vocabulary (trie ``f*``), taking
-    the text slice whole where it can: at the root, and at every node of more than
-    ``thresh`` descendants whose path so far is plain text (slice automaton state
-    ``pq[d]``), when the node's state can read the slice (:func:`slice_from`), the slice's
+    the text slice whole where it can: at the root, and at every node of more than ``sp[3]``
+    descendants whose path so far is plain text, when the node's state can read the slice
+    (:func:`slice_from`; ``sp`` = its depth, budget, width, and that threshold), the slice's
     tokens below the node (``sids[sps[flo[i]] : sps[flo[fs[i]]]]``, in full-trie order) are
     accepted at once and only the node's subtree in the trie of the other tokens (``c*``,
     node ``cnode[i]``) is walked. A key that may be any string, or a string body, then
@@ -1502,20 +1528,15 @@ def walk_sliced(fb, fd, fs, flo, fown, fsuf, fids, cb, cd, cs, clo, cown, csuf, 
     Resumable: ``pos`` = (full-trie node, 0 = the root still to decide, -1 = the root
     took the slice; other-trie node of the walk in progress, or -1; its end; 1 when that
     walk is in ``k*``). Returns DONE or NEED_GROW."""
-    if gmode:
-        trans, accepting = T.grow, T.gacc
-    else:
-        trans, accepting = T.trans, T.acc
-    gls, glk, ls, lk = T.gls, T.glk, T.ls, T.lk
-    end = fb.shape[0]
+    off = np.full(4, -1, dtype=np.int64)  # the other tries' walks take no slice
     while True:
         if pos[1] >= 0:  # a walk of the other tokens below a node that took the slice
             if pos[3]:
                 j, r = walk(kb, kd, ks, klo, kown, ksuf, kids, T, gmode, pos[1], pos[2], st, tn, split, words,
-                            unc, cnt)
+                            unc, cnt, pq, pd, sps, sids, off)
             else:
                 j, r = walk(cb, cd, cs, clo, cown, csuf, cids, T, gmode, pos[1], pos[2], st, tn, split, words,
-                            unc, cnt)
+                            unc, cnt, pq, pd, sps, sids, off)
             if r == NEED_GROW:
                 pos[1] = j
                 return NEED_GROW
@@ -1523,12 +1544,11 @@ def walk_sliced(fb, fd, fs, flo, fown, fsuf, fids, cb, cd, cs, clo, cown, csuf, 
             if pos[0] < 0:
                 return DONE
             pos[0] = fs[pos[0]]
-        i = pos[0]
-        if i == 0:  # the root
+        if pos[0] == 0:  # the root
             st[0] = start
             tn[0] = 0
             pq[0] = 0
-            v = slice_from(T, gmode, start, 0, pd, depth, budget, width)
+            v = slice_from(T, gmode, start, 0, pd, sp[0], sp[1], sp[2])
             if v == NEED_GROW:
                 return NEED_GROW
             if v & 1:
@@ -1540,89 +1560,18 @@ def walk_sliced(fb, fd, fs, flo, fown, fsuf, fids, cb, cd, cs, clo, cown, csuf, 
                 pos[3] = 1 if v == 3 else 0
                 pos[2] = kb.shape[0] if v == 3 else cb.shape[0]
                 continue
-            i = 1
-        nu = cnt[0]
-        nested = False
-        while i < end:
-            d = fd[i]
-            s = st[d - 1]
-            t = trans[s, fb[i]]
-            if t == UNKNOWN:
-                t = _step(T, gmode, trans, s, fb[i])
-                if t == NEED_GROW:
-                    cnt[0] = nu
-                    pos[0] = i
-                    return NEED_GROW
-            if t < 0:
-                if split and tn[d - 1]:
-                    for q in range(flo[i], flo[fs[i]]):
-                        unc[nu] = fids[q]
-                        nu += 1
-                i = fs[i]
-                continue
-            a = flo[i]
-            b = a + fown[i]
-            e = fs[i]
-            for q in range(a, b):
-                tid = fids[q]
-                words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
-            if e > i + 1:  # the node has children
-                if gmode:
-                    if trans[t, 0] == UNKNOWN:
-                        r = expand(T, t)
-                        if r < 0:
-                            cnt[0] = nu
-                            pos[0] = i
-                            return r  # node i is visited again
-                    if not glk[t]:
-                        _loops(trans, t, gls, glk)
-                    full = ((fsuf[i, 0] & ~gls[t, 0]) | (fsuf[i, 1] & ~gls[t, 1]) | (fsuf[i, 2] & ~gls[t, 2])
-                            | (fsuf[i, 3] & ~gls[t, 3])) == 0
-                else:
-                    r = _loop_check(trans, ls, lk, t, fsuf, i, fb[i + 1])
-                    while r < 0:
-                        v = succ_row(T, t, -1 - r)
-                        if v == NEED_GROW:
-                            cnt[0] = nu
-                            pos[0] = i
-                            return NEED_GROW  # node i is visited again
-                        r = _loop_check(trans, ls, lk, t, fsuf, i, fb[i + 1])
-                    full = r == 1
-                if full:
-                    for q in range(b, flo[e]):
-                        tid = fids[q]
-                        words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
-                    i = e
-                    continue
-                p = pq[d - 1]
-                q0 = pd[p, fb[i]] if p >= 0 else -1
-                pq[d] = q0
-                st[d] = t
-                if split:
-                    tn[d] = tn[d - 1] | accepting[t]
-                if q0 >= 0 and e - i > thresh and sps[flo[e]] > sps[b]:
-                    v = slice_from(T, gmode, t, q0, pd, depth, budget, width)
-                    if v == NEED_GROW:
-                        cnt[0] = nu
-                        pos[0] = i
-                        return NEED_GROW  # node i is visited again
-                    if v & 1:
-                        for k in range(sps[b], sps[flo[e]]):
-                            tid = sids[k]
-                            words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
-                        kl = v == 3 and not (split and tn[d])
-                        c = knode[i] if kl else cnode[i]
-                        cnt[0] = nu
-                        if c < 0:
-                            i = e
-                            continue
-                        pos[0] = i
-                        pos[1] = c + 1
-                        pos[2] = ks[c] if kl else cs[c]
-                        pos[3] = 1 if kl else 0
-                        nested = True
-                        break
-            i += 1
-        if not nested:
-            cnt[0] = nu
-            return DONE
+            pos[0] = 1
+        i, r = walk(fb, fd, fs, flo, fown, fsuf, fids, T, gmode, pos[0], fb.shape[0], st, tn, split, words,
+                    unc, cnt, pq, pd, sps, sids, sp)
+        pos[0] = i
+        if r == DONE or r == NEED_GROW:
+            return r
+        # node i took the slice: walk its subtree in the trie of the other tokens
+        kl = r == SLICED_KILL and not (split and tn[fd[i]])
+        c = knode[i] if kl else cnode[i]
+        if c < 0:
+            pos[0] = fs[i]
+            continue
+        pos[1] = c + 1
+        pos[2] = ks[c] if kl else cs[c]
+        pos[3] = 1 if kl else 0

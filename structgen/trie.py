@@ -98,7 +98,7 @@ def _warm_tables(byte: Any, depth: Any, skip: Any, lo: Any, own: Any, suf: Any, 
         for split in (False, True):
             st[0] = g if gmode else c
             pk.walk(byte, depth, skip, lo, own, suf, ids, tab.T, gmode, 1, n + 1, st, tn, split, words, unc,
-                    cnt)
+                    cnt, *_NO_SLICE)
             pk.walk_ids(offs, lens, flat, tab.T, gmode, int(st[0]), ids, np.zeros(4, np.int64), words, split,
                         unc, cnt)
     from .engine import _TEXT_PD
@@ -109,9 +109,10 @@ def _warm_tables(byte: Any, depth: Any, skip: Any, lo: Any, own: Any, suf: Any, 
         pk.slice_from(tab.T, gmode, g if gmode else c, 0, _TEXT_PD, 4, 128, 16)
         for split in (False, True):
             pk.walk_sliced(byte, depth, skip, lo, own, suf, ids, byte, depth, skip, lo, own, suf, ids, cnode,
-                           byte, depth, skip, lo, own, suf, ids, cnode, sps, ids, _TEXT_PD, 4, 128, 16, 1,
-                           tab.T, gmode, g if gmode else c, np.array([0, -1, 0, 0], np.int64), st, tn,
-                           np.zeros(3, np.int64), split, words, unc, cnt)
+                           byte, depth, skip, lo, own, suf, ids, cnode, sps, ids, _TEXT_PD,
+                           np.array([4, 128, 16, 1], np.int64), tab.T, gmode, g if gmode else c,
+                           np.array([0, -1, 0, 0], np.int64), st, tn, np.zeros(3, np.int64), split, words,
+                           unc, cnt)
     pk.rehash_frames(tab.fr, int(tab.meta[pk.M_NFR]), np.full(64, -1, np.int64), np.zeros(64, np.int32))
     pk.rehash_seqs(tab.g_rule.copy(), tab.g_key, tab.gs_d, int(tab.meta[pk.M_NG]), np.full(64, -1, np.int64),
                    np.zeros(64, np.int32))
@@ -193,6 +194,11 @@ def trie_for(key: Any, token_bytes: list[bytes | None], vocab_size: int) -> Trie
     return t
 
 
+# the slice arguments of a walk that takes no slice (pq, pd, sps, sids, sp; see _pda_kernels.walk)
+_NO_SLICE = (np.zeros(1, dtype=np.int64), np.full((1, 256), -1, dtype=np.int8), np.zeros(1, dtype=np.int64),
+             np.zeros(0, dtype=np.int64), np.full(4, -1, dtype=np.int64))
+
+
 # -- drivers (the engine passes itself: its kernel tables and what a kernel asks for) -------
 
 def walk_trie(eng: Any, trie: Trie, start: int, gmode: bool, split: bool, words: np.ndarray) -> np.ndarray:
@@ -211,7 +217,7 @@ def walk_trie(eng: Any, trie: Trie, start: int, gmode: bool, split: bool, words:
     end = trie.num_nodes + 1
     while True:
         i, status = pk.walk(trie.byte, trie.depth, trie.skip, trie.lo, trie.own, trie.suf, trie.slot_ids,
-                            eng.tab.T, gmode, i, end, st, tn, split, words, unc, cnt)
+                            eng.tab.T, gmode, i, end, st, tn, split, words, unc, cnt, *_NO_SLICE)
         if status == DONE:
             break
         eng._service(int(status))
@@ -254,12 +260,13 @@ def walk_sliced(eng: Any, trie: Trie, sl: Any, start: int, gmode: bool, split: b
     unc = np.empty(trie.slot_ids.size if split else 0, dtype=np.int64)
     cnt = np.zeros(1, dtype=np.int64)
     pos = np.array([0, -1, 0, 0], dtype=np.int64)
+    sp = np.array([sl.depth, _SLICE_BUDGET, _SLICE_WIDTH, _SLICE_NODES], dtype=np.int64)
     while True:
         status = pk.walk_sliced(trie.byte, trie.depth, trie.skip, trie.lo, trie.own, trie.suf, trie.slot_ids,
                                 ct.byte, ct.depth, ct.skip, ct.lo, ct.own, ct.suf, ct.slot_ids, sl.cnode,
                                 kt.byte, kt.depth, kt.skip, kt.lo, kt.own, kt.suf, kt.slot_ids, sl.knode,
-                                sl.sps, sl.sids, sl.pd, sl.depth, _SLICE_BUDGET, _SLICE_WIDTH, _SLICE_NODES,
-                                eng.tab.T, gmode, start, pos, st, tn, pq, split, words, unc, cnt)
+                                sl.sps, sl.sids, sl.pd, sp, eng.tab.T, gmode, start, pos, st, tn, pq, split,
+                                words, unc, cnt)
         if status == DONE:
             return unc[: int(cnt[0])]
         eng._service(int(status))
