@@ -10,43 +10,18 @@ Without numba (or with ``STRUCTGEN_NATIVE=0``) they run as plain Python: correct
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-_OFF = os.environ.get("STRUCTGEN_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
-try:
-    if _OFF:
-        raise ImportError
-    from numba import njit
-    COMPILED = True
-except ImportError:  # pragma: no cover - exercised only without numba
-    COMPILED = False
-
-    def njit(*args, **kwargs):  # type: ignore[no-redef]
-        if args and callable(args[0]):
-            return args[0]
-        return lambda f: f
+from ._jit import (
+    COMPILED,  # noqa: F401 - read by structgen.automaton
+    njit,
+)
+from ._jit import GOLD as _GOLD
+from ._jit import mix as _mix
 
 OK = 0
 LIMIT = 1
 OUT_OF_TIME = 2
-
-_M1 = np.uint64(0xFF51AFD7ED558CCD)
-_M2 = np.uint64(0xC4CEB9FE1A85EC53)
-_S33 = np.uint64(33)
-_GOLD = np.int64(0x1E3779B97F4A7C15)
-
-
-@njit(cache=True, nogil=True)
-def _mix(x):  # type: ignore[no-untyped-def]
-    h = np.uint64(x)
-    h ^= h >> _S33
-    h *= _M1
-    h ^= h >> _S33
-    h *= _M2
-    h ^= h >> _S33
-    return np.int64(h >> np.uint64(1))
 
 
 @njit(cache=True, nogil=True)

@@ -36,23 +36,11 @@ Without numba (or with ``STRUCTGEN_NATIVE=0``) the same functions run as plain P
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-_OFF = os.environ.get("STRUCTGEN_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
-try:
-    if _OFF:
-        raise ImportError
-    from numba import njit
-    COMPILED = True
-except ImportError:  # pragma: no cover - exercised only without numba
-    COMPILED = False
-
-    def njit(*args, **kwargs):  # type: ignore[no-redef]
-        if args and callable(args[0]):
-            return args[0]
-        return lambda f: f
+from ._jit import COMPILED, njit
+from ._jit import GOLD as _GOLD
+from ._jit import mix as _mix
 
 DEAD = -1
 UNKNOWN = -2
@@ -197,24 +185,6 @@ else:  # pragma: no cover - plain Python: a namespace object with the same attri
 
     def make_tables(*arrays: object) -> Tab:  # type: ignore[misc]
         return Tab(**dict(zip(FIELD_NAMES, arrays)))
-
-
-_M1 = np.uint64(0xFF51AFD7ED558CCD)
-_M2 = np.uint64(0xC4CEB9FE1A85EC53)
-_S33 = np.uint64(33)
-_GOLD = np.int64(0x1E3779B97F4A7C15)
-
-
-@njit(cache=True, nogil=True)
-def _mix(x):  # type: ignore[no-untyped-def]
-    """A 64-bit finaliser (murmur3's): int64 in, non-negative int64 out."""
-    h = np.uint64(x)
-    h ^= h >> _S33
-    h *= _M1
-    h ^= h >> _S33
-    h *= _M2
-    h ^= h >> _S33
-    return np.int64(h >> np.uint64(1))
 
 
 @njit(cache=True, nogil=True)
