@@ -188,6 +188,15 @@ else:  # pragma: no cover - plain Python: a namespace object with the same attri
 
 
 @njit(cache=True, nogil=True)
+def _eq_at(data, st, buf, n):  # type: ignore[no-untyped-def]
+    """Whether ``data[st : st + n]`` equals ``buf[:n]`` (an interned key against a probe)."""
+    for i in range(n):
+        if data[st + i] != buf[i]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
 def _seq_hash(head, buf, n):  # type: ignore[no-untyped-def]
     h = _mix(np.int64(head) * _GOLD + np.int64(n))
     for i in range(n):
@@ -212,13 +221,7 @@ def _state(meta, g_row, g_flag, g_rule, g_key, gs_d, hk, hv, g_pred, r, buf, n):
         if k == key:
             g = hv[h]
             if g_rule[g] == r and g_key[g, 1] == n:
-                st = g_key[g, 0]
-                same = True
-                for i in range(n):
-                    if gs_d[st + i] != buf[i]:
-                        same = False
-                        break
-                if same:
+                if _eq_at(gs_d, g_key[g, 0], buf, n):
                     return np.int64(g)
         h = (h + 1) & mask
     g = meta[M_NG]
@@ -423,12 +426,7 @@ def _expand_lazy(T, g, r, row):  # type: ignore[no-untyped-def]
             c2 = hcls[slot]
             a2 = cnt[c2]
             if chash[c2] == chash[c] and cnt[c2 + 1] - a2 == b - a:
-                same = True
-                for i in range(b - a):
-                    if tg[a2 + i] != seg[i]:
-                        same = False
-                        break
-                if same:
+                if _eq_at(tg, a2, seg, b - a):
                     j = c2
                     break
             slot = (slot + 1) & (hsz - 1)
@@ -760,13 +758,7 @@ def _config(meta, cf, cf_d, hk, hv, trans, accepting, ls, loopok, rdone, buf, n,
         if k == key:
             c = hv[h]
             if cf[c, 1] == n and cf[c, 2] == a:
-                st = cf[c, 0]
-                same = True
-                for i in range(n):
-                    if cf_d[st + i] != buf[i]:
-                        same = False
-                        break
-                if same:
+                if _eq_at(cf_d, cf[c, 0], buf, n):
                     return np.int64(c)
         h = (h + 1) & mask
     c = meta[M_NCF]
