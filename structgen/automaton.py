@@ -399,11 +399,12 @@ class CompiledGrammar:
     matching are shared by every matcher of this grammar (thread-safe).
     """
 
-    def __init__(self, rules: tuple[LazyRule | DfaRule | ProductRule, ...], root: int, key: str,
-                 source: ir.Grammar | None = None) -> None:
+    def __init__(self, rules: tuple[LazyRule | DfaRule | ProductRule, ...], root: int, key: str | None,
+                 source: ir.Grammar | None = None, options: CompileOptions | None = None) -> None:
         self._rules = rules
         self._root = root
-        self._key = key
+        self._key = key  # None: computed from ``source`` and ``options`` when first asked for
+        self._options = options
         self._source = source
         self._engine: Any = None
         self._engine_lock = threading.Lock()
@@ -420,7 +421,11 @@ class CompiledGrammar:
 
     @property
     def key(self) -> str:
-        """Content hash (hex) of the source IR and compile options."""
+        """Content hash (hex) of the source IR and compile options (SHA-256, stable across
+        processes; computed on first use: compiling needs only the in-process cache key)."""
+        if self._key is None:
+            assert self._source is not None
+            self._key = grammar_key(self._source, self._options or CompileOptions())
         return self._key
 
     @property
@@ -439,17 +444,17 @@ class CompiledGrammar:
         return sum(r.num_states for r in self._rules)
 
     def __hash__(self) -> int:
-        return hash(self._key)
+        return hash(self.key)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, CompiledGrammar) and other._key == self._key
+        return isinstance(other, CompiledGrammar) and (other is self or other.key == self.key)
 
     def __repr__(self) -> str:
         return (f"CompiledGrammar(rules={len(self._rules)}, states={self.num_states}, "
-                f"key={self._key[:12]})")
+                f"key={self.key[:12]})")
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"rules": self._rules, "root": self._root, "key": self._key,
+        return {"rules": self._rules, "root": self._root, "key": self.key,
                 "source": self._source, "metadata": self.metadata}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -489,7 +494,7 @@ class CompiledGrammar:
 # Compilation entry point (with content cache)
 # ---------------------------------------------------------------------------
 
-_CACHE: OrderedDict[str, CompiledGrammar] = OrderedDict()
+_CACHE: OrderedDict[tuple, CompiledGrammar] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 256
 _INLINE_SHARED_MAX = 48   # a rule referenced more than once is inlined only up to this size
@@ -525,14 +530,16 @@ def compile_grammar(grammar: ir.Grammar, options: CompileOptions | None = None, 
     (the timeout names the rule being built when it fired).
     """
     options = options or CompileOptions()
-    key = grammar_key(grammar, options)
+    # in-process key: the IR itself (nodes hash structurally with cached hashes and compare
+    # deeply only on a hit), not the SHA-256 fingerprint, which walks every node once more
+    key = (repr(options), grammar.start, tuple(sorted(grammar.rules.items(), key=lambda kv: kv[0])))
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit
     with gc_paused():
-        cg = _Compiler(grammar, options, deadline).compile(key)
+        cg = _Compiler(grammar, options, deadline).compile()
     with _CACHE_LOCK:
         _CACHE[key] = cg
         while len(_CACHE) > _CACHE_SIZE:
@@ -779,7 +786,7 @@ class _Compiler:
                 "(CompileOptions.max_states)"))
 
     # -- driver ---------------------------------------------------------------
-    def compile(self, key: str) -> CompiledGrammar:
+    def compile(self) -> CompiledGrammar:
         g = self.g
         if len(g.rules) > self.opt.max_rules:
             raise CompileLimitError(f"grammar has {len(g.rules)} rules, more than "
@@ -885,7 +892,7 @@ class _Compiler:
         out: list[LazyRule | DfaRule | ProductRule] = [
             _lazy_rule(n, nfa, end) for n, (nfa, end) in zip(self.kept, trimmed)]
         out.extend(self.dfa_rules)
-        return CompiledGrammar(tuple(out), 0, key, source=self.g)
+        return CompiledGrammar(tuple(out), 0, None, source=self.g, options=self.opt)
 
     # -- NFA-level trimming and checks ------------------------------------------------
     def _trim_nfas(self, built: list[tuple[_Nfa, int]]) -> list[tuple[_Nfa, int]]:

@@ -1468,18 +1468,35 @@ def _obj_le_facts(fa: tuple[Any, ...], fb: tuple[Any, ...]) -> bool:
 
 
 def _drop_subsumed(recs: list[Any], check: Callable[[], None] | None = None) -> list[Any]:
-    if len(recs) < 2 or len(recs) > 3000:
+    n = len(recs)
+    if n < 2 or n > 3000:
         return recs
     if isinstance(recs[0], Obj):
         facts = [_obj_facts(r) for r in recs]
         le: Callable[[Any, Any], bool] = _obj_le_facts
+        # ``a <= b`` needs b's required keys, exists terms and property key sets among a's: one bit per
+        # such item, so a pair is compared only when ``sig[b] & ~sig[a] == 0`` (cheap integer test).
+        bit: dict[Any, int] = {}
+        sig = []
+        for f in facts:
+            m = 0
+            for x in f[0]:
+                m |= 1 << bit.setdefault(("r", x), len(bit))
+            for x in f[4]:
+                m |= 1 << bit.setdefault(("e", x), len(bit))
+            for k, _v in f[6]:
+                m |= 1 << bit.setdefault(("p", k), len(bit))
+            sig.append(m)
     else:
         facts, le = recs, _arr_le
+        sig = [0] * n
     keep: list[Any] = []
     for i, r in enumerate(facts):
         if check is not None and i & 63 == 63:
             check()  # quadratic in the number of records: a deadline check now and then
-        if any(j != i and le(r, q) and not (le(q, r) and j > i) for j, q in enumerate(facts)):
+        na = ~sig[i]
+        if any(le(r, facts[j]) and not (j > i and le(facts[j], r))
+               for j in [j for j, s in enumerate(sig) if not s & na and j != i]):
             continue
         keep.append(recs[i])
     return keep
