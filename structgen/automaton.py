@@ -500,6 +500,7 @@ _CACHE_SIZE = 256
 _INLINE_SHARED_MAX = 48   # a rule referenced more than once is inlined only up to this size
 _INLINE_MAX = 20_000      # no rule is inlined above this size
 _MINIMISE_MIN = 256       # regular sub-automata above this size are minimised
+_MINIMISE_SKIP_MIN = 8192  # ... unless above this size with almost no two states alike (see _nearly_distinct)
 _SHARE_MIN = 24           # repeated sub-expressions of at least this size become shared rules
 _COUNTED_MIN = 256        # a bounded repetition of a closed item unrolling to more becomes counted
 _EMBED_MAX = 12           # regular sub-automata up to this many states are copied, not called
@@ -1358,6 +1359,8 @@ class _Compiler:
                                             self.opt.max_states, self.work_budget())
             self.kernel_status(int(status), "intersection/difference")
             d = _trim_regular(_Dfa(trans, acc, [()] * trans.shape[0]))
+            if d.trans.shape[0] > _MINIMISE_SKIP_MIN and _nearly_distinct(d):
+                return d
             return _minimise(d, self.check_time_now) if d.trans.shape[0] > _MINIMISE_MIN else d
         # joint byte classes: bytes on which every state of both automata agrees
         joint = np.concatenate([a.trans, b.trans], axis=0)  # [na + nb, 256]
@@ -1669,6 +1672,19 @@ def _minimise(d: _Dfa, check: Callable[[], None] | None = None) -> _Dfa:
 
 
 _HASH_RNG = np.random.default_rng(0x5EED)
+
+
+def _nearly_distinct(d: _Dfa) -> bool:
+    """Whether at most 1% of ``d``'s states share their acceptance and transition row with
+    another. The product of two minimal DFAs where that holds is minimal or nearly so (the
+    benchmark's big products shrank by 0.2-0.3% under minimisation, at ~10 ms per 1,000
+    states); products with many equal rows (they shrank 25-35%) are still minimised. A
+    non-minimal table is exact all the same, only larger."""
+    m = d.trans.astype(np.int64)
+    mult = _HASH_RNG.integers(1, 2**62, size=m.shape[1], dtype=np.int64) | 1
+    with np.errstate(over="ignore"):
+        h = (m * mult).sum(axis=1) * 2 + d.accept.astype(np.int64)
+    return np.unique(h).size >= 0.99 * m.shape[0]
 
 
 def _row_classes(mat: np.ndarray) -> np.ndarray:

@@ -186,6 +186,7 @@ HOSTNAME_LABEL_ALIGN = 32
 """Label-length bookkeeping granularity of the ``hostname`` automaton (see ``_hostname``)."""
 
 
+@functools.lru_cache(maxsize=None)
 def _hostname() -> ir.Expr:
     """RFC 1123 hostnames of at most 253 bytes, with a sound narrowing on label lengths.
 

@@ -60,6 +60,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from fractions import Fraction
+from itertools import chain
 from typing import Any, Union
 
 from . import ir
@@ -722,6 +723,63 @@ def explore_dfa(start: Hashable, step: Callable[[Any, int], Any],
     return dfa
 
 
+_NATIVE_MIN = 48  # explored automata from this many states are minimised by the compiled kernels
+
+
+def _minimise_native(edges: Sequence[dict[int, int]], accept: Sequence[bool], start: int) -> Any:
+    """:func:`minimise_dfa` by the compiled trim and Hopcroft kernels (False without numba);
+    the result is renumbered in the same breadth-first order, so it is the same node."""
+    import numpy as np
+
+    from . import _dfa_kernels as dk
+
+    if not dk.COMPILED:
+        return False
+    n = len(edges)
+    if start != 0:  # the kernels start at state 0: swap the two
+        perm = list(range(n))
+        perm[0], perm[start] = start, 0
+        edges = [{b: perm[t] for b, t in edges[q].items()} for q in perm]
+        accept = [accept[q] for q in perm]
+    sizes = np.fromiter(map(len, edges), dtype=np.int64, count=n)
+    total = int(sizes.sum())
+    table = np.full((n, 256), -1, dtype=np.int32)
+    table[np.repeat(np.arange(n), sizes),
+          np.fromiter(chain.from_iterable(edges), dtype=np.int64, count=total)] = np.fromiter(
+        chain.from_iterable(d.values() for d in edges), dtype=np.int32, count=total)
+    trans, acc = dk.trim(table, np.array(accept, dtype=np.bool_))
+    if not acc.any():
+        return None
+    _status, trans, acc = dk.minimise(trans, acc, 1 << 62)
+    rows, cols = np.nonzero(trans >= 0)  # row-major: each state's edges in byte order
+    bounds = np.searchsorted(rows, np.arange(trans.shape[0] + 1)).tolist()
+    tgt = trans[rows, cols].tolist()
+    cols_l = cols.tolist()
+    new_id = {0: 0}
+    rep_of = [0]
+    out: list[list[tuple[int, int, int]]] = []
+    accept_out: list[int] = []
+    k = 0
+    while k < len(rep_of):
+        q = rep_of[k]
+        row: list[tuple[int, int, int]] = []
+        for z in range(bounds[q], bounds[q + 1]):
+            b, t = cols_l[z], tgt[z]
+            tid = new_id.get(t)
+            if tid is None:
+                tid = new_id[t] = len(rep_of)
+                rep_of.append(t)
+            if row and row[-1][1] == b - 1 and row[-1][2] == tid:
+                row[-1] = (row[-1][0], b, tid)
+            else:
+                row.append((b, b, tid))
+        out.append(row)
+        if acc[q]:
+            accept_out.append(k)
+        k += 1
+    return ir.Dfa(0, accept_out, out)
+
+
 def minimise_dfa(edges: Sequence[dict[int, int]], accept: Sequence[bool], start: int) -> ir.Dfa | None:
     """Trim and minimise a partial DFA (``edges[q][byte] = target``); None if empty.
 
@@ -729,6 +787,10 @@ def minimise_dfa(edges: Sequence[dict[int, int]], accept: Sequence[bool], start:
     the start state, so equal languages give equal :class:`~structgen.ir.Dfa` nodes.
     """
     n = len(edges)
+    if n >= _NATIVE_MIN:
+        got = _minimise_native(edges, accept, start)
+        if got is not False:
+            return got  # type: ignore[return-value]
     # co-reachability (live states)
     preds: list[list[int]] = [[] for _ in range(n)]
     for q, out in enumerate(edges):
