@@ -716,6 +716,7 @@ class _Compiler:
         self.kept: list[str] = []
         self.exprs: dict[str, ir.Expr] = {}
         self._regular_cache: dict[ir.Expr, _Dfa] = {}
+        self._hoist_done: dict[int, tuple[ir.Expr, ir.Expr]] = {}
         self.dfa_rules: list[DfaRule | ProductRule | CountedRule] = []
         self._prefix_free: dict[ir.Expr, bool] = {}
         self.dfa_rule_index: dict[ir.Expr, int] = {}
@@ -1006,7 +1007,17 @@ class _Compiler:
 
     def _hoist(self, e: ir.Expr, hoisted: dict[ir.Expr, str], memo: dict[ir.Expr, int],
                rules: dict[str, ir.Expr]) -> ir.Expr:
-        """Replace the item of a large repetition with a call to a synthetic rule."""
+        """Replace the item of a large repetition with a call to a synthetic rule (each node
+        of the expression DAG visited once: results are kept by node, with the node)."""
+        got = self._hoist_done.get(id(e))
+        if got is not None:
+            return got[1]
+        out = self._hoist_node(e, hoisted, memo, rules)
+        self._hoist_done[id(e)] = (e, out)
+        return out
+
+    def _hoist_node(self, e: ir.Expr, hoisted: dict[ir.Expr, str], memo: dict[ir.Expr, int],
+                    rules: dict[str, ir.Expr]) -> ir.Expr:
         if isinstance(e, ir.Repeat):
             if self._countable(e, memo):
                 return _Counted(e.item, e.min, e.max)
