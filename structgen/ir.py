@@ -115,6 +115,7 @@ class ByteSet(Expr):
 
     __slots__ = ("ranges",)
     ranges: tuple[tuple[int, int], ...]
+    _rf = frozenset()  # type: ignore[assignment]  # a leaf: no references (shadows the slot)
 
     def __init__(self, ranges: tuple[tuple[int, int], ...]) -> None:
         object.__setattr__(self, "ranges", ranges)
@@ -269,6 +270,7 @@ class Dfa(Expr):
     """
 
     __slots__ = ("start", "accept", "trans")
+    _rf = frozenset()  # type: ignore[assignment]  # no references (shadows the slot)
     start: int
     accept: frozenset[int]
     trans: tuple[tuple[tuple[int, int, int], ...], ...]

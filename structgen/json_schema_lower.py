@@ -979,26 +979,14 @@ def _small(e: ir.Expr, budget: int = 24) -> bool:
 
 
 def _reachable(rules: dict[str, ir.Expr], start: str) -> dict[str, ir.Expr]:
+    # ``refs()`` is cached on every node it visits, and the automaton compiler asks the
+    # same nodes again: one walk of the expression DAG serves both
     seen = {start}
     work = [start]
-    visited: set[int] = set()
     while work:
-        e0 = rules[work.pop()]
-        stack = [e0]
-        while stack:
-            x = stack.pop()
-            if id(x) in visited:
-                continue
-            visited.add(id(x))
-            if isinstance(x, ir.Ref):
-                if x.name not in seen:
-                    seen.add(x.name)
-                    work.append(x.name)
-            elif isinstance(x, (ir.Seq, ir.Alt)):
-                stack.extend(x.items)
-            elif isinstance(x, ir.Repeat):
-                stack.append(x.item)
-            elif isinstance(x, (ir.And, ir.Diff)):
-                stack += [x.left, x.right]
+        for name in rules[work.pop()].refs():
+            if name not in seen:
+                seen.add(name)
+                work.append(name)
     return {n: rules[n] for n in rules if n in seen}
 
