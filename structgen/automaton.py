@@ -371,8 +371,34 @@ def _all_states_infinite(d: Any) -> bool:
 
 
 def _finite_language(d: Any) -> bool:
-    """Is the language of the trimmed DFA ``d`` finite (no cycle among its states)?"""
-    return not _cyclic_states(d).any()
+    """Is the language of the trimmed DFA ``d`` finite (no cycle among its states)? Kahn's
+    peeling of states without predecessors: all of them go exactly when there is no cycle."""
+    got = getattr(d, "_cyclic", None)
+    if got is not None:
+        return not got.any()
+    n = d.trans.shape[0]
+    succ = _successors(d)
+    indeg = np.bincount(np.fromiter((t for ts in succ for t in ts), dtype=np.int64), minlength=n).tolist()
+    todo = [q for q in range(n) if indeg[q] == 0]
+    peeled = 0
+    while todo:
+        q = todo.pop()
+        peeled += 1
+        for t in succ[q]:
+            indeg[t] -= 1
+            if indeg[t] == 0:
+                todo.append(t)
+    return peeled == n
+
+
+def _successors(d: Any) -> list[list[int]]:
+    """Per state of DFA ``d``, its distinct successor states in ascending order."""
+    n = d.trans.shape[0]
+    rows, cols = np.nonzero(d.trans >= 0)
+    pairs = np.unique(rows.astype(np.int64) * n + d.trans[rows, cols])  # distinct (state, successor)
+    bounds = np.searchsorted(pairs // n, np.arange(n + 1)).tolist()
+    tgt = (pairs % n).tolist()
+    return [tgt[bounds[q]:bounds[q + 1]] for q in range(n)]
 
 
 def _cyclic_states(d: Any) -> np.ndarray:
@@ -381,8 +407,8 @@ def _cyclic_states(d: Any) -> np.ndarray:
     if got is not None:
         return got
     n = d.trans.shape[0]
-    succ = [set(r[r >= 0].tolist()) for r in d.trans]
-    comps = strongly_connected_components(list(range(n)), {q: succ[q] for q in range(n)})
+    succ = _successors(d)
+    comps = strongly_connected_components(list(range(n)), dict(enumerate(succ)))
     out = np.zeros(n, dtype=bool)
     for comp in comps:
         if len(comp) > 1 or comp[0] in succ[comp[0]]:
