@@ -1152,6 +1152,8 @@ class _Compiler:
         stack = [e]
         while stack:
             x = stack.pop()
+            if not x.refs():
+                continue  # (cached per node) nothing to count below
             if isinstance(x, ir.Ref):
                 counter[x.name] = counter.get(x.name, 0) + 1
             elif isinstance(x, (ir.Seq, ir.Alt)):
