@@ -40,7 +40,9 @@ Engine settings (compact JSON everywhere, no whitespace between tokens):
 Measurements (``time.perf_counter_ns``), per engine and case:
 
 * compile: cold (structgen's content caches and xgrammar's compiler cache are cleared; the
-  process itself is warm: every worker compiles and replays a small schema first);
+  process itself is warm: every worker compiles and replays a small schema first, then
+  compiles one with a Unicode-class pattern and the common string formats, so that tables
+  which do not depend on the grammar are not charged to whichever case first needs them);
 * time to first mask (TTFM): compile + matcher creation + the first mask fill;
 * step: advance by the next replayed token + fill the next mask (median / mean / p99 over
   all steps of a case kind);
