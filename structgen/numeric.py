@@ -56,7 +56,7 @@ from __future__ import annotations
 import functools
 import math
 import struct
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from fractions import Fraction
@@ -755,26 +755,35 @@ def _minimise_native(edges: Sequence[dict[int, int]], accept: Sequence[bool], st
     bounds = np.searchsorted(rows, np.arange(trans.shape[0] + 1)).tolist()
     tgt = trans[rows, cols].tolist()
     cols_l = cols.tolist()
-    new_id = {0: 0}
-    rep_of = [0]
+    return _emit_bfs(0, lambda q: zip(cols_l[bounds[q]:bounds[q + 1]], tgt[bounds[q]:bounds[q + 1]]),
+                     lambda q: bool(acc[q]))
+
+
+def _emit_bfs(start: Hashable, edges_of: Callable[[Any], Iterable[tuple[int, Any]]],
+              accepting: Callable[[Any], bool]) -> ir.Dfa:
+    """The DFA reached from ``start``, states numbered breadth-first with each state's edges
+    (``(byte, target)``, ascending bytes) in order, runs of bytes to one target merged: the
+    canonical numbering that makes equal minimal languages equal :class:`~structgen.ir.Dfa`
+    nodes."""
+    new_id = {start: 0}
+    order = [start]
     out: list[list[tuple[int, int, int]]] = []
     accept_out: list[int] = []
     k = 0
-    while k < len(rep_of):
-        q = rep_of[k]
+    while k < len(order):
+        q = order[k]
         row: list[tuple[int, int, int]] = []
-        for z in range(bounds[q], bounds[q + 1]):
-            b, t = cols_l[z], tgt[z]
+        for b, t in edges_of(q):
             tid = new_id.get(t)
             if tid is None:
-                tid = new_id[t] = len(rep_of)
-                rep_of.append(t)
+                tid = new_id[t] = len(order)
+                order.append(t)
             if row and row[-1][1] == b - 1 and row[-1][2] == tid:
                 row[-1] = (row[-1][0], b, tid)
             else:
                 row.append((b, b, tid))
         out.append(row)
-        if acc[q]:
+        if accepting(q):
             accept_out.append(k)
         k += 1
     return ir.Dfa(0, accept_out, out)
@@ -880,34 +889,19 @@ def minimise_dfa(edges: Sequence[dict[int, int]], accept: Sequence[bool], start:
                     smaller = ni if len(inter) <= len(y) else yi
                     work.append(smaller)
                     in_work.add(smaller)
-    # emit in BFS order from start, dropping the sink's block
+    # emit in BFS order from start, dropping the sink's block (blocks stand for their states)
     sink_block = block_of[sink]
-    new_id: dict[int, int] = {block_of[0]: 0}
-    rep_of = [0]
-    trans: list[list[tuple[int, int, int]]] = []
-    accept_out: list[int] = []
-    k = 0
-    while k < len(rep_of):
-        q = rep_of[k]
-        row: list[tuple[int, int, int]] = []
+    rep = {block_of[0]: 0}  # a member of each block reached
+
+    def block_edges(bq: int) -> Iterator[tuple[int, int]]:
+        row = delta[rep[bq]]
         for a, b in enumerate(alphabet):
-            t = delta[q][a]
-            tb = block_of[t]
-            if tb == sink_block:
-                continue
-            if tb not in new_id:
-                new_id[tb] = len(rep_of)
-                rep_of.append(t)
-            tid = new_id[tb]
-            if row and row[-1][1] == b - 1 and row[-1][2] == tid:
-                row[-1] = (row[-1][0], b, tid)
-            else:
-                row.append((b, b, tid))
-        trans.append(row)
-        if q in acc_set:
-            accept_out.append(k)
-        k += 1
-    return ir.Dfa(0, accept_out, trans)
+            tb = block_of[row[a]]
+            if tb != sink_block:
+                rep.setdefault(tb, row[a])
+                yield b, tb
+
+    return _emit_bfs(block_of[0], block_edges, lambda bq: rep[bq] in acc_set)
 
 
 # ---------------------------------------------------------------------------
