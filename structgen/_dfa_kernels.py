@@ -620,6 +620,43 @@ def minimise(trans, accept, budget):  # type: ignore[no-untyped-def]
     return OK, out, acc
 
 
+@njit(cache=True, nogil=True)
+def acyclic(trans):  # type: ignore[no-untyped-def]
+    """Whether the DFA table ``trans`` (int32 ``[n, 256]``, -1 = no edge) has no cycle: a
+    depth-first search that meets no state still on its path (for a trimmed DFA: whether
+    its language is finite)."""
+    n = trans.shape[0]
+    color = np.zeros(n, dtype=np.int8)  # 0 unseen, 1 on the path, 2 done
+    sq = np.empty(n, dtype=np.int64)
+    sb = np.empty(n, dtype=np.int64)
+    for root in range(n):
+        if color[root]:
+            continue
+        sp = 0
+        sq[0] = root
+        sb[0] = 0
+        color[root] = 1
+        while sp >= 0:
+            q = sq[sp]
+            b = sb[sp]
+            if b == 256:
+                color[q] = 2
+                sp -= 1
+                continue
+            sb[sp] = b + 1
+            t = trans[q, b]
+            if t < 0:
+                continue
+            if color[t] == 1:
+                return False
+            if color[t] == 0:
+                color[t] = 1
+                sp += 1
+                sq[sp] = t
+                sb[sp] = 0
+    return True
+
+
 def warm() -> None:
     """Run every kernel once on a tiny automaton (loads them from numba's cache, or compiles
     them the first time ever), so that no grammar compile pays for it."""
@@ -631,3 +668,4 @@ def warm() -> None:
     _st, p, pacc = product(trans, acc, trans, acc, False, 100, 10**6)
     trans, acc = trim(trans, acc)
     minimise(trans, acc, 10**6)
+    acyclic(trans)

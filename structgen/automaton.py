@@ -353,7 +353,14 @@ class ProductRule:
 
 def _all_states_infinite(d: Any) -> bool:
     """Does every state of the trimmed DFA ``d`` have infinitely many completions (can
-    reach a cycle)?"""
+    reach a cycle)? Cached on ``d`` (a regular operand shared by many differences)."""
+    got = getattr(d, "_all_infinite", None)
+    if got is None:
+        got = d._all_infinite = _all_states_infinite_of(d)
+    return bool(got)
+
+
+def _all_states_infinite_of(d: Any) -> bool:
     n = d.trans.shape[0]
     if n == 0:
         return False
@@ -376,6 +383,10 @@ def _finite_language(d: Any) -> bool:
     got = getattr(d, "_cyclic", None)
     if got is not None:
         return not got.any()
+    from . import _dfa_kernels as dk
+
+    if dk.COMPILED:
+        return bool(dk.acyclic(_c32(d.trans)))
     n = d.trans.shape[0]
     succ = _successors(d)
     indeg = np.bincount(np.fromiter((t for ts in succ for t in ts), dtype=np.int64), minlength=n).tolist()
@@ -1255,6 +1266,9 @@ class _Compiler:
         state can still complete outside ``B`` (finitely many strings cannot cover an
         infinite set), so the product needs no trimming and is explored lazily at run
         time by a :class:`ProductRule`. Returns a function adding the call, or None."""
+        j = self.dfa_rule_index.get(e)
+        if j is not None and isinstance(self.dfa_rules[j - len(self.kept)], ProductRule):
+            return self._call_adder(j)  # the same difference elsewhere in the grammar
         self._regular_stack.append(e)
         try:
             a = self._regular_operand(e.left, inline_stack)
@@ -1270,7 +1284,11 @@ class _Compiler:
             j = len(self.kept) + len(self.dfa_rules)
             self.dfa_rule_index[e] = j
             self.dfa_rules.append(ProductRule(f"__diff{j}", a, b))  # type: ignore[arg-type]
+        return self._call_adder(j)
 
+    @staticmethod
+    def _call_adder(j: int) -> Callable[[_Nfa, int], int]:
+        """A function adding a call of rule ``j`` after a state (returns the new end state)."""
         def add(nfa: _Nfa, s: int) -> int:
             t = nfa.new()
             nfa.calls[s].append((j, t))
