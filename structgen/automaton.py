@@ -34,7 +34,7 @@ from . import ir
 from .config import CompileOptions
 from .errors import CompileLimitError, CompileTimeoutError, GrammarError
 from .gcpause import gc_paused
-from .graphs import strongly_connected_components
+from .graphs import reachable, strongly_connected_components
 
 __all__ = ["CompiledGrammar", "CountedRule", "DfaRule", "LazyRule", "compile_grammar"]
 
@@ -378,8 +378,9 @@ def _all_states_infinite_of(d: Any) -> bool:
 
 
 def _finite_language(d: Any) -> bool:
-    """Is the language of the trimmed DFA ``d`` finite (no cycle among its states)? Kahn's
-    peeling of states without predecessors: all of them go exactly when there is no cycle."""
+    """Is the language of the trimmed DFA ``d`` finite (no cycle among its states)? A
+    compiled cycle search, else Kahn's peeling of states without predecessors (all of them
+    go exactly when there is no cycle)."""
     got = getattr(d, "_cyclic", None)
     if got is not None:
         return not got.any()
@@ -840,14 +841,7 @@ class _Compiler:
                     raise GrammarError(f"rule {n!r} refers to undefined rule {r!r}")
             refs[n] = s
         # reachable rules from start
-        reach = {g.start}
-        todo = [g.start]
-        while todo:
-            n = todo.pop()
-            for r in refs[n]:
-                if r not in reach:
-                    reach.add(r)
-                    todo.append(r)
+        reach = reachable(g.start, refs.__getitem__)
         recursive: set[str] = set()
         for comp in strongly_connected_components(sorted(reach), refs):
             if len(comp) > 1 or comp[0] in refs[comp[0]]:
@@ -1737,11 +1731,8 @@ def _nearly_distinct(d: _Dfa) -> bool:
     benchmark's big products shrank by 0.2-0.3% under minimisation, at ~10 ms per 1,000
     states); products with many equal rows (they shrank 25-35%) are still minimised. A
     non-minimal table is exact all the same, only larger."""
-    m = d.trans.astype(np.int64)
-    mult = _HASH_RNG.integers(1, 2**62, size=m.shape[1], dtype=np.int64) | 1
-    with np.errstate(over="ignore"):
-        h = (m * mult).sum(axis=1) * 2 + d.accept.astype(np.int64)
-    return np.unique(h).size >= 0.99 * m.shape[0]
+    rows = _row_classes(np.concatenate([d.accept[:, None].astype(np.int32), d.trans], axis=1))
+    return int(rows.max()) + 1 >= 0.99 * d.trans.shape[0]
 
 
 def _row_classes(mat: np.ndarray) -> np.ndarray:

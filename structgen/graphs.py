@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["strongly_connected_components"]
+__all__ = ["reachable", "strongly_connected_components"]
 
 N = TypeVar("N", bound=Hashable)
 
@@ -57,3 +57,15 @@ def strongly_connected_components(nodes: Iterable[N], edges: Mapping[N, Iterable
                         break
                 out.append(sorted(comp, key=key))  # type: ignore[arg-type]
     return out
+
+
+def reachable(start: N, succ: Callable[[N], Iterable[N]]) -> set[N]:
+    """The nodes reachable from ``start`` (itself included) along ``succ``."""
+    seen = {start}
+    todo = [start]
+    while todo:
+        for w in succ(todo.pop()):
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return seen

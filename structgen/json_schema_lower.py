@@ -37,6 +37,7 @@ from typing import Any
 from . import ir
 from .config import JsonSchemaOptions
 from .errors import CompileLimitError, CompileTimeoutError, SchemaError
+from .graphs import reachable
 from .json_schema_algebra import (
     ARR_TOP,
     BOTTOM,
@@ -981,12 +982,6 @@ def _small(e: ir.Expr, budget: int = 24) -> bool:
 def _reachable(rules: dict[str, ir.Expr], start: str) -> dict[str, ir.Expr]:
     # ``refs()`` is cached on every node it visits, and the automaton compiler asks the
     # same nodes again: one walk of the expression DAG serves both
-    seen = {start}
-    work = [start]
-    while work:
-        for name in rules[work.pop()].refs():
-            if name not in seen:
-                seen.add(name)
-                work.append(name)
+    seen = reachable(start, lambda name: rules[name].refs())
     return {n: rules[n] for n in rules if n in seen}
 

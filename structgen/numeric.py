@@ -726,15 +726,13 @@ def explore_dfa(start: Hashable, step: Callable[[Any, int], Any],
 _NATIVE_MIN = 48  # explored automata from this many states are minimised by the compiled kernels
 
 
-def _minimise_native(edges: Sequence[dict[int, int]], accept: Sequence[bool], start: int) -> Any:
-    """:func:`minimise_dfa` by the compiled trim and Hopcroft kernels (False without numba);
-    the result is renumbered in the same breadth-first order, so it is the same node."""
+def _minimise_native(edges: Sequence[dict[int, int]], accept: Sequence[bool], start: int) -> ir.Dfa | None:
+    """:func:`minimise_dfa` by the compiled trim and Hopcroft kernels; the result is
+    renumbered in the same breadth-first order, so it is the same node."""
     import numpy as np
 
     from . import _dfa_kernels as dk
 
-    if not dk.COMPILED:
-        return False
     n = len(edges)
     if start != 0:  # the kernels start at state 0: swap the two
         perm = list(range(n))
@@ -797,9 +795,10 @@ def minimise_dfa(edges: Sequence[dict[int, int]], accept: Sequence[bool], start:
     """
     n = len(edges)
     if n >= _NATIVE_MIN:
-        got = _minimise_native(edges, accept, start)
-        if got is not False:
-            return got  # type: ignore[return-value]
+        from ._jit import COMPILED
+
+        if COMPILED:
+            return _minimise_native(edges, accept, start)
     # co-reachability (live states)
     preds: list[list[int]] = [[] for _ in range(n)]
     for q, out in enumerate(edges):
