@@ -88,19 +88,19 @@ def _fields() -> list[tuple[str, object]]:
         ("tb", m(i32)), ("tbacc", v(u8)),
         ("grow", m(i32)), ("gflag", v(u8)), ("gcall", m(i32)), ("calls", m(i32)), ("grule", v(i32)),
         ("gkey", m(i32)), ("gsd", v(i32)), ("gshk", v(i64)), ("gshv", v(i32)), ("gpred", v(i32)),
-        ("gacc", v(b1)), ("gls", m(u64)), ("glk", v(u8)), ("gsl", m(i8)),
+        ("gacc", v(b1)), ("gls", m(u64)), ("glk", v(u8)), ("gsl", m(i8)), ("gu8", v(i8)),
         ("fr", m(i32)), ("frhk", v(i64)), ("frhv", v(i32)), ("cl", m(i32)), ("cld", v(i32)),
         ("clcfg", v(i32)),
         ("cf", m(i32)), ("cfd", v(i32)), ("cfhk", v(i64)), ("cfhv", v(i32)), ("trans", m(i32)),
-        ("acc", v(b1)), ("ls", m(u64)), ("lk", m(u64)), ("rdone", v(u8)), ("csl", m(i8)),
+        ("acc", v(b1)), ("ls", m(u64)), ("lk", m(u64)), ("rdone", v(u8)), ("csl", m(i8)), ("cu8", v(i8)),
     ]
 
 
 FIELD_NAMES = ["meta", "rkind", "rbase", "raux", "rcls", "rncls", "rend", "rstart", "rlo", "rhi", "xepso",
                "xeps", "xedgo", "xedg", "xcalo", "xcal", "ximp", "xec", "ecd", "tb", "tbacc", "grow", "gflag",
                "gcall", "calls", "grule", "gkey", "gsd", "gshk", "gshv", "gpred", "gacc", "gls", "glk",
-               "gsl", "fr", "frhk", "frhv", "cl", "cld", "clcfg", "cf", "cfd", "cfhk", "cfhv", "trans",
-               "acc", "ls", "lk", "rdone", "csl"]
+               "gsl", "gu8", "fr", "frhk", "frhv", "cl", "cld", "clcfg", "cf", "cfd", "cfhk", "cfhv", "trans",
+               "acc", "ls", "lk", "rdone", "csl", "cu8"]
 
 if COMPILED:
     from numba import types as _nt
@@ -122,8 +122,8 @@ if COMPILED:
     @njit(cache=True)
     def make_tables(meta, rkind, rbase, raux, rcls, rncls, rend, rstart, rlo, rhi, xepso, xeps, xedgo, xedg,
                     xcalo, xcal, ximp, xec, ecd, tb, tbacc, grow, gflag, gcall, calls, grule, gkey, gsd, gshk,
-                    gshv, gpred, gacc, gls, glk, gsl, fr, frhk, frhv, cl, cld, clcfg, cf, cfd, cfhk,
-                    cfhv, trans, acc, ls, lk, rdone, csl):  # type: ignore[no-untyped-def]
+                    gshv, gpred, gacc, gls, glk, gsl, gu8, fr, frhk, frhv, cl, cld, clcfg, cf, cfd, cfhk,
+                    cfhv, trans, acc, ls, lk, rdone, csl, cu8):  # type: ignore[no-untyped-def]
         t = _structref.new(_TAB)
         t.meta = meta
         t.rkind = rkind
@@ -160,6 +160,7 @@ if COMPILED:
         t.gls = gls
         t.glk = glk
         t.gsl = gsl
+        t.gu8 = gu8
         t.fr = fr
         t.frhk = frhk
         t.frhv = frhv
@@ -176,6 +177,7 @@ if COMPILED:
         t.lk = lk
         t.rdone = rdone
         t.csl = csl
+        t.cu8 = cu8
         return t
 
 else:  # pragma: no cover - plain Python: a namespace object with the same attributes
@@ -1164,15 +1166,16 @@ def _ctz(x):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def _loop_check(trans, ls, lk, t, suf, i, first):  # type: ignore[no-untyped-def]
-    """Whether every byte in ``suf[i]`` (the bytes below trie node ``i``) loops on
-    configuration ``t``, learning loops byte by byte (``ls`` loop bits, ``lk`` known bits;
-    ``first``, the byte of the node's first child, needed next anyway, is tried first):
-    1 yes, 0 no, or ``-1 - b`` when the successor on byte ``b`` is not computed yet."""
+def _loop_check(trans, ls, lk, t, suf, i, first, nw):  # type: ignore[no-untyped-def]
+    """Whether every byte in ``suf[i]`` (the bytes below trie node ``i``; with ``nw = 2``
+    only its ASCII bytes) loops on configuration ``t``, learning loops byte by byte (``ls``
+    loop bits, ``lk`` known bits; ``first``, the byte of the node's first child, needed next
+    anyway, is tried first): 1 yes, 0 no, or ``-1 - b`` when the successor on byte ``b`` is
+    not computed yet."""
     one = np.uint64(1)
     fw = first >> 6
     fb = one << np.uint64(first & 63)
-    if not (ls[t, fw] & fb):
+    if fw < nw and not (ls[t, fw] & fb):
         if not (lk[t, fw] & fb):
             v = trans[t, first]
             if v == UNKNOWN:
@@ -1182,7 +1185,7 @@ def _loop_check(trans, ls, lk, t, suf, i, first):  # type: ignore[no-untyped-def
                 ls[t, fw] |= fb
         if not (ls[t, fw] & fb):
             return 0
-    for w in range(4):
+    for w in range(nw):
         need = suf[i, w] & ~ls[t, w]
         if need == 0:
             continue
@@ -1202,8 +1205,80 @@ def _loop_check(trans, ls, lk, t, suf, i, first):  # type: ignore[no-untyped-def
     return 1
 
 
+def _utf8_automaton() -> np.ndarray:
+    """Well-formed UTF-8 (int8 ``[8, 256]``: state 0 = between characters, -1 = no edge):
+    ASCII, and the multibyte sequences of RFC 3629 (no overlong forms, no surrogates)."""
+    u = np.full((8, 256), -1, dtype=np.int8)
+    u[0, 0x00:0x80] = 0
+    u[0, 0xC2:0xE0] = 1
+    u[0, 0xE0] = 2
+    u[0, 0xE1:0xED] = 3
+    u[0, 0xEE:0xF0] = 3
+    u[0, 0xED] = 4
+    u[0, 0xF0] = 5
+    u[0, 0xF1:0xF4] = 6
+    u[0, 0xF4] = 7
+    u[1, 0x80:0xC0] = 0
+    u[2, 0xA0:0xC0] = 1
+    u[3, 0x80:0xC0] = 1
+    u[4, 0x80:0xA0] = 1
+    u[5, 0x90:0xC0] = 3
+    u[6, 0x80:0xC0] = 3
+    u[7, 0x80:0x90] = 3
+    return u
+
+
+UTF8 = _utf8_automaton()
+_U8_BUDGET = 64  # (state, UTF-8 state) pairs one multibyte-loop check may visit
+
+
 @njit(cache=True, nogil=True)
-def walk(byte, depth, skip, lo, own, suf, slot_ids, T, gmode, i, end, st, tn, split, words, unc,
+def u8_loop(T, gmode, t):  # type: ignore[no-untyped-def]
+    """Whether every multibyte UTF-8 character leads from state ``t`` (a rule state with
+    ``gmode``, else a configuration) back to ``t``, every proper prefix of it staying
+    alive: then from ``t`` a byte string of well-formed characters (its last one possibly
+    cut) is read whole as long as each of its ASCII bytes loops on ``t``. Depth-first over
+    (state, UTF-8 state) pairs, giving up (0) after ``_U8_BUDGET`` of them; memoised in
+    ``gu8``/``cu8``. 0, 1 or NEED_GROW."""
+    memo = T.gu8 if gmode else T.cu8
+    got = memo[t]
+    if got >= 0:
+        return np.int64(got)
+    trans = T.grow if gmode else T.trans
+    todo = [np.int64(t) * 8]
+    seen = {todo[0]}
+    ok = 1
+    while todo and ok:
+        key = todo.pop()
+        x = key // 8
+        u = key % 8
+        for b in range(0x80, 0x100):
+            v = UTF8[u, b]
+            if v < 0:
+                continue
+            y = trans[x, b]
+            if y == UNKNOWN:
+                y = _step(T, gmode, trans, x, b)
+                if y == NEED_GROW:
+                    return NEED_GROW
+            if y < 0 or (v == 0 and y != t):
+                ok = 0
+                break
+            if v == 0:
+                continue
+            k2 = np.int64(y) * 8 + v
+            if k2 not in seen:
+                if len(seen) >= _U8_BUDGET:
+                    ok = 0
+                    break
+                seen.add(k2)
+                todo.append(k2)
+    memo[t] = ok
+    return np.int64(ok)
+
+
+@njit(cache=True, nogil=True)
+def walk(byte, depth, skip, lo, own, suf, wf, slot_ids, T, gmode, i, end, st, tn, split, words, unc,
          cnt, pq, pd, sps, sids, sp):  # type: ignore[no-untyped-def]
     """Depth-first walk of trie nodes ``[i, end)``; ``st[d]`` is the state after the first
     ``d`` bytes of the current path (``st[depth[i] - 1]`` set by the caller). States are
@@ -1211,7 +1286,9 @@ def walk(byte, depth, skip, lo, own, suf, slot_ids, T, gmode, i, end, st, tn, sp
     frame, no stacks needed).
 
     Accepted tokens are OR-ed into ``words``. Where every byte below a node loops on the
-    node's state, the whole subtree is accepted without visiting it. With ``split`` (a walk
+    node's state, the whole subtree is accepted without visiting it; so it is where every
+    path below is well-formed UTF-8 text (``wf[i]``), its ASCII bytes loop and every
+    multibyte character leads back to the state (:func:`u8_loop`). With ``split`` (a walk
     rooted at a stack top, see Engine._split_mask), ``tn[d]`` records whether the path
     passed an accepting state after one of its first ``d`` bytes (``tn[0] = 0``): where such
     a path dies, the rule could have returned earlier, so the ids of the dead node's subtree
@@ -1228,6 +1305,8 @@ def walk(byte, depth, skip, lo, own, suf, slot_ids, T, gmode, i, end, st, tn, sp
     else:
         trans, accepting = T.trans, T.acc
     gls, glk, ls, lk = T.gls, T.glk, T.ls, T.lk
+    gu8, cu8 = T.gu8, T.cu8
+    slmemo = T.gsl if gmode else T.csl
     thresh = sp[3]
     nu = cnt[0]
     while i < end:
@@ -1261,17 +1340,50 @@ def walk(byte, depth, skip, lo, own, suf, slot_ids, T, gmode, i, end, st, tn, sp
                         return i, r  # node i is visited again
                 if not glk[t]:
                     _loops(trans, t, gls, glk)
-                full = ((suf[i, 0] & ~gls[t, 0]) | (suf[i, 1] & ~gls[t, 1]) | (suf[i, 2] & ~gls[t, 2])
-                        | (suf[i, 3] & ~gls[t, 3])) == 0
+                asc = ((suf[i, 0] & ~gls[t, 0]) | (suf[i, 1] & ~gls[t, 1])) == 0
+                full = asc and ((suf[i, 2] & ~gls[t, 2]) | (suf[i, 3] & ~gls[t, 3])) == 0
+                asc = asc and gu8[t] != 0
             else:
-                r = _loop_check(trans, ls, lk, t, suf, i, byte[i + 1])
+                n0 = suf[i, 0] & ~ls[t, 0]
+                n1 = suf[i, 1] & ~ls[t, 1]
+                n2 = suf[i, 2] & ~ls[t, 2]
+                n3 = suf[i, 3] & ~ls[t, 3]
+                if (n0 | n1 | n2 | n3) == 0:
+                    r = 1
+                elif (n0 & lk[t, 0]) | (n1 & lk[t, 1]) | (n2 & lk[t, 2]) | (n3 & lk[t, 3]):
+                    r = 0  # a byte below is known not to loop
+                else:
+                    r = _loop_check(trans, ls, lk, t, suf, i, byte[i + 1], 4)
                 while r < 0:
                     v = succ_row(T, t, -1 - r)
                     if v == NEED_GROW:
                         cnt[0] = nu
                         return i, NEED_GROW  # node i is visited again
-                    r = _loop_check(trans, ls, lk, t, suf, i, byte[i + 1])
+                    r = _loop_check(trans, ls, lk, t, suf, i, byte[i + 1], 4)
                 full = r == 1
+                asc = False
+                if not full and wf[i] and cu8[t] != 0 and (n2 | n3) != 0:
+                    n0 = suf[i, 0] & ~ls[t, 0]
+                    n1 = suf[i, 1] & ~ls[t, 1]
+                    if (n0 | n1) == 0:
+                        r = 1
+                    elif (n0 & lk[t, 0]) | (n1 & lk[t, 1]):
+                        r = 0
+                    else:
+                        r = _loop_check(trans, ls, lk, t, suf, i, byte[i + 1], 2)
+                    while r < 0:
+                        v = succ_row(T, t, -1 - r)
+                        if v == NEED_GROW:
+                            cnt[0] = nu
+                            return i, NEED_GROW
+                        r = _loop_check(trans, ls, lk, t, suf, i, byte[i + 1], 2)
+                    asc = r == 1
+            if not full and asc and wf[i]:
+                v = u8_loop(T, gmode, t)
+                if v == NEED_GROW:
+                    cnt[0] = nu
+                    return i, NEED_GROW
+                full = v == 1
             if full:
                 for q in range(b, lo[e]):
                     tid = slot_ids[q]
@@ -1283,7 +1395,9 @@ def walk(byte, depth, skip, lo, own, suf, slot_ids, T, gmode, i, end, st, tn, sp
                 q0 = pd[p, byte[i]] if p >= 0 else -1
                 pq[d] = q0
                 if q0 >= 0 and e - i > thresh and sps[lo[e]] > sps[b]:
-                    v = slice_from(T, gmode, t, q0, pd, sp[0], sp[1], sp[2])
+                    v = slmemo[t, q0]
+                    if v < 0:
+                        v = slice_from(T, gmode, t, q0, pd, sp[0], sp[1], sp[2])
                     if v == NEED_GROW:
                         cnt[0] = nu
                         return i, NEED_GROW  # node i is visited again
@@ -1473,9 +1587,9 @@ def slice_from(T, gmode, s, q0, pd, depth, budget, width):  # type: ignore[no-un
 
 
 @njit(cache=True, nogil=True)
-def walk_sliced(fb, fd, fs, flo, fown, fsuf, fids, cb, cd, cs, clo, cown, csuf, cids, cnode, kb, kd, ks,
-                klo, kown, ksuf, kids, knode, sps, sids, pd, sp, T, gmode, start, pos, st, tn, pq, split,
-                words, unc, cnt):  # type: ignore[no-untyped-def]
+def walk_sliced(fb, fd, fs, flo, fown, fsuf, fwf, fids, cb, cd, cs, clo, cown, csuf, cwf, cids, cnode,
+                kb, kd, ks, klo, kown, ksuf, kwf, kids, knode, sps, sids, pd, sp, T, gmode, start, pos, st,
+                tn, pq, split, words, unc, cnt):  # type: ignore[no-untyped-def]
     """The walk of :func:`walk` from ``start`` over the whole vocabulary (trie ``f*``), taking
     the text slice whole where it can: at the root, and at every node of more than ``sp[3]``
     descendants whose path so far is plain text, when the node's state can read the slice
@@ -1494,11 +1608,11 @@ def walk_sliced(fb, fd, fs, flo, fown, fsuf, fids, cb, cd, cs, clo, cown, csuf, 
     while True:
         if pos[1] >= 0:  # a walk of the other tokens below a node that took the slice
             if pos[3]:
-                j, r = walk(kb, kd, ks, klo, kown, ksuf, kids, T, gmode, pos[1], pos[2], st, tn, split, words,
-                            unc, cnt, pq, pd, sps, sids, off)
+                j, r = walk(kb, kd, ks, klo, kown, ksuf, kwf, kids, T, gmode, pos[1], pos[2], st, tn, split,
+                            words, unc, cnt, pq, pd, sps, sids, off)
             else:
-                j, r = walk(cb, cd, cs, clo, cown, csuf, cids, T, gmode, pos[1], pos[2], st, tn, split, words,
-                            unc, cnt, pq, pd, sps, sids, off)
+                j, r = walk(cb, cd, cs, clo, cown, csuf, cwf, cids, T, gmode, pos[1], pos[2], st, tn, split,
+                            words, unc, cnt, pq, pd, sps, sids, off)
             if r == NEED_GROW:
                 pos[1] = j
                 return NEED_GROW
@@ -1523,8 +1637,8 @@ def walk_sliced(fb, fd, fs, flo, fown, fsuf, fids, cb, cd, cs, clo, cown, csuf, 
                 pos[2] = kb.shape[0] if v == 3 else cb.shape[0]
                 continue
             pos[0] = 1
-        i, r = walk(fb, fd, fs, flo, fown, fsuf, fids, T, gmode, pos[0], fb.shape[0], st, tn, split, words,
-                    unc, cnt, pq, pd, sps, sids, sp)
+        i, r = walk(fb, fd, fs, flo, fown, fsuf, fwf, fids, T, gmode, pos[0], fb.shape[0], st, tn, split,
+                    words, unc, cnt, pq, pd, sps, sids, sp)
         pos[0] = i
         if r == DONE or r == NEED_GROW:
             return r

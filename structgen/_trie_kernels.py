@@ -82,6 +82,35 @@ def build_nodes(flat, offs, lens, byte, depth, skip, lo, own, suf):  # type: ign
 
 
 @njit(cache=True, nogil=True)
+def utf8_ok(byte, depth, u8, wf):  # type: ignore[no-untyped-def]
+    """``wf[i] = 1`` where every byte string below trie node ``i``, read from a character
+    boundary by the UTF-8 automaton ``u8`` (int8 ``[8, 256]``), stays well-formed (its last
+    character may be cut). Bottom-up over the depth-first order with one bit per automaton
+    state: ``ok[i]`` bit ``u`` says the strings below ``i`` are well-formed from state ``u``."""
+    n = byte.shape[0] - 1
+    ok = np.full(n + 1, 0xFF, dtype=np.int64)
+    stack = np.zeros(int(depth.max()) + 2 if n > 0 else 2, dtype=np.int64)
+    parent = np.zeros(n + 1, dtype=np.int64)
+    top = 0
+    for j in range(1, n + 1):
+        while top > 0 and depth[stack[top - 1]] >= depth[j]:
+            top -= 1
+        parent[j] = stack[top - 1] if top > 0 else 0
+        stack[top] = j
+        top += 1
+    for j in range(n, 0, -1):
+        b = byte[j]
+        bits = 0
+        for u in range(8):
+            v = u8[u, b]
+            if v >= 0 and (ok[j] >> v) & 1:
+                bits |= 1 << u
+        ok[parent[j]] &= bits
+    for i in range(n + 1):
+        wf[i] = ok[i] & 1
+
+
+@njit(cache=True, nogil=True)
 def loop_split(slot_bytes, slot_ids, nonloop, words):  # type: ignore[no-untyped-def]
     """Set the tokens whose bytes are all in the looping set; return the ids of the others."""
     out = np.empty(slot_ids.size, dtype=np.int64)

@@ -41,6 +41,7 @@ UNKNOWN = K.UNKNOWN
 ROOT = 0  # the empty stack
 _WALK_IDS_MAX = 4096  # above this many context-dependent tokens, walk the trie instead
 _SPLIT_DEPTH = 6  # most stack frames a rooted split walk takes
+_SPLIT_COLD_MAX = 1  # stacks of a configuration whose split walks may be missing from the cache
 _HORIZON_BUDGET = 4  # pair checks one horizon query may do, per unit of depth
 _HORIZON_HOPS = 64  # predecessors followed back to a state whose class is known
 _HORIZON_MEMO = 500_000  # memoised state pairs kept per engine
@@ -160,13 +161,14 @@ class _Tables:
                             ("g_call", 0, (2,), np.int32), ("g_rule", -1, (), np.int32),
                             ("g_key", 0, (2,), np.int32), ("g_pred", -1, (), np.int32),
                             ("g_acc", False, (), bool), ("g_ls", 0, (4,), np.uint64),
-                            ("g_lk", 0, (), np.uint8), ("gsl", -1, (8,), np.int8)]),
+                            ("g_lk", 0, (), np.uint8), ("gsl", -1, (8,), np.int8),
+                            ("gu8", -1, (), np.int8)]),
         "fr": (K.M_NFR, 1024, [("fr", -1, (2,), np.int32), ("cl", 0, (3,), np.int32),
                                ("cl_cfg", UNKNOWN, (), np.int32)]),
         "cf": (K.M_NCF, 256, [("cf", 0, (3,), np.int32), ("trans", UNKNOWN, (256,), np.int32),
                               ("accepting", False, (), bool), ("loopset", 0, (4,), np.uint64),
                               ("loopok", 0, (4,), np.uint64), ("rowdone", 0, (), np.uint8),
-                              ("csl", -1, (8,), np.int8)]),
+                              ("csl", -1, (8,), np.int8), ("cu8", -1, (), np.int8)]),
     }
     # data arrays (name, used-counter slot, initial size, columns)
     _DATA = [("calls", K.M_NCALL, 256, (2,)), ("cl_d", K.M_NCLD, 4096, ()), ("cf_d", K.M_NCFD, 4096, ()),
@@ -436,6 +438,15 @@ class Engine:
             return None
         if len(stacks) == 1 and int(self.tab.fr[stacks[0], 0]) == ROOT:
             return None
+        if len(stacks) > _SPLIT_COLD_MAX and self.native:
+            cold = 0
+            for sid in stacks:
+                if not self._split_cached(sid, vt):
+                    cold += 1
+                    if cold > _SPLIT_COLD_MAX:
+                        # one walk of the whole configuration visits the trie once, where the
+                        # split would walk it once per stack: faster unless most are cached
+                        return None
         words = np.zeros(vt.num_words, dtype=np.uint32)
         pending: list[tuple[int, np.ndarray]] = []
         for sid in stacks:
@@ -472,6 +483,27 @@ class Engine:
             got = self._rooted_split(tuple(chain), exact, vt)
             if exact or got[1].size <= _WALK_IDS_MAX or len(chain) >= _SPLIT_DEPTH:
                 return got
+            s = parent
+
+    def _split_cached(self, sid: int, vt: VocabTable) -> bool:
+        """Whether :meth:`_context_independent` of stack ``sid`` would be answered from the
+        cache (lookups only: no walk, no horizon query)."""
+        chain: list[int] = []
+        fr = self.tab.fr
+        s = sid
+        ci = self.ci_cache._d
+        while True:
+            parent, g = int(fr[s, 0]), int(fr[s, 1])
+            chain.append(g)
+            exact = parent == ROOT
+            hit = ci.get((vt.key, tuple(chain), exact))
+            if hit is None:
+                canon = tuple(self._hrep_of.get((vt.max_len, x), x) for x in chain)
+                hit = ci.get((vt.key, canon, exact))
+                if hit is None:
+                    return False
+            if exact or hit[0][1].size <= _WALK_IDS_MAX or len(chain) >= _SPLIT_DEPTH:
+                return True
             s = parent
 
     def _rooted_split(self, chain: tuple[int, ...], exact: bool,

@@ -24,6 +24,8 @@ Trie layout (nodes ``1..n`` in depth-first order; node 0 is the root, the empty 
                          [lo[i], lo[skip[i]])
     own:   int32 [n+1]   tokens whose bytes end exactly at the node: slots [lo[i], lo[i]+own[i])
     suf:   uint64 [n+1, 4]  the set of bytes on the edges below the node (256 bits)
+    wf:    uint8 [n+1]   1 where every byte string below the node is well-formed UTF-8 read
+                         from a character boundary (the last character may be cut)
     slot_ids: int64 [T]  token id of each slot
 Per token id: ``id_off`` / ``id_len`` (int64 ``[V]``) index ``blob`` (uint8, all token bytes).
 """
@@ -72,7 +74,7 @@ def _load() -> Any:
     return _kernels
 
 
-def _warm_tables(byte: Any, depth: Any, skip: Any, lo: Any, own: Any, suf: Any, offs: Any, lens: Any,
+def _warm_tables(byte: Any, depth: Any, skip: Any, lo: Any, own: Any, suf: Any, wf: Any, offs: Any, lens: Any,
                  flat: Any, ids: Any, words: Any, unc: Any, cnt: Any) -> None:
     """Run the runtime-table kernels once on the tables of a small recursive grammar."""
     from . import _pda_kernels as pk
@@ -97,8 +99,8 @@ def _warm_tables(byte: Any, depth: Any, skip: Any, lo: Any, own: Any, suf: Any, 
     for gmode in (False, True):
         for split in (False, True):
             st[0] = g if gmode else c
-            pk.walk(byte, depth, skip, lo, own, suf, ids, tab.T, gmode, 1, n + 1, st, tn, split, words, unc,
-                    cnt, *_NO_SLICE)
+            pk.walk(byte, depth, skip, lo, own, suf, wf, ids, tab.T, gmode, 1, n + 1, st, tn, split, words,
+                    unc, cnt, *_NO_SLICE)
             pk.walk_ids(offs, lens, flat, tab.T, gmode, int(st[0]), ids, np.zeros(4, np.int64), words, split,
                         unc, cnt)
     from .engine import _TEXT_PD
@@ -108,8 +110,8 @@ def _warm_tables(byte: Any, depth: Any, skip: Any, lo: Any, own: Any, suf: Any, 
     for gmode in (False, True):
         pk.slice_from(tab.T, gmode, g if gmode else c, 0, _TEXT_PD, 4, 128, 16)
         for split in (False, True):
-            pk.walk_sliced(byte, depth, skip, lo, own, suf, ids, byte, depth, skip, lo, own, suf, ids, cnode,
-                           byte, depth, skip, lo, own, suf, ids, cnode, sps, ids, _TEXT_PD,
+            pk.walk_sliced(byte, depth, skip, lo, own, suf, wf, ids, byte, depth, skip, lo, own, suf, wf, ids,
+                           cnode, byte, depth, skip, lo, own, suf, wf, ids, cnode, sps, ids, _TEXT_PD,
                            np.array([4, 128, 16, 1], np.int64), tab.T, gmode, g if gmode else c,
                            np.array([0, -1, 0, 0], np.int64), st, tn, np.zeros(3, np.int64), split, words,
                            unc, cnt)
@@ -129,9 +131,11 @@ def _warm(k: Any) -> None:
     byte, depth, skip = np.zeros(n + 1, np.uint8), np.zeros(n + 1, np.int32), np.zeros(n + 1, np.int32)
     lo, own, suf = np.zeros(n + 2, np.int32), np.zeros(n + 1, np.int32), np.zeros((n + 1, 4), np.uint64)
     k.build_nodes(flat, offs, lens, byte, depth, skip, lo, own, suf)
+    wf = np.zeros(n + 1, np.uint8)
+    k.utf8_ok(byte, depth, _utf8(), wf)
     words, unc, cnt = np.zeros(1, np.uint32), np.zeros(2, np.int64), np.zeros(1, np.int64)
     ids = np.array([0, 1], dtype=np.int64)
-    _warm_tables(byte, depth, skip, lo, own, suf, offs, lens, flat, ids, words, unc, cnt)
+    _warm_tables(byte, depth, skip, lo, own, suf, wf, offs, lens, flat, ids, words, unc, cnt)
     from . import _dfa_kernels
 
     _dfa_kernels.warm()
@@ -162,6 +166,8 @@ class Trie:
         self.own = np.zeros(n + 1, dtype=np.int32)
         self.suf = np.zeros((n + 1, 4), dtype=np.uint64)
         k.build_nodes(flat, offs, lens, self.byte, self.depth, self.skip, self.lo, self.own, self.suf)
+        self.wf = np.zeros(n + 1, dtype=np.uint8)
+        k.utf8_ok(self.byte, self.depth, _utf8(), self.wf)
         self.num_nodes = n
         self.slot_ids = slot_ids
         self.max_depth = int(lens.max()) if lens.size else 0
@@ -177,6 +183,12 @@ class Trie:
             rows = np.repeat(np.arange(len(ids), dtype=np.int64), lens)
             bits[rows, flat] = True
         self.slot_bytes = np.ascontiguousarray(np.packbits(bits, axis=1, bitorder="little").view(np.uint64))
+
+
+def _utf8() -> np.ndarray:
+    from ._pda_kernels import UTF8
+
+    return UTF8
 
 
 _tries: dict[Any, Trie] = {}
@@ -216,8 +228,9 @@ def walk_trie(eng: Any, trie: Trie, start: int, gmode: bool, split: bool, words:
     i = 1
     end = trie.num_nodes + 1
     while True:
-        i, status = pk.walk(trie.byte, trie.depth, trie.skip, trie.lo, trie.own, trie.suf, trie.slot_ids,
-                            eng.tab.T, gmode, i, end, st, tn, split, words, unc, cnt, *_NO_SLICE)
+        i, status = pk.walk(trie.byte, trie.depth, trie.skip, trie.lo, trie.own, trie.suf, trie.wf,
+                            trie.slot_ids, eng.tab.T, gmode, i, end, st, tn, split, words, unc, cnt,
+                            *_NO_SLICE)
         if status == DONE:
             break
         eng._service(int(status))
@@ -262,11 +275,11 @@ def walk_sliced(eng: Any, trie: Trie, sl: Any, start: int, gmode: bool, split: b
     pos = np.array([0, -1, 0, 0], dtype=np.int64)
     sp = np.array([sl.depth, _SLICE_BUDGET, _SLICE_WIDTH, _SLICE_NODES], dtype=np.int64)
     while True:
-        status = pk.walk_sliced(trie.byte, trie.depth, trie.skip, trie.lo, trie.own, trie.suf, trie.slot_ids,
-                                ct.byte, ct.depth, ct.skip, ct.lo, ct.own, ct.suf, ct.slot_ids, sl.cnode,
-                                kt.byte, kt.depth, kt.skip, kt.lo, kt.own, kt.suf, kt.slot_ids, sl.knode,
-                                sl.sps, sl.sids, sl.pd, sp, eng.tab.T, gmode, start, pos, st, tn, pq, split,
-                                words, unc, cnt)
+        status = pk.walk_sliced(trie.byte, trie.depth, trie.skip, trie.lo, trie.own, trie.suf, trie.wf,
+                                trie.slot_ids, ct.byte, ct.depth, ct.skip, ct.lo, ct.own, ct.suf, ct.wf,
+                                ct.slot_ids, sl.cnode, kt.byte, kt.depth, kt.skip, kt.lo, kt.own, kt.suf,
+                                kt.wf, kt.slot_ids, sl.knode, sl.sps, sl.sids, sl.pd, sp, eng.tab.T, gmode,
+                                start, pos, st, tn, pq, split, words, unc, cnt)
         if status == DONE:
             return unc[: int(cnt[0])]
         eng._service(int(status))

@@ -29,11 +29,13 @@ pytestmark = pytest.mark.assets
 ALIASES = ["llama3", "qwen2", "gpt2", "mistral"]
 
 
-@pytest.fixture(params=["default", "deep-split", "numpy"])
+@pytest.fixture(params=["default", "split", "deep-split", "numpy"])
 def engine_mode(request, monkeypatch) -> str:
     """Run a test on each mask path: the default (compiled walks when numba is present),
-    rooted split walks forced to take more stack frames (any undecided token triggers a
-    deeper top), and the numpy walks."""
+    rooted split walks taken for every configuration of several stacks (by default a
+    configuration whose stacks are mostly not yet split is walked whole), the same forced
+    to take more stack frames (any undecided token triggers a deeper top), and the numpy
+    walks."""
     from collections import OrderedDict
 
     from structgen import automaton, engine, json_schema
@@ -41,6 +43,8 @@ def engine_mode(request, monkeypatch) -> str:
     # fresh compiled grammars (each has its own engine, which reads the mode when built)
     monkeypatch.setattr(automaton, "_CACHE", OrderedDict())
     monkeypatch.setattr(json_schema, "_CACHE", OrderedDict())
+    if request.param in ("split", "deep-split"):
+        monkeypatch.setattr(engine, "_SPLIT_COLD_MAX", 1 << 30)
     if request.param == "deep-split":
         monkeypatch.setattr(engine, "_WALK_IDS_MAX", 1)
     elif request.param == "numpy":
@@ -253,5 +257,5 @@ def test_counted_string_masks_match_regex_oracle(tokenizer_by_alias, alias: str,
     # short steps (at most 3 bytes) so most character positions get a mask of their own
     m, checked = _replay_against_regex(g, vocab, doc, oracle, max_step=3)
     assert m.is_accepting() and checked > 100
-    if engine_mode == "default" and native.available():
+    if engine_mode == "split" and native.available():
         assert any(shared > 0 for _work, shared in g.engine._hstat.values())  # walks were shared
