@@ -35,6 +35,7 @@ _LAZY = {
     "Vocabulary": "structgen.vocab:Vocabulary",
     "Matcher": "structgen.matcher:Matcher",
     "allocate_bitmask": "structgen.matcher:allocate_bitmask",
+    "fill_bitmasks": "structgen.matcher:fill_bitmasks",
     "CompileOptions": "structgen.config:CompileOptions",
     "JsonSchemaOptions": "structgen.config:JsonSchemaOptions",
     "SpecConfig": "structgen.config:SpecConfig",
@@ -75,5 +76,5 @@ if TYPE_CHECKING:  # pragma: no cover
     from .config import CompileOptions, JsonSchemaOptions, SpecConfig
     from .json_schema import compile_json_schema
     from .lark_frontend import compile_lark
-    from .matcher import Matcher, allocate_bitmask
+    from .matcher import Matcher, allocate_bitmask, fill_bitmasks
     from .vocab import Vocabulary

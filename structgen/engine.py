@@ -411,6 +411,13 @@ class Engine:
             self.mask_cache.put(key, m, m.nbytes)
         return m
 
+    def cached_mask(self, cid: int, vt: VocabTable) -> np.ndarray | None:
+        """The mask of configuration ``cid`` if cached (counted as a hit), else None."""
+        m = self.mask_cache.get((vt.key, cid))
+        if m is not None:
+            self.stats["mask_hits"] += 1
+        return m
+
     @property
     def mask_cache_bytes(self) -> int:
         return self.mask_cache.bytes

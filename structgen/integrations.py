@@ -520,7 +520,7 @@ class _LogitsProcessorImpl:
         """
         import torch
 
-        from .matcher import bitmask_words
+        from .matcher import bitmask_words, fill_bitmasks
         from .sampling import unpack_bitmask
 
         if input_ids.dim() != 2 or scores.dim() != 2 or input_ids.shape[0] != scores.shape[0]:
@@ -539,11 +539,7 @@ class _LogitsProcessorImpl:
             bm = torch.empty((batch, words), dtype=torch.int32)
             self._bitmask = bm
         bm = bm[:batch]
-        for i, m in enumerate(self.matchers):
-            if self._stopped[i]:
-                bm[i].fill_(-1)
-            else:
-                m.fill_bitmask(bm, i)
+        fill_bitmasks([None if self._stopped[i] else m for i, m in enumerate(self.matchers)], bm)
         allowed = unpack_bitmask(bm.to(scores.device, non_blocking=True), width)  # [B, V] bool
         return scores.masked_fill(~allowed, float("-inf"))
 

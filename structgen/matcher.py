@@ -7,7 +7,9 @@ are the ones speculative decoding needs:
   changes nothing; the hot path never raises),
 * ``validate_tokens`` counts how many tokens would be accepted without advancing,
 * ``rollback(n)`` undoes the last ``n`` accepted tokens (O(n)), ``fork()`` copies the cursor,
-* ``fill_bitmask`` writes the packed allowed-token mask of the current state,
+* ``fill_bitmask`` writes the packed allowed-token mask of the current state
+  (:func:`fill_bitmasks`: many matchers into one tensor, masks not yet cached computed on
+  a thread pool, one engine per task, the compiled walks releasing the GIL),
 * ``forced_bytes`` / ``forced_tokens`` report what the grammar alone determines,
 * ``is_accepting`` (EOS allowed now) and ``is_terminated`` (EOS accepted).
 
@@ -28,7 +30,7 @@ import numpy as np
 from .automaton import CompiledGrammar
 from .engine import VocabTable
 
-__all__ = ["Matcher", "allocate_bitmask", "vocab_table", "bitmask_words"]
+__all__ = ["Matcher", "allocate_bitmask", "vocab_table", "bitmask_words", "fill_bitmasks"]
 
 _TERMINATED = -3  # history marker: EOS was accepted
 
@@ -194,6 +196,13 @@ class Matcher:
             return np.packbits(bits, bitorder="little").view(np.uint32)
         return self._eng.token_mask(cid, vt)
 
+    def _cached_words(self) -> np.ndarray | None:
+        """The current mask's words if the engine has them cached (no walk), else None."""
+        cid = self._hist[-1]
+        if cid == _TERMINATED or cid < 0:
+            return None
+        return self._eng.cached_mask(cid, self._vt)
+
     def get_bitmask_words(self) -> np.ndarray:
         """The current mask as packed uint32 words ``[ceil(vocab_size/32)]`` (read-only view)."""
         return self._mask_words()
@@ -299,6 +308,61 @@ class Matcher:
     def __repr__(self) -> str:
         return (f"Matcher(accepted={self.num_accepted}, accepting={self.is_accepting()}, "
                 f"terminated={self.is_terminated()})")
+
+
+def fill_bitmasks(matchers: Any, bitmask: Any, rows: Any = None, *, executor: Any = None) -> None:
+    """Write the current mask of each matcher into one packed bitmask: ``matchers[i]`` into
+    row ``rows[i]`` (default ``i``) of ``bitmask`` (int32 ``[R, ceil(V/32)]``, torch on any
+    device or numpy); a ``None`` matcher leaves its row all ones (every token allowed).
+
+    Masks already cached cost a lookup each. The others are computed per engine (matchers of
+    one grammar share an engine, whose walks are serialised by its lock); with an
+    ``executor`` (a :class:`concurrent.futures.Executor`, e.g. a ``ThreadPoolExecutor``) the
+    engines with work run in parallel, the compiled trie walks releasing the GIL. The rows
+    are then written in one copy (one host-to-device transfer for a CUDA tensor)."""
+    ms = list(matchers)
+    rws = list(range(len(ms))) if rows is None else [int(r) for r in rows]
+    if len(rws) != len(ms):
+        raise ValueError(f"{len(ms)} matchers but {len(rws)} rows")
+    if not ms:
+        return
+    words: list[np.ndarray | None] = [None] * len(ms)
+    pending: dict[int, list[int]] = {}  # id(engine) -> matcher indices whose mask is not cached
+    for i, m in enumerate(ms):
+        if m is None:
+            continue
+        w = m._cached_words()
+        if w is None:
+            pending.setdefault(id(m._eng), []).append(i)
+        else:
+            words[i] = w
+
+    def run(idx: list[int]) -> None:
+        for i in idx:
+            words[i] = ms[i]._mask_words()
+
+    if executor is not None and len(pending) > 1:
+        for f in [executor.submit(run, idx) for idx in pending.values()]:
+            f.result()
+    else:
+        for idx in pending.values():
+            run(idx)
+    block = np.full((len(ms), int(bitmask.shape[1])), -1, dtype=np.int32)  # [n, W]
+    for i, w in enumerate(words):
+        if w is not None:
+            block[i, : w.shape[0]] = w.view(np.int32)
+    if isinstance(bitmask, np.ndarray):
+        bitmask[rws] = block
+        return
+    import torch
+
+    src = torch.from_numpy(block)
+    idx = torch.tensor(rws, dtype=torch.long)
+    if bitmask.device.type == "cpu":
+        bitmask.index_copy_(0, idx, src)
+    else:  # one pinned host-to-device copy for every row
+        dev = bitmask.device
+        bitmask.index_copy_(0, idx.to(dev), src.pin_memory().to(dev, non_blocking=True))
 
 
 class _PrefixIndex:

@@ -256,6 +256,64 @@ def test_fill_bitmask_packs_bits() -> None:
     assert (bm[0] == -1).all()  # other rows untouched
 
 
+@pytest.mark.parametrize("kind", ["torch", "numpy", "threads"])
+def test_fill_bitmasks_batch_equals_oracle(kind: str) -> None:
+    """Many matchers (two grammars, several states, a stopped row) into one bitmask, rows in
+    a scattered order: every row is its matcher's mask by the hand-written Dyck oracle and
+    the ``a+`` rule; a None matcher's row is all ones; rows not named stay untouched."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from structgen.matcher import fill_bitmasks
+
+    toks = [b"[", b"]", b",", b"[[", b"]]", b"],", b",[", b"[]", b"a", b"aa", b"a]"]
+    vocab = toy_vocab(toks)
+    eos = vocab.eos_token_ids[0]
+    dyck = compile_grammar(dyck_grammar())
+    plus_a = compile_grammar(ir.Grammar({"s": ir.plus(ir.byteset([ord("a")]))}, "s"))
+    prefixes = [b"", b"[", b"[[]", b"[[],[]]", b"[["]
+    ms: list[Matcher | None] = []
+    expect: list[set[int] | None] = []
+    for p in prefixes:
+        m = Matcher(dyck, vocab)
+        for ch in p:
+            assert m.accept_token(toks.index(bytes([ch])))
+        ms.append(m)
+        ok = {t for t, tb in enumerate(toks) if dyck_viable(p + tb)[0]}
+        expect.append(ok | ({eos} if dyck_viable(p)[1] else set()))
+    for p in (b"", b"aa"):
+        m = Matcher(plus_a, vocab)
+        for _ in p:
+            assert m.accept_token(toks.index(b"a"))
+        ms.append(m)
+        expect.append({t for t, tb in enumerate(toks) if set(tb) == {97}} | ({eos} if p else set()))
+    ms.append(None)
+    expect.append(None)
+    rows = [7, 0, 3, 8, 1, 5, 2, 9]  # row 4 and 6 not named
+    n_rows = 10
+    if kind == "numpy":
+        bm = np.full((n_rows, (vocab.vocab_size + 31) // 32), 12345, dtype=np.int32)
+    else:
+        bm = allocate_bitmask(n_rows, vocab.vocab_size)
+        bm[4] = 12345
+        bm[6] = 12345
+    if kind == "threads":
+        with ThreadPoolExecutor(2) as ex:
+            fill_bitmasks(ms, bm, rows, executor=ex)
+            fill_bitmasks(ms, bm, rows, executor=ex)  # second time: every mask cached
+    else:
+        fill_bitmasks(ms, bm, rows)
+    arr = bm if isinstance(bm, np.ndarray) else bm.numpy()
+    for r, want in zip(rows, expect):
+        bits = np.unpackbits(arr[r].view(np.uint8), bitorder="little")
+        if want is None:
+            assert bits.all()
+        else:
+            assert set(np.nonzero(bits)[0].tolist()) == want, r
+    assert (arr[4] == 12345).all() and (arr[6] == 12345).all()
+    with pytest.raises(ValueError):
+        fill_bitmasks(ms, bm, rows[:-1])
+
+
 def test_compiled_grammar_identity_and_pickle() -> None:
     g = dyck_grammar()
     a = compile_grammar(g)
