@@ -52,9 +52,13 @@ class _HorizonAbort(Exception):
 
 
 def _grown(a: np.ndarray, rows: int, fill: Any) -> np.ndarray:
+    """``a`` with ``rows`` rows, the new ones set to ``fill`` (left unwritten when ``fill`` is
+    None: rows the kernels initialise when they intern the row's state, so that fresh pages
+    are first touched as rows come into use, not all at once here)."""
     b = np.empty((rows,) + a.shape[1:], dtype=a.dtype)
     b[: a.shape[0]] = a
-    b[a.shape[0]:] = fill
+    if fill is not None:
+        b[a.shape[0]:] = fill
     return b
 
 
@@ -170,6 +174,9 @@ class _Tables:
                               ("loopok", 0, (4,), np.uint64), ("rowdone", 0, (), np.uint8),
                               ("csl", -1, (8,), np.int8), ("cu8", -1, (), np.int8)]),
     }
+    # the 1 KiB rows of rule states and configurations, written whole when each is interned
+    # (_pda_kernels._state, _config): grown without a fill
+    _LAZY_ROWS = frozenset({"g_row", "trans"})
     # data arrays (name, used-counter slot, initial size, columns)
     _DATA = [("calls", K.M_NCALL, 256, (2,)), ("cl_d", K.M_NCLD, 4096, ()), ("cf_d", K.M_NCFD, 4096, ()),
              ("ec_d", K.M_NECD, 4096, ()), ("gs_d", K.M_NGSD, 4096, ())]
@@ -210,8 +217,9 @@ class _Tables:
         self.T = K.make_tables(*self.arrays())
 
     def grow(self) -> None:
-        """After NEED_GROW: double every row table that is at least half full, and every
-        data array short of the room a kernel asked for."""
+        """After NEED_GROW: double every row table that is at least 7/8 full (the one a
+        kernel found full among them; a table's hash index has twice its rows, so it stays
+        at most half full), and every data array short of the room a kernel asked for."""
         m = self.meta
         want = int(m[K.M_WANT])
         for name, slot, _size, _dims in self._DATA:
@@ -223,11 +231,12 @@ class _Tables:
         for grp, (slot, _rows, cols) in self._GROUPS.items():
             n = int(m[slot])
             cap = getattr(self, cols[0][0]).shape[0]
-            if 2 * n < cap:
+            if 8 * n < 7 * cap:
                 continue
             cap *= 2
             for name, fill, _dims, _dt in cols:
-                setattr(self, name, _grown(getattr(self, name), cap, fill))
+                lazy = name in self._LAZY_ROWS
+                setattr(self, name, _grown(getattr(self, name), cap, None if lazy else fill))
             self._new_hash(grp, 2 * cap)
             if grp == "fr":
                 K.rehash_frames(self.fr, n, self.fr_hk, self.fr_hv)
