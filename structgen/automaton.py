@@ -670,29 +670,49 @@ def _refs(e: ir.Expr, out: set[str]) -> None:
     out |= e.refs()
 
 
-def _size(e: ir.Expr, memo: dict[ir.Expr, int]) -> int:
-    """Rough NFA size of an expression (for inlining decisions); ``memo`` is keyed by the
-    expressions themselves (structural: equal expressions have one size, and an entry never
-    outlives its key the way an ``id`` could)."""
-    k = e
-    got = memo.get(k)
-    if got is not None:
-        return got
-    if isinstance(e, (ir.Seq, ir.Alt)):
-        s = 1 + sum(_size(x, memo) for x in e.items)
-    elif isinstance(e, _Counted):
-        s = 2  # a call of its counted rule
-    elif isinstance(e, ir.Repeat):
-        reps = e.max if e.max is not None else max(e.min, 1)
-        s = 1 + _size(e.item, memo) * max(1, min(reps, 10_000))
-    elif isinstance(e, (ir.And, ir.Diff)):
-        s = 1 + _size(e.left, memo) * _size(e.right, memo)
-    elif isinstance(e, ir.Dfa):
-        s = len(e.trans)
-    else:
-        s = 1
-    memo[k] = s
-    return s
+def _size(e: ir.Expr) -> int:
+    """Rough NFA size of an expression (for inlining decisions), cached on the node (a pure
+    function of its structure: equal expressions have one size; no dictionary lookup that
+    would compare equal but distinct expressions deeply)."""
+    try:
+        return e._sz  # type: ignore[attr-defined,no-any-return]
+    except AttributeError:
+        pass
+    # post-order over the DAG without recursion: children first, each node once
+    stack: list[tuple[ir.Expr, bool]] = [(e, False)]
+    while stack:
+        x, done = stack.pop()
+        if hasattr(x, "_sz"):
+            continue
+        if isinstance(x, _Counted):
+            kids: tuple[ir.Expr, ...] = ()
+        elif isinstance(x, (ir.Seq, ir.Alt)):
+            kids = x.items
+        elif isinstance(x, ir.Repeat):
+            kids = (x.item,)
+        elif isinstance(x, (ir.And, ir.Diff)):
+            kids = (x.left, x.right)
+        else:
+            kids = ()
+        if not done and any(not hasattr(k, "_sz") for k in kids):
+            stack.append((x, True))
+            stack.extend((k, False) for k in kids if not hasattr(k, "_sz"))
+            continue
+        if isinstance(x, _Counted):
+            s = 2  # a call of its counted rule
+        elif isinstance(x, (ir.Seq, ir.Alt)):
+            s = 1 + sum(k._sz for k in kids)  # type: ignore[attr-defined]
+        elif isinstance(x, ir.Repeat):
+            reps = x.max if x.max is not None else max(x.min, 1)
+            s = 1 + x.item._sz * max(1, min(reps, 10_000))  # type: ignore[attr-defined]
+        elif isinstance(x, (ir.And, ir.Diff)):
+            s = 1 + x.left._sz * x.right._sz  # type: ignore[attr-defined]
+        elif isinstance(x, ir.Dfa):
+            s = len(x.trans)
+        else:
+            s = 1
+        object.__setattr__(x, "_sz", s)
+    return e._sz  # type: ignore[attr-defined,no-any-return]
 
 
 def _eliminate_immediate_left_recursion(name: str, e: ir.Expr) -> ir.Expr:
@@ -849,14 +869,13 @@ class _Compiler:
         # big repetitions of big items: hoist the item into a rule of its own (a call), so
         # that {m,n} unrolls calls rather than copies of a large automaton
         hoisted: dict[ir.Expr, str] = {}
-        memo: dict[ir.Expr, int] = {}
         for n in sorted(reach):
             self._hoist_owner = self.where = n
-            rules[n] = self._hoist(rules[n], hoisted, memo, rules)
+            rules[n] = self._hoist(rules[n], hoisted, rules)
         # shared sub-expressions (a JSON string value, a number, an object shape used by
         # several properties): one synthetic rule each, called from every place, so the
         # automaton is not copied and runtime mask caches per rule state are shared
-        self._share_common(sorted(reach), rules, hoisted, memo)
+        self._share_common(sorted(reach), rules, hoisted)
         for name in hoisted.values():
             reach.add(name)
             refs[name] = set()
@@ -888,7 +907,7 @@ class _Compiler:
             if n in recursive:
                 full[n] = 1
                 continue
-            own = _size(rules[n], memo)
+            own = _size(rules[n])
             inl = sum(full.get(r, 1) for r in refs[n] if r not in keep)
             full[n] = own + inl
             if n != g.start and ((uses[n] > 1 and full[n] > _INLINE_SHARED_MAX)
@@ -1036,25 +1055,23 @@ class _Compiler:
                     "left recursion through rule(s) " + " -> ".join(sorted(comp))
                     + "; rewrite it as repetition (e.g. A: A x | y  =>  A: y x*)")
 
-    def _hoist(self, e: ir.Expr, hoisted: dict[ir.Expr, str], memo: dict[ir.Expr, int],
-               rules: dict[str, ir.Expr]) -> ir.Expr:
+    def _hoist(self, e: ir.Expr, hoisted: dict[ir.Expr, str], rules: dict[str, ir.Expr]) -> ir.Expr:
         """Replace the item of a large repetition with a call to a synthetic rule (each node
         of the expression DAG visited once: results are kept by node, with the node)."""
         got = self._hoist_done.get(id(e))
         if got is not None:
             return got[1]
-        out = self._hoist_node(e, hoisted, memo, rules)
+        out = self._hoist_node(e, hoisted, rules)
         self._hoist_done[id(e)] = (e, out)
         return out
 
-    def _hoist_node(self, e: ir.Expr, hoisted: dict[ir.Expr, str], memo: dict[ir.Expr, int],
-                    rules: dict[str, ir.Expr]) -> ir.Expr:
+    def _hoist_node(self, e: ir.Expr, hoisted: dict[ir.Expr, str], rules: dict[str, ir.Expr]) -> ir.Expr:
         if isinstance(e, ir.Repeat):
-            if self._countable(e, memo):
+            if self._countable(e):
                 return _Counted(e.item, e.min, e.max)
-            item = self._hoist(e.item, hoisted, memo, rules)
+            item = self._hoist(e.item, hoisted, rules)
             reps = e.max if e.max is not None else max(e.min, 1)
-            if reps > 2 and _size(item, memo) * reps > 2000 and not isinstance(item, ir.Ref):
+            if reps > 2 and _size(item) * reps > 2000 and not isinstance(item, ir.Ref):
                 name = hoisted.get(item)
                 if name is None:
                     name = _hoisted_name("__rep", item, hoisted, rules)
@@ -1063,18 +1080,18 @@ class _Compiler:
                 item = ir.Ref(name)
             return ir.Repeat(item, e.min, e.max) if item is not e.item else e
         if isinstance(e, (ir.Seq, ir.Alt)):
-            items = tuple(self._hoist(x, hoisted, memo, rules) for x in e.items)
+            items = tuple(self._hoist(x, hoisted, rules) for x in e.items)
             if all(a is b for a, b in zip(items, e.items)):
                 return e
             return type(e)(items)
         return e  # And/Diff operands stay regular (they are inlined in full anyway)
 
-    def _countable(self, e: ir.Repeat, memo: dict[ir.Expr, int]) -> bool:
+    def _countable(self, e: ir.Repeat) -> bool:
         """Should bounded repetition ``e`` become a :class:`CountedRule`? Its item must be
         closed (no rule references) and prefix-free, and the unrolled repetition large."""
         if isinstance(e, _Counted):
             return True
-        if e.max is None or e.max < 2 or not _closed(e.item) or _size(e.item, memo) * e.max <= _COUNTED_MIN:
+        if e.max is None or e.max < 2 or not _closed(e.item) or _size(e.item) * e.max <= _COUNTED_MIN:
             return False
         got = self._prefix_free.get(e.item)
         if got is None:
@@ -1101,14 +1118,14 @@ class _Compiler:
         return j
 
     def _share_common(self, names: list[str], rules: dict[str, ir.Expr],
-                      hoisted: dict[ir.Expr, str], memo: dict[ir.Expr, int]) -> None:
+                      hoisted: dict[ir.Expr, str]) -> None:
         """Hoist sub-expressions of size >= ``_SHARE_MIN`` that occur more than once."""
         count: dict[ir.Expr, int] = {}
         stack = [rules[n] for n in names]
         seen_ids: set[int] = set()
         while stack:
             x = stack.pop()
-            if isinstance(x, (ir.Seq, ir.Alt, ir.Repeat)) and _size(x, memo) >= _SHARE_MIN:
+            if isinstance(x, (ir.Seq, ir.Alt, ir.Repeat)) and _size(x) >= _SHARE_MIN:
                 if isinstance(x, _Counted):
                     count[x] = count.get(x, 0) + 1
                     continue  # its item is built once, as the counted rule's table

@@ -37,7 +37,7 @@ __all__ = [
 class Expr:
     """Base of IR expressions. Immutable; structural equality; cached hash."""
 
-    __slots__ = ("_hash", "_fp", "_rf")
+    __slots__ = ("_hash", "_fp", "_rf", "_sz")
 
     def _key(self) -> tuple:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -310,7 +310,6 @@ class _Sizes:
         from .automaton import _size
         self.rules, self.calls, self.deadline = rules, calls, deadline
         self._size = _size
-        self._size_memo: dict[ir.Expr, int] = {}
         self.memo: dict[int, int] = {}
         self._ticks = 0
 
@@ -360,7 +359,7 @@ class _Sizes:
                 reps = x.max if x.max is not None else max(x.min, 1)
                 item = kids[0]
                 if reps > 2 and not isinstance(x.item, ir.Ref) and \
-                        self._size(x.item, self._size_memo) * reps > 2000:
+                        self._size(x.item) * reps > 2000:
                     item = 2  # the automaton calls a hoisted rule for the item
                 n = 2 + (x.min + (x.max - x.min if x.max is not None else 1)) * item
             elif isinstance(x, ir.Ref):
