@@ -1205,6 +1205,18 @@ def _loop_check(trans, ls, lk, t, suf, i, first, nw):  # type: ignore[no-untyped
     return 1
 
 
+@njit(cache=True, nogil=True)
+def _loop_learn(T, trans, ls, lk, t, suf, i, first, nw):  # type: ignore[no-untyped-def]
+    """:func:`_loop_check`, computing the successors it asks for: 1, 0 or NEED_GROW (the
+    walk's fast path reads the loop bits already known without this call)."""
+    r = _loop_check(trans, ls, lk, t, suf, i, first, nw)
+    while r < 0:
+        if succ_row(T, t, -1 - r) == NEED_GROW:
+            return np.int64(NEED_GROW)
+        r = _loop_check(trans, ls, lk, t, suf, i, first, nw)
+    return np.int64(r)
+
+
 def _utf8_automaton() -> np.ndarray:
     """Well-formed UTF-8 (int8 ``[8, 256]``: state 0 = between characters, -1 = no edge):
     ASCII, and the multibyte sequences of RFC 3629 (no overlong forms, no surrogates)."""
@@ -1256,11 +1268,9 @@ def u8_loop(T, gmode, t):  # type: ignore[no-untyped-def]
             v = UTF8[u, b]
             if v < 0:
                 continue
-            y = trans[x, b]
-            if y == UNKNOWN:
-                y = _step(T, gmode, trans, x, b)
-                if y == NEED_GROW:
-                    return NEED_GROW
+            y = _step(T, gmode, trans, x, b)
+            if y == NEED_GROW:
+                return NEED_GROW
             if y < 0 or (v == 0 and y != t):
                 ok = 0
                 break
@@ -1353,16 +1363,10 @@ def walk(byte, depth, skip, lo, own, suf, wf, slot_ids, T, gmode, i, end, st, tn
                 elif (n0 & lk[t, 0]) | (n1 & lk[t, 1]) | (n2 & lk[t, 2]) | (n3 & lk[t, 3]):
                     r = 0  # a byte below is known not to loop
                 else:
-                    r = _loop_check(trans, ls, lk, t, suf, i, byte[i + 1], 4)
-                while r < 0:
-                    v = succ_row(T, t, -1 - r)
-                    if v == NEED_GROW:
-                        cnt[0] = nu
-                        return i, NEED_GROW  # node i is visited again
-                    r = _loop_check(trans, ls, lk, t, suf, i, byte[i + 1], 4)
+                    r = _loop_learn(T, trans, ls, lk, t, suf, i, byte[i + 1], 4)
                 full = r == 1
                 asc = False
-                if not full and wf[i] and cu8[t] != 0 and (n2 | n3) != 0:
+                if not full and r != NEED_GROW and wf[i] and cu8[t] != 0 and (n2 | n3) != 0:
                     n0 = suf[i, 0] & ~ls[t, 0]
                     n1 = suf[i, 1] & ~ls[t, 1]
                     if (n0 | n1) == 0:
@@ -1370,14 +1374,11 @@ def walk(byte, depth, skip, lo, own, suf, wf, slot_ids, T, gmode, i, end, st, tn
                     elif (n0 & lk[t, 0]) | (n1 & lk[t, 1]):
                         r = 0
                     else:
-                        r = _loop_check(trans, ls, lk, t, suf, i, byte[i + 1], 2)
-                    while r < 0:
-                        v = succ_row(T, t, -1 - r)
-                        if v == NEED_GROW:
-                            cnt[0] = nu
-                            return i, NEED_GROW
-                        r = _loop_check(trans, ls, lk, t, suf, i, byte[i + 1], 2)
+                        r = _loop_learn(T, trans, ls, lk, t, suf, i, byte[i + 1], 2)
                     asc = r == 1
+                if r == NEED_GROW:
+                    cnt[0] = nu
+                    return i, NEED_GROW  # node i is visited again
             if not full and asc and wf[i]:
                 v = u8_loop(T, gmode, t)
                 if v == NEED_GROW:

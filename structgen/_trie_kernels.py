@@ -33,6 +33,23 @@ def count_nodes(flat, offs, lens):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
+def _parents(depth):  # type: ignore[no-untyped-def]
+    """The parent of every node of a depth-first trie (``depth[0] = 0`` is the root): the
+    last shallower node before it."""
+    n = depth.shape[0] - 1
+    parent = np.zeros(n + 1, dtype=np.int64)
+    stack = np.zeros(int(depth.max()) + 2 if n > 0 else 2, dtype=np.int64)
+    top = 0
+    for j in range(1, n + 1):
+        while top > 0 and depth[stack[top - 1]] >= depth[j]:
+            top -= 1
+        parent[j] = stack[top - 1] if top > 0 else 0
+        stack[top] = j
+        top += 1
+    return parent
+
+
+@njit(cache=True, nogil=True)
 def build_nodes(flat, offs, lens, byte, depth, skip, lo, own, suf):  # type: ignore[no-untyped-def]
     """Fill the depth-first node arrays from byte-sorted tokens (see structgen.trie)."""
     maxlen = 0
@@ -64,15 +81,8 @@ def build_nodes(flat, offs, lens, byte, depth, skip, lo, own, suf):  # type: ign
     lo[0] = 0
     lo[n + 1] = lens.size
     # suf[i]: the bytes on every edge below node i (children first: reverse depth-first
-    # order visits a node after its whole subtree; the parent is the last shallower node)
-    parent = np.zeros(n + 1, dtype=np.int64)
-    top = 0
-    for j in range(1, n + 1):
-        while top > 0 and depth[stack[top - 1]] >= depth[j]:
-            top -= 1
-        parent[j] = stack[top - 1] if top > 0 else 0
-        stack[top] = j
-        top += 1
+    # order visits a node after its whole subtree)
+    parent = _parents(depth)
     for j in range(n, 0, -1):
         p = parent[j]
         b = byte[j]
@@ -89,15 +99,7 @@ def utf8_ok(byte, depth, u8, wf):  # type: ignore[no-untyped-def]
     state: ``ok[i]`` bit ``u`` says the strings below ``i`` are well-formed from state ``u``."""
     n = byte.shape[0] - 1
     ok = np.full(n + 1, 0xFF, dtype=np.int64)
-    stack = np.zeros(int(depth.max()) + 2 if n > 0 else 2, dtype=np.int64)
-    parent = np.zeros(n + 1, dtype=np.int64)
-    top = 0
-    for j in range(1, n + 1):
-        while top > 0 and depth[stack[top - 1]] >= depth[j]:
-            top -= 1
-        parent[j] = stack[top - 1] if top > 0 else 0
-        stack[top] = j
-        top += 1
+    parent = _parents(depth)
     for j in range(n, 0, -1):
         b = byte[j]
         bits = 0

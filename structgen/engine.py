@@ -926,24 +926,11 @@ class _Level:
 def _json_text_automaton() -> np.ndarray:
     """The bytes of JSON string content without escapes: complete, well-formed UTF-8
     characters other than ``"``, ``\\`` and the C0 controls (int8 ``[8, 256]``: state 0 =
-    between characters, -1 = no edge)."""
-    pd = np.full((8, 256), -1, dtype=np.int8)
-    pd[0, 0x20:0x80] = 0
+    between characters, -1 = no edge): UTF-8 (:data:`structgen._pda_kernels.UTF8`) less
+    those ASCII bytes."""
+    pd = K.UTF8.copy()
+    pd[0, 0x00:0x20] = -1
     pd[0, 0x22] = pd[0, 0x5C] = -1
-    pd[0, 0xC2:0xE0] = 1
-    pd[0, 0xE0] = 2
-    pd[0, 0xE1:0xED] = pd[0, 0xEE:0xF0] = 3
-    pd[0, 0xED] = 4
-    pd[0, 0xF0] = 5
-    pd[0, 0xF1:0xF4] = 6
-    pd[0, 0xF4] = 7
-    pd[1, 0x80:0xC0] = 0
-    pd[2, 0xA0:0xC0] = 1
-    pd[3, 0x80:0xC0] = 1
-    pd[4, 0x80:0xA0] = 1
-    pd[5, 0x90:0xC0] = 3
-    pd[6, 0x80:0xC0] = 3
-    pd[7, 0x80:0x90] = 3
     return pd
 
 

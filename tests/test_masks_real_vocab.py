@@ -259,3 +259,71 @@ def test_counted_string_masks_match_regex_oracle(tokenizer_by_alias, alias: str,
     assert m.is_accepting() and checked > 100
     if engine_mode == "split" and native.available():
         assert any(shared > 0 for _work, shared in g.engine._hstat.values())  # walks were shared
+
+
+def _quoted_viable(data: bytes) -> bool:
+    """Whether ``data`` is a prefix of ``x='...';`` where the body is UTF-8 text in which a
+    quote appears only doubled (an SQL string literal), by hand: Python's incremental UTF-8
+    decoder (a cut last character is fine) and a three-state scan of the quotes."""
+    import codecs
+
+    head = b"x='"
+    if len(data) <= len(head):
+        return head.startswith(data)
+    if not data.startswith(head):
+        return False
+    rest = data[len(head):]
+    try:
+        text = codecs.getincrementaldecoder("utf-8")().decode(rest, final=False)
+    except UnicodeDecodeError:
+        return False
+    state = "body"  # body, quote (a quote read: the end, or the first of a pair), end, done
+    for ch in text:
+        if state == "body":
+            state = "quote" if ch == "'" else "body"
+        elif state == "quote":
+            if ch == "'":
+                state = "body"
+            elif ch == ";":
+                state = "done"
+            else:
+                return False
+        else:  # done: nothing may follow
+            return False
+    # bytes of a cut character begin neither a quote nor ';': only a body may hold them
+    return state == "body" or len(text.encode()) == len(rest)
+
+
+@pytest.mark.parametrize("alias", ["llama3", "qwen2"])
+def test_utf8_string_body_masks_match_oracle(tokenizer_by_alias, alias: str, engine_mode: str) -> None:
+    """A string body that reads every character but the quote (``'([^']|'')*'``): subtrees
+    of well-formed UTF-8 text whose ASCII bytes loop are taken whole where every multibyte
+    character leads back to the state. Every mask along a document with multibyte
+    characters and doubled quotes equals a hand-written byte-level oracle over a real
+    vocabulary slice that keeps its multibyte and broken-UTF-8 tokens."""
+    from structgen.lark_frontend import compile_lark
+
+    g = compile_lark('start: "x=" STRING ";"\nSTRING: "\'" /([^\']|\'\')*/ "\'"\n')
+    # a random slice plus every token of at most 3 bytes (all single bytes among them)
+    vocab = _slice_vocab(tokenizer_by_alias(alias), 6000, seed=5, must=bytes(range(256)))
+    doc = "x='h\u00e9llo ''w\u00f6rld'' \u65e5\u672c\u8a9e \U0001f600 ok''';".encode()
+    ids = [i for i, b in enumerate(vocab.token_bytes) if b]
+    assert sum(any(c >= 0x80 for c in vocab.token_bytes[i]) for i in ids) > 500
+    m = Matcher(g, vocab)
+    prefix = b""
+    checked = 0
+    while prefix != doc:
+        allowed = set(m.allowed_token_ids())
+        for i in ids:
+            t = vocab.token_bytes[i]
+            assert (i in allowed) == _quoted_viable(prefix + t), (prefix, t)
+        checked += 1
+        rest = doc[len(prefix):]
+        step = max((i for i in allowed if vocab.token_bytes[i] and rest.startswith(vocab.token_bytes[i])),
+                   key=lambda i: len(vocab.token_bytes[i]))
+        assert m.accept_token(step)
+        prefix += vocab.token_bytes[step]
+    assert m.is_accepting() and checked >= 10
+    if engine_mode == "default" and native.available():
+        eng = g.engine  # the multibyte-loop check answered yes somewhere
+        assert (eng.tab.cu8[: eng.num_configs] == 1).any() or (eng.tab.gu8[: eng.num_rule_states] == 1).any()
