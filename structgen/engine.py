@@ -457,7 +457,7 @@ class Engine:
         if len(stacks) > _SPLIT_COLD_MAX and self.native:
             cold = 0
             for sid in stacks:
-                if not self._split_cached(sid, vt):
+                if self._context_independent(sid, vt, peek=True) is None:
                     cold += 1
                     if cold > _SPLIT_COLD_MAX:
                         # one walk of the whole configuration visits the trie once, where the
@@ -466,7 +466,9 @@ class Engine:
         words = np.zeros(vt.num_words, dtype=np.uint32)
         pending: list[tuple[int, np.ndarray]] = []
         for sid in stacks:
-            certain, uncertain = self._context_independent(sid, vt)
+            got = self._context_independent(sid, vt)
+            assert got is not None
+            certain, uncertain = got
             words |= certain
             if uncertain.size:
                 pending.append((self._closure_config(sid), uncertain))
@@ -485,10 +487,12 @@ class Engine:
             _set_bits(words, vt.eos_ids)
         return words
 
-    def _context_independent(self, sid: int, vt: VocabTable) -> tuple[np.ndarray, np.ndarray]:
+    def _context_independent(self, sid: int, vt: VocabTable,
+                             peek: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
         """(certain words, undecided ids) of stack ``sid`` from its shallowest rooted top
         (at most ``_SPLIT_DEPTH`` frames) that leaves at most ``_WALK_IDS_MAX`` tokens
-        undecided; a top that is the whole stack decides every token."""
+        undecided; a top that is the whole stack decides every token. With ``peek``, only
+        what the cache holds (no walk, no horizon query): None where a walk is missing."""
         chain: list[int] = []  # rule states, top first
         fr = self.tab.fr
         s = sid
@@ -496,31 +500,25 @@ class Engine:
             parent, g = int(fr[s, 0]), int(fr[s, 1])
             chain.append(g)
             exact = parent == ROOT
-            got = self._rooted_split(tuple(chain), exact, vt)
+            if peek:
+                got = self._split_peek(tuple(chain), exact, vt)
+                if got is None:
+                    return None
+            else:
+                got = self._rooted_split(tuple(chain), exact, vt)
             if exact or got[1].size <= _WALK_IDS_MAX or len(chain) >= _SPLIT_DEPTH:
                 return got
             s = parent
 
-    def _split_cached(self, sid: int, vt: VocabTable) -> bool:
-        """Whether :meth:`_context_independent` of stack ``sid`` would be answered from the
-        cache (lookups only: no walk, no horizon query)."""
-        chain: list[int] = []
-        fr = self.tab.fr
-        s = sid
-        ci = self.ci_cache._d
-        while True:
-            parent, g = int(fr[s, 0]), int(fr[s, 1])
-            chain.append(g)
-            exact = parent == ROOT
-            hit = ci.get((vt.key, tuple(chain), exact))
-            if hit is None:
-                canon = tuple(self._hrep_of.get((vt.max_len, x), x) for x in chain)
-                hit = ci.get((vt.key, canon, exact))
-                if hit is None:
-                    return False
-            if exact or hit[0][1].size <= _WALK_IDS_MAX or len(chain) >= _SPLIT_DEPTH:
-                return True
-            s = parent
+    def _split_peek(self, chain: tuple[int, ...], exact: bool,
+                    vt: VocabTable) -> tuple[np.ndarray, np.ndarray] | None:
+        """The cached rooted walk of ``chain`` (filed under the chain itself or under its
+        known horizon classes), or None; the LRU order is left as it is."""
+        got = self.ci_cache.peek((vt.key, chain, exact))
+        if got is None:
+            canon = tuple(self._hrep_of.get((vt.max_len, g), g) for g in chain)
+            got = self.ci_cache.peek((vt.key, canon, exact))
+        return got
 
     def _rooted_split(self, chain: tuple[int, ...], exact: bool,
                       vt: VocabTable) -> tuple[np.ndarray, np.ndarray]:
@@ -874,6 +872,11 @@ class _ByteLru:
         self.limit = limit
         self.bytes = 0
         self._d: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
+
+    def peek(self, key: Any) -> Any:
+        """The value of ``key`` or None, without making it the most recently used."""
+        hit = self._d.get(key)
+        return None if hit is None else hit[0]
 
     def get(self, key: Any) -> Any:
         hit = self._d.get(key)
