@@ -20,7 +20,8 @@ Semantics, chosen so that the grammar never accepts an instance that ``jsonschem
   bound, e.g. for ``exclusiveMaximum: 0.1`` the literal ``0.09999999999999999999`` is
   rejected because Python rounds it to ``0.1``. (Float literals of 16+ significant
   digits that round to the last double inside a bound but lie beyond its ``repr`` are
-  rejected too: see ``_float_upper``.)
+  rejected too when the exact rounding midpoint has more than 24 significant digits: see
+  ``_float_upper``.)
 * ``multiple_of`` is exact decimal arithmetic (``0.3`` *is* a multiple of ``0.1``).
   ``jsonschema`` divides floats and can disagree when the divisor is not exactly
   representable in binary (it rejects ``0.3`` for ``multipleOf: 0.1``); the grammar
@@ -81,6 +82,9 @@ _EXP_MAX_FRACTION = 17
 #: under multiple_of (the language is then narrowed to plain literals).
 _EXP_MOD_BUDGET = 4096
 
+#: A float bound's exact rounding midpoint is used as the threshold when it has at most
+#: this many significant digits (else the bound double's repr; see ``_float_upper``).
+_MID_DIGITS = 24
 _MAX_FLOAT = Fraction(2) ** 1024 - Fraction(2) ** 971  # sys.float_info.max, exactly
 _TWO_1024 = Fraction(2) ** 1024                          # the value standing in for inf
 _TWO_53 = Fraction(2) ** 53
@@ -131,11 +135,13 @@ def _float_upper(bound: Fraction, strict: bool) -> tuple[Fraction, bool]:
     ``float`` is ``float(str)`` (so ``json.loads``): round to nearest, ties to even,
     overflow to inf. With ``f`` the largest double satisfying the bound, the exact
     condition is ``v`` below the midpoint between ``f`` and the next double; that
-    midpoint has up to ~770 significant digits (which would cost one automaton state
-    per digit), so ``T`` is ``repr(f)`` instead: ``v <= repr(f)`` implies
-    ``float(v) <= f`` because ``repr`` round-trips and rounding is monotone. Only
-    literals between ``repr(f)`` and that midpoint are given up; they round to ``f``
-    and have at least 16 significant digits.
+    midpoint is used when it has at most :data:`_MID_DIGITS` significant digits (always
+    so for the integers of an int64-sized bound, where doubles are 2+ apart and the
+    midpoint is an integer). Otherwise it can have up to ~770 significant digits (one
+    automaton state per digit), so ``T`` is ``repr(f)`` instead: ``v <= repr(f)``
+    implies ``float(v) <= f`` because ``repr`` round-trips and rounding is monotone.
+    Only literals between ``repr(f)`` and that midpoint are then given up; they round
+    to ``f`` and have at least 16 significant digits.
     """
     if bound > _MAX_FLOAT:
         f = float(_MAX_FLOAT)
@@ -151,6 +157,13 @@ def _float_upper(bound: Fraction, strict: bool) -> tuple[Fraction, bool]:
         nxt = math.nextafter(f, math.inf)
         mid = (_float_value(f) + _float_value(nxt)) / 2
         return mid, not _is_even(f)
+    nxt = math.nextafter(f, math.inf)
+    if not math.isinf(nxt):
+        mid = (_float_value(f) + _float_value(nxt)) / 2
+        ip, frac = _terminating_digits(abs(mid))
+        if len((ip + frac).strip("0")) <= _MID_DIGITS:
+            # a tie rounds to the even neighbour: to f (mid inclusive) when f is even
+            return mid, not _is_even(f)
     return Fraction(Decimal(repr(f))), False
 
 

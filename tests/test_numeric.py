@@ -119,7 +119,9 @@ def given_up_near_edge(lit: str, lo, hi, xlo=False, xhi=False) -> bool:
     """May the grammar reject ``lit`` although it is in range? (documented narrowing)
 
     Float literals with 16+ significant digits that round to the last double inside a
-    bound, but lie beyond that double's shortest repr, are given up.
+    bound, but lie beyond that double's shortest repr, are given up, unless the exact
+    midpoint between that double and the next one out of range has at most 24
+    significant digits (then it is the threshold, and nothing is given up).
     """
     if not any(c in lit for c in ".eE") or len(Decimal(lit).normalize().as_tuple().digits) < 16:
         return False
@@ -128,7 +130,16 @@ def given_up_near_edge(lit: str, lo, hi, xlo=False, xhi=False) -> bool:
     def py_ok(x: float) -> bool:
         return in_range_python(repr(x), lo, hi, xlo, xhi) if math.isfinite(x) else False
 
-    return not py_ok(math.nextafter(f, math.inf)) or not py_ok(math.nextafter(f, -math.inf))
+    for direction in (math.inf, -math.inf):
+        nb = math.nextafter(f, direction)
+        if py_ok(nb):
+            continue
+        if math.isinf(nb):
+            return True
+        mid = exact_decimal((Fraction(f) + Fraction(nb)) / 2).lstrip("-").replace(".", "")
+        if len(mid.strip("0")) > 24:
+            return True
+    return False
 
 
 def in_range_python(lit: str, lo, hi, xlo=False, xhi=False) -> bool:
@@ -195,6 +206,31 @@ def test_integer_float_and_exclusive_style_bounds():
     f = 2.0 ** 60  # repr 1.152921504606847e+18, value 1152921504606846976
     acc = acceptor(integer_expr(maximum=f))
     assert acc(str(2**60)) and not acc(str(2**60 + 1))
+
+
+@pytest.mark.parametrize("bound", [-12861087236097081, 12861087236097081, 12861087236097083,
+                                   2**63 - 1, -2**63, 2**53 + 1, 10**17 + 3, 2**58 + 2**5])
+def test_integer_exponent_literals_on_rounding_midpoints(bound):
+    """Above 2**53 doubles are 2+ apart and a literal can name the exact integer halfway
+    between two of them: e.g. -1.2861087236097081e16 for minimum -12861087236097081 is valid
+    (exactly equal, and it parses to -12861087236097080). The oracle: jsonschema on the
+    parsed literal and exact decimal comparison; both must agree for acceptance."""
+    f = float(bound)
+    cands = {bound - 2, bound - 1, bound, bound + 1, bound + 2}
+    for nb in (math.nextafter(f, math.inf), math.nextafter(f, -math.inf)):
+        mid = (Fraction(f) + Fraction(nb)) / 2
+        cands |= {int(mid), int(mid) + 1, int(mid) - 1, int(Fraction(nb))}
+    for lo, hi in ((bound, None), (None, bound)):
+        acc = acceptor(number_expr(lo, hi, integer_only=True))
+        for v in sorted(cands):
+            digits = str(abs(v)).rstrip("0")
+            lit = ("-" if v < 0 else "") + digits[0] + ("." + digits[1:] if len(digits) > 1 else "") \
+                + f"e{len(str(abs(v))) - 1}"
+            assert literal_value(lit) == v
+            if len(digits) - 1 > 17:
+                continue  # integer_only mantissas have at most 17 fraction digits (documented)
+            want = in_range_decimal(Fraction(v), lo, hi) and in_range_python(lit, lo, hi)
+            assert acc(lit) == want, (lo, hi, lit)
 
 
 def test_integer_empty_and_errors():
