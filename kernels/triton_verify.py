@@ -2,20 +2,32 @@
 
 Pass A, ``_row_pass_kernel``, grid ``(R, S)``: each program reads one vocabulary chunk of one
 logit row once, block by block (``BLOCK_W`` packed mask words = ``32 * BLOCK_W`` logits; full
-blocks load unmasked so the loads vectorise, a vocabulary tail gets one masked block; the
-full-block loop is software-pipelined with ``NUM_STAGES``): it
-applies the mask bits, the temperature and the top-p threshold, and keeps online statistics
-of the chunk: the max and its lowest-id argmax (greedy), the sum of ``exp(v - max)`` (the
-acceptance test; draft rows of sampling sequences only), the best exponential-race key and
-its token (the bonus draw, and the recovered draw of deterministic drafts, which excludes the
-draft token). A NaN on an allowed token is turned into +inf, so a chunk max of +inf flags an
-invalid row without a separate reduction. Nothing vocabulary-sized is written: the
-partials are ``[R, S]``. A block whose best possible race key (its max plus
-``GUMBEL_BOUND``) cannot beat the running best skips the hash and logs; the result is the same.
+blocks load unmasked so the loads vectorise, the row's first and last blocks are masked; the
+full-block loop is software-pipelined with ``NUM_STAGES``): it applies the mask bits, the
+temperature and the top-p threshold, and keeps online statistics of the chunk: the max and its
+lowest-id argmax (greedy), the sum of ``exp(v - max)`` (the acceptance test; draft rows of
+sampling sequences only), the best exponential-race key and its token (the bonus draw, and the
+recovered draw of deterministic drafts, which excludes the draft token). A NaN on an allowed
+token is turned into +inf, so a chunk max of +inf flags an invalid row without a separate
+reduction. Nothing vocabulary-sized is written: the partials are ``[R, S]``. A block whose
+best possible race key (its max plus ``GUMBEL_BOUND``) cannot beat the running best skips the
+hash and logs; the result is the same.
 
-Pass B, ``_chain_kernel``, grid ``(B,)``: per sequence, combines the S partials of each row in
-order and runs the accept / reject chain, writing the accepted drafts and the recovered or
-bonus token into the output row in one store.
+Row alignment: vectorised (16-byte) loads need every block to start on a 16-element boundary.
+When the row stride is a multiple of 16 elements (``V`` = 32,000, 128,256, 151,936, or a padded
+buffer) blocks start at token ``32 * BLOCK_W * j`` as the mask words do. Otherwise
+(``SHIFTED``: ``V`` = 50,257, or 1,000) a row's blocks start ``off = -(row start mod 16)``
+tokens early (the first block's tokens below 0 are masked off), so the loads are aligned, and
+each block's mask bits are read across two neighbouring words (a 64-bit funnel shift).
+
+The accept / reject chain of a sequence (``_finish_sequence``) combines the S partials of
+each of its rows and runs the chain on a vector of rows at once (a few dependent memory round
+trips per sequence, not a few per row). With ``FUSED`` (the default) it runs inside pass A:
+every program counts itself done on its sequence's counter (an acq_rel atomic after its
+partial stores) and the program that completes the count finishes the sequence (reading the
+other programs' partials past L1), then resets the counter. So the step is one launch, and
+only the last sequence's chain is on the critical path. ``fused=False`` runs the same chain
+as a second kernel, ``_chain_kernel`` (grid ``(B,)``).
 
 Only with draft probabilities and a rejection: ``_residual_kernel`` (grid ``(B, S)``) runs the
 race over ``max(p - q, 0)`` on the rejected row of each sequence (one row per sequence at
@@ -25,21 +37,22 @@ Top-p: the threshold per row comes from ``torch_ref.top_p_thresholds`` (a separa
 that sorts the rows that use top-p); the kernels then only compare ``v`` with it.
 
 Specialisation is explicit: ``HAS_MASK``, ``ALL_GREEDY`` (no temperature given),
-``NO_DRAFT_PROBS`` (deterministic proposals), ``HAS_TOP_P``. Draft lengths, batch size and
-row counts are runtime values marked ``do_not_specialize``; ``MAX_SPLITS`` and ``OUT_BLOCK``
-are fixed (``OUT_BLOCK >= MAX_DRAFT + 1``), so changing shapes between steps does not compile
-new kernels (beyond the dtype of the logits and the four flags).
+``NO_DRAFT_PROBS`` (deterministic proposals), ``HAS_TOP_P``, ``SHIFTED``, ``FUSED``. Draft
+lengths, batch size and row counts are runtime values marked ``do_not_specialize``; the
+chain's tile sizes are fixed, so changing shapes between steps does not compile new kernels
+(beyond the dtype of the logits and those flags; ``benchmarks/verify_codegen.py`` checks it).
 
 Launch plan (:func:`plan_splits`): on a GPU the vocabulary of each row is cut into S chunks so
-that about four programs per SM are in flight whatever the batch; the interpreter uses one
-chunk per row and large blocks.
+that about ``programs_per_sm`` (default 4) programs per SM are in flight whatever the batch,
+rounded down so that one wave holds them all; the interpreter uses one chunk per row and
+large blocks.
 
 Exactness: greedy results equal the reference bit for bit (integer-like max/argmax with an
-explicit lowest-id tie rule). Sampling uses the same uniforms, hash and formulas, but on a GPU
-``tl.exp``/``tl.log`` are fast approximations (and the online float32 sum is ordered
-differently from torch's), so a draw can differ from the reference when a uniform lands within
-~1e-6 (relative) of a decision boundary. Under ``TRITON_INTERPRET=1`` (numpy float32 maths)
-the tests see no difference at all.
+explicit lowest-id tie rule, whatever the chunking). Sampling uses the same uniforms, hash and
+formulas, but on a GPU ``tl.exp``/``tl.log`` are fast approximations (and the online float32
+sum is ordered differently from torch's), so a draw can differ from the reference when a
+uniform lands within ~1e-6 (relative) of a decision boundary. Under ``TRITON_INTERPRET=1``
+(numpy float32 maths) the tests see no difference at all.
 """
 
 from __future__ import annotations
@@ -50,16 +63,20 @@ import triton.language as tl
 
 from .torch_ref import GREEDY_TEMPERATURE, GUMBEL_BOUND, MAX_DRAFT
 
-__all__ = ["verify_triton", "interpreter_active", "MAX_SPLITS"]
+__all__ = ["verify_triton", "interpreter_active", "plan_splits", "workspace_sizes", "MAX_SPLITS"]
 
-MAX_SPLITS = 128        # most vocabulary chunks per row (the partials' combine width)
+MAX_SPLITS = 128        # most vocabulary chunks per row
 OUT_BLOCK = 128         # output row width in registers; >= MAX_DRAFT + 1
+CHAIN_ROWS = 8          # rows of a sequence the chain examines at once
+CHAIN_SPLITS = 32       # partials of a row combined at once
+ROW_ALIGN = 16          # elements: a row stride that is a multiple of this needs no shift
 _INT_MAX = tl.constexpr(2147483647)
 assert OUT_BLOCK >= MAX_DRAFT + 1
 
 # block sizes: 32 * BLOCK_W logits per block
 _GPU_BLOCK_W = 64       # 2048 logits per block on a GPU
 _INTERP_BLOCK_W = 512   # 16384 logits per block in the interpreter (fewer Python-level steps)
+_PROGRAMS_PER_SM = 4    # default launch plan on a GPU
 
 GREEDY_T = tl.constexpr(GREEDY_TEMPERATURE)
 G_BOUND = tl.constexpr(GUMBEL_BOUND)
@@ -128,28 +145,52 @@ def _inv_temperature(temp_ptr, b):
 
 
 @triton.jit
-def _row_block(row, stride_lv, mrow, blk, V, num_words, inv_t, thr, need_sum, need_race, excl, seed,
-               run_max, run_arg, run_sum, run_key, run_win,
+def _row_block(logits_ptr, row_off, mrow, t0, lo_e, hi_e, num_words, inv_t, thr, need_sum, need_race, excl,
+               seed, run_max, run_arg, run_sum, run_key, run_win,
                MASKED: tl.constexpr, HAS_MASK: tl.constexpr, ALL_GREEDY: tl.constexpr,
-               HAS_TOP_P: tl.constexpr, BLOCK_W: tl.constexpr):
-    # one block of 32 * BLOCK_W logits of a row: update the chunk's online statistics
+               HAS_TOP_P: tl.constexpr, SHIFTED: tl.constexpr, ALIGNED: tl.constexpr, BLOCK_W: tl.constexpr):
+    # Tokens t0 .. t0 + 32 * BLOCK_W - 1 of one row (its token 0 is element row_off of the
+    # logits): update the chunk's online statistics. ALIGNED: row_off + t0 is a multiple of 16.
+    # MASKED: only elements in [lo_e, hi_e) are read (multiples of 16 in the aligned edge
+    # blocks, so those loads vectorise too; exact row bounds in the small end pieces).
+    # SHIFTED: t0 need not be a multiple of 32 (mask bits read across two words).
     ninf = float("-inf")
-    bits = tl.arange(0, 32)
-    w = blk * BLOCK_W + tl.arange(0, BLOCK_W)
-    tok = w[:, None] * 32 + bits[None, :]                          # [BLOCK_W, 32] token ids
-    if MASKED:
-        inb = tok < V
-        x = tl.load(row + tok.to(tl.int64) * stride_lv, mask=inb, other=0.0).to(tl.float32)
-        if HAS_MASK:
-            word = tl.load(mrow + w, mask=w < num_words, other=0)
-            allowed = (((word[:, None] >> bits[None, :]) & 1) != 0) & inb
-        else:
-            allowed = inb
+    c = tl.arange(0, 32)
+    a = tl.arange(0, BLOCK_W)
+    loc = a[:, None] * 32 + c[None, :]                              # [BLOCK_W, 32]
+    tok = t0 + loc                                                  # token ids
+    if ALIGNED:
+        base = (row_off + t0) // 16 * 16   # == row_off + t0; written so the compiler sees the alignment
     else:
-        x = tl.load(row + tok.to(tl.int64) * stride_lv).to(tl.float32)
-        if HAS_MASK:
-            word = tl.load(mrow + w)
-            allowed = ((word[:, None] >> bits[None, :]) & 1) != 0
+        base = row_off + t0
+    offs = base + loc.to(tl.int64)
+    if MASKED:
+        inb = (offs >= lo_e) & (offs < hi_e)
+        x = tl.load(logits_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+    else:
+        x = tl.load(logits_ptr + offs).to(tl.float32)
+    if HAS_MASK:
+        if SHIFTED:
+            # the tile starts at bit t0 % 32 of word t0 // 32 (t0 may be negative): each row of
+            # 32 tokens reads a 64-bit window of two neighbouring words
+            sh = t0 & 31
+            wl = (t0 >> 5) + a
+            lo = tl.load(mrow + wl, mask=(wl >= 0) & (wl < num_words), other=0)
+            hi = tl.load(mrow + wl + 1, mask=(wl + 1 >= 0) & (wl + 1 < num_words), other=0)
+            comb = (hi.to(tl.uint32).to(tl.uint64) << 32) | lo.to(tl.uint32).to(tl.uint64)
+            allowed = ((comb[:, None] >> (sh + c)[None, :].to(tl.uint64)) & 1) != 0
+        else:
+            w = t0 // 32 + a
+            if MASKED:
+                word = tl.load(mrow + w, mask=w < num_words, other=0)
+            else:
+                word = tl.load(mrow + w)
+            allowed = ((word[:, None] >> c[None, :]) & 1) != 0
+        if MASKED:
+            allowed = allowed & inb
+    else:
+        if MASKED:
+            allowed = inb
         else:
             allowed = tok >= 0
     v = x * inv_t
@@ -176,19 +217,156 @@ def _row_block(row, stride_lv, mrow, blk, V, num_words, inv_t, thr, need_sum, ne
     return run_max, run_arg, run_sum, run_key, run_win
 
 
-@triton.jit(do_not_specialize=["batch", "blocks_per_split", "num_splits"])
+@triton.jit
+def _finish_sequence(
+    b, logits_ptr, stride_lr, mask_ptr, stride_mr, draft_ptr, cu_ptr, temp_ptr, unif_ptr, thr_ptr,
+    dprob_ptr, stride_dr, stride_dv,
+    part_max_ptr, part_arg_ptr, part_sum_ptr, part_key_ptr, part_win_ptr,
+    out_ptr, stride_ob, acc_ptr, emit_ptr, err_ptr, pend_row_ptr, pend_max_ptr, pend_sum_ptr,
+    V, num_splits, max_draft,
+    HAS_MASK: tl.constexpr, ALL_GREEDY: tl.constexpr, NO_DRAFT_PROBS: tl.constexpr,
+    HAS_TOP_P: tl.constexpr, CHAIN_R: tl.constexpr, CHAIN_S: tl.constexpr, OUT_W: tl.constexpr,
+):
+    # The accept / reject chain of sequence b, CHAIN_R rows at a time: combine each row's
+    # partials (read past L1: other programs wrote them), decide every row at once, stop at the
+    # first row that rejects, fails or is the bonus row; write the output row and counts.
+    ninf = float("-inf")
+    start = tl.load(cu_ptr + b - 1, mask=b > 0, other=0).to(tl.int32)
+    n = tl.load(cu_ptr + b).to(tl.int32) - start
+    row0 = start + b
+    sampling = tl.full((), 0, tl.int1)
+    inv_t = tl.full((), 1.0, tl.float32)
+    if not ALL_GREEDY:
+        sampling, inv_t = _inv_temperature(temp_ptr, b)
+    fits = n <= max_draft
+    nrows = tl.where(fits, n + 1, 0)
+    f = tl.full((), _INT_MAX, tl.int32)         # position of the stopping row
+    tok_f = tl.full((), -1, tl.int32)           # the token emitted there
+    bad_f = tl.full((), 0, tl.int32)            # 1: that row is invalid
+    pend = tl.full((), -1, tl.int32)            # rejected row needing the residual draw
+    pmax = tl.full((), 0.0, tl.float32)
+    psum = tl.full((), 0.0, tl.float32)
+    li = tl.arange(0, CHAIN_R)
+    ls = tl.arange(0, CHAIN_S)
+    # per lane (the interpreter cannot combine a loaded-compare scalar with a vector)
+    samp = (li * 0 + sampling.to(tl.int32)) != 0
+    for c0 in range(0, nrows, CHAIN_R):
+        if f == _INT_MAX:
+            i = c0 + li
+            valid = i < nrows
+            r64 = (row0 + i).to(tl.int64)
+            m = tl.full([CHAIN_R], ninf, tl.float32)
+            arg = tl.full([CHAIN_R], -1, tl.int32)
+            z = tl.zeros([CHAIN_R], dtype=tl.float32)
+            kb = tl.full([CHAIN_R], ninf, tl.float32)
+            kw = tl.full([CHAIN_R], -1, tl.int32)
+            for s0 in range(0, num_splits, CHAIN_S):
+                so = s0 + ls
+                sm = valid[:, None] & (so < num_splits)[None, :]
+                po = r64[:, None] * num_splits + so[None, :]
+                pm = tl.load(part_max_ptr + po, mask=sm, other=ninf, cache_modifier=".cg")
+                pa = tl.load(part_arg_ptr + po, mask=sm, other=-1, cache_modifier=".cg")
+                cm = tl.max(pm, axis=1)
+                ca = tl.min(tl.where(sm & (pm == cm[:, None]), pa, _INT_MAX), axis=1)
+                if not ALL_GREEDY:
+                    nm = tl.maximum(m, cm)
+                    ref = tl.where(nm == ninf, 0.0, nm)
+                    ps = tl.load(part_sum_ptr + po, mask=sm, other=0.0, cache_modifier=".cg")
+                    z = tl.where(m > ninf, z * tl.exp(m - ref), 0.0) + \
+                        tl.sum(tl.where(pm > ninf, ps * tl.exp(pm - ref[:, None]), 0.0), axis=1)
+                    pk = tl.load(part_key_ptr + po, mask=sm, other=ninf, cache_modifier=".cg")
+                    pw = tl.load(part_win_ptr + po, mask=sm, other=-1, cache_modifier=".cg")
+                    ck = tl.max(pk, axis=1)
+                    cw = tl.min(tl.where(sm & (pk == ck[:, None]), pw, _INT_MAX), axis=1)
+                    cw = tl.where(ck > ninf, cw, -1)
+                    kw = tl.where(ck > kb, cw, kw)
+                    kb = tl.maximum(kb, ck)
+                arg = tl.where(cm > m, ca, arg)     # later chunks hold higher ids: ties keep arg
+                m = tl.maximum(m, cm)
+            invalid = (m == ninf) | (m == float("inf"))
+            is_bonus = i == n
+            x = tl.load(draft_ptr + start + i, mask=valid & (i < n), other=-1).to(tl.int32)
+            if ALL_GREEDY:
+                accepted = x == arg
+                emitted = tl.where(accepted & (is_bonus == 0), x, arg)
+            else:
+                safe_max = tl.where(m > ninf, m, 0.0)
+                x_in = (x >= 0) & (x < V)
+                xs = tl.where(x_in, x, 0)
+                lx = tl.load(logits_ptr + r64 * stride_lr + xs.to(tl.int64), mask=valid,
+                             other=0.0).to(tl.float32)
+                vx = lx * inv_t
+                ok_x = x_in & (vx == vx)
+                if HAS_MASK:
+                    word = tl.load(mask_ptr + r64 * stride_mr + xs // 32, mask=valid, other=0)
+                    ok_x = ok_x & (((word >> (xs % 32)) & 1) != 0)
+                if HAS_TOP_P:
+                    ok_x = ok_x & (vx >= tl.load(thr_ptr + r64, mask=valid, other=ninf))
+                w_x = tl.exp(vx - safe_max)
+                z_safe = tl.where(z > 0, z, 1.0)
+                p_x = tl.where(ok_x, w_x.to(tl.float64) / z_safe.to(tl.float64), 0.0)
+                if NO_DRAFT_PROBS:
+                    q_x = tl.full([CHAIN_R], 1.0, tl.float64)
+                else:
+                    qo = (start + i).to(tl.int64) * stride_dr + xs.to(tl.int64) * stride_dv
+                    q_x = tl.load(dprob_ptr + qo, mask=valid & x_in & (is_bonus == 0),
+                                  other=0.0).to(tl.float64)
+                u0 = tl.load(unif_ptr + 2 * r64, mask=valid & samp, other=0.0)
+                accepted = tl.where(samp, u0 * q_x < p_x, x == arg)
+                if NO_DRAFT_PROBS:
+                    recovered = tl.where(samp, kw, arg)
+                else:
+                    recovered = tl.where(samp, -1, arg)
+                    to_pend = samp & (is_bonus == 0) & (accepted == 0) & (invalid == 0)
+                bonus_tok = tl.where(samp, kw, arg)
+                emitted = tl.where(is_bonus, bonus_tok, tl.where(accepted, x, recovered))
+            stop = valid & (invalid | is_bonus | (accepted == 0))
+            fc = tl.min(tl.where(stop, i, _INT_MAX))
+            sel = stop & (i == fc)
+            found = fc < _INT_MAX
+            tok_f = tl.where(found, tl.max(tl.where(sel, emitted, -1)), tok_f)
+            bad_f = tl.where(found, tl.max(tl.where(sel, invalid.to(tl.int32), 0)), bad_f)
+            if not NO_DRAFT_PROBS:
+                pick = sel & to_pend
+                pend = tl.where(found, tl.max(tl.where(pick, row0 + i, -1)), pend)
+                pmax = tl.where(found, tl.sum(tl.where(pick, safe_max, 0.0)), pmax)
+                psum = tl.where(found, tl.sum(tl.where(pick, z, 0.0)), psum)
+            f = tl.minimum(f, fc)
+    err = tl.where(fits, tl.where(bad_f != 0, f, -1), max_draft + 1)
+    acc = tl.where(err >= 0, -1, f)
+    js = tl.arange(0, OUT_W)
+    xj = tl.load(draft_ptr + start + js, mask=js < acc, other=-1).to(tl.int32)
+    val = tl.where(js < acc, xj, tl.where(js == acc, tok_f, -1))
+    tl.store(out_ptr + b.to(tl.int64) * stride_ob + js, val, mask=js <= max_draft)
+    tl.store(acc_ptr + b, acc)
+    tl.store(emit_ptr + b, tl.where(acc >= 0, acc + 1, 0))
+    tl.store(err_ptr + b, err)
+    if not NO_DRAFT_PROBS:
+        tl.store(pend_row_ptr + b, tl.where(err >= 0, -1, pend))
+        tl.store(pend_max_ptr + b, pmax)
+        tl.store(pend_sum_ptr + b, psum)
+
+
+@triton.jit(do_not_specialize=["batch", "blocks_per_split", "num_splits", "max_draft", "stride_ob"])
 def _row_pass_kernel(
-    logits_ptr, stride_lr, stride_lv,      # fp32|fp16|bf16 [R, V]
+    logits_ptr, stride_lr,                 # fp32|fp16|bf16 [R, V] (last dim contiguous)
     mask_ptr, stride_mr, num_words,        # int32 [R, >= ceil(V/32)] (HAS_MASK)
     draft_ptr,                             # int32|int64 [N]
     cu_ptr,                                # int32|int64 [B] inclusive cumulative draft counts
     temp_ptr,                              # fp32 [B] (not ALL_GREEDY)
     unif_ptr,                              # fp64 [R, 2] contiguous (not ALL_GREEDY)
     thr_ptr,                               # fp32 [R] top-p thresholds on v (HAS_TOP_P)
+    dprob_ptr, stride_dr, stride_dv,       # float [N, V] (not NO_DRAFT_PROBS; FUSED)
     part_max_ptr, part_arg_ptr, part_sum_ptr, part_key_ptr, part_win_ptr,  # [R, S]
-    batch, V, blocks_per_split, num_splits,
+    count_ptr,                             # int32 [B] programs done per sequence, 0 between launches (FUSED)
+    out_ptr, stride_ob,                    # int32 [B, max_draft + 1] (FUSED)
+    acc_ptr, emit_ptr, err_ptr,            # int32 [B] (FUSED)
+    pend_row_ptr, pend_max_ptr, pend_sum_ptr,  # [B] (FUSED, not NO_DRAFT_PROBS)
+    batch, V, blocks_per_split, num_splits, max_draft,
     HAS_MASK: tl.constexpr, ALL_GREEDY: tl.constexpr, NO_DRAFT_PROBS: tl.constexpr,
-    HAS_TOP_P: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_B: tl.constexpr, NUM_STAGES: tl.constexpr,
+    HAS_TOP_P: tl.constexpr, SHIFTED: tl.constexpr, FUSED: tl.constexpr,
+    BLOCK_W: tl.constexpr, BLOCK_B: tl.constexpr, NUM_STAGES: tl.constexpr,
+    CHAIN_R: tl.constexpr, CHAIN_S: tl.constexpr, OUT_W: tl.constexpr,
 ):
     r = tl.program_id(0)
     s = tl.program_id(1)
@@ -201,9 +379,11 @@ def _row_pass_kernel(
     excl = tl.full((), -1, tl.int32)
     seed = tl.full((), 0, tl.uint32)
     thr = tl.full((), ninf, tl.float32)
-    if not ALL_GREEDY:
+    if FUSED or not ALL_GREEDY:
         b = _seq_of_row(cu_ptr, r, batch, BLOCK_B)
-        is_bonus = r == tl.load(cu_ptr + b).to(tl.int32) + b
+        end_b = tl.load(cu_ptr + b).to(tl.int32)
+    if not ALL_GREEDY:
+        is_bonus = r == end_b + b
         sampling, inv_t = _inv_temperature(temp_ptr, b)
         need_sum = sampling & (is_bonus == 0)
         if NO_DRAFT_PROBS:
@@ -222,22 +402,53 @@ def _row_pass_kernel(
     run_key = tl.full((), ninf, tl.float32)
     run_win = tl.full((), -1, tl.int32)
 
-    row = logits_ptr + r64 * stride_lr
+    row_off = r64 * stride_lr
     mrow = mask_ptr + r64 * stride_mr
-    nfull = V // (BLOCK_W * 32)                 # blocks without a vocabulary tail
-    nblocks = tl.cdiv(V, BLOCK_W * 32)
+    BLK: tl.constexpr = BLOCK_W * 32
+    # Element space: the row is [row_off, row_off + V); its whole 16-element groups are
+    # [a_lo, a_hi). Blocks of BLK elements start at floor16(row_off) (token `off`): full blocks
+    # are read unmasked, the first / last block with masks at group granularity (vectorised
+    # too), and the partial groups at the two ends (< 16 tokens each) as 32-token pieces.
+    if SHIFTED:
+        off = -((row_off % 16).to(tl.int32))
+    else:
+        off = tl.zeros((), dtype=tl.int32)
+    a_lo = (row_off + 15) // 16 * 16
+    a_hi = (row_off + V) // 16 * 16
+    head = tl.minimum((a_lo - row_off).to(tl.int32), V)     # tokens [0, head): head piece
+    tail = tl.maximum((a_hi - row_off).to(tl.int32), head)  # tokens [tail, V): tail piece
+    nblocks = tl.cdiv(V - off, BLK)
+    j_full0 = tl.where(off < 0, 1, 0)          # a shifted row's block 0 holds tokens < 0
+    j_part = (V - off) // BLK                  # the first block that is not full
     blk0 = s * blocks_per_split
     blk1 = tl.minimum(blk0 + blocks_per_split, nblocks)
-    for blk in tl.range(blk0, tl.minimum(blk1, nfull), num_stages=NUM_STAGES):   # unmasked: vectorised loads
+    if SHIFTED:
+        # in token order (ties go to the lowest id): head piece, first block, full blocks, ...
+        if (off < 0) & (blk0 == 0) & (blk1 > 0):
+            if head > 0:
+                run_max, run_arg, run_sum, run_key, run_win = _row_block(
+                    logits_ptr, row_off, mrow, 0, row_off, row_off + head, num_words, inv_t, thr, need_sum,
+                    need_race, excl, seed, run_max, run_arg, run_sum, run_key, run_win,
+                    True, HAS_MASK, ALL_GREEDY, HAS_TOP_P, True, False, 1)
+            run_max, run_arg, run_sum, run_key, run_win = _row_block(
+                logits_ptr, row_off, mrow, off, a_lo, a_hi, num_words, inv_t, thr, need_sum, need_race,
+                excl, seed, run_max, run_arg, run_sum, run_key, run_win,
+                True, HAS_MASK, ALL_GREEDY, HAS_TOP_P, SHIFTED, True, BLOCK_W)
+    for j in tl.range(tl.maximum(blk0, j_full0), tl.minimum(blk1, j_part), num_stages=NUM_STAGES):
+        run_max, run_arg, run_sum, run_key, run_win = _row_block(      # unmasked: vectorised loads
+            logits_ptr, row_off, mrow, off + j * BLK, a_lo, a_hi, num_words, inv_t, thr, need_sum, need_race,
+            excl, seed, run_max, run_arg, run_sum, run_key, run_win,
+            False, HAS_MASK, ALL_GREEDY, HAS_TOP_P, SHIFTED, True, BLOCK_W)
+    if (j_part < blk1) & (j_part >= tl.maximum(blk0, j_full0)):     # this chunk holds the row's tail
         run_max, run_arg, run_sum, run_key, run_win = _row_block(
-            row, stride_lv, mrow, blk, V, num_words, inv_t, thr, need_sum, need_race, excl, seed,
-            run_max, run_arg, run_sum, run_key, run_win,
-            False, HAS_MASK, ALL_GREEDY, HAS_TOP_P, BLOCK_W)
-    if blk1 > nfull:                                   # this chunk holds the vocabulary tail
+            logits_ptr, row_off, mrow, off + j_part * BLK, a_lo, a_hi, num_words, inv_t, thr, need_sum,
+            need_race, excl, seed, run_max, run_arg, run_sum, run_key, run_win,
+            True, HAS_MASK, ALL_GREEDY, HAS_TOP_P, SHIFTED, True, BLOCK_W)
+    if (tail < V) & (blk0 <= nblocks - 1) & (nblocks - 1 < blk1):   # the row's last partial group
         run_max, run_arg, run_sum, run_key, run_win = _row_block(
-            row, stride_lv, mrow, nfull, V, num_words, inv_t, thr, need_sum, need_race, excl, seed,
-            run_max, run_arg, run_sum, run_key, run_win,
-            True, HAS_MASK, ALL_GREEDY, HAS_TOP_P, BLOCK_W)
+            logits_ptr, row_off, mrow, tail, row_off + tail, row_off + V, num_words, inv_t, thr, need_sum,
+            need_race, excl, seed, run_max, run_arg, run_sum, run_key, run_win,
+            True, HAS_MASK, ALL_GREEDY, HAS_TOP_P, True, False, 1)
 
     o = r64 * num_splits + s
     tl.store(part_max_ptr + o, run_max)
@@ -246,6 +457,41 @@ def _row_pass_kernel(
         tl.store(part_sum_ptr + o, run_sum)
         tl.store(part_key_ptr + o, run_key)
         tl.store(part_win_ptr + o, run_win)
+    if FUSED:
+        # the program that completes its sequence's count runs the sequence's chain
+        tl.debug_barrier()
+        start_b = tl.load(cu_ptr + b - 1, mask=b > 0, other=0).to(tl.int32)
+        total = (end_b - start_b + 1) * num_splits
+        done = tl.atomic_add(count_ptr + b, 1, sem="acq_rel")
+        if done == total - 1:
+            _finish_sequence(
+                b, logits_ptr, stride_lr, mask_ptr, stride_mr, draft_ptr, cu_ptr, temp_ptr, unif_ptr, thr_ptr,
+                dprob_ptr, stride_dr, stride_dv,
+                part_max_ptr, part_arg_ptr, part_sum_ptr, part_key_ptr, part_win_ptr,
+                out_ptr, stride_ob, acc_ptr, emit_ptr, err_ptr, pend_row_ptr, pend_max_ptr, pend_sum_ptr,
+                V, num_splits, max_draft,
+                HAS_MASK, ALL_GREEDY, NO_DRAFT_PROBS, HAS_TOP_P, CHAIN_R, CHAIN_S, OUT_W)
+            tl.atomic_xchg(count_ptr + b, 0)
+
+
+@triton.jit(do_not_specialize=["num_splits", "max_draft", "stride_ob"])
+def _chain_kernel(
+    logits_ptr, stride_lr, mask_ptr, stride_mr, draft_ptr, cu_ptr, temp_ptr, unif_ptr, thr_ptr,
+    dprob_ptr, stride_dr, stride_dv,
+    part_max_ptr, part_arg_ptr, part_sum_ptr, part_key_ptr, part_win_ptr,
+    out_ptr, stride_ob, acc_ptr, emit_ptr, err_ptr, pend_row_ptr, pend_max_ptr, pend_sum_ptr,
+    V, num_splits, max_draft,
+    HAS_MASK: tl.constexpr, ALL_GREEDY: tl.constexpr, NO_DRAFT_PROBS: tl.constexpr,
+    HAS_TOP_P: tl.constexpr, CHAIN_R: tl.constexpr, CHAIN_S: tl.constexpr, OUT_W: tl.constexpr,
+):
+    # fused=False: the chain of sequence program_id(0), after pass A
+    _finish_sequence(
+        tl.program_id(0), logits_ptr, stride_lr, mask_ptr, stride_mr, draft_ptr, cu_ptr, temp_ptr, unif_ptr,
+        thr_ptr, dprob_ptr, stride_dr, stride_dv,
+        part_max_ptr, part_arg_ptr, part_sum_ptr, part_key_ptr, part_win_ptr,
+        out_ptr, stride_ob, acc_ptr, emit_ptr, err_ptr, pend_row_ptr, pend_max_ptr, pend_sum_ptr,
+        V, num_splits, max_draft,
+        HAS_MASK, ALL_GREEDY, NO_DRAFT_PROBS, HAS_TOP_P, CHAIN_R, CHAIN_S, OUT_W)
 
 
 @triton.jit
@@ -259,113 +505,6 @@ def _combine_argmax(val_ptr, idx_ptr, base, so, smask):
     return best, win, vals
 
 
-@triton.jit(do_not_specialize=["batch", "num_splits", "max_draft", "stride_ob"])
-def _chain_kernel(
-    logits_ptr, stride_lr, stride_lv,      # [R, V]
-    mask_ptr, stride_mr,                   # int32 [R, W] (HAS_MASK)
-    draft_ptr,                             # [N]
-    cu_ptr,                                # [B]
-    temp_ptr, unif_ptr, thr_ptr,           # fp32 [B], fp64 [R, 2], fp32 [R]
-    dprob_ptr, stride_dr, stride_dv,       # float [N, V] (not NO_DRAFT_PROBS)
-    part_max_ptr, part_arg_ptr, part_sum_ptr, part_key_ptr, part_win_ptr,  # [R, S]
-    out_ptr, stride_ob,                    # int32 [B, max_draft + 1]
-    acc_ptr, emit_ptr, err_ptr,            # int32 [B]
-    pend_row_ptr, pend_max_ptr, pend_sum_ptr,  # int32/fp32/fp32 [B] (not NO_DRAFT_PROBS)
-    batch, V, num_splits, max_draft,
-    HAS_MASK: tl.constexpr, ALL_GREEDY: tl.constexpr, NO_DRAFT_PROBS: tl.constexpr,
-    HAS_TOP_P: tl.constexpr, MAX_S: tl.constexpr, OUT_W: tl.constexpr,
-):
-    b = tl.program_id(0)
-    ninf = float("-inf")
-    start = tl.load(cu_ptr + b - 1, mask=b > 0, other=0).to(tl.int32)
-    n = tl.load(cu_ptr + b).to(tl.int32) - start
-    row0 = start + b
-    sampling = tl.full((), 0, tl.int1)
-    inv_t = tl.full((), 1.0, tl.float32)
-    if not ALL_GREEDY:
-        sampling, inv_t = _inv_temperature(temp_ptr, b)
-
-    js = tl.arange(0, OUT_W)
-    so = tl.arange(0, MAX_S)
-    smask = so < num_splits
-    out = tl.full([OUT_W], -1, tl.int32)
-    acc = tl.full((), -1, tl.int32)
-    err = tl.where(n > max_draft, max_draft + 1, -1)
-    pend = tl.full((), -1, tl.int32)
-    pmax = tl.full((), 0.0, tl.float32)
-    psum = tl.full((), 0.0, tl.float32)
-    active = n <= max_draft
-    i = tl.zeros((), dtype=tl.int32)
-    while active:
-        r = row0 + i
-        r64 = r.to(tl.int64)
-        base = r64 * num_splits
-        is_bonus = i == n
-        maxes = tl.load(part_max_ptr + base + so, mask=smask, other=ninf)
-        row_max = tl.max(maxes)
-        arg = tl.min(tl.where(smask & (maxes == row_max),
-                              tl.load(part_arg_ptr + base + so, mask=smask, other=-1), _INT_MAX))
-        invalid = (row_max == ninf) | (row_max == float("inf"))
-        x = tl.load(draft_ptr + start + i, mask=is_bonus == 0, other=-1).to(tl.int32)
-        if ALL_GREEDY:
-            accepted = x == arg
-            recovered = arg
-            bonus_tok = arg
-        else:
-            keys = tl.load(part_key_ptr + base + so, mask=smask, other=ninf)
-            best = tl.max(keys)
-            win = tl.min(tl.where(smask & (keys == best),
-                                  tl.load(part_win_ptr + base + so, mask=smask, other=-1), _INT_MAX))
-            win = tl.where(best > ninf, win, -1)
-            sums = tl.load(part_sum_ptr + base + so, mask=smask, other=0.0)
-            safe_max = tl.where(row_max > ninf, row_max, 0.0)
-            z = tl.sum(tl.where(maxes > ninf, sums * tl.exp(maxes - safe_max), 0.0), axis=0)
-            x_in = (x >= 0) & (x < V)
-            xs = tl.where(x_in, x, 0)
-            lx = tl.load(logits_ptr + r64 * stride_lr + xs.to(tl.int64) * stride_lv).to(tl.float32)
-            vx = lx * inv_t
-            ok_x = x_in & (vx == vx)
-            if HAS_MASK:
-                word = tl.load(mask_ptr + r64 * stride_mr + xs // 32)
-                ok_x = ok_x & (((word >> (xs % 32)) & 1) != 0)
-            if HAS_TOP_P:
-                ok_x = ok_x & (vx >= tl.load(thr_ptr + r))
-            w_x = tl.exp(vx - safe_max)
-            z_safe = tl.where(z > 0, z, 1.0)
-            p_x = tl.where(ok_x, w_x.to(tl.float64) / z_safe.to(tl.float64), 0.0)
-            if NO_DRAFT_PROBS:
-                q_x = tl.full((), 1.0, tl.float64)
-            else:
-                q_x = tl.load(dprob_ptr + (start + i).to(tl.int64) * stride_dr + xs.to(tl.int64) * stride_dv,
-                              mask=x_in & (is_bonus == 0), other=0.0).to(tl.float64)
-            u0 = tl.load(unif_ptr + 2 * r64, mask=sampling, other=0.0)
-            accepted = tl.where(sampling, u0 * q_x < p_x, x == arg)
-            if NO_DRAFT_PROBS:
-                recovered = tl.where(sampling, win, arg)
-            else:
-                recovered = tl.where(sampling, -1, arg)
-                to_pend = sampling & (is_bonus == 0) & (accepted == 0) & (invalid == 0)
-                pend = tl.where(to_pend, r, pend)
-                pmax = tl.where(to_pend, safe_max, pmax)
-                psum = tl.where(to_pend, z, psum)
-            bonus_tok = tl.where(sampling, win, arg)
-        emitted = tl.where(is_bonus, bonus_tok, tl.where(accepted, x, recovered))
-        out = tl.where((js == i) & (invalid == 0), emitted, out)
-        err = tl.where(invalid, i, err)
-        acc = tl.where(invalid, -1, tl.where(is_bonus, n, tl.where(accepted, acc, i)))
-        active = (invalid == 0) & (is_bonus == 0) & (accepted != 0)
-        i += 1
-
-    out = tl.where(err >= 0, -1, out)
-    acc = tl.where(err >= 0, -1, acc)
-    tl.store(out_ptr + b.to(tl.int64) * stride_ob + js, out, mask=js <= max_draft)
-    tl.store(acc_ptr + b, acc)
-    tl.store(emit_ptr + b, tl.where(acc >= 0, acc + 1, 0))
-    tl.store(err_ptr + b, err)
-    if not NO_DRAFT_PROBS:
-        tl.store(pend_row_ptr + b, tl.where(err >= 0, -1, pend))
-        tl.store(pend_max_ptr + b, pmax)
-        tl.store(pend_sum_ptr + b, psum)
 
 
 @triton.jit(do_not_specialize=["batch", "blocks_per_split", "num_splits"])
@@ -456,6 +595,8 @@ def _residual_finish_kernel(
         tl.store(out_ptr + b.to(tl.int64) * stride_ob + slot, tok)
 
 
+
+
 # ---------------------------------------------------------------------------------------------
 # host side
 
@@ -478,21 +619,27 @@ def _sm_count(device: torch.device) -> int:
 
 
 def plan_splits(rows: int, vocab_size: int, device: torch.device, *, block_words: int | None = None,
-                num_splits: int | None = None) -> tuple[int, int, int]:
+                num_splits: int | None = None, programs_per_sm: int | None = None,
+                shifted: bool = False) -> tuple[int, int, int]:
     """``(block_words, num_splits, blocks_per_split)`` for a row count and vocabulary size.
 
-    On a GPU the vocabulary is cut so that about four programs per SM are in flight; in the
-    interpreter one program per row reads the whole row with large blocks.
+    On a GPU the vocabulary of a row is cut into chunks so that about ``programs_per_sm``
+    (default 4) programs per SM run, rounded down so that one wave holds every program (a
+    second, partial wave would nearly double the step); in the interpreter one program per row
+    reads the whole row with large blocks. ``shifted`` rows (row stride not a multiple of 16
+    elements) may span one block more.
     """
     if block_words is None:
         if device.type == "cuda":
             block_words = _GPU_BLOCK_W
         else:  # one block per row when the vocabulary is small (less numpy work per step)
             block_words = min(_INTERP_BLOCK_W, triton.next_power_of_2(triton.cdiv(vocab_size, 32)))
-    nblocks = max(1, triton.cdiv(vocab_size, 32 * block_words))
+    span = vocab_size + (ROW_ALIGN - 1 if shifted else 0)
+    nblocks = max(1, triton.cdiv(span, 32 * block_words))
     if num_splits is None:
         if device.type == "cuda":
-            num_splits = triton.cdiv(4 * _sm_count(device), max(rows, 1))
+            target = (programs_per_sm or _PROGRAMS_PER_SM) * _sm_count(device)
+            num_splits = max(1, target // max(rows, 1))
         else:
             num_splits = 1
     num_splits = max(1, min(num_splits, nblocks, MAX_SPLITS))
@@ -502,13 +649,16 @@ def plan_splits(rows: int, vocab_size: int, device: torch.device, *, block_words
 
 
 def workspace_sizes(rows: int, batch: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Scratch tensors the kernels need for ``rows`` logit rows and ``batch`` sequences."""
+    """Scratch tensors the kernels need for ``rows`` logit rows and ``batch`` sequences.
+
+    ``count`` (the fused chain's per-sequence counters) must start at zero; the kernels leave
+    it at zero. One workspace serves one stream at a time."""
     f32, i32 = torch.float32, torch.int32
     rs = (rows * MAX_SPLITS,)
     bs = (batch * MAX_SPLITS,)
     return {
         "part_max": (rs, f32), "part_arg": (rs, i32), "part_sum": (rs, f32),
-        "part_key": (rs, f32), "part_win": (rs, i32),
+        "part_key": (rs, f32), "part_win": (rs, i32), "count": ((batch,), i32),
         "pend_row": ((batch,), i32), "pend_max": ((batch,), f32), "pend_sum": ((batch,), f32),
         "res_key": (bs, f32), "res_win": (bs, i32), "p_key": (bs, f32), "p_win": (bs, i32),
     }
@@ -531,29 +681,38 @@ def verify_triton(
     workspace: dict[str, torch.Tensor] | None = None,
     block_words: int | None = None,
     num_splits: int | None = None,
+    programs_per_sm: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
+    fused: bool = True,
 ) -> None:
     """Launch the fused kernels; same contract and outputs as ``torch_ref.verify_reference``.
 
     ``workspace`` maps the names of :func:`workspace_sizes` to flat tensors at least that large;
-    missing or too small entries are (re)allocated and stored back into the dict.
-    ``block_words`` / ``num_splits`` override the launch plan (tests use them to exercise
-    multi-chunk rows in the interpreter); ``num_warps`` and ``num_stages`` (software pipelining
-    of the full-block loop: cp.async stages on sm80+) tune pass A. No host synchronisation.
+    missing or too small entries are (re)allocated and stored back into the dict (a workspace
+    must not be shared by launches that may run at the same time, e.g. on two streams).
+    ``block_words`` / ``num_splits`` / ``programs_per_sm`` override the launch plan (tests use
+    them to exercise multi-chunk rows in the interpreter); ``num_warps`` and ``num_stages``
+    (software pipelining of the full-block loop: cp.async stages on sm80+) tune pass A.
+    ``fused=False`` runs the accept chain as a second kernel instead of in pass A's last
+    program per sequence (same results). No host synchronisation.
     """
     dev = target_logits.device
     if dev.type != "cuda" and not interpreter_active():
         raise ValueError("the triton backend needs CUDA tensors, or TRITON_INTERPRET=1 set before "
                          "structgen.kernels.triton_verify is first imported (CPU tensors)")
+    if target_logits.stride(1) != 1:
+        target_logits = target_logits.contiguous()
     rows, vocab = target_logits.shape
     batch = cu_num_draft_tokens.numel()
-    bw, splits, per = plan_splits(rows, vocab, dev, block_words=block_words, num_splits=num_splits)
+    shifted = target_logits.stride(0) % ROW_ALIGN != 0
+    bw, splits, per = plan_splits(rows, vocab, dev, block_words=block_words, num_splits=num_splits,
+                                  programs_per_sm=programs_per_sm, shifted=shifted)
     ws = workspace if workspace is not None else {}
     for name, (shape, dtype) in workspace_sizes(rows, batch).items():
         t = ws.get(name)
         if t is None or t.numel() < shape[0] or t.dtype != dtype or t.device != dev:
-            ws[name] = torch.empty(shape, dtype=dtype, device=dev)
+            ws[name] = (torch.zeros if name == "count" else torch.empty)(shape, dtype=dtype, device=dev)
 
     all_greedy = temperature is None
     no_dp = draft_probs is None or all_greedy
@@ -563,7 +722,8 @@ def verify_triton(
     mask_t = bitmask if has_mask else _dummy(dev, torch.int32)
     mask_stride = bitmask.stride(0) if has_mask else 0
     num_words = bitmask.shape[1] if has_mask else 0
-    draft_t = draft_token_ids if draft_token_ids.numel() else _dummy(dev, torch.int32)
+    # (an empty draft list gets a dummy of the same dtype: no new kernel variant)
+    draft_t = draft_token_ids if draft_token_ids.numel() else _dummy(dev, draft_token_ids.dtype)
     temp_t = temperature if temperature is not None else _dummy(dev, f32)
     unif_t = uniforms if (uniforms is not None and not all_greedy) else _dummy(dev, torch.float64)
     thr_t = top_p_threshold if has_top_p else _dummy(dev, f32)
@@ -571,29 +731,30 @@ def verify_triton(
     dp_s0, dp_s1 = (draft_probs.stride(0), draft_probs.stride(1)) if not no_dp else (0, 0)
     max_draft = output_token_ids.shape[1] - 1
     parts = (ws["part_max"], ws["part_arg"], ws["part_sum"], ws["part_key"], ws["part_win"])
+    outs = (output_token_ids, output_token_ids.stride(0), num_accepted, num_emitted, error_position,
+            ws["pend_row"], ws["pend_max"], ws["pend_sum"])
+    flags = dict(HAS_MASK=has_mask, ALL_GREEDY=all_greedy, NO_DRAFT_PROBS=no_dp, HAS_TOP_P=has_top_p)
+    chain = dict(CHAIN_R=CHAIN_ROWS, CHAIN_S=CHAIN_SPLITS, OUT_W=OUT_BLOCK)
 
     _row_pass_kernel[(rows, splits)](
-        target_logits, target_logits.stride(0), target_logits.stride(1),
+        target_logits, target_logits.stride(0),
         mask_t, mask_stride, num_words,
         draft_t, cu_num_draft_tokens, temp_t, unif_t, thr_t,
-        *parts,
-        batch, vocab, per, splits,
-        HAS_MASK=has_mask, ALL_GREEDY=all_greedy, NO_DRAFT_PROBS=no_dp, HAS_TOP_P=has_top_p,
-        BLOCK_W=bw, BLOCK_B=128, NUM_STAGES=num_stages, num_warps=num_warps,
-    )
-    _chain_kernel[(batch,)](
-        target_logits, target_logits.stride(0), target_logits.stride(1),
-        mask_t, mask_stride,
-        draft_t, cu_num_draft_tokens, temp_t, unif_t, thr_t,
         dp_t, dp_s0, dp_s1,
-        *parts,
-        output_token_ids, output_token_ids.stride(0),
-        num_accepted, num_emitted, error_position,
-        ws["pend_row"], ws["pend_max"], ws["pend_sum"],
-        batch, vocab, splits, max_draft,
-        HAS_MASK=has_mask, ALL_GREEDY=all_greedy, NO_DRAFT_PROBS=no_dp, HAS_TOP_P=has_top_p,
-        MAX_S=MAX_SPLITS, OUT_W=OUT_BLOCK, num_warps=1,
+        *parts, ws["count"], *outs,
+        batch, vocab, per, splits, max_draft,
+        SHIFTED=shifted, FUSED=fused, BLOCK_W=bw, BLOCK_B=128, NUM_STAGES=num_stages,
+        **flags, **chain, num_warps=num_warps,
     )
+    if not fused:
+        _chain_kernel[(batch,)](
+            target_logits, target_logits.stride(0), mask_t, mask_stride,
+            draft_t, cu_num_draft_tokens, temp_t, unif_t, thr_t,
+            dp_t, dp_s0, dp_s1,
+            *parts, *outs,
+            vocab, splits, max_draft,
+            **flags, **chain, num_warps=1,
+        )
     if not no_dp:
         res = (ws["res_key"], ws["res_win"], ws["p_key"], ws["p_win"])
         _residual_kernel[(batch, splits)](

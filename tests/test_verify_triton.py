@@ -215,6 +215,45 @@ def check_multi_chunk(vocab: int, block_words: int, num_splits: int) -> None:
             assert_same(*outs, f"V={vocab} bw={block_words} S={num_splits} {dtype} T={temp} probs={probs}")
 
 
+def check_layouts_and_chain_modes() -> None:
+    """Row strides that are and are not multiples of 16 elements (padded buffers viewed as
+    ``[:, :V]``: shifted and unshifted blocks), the accept chain fused into the row pass (its
+    last program per sequence) and as its own kernel, multi-chunk rows with partials combined
+    over several chain tiles; the fused chain's counters are back at zero after every launch."""
+    ref = load_kernels("torch_ref")
+    tv = load_kernels("triton_verify")
+    ws: dict = {}
+    for vocab, width, dtype in ((1000, 1000, torch.float32), (1000, 1040, torch.bfloat16),
+                                (1024, 1031, torch.float16), (33, 47, torch.bfloat16)):
+        for batch in (3,):
+            for temp, probs in ((None, False), (torch.tensor([0.0, 1.2, 0.7, 1.0][:batch]), False),
+                                (torch.tensor([1.0, 0.0, 0.8, 2.0][:batch]), True)):
+                drafts, cu, logits, bitmask, dp = make_case(vocab, batch, 5, dtype, seed=vocab + width,
+                                                            probs=probs)
+                rows = logits.shape[0]
+                wide = torch.full((rows, width), float("nan"), dtype=dtype)   # padding is never read
+                wide[:, :vocab] = logits
+                view = wide[:, :vocab]
+                unif = torch.rand((rows, 2), dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+                unif_arg = unif if temp is not None else None
+                want = VerifyOutput.allocate(batch, 5)
+                ref.verify_reference(drafts, cu, logits, bitmask, dp, temp, None, unif_arg,
+                                     want.output_token_ids, want.num_accepted, want.num_emitted,
+                                     want.error_position)
+                modes: list = [(True, {}), (False, {})]
+                if vocab == 1024:   # rows cut into 33 chunks: partials combined over two chain tiles
+                    modes += [(True, dict(block_words=1, num_splits=33)),
+                              (False, dict(block_words=1, num_splits=33))]
+                for fused, extra in modes:
+                    got = VerifyOutput.allocate(batch, 5)
+                    tv.verify_triton(drafts, cu, view, bitmask, dp, temp, None, unif_arg,
+                                     got.output_token_ids, got.num_accepted, got.num_emitted,
+                                     got.error_position, workspace=ws, fused=fused, **extra)
+                    assert_same(want, got, f"V={vocab} stride={width} {dtype} T={temp} probs={probs} "
+                                           f"fused={fused} {extra}")
+                    assert int(ws["count"].abs().sum()) == 0
+
+
 def check_sampling(vocab: int, batch: int, dtype: torch.dtype, probs: bool) -> None:
     case = make_case(vocab, batch, 5, dtype, seed=vocab * 7 + batch, probs=probs)
     temps = torch.tensor([[0.6, 1.0, 1.7, 0.0][i % 4] for i in range(batch)])
@@ -298,6 +337,10 @@ def test_no_mask_and_error_rows(worker: ProcessPoolExecutor) -> None:
 def test_multi_chunk_rows(worker: ProcessPoolExecutor, vocab: int, block_words: int, num_splits: int) -> None:
     """Rows cut into several vocabulary chunks (the GPU launch plan) combine exactly."""
     in_worker(worker, check_multi_chunk, vocab, block_words, num_splits)
+
+
+def test_layouts_and_chain_modes(worker: ProcessPoolExecutor) -> None:
+    in_worker(worker, check_layouts_and_chain_modes)
 
 
 @pytest.mark.parametrize("probs", [False, True], ids=["deterministic-drafts", "draft-probs"])
