@@ -4,10 +4,13 @@ Full mode (a CUDA GPU): for batch 1/8/32/64 sequences x 7 rows (6 drafts + the b
 V = 151,936 bf16 logits with grammar bitmasks, it times
 
 * ``fused``: the Triton backend of :func:`structgen.verify.verify` (pooled buffers, no input
-  checks: what the generation loop runs); a small launch-config sweep on batch 32 picks
-  ``(block_words, num_warps, num_stages)`` first. Timed eagerly and as a CUDA-graph replay
-  (kernel time without Python launch overhead; the headline figures use the replay, for the
-  unfused pipeline too);
+  checks: what the generation loop runs; the accept chain inside pass A); a launch-config
+  sweep on batch 32 picks ``(block_words, num_warps, num_stages, programs_per_sm)`` first.
+  Timed eagerly and as a CUDA-graph replay (kernel time without Python launch overhead; the
+  headline figures use the replay, for the unfused pipeline too). ``two-kernel``: the same with
+  ``fused=False`` (the chain as a second launch). The fused kernel's graph is then replayed
+  ``--stress`` times, every result compared with the reference (the chain synchronises programs
+  through counters: an ordering bug would show as a mismatch);
 * ``reference``: the torch reference backend (the oracle; not meant to be fast);
 * ``unfused``: what engines do in separate passes: bitmask apply (unpack + masked_fill), fp32
   softmax materialised, then a vectorised rejection step (exponential race on fp32 probs);
@@ -54,7 +57,9 @@ PEAK_TBPS: list[tuple[str, float]] = [
     ("A100", 1.555), ("A800", 2.039), ("L40S", 0.864), ("L40", 0.864), ("L4", 0.3), ("A10G", 0.6),
     ("A10", 0.6), ("RTX 4090", 1.008), ("RTX 3090", 0.936), ("V100", 0.9), ("T4", 0.32),
 ]
-SWEEP = [(32, 4, 1), (64, 4, 1), (64, 4, 3), (64, 8, 3), (128, 8, 2), (128, 8, 3), (256, 8, 2)]
+# (block_words, num_warps, num_stages, programs_per_sm): the default plan first
+SWEEP = [(64, 4, 3, 4), (64, 4, 3, 2), (64, 4, 3, 8), (64, 4, 3, 16), (32, 4, 3, 8), (64, 4, 1, 4),
+         (64, 8, 3, 4), (128, 8, 3, 4), (128, 4, 2, 4), (256, 8, 2, 4)]
 MODES = ("greedy", "sample", "sample+probs")
 
 
@@ -203,7 +208,7 @@ def same_output(a: Any, b: Any) -> dict:
 
 
 def run_case(batch: int, k: int, vocab: int, dtype: Any, device: Any, mode: str, reps: int,
-             config: tuple[int, int, int] | None, ref_reps: int) -> dict:
+             config: dict | None, ref_reps: int, stress_reps: int = 0) -> dict:
     from structgen.verify import VerifyBufferPool, load_kernels, verify
 
     tv = load_kernels("triton_verify")
@@ -211,11 +216,12 @@ def run_case(batch: int, k: int, vocab: int, dtype: Any, device: Any, mode: str,
     inp = make_inputs(batch, k, vocab, dtype, device, mode)
     pool = VerifyBufferPool()
     buf = pool.get(batch, k, vocab, dtype, device)
-    cfg = {} if config is None else dict(block_words=config[0], num_warps=config[1], num_stages=config[2])
+    cfg = dict(config or {})
     args = (inp["draft_token_ids"], inp["cu_num_draft_tokens"], inp["target_logits"], inp["bitmask"],
             inp["draft_probs"], inp["temperature"], None, inp["uniforms"])
 
     fused = _launcher(tv, args, buf.out, buf.workspace, cfg)
+    two_kernel = _launcher(tv, args, buf.out, buf.workspace, dict(cfg, fused=False))
 
     def reference() -> Any:
         return verify(*args[:6], uniforms=inp["uniforms"], backend="torch", check_inputs=False, max_draft=k)
@@ -227,22 +233,40 @@ def run_case(batch: int, k: int, vocab: int, dtype: Any, device: Any, mode: str,
 
     t_fused_eager = bench(fused, reps)
     t_unf_eager = bench(unfused, reps)
+    t_two_eager = bench(two_kernel, reps)
     t_ref = bench(reference, ref_reps)
     # kernel time without Python launch overhead: replay CUDA graphs of both pipelines
-    t_fused, t_unf, graph_note = t_fused_eager, t_unf_eager, "eager"
+    t_fused, t_unf, t_two, graph_note = t_fused_eager, t_unf_eager, t_two_eager, "eager"
+    stress = None
+    want = reference()
     if device.type == "cuda":
         try:
-            t_fused = bench(cuda_graph(fused), reps)
+            replay = cuda_graph(fused)
+            t_fused = bench(replay, reps)
             t_unf = bench(cuda_graph(unfused), reps)
+            t_two = bench(cuda_graph(two_kernel), reps)
             graph_note = "cuda-graph"
+            # the fused chain synchronises programs through counters: replay it many times and
+            # compare every result (a memory-ordering bug would show up as a mismatch)
+            import torch
+
+            equal = 0
+            for _ in range(stress_reps):
+                buf.out.output_token_ids.fill_(-7)
+                replay()
+                torch.cuda.synchronize()
+                equal += int(same_output(want, buf.out)["tokens_equal"])
+            stress = dict(replays=stress_reps, equal=equal,
+                          counters_zero=bool((buf.workspace["count"] == 0).all().item()))
         except Exception as e:  # capture unsupported here: keep eager figures, say so
             graph_note = f"eager (graph capture failed: {repr(e)[:120]})"
     fused()
-    check = same_output(reference(), buf.out)
+    check = same_output(want, buf.out)
     nbytes = bytes_read(inp)
     return dict(batch=batch, rows=batch * (k + 1), vocab=vocab, dtype=str(dtype).split(".")[-1], mode=mode,
                 bytes=nbytes, timing=graph_note, fused_s=t_fused, unfused_s=t_unf,
                 fused_eager_s=t_fused_eager, unfused_eager_s=t_unf_eager, reference_s=t_ref,
+                two_kernel_s=t_two, two_kernel_eager_s=t_two_eager, stress=stress,
                 fused_gbps=nbytes / t_fused / 1e9, fused_eager_gbps=nbytes / t_fused_eager / 1e9,
                 speedup_vs_unfused=t_unf / t_fused, speedup_vs_unfused_eager=t_unf_eager / t_fused_eager,
                 speedup_vs_reference=t_ref / t_fused_eager, config=cfg or "default",
@@ -284,16 +308,18 @@ def sweep_configs(vocab: int, dtype: Any, device: Any, reps: int) -> list[dict]:
         buf = VerifyBufferPool().get(32, 6, vocab, dtype, device)
         args = (inp["draft_token_ids"], inp["cu_num_draft_tokens"], inp["target_logits"], inp["bitmask"],
                 inp["draft_probs"], inp["temperature"], None, inp["uniforms"])
-        for bw, nw, ns in SWEEP:
+        for bw, nw, ns, pps in SWEEP:
             o = buf.out
-            fn = _launcher(tv, args, o, buf.workspace, dict(block_words=bw, num_warps=nw, num_stages=ns))
+            fn = _launcher(tv, args, o, buf.workspace,
+                           dict(block_words=bw, num_warps=nw, num_stages=ns, programs_per_sm=pps))
             try:
                 fn()
                 t = bench(cuda_graph(fn) if device.type == "cuda" else fn, reps)
-                out.append(dict(mode=mode, block_words=bw, num_warps=nw, num_stages=ns, seconds=t,
-                                gbps=bytes_read(inp) / t / 1e9))
+                out.append(dict(mode=mode, block_words=bw, num_warps=nw, num_stages=ns, programs_per_sm=pps,
+                                seconds=t, gbps=bytes_read(inp) / t / 1e9))
             except Exception as e:  # a config that does not compile on this device: record, go on
-                out.append(dict(mode=mode, block_words=bw, num_warps=nw, num_stages=ns, error=repr(e)[:200]))
+                out.append(dict(mode=mode, block_words=bw, num_warps=nw, num_stages=ns, programs_per_sm=pps,
+                                error=repr(e)[:200]))
     return out
 
 
@@ -432,20 +458,29 @@ def full(args: argparse.Namespace) -> int:
     sweep = sweep_configs(args.vocab, dtype, device, args.reps)
     ok_cfg = [s for s in sweep if "error" not in s and s["mode"] == "greedy"]
     best = min(ok_cfg, key=lambda s: s["seconds"]) if ok_cfg else None
-    config = (best["block_words"], best["num_warps"], best["num_stages"]) if best else None
+    config = ({k: best[k] for k in ("block_words", "num_warps", "num_stages", "programs_per_sm")}
+              if best else None)
     for s in sweep:
         print("  sweep", s)
     cases = []
     for mode in MODES:
         for batch in args.batches:
-            r = run_case(batch, k, args.vocab, dtype, device, mode, args.reps, config, ref_reps=3)
+            r = run_case(batch, k, args.vocab, dtype, device, mode, args.reps, config, ref_reps=3,
+                         stress_reps=args.stress)
             r["fraction_of_peak"] = (r["fused_gbps"] / 1e3 / peak) if peak else None
             cases.append(r)
             frac = f"{r['fraction_of_peak'] * 100:5.1f}%" if peak else "  n/a"
             print(f"  {mode:12s} B={batch:3d} fused {r['fused_s'] * 1e6:8.1f} us "
                   f"{r['fused_gbps']:7.0f} GB/s ({frac} of peak)  unfused {r['unfused_s'] * 1e6:8.1f} us  "
-                  f"x{r['speedup_vs_unfused']:.1f}  reference {r['reference_s'] * 1e3:7.2f} ms  "
+                  f"x{r['speedup_vs_unfused']:.1f}  two-kernel {r['two_kernel_s'] * 1e6:8.1f} us  "
+                  f"reference {r['reference_s'] * 1e3:7.2f} ms  stress {r['stress']}  "
                   f"tokens equal: {r['tokens_equal']}")
+    # a vocabulary whose rows are not 16-element aligned (GPT-2's): the shifted block layout
+    shifted = run_case(32, k, 50257, dtype, device, "greedy", args.reps, config, ref_reps=3,
+                       stress_reps=args.stress)
+    shifted["fraction_of_peak"] = (shifted["fused_gbps"] / 1e3 / peak) if peak else None
+    print(f"  greedy V=50257 B=32 fused {shifted['fused_s'] * 1e6:8.1f} us {shifted['fused_gbps']:7.0f} GB/s "
+          f"tokens equal: {shifted['tokens_equal']} stress {shifted['stress']}")
     overlap = None
     try:
         overlap = measure_overlap(device, 32, k, args.vocab, dtype)
@@ -459,12 +494,16 @@ def full(args: argparse.Namespace) -> int:
             c["mode"] == "greedy" and c["fraction_of_peak"] >= 0.70 for c in b32),
         "speedup_ge_3x_vs_unfused_at_batch32": {c["mode"]: c["speedup_vs_unfused"] >= 3.0 for c in b32},
         "all_greedy_tokens_equal": all(c["tokens_equal"] for c in cases if c["mode"] == "greedy"),
+        "fused_stress_all_equal": all(c["stress"] is None or (c["stress"]["equal"] == c["stress"]["replays"]
+                                                                and c["stress"]["counters_zero"])
+                                      for c in cases if c["mode"] == "greedy"),
     }
     import triton
 
     result = dict(device=name, peak_tbps=peak, torch=torch.__version__, triton=triton.__version__,
                   python=platform.python_version(), vocab=args.vocab, dtype=args.dtype,
                   rows_per_sequence=args.rows_per_seq, best_config=config, sweep=sweep, cases=cases,
+                  shifted_vocab_case=shifted,
                   overlap=overlap, targets=targets,
                   timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")
@@ -474,7 +513,7 @@ def full(args: argparse.Namespace) -> int:
     print("targets:", targets)
     print("wrote", out)
     plot(result, out.with_suffix(".png"))
-    return 0 if targets["all_greedy_tokens_equal"] else 1
+    return 0 if targets["all_greedy_tokens_equal"] and targets["fused_stress_all_equal"] else 1
 
 
 def plot(result: dict, path: Path) -> None:
@@ -510,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--stress", type=int, default=100,
+                    help="graph replays of the fused kernel checked against the reference per case")
     ap.add_argument("--peak-tbps", type=float, default=None, help="override the device peak bandwidth")
     ap.add_argument("--out", default=None,
                     help="results JSON (default benchmarks/results/verify-<device>.json)")
