@@ -83,6 +83,10 @@ class SpecConfig:
         after ``warmup_proposals`` proposals is switched off for the rest of the request.
     warmup_proposals: proposals (drafts, not tokens) before a drafter can be switched off.
     backend: verify backend, ``"auto"`` | ``"torch"`` | ``"triton"``.
+    overlap_masks: build a step's grammar masks while the target forward runs (CUDA: after the
+        forward's kernels are queued, uploaded from pinned memory without blocking; CPU: on a
+        worker thread). None = on for CUDA, and on the CPU when torch leaves a core free.
+        The output is the same either way.
     """
 
     draft_num: int = 6
@@ -101,6 +105,7 @@ class SpecConfig:
     min_acceptance: float = 0.1
     warmup_proposals: int = 16
     backend: str = "auto"
+    overlap_masks: bool | None = None
 
     def __post_init__(self) -> None:
         from .errors import ConfigError

@@ -259,6 +259,8 @@ class DraftModelDrafter(Drafter):
         self.lm = lm
         self.vocab = vocab
         self.cached: list[int] = []
+        self._bm: Any = None      # int32 [1, W] and the distribution rows: allocated on first use
+        self._dist: Any = None
 
     def reset(self) -> None:
         self.lm.reset()
@@ -269,7 +271,7 @@ class DraftModelDrafter(Drafter):
         import torch
 
         from .matcher import allocate_bitmask
-        from .sampling import masked_distribution
+        from .sampling import DistributionBuffers
 
         if limit <= 0:
             return [], None
@@ -288,9 +290,11 @@ class DraftModelDrafter(Drafter):
         logits = self.lm.extend(feed, all_logits=False)[-1]
         self.cached = list(context)
         m = matcher.fork()
-        bm = allocate_bitmask(1, self.lm.vocab_size)
+        if self._dist is None or self._dist.probs.shape[0] < limit:
+            self._bm = allocate_bitmask(1, self.lm.vocab_size)
+            self._dist = DistributionBuffers(self.lm.vocab_size, max(limit, self.cfg.max_draft_tokens))
+        bm, dist = self._bm, self._dist
         toks: list[int] = []
-        probs: list[Any] = []
         pending: list[int] = []  # drafted tokens not fed to the draft model yet
         for step in range(limit):
             m.fill_bitmask(bm, 0)
@@ -301,41 +305,40 @@ class DraftModelDrafter(Drafter):
                 if only >= self.lm.vocab_size:
                     break
                 t = only
-                p = torch.zeros(self.lm.vocab_size, dtype=torch.float32)  # [V]
-                p[t] = 1.0
+                dist.point_mass(len(toks), t)  # [V]
             else:
                 if pending:  # one forward for every token drafted since the last choice
                     logits = self.lm.extend(pending, all_logits=False)[-1]
                     self.cached.extend(pending)
                     pending = []
-                p = masked_distribution(logits, bm[0], temperature)  # [V] float32
+                p = dist.compute(len(toks), logits, bm[0], temperature)  # [V] float32
                 if p is None:
                     break
                 if temperature > 0:
-                    t = int(torch.multinomial(p, 1, generator=generator))
+                    t = dist.sample(len(toks), generator)
                 else:
                     t = int(torch.argmax(p))
             if not m.accept_token(t):  # cannot happen: t was drawn under the mask
                 break
             # EOS is proposed like any token (dropping it would bias the proposal distribution)
             toks.append(t)
-            probs.append(p)
             if m.is_terminated():
                 break
             if step + 1 < limit:
                 pending.append(t)
         if not toks:
             return [], None
-        return toks, torch.stack(probs)
+        # rows of the drafter's own buffer: valid until its next proposal (the step verifies first)
+        return toks, dist.probs[: len(toks)]
 
 
 def _single_allowed(words: Any) -> int | None:
     """The token id when the packed int32 mask row ``words`` allows exactly one token."""
     import torch
 
-    nz = torch.nonzero(words).flatten()
-    if nz.numel() != 1:
+    if int(torch.count_nonzero(words)) != 1:   # (no [W]-sized index tensor for dense masks)
         return None
+    nz = torch.nonzero(words).flatten()
     w = int(nz[0])
     v = int(words[w]) & 0xFFFFFFFF
     if v & (v - 1):

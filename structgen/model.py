@@ -71,9 +71,10 @@ class CausalLM:
         self.length = 0
 
     @torch.inference_mode()
-    def extend(self, token_ids: list[int], *, all_logits: bool = True) -> torch.Tensor:
+    def extend(self, token_ids: list[int], *, all_logits: bool = True, float32: bool = True) -> torch.Tensor:
         """Feed ``token_ids`` after the cached prefix; return float32 logits
-        ``[len(token_ids), vocab_size]`` (or ``[1, vocab_size]`` for the last position only)."""
+        ``[len(token_ids), vocab_size]`` (or ``[1, vocab_size]`` for the last position only);
+        ``float32=False`` returns them in the model's own dtype (no conversion pass)."""
         if self.cache is None:
             self.reset()
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
@@ -83,7 +84,8 @@ class CausalLM:
         out = self.model(input_ids=ids, **kwargs)
         self.forward_passes += 1
         self.length += len(token_ids)
-        return out.logits[0].float()  # [n, V]
+        logits = out.logits[0]  # [n, V]
+        return logits.float() if float32 else logits
 
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` cached positions."""
@@ -270,10 +272,12 @@ class BatchKV:
         return int(self.mask.shape[1])
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
-                 rows: torch.Tensor | None, cols: torch.Tensor | None) -> torch.Tensor | None:
+                 rows: torch.Tensor | None, cols: torch.Tensor | None,
+                 float32: bool = True) -> torch.Tensor | None:
         """Run ``ids`` ``[B, K]`` after the cache with the full 2-D ``mask`` ``[B, L + K]`` and
-        position ids ``pos`` ``[B, K]``; return float32 logits of the positions ``(rows,
-        cols)`` as ``[R, V]`` (None when ``rows`` is None: a prefill)."""
+        position ids ``pos`` ``[B, K]``; return float32 (``float32=False``: the model's dtype)
+        logits of the positions ``(rows, cols)`` as ``[R, V]`` (None when ``rows`` is None: a
+        prefill)."""
         dev = self.device
         kwargs = {self._cache_kw: self.cache, "use_cache": True,
                   "attention_mask": mask.to(dev, dtype=torch.long), "position_ids": pos.to(dev)}
@@ -283,12 +287,14 @@ class BatchKV:
             hidden = self._base(input_ids=ids, **kwargs).last_hidden_state  # [B, K, H]
             if rows is None:
                 return None
-            return self._head(hidden[rows.to(dev), cols.to(dev)]).float()  # [R, V]
+            out = self._head(hidden[rows.to(dev), cols.to(dev)])  # [R, V]
+            return out.float() if float32 else out
         if rows is None:
             self.lm.model(input_ids=ids, logits_to_keep=1, **kwargs)
             return None
         logits = self.lm.model(input_ids=ids, **kwargs).logits  # [B, K, V]
-        return logits[rows.to(dev), cols.to(dev)].float()  # [R, V]
+        out = logits[rows.to(dev), cols.to(dev)]  # [R, V]
+        return out.float() if float32 else out
 
     @torch.inference_mode()
     def prefill(self, prompts: list[list[int]]) -> None:
@@ -351,12 +357,13 @@ class BatchKV:
         return True
 
     @torch.inference_mode()
-    def extend(self, rows: list[list[int]]) -> torch.Tensor:
+    def extend(self, rows: list[list[int]], *, float32: bool = True) -> torch.Tensor:
         """Feed every row its tokens (``len(rows) == B``, each non-empty) in ONE forward.
 
-        Returns float32 logits ``[sum(len(r)), V]``: row 0's positions, then row 1's, ...
-        (the flattened layout of :func:`structgen.verify.verify`). Until :meth:`commit` every
-        fed position counts as held by its row."""
+        Returns float32 logits ``[sum(len(r)), V]`` (``float32=False``: in the model's dtype):
+        row 0's positions, then row 1's, ... (the flattened layout of
+        :func:`structgen.verify.verify`). Until :meth:`commit` every fed position counts as
+        held by its row."""
         b = self.batch
         if len(rows) != b or any(not r for r in rows):
             raise ValueError(f"extend needs {b} non-empty token lists, got {[len(r) for r in rows]}")
@@ -372,7 +379,7 @@ class BatchKV:
         mask = torch.cat([self.mask, new_mask], dim=1)         # [B, L + K]
         row_idx = torch.repeat_interleave(torch.arange(b), lens)  # [R]
         col_idx = torch.cat([torch.arange(n) for n in lens.tolist()])  # [R]
-        logits = self._forward(ids, mask, pos, row_idx, col_idx)
+        logits = self._forward(ids, mask, pos, row_idx, col_idx, float32)
         assert logits is not None
         self.mask = mask
         self._fed = lens

@@ -29,8 +29,12 @@ flattened drafts; each keeps its own matcher, drafters and statistics.
 from __future__ import annotations
 
 import codecs
+import functools
+import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,9 +118,10 @@ class _Plan:
 
     draft: list[int]            # pre-validated draft tokens (k)
     cand: Candidate | None      # the candidate they came from (drafter segments, probs)
-    bitmask: torch.Tensor       # int32 [k+1, W]: one mask per draft position plus the bonus row
     uniforms: torch.Tensor      # float64 [k+1, 2]: the sequence's own draws for verification
     budget: int                 # tokens the sequence may still emit
+    bitmask: torch.Tensor | None = None  # int32 [k+1, W]: one mask per draft position plus the
+                                         # bonus row (rows of the step's pooled host buffer)
 
 
 class _Sequence:
@@ -144,7 +149,7 @@ class _Sequence:
         if self.model_d is not None:
             self.model_d.reset()
         self.words = bitmask_words(lm.vocab_size)
-        self.bitmask = torch.zeros((cfg.max_draft_tokens + 1, self.words), dtype=torch.int32)
+        self.verifier: _StepVerifier | None = None   # set by stream_sequence (run_batch has its own)
         self.pending: int | None = None
         self._prompt_text: bytes | None = None
         # forced text -> the token split the model itself produced for it (learned online)
@@ -288,9 +293,10 @@ class _Sequence:
 
     # -- one step ------------------------------------------------------------------------------
     def prepare(self) -> _Plan | list[int]:
-        """First half of a step, everything before the target forward: the length check, the
-        model-free EOS, drafting, pre-validation and the masks. Returns the step's
-        :class:`_Plan`, or the tokens committed without a forward pass (``finish`` is then set)."""
+        """First half of a step, everything the target forward needs: the length check, the
+        model-free EOS, drafting and pre-validation (the masks come later, :meth:`fill_masks`,
+        while the forward runs). Returns the step's :class:`_Plan`, or the tokens committed
+        without a forward pass (``finish`` is then set)."""
         st = self.stats
         m = self.matcher
         budget = self.max_new - len(self.output)
@@ -322,9 +328,17 @@ class _Sequence:
         k = len(draft)
         st.time_drafting += time.perf_counter() - t0
 
-        # masks for every draft position plus the bonus position
+        assert self.pending is not None
+        uniforms = torch.rand((k + 1, 2), dtype=torch.float64, generator=self.generator)
+        return _Plan(draft, cand, uniforms, budget)
+
+    def fill_masks(self, plan: _Plan, bm: torch.Tensor) -> None:
+        """Write the masks of every draft position plus the bonus position into ``bm``
+        (int32 ``[k+1, W]``): fill -> accept -> ... -> rollback on the matcher."""
         t0 = time.perf_counter()
-        bm = self.bitmask[: k + 1]
+        m = self.matcher
+        draft = plan.draft
+        k = len(draft)
         for i in range(k + 1):
             m.fill_bitmask(bm, i)
             if i < k:
@@ -332,10 +346,8 @@ class _Sequence:
                 assert ok, "pre-validated draft rejected"
         if k:
             m.rollback(k)
-        st.time_masks += time.perf_counter() - t0
-        assert self.pending is not None
-        uniforms = torch.rand((k + 1, 2), dtype=torch.float64, generator=self.generator)
-        return _Plan(draft, cand, bm, uniforms, budget)
+        plan.bitmask = bm
+        self.stats.time_masks += time.perf_counter() - t0
 
     def step(self) -> list[int]:
         """Run one verify step; returns the newly committed tokens (may be empty at the end)."""
@@ -344,15 +356,17 @@ class _Sequence:
             return plan
         st = self.stats
         k = len(plan.draft)
-        # one target forward over [pending] + draft
-        t0 = time.perf_counter()
-        assert self.pending is not None
-        logits = self.lm.extend([self.pending] + plan.draft)  # [k+1, V]
+        ver = self.verifier
+        assert ver is not None and self.pending is not None
+        feed = [self.pending] + plan.draft
+        # one target forward over [pending] + draft, the masks built meanwhile
+        logits, dt = ver.forward_with_masks(lambda: self.lm.extend(feed, float32=False),  # [k+1, V]
+                                            [self], [plan])
         st.forward_passes += 1
-        st.time_forward += time.perf_counter() - t0
+        st.time_forward += dt
 
         t0 = time.perf_counter()
-        n_acc, emitted = _verify_plans([self], [plan], logits)[0]
+        n_acc, emitted = ver.run([self], [plan], logits)[0]
         st.time_verify += time.perf_counter() - t0
         # crop the KV cache to pending + accepted drafts
         self.lm.crop(self.lm.length - (k - n_acc))
@@ -419,14 +433,12 @@ class _Sequence:
         self._forced_at = keep
 
     def _draft_probs(self, cand: Candidate | None) -> torch.Tensor | None:
-        """The candidate's draft distributions ``[k, V_target]`` (None: deterministic)."""
+        """The candidate's draft distributions ``[k, V_draft]`` as the draft model gave them
+        (None: deterministic proposals); :meth:`_StepVerifier.run` copies them into its
+        pooled ``[N, V_target]`` rows."""
         if cand is None or cand.probs is None or self.cfg.temperature <= 0:
             return None
-        q = cand.probs.float()
-        v = self.lm.vocab_size
-        if q.shape[1] < v:
-            q = torch.nn.functional.pad(q, (0, v - q.shape[1]))
-        return q[:, :v].contiguous()
+        return cand.probs
 
     def _lossy(self, draft: list[int], logits: torch.Tensor, bm: torch.Tensor, n_acc: int,
                emitted: list[int]) -> tuple[int, list[int]]:
@@ -437,7 +449,8 @@ class _Sequence:
 
         thr = float(self.cfg.verify_threshold or 1.0)
         k = len(draft)
-        probs = torch.softmax(masked_logits(logits, bm[: k + 1]) / max(self.cfg.temperature, 1e-5), -1)
+        scaled = masked_logits(logits.float(), bm[: k + 1]) / max(self.cfg.temperature, 1e-5)
+        probs = torch.softmax(scaled, -1)
         i = n_acc
         while i < k and float(probs[i, draft[i]]) >= thr * float(probs[i].max()):
             i += 1
@@ -460,68 +473,196 @@ class _Sequence:
                 self.stats.drafters[d.name] = d.stats()
 
 
-def _verify_plans(seqs: list[_Sequence], plans: list[_Plan],
-                  logits: torch.Tensor) -> list[tuple[int, list[int]]]:
-    """Verify the steps of several sequences in ONE call of :func:`structgen.verify.verify`.
+_MASK_WORKER: ThreadPoolExecutor | None = None
+_MASK_WORKER_LOCK = threading.Lock()
 
-    ``logits`` ``[sum(k_b + 1), V]``: sequence ``b``'s rows are the target logits at its
-    ``[pending] + draft`` positions, in batch order (the verify contract's flattened layout).
-    Each sequence brings its own masks and uniforms, so its verdict is the one it would get
-    alone. Returns ``(num_accepted, emitted tokens)`` per sequence (after the opt-in lossy
-    acceptance, when configured)."""
-    from .verify import verify
 
-    cfg = seqs[0].cfg
-    lens = [len(p.draft) for p in plans]
-    cu: list[int] = []
-    total = 0
-    for k in lens:
-        total += k
-        cu.append(total)
-    draft_ids = torch.tensor([t for p in plans for t in p.draft], dtype=torch.int64)  # [N]
-    bitmask = plans[0].bitmask if len(plans) == 1 else torch.cat([p.bitmask for p in plans])  # [N+B, W]
-    uniforms = plans[0].uniforms if len(plans) == 1 else torch.cat([p.uniforms for p in plans])  # [N+B, 2]
-    probs = [s._draft_probs(p.cand) for s, p in zip(seqs, plans)]
-    draft_probs = None
-    if any(q is not None for q in probs):
-        # a sequence without draft probabilities proposed deterministically: point masses
-        parts = []
-        for q, p in zip(probs, plans):
-            if q is not None:
-                parts.append(q)
-            elif p.draft:
-                point = torch.zeros((len(p.draft), logits.shape[1]), dtype=torch.float32)
-                point[torch.arange(len(p.draft)), torch.tensor(p.draft)] = 1.0
-                parts.append(point)
-        draft_probs = torch.cat(parts)  # [N, V]
-    b = len(plans)
-    out = verify(
-        draft_ids,                                                   # [N]
-        torch.tensor(cu, dtype=torch.int32),                         # [B] inclusive cumulative
-        logits,                                                      # [N+B, V]
-        bitmask,                                                     # [N+B, W]
-        draft_probs=draft_probs,                                     # [N, V] or None
-        temperature=torch.full((b,), cfg.temperature, dtype=torch.float32),
-        top_p=(torch.full((b,), cfg.top_p, dtype=torch.float32) if cfg.top_p < 1 else None),
-        uniforms=uniforms,
-        backend=cfg.backend,
-    )
-    accepted = out.num_accepted.tolist()
-    tokens = out.output_token_ids.tolist()
-    results: list[tuple[int, list[int]]] = []
-    row = 0
-    for i, (s, p) in enumerate(zip(seqs, plans)):
-        k = lens[i]
-        n_acc = int(accepted[i])
-        if n_acc < 0:
-            raise RuntimeError(f"verification found a fully masked row (grammar dead end) in "
-                               f"sequence {i} of the batch")
-        emitted = [int(t) for t in tokens[i][: n_acc + 1]]
-        if cfg.verify_threshold is not None and k:
-            n_acc, emitted = s._lossy(p.draft, logits[row: row + k + 1], p.bitmask, n_acc, emitted)
-        results.append((n_acc, emitted))
-        row += k + 1
-    return results
+def _mask_worker() -> ThreadPoolExecutor:
+    """One process-wide worker thread that fills masks while the main thread runs a CPU forward
+    (torch's CPU kernels and the compiled mask walks release the GIL)."""
+    global _MASK_WORKER
+    with _MASK_WORKER_LOCK:
+        if _MASK_WORKER is None:
+            _MASK_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="structgen-masks")
+        return _MASK_WORKER
+
+
+def overlap_masks_enabled(cfg: SpecConfig, device: Any) -> bool:
+    """Whether a step builds its masks while the target forward runs (``SpecConfig.overlap_masks``;
+    None = on for CUDA, and on the CPU when torch leaves a core free: ``torch.get_num_threads()``
+    below the CPU count)."""
+    if cfg.overlap_masks is not None:
+        return bool(cfg.overlap_masks)
+    if torch.device(device).type == "cuda":
+        return True
+    return torch.get_num_threads() < (os.cpu_count() or 1)
+
+
+class _StepVerifier:
+    """The verify half of a generation loop's steps, over buffers allocated once per call.
+
+    Holds a :class:`~structgen.verify.VerifyBufferPool` entry for ``capacity`` sequences of up
+    to ``max_draft_tokens`` drafts: the packed masks (filled in place by the sequences; pinned
+    host memory uploaded with a non-blocking copy on CUDA), drafts, cumulative counts, uniforms,
+    outputs and the Triton kernels' scratch, plus the temperatures / top-p values and, once a
+    draft model proposes with probabilities, an ``[capacity * max_draft_tokens, V]`` float32
+    block for them. A step only writes into these (views of their first rows): the loop itself
+    allocates no vocabulary-sized tensor per step. The logits are the target model's own output
+    tensor, passed as it is (its dtype: the kernels read bf16 / fp16 directly).
+    """
+
+    def __init__(self, cfg: SpecConfig, vocab_size: int, device: Any, capacity: int) -> None:
+        from .verify import VerifyBufferPool
+
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        self.capacity = capacity
+        self.max_draft = cfg.max_draft_tokens
+        self.pool = VerifyBufferPool()
+        self.buf = self.pool.get(capacity, self.max_draft, vocab_size, torch.float32, self.device,
+                                 logits=False)
+        f32 = torch.float32
+        self.temperature = (None if cfg.temperature == 0 else
+                            torch.full((capacity,), cfg.temperature, dtype=f32, device=self.device))
+        self.top_p = (torch.full((capacity,), cfg.top_p, dtype=f32, device=self.device)
+                      if self.temperature is not None and cfg.top_p < 1 else None)
+        self._dprobs: torch.Tensor | None = None   # float32 [capacity * max_draft, V], on first use
+        self.overlap = overlap_masks_enabled(cfg, self.device)
+
+    def mask_rows(self, plans: list[_Plan]) -> list[torch.Tensor]:
+        """Each plan's ``[k+1, W]`` rows of the pooled host bitmask, in batch order."""
+        views = []
+        row = 0
+        host = self.buf.bitmask_host
+        for p in plans:
+            n = len(p.draft) + 1
+            views.append(host[row: row + n])
+            row += n
+        return views
+
+    def forward_with_masks(self, forward: Callable[[], torch.Tensor], seqs: list[_Sequence],
+                           plans: list[_Plan]) -> tuple[torch.Tensor, float]:
+        """Run the target ``forward`` and fill every plan's masks into the pooled rows; with
+        overlap the masks are built while the forward runs (CUDA: after its kernels are queued;
+        CPU: on the mask worker thread). Returns the logits and the seconds the forward call
+        took (the masks' own time goes to each sequence's ``time_masks``)."""
+        views = self.mask_rows(plans)
+
+        def fill() -> None:
+            for s, p, v in zip(seqs, plans, views):
+                s.fill_masks(p, v)
+
+        if not self.overlap:
+            fill()
+            t0 = time.perf_counter()
+            return forward(), time.perf_counter() - t0
+        if self.device.type == "cuda":
+            t0 = time.perf_counter()
+            logits = forward()          # queued on the GPU; the CPU returns at once
+            dt = time.perf_counter() - t0
+            fill()
+            return logits, dt
+        fut = _mask_worker().submit(fill)
+        t0 = time.perf_counter()
+        try:
+            logits = forward()
+            dt = time.perf_counter() - t0
+        finally:
+            fut.result()                # the masks (and any error raised while building them)
+        return logits, dt
+
+    def _draft_prob_rows(self, n: int) -> torch.Tensor:
+        if self._dprobs is None:
+            self._dprobs = torch.zeros((self.capacity * self.max_draft, self.vocab_size),
+                                       dtype=torch.float32, device=self.device)
+            self.pool.vocab_allocations += 1
+        return self._dprobs[:n]
+
+    def run(self, seqs: list[_Sequence], plans: list[_Plan],
+            logits: torch.Tensor) -> list[tuple[int, list[int]]]:
+        """Verify the steps of several sequences in ONE call of :func:`structgen.verify.verify`.
+
+        ``logits`` ``[sum(k_b + 1), V]``: sequence ``b``'s rows are the target logits at its
+        ``[pending] + draft`` positions, in batch order (the verify contract's flattened layout);
+        its masks are in the pooled rows :meth:`forward_with_masks` filled. Each sequence brings
+        its own masks and uniforms, so its verdict is the one it would get alone. Returns
+        ``(num_accepted, emitted tokens)`` per sequence (after the opt-in lossy acceptance, when
+        configured)."""
+        from .verify import VerifyOutput, verify
+
+        cfg = self.cfg
+        buf = self.buf
+        b = len(plans)
+        lens = [len(p.draft) for p in plans]
+        n = sum(lens)
+        rows = n + b
+        cu: list[int] = []
+        total = 0
+        for k in lens:
+            total += k
+            cu.append(total)
+        cu_t = buf.cu_num_draft_tokens[:b]
+        cu_t.copy_(torch.tensor(cu, dtype=torch.int32))                              # [B]
+        drafts = buf.draft_token_ids[:n]
+        if n:
+            drafts.copy_(torch.tensor([t for p in plans for t in p.draft], dtype=torch.int32))  # [N]
+        bitmask = buf.bitmask[:rows]                                                   # [N+B, W]
+        ev = buf.upload_bitmask(rows)
+        if ev is not None:
+            torch.cuda.current_stream(self.device).wait_event(ev)
+        uniforms = None
+        draft_probs = None
+        temperature = top_p = None
+        if self.temperature is not None:
+            temperature = self.temperature[:b]
+            top_p = self.top_p[:b] if self.top_p is not None else None
+            uniforms = buf.uniforms[:rows]                                             # [N+B, 2]
+            row = 0
+            for p in plans:
+                uniforms[row: row + len(p.draft) + 1].copy_(p.uniforms)
+                row += len(p.draft) + 1
+            probs = [s._draft_probs(p.cand) for s, p in zip(seqs, plans)]
+            if any(q is not None for q in probs):
+                # a sequence without draft probabilities proposed deterministically: point masses
+                draft_probs = self._draft_prob_rows(n)                                 # [N, V]
+                row = 0
+                for q, p in zip(probs, plans):
+                    k = len(p.draft)
+                    if not k:
+                        continue
+                    dst = draft_probs[row: row + k]
+                    if q is None:
+                        dst.zero_()
+                        dst[torch.arange(k), torch.tensor(p.draft)] = 1.0
+                    else:
+                        w = min(int(q.shape[1]), self.vocab_size)
+                        dst[:, :w].copy_(q[:k, :w])
+                        if w < self.vocab_size:
+                            dst[:, w:].zero_()
+                    row += k
+        full = buf.out
+        out = VerifyOutput(full.output_token_ids[:b], full.num_accepted[:b], full.num_emitted[:b],
+                           full.error_position[:b])
+        verify(drafts, cu_t, logits, bitmask, draft_probs=draft_probs, temperature=temperature, top_p=top_p,
+               uniforms=uniforms, backend=cfg.backend, out=out, workspace=buf.workspace, check_inputs=False)
+        accepted = out.num_accepted.tolist()
+        tokens = out.output_token_ids.tolist()
+        results: list[tuple[int, list[int]]] = []
+        row = 0
+        for i, (s, p) in enumerate(zip(seqs, plans)):
+            k = lens[i]
+            n_acc = int(accepted[i])
+            if n_acc < 0:
+                raise RuntimeError(f"verification found a fully masked row (grammar dead end) in "
+                                   f"sequence {i} of the batch")
+            emitted = [int(t) for t in tokens[i][: n_acc + 1]]
+            if cfg.verify_threshold is not None and k:
+                n_acc, emitted = s._lossy(p.draft, logits[row: row + k + 1], bitmask[row: row + k + 1],
+                                          n_acc, emitted)
+            results.append((n_acc, emitted))
+            row += k + 1
+        return results
 
 
 def stream_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
@@ -533,6 +674,7 @@ def stream_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_i
         raise ValueError("the prompt must contain at least one token")
     seq = _Sequence(lm, vocab, grammar, prompt_ids, cfg, speculative=speculative,
                     max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed)
+    seq.verifier = _StepVerifier(cfg, lm.vocab_size, lm.device, 1)
     t_start = time.perf_counter()
     seq.prefill()
     while seq.finish is None:
@@ -602,11 +744,14 @@ class _StepCost:
     positions worth their compute: on a compute-bound device a padded or unlikely position
     costs as much as a certain one."""
 
-    def __init__(self, prior_fixed_positions: float = 12.0) -> None:
+    def __init__(self, prior_fixed_positions: float = 12.0, *, fixed: bool = False) -> None:
         self.obs: list[tuple[float, float]] = []
         self.prior = prior_fixed_positions
+        self.fixed = fixed  # keep the prior: cuts that do not depend on measured times
 
     def add(self, positions: int, seconds: float) -> None:
+        if self.fixed:
+            return
         self.obs.append((float(positions), seconds))
         del self.obs[:-64]
 
@@ -668,7 +813,6 @@ def _cut_drafts(plans: list[_Plan], cost: _StepCost) -> None:
 
 def _truncate(plan: _Plan, k: int) -> None:
     plan.draft = plan.draft[:k]
-    plan.bitmask = plan.bitmask[: k + 1]
     plan.uniforms = plan.uniforms[: k + 1]
     c = plan.cand
     if c is None:
@@ -697,7 +841,10 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
     common length with the best expected tokens per second (:data:`BATCH_DRAFT_CUT`; a cost
     model fitted online to the step times). Cutting a pre-validated draft is lossless for
     greedy decoding and keeps sampling exact; sampled tokens then differ from the run alone
-    with the same seed (same distribution; with the cut off they are the same draws).
+    with the same seed (same distribution; with the cut off they are the same draws). When
+    sampling with every seed given, the cost model keeps its prior instead of fitting measured
+    times, so the cuts (and so the draws) do not depend on timing: the same seeds give the same
+    tokens on every run.
 
     Returns the per-sequence results (in prompt order) and the batch's :class:`BatchStats`.
     """
@@ -721,7 +868,9 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
     if not n:
         return [], bst
     kv = BatchKV(lm)
-    cost = _StepCost()
+    ver = _StepVerifier(cfg, lm.vocab_size, lm.device, n)
+    seeded = cfg.temperature > 0 and all(sd is not None for sd in seeds)
+    cost = _StepCost(fixed=seeded)
     t0 = time.perf_counter()
     kv.prefill([s.prompt[:-1] for s in seqs])
     dt = time.perf_counter() - t0
@@ -752,12 +901,13 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
                 break
         if speculative and BATCH_DRAFT_CUT:
             _cut_drafts([plans[i] for i in live], cost)
-        t0 = time.perf_counter()
-        logits = kv.extend([[seqs[i].pending] + plans[i].draft for i in live])  # type: ignore[operator]
-        dt_f = time.perf_counter() - t0
+        feed = [[seqs[i].pending] + plans[i].draft for i in live]  # type: ignore[operator]
+        step_seqs, step_plans = [seqs[i] for i in live], [plans[i] for i in live]
+        logits, dt_f = ver.forward_with_masks(functools.partial(kv.extend, feed, float32=False),
+                                              step_seqs, step_plans)                   # [sum(k+1), V]
         cost.add(len(live) * max(len(plans[i].draft) + 1 for i in live), dt_f)
         t0 = time.perf_counter()
-        results = _verify_plans([seqs[i] for i in live], [plans[i] for i in live], logits)
+        results = ver.run(step_seqs, step_plans, logits)
         kv.commit([1 + n_acc for n_acc, _ in results])
         dt_v = time.perf_counter() - t0
         passes += 1

@@ -269,7 +269,7 @@ class VerifyBuffers:
     vocab_size: int
     dtype: torch.dtype
     device: torch.device
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     bitmask: torch.Tensor
     bitmask_host: torch.Tensor
     draft_token_ids: torch.Tensor
@@ -280,6 +280,8 @@ class VerifyBuffers:
 
     def rows(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views ``(logits[:num_rows], bitmask[:num_rows])`` (no allocation)."""
+        if self.logits is None:
+            raise ValueError("these buffers were allocated without a logits buffer (logits=False)")
         if not 0 < num_rows <= self.logits.shape[0]:
             raise ValueError(f"num_rows must be in 1..{self.logits.shape[0]}, got {num_rows}")
         return self.logits[:num_rows], self.bitmask[:num_rows]
@@ -307,8 +309,10 @@ class VerifyBufferPool:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, batch: int, max_draft: int, vocab_size: int, dtype: Any, device: Any) -> VerifyBuffers:
-        """The buffers of that shape, allocated on first request."""
+    def get(self, batch: int, max_draft: int, vocab_size: int, dtype: Any, device: Any, *,
+            logits: bool = True) -> VerifyBuffers:
+        """The buffers of that shape, allocated on first request. ``logits=False``: no logits
+        buffer (a caller that passes the model's own logits tensor; ``buffers.logits`` is None)."""
         import torch
 
         if batch < 1 or vocab_size < 1:
@@ -318,15 +322,15 @@ class VerifyBufferPool:
         dev = torch.device(device)
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
-        key = (batch, max_draft, vocab_size, dtype, str(dev))
+        key = (batch, max_draft, vocab_size, dtype, str(dev), logits)
         buf = self._entries.get(key)
         if buf is not None:
             return buf
         rows = batch * (max_draft + 1)
         words = (vocab_size + 31) // 32
-        logits = torch.empty((rows, vocab_size), dtype=dtype, device=dev)
+        logit_buf = torch.empty((rows, vocab_size), dtype=dtype, device=dev) if logits else None
         bitmask = torch.zeros((rows, words), dtype=torch.int32, device=dev)
-        self.vocab_allocations += 2
+        self.vocab_allocations += 2 if logits else 1
         if dev.type == "cuda":
             host = pinned_empty((rows, words), torch.int32)
             self.vocab_allocations += 1
@@ -334,13 +338,13 @@ class VerifyBufferPool:
             host = bitmask
         buf = VerifyBuffers(
             batch=batch, max_draft=max_draft, vocab_size=vocab_size, dtype=dtype, device=dev,
-            logits=logits, bitmask=bitmask, bitmask_host=host,
+            logits=logit_buf, bitmask=bitmask, bitmask_host=host,
             draft_token_ids=torch.zeros(max(1, batch * max_draft), dtype=torch.int32, device=dev),
             cu_num_draft_tokens=torch.zeros(batch, dtype=torch.int32, device=dev),
             uniforms=torch.zeros((rows, 2), dtype=torch.float64, device=dev),
             out=VerifyOutput.allocate(batch, max_draft, dev),
         )
-        self.allocations += 7 + 4 + (1 if host is not bitmask else 0)
+        self.allocations += 6 + int(logits) + 4 + (1 if host is not bitmask else 0)
         self._entries[key] = buf
         return buf
 
@@ -413,6 +417,7 @@ def verify(
     buffers: VerifyBuffers | None = None,
     max_draft: int | None = None,
     check_inputs: bool = True,
+    workspace: dict[str, Any] | None = None,
 ) -> VerifyOutput:
     """Verify the drafts of ``B`` sequences against the target logits in one step.
 
@@ -428,7 +433,9 @@ def verify(
 
     Outputs go to ``out`` (a :class:`VerifyOutput` of shape ``[B, max_draft + 1]``), to
     ``buffers.out`` (and the kernel scratch to ``buffers.workspace``) when ``buffers`` from a
-    :class:`VerifyBufferPool` is given, else to new tensors. A sequence whose reached rows
+    :class:`VerifyBufferPool` is given, else to new tensors; ``workspace`` (a dict, e.g. a
+    ``VerifyBuffers.workspace``) keeps the Triton kernels' scratch across calls when ``out`` is
+    given instead of ``buffers``. A sequence whose reached rows
     include one without a viable token (or with NaN/+inf allowed logits) gets
     ``num_accepted = -1``, ``num_emitted = 0``, its output row all -1 and ``error_position``
     set; :meth:`VerifyOutput.raise_on_error` turns that into :class:`VerifyError`.
@@ -560,5 +567,5 @@ def verify(
         load_kernels("triton_verify").verify_triton(
             draft_token_ids, cu_num_draft_tokens, target_logits, bitmask, draft_probs, temperature,
             thr, unif, out.output_token_ids, out.num_accepted, out.num_emitted, out.error_position,
-            workspace=buffers.workspace if buffers is not None else None)
+            workspace=buffers.workspace if buffers is not None else workspace)
     return out
