@@ -8,7 +8,12 @@ same requests greedily on the same model, interleaved per repeat so machine nois
 * ``batch-spec``  -- one ``structgen.generate`` call with the list (speculative, micro-batches of
   ``--batch-size``: one batched target forward per step);
 * ``batch-plain`` -- the same call with ``speculative=False`` (batched plain constrained decoding);
-* ``single-spec`` / ``single-plain`` -- one call per request (batch 1).
+* ``single-spec`` / ``single-plain`` -- one call per request (batch 1);
+* ``batch-spec-serial`` (not in the default list) -- ``batch-spec`` with
+  ``SpecConfig(overlap_masks=False)``: the masks built before each target forward instead of
+  while it runs, to measure that overlap; run it with ``--overlap`` so that ``batch-spec``
+  overlaps (on the CPU overlap is opt-in: a worker thread builds the masks). ``--repeats N``
+  runs the engines N times, interleaved, and reports the median wall time.
 
 Reported per engine: wall time, output tokens, throughput (output tokens / s, prefill included),
 target forward passes (batched passes for the batch engines), valid outputs (``jsonschema``),
@@ -47,6 +52,8 @@ from structgen.config import SpecConfig  # noqa: E402
 from structgen.model import CausalLM, load_model  # noqa: E402
 
 ENGINES = ("batch-spec", "batch-plain", "single-spec", "single-plain")
+EXTRA_ENGINES = ("batch-spec-serial",)
+OVERLAP = False  # --overlap: the spec engines build masks while the forward runs (CPU included)
 
 
 def requests(n: int) -> list[dict[str, Any]]:
@@ -93,8 +100,9 @@ def _valid(schema: dict[str, Any], r: Any) -> bool:
 
 def run_engine(lm: CausalLM, engine: str, reqs: list[dict[str, Any]], max_new: int,
                batch_size: int) -> dict[str, Any]:
-    speculative = engine.endswith("spec")
-    cfg = SpecConfig(batch_size=batch_size)
+    speculative = "spec" in engine
+    cfg = SpecConfig(batch_size=batch_size,
+                     overlap_masks=False if engine.endswith("serial") else (True if OVERLAP else None))
     t0 = time.perf_counter()
     if engine.startswith("batch"):
         rs = structgen.generate(lm, schema=[q["schema"] for q in reqs],
@@ -139,12 +147,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
+    ap.add_argument("--repeats", type=int, default=1, help="interleaved runs per engine (median wall time)")
     ap.add_argument("--smoke", action="store_true", help="tiny random model, 6 requests, no file")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--overlap", action="store_true", help="overlap mask building with the forward")
     args = ap.parse_args(argv)
+    global OVERLAP
+    OVERLAP = args.overlap
     torch.set_num_threads(args.threads)
     engines = [e for e in args.engines.split(",") if e]
-    unknown = set(engines) - set(ENGINES)
+    unknown = set(engines) - set(ENGINES) - set(EXTRA_ENGINES)
     if unknown:
         ap.error(f"unknown engines {sorted(unknown)}; choose from {ENGINES}")
     if args.smoke:
@@ -157,16 +169,25 @@ def main(argv: list[str] | None = None) -> int:
     structgen.generate(lm, schema=[q["schema"] for q in reqs], messages=[q["messages"] for q in reqs],
                        max_new_tokens=2, speculative=False, config=SpecConfig(batch_size=args.batch_size))
     results: dict[str, dict[str, Any]] = {}
-    for e in engines:
-        results[e] = run_engine(lm, e, reqs, args.max_new_tokens, args.batch_size)
-        r = results[e]
-        print(f"{e:13} {r['wall_s']:8.1f} s  {r['output_tokens']:6d} tokens  {r['tokens_per_s']:7.1f} tok/s  "
-              f"{r['forward_passes']:6d} passes  valid {r['valid']}/{r['requests']}  {r['finish_reasons']}",
-              file=sys.stderr)
+    walls: dict[str, list[float]] = {e: [] for e in engines}
+    for rep in range(max(1, args.repeats)):
+        for e in engines:
+            r = run_engine(lm, e, reqs, args.max_new_tokens, args.batch_size)
+            walls[e].append(r["wall_s"])
+            if e in results and results[e]["outputs"] != r["outputs"]:
+                print(f"NOTE: {e} repeat {rep} gave other outputs", file=sys.stderr)
+            results[e] = r
+            r["wall_s_runs"] = list(walls[e])
+            r["wall_s"] = round(sorted(walls[e])[len(walls[e]) // 2], 3)
+            r["tokens_per_s"] = round(r["output_tokens"] / r["wall_s"], 2)
+            print(f"{e:17} {r['wall_s']:8.1f} s  {r['output_tokens']:6d} tokens  "
+                  f"{r['tokens_per_s']:7.1f} tok/s  {r['forward_passes']:6d} passes  "
+                  f"valid {r['valid']}/{r['requests']}  {r['finish_reasons']}  {r.get('time', '')}",
+                  file=sys.stderr)
     oracle = results.get("single-plain")
     summary: dict[str, Any] = {}
     for e, r in results.items():
-        s = {k: r[k] for k in ("wall_s", "output_tokens", "tokens_per_s", "forward_passes",
+        s = {k: r[k] for k in ("wall_s", "wall_s_runs", "output_tokens", "tokens_per_s", "forward_passes",
                                "tokens_per_pass", "valid", "requests", "finish_reasons")}
         if oracle is not None and e != "single-plain":
             same = sum(a == b for a, b in zip(r["outputs"], oracle["outputs"]))
@@ -175,6 +196,13 @@ def main(argv: list[str] | None = None) -> int:
             if base in results and base != e:
                 s[f"throughput_vs_{base}"] = round(r["tokens_per_s"] / results[base]["tokens_per_s"], 3)
         summary[e] = s
+    if "batch-spec" in results and "batch-spec-serial" in results:
+        a, b = results["batch-spec"], results["batch-spec-serial"]
+        summary["overlap"] = {"wall_s_overlapped": a["wall_s"], "wall_s_serial": b["wall_s"],
+                              "saving_s": round(b["wall_s"] - a["wall_s"], 3),
+                              "speedup": round(b["wall_s"] / a["wall_s"], 3),
+                              "mask_time_s": a["time"]["time_masks"],
+                              "same_outputs": a["outputs"] == b["outputs"]}
     print(json.dumps(summary, indent=1))
     meta = {"model": "tiny-random" if args.smoke else args.model, "requests": len(reqs),
             "request_names": [q["name"] for q in reqs], "batch_size": args.batch_size,

@@ -85,8 +85,8 @@ class SpecConfig:
     backend: verify backend, ``"auto"`` | ``"torch"`` | ``"triton"``.
     overlap_masks: build a step's grammar masks while the target forward runs (CUDA: after the
         forward's kernels are queued, uploaded from pinned memory without blocking; CPU: on a
-        worker thread). None = on for CUDA, and on the CPU when torch leaves a core free.
-        The output is the same either way.
+        worker thread). None = on for CUDA only (on the CPU the masks are a small part of a
+        step). The output is the same either way.
     """
 
     draft_num: int = 6

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import codecs
 import functools
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -489,13 +488,11 @@ def _mask_worker() -> ThreadPoolExecutor:
 
 def overlap_masks_enabled(cfg: SpecConfig, device: Any) -> bool:
     """Whether a step builds its masks while the target forward runs (``SpecConfig.overlap_masks``;
-    None = on for CUDA, and on the CPU when torch leaves a core free: ``torch.get_num_threads()``
-    below the CPU count)."""
+    None = on for CUDA only: on the CPU the masks cost ~0.1% of a step with a 135M model, and the
+    hand-off to the worker thread measured no gain, ``benchmarks/results/overlap-*.json``)."""
     if cfg.overlap_masks is not None:
         return bool(cfg.overlap_masks)
-    if torch.device(device).type == "cuda":
-        return True
-    return torch.get_num_threads() < (os.cpu_count() or 1)
+    return torch.device(device).type == "cuda"
 
 
 class _StepVerifier:

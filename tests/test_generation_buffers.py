@@ -13,8 +13,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -174,21 +172,12 @@ def test_overlapped_masks_change_nothing(setup: Any, batch: bool) -> None:
 # --------------------------------------------------------------------------------------------
 # the Triton backend in the loop (interpreter, in a spawned worker)
 
-def _worker_init() -> None:
-    os.environ["TRITON_INTERPRET"] = "1"
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
-
-
 @pytest.fixture(scope="module")
 def worker() -> Iterator[ProcessPoolExecutor]:
     pytest.importorskip("triton")
-    ex = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_worker_init)
-    try:
-        yield ex
-    finally:
-        ex.shutdown(wait=True, cancel_futures=True)
+    from _interp import interpreter_worker
+
+    yield from interpreter_worker()
 
 
 def check_triton_generation() -> None:

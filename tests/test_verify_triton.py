@@ -5,10 +5,7 @@ Greedy must be exact (tokens, counts, error positions) over the vocabulary sizes
 models, 1 to 224 logit rows and fp32/fp16/bf16 logits; sampling must give the same tokens for
 the same uniforms.
 
-The interpreter only works when ``TRITON_INTERPRET=1`` is set before ``triton`` is first
-imported, and another test module may already have imported it. So the cases run in one
-spawned worker process (module-scoped fixture) whose initializer sets the variable before
-anything imports triton: this process's environment and modules are never touched. Each
+The cases run in one spawned worker with the interpreter on (``tests/_interp.py``). Each
 ``check_*`` function is a case; a mismatch raises AssertionError in the worker, which the
 test re-raises here.
 """
@@ -16,14 +13,13 @@ test re-raises here.
 from __future__ import annotations
 
 import importlib.util
-import multiprocessing
-import os
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import pytest
 import torch
+from _interp import interpreter_worker
 
 from structgen.verify import VerifyOutput, load_kernels, verify
 
@@ -34,25 +30,9 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 _CASE_TIMEOUT_S = 300
 
 
-def _worker_init() -> None:
-    os.environ["TRITON_INTERPRET"] = "1"
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
-
-
 @pytest.fixture(scope="module")
 def worker() -> Iterator[ProcessPoolExecutor]:
-    ex = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_worker_init)
-    try:
-        assert ex.submit(_interpreter_active).result(timeout=_CASE_TIMEOUT_S)
-        yield ex
-    finally:
-        ex.shutdown(wait=True, cancel_futures=True)
-
-
-def _interpreter_active() -> bool:
-    return bool(load_kernels("triton_verify").interpreter_active())
+    yield from interpreter_worker(_CASE_TIMEOUT_S)
 
 
 def in_worker(worker: ProcessPoolExecutor, fn: Any, *args: Any) -> None:
