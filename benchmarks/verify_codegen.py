@@ -9,8 +9,9 @@ exactly the specialisation a real launch would: 16-byte alignment of pointers an
 strides equal to 1), and reports per kernel:
 
 * that it compiles (PTX and cubin, through the ptxas Triton ships);
-* registers per thread, spills and stack bytes (``ptxas -v``), and the shared memory a
-  program needs; the programs per SM that the registers allow;
+* registers per thread, spills and stack bytes (``ptxas -v``; a spill instruction inside a loop
+  of the machine code is a problem, a value parked outside the loop is not), and the shared
+  memory a program needs; the programs per SM that the registers allow;
 * the widths of the global loads of pass A, in bytes: the logits must be read with 16-byte
   (vectorised, ``ld.global.v4`` / ``cp.async ... 16``) loads, and 16-bit logits must never be
   read with 2-byte scalar loads (the check compiles pass A with the chain unfused too, so that
@@ -54,7 +55,9 @@ SHARED_PER_SM = {80: 164 * 1024, 86: 100 * 1024, 89: 100 * 1024, 90: 228 * 1024}
 # the vectorised one only a few: the two end pieces of a row (< 16 tokens each, about one load
 # per thread) and per-row scalars (the cumulative counts, a temperature, the draft token).
 NARROW_OK = 8
-# ptxas may keep a value or two on the stack outside the loop (one STL / LDL per program)
+# Spills outside the loops (a few values parked across the streaming loop) cost a few
+# instructions per program and are reported, not flagged; spill instructions inside a loop are.
+# Without cuobjdump to find the loops, more than this many spilled bytes are flagged.
 SPILL_OK = 16
 
 _LOAD_RE = re.compile(r"\b(ld\.global(?:\.[a-z0-9_]+)*)\s"
@@ -145,23 +148,194 @@ def load_widths(ptx: str) -> dict[int, int]:
     return dict(sorted(out.items()))
 
 
+_INST_RE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+_TARGET_RE = re.compile(r"0x([0-9a-f]+)\s*$")
+
+
+def sass_loops(sass: str) -> tuple[list[tuple[int, str]], set[int]]:
+    """The instructions of a kernel's machine code and the addresses that lie inside a loop.
+
+    Builds the control-flow graph of the SASS listing (basic blocks; branch, call, return and
+    exit edges), its dominator tree, and the natural loop of every back edge (an edge to a block
+    that dominates its source). A backward jump that is not a back edge, such as the return
+    from an out-of-line slow path (``BRA.DIV`` to a block placed after the kernel body that
+    jumps back), is not a loop. Subroutines called from inside a loop count as inside it."""
+    insts = [(int(m.group(1), 16), m.group(2).strip()) for m in _INST_RE.finditer(sass)]
+    if not insts:
+        return insts, set()
+    addrs = [a for a, _ in insts]
+    index = {a: i for i, a in enumerate(addrs)}
+
+    def parse(text: str) -> tuple[str, bool, int | None]:
+        pred = text.startswith("@")
+        body = text.split(None, 1)[1] if pred else text
+        op = body.split(None, 1)[0]
+        m = _TARGET_RE.search(body)
+        return op, pred, int(m.group(1), 16) if m else None
+
+    leaders = {0}
+    info = [parse(t) for _, t in insts]
+    for i, (op, _pred, target) in enumerate(info):
+        base = op.split(".")[0]
+        if base in ("BRA", "CALL", "EXIT", "RET", "BRX", "JMP", "JMX"):
+            leaders.add(i + 1)
+            if base in ("BRA", "CALL") and target in index:
+                leaders.add(index[target])
+    starts = sorted(x for x in leaders if x < len(insts))
+    block_of = {}
+    for b, lo in enumerate(starts):
+        hi = starts[b + 1] if b + 1 < len(starts) else len(insts)
+        for i in range(lo, hi):
+            block_of[i] = b
+    n = len(starts)
+    ends = [(starts[b + 1] if b + 1 < n else len(insts)) - 1 for b in range(n)]
+    succ: list[set[int]] = [set() for _ in range(n)]
+    calls: list[tuple[int, int]] = []
+    for b in range(n):
+        op, pred, target = info[ends[b]]
+        base = op.split(".")[0]
+        fall = ends[b] + 1 < len(insts)
+        unconditional = not pred and op == "BRA" and "," not in insts[ends[b]][1]
+        if base == "BRA":
+            if target in index:
+                succ[b].add(block_of[index[target]])
+            if fall and not unconditional:
+                succ[b].add(b + 1)
+        elif base == "CALL":
+            if target in index:
+                calls.append((b, block_of[index[target]]))
+            if fall:
+                succ[b].add(b + 1)
+        elif base in ("EXIT", "RET", "BRX", "JMP", "JMX"):
+            if pred and fall:
+                succ[b].add(b + 1)
+        elif fall:
+            succ[b].add(b + 1)
+    # ptxas also uses CALL.REL.NOINC as a jump (out of a loop, to code that ends in EXIT): a call
+    # whose target reaches an EXIT is a branch; one whose target only returns is a subroutine
+    def reaches_exit(c: int) -> bool:
+        region, work = {c}, [c]
+        while work:
+            x = work.pop()
+            if info[ends[x]][0].split(".")[0] == "EXIT":
+                return True
+            for y in succ[x] | {c2 for b2, c2 in calls if b2 == x}:
+                if y not in region:
+                    region.add(y)
+                    work.append(y)
+        return False
+
+    jumps = {c for _, c in calls if reaches_exit(c)}
+    for b, callee in calls:      # a subroutine is entered from its call sites
+        succ[b].add(callee)
+        if callee in jumps and not info[ends[b]][1] and ends[b] + 1 < len(insts):
+            succ[b].discard(b + 1)           # an unconditional jump does not fall through
+    calls = [(b, c) for b, c in calls if c not in jumps]
+    pred_of: list[set[int]] = [set() for _ in range(n)]
+    for b in range(n):
+        for c in succ[b]:
+            pred_of[c].add(b)
+    # dominators (iterative, in reverse post-order from the entry block)
+    order, seen, stack = [], {0}, [(0, iter(sorted(succ[0])))]
+    while stack:
+        b, it = stack[-1]
+        nxt = next(it, None)
+        if nxt is None:
+            order.append(b)
+            stack.pop()
+        elif nxt not in seen:
+            seen.add(nxt)
+            stack.append((nxt, iter(sorted(succ[nxt]))))
+    rpo = order[::-1]
+    pos = {b: i for i, b in enumerate(rpo)}
+    idom = {0: 0}
+
+    def meet(a: int, b: int) -> int:
+        while a != b:
+            while pos[a] > pos[b]:
+                a = idom[a]
+            while pos[b] > pos[a]:
+                b = idom[b]
+        return a
+
+    changed = True
+    while changed:
+        changed = False
+        for b in rpo[1:]:
+            done = [p for p in pred_of[b] if p in idom]
+            if not done:
+                continue
+            new = done[0]
+            for p in done[1:]:
+                new = meet(new, p)
+            if idom.get(b) != new:
+                idom[b], changed = new, True
+
+    def dominates(h: int, b: int) -> bool:
+        while b != h and b != 0:
+            b = idom[b]
+        return b == h
+
+    in_loop: set[int] = set()
+    for b in seen:
+        for h in succ[b]:
+            if h in seen and dominates(h, b):           # a back edge b -> h
+                body, work = {h, b}, ([b] if b != h else [])
+                while work:
+                    x = work.pop()
+                    for p in pred_of[x]:
+                        if p not in body and p in seen:
+                            body.add(p)
+                            work.append(p)
+                in_loop |= body
+    callees = [c for b, c in calls if b in in_loop]
+    while callees:                                      # subroutines called inside a loop
+        c = callees.pop()
+        if c in in_loop:
+            continue
+        region, work = {c}, [c]
+        while work:
+            x = work.pop()
+            for y in succ[x]:
+                if y not in region and y not in in_loop:
+                    region.add(y)
+                    work.append(y)
+        in_loop |= region
+    loop_addrs = {addrs[i] for b in in_loop for i in range(starts[b], ends[b] + 1)}
+    return insts, loop_addrs
+
+
+def _loop_spills(sass: str) -> int:
+    """Local-memory (spill) instructions inside a loop of the machine code."""
+    insts, loop_addrs = sass_loops(sass)
+    return sum(1 for addr, text in insts if re.search(r"\b(STL|LDL)\b", text) and addr in loop_addrs)
+
+
 def ptxas_info(ptx: str, arch: int) -> dict[str, Any]:
-    """Registers, spills and stack of a PTX kernel, from ``ptxas -v``."""
+    """Registers, spills and stack of a PTX kernel (``ptxas -v``), and the spill instructions
+    that sit inside a loop (``cuobjdump -sass`` of the cubin)."""
     from triton.backends.nvidia.compiler import get_ptxas
 
     ptxas = get_ptxas(arch).path
     suffix = "a" if arch >= 90 else ""
     with tempfile.TemporaryDirectory() as d:
         src = Path(d) / "k.ptx"
+        cubin = Path(d) / "k.cubin"
         src.write_text(ptx)
-        cmd = [ptxas, f"-arch=sm_{arch}{suffix}", "-v", str(src), "-o", str(Path(d) / "k.cubin")]
+        cmd = [ptxas, f"-arch=sm_{arch}{suffix}", "-v", str(src), "-o", str(cubin)]
         res = subprocess.run(cmd, capture_output=True, text=True)
+        sass = ""
+        if res.returncode == 0:
+            dump = subprocess.run([str(Path(ptxas).with_name("cuobjdump")), "-sass", str(cubin)],
+                                  capture_output=True, text=True)
+            sass = dump.stdout if dump.returncode == 0 else ""
     text = res.stdout + res.stderr
     if res.returncode != 0:
         return {"error": text.strip()[-400:]}
     num = lambda pat: int(m.group(1)) if (m := re.search(pat, text)) else 0  # noqa: E731
     return {"registers": num(r"Used (\d+) registers"), "spill_stores": num(r"(\d+) bytes spill stores"),
-            "spill_loads": num(r"(\d+) bytes spill loads"), "stack": num(r"(\d+) bytes stack frame")}
+            "spill_loads": num(r"(\d+) bytes spill loads"), "stack": num(r"(\d+) bytes stack frame"),
+            "loop_spill_instructions": _loop_spills(sass) if sass else None}
 
 
 def occupancy(arch: int, regs: int, warps: int, shared: int) -> int:
@@ -194,8 +368,11 @@ def check_config(comp: Compiler, vocab: int, dtype_name: str, mode: str) -> dict
                      loads=load_widths(ptx), **info)
         if "registers" in info:
             entry["programs_per_sm"] = occupancy(comp.arch, info["registers"], warps, shared)
-            if info["spill_stores"] > SPILL_OK or info["spill_loads"] > SPILL_OK:
-                result["problems"].append(f"{name}: register spills {info}")
+            if info["loop_spill_instructions"] is None:
+                if info["spill_stores"] > SPILL_OK or info["spill_loads"] > SPILL_OK:
+                    result["problems"].append(f"{name}: register spills {info}")
+            elif info["loop_spill_instructions"]:
+                result["problems"].append(f"{name}: spills inside a loop {info}")
         else:
             result["problems"].append(f"{name}: ptxas failed: {info.get('error')}")
         result["kernels"][name] = entry
