@@ -152,8 +152,9 @@ _INST_RE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
 _TARGET_RE = re.compile(r"0x([0-9a-f]+)\s*$")
 
 
-def sass_loops(sass: str) -> tuple[list[tuple[int, str]], set[int]]:
-    """The instructions of a kernel's machine code and the addresses that lie inside a loop.
+def sass_loops(sass: str) -> tuple[list[tuple[int, str]], set[int], dict[int, set[int]]]:
+    """The instructions of a kernel's machine code, the addresses that lie inside a loop, and
+    each loop's own addresses (keyed by the address of its header; nested loops included).
 
     Builds the control-flow graph of the SASS listing (basic blocks; branch, call, return and
     exit edges), its dominator tree, and the natural loop of every back edge (an edge to a block
@@ -162,7 +163,7 @@ def sass_loops(sass: str) -> tuple[list[tuple[int, str]], set[int]]:
     jumps back), is not a loop. Subroutines called from inside a loop count as inside it."""
     insts = [(int(m.group(1), 16), m.group(2).strip()) for m in _INST_RE.finditer(sass)]
     if not insts:
-        return insts, set()
+        return insts, set(), {}
     addrs = [a for a, _ in insts]
     index = {a: i for i, a in enumerate(addrs)}
 
@@ -277,6 +278,7 @@ def sass_loops(sass: str) -> tuple[list[tuple[int, str]], set[int]]:
         return b == h
 
     in_loop: set[int] = set()
+    bodies: dict[int, set[int]] = {}
     for b in seen:
         for h in succ[b]:
             if h in seen and dominates(h, b):           # a back edge b -> h
@@ -288,6 +290,7 @@ def sass_loops(sass: str) -> tuple[list[tuple[int, str]], set[int]]:
                             body.add(p)
                             work.append(p)
                 in_loop |= body
+                bodies.setdefault(h, set()).update(body)
     callees = [c for b, c in calls if b in in_loop]
     while callees:                                      # subroutines called inside a loop
         c = callees.pop()
@@ -301,13 +304,14 @@ def sass_loops(sass: str) -> tuple[list[tuple[int, str]], set[int]]:
                     region.add(y)
                     work.append(y)
         in_loop |= region
-    loop_addrs = {addrs[i] for b in in_loop for i in range(starts[b], ends[b] + 1)}
-    return insts, loop_addrs
+    addrs_of = lambda blocks: {addrs[i] for b in blocks for i in range(starts[b], ends[b] + 1)}  # noqa: E731
+    loops = {addrs[starts[h]]: addrs_of(body) for h, body in bodies.items()}
+    return insts, addrs_of(in_loop), loops
 
 
 def _loop_spills(sass: str) -> int:
     """Local-memory (spill) instructions inside a loop of the machine code."""
-    insts, loop_addrs = sass_loops(sass)
+    insts, loop_addrs, _ = sass_loops(sass)
     return sum(1 for addr, text in insts if re.search(r"\b(STL|LDL)\b", text) and addr in loop_addrs)
 
 
@@ -335,7 +339,48 @@ def ptxas_info(ptx: str, arch: int) -> dict[str, Any]:
     num = lambda pat: int(m.group(1)) if (m := re.search(pat, text)) else 0  # noqa: E731
     return {"registers": num(r"Used (\d+) registers"), "spill_stores": num(r"(\d+) bytes spill stores"),
             "spill_loads": num(r"(\d+) bytes spill loads"), "stack": num(r"(\d+) bytes stack frame"),
-            "loop_spill_instructions": _loop_spills(sass) if sass else None}
+            "loop_spill_instructions": _loop_spills(sass) if sass else None, "sass": sass}
+
+
+# A throughput model of the streaming loop (an estimate, not a measurement): per SM and clock,
+# 4 warp instructions issue (one per sub-partition) and the 16 special-function lanes retire
+# half a warp's MUFU (exp2 / log2 / rcp); the GPU's SM clock, SM count and peak DRAM bandwidth.
+ISSUE_PER_CLK = 4.0
+MUFU_PER_CLK = 0.5
+GPU_MODEL = {80: ("A100-SXM4-80GB", 108, 1.41e9, 2.04e12), 90: ("H200", 132, 1.98e9, 4.8e12)}
+_LOAD_BYTES_RE = re.compile(r"\b(LDGSTS|LDG)(\.[\w]+)*")
+
+
+def stream_loop_model(sass: str, arch: int) -> dict[str, Any] | None:
+    """The loop that streams the logits (the one with the most global loads): its instructions
+    per iteration of one warp, the bytes those loads bring, and the bandwidth the instruction
+    issue and the MUFU pipe would allow on the whole GPU (``GPU_MODEL``), against its peak.
+    The loop's instructions are counted once each: a loop with branches inside (the sampling
+    statistics, on only where a row needs them) is counted as if every branch ran."""
+    insts, _, loops = sass_loops(sass)
+    text = dict(insts)
+    best = None
+    for header, body in loops.items():
+        loads = 0
+        for a in body:
+            m = _LOAD_BYTES_RE.search(text[a])
+            if m and "DEPBAR" not in text[a]:
+                widths = [int(w) for w in re.findall(r"\.[US]?(8|16|32|64|128)\b", m.group(0))]
+                bits = widths[-1] if widths else 32
+                loads += 32 * bits // 8
+        if loads and (best is None or loads > best[1]):
+            best = (header, loads, body)
+    if best is None:
+        return None
+    header, nbytes, body = best
+    ops = [text[a].split()[1 if text[a].startswith("@") else 0].split(".")[0] for a in body]
+    n, mufu = len(ops), ops.count("MUFU")
+    name, sms, clock, peak = GPU_MODEL.get(arch, GPU_MODEL[90])
+    cycles = max(n / ISSUE_PER_CLK, mufu / MUFU_PER_CLK)
+    bound = sms * clock * nbytes / cycles
+    return dict(instructions=n, mufu=mufu, bytes_per_warp_iteration=nbytes, gpu=name,
+                compute_bound_tbps=round(bound / 1e12, 2), peak_tbps=round(peak / 1e12, 2),
+                compute_bound_vs_peak=round(bound / peak, 2))
 
 
 def occupancy(arch: int, regs: int, warps: int, shared: int) -> int:
@@ -364,6 +409,7 @@ def check_config(comp: Compiler, vocab: int, dtype_name: str, mode: str) -> dict
         target = m.group(1) if (m := re.search(r"^\.target\s+(\S+)", ptx, re.M)) else "?"
         if target.rstrip("a") != f"sm_{comp.arch}":
             result["problems"].append(f"{name}: compiled for {target}, not sm_{comp.arch}")
+        info.pop("sass", None)
         entry = dict(grid=list(grid), target=target, num_warps=warps, shared_bytes=shared,
                      loads=load_widths(ptx), **info)
         if "registers" in info:
@@ -382,6 +428,9 @@ def check_config(comp: Compiler, vocab: int, dtype_name: str, mode: str) -> dict
         unfused = comp.compile_case(32, 6, vocab, dtype, mode, fused=False, mask=mask)
         stream = [k for n, _, k in unfused if n == "_row_pass_kernel"]
         result[key] = load_widths(stream[0].asm["ptx"])
+        if mask:
+            sass = ptxas_info(stream[0].asm["ptx"], comp.arch).get("sass", "")
+            result["stream_loop"] = stream_loop_model(sass, comp.arch) if sass else None
     widths = result["stream_loads_no_mask"]
     if widths.get(16, 0) < 2 * elsize:
         result["problems"].append(f"pass A reads the logits without 16-byte loads: {widths}")
@@ -438,6 +487,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"sm_{arch} V={vocab:6d} {dt} {mode:12s} {'OK ' if not r['problems'] else 'BAD'} "
                           f"loads {r['stream_loads_no_mask']} / with mask {r['stream_loads']}  {ks}  "
                           f"({r['compile_seconds']} s)")
+                    if (sl := r.get("stream_loop")):
+                        print(f"    streaming loop: {sl['instructions']} instructions ({sl['mufu']} MUFU) "
+                              f"per {sl['bytes_per_warp_iteration']} B a warp loads: compute bound "
+                              f"{sl['compute_bound_tbps']} TB/s = {sl['compute_bound_vs_peak']:.0%} of the "
+                              f"{sl['gpu']}'s {sl['peak_tbps']} TB/s (model)")
                     for p in r["problems"]:
                         print("    problem:", p)
         rc = check_no_recompile(comp, vocabs[0], dtypes[0], modes[-1])

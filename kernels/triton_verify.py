@@ -148,12 +148,17 @@ def _inv_temperature(temp_ptr, b):
 def _row_block(logits_ptr, row_off, mrow, t0, lo_e, hi_e, num_words, inv_t, thr, need_sum, need_race, excl,
                seed, run_max, run_arg, run_sum, run_key, run_win,
                MASKED: tl.constexpr, HAS_MASK: tl.constexpr, ALL_GREEDY: tl.constexpr,
-               HAS_TOP_P: tl.constexpr, SHIFTED: tl.constexpr, ALIGNED: tl.constexpr, BLOCK_W: tl.constexpr):
+               HAS_TOP_P: tl.constexpr, SHIFTED: tl.constexpr, ALIGNED: tl.constexpr, BLOCK_W: tl.constexpr,
+               LANES: tl.constexpr = False):
     # Tokens t0 .. t0 + 32 * BLOCK_W - 1 of one row (its token 0 is element row_off of the
     # logits): update the chunk's online statistics. ALIGNED: row_off + t0 is a multiple of 16.
     # MASKED: only elements in [lo_e, hi_e) are read (multiples of 16 in the aligned edge
     # blocks, so those loads vectorise too; exact row bounds in the small end pieces).
     # SHIFTED: t0 need not be a multiple of 32 (mask bits read across two words).
+    # LANES (greedy only): run_max / run_arg are per-lane [BLOCK_W, 32] state, updated without
+    # any reduction (the caller reduces once per chunk): run_arg holds the first token t0 of the
+    # block that set the lane's maximum (the token is t0 + the lane's offset); blocks come in
+    # token order, so a strict ">" keeps the lowest id of each lane's maximum.
     ninf = float("-inf")
     c = tl.arange(0, 32)
     a = tl.arange(0, BLOCK_W)
@@ -185,7 +190,7 @@ def _row_block(logits_ptr, row_off, mrow, t0, lo_e, hi_e, num_words, inv_t, thr,
                 word = tl.load(mrow + w, mask=w < num_words, other=0)
             else:
                 word = tl.load(mrow + w)
-            allowed = ((word[:, None] >> c[None, :]) & 1) != 0
+            allowed = (word[:, None] & (1 << c)[None, :]) != 0
         if MASKED:
             allowed = allowed & inb
     else:
@@ -195,25 +200,31 @@ def _row_block(logits_ptr, row_off, mrow, t0, lo_e, hi_e, num_words, inv_t, thr,
             allowed = tok >= 0
     v = x * inv_t
     # NaN on an allowed token becomes +inf: a row max of +inf marks the row invalid
-    vm = tl.where(allowed, tl.where(v == v, v, float("inf")), ninf)
+    vn = tl.where(v == v, v, float("inf"))
     if HAS_TOP_P:
-        vm = tl.where(vm >= thr, vm, ninf)
-    bmax = tl.max(vm)
-    barg = tl.min(tl.where(vm == bmax, tok, _INT_MAX))
-    if not ALL_GREEDY:
-        if need_sum:
-            new_max = tl.maximum(run_max, bmax)
-            ref = tl.where(new_max == ninf, 0.0, new_max)
-            run_sum = run_sum * tl.exp(run_max - ref) + tl.sum(tl.exp(vm - ref))
-        if need_race:
-            if bmax + G_BOUND >= run_key:   # else no token of this block can win the race
-                key = tl.where((vm > ninf) & (tok != excl), vm + _gumbel(tok, seed), ninf)
-                kmax = tl.max(key)
-                kwin = tl.min(tl.where(key == kmax, tok, _INT_MAX))
-                run_win = tl.where(kmax > run_key, kwin, run_win)
-                run_key = tl.maximum(run_key, kmax)
-    run_arg = tl.where(bmax > run_max, barg, run_arg)
-    run_max = tl.maximum(run_max, bmax)
+        allowed = allowed & (vn >= thr)
+    if LANES:
+        better = allowed & (vn > run_max)           # one compare with the mask bit as predicate
+        run_arg = tl.where(better, t0, run_arg)     # the block's first token: no per-element id
+        run_max = tl.where(better, vn, run_max)
+    else:
+        vm = tl.where(allowed, vn, ninf)
+        bmax = tl.max(vm)
+        barg = tl.min(tl.where(vm == bmax, tok, _INT_MAX))
+        if not ALL_GREEDY:
+            if need_sum:
+                new_max = tl.maximum(run_max, bmax)
+                ref = tl.where(new_max == ninf, 0.0, new_max)
+                run_sum = run_sum * tl.exp(run_max - ref) + tl.sum(tl.exp(vm - ref))
+            if need_race:
+                if bmax + G_BOUND >= run_key:   # else no token of this block can win the race
+                    key = tl.where((vm > ninf) & (tok != excl), vm + _gumbel(tok, seed), ninf)
+                    kmax = tl.max(key)
+                    kwin = tl.min(tl.where(key == kmax, tok, _INT_MAX))
+                    run_win = tl.where(kmax > run_key, kwin, run_win)
+                    run_key = tl.maximum(run_key, kmax)
+        run_arg = tl.where(bmax > run_max, barg, run_arg)
+        run_max = tl.maximum(run_max, bmax)
     return run_max, run_arg, run_sum, run_key, run_win
 
 
@@ -434,11 +445,27 @@ def _row_pass_kernel(
                 logits_ptr, row_off, mrow, off, a_lo, a_hi, num_words, inv_t, thr, need_sum, need_race,
                 excl, seed, run_max, run_arg, run_sum, run_key, run_win,
                 True, HAS_MASK, ALL_GREEDY, HAS_TOP_P, SHIFTED, True, BLOCK_W)
-    for j in tl.range(tl.maximum(blk0, j_full0), tl.minimum(blk1, j_part), num_stages=NUM_STAGES):
-        run_max, run_arg, run_sum, run_key, run_win = _row_block(      # unmasked: vectorised loads
-            logits_ptr, row_off, mrow, off + j * BLK, a_lo, a_hi, num_words, inv_t, thr, need_sum, need_race,
-            excl, seed, run_max, run_arg, run_sum, run_key, run_win,
-            False, HAS_MASK, ALL_GREEDY, HAS_TOP_P, SHIFTED, True, BLOCK_W)
+    if ALL_GREEDY:
+        # the full blocks: per-lane maxima, one reduction at the end (no shuffles or barriers
+        # in the streaming loop); ties: lanes hold increasing token ids, the lowest id wins
+        lane_max = tl.full((BLOCK_W, 32), ninf, tl.float32)
+        lane_arg = tl.full((BLOCK_W, 32), -1, tl.int32)
+        for j in tl.range(tl.maximum(blk0, j_full0), tl.minimum(blk1, j_part), num_stages=NUM_STAGES):
+            lane_max, lane_arg, run_sum, run_key, run_win = _row_block(  # unmasked: vectorised loads
+                logits_ptr, row_off, mrow, off + j * BLK, a_lo, a_hi, num_words, inv_t, thr, need_sum,
+                need_race, excl, seed, lane_max, lane_arg, run_sum, run_key, run_win,
+                False, HAS_MASK, ALL_GREEDY, HAS_TOP_P, SHIFTED, True, BLOCK_W, True)
+        lane_tok = lane_arg + (tl.arange(0, BLOCK_W)[:, None] * 32 + tl.arange(0, 32)[None, :])
+        bmax = tl.max(lane_max)
+        barg = tl.min(tl.where(lane_max == bmax, lane_tok, _INT_MAX))
+        run_arg = tl.where(bmax > run_max, barg, run_arg)   # earlier tokens (lower ids) win ties
+        run_max = tl.maximum(run_max, bmax)
+    else:
+        for j in tl.range(tl.maximum(blk0, j_full0), tl.minimum(blk1, j_part), num_stages=NUM_STAGES):
+            run_max, run_arg, run_sum, run_key, run_win = _row_block(      # unmasked: vectorised loads
+                logits_ptr, row_off, mrow, off + j * BLK, a_lo, a_hi, num_words, inv_t, thr, need_sum,
+                need_race, excl, seed, run_max, run_arg, run_sum, run_key, run_win,
+                False, HAS_MASK, ALL_GREEDY, HAS_TOP_P, SHIFTED, True, BLOCK_W)
     if (j_part < blk1) & (j_part >= tl.maximum(blk0, j_full0)):     # this chunk holds the row's tail
         run_max, run_arg, run_sum, run_key, run_win = _row_block(
             logits_ptr, row_off, mrow, off + j_part * BLK, a_lo, a_hi, num_words, inv_t, thr, need_sum,

@@ -269,6 +269,40 @@ def check_flat_logits() -> None:
     assert len(set(a.output_token_ids[:, 0].tolist())) > n // 2
 
 
+def check_greedy_ties() -> None:
+    """Logits of only three distinct values: the row maximum sits in many lanes, blocks and
+    chunks at once, and the lowest allowed id reaching it must win (brute-force oracle too)."""
+    tv = load_kernels("triton_verify")
+    g = torch.Generator().manual_seed(5)
+    for vocab, dtype, block_words, num_splits in ((4133, torch.bfloat16, 4, 3), (50257, torch.float16, 16, 2),
+                                                  (3000, torch.float32, 1, 7)):
+        rows = 6
+        logits = torch.randint(0, 3, (rows, vocab), generator=g).to(dtype)
+        words = (vocab + 31) // 32
+        allowed = torch.rand(rows, vocab, generator=g) < 0.6
+        allowed[1, :2000] = False                      # the maximum only past the first blocks
+        allowed[2] = False
+        allowed[2, vocab - 1] = True                   # one allowed token: the last
+        bits = torch.zeros(rows, words * 32, dtype=torch.int64)
+        bits[:, :vocab] = allowed.to(torch.int64)
+        w = (bits.view(rows, words, 32) << torch.arange(32)).sum(-1)
+        bitmask = torch.where(w >= 2**31, w - 2**32, w).to(torch.int32)
+        cu = torch.zeros(rows, dtype=torch.int32)      # every row is a bonus row: its argmax is output
+        drafts = torch.zeros(0, dtype=torch.int64)
+        ml = torch.where(allowed, logits.float(), float("-inf"))
+        best = ml.max(1, keepdim=True).values
+        oracle = [int(torch.nonzero(ml[r] == best[r]).min()) for r in range(rows)]
+        outs = []
+        for extra in (None, dict(block_words=block_words, num_splits=num_splits)):
+            o = VerifyOutput.allocate(rows, 0)
+            fn = load_kernels("torch_ref").verify_reference if extra is None else tv.verify_triton
+            fn(drafts, cu, logits, bitmask, None, None, None, None, o.output_token_ids,
+               o.num_accepted, o.num_emitted, o.error_position, **(extra or {}))
+            outs.append(o)
+        assert_same(*outs, f"ties V={vocab} {dtype}")
+        assert outs[1].output_token_ids[:, 0].tolist() == oracle, (vocab, dtype)
+
+
 def check_buffers_workspace() -> None:
     from structgen.verify import VerifyBufferPool
 
@@ -339,6 +373,10 @@ def test_race_noise_identical_on_flat_logits(worker: ProcessPoolExecutor) -> Non
     """With equal logits the draw is the argmax of the hash-derived noise alone: any difference
     in the hash or in the noise transform between the backends shows up here."""
     in_worker(worker, check_flat_logits)
+
+
+def test_greedy_ties_lowest_id(worker: ProcessPoolExecutor) -> None:
+    in_worker(worker, check_greedy_ties)
 
 
 def test_buffers_workspace_reused(worker: ProcessPoolExecutor) -> None:
