@@ -112,17 +112,34 @@ def _row_seed(unif_ptr, r):
 
 
 @triton.jit
-def _gumbel(tok, seed):
-    # torch_ref.gumbel_noise for the token ids ``tok`` (int32) of one row
-    # _mix32 written out: a nested jit call costs milliseconds per call in the interpreter
+def _race_u(tok, seed):
+    # the uniform u in (0, 1) of torch_ref.gumbel_noise for the token ids ``tok`` (int32) of one
+    # row; the noise is g = -log(-log(u)). _mix32 written out: a nested jit call costs
+    # milliseconds per call in the interpreter
     h = (tok.to(tl.uint32) * 0x9E3779B1) ^ seed
     h = h ^ (h >> 16)
     h = h * 0x7FEB352D
     h = h ^ (h >> 15)
     h = h * 0x846CA68B
     h = h ^ (h >> 16)
-    u = ((h >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
+    return ((h >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
+
+
+@triton.jit
+def _gumbel(tok, seed):
+    # torch_ref.gumbel_noise for the token ids ``tok`` (int32) of one row
+    u = _race_u(tok, seed)
     return -tl.log(-tl.log(u))
+
+
+@triton.jit
+def _gumbel_upper(u):
+    # a cheap upper bound of g = -log(-log(u)) (no logarithm): -log(u) >= 1 - u, and 1 - u is
+    # exact in float32 (u has at most 24 significant bits) with 2**-k <= 1 - u for k = minus
+    # its binary exponent, so g <= -log(1 - u) <= k * ln 2; the margin covers the rounding of
+    # the computed g (a few 1e-6)
+    k = 127 - ((1.0 - u).to(tl.int32, bitcast=True) >> 23)
+    return k.to(tl.float32) * 0.6931471805599453 + 1e-3
 
 
 @triton.jit
@@ -218,11 +235,16 @@ def _row_block(logits_ptr, row_off, mrow, t0, lo_e, hi_e, num_words, inv_t, thr,
                 run_sum = run_sum * tl.exp(run_max - ref) + tl.sum(tl.exp(vm - ref))
             if need_race:
                 if bmax + G_BOUND >= run_key:   # else no token of this block can win the race
-                    key = tl.where((vm > ninf) & (tok != excl), vm + _gumbel(tok, seed), ninf)
-                    kmax = tl.max(key)
-                    kwin = tl.min(tl.where(key == kmax, tok, _INT_MAX))
-                    run_win = tl.where(kmax > run_key, kwin, run_win)
-                    run_key = tl.maximum(run_key, kmax)
+                    # the logarithms only for a block where some token's bound reaches the
+                    # running key: a block without one cannot change the race (exact skip)
+                    u = _race_u(tok, seed)
+                    live = (vm > ninf) & (tok != excl)
+                    if tl.max((live & (vm + _gumbel_upper(u) >= run_key)).to(tl.int32)) > 0:
+                        key = tl.where(live, vm + -tl.log(-tl.log(u)), ninf)
+                        kmax = tl.max(key)
+                        kwin = tl.min(tl.where(key == kmax, tok, _INT_MAX))
+                        run_win = tl.where(kmax > run_key, kwin, run_win)
+                        run_key = tl.maximum(run_key, kmax)
         run_arg = tl.where(bmax > run_max, barg, run_arg)
         run_max = tl.maximum(run_max, bmax)
     return run_max, run_arg, run_sum, run_key, run_win

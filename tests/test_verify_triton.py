@@ -303,6 +303,30 @@ def check_greedy_ties() -> None:
         assert outs[1].output_token_ids[:, 0].tolist() == oracle, (vocab, dtype)
 
 
+def check_gumbel_upper_bound() -> None:
+    """The race's block skip is exact only if its cheap bound is >= the noise it skips: checked
+    for every one of the 2**23 uniforms the noise can take, with the kernels' own functions."""
+    import triton
+    import triton.language as tl
+
+    tv = load_kernels("triton_verify")
+    upper = tv._gumbel_upper
+
+    def probe(out_ptr, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        u = ((i.to(tl.uint32)).to(tl.float32) + 0.5) * 1.1920928955078125e-07
+        g = -tl.log(-tl.log(u))
+        tl.store(out_ptr + i, upper(u) - g)
+
+    # the jit resolves names in the function's globals: give the probes the kernels' helpers
+    probe.__globals__.update(upper=upper, tl=tl)
+    probe = triton.jit(probe)
+    block = 1 << 17
+    slack = torch.empty(1 << 23, dtype=torch.float32)
+    probe[(slack.numel() // block,)](slack, BLOCK=block)
+    assert float(slack.min()) > 0, float(slack.min())
+
+
 def check_buffers_workspace() -> None:
     from structgen.verify import VerifyBufferPool
 
@@ -377,6 +401,10 @@ def test_race_noise_identical_on_flat_logits(worker: ProcessPoolExecutor) -> Non
 
 def test_greedy_ties_lowest_id(worker: ProcessPoolExecutor) -> None:
     in_worker(worker, check_greedy_ties)
+
+
+def test_race_skip_bound_holds_for_every_uniform(worker: ProcessPoolExecutor) -> None:
+    in_worker(worker, check_gumbel_upper_bound)
 
 
 def test_buffers_workspace_reused(worker: ProcessPoolExecutor) -> None:
