@@ -6,12 +6,13 @@ blocks load unmasked so the loads vectorise, the row's first and last blocks are
 full-block loop is software-pipelined with ``NUM_STAGES``): it applies the mask bits, the
 temperature and the top-p threshold, and keeps online statistics of the chunk: the max and its
 lowest-id argmax (greedy), the sum of ``exp(v - max)`` (the acceptance test; draft rows of
-sampling sequences only), the best exponential-race key and its token (the bonus draw, and the
-recovered draw of deterministic drafts, which excludes the draft token). A NaN on an allowed
+sampling sequences only), the best exponential-race key and its token (the bonus draw; bonus
+rows only). A NaN on an allowed
 token is turned into +inf, so a chunk max of +inf flags an invalid row without a separate
 reduction. Nothing vocabulary-sized is written: the partials are ``[R, S]``. A block whose
 best possible race key (its max plus ``GUMBEL_BOUND``) cannot beat the running best skips the
-hash and logs; the result is the same.
+hash and logs, and a block where no token's cheap bound (``_gumbel_upper``) reaches it skips
+the logs; the result is the same.
 
 Row alignment: vectorised (16-byte) loads need every block to start on a 16-element boundary.
 When the row stride is a multiple of 16 elements (``V`` = 32,000, 128,256, 151,936, or a padded
@@ -25,13 +26,16 @@ each of its rows and runs the chain on a vector of rows at once (a few dependent
 trips per sequence, not a few per row). With ``FUSED`` (the default) it runs inside pass A:
 every program counts itself done on its sequence's counter (an acq_rel atomic after its
 partial stores) and the program that completes the count finishes the sequence (reading the
-other programs' partials past L1), then resets the counter. So the step is one launch, and
-only the last sequence's chain is on the critical path. ``fused=False`` runs the same chain
+other programs' partials past L1), then resets the counter. So a greedy step is one launch,
+and only the last sequence's chain is on the critical path. ``fused=False`` runs the same chain
 as a second kernel, ``_chain_kernel`` (grid ``(B,)``).
 
-Only with draft probabilities and a rejection: ``_residual_kernel`` (grid ``(B, S)``) runs the
-race over ``max(p - q, 0)`` on the rejected row of each sequence (one row per sequence at
-most) and ``_residual_finish_kernel`` (grid ``(B,)``) combines it and writes the token.
+Sampling steps add the recovered draw: ``_residual_kernel`` (grid ``(B, S)``) runs the race on
+the rejected row of each sequence (one row per sequence at most; nothing where all drafts were
+accepted), over ``max(p - q, 0)`` with draft probabilities or over ``p`` without the draft token
+for a deterministic draft, and ``_residual_finish_kernel`` (grid ``(B,)``) combines it and
+writes the token. Deferring that race keeps the per-token hash and logarithms off the draft
+rows of pass A (one row in seven at k = 6), where they would make the pass compute-bound.
 
 Top-p: the threshold per row comes from ``torch_ref.top_p_thresholds`` (a separate, slow pass
 that sorts the rows that use top-p); the kernels then only compare ``v`` with it.
@@ -346,11 +350,8 @@ def _finish_sequence(
                                   other=0.0).to(tl.float64)
                 u0 = tl.load(unif_ptr + 2 * r64, mask=valid & samp, other=0.0)
                 accepted = tl.where(samp, u0 * q_x < p_x, x == arg)
-                if NO_DRAFT_PROBS:
-                    recovered = tl.where(samp, kw, arg)
-                else:
-                    recovered = tl.where(samp, -1, arg)
-                    to_pend = samp & (is_bonus == 0) & (accepted == 0) & (invalid == 0)
+                recovered = tl.where(samp, -1, arg)      # sampling: drawn by _residual_kernel
+                to_pend = samp & (is_bonus == 0) & (accepted == 0) & (invalid == 0)
                 bonus_tok = tl.where(samp, kw, arg)
                 emitted = tl.where(is_bonus, bonus_tok, tl.where(accepted, x, recovered))
             stop = valid & (invalid | is_bonus | (accepted == 0))
@@ -359,7 +360,7 @@ def _finish_sequence(
             found = fc < _INT_MAX
             tok_f = tl.where(found, tl.max(tl.where(sel, emitted, -1)), tok_f)
             bad_f = tl.where(found, tl.max(tl.where(sel, invalid.to(tl.int32), 0)), bad_f)
-            if not NO_DRAFT_PROBS:
+            if not ALL_GREEDY:
                 pick = sel & to_pend
                 pend = tl.where(found, tl.max(tl.where(pick, row0 + i, -1)), pend)
                 pmax = tl.where(found, tl.sum(tl.where(pick, safe_max, 0.0)), pmax)
@@ -374,7 +375,7 @@ def _finish_sequence(
     tl.store(acc_ptr + b, acc)
     tl.store(emit_ptr + b, tl.where(acc >= 0, acc + 1, 0))
     tl.store(err_ptr + b, err)
-    if not NO_DRAFT_PROBS:
+    if not ALL_GREEDY:
         tl.store(pend_row_ptr + b, tl.where(err >= 0, -1, pend))
         tl.store(pend_max_ptr + b, pmax)
         tl.store(pend_sum_ptr + b, psum)
@@ -394,7 +395,7 @@ def _row_pass_kernel(
     count_ptr,                             # int32 [B] programs done per sequence, 0 between launches (FUSED)
     out_ptr, stride_ob,                    # int32 [B, max_draft + 1] (FUSED)
     acc_ptr, emit_ptr, err_ptr,            # int32 [B] (FUSED)
-    pend_row_ptr, pend_max_ptr, pend_sum_ptr,  # [B] (FUSED, not NO_DRAFT_PROBS)
+    pend_row_ptr, pend_max_ptr, pend_sum_ptr,  # [B] (FUSED, not ALL_GREEDY)
     batch, V, blocks_per_split, num_splits, max_draft,
     HAS_MASK: tl.constexpr, ALL_GREEDY: tl.constexpr, NO_DRAFT_PROBS: tl.constexpr,
     HAS_TOP_P: tl.constexpr, SHIFTED: tl.constexpr, FUSED: tl.constexpr,
@@ -419,11 +420,9 @@ def _row_pass_kernel(
         is_bonus = r == end_b + b
         sampling, inv_t = _inv_temperature(temp_ptr, b)
         need_sum = sampling & (is_bonus == 0)
-        if NO_DRAFT_PROBS:
-            need_race = sampling
-            excl = tl.load(draft_ptr + (r - b), mask=is_bonus == 0, other=-1).to(tl.int32)
-        else:
-            need_race = sampling & is_bonus
+        # the race only on bonus rows: a rejected draft row's recovered draw (one row per
+        # sequence at most) runs in _residual_kernel, so draft rows pay no per-token hash
+        need_race = sampling & is_bonus
         if sampling:
             seed = _row_seed(unif_ptr, r)
     if HAS_TOP_P:
@@ -559,13 +558,16 @@ def _combine_argmax(val_ptr, idx_ptr, base, so, smask):
 @triton.jit(do_not_specialize=["batch", "blocks_per_split", "num_splits"])
 def _residual_kernel(
     logits_ptr, stride_lr, stride_lv, mask_ptr, stride_mr, num_words,
-    temp_ptr, unif_ptr, thr_ptr,
-    dprob_ptr, stride_dr, stride_dv,       # float [N, V]
+    temp_ptr, unif_ptr, thr_ptr, draft_ptr,
+    dprob_ptr, stride_dr, stride_dv,       # float [N, V] (not NO_DRAFT_PROBS)
     pend_row_ptr, pend_max_ptr, pend_sum_ptr,  # [B]
     res_key_ptr, res_win_ptr, p_key_ptr, p_win_ptr,  # [B, S]
     batch, V, blocks_per_split, num_splits,
-    HAS_MASK: tl.constexpr, HAS_TOP_P: tl.constexpr, BLOCK_W: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_TOP_P: tl.constexpr, NO_DRAFT_PROBS: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
+    # The recovered draw of each sequence's rejected row (pend_row; -1: none): with draft
+    # probabilities the race over max(p - q, 0) (and over p, the fallback when that is empty);
+    # for a deterministic draft the race over p without the draft token.
     b = tl.program_id(0)
     s = tl.program_id(1)
     ninf = float("-inf")
@@ -585,6 +587,9 @@ def _residual_kernel(
         thr = tl.full((), ninf, tl.float32)
         if HAS_TOP_P:
             thr = tl.load(thr_ptr + r)
+        excl = tl.full((), -1, tl.int32)
+        if NO_DRAFT_PROBS:
+            excl = tl.load(draft_ptr + d64).to(tl.int32)
         bits = tl.arange(0, 32)
         nblocks = tl.cdiv(V, BLOCK_W * 32)
         blk0 = s * blocks_per_split
@@ -604,21 +609,25 @@ def _residual_kernel(
             if HAS_TOP_P:
                 allowed = allowed & (v >= thr)
             vm = tl.where(allowed & (v == v), v, ninf)
-            q = tl.load(dprob_ptr + d64 * stride_dr + tok.to(tl.int64) * stride_dv,
-                        mask=inb, other=0.0).to(tl.float32)
-            p = tl.math.div_rn(tl.exp(vm - m), tl.zeros_like(vm) + z)
-            res = p - q
             g = _gumbel(tok, seed)
-            rkey = tl.where((vm > ninf) & (res > 0), tl.log(tl.where(res > 0, res, 1.0)) + g, ninf)
+            if NO_DRAFT_PROBS:
+                rkey = tl.where((vm > ninf) & (tok != excl), vm + g, ninf)
+            else:
+                q = tl.load(dprob_ptr + d64 * stride_dr + tok.to(tl.int64) * stride_dv,
+                            mask=inb, other=0.0).to(tl.float32)
+                p = tl.math.div_rn(tl.exp(vm - m), tl.zeros_like(vm) + z)
+                res = p - q
+                rkey = tl.where((vm > ninf) & (res > 0), tl.log(tl.where(res > 0, res, 1.0)) + g, ninf)
             kmax = tl.max(rkey)
             kwin = tl.min(tl.where(rkey == kmax, tok, _INT_MAX))
             run_rwin = tl.where(kmax > run_rkey, kwin, run_rwin)
             run_rkey = tl.maximum(run_rkey, kmax)
-            pkey = vm + g
-            kmax = tl.max(pkey)
-            kwin = tl.min(tl.where(pkey == kmax, tok, _INT_MAX))
-            run_pwin = tl.where(kmax > run_pkey, kwin, run_pwin)
-            run_pkey = tl.maximum(run_pkey, kmax)
+            if not NO_DRAFT_PROBS:
+                pkey = vm + g
+                kmax = tl.max(pkey)
+                kwin = tl.min(tl.where(pkey == kmax, tok, _INT_MAX))
+                run_pwin = tl.where(kmax > run_pkey, kwin, run_pwin)
+                run_pkey = tl.maximum(run_pkey, kmax)
     tl.store(res_key_ptr + o, run_rkey)
     tl.store(res_win_ptr + o, run_rwin)
     tl.store(p_key_ptr + o, run_pkey)
@@ -804,17 +813,17 @@ def verify_triton(
             vocab, splits, max_draft,
             **flags, **chain, num_warps=1,
         )
-    if not no_dp:
+    if not all_greedy:
         res = (ws["res_key"], ws["res_win"], ws["p_key"], ws["p_win"])
         _residual_kernel[(batch, splits)](
             target_logits, target_logits.stride(0), target_logits.stride(1),
             mask_t, mask_stride, num_words,
-            temp_t, unif_t, thr_t,
+            temp_t, unif_t, thr_t, draft_t,
             dp_t, dp_s0, dp_s1,
             ws["pend_row"], ws["pend_max"], ws["pend_sum"],
             *res,
             batch, vocab, per, splits,
-            HAS_MASK=has_mask, HAS_TOP_P=has_top_p, BLOCK_W=bw, num_warps=num_warps,
+            HAS_MASK=has_mask, HAS_TOP_P=has_top_p, NO_DRAFT_PROBS=no_dp, BLOCK_W=bw, num_warps=num_warps,
         )
         _residual_finish_kernel[(batch,)](
             ws["pend_row"], num_accepted, output_token_ids, output_token_ids.stride(0),
