@@ -64,6 +64,7 @@ __all__ = [
     "GUMBEL_BOUND",
     "mix32",
     "race_seeds",
+    "race_uniforms",
     "gumbel_noise",
     "unpack_bitmask",
     "row_layout",
@@ -110,11 +111,18 @@ def race_seeds(u: torch.Tensor) -> torch.Tensor:
     return mix32(k)
 
 
-def gumbel_noise(seeds: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Race noise ``g`` float32 ``[n, vocab_size]`` for int64 row seeds ``[n]`` (see module doc)."""
+def race_uniforms(seeds: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The uniforms ``u`` float32 ``[n, vocab_size]`` in (0, 1) behind the race noise, for int64
+    row seeds ``[n]``: 23 hash bits per token, ``(bits + 0.5) * 2**-23``."""
     tok = torch.arange(vocab_size, dtype=torch.int64, device=seeds.device)
     h = mix32(_mul32(tok, _GOLDEN)[None, :] ^ seeds[:, None])
-    u = ((h >> 9).to(torch.float32) + 0.5) * (2.0 ** -23)
+    return ((h >> 9).to(torch.float32) + 0.5) * (2.0 ** -23)
+
+
+def gumbel_noise(seeds: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Race noise ``g = -log(-log(u))`` float32 ``[n, vocab_size]`` for int64 row seeds ``[n]``
+    (see module doc)."""
+    u = race_uniforms(seeds, vocab_size)
     return -torch.log(-torch.log(u))
 
 
