@@ -358,47 +358,105 @@ _LOAD_BYTES_RE = re.compile(r"\b(LDGSTS|LDG)(\.[\w]+)*")
 
 
 def stream_loop_model(sass: str, arch: int) -> dict[str, Any] | None:
-    """The loop that streams the logits (the one with the most global loads): its instructions
-    per iteration of one warp, the bytes those loads bring, and the bandwidth the instruction
-    issue and the MUFU pipe would allow on the whole GPU (``GPU_MODEL``), against its peak.
-    The loop's instructions are counted once each: a loop with branches inside (the sampling
-    statistics, on only where a row needs them) is counted as if every branch ran."""
+    """The loops that stream the logits (those with as many global loads as the most-loading
+    loop) by the rows they serve: ``greedy`` (per-lane max / argmax, no MUFU), ``draft`` (a
+    sampling draft row: per-lane max and softmax sum, MUFU but no hash), ``race`` (a bonus row:
+    holds the hash's multiply). For each: its instructions per iteration of one warp, the bytes
+    those loads bring, and the bandwidth the instruction issue and the MUFU pipe would allow on
+    the whole GPU (``GPU_MODEL``), against its peak. A loop's instructions are counted once
+    each, as if every branch inside ran; the race loop is also given without its race region
+    (a block whose bound cannot win, which skips the hash and logarithms)."""
     insts, _, loops, dominated = sass_loops(sass)
     text = dict(insts)
-    best = None
-    for header, body in loops.items():
-        loads = 0
+    name, sms, clock, peak = GPU_MODEL.get(arch, GPU_MODEL[90])
+
+    def load_bytes(body: set[int]) -> int:
+        nbytes = 0
         for a in body:
             m = _LOAD_BYTES_RE.search(text[a])
             if m and "DEPBAR" not in text[a]:
                 widths = [int(w) for w in re.findall(r"\.[US]?(8|16|32|64|128)\b", m.group(0))]
                 bits = widths[-1] if widths else 32
-                loads += 32 * bits // 8
-        if loads and (best is None or loads > best[1]):
-            best = (header, loads, body)
-    if best is None:
-        return None
-    header, nbytes, body = best
-    name, sms, clock, peak = GPU_MODEL.get(arch, GPU_MODEL[90])
+                nbytes += 32 * bits // 8
+        return nbytes
 
-    def bound(addrs: set[int]) -> tuple[int, int, float]:
+    loaded = {h: load_bytes(body) for h, body in loops.items()}
+    most = max(loaded.values(), default=0)
+    if not most:
+        return None
+
+    def bound(addrs: set[int], nbytes: int) -> tuple[int, int, float]:
         ops = [text[a].split()[1 if text[a].startswith("@") else 0].split(".")[0] for a in addrs]
         n, mufu = len(ops), ops.count("MUFU")
         cycles = max(n / ISSUE_PER_CLK, mufu / MUFU_PER_CLK)
         return n, mufu, sms * clock * nbytes / cycles
 
-    n, mufu, full = bound(body)
-    out = dict(instructions=n, mufu=mufu, bytes_per_warp_iteration=nbytes, gpu=name,
-               compute_bound_tbps=round(full / 1e12, 2), peak_tbps=round(peak / 1e12, 2),
-               compute_bound_vs_peak=round(full / peak, 2))
-    # the race's region: what the first block holding one of the hash's multiplies (by
-    # 0x7FEB352D; the multiply by the golden ratio may be hoisted out of the loop) dominates;
-    # a row that needs no race (a sampling draft row) skips it
-    race = [a for a in body if re.search(r"0x7feb352d", text[a], re.I)]
-    if race:
-        n2, _, part = bound(body - dominated(min(race)))
-        out.update(instructions_without_race=n2, compute_bound_vs_peak_without_race=round(part / peak, 2))
+    out: dict[str, Any] = {}
+    for header in sorted(h for h, b in loaded.items() if b == most):
+        body = loops[header]
+        n, mufu, full = bound(body, most)
+        entry = dict(instructions=n, mufu=mufu, bytes_per_warp_iteration=most, gpu=name,
+                     compute_bound_tbps=round(full / 1e12, 2), peak_tbps=round(peak / 1e12, 2),
+                     compute_bound_vs_peak=round(full / peak, 2))
+        # the race's region: what the first block holding one of the hash's multiplies (by
+        # 0x7FEB352D; the multiply by the golden ratio may be hoisted out of the loop) dominates
+        race = [a for a in body if re.search(r"0x7feb352d", text[a], re.I)]
+        if race:
+            region = dominated(min(race)) & body
+            n2, _, part = bound(body - region, most)
+            entry.update(instructions_skipping_race=n2,
+                         compute_bound_vs_peak_skipping_race=round(part / peak, 2))
+            # inside the race region, the largest part that a later block dominates: the
+            # logarithms (a block whose cheap bound cannot win computes only the hash)
+            logs = max((d for a in sorted(region) if min(race) not in (d := dominated(a) & body)),
+                       key=len, default=set())
+            entry["instructions_hash_only"] = bound(body - logs, most)[0]
+            kind = "race"
+        else:
+            kind = "draft" if mufu else "greedy"
+        out.setdefault(kind, entry)
     return out
+
+
+# benchmarks/verify_race_skip.py on verify.py's inputs: every race block computes the hash,
+# 14.5% of them the logarithms
+RACE_LOG_FRACTION = 0.145
+
+
+def sampling_step_model(loops: dict[str, Any], residual: dict[str, Any] | None, k: int = 6,
+                        log_fraction: float = RACE_LOG_FRACTION) -> dict[str, Any] | None:
+    """A sampling step at ``k`` drafts per sequence: pass A over k + 1 rows per sequence (the
+    draft rows' loop: max and softmax sum), then the residual kernel's race over the one row
+    per sequence that draws a token (the rejected row, or the bonus row), read again. Each
+    kernel takes the larger of its issue time and its memory time (its rows' logits and masks
+    at the peak bandwidth), one after the other; the step's bandwidth counts pass A's bytes
+    once. The race is counted three ways: every block skipping it, every block running all of
+    it, and the expected mix (the hash in every block, the logarithms in ``log_fraction`` of
+    them)."""
+    res = (residual or {}).get("race")
+    if "draft" not in loops or res is None:
+        return None
+    d = loops["draft"]
+    base = d["bytes_per_warp_iteration"]
+
+    def issue(loop: dict[str, Any], instructions: float) -> float:
+        # issue time of `instructions` of this loop, in units of the memory time of one pass-A
+        # row iteration (the race loop's MUFU never binds: it uses precise logarithms)
+        return loop["bytes_per_warp_iteration"] / base / loop["compute_bound_vs_peak"] \
+            * instructions / loop["instructions"]
+
+    full, hashed = res["instructions"], res.get("instructions_hash_only", res["instructions"])
+    race = dict(skip=issue(res, res.get("instructions_skipping_race", full)), run=issue(res, full),
+                expected=issue(res, hashed + log_fraction * (full - hashed)))
+
+    def step(case: str) -> float:
+        pass_a = max((k + 1) * issue(d, d["instructions"]), k + 1)
+        return round((k + 1) / (pass_a + max(race[case], 1.0)), 2)
+
+    return dict(pass_a_rows=k + 1, residual_rows=1, race_log_fraction=log_fraction,
+                pass_a_vs_peak=round(min(1.0, d["compute_bound_vs_peak"]), 2),
+                vs_peak_all_blocks_skip_race=step("skip"), vs_peak_all_blocks_run_race=step("run"),
+                vs_peak_expected=step("expected"))
 
 
 def occupancy(arch: int, regs: int, warps: int, shared: int) -> int:
@@ -427,7 +485,9 @@ def check_config(comp: Compiler, vocab: int, dtype_name: str, mode: str) -> dict
         target = m.group(1) if (m := re.search(r"^\.target\s+(\S+)", ptx, re.M)) else "?"
         if target.rstrip("a") != f"sm_{comp.arch}":
             result["problems"].append(f"{name}: compiled for {target}, not sm_{comp.arch}")
-        info.pop("sass", None)
+        sass = info.pop("sass", None)
+        if name == "_residual_kernel" and sass:
+            result["residual_loop"] = stream_loop_model(sass, comp.arch)
         entry = dict(grid=list(grid), target=target, num_warps=warps, shared_bytes=shared,
                      loads=load_widths(ptx), **info)
         if "registers" in info:
@@ -449,6 +509,9 @@ def check_config(comp: Compiler, vocab: int, dtype_name: str, mode: str) -> dict
         if mask:
             sass = ptxas_info(stream[0].asm["ptx"], comp.arch).get("sass", "")
             result["stream_loop"] = stream_loop_model(sass, comp.arch) if sass else None
+            if result["stream_loop"] and (step := sampling_step_model(result["stream_loop"],
+                                                                       result.get("residual_loop"))):
+                result["sampling_step"] = step
     widths = result["stream_loads_no_mask"]
     if widths.get(16, 0) < 2 * elsize:
         result["problems"].append(f"pass A reads the logits without 16-byte loads: {widths}")
@@ -505,14 +568,24 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"sm_{arch} V={vocab:6d} {dt} {mode:12s} {'OK ' if not r['problems'] else 'BAD'} "
                           f"loads {r['stream_loads_no_mask']} / with mask {r['stream_loads']}  {ks}  "
                           f"({r['compile_seconds']} s)")
-                    if (sl := r.get("stream_loop")):
-                        print(f"    streaming loop: {sl['instructions']} instructions ({sl['mufu']} MUFU) "
+                    for kind, sl in (r.get("stream_loop") or {}).items():
+                        print(f"    {kind} rows' loop: {sl['instructions']} instructions ({sl['mufu']} MUFU) "
                               f"per {sl['bytes_per_warp_iteration']} B a warp loads: compute bound "
                               f"{sl['compute_bound_tbps']} TB/s = {sl['compute_bound_vs_peak']:.0%} of the "
                               f"{sl['gpu']}'s {sl['peak_tbps']} TB/s (model)"
-                              + (f"; rows without the race: {sl['instructions_without_race']} "
-                                 f"instructions, {sl['compute_bound_vs_peak_without_race']:.0%}"
-                                 if "instructions_without_race" in sl else ""))
+                              + (f"; blocks skipping the race: {sl['instructions_skipping_race']} "
+                                 f"instructions, {sl['compute_bound_vs_peak_skipping_race']:.0%}"
+                                 if "instructions_skipping_race" in sl else ""))
+                    if (res := (r.get("residual_loop") or {}).get("race")):
+                        print(f"    residual kernel's loop: {res['instructions']} instructions, "
+                              f"{res['instructions_skipping_race']} in blocks skipping the race, "
+                              f"{res['instructions_hash_only']} with the hash only")
+                    if (st := r.get("sampling_step")):
+                        print(f"    sampling step (pass A over 7 rows per sequence, then one row's race): "
+                              f"{st['vs_peak_all_blocks_skip_race']:.0%} of peak if every race block skips, "
+                              f"{st['vs_peak_all_blocks_run_race']:.0%} if none does; expected "
+                              f"{st['vs_peak_expected']:.0%} (pass A "
+                              f"{st['pass_a_vs_peak']:.0%}; model)")
                     for p in r["problems"]:
                         print("    problem:", p)
         rc = check_no_recompile(comp, vocabs[0], dtypes[0], modes[-1])

@@ -5,14 +5,13 @@ logit row once, block by block (``BLOCK_W`` packed mask words = ``32 * BLOCK_W``
 blocks load unmasked so the loads vectorise, the row's first and last blocks are masked; the
 full-block loop is software-pipelined with ``NUM_STAGES``): it applies the mask bits, the
 temperature and the top-p threshold, and keeps online statistics of the chunk: the max and its
-lowest-id argmax (greedy), the sum of ``exp(v - max)`` (the acceptance test; draft rows of
-sampling sequences only), the best exponential-race key and its token (the bonus draw; bonus
-rows only). A NaN on an allowed
-token is turned into +inf, so a chunk max of +inf flags an invalid row without a separate
-reduction. Nothing vocabulary-sized is written: the partials are ``[R, S]``. A block whose
-best possible race key (its max plus ``GUMBEL_BOUND``) cannot beat the running best skips the
-hash and logs, and a block where no token's cheap bound (``_gumbel_upper``) reaches it skips
-the logs; the result is the same.
+lowest-id argmax (rows of greedy sequences), or the max and the sum of ``exp(v - max)`` (rows
+of sampling sequences: the acceptance test). Both loops over a row's full blocks keep their
+statistics per lane (a ``[BLOCK_W, 32]`` max / argmax, or max / sum with one exponential per
+logit, ``exp(-|v - m|)``) and reduce once per chunk, so they have no shuffles or barriers. A
+NaN on an allowed token is turned into +inf (a NaN lane sum, in the sum loop), so a chunk max
+of +inf flags an invalid row without a separate reduction. Nothing vocabulary-sized is
+written: the partials are ``[R, S]``.
 
 Row alignment: vectorised (16-byte) loads need every block to start on a 16-element boundary.
 When the row stride is a multiple of 16 elements (``V`` = 32,000, 128,256, 151,936, or a padded
@@ -30,12 +29,16 @@ other programs' partials past L1), then resets the counter. So a greedy step is 
 and only the last sequence's chain is on the critical path. ``fused=False`` runs the same chain
 as a second kernel, ``_chain_kernel`` (grid ``(B,)``).
 
-Sampling steps add the recovered draw: ``_residual_kernel`` (grid ``(B, S)``) runs the race on
-the rejected row of each sequence (one row per sequence at most; nothing where all drafts were
-accepted), over ``max(p - q, 0)`` with draft probabilities or over ``p`` without the draft token
-for a deterministic draft, and ``_residual_finish_kernel`` (grid ``(B,)``) combines it and
-writes the token. Deferring that race keeps the per-token hash and logarithms off the draft
-rows of pass A (one row in seven at k = 6), where they would make the pass compute-bound.
+Sampling steps add the draw: the chain records each sampling sequence's stopping row (the
+rejected row, or the bonus row when every draft was accepted), and ``_residual_kernel`` (grid
+``(B, S')``, its own launch plan for B rows) runs the exponential race on that one row: over
+``max(p - q, 0)`` with draft probabilities (over ``p`` when that is empty) or over ``p``
+without the draft token for a deterministic draft, and over ``p`` for a bonus row;
+``_residual_finish_kernel`` (grid ``(B,)``) combines it and writes the token. So the per-token
+hash and logarithms run on one row per sequence, not in pass A. A block whose best possible
+key (its max plus ``GUMBEL_BOUND``) cannot beat the running best skips the hash and the
+logarithms, and a block where no token's cheap bound (``_gumbel_upper``) reaches it skips the
+logarithms; the result is the same.
 
 Top-p: the threshold per row comes from ``torch_ref.top_p_thresholds`` (a separate, slow pass
 that sorts the rows that use top-p); the kernels then only compare ``v`` with it.
@@ -65,6 +68,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:
+    from triton.language.extra import libdevice
+except ImportError:  # pragma: no cover - a triton without the dispatching libdevice module
+    libdevice = tl
+
 from .torch_ref import GREEDY_TEMPERATURE, GUMBEL_BOUND, MAX_DRAFT
 
 __all__ = ["verify_triton", "interpreter_active", "plan_splits", "workspace_sizes", "MAX_SPLITS"]
@@ -84,6 +92,7 @@ _PROGRAMS_PER_SM = 4    # default launch plan on a GPU
 
 GREEDY_T = tl.constexpr(GREEDY_TEMPERATURE)
 G_BOUND = tl.constexpr(GUMBEL_BOUND)
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 def interpreter_active() -> bool:
@@ -94,6 +103,27 @@ def interpreter_active() -> bool:
     except ImportError:  # pragma: no cover - very old triton
         return False
     return isinstance(_row_pass_kernel, InterpretedFunction)
+
+
+@triton.jit
+def _exp2_numpy(x):
+    return tl.exp2(x)
+
+
+@triton.jit
+def _exp2_ftz(x):
+    # libdevice's exp2f under Triton's default ftz reflection: one MUFU.EX2 (ex2.approx.ftz),
+    # where tl.exp2 adds a range fix-up for subnormal results (three more instructions per
+    # element); results below 2**-126 become 0, which no sum of exp(v - max) notices
+    return libdevice.exp2(x)
+
+
+try:
+    from triton.runtime.interpreter import InterpretedFunction as _Interpreted
+except ImportError:  # pragma: no cover - very old triton
+    _Interpreted = ()
+if isinstance(_exp2_numpy, _Interpreted):   # the interpreter has no libdevice
+    _exp2_ftz = _exp2_numpy  # noqa: F811
 
 
 @triton.jit
@@ -166,20 +196,26 @@ def _inv_temperature(temp_ptr, b):
 
 
 @triton.jit
-def _row_block(logits_ptr, row_off, mrow, t0, lo_e, hi_e, num_words, inv_t, thr, need_sum, need_race, excl,
-               seed, run_max, run_arg, run_sum, run_key, run_win,
+def _row_block(logits_ptr, row_off, mrow, t0, lo_e, hi_e, num_words, inv_t, thr, need_sum,
+               run_max, run_arg, run_sum,
                MASKED: tl.constexpr, HAS_MASK: tl.constexpr, ALL_GREEDY: tl.constexpr,
                HAS_TOP_P: tl.constexpr, SHIFTED: tl.constexpr, ALIGNED: tl.constexpr, BLOCK_W: tl.constexpr,
-               LANES: tl.constexpr = False):
+               LANES: tl.constexpr = 0):
     # Tokens t0 .. t0 + 32 * BLOCK_W - 1 of one row (its token 0 is element row_off of the
     # logits): update the chunk's online statistics. ALIGNED: row_off + t0 is a multiple of 16.
     # MASKED: only elements in [lo_e, hi_e) are read (multiples of 16 in the aligned edge
     # blocks, so those loads vectorise too; exact row bounds in the small end pieces).
     # SHIFTED: t0 need not be a multiple of 32 (mask bits read across two words).
-    # LANES (greedy only): run_max / run_arg are per-lane [BLOCK_W, 32] state, updated without
-    # any reduction (the caller reduces once per chunk): run_arg holds the first token t0 of the
-    # block that set the lane's maximum (the token is t0 + the lane's offset); blocks come in
-    # token order, so a strict ">" keeps the lowest id of each lane's maximum.
+    # LANES = 1 (greedy rows): run_max / run_arg are per-lane [BLOCK_W, 32] state, updated
+    # without any reduction (the caller reduces once per chunk): run_arg holds the first token t0
+    # of the block that set the lane's maximum (the token is t0 + the lane's offset); blocks come
+    # in token order, so a strict ">" keeps the lowest id of each lane's maximum.
+    # LANES = 2 (sampling draft rows: the max and the softmax sum, no argmax): run_max / run_sum
+    # are per-lane [BLOCK_W, 32]; run_max starts at -FLT_MAX (finite, so that v - run_max is
+    # never -inf - -inf) and each element costs one exponential, exp(-|v - m|): when v > m the
+    # lane's sum is rescaled (s * e + 1) and m becomes v, else e is added. A masked token's
+    # -inf adds exp(-inf) = 0; an allowed -FLT_MAX adds 1 at m = -FLT_MAX (right); the caller
+    # treats a lane sum of 0 as "nothing allowed" (max -inf).
     ninf = float("-inf")
     c = tl.arange(0, 32)
     a = tl.arange(0, BLOCK_W)
@@ -224,10 +260,17 @@ def _row_block(logits_ptr, row_off, mrow, t0, lo_e, hi_e, num_words, inv_t, thr,
     vn = tl.where(v == v, v, float("inf"))
     if HAS_TOP_P:
         allowed = allowed & (vn >= thr)
-    if LANES:
+    if LANES == 1:
         better = allowed & (vn > run_max)           # one compare with the mask bit as predicate
         run_arg = tl.where(better, t0, run_arg)     # the block's first token: no per-element id
         run_max = tl.where(better, vn, run_max)
+    elif LANES == 2:
+        vm = tl.where(allowed, v, ninf)
+        d = vm - run_max
+        up = d > 0
+        e = _exp2_ftz(tl.abs(d) * -LOG2E)
+        run_sum = tl.where(up, run_sum * e + 1.0, run_sum + e)
+        run_max = tl.where(up, vm, run_max)
     else:
         vm = tl.where(allowed, vn, ninf)
         bmax = tl.max(vm)
@@ -237,28 +280,27 @@ def _row_block(logits_ptr, row_off, mrow, t0, lo_e, hi_e, num_words, inv_t, thr,
                 new_max = tl.maximum(run_max, bmax)
                 ref = tl.where(new_max == ninf, 0.0, new_max)
                 run_sum = run_sum * tl.exp(run_max - ref) + tl.sum(tl.exp(vm - ref))
-            if need_race:
-                if bmax + G_BOUND >= run_key:   # else no token of this block can win the race
-                    # the logarithms only for a block where some token's bound reaches the
-                    # running key: a block without one cannot change the race (exact skip)
-                    u = _race_u(tok, seed)
-                    live = (vm > ninf) & (tok != excl)
-                    if tl.max((live & (vm + _gumbel_upper(u) >= run_key)).to(tl.int32)) > 0:
-                        key = tl.where(live, vm + -tl.log(-tl.log(u)), ninf)
-                        kmax = tl.max(key)
-                        kwin = tl.min(tl.where(key == kmax, tok, _INT_MAX))
-                        run_win = tl.where(kmax > run_key, kwin, run_win)
-                        run_key = tl.maximum(run_key, kmax)
         run_arg = tl.where(bmax > run_max, barg, run_arg)
         run_max = tl.maximum(run_max, bmax)
-    return run_max, run_arg, run_sum, run_key, run_win
+    return run_max, run_arg, run_sum
+
+
+@triton.jit
+def _reduce_lane_argmax(lane_max, lane_arg, run_max, run_arg, BLOCK_W: tl.constexpr):
+    # per-lane maxima (LANES = 1) into the running max / lowest-id argmax of the chunk
+    lane_tok = lane_arg + (tl.arange(0, BLOCK_W)[:, None] * 32 + tl.arange(0, 32)[None, :])
+    bmax = tl.max(lane_max)
+    barg = tl.min(tl.where(lane_max == bmax, lane_tok, _INT_MAX))
+    run_arg = tl.where(bmax > run_max, barg, run_arg)   # earlier tokens (lower ids) win ties
+    run_max = tl.maximum(run_max, bmax)
+    return run_max, run_arg
 
 
 @triton.jit
 def _finish_sequence(
     b, logits_ptr, stride_lr, mask_ptr, stride_mr, draft_ptr, cu_ptr, temp_ptr, unif_ptr, thr_ptr,
     dprob_ptr, stride_dr, stride_dv,
-    part_max_ptr, part_arg_ptr, part_sum_ptr, part_key_ptr, part_win_ptr,
+    part_max_ptr, part_arg_ptr, part_sum_ptr,
     out_ptr, stride_ob, acc_ptr, emit_ptr, err_ptr, pend_row_ptr, pend_max_ptr, pend_sum_ptr,
     V, num_splits, max_draft,
     HAS_MASK: tl.constexpr, ALL_GREEDY: tl.constexpr, NO_DRAFT_PROBS: tl.constexpr,
@@ -295,8 +337,6 @@ def _finish_sequence(
             m = tl.full([CHAIN_R], ninf, tl.float32)
             arg = tl.full([CHAIN_R], -1, tl.int32)
             z = tl.zeros([CHAIN_R], dtype=tl.float32)
-            kb = tl.full([CHAIN_R], ninf, tl.float32)
-            kw = tl.full([CHAIN_R], -1, tl.int32)
             for s0 in range(0, num_splits, CHAIN_S):
                 so = s0 + ls
                 sm = valid[:, None] & (so < num_splits)[None, :]
@@ -311,13 +351,6 @@ def _finish_sequence(
                     ps = tl.load(part_sum_ptr + po, mask=sm, other=0.0, cache_modifier=".cg")
                     z = tl.where(m > ninf, z * tl.exp(m - ref), 0.0) + \
                         tl.sum(tl.where(pm > ninf, ps * tl.exp(pm - ref[:, None]), 0.0), axis=1)
-                    pk = tl.load(part_key_ptr + po, mask=sm, other=ninf, cache_modifier=".cg")
-                    pw = tl.load(part_win_ptr + po, mask=sm, other=-1, cache_modifier=".cg")
-                    ck = tl.max(pk, axis=1)
-                    cw = tl.min(tl.where(sm & (pk == ck[:, None]), pw, _INT_MAX), axis=1)
-                    cw = tl.where(ck > ninf, cw, -1)
-                    kw = tl.where(ck > kb, cw, kw)
-                    kb = tl.maximum(kb, ck)
                 arg = tl.where(cm > m, ca, arg)     # later chunks hold higher ids: ties keep arg
                 m = tl.maximum(m, cm)
             invalid = (m == ninf) | (m == float("inf"))
@@ -350,10 +383,11 @@ def _finish_sequence(
                                   other=0.0).to(tl.float64)
                 u0 = tl.load(unif_ptr + 2 * r64, mask=valid & samp, other=0.0)
                 accepted = tl.where(samp, u0 * q_x < p_x, x == arg)
-                recovered = tl.where(samp, -1, arg)      # sampling: drawn by _residual_kernel
-                to_pend = samp & (is_bonus == 0) & (accepted == 0) & (invalid == 0)
-                bonus_tok = tl.where(samp, kw, arg)
-                emitted = tl.where(is_bonus, bonus_tok, tl.where(accepted, x, recovered))
+                # sampling: the recovered or bonus token is drawn by _residual_kernel (a bonus
+                # row has no draft: never "accepted")
+                drawn = tl.where(samp, -1, arg)
+                to_pend = samp & (accepted == 0) & (invalid == 0)
+                emitted = tl.where(accepted & (is_bonus == 0), x, drawn)
             stop = valid & (invalid | is_bonus | (accepted == 0))
             fc = tl.min(tl.where(stop, i, _INT_MAX))
             sel = stop & (i == fc)
@@ -391,7 +425,7 @@ def _row_pass_kernel(
     unif_ptr,                              # fp64 [R, 2] contiguous (not ALL_GREEDY)
     thr_ptr,                               # fp32 [R] top-p thresholds on v (HAS_TOP_P)
     dprob_ptr, stride_dr, stride_dv,       # float [N, V] (not NO_DRAFT_PROBS; FUSED)
-    part_max_ptr, part_arg_ptr, part_sum_ptr, part_key_ptr, part_win_ptr,  # [R, S]
+    part_max_ptr, part_arg_ptr, part_sum_ptr,  # [R, S]
     count_ptr,                             # int32 [B] programs done per sequence, 0 between launches (FUSED)
     out_ptr, stride_ob,                    # int32 [B, max_draft + 1] (FUSED)
     acc_ptr, emit_ptr, err_ptr,            # int32 [B] (FUSED)
@@ -409,33 +443,22 @@ def _row_pass_kernel(
 
     inv_t = tl.full((), 1.0, tl.float32)
     need_sum = tl.full((), 0, tl.int1)
-    need_race = tl.full((), 0, tl.int1)
-    # no token is excluded from pass A's race (bonus rows only); excl stays a parameter of
-    # _row_block: dropping it changed ptxas's allocation (sm_80, V=50,257, bf16 with draft
-    # probabilities: 128 -> 151 registers, 4 -> 3 programs per SM)
-    excl = tl.full((), -1, tl.int32)
-    seed = tl.full((), 0, tl.uint32)
     thr = tl.full((), ninf, tl.float32)
     if FUSED or not ALL_GREEDY:
         b = _seq_of_row(cu_ptr, r, batch, BLOCK_B)
         end_b = tl.load(cu_ptr + b).to(tl.int32)
     if not ALL_GREEDY:
-        is_bonus = r == end_b + b
+        # every row of a sampling sequence needs the max and the softmax sum (the bonus row: its
+        # max, for validity); the race of the one row per sequence that draws a token (the
+        # rejected row or the bonus row) runs in _residual_kernel, so pass A pays no per-token hash
         sampling, inv_t = _inv_temperature(temp_ptr, b)
-        need_sum = sampling & (is_bonus == 0)
-        # the race only on bonus rows: a rejected draft row's recovered draw (one row per
-        # sequence at most) runs in _residual_kernel, so draft rows pay no per-token hash
-        need_race = sampling & is_bonus
-        if sampling:
-            seed = _row_seed(unif_ptr, r)
+        need_sum = sampling
     if HAS_TOP_P:
         thr = tl.load(thr_ptr + r)
 
     run_max = tl.full((), ninf, tl.float32)
     run_arg = tl.full((), -1, tl.int32)
     run_sum = tl.full((), 0.0, tl.float32)
-    run_key = tl.full((), ninf, tl.float32)
-    run_win = tl.full((), -1, tl.int32)
 
     row_off = r64 * stride_lr
     mrow = mask_ptr + r64 * stride_mr
@@ -461,13 +484,13 @@ def _row_pass_kernel(
         # in token order (ties go to the lowest id): head piece, first block, full blocks, ...
         if (off < 0) & (blk0 == 0) & (blk1 > 0):
             if head > 0:
-                run_max, run_arg, run_sum, run_key, run_win = _row_block(
+                run_max, run_arg, run_sum = _row_block(
                     logits_ptr, row_off, mrow, 0, row_off, row_off + head, num_words, inv_t, thr, need_sum,
-                    need_race, excl, seed, run_max, run_arg, run_sum, run_key, run_win,
+                    run_max, run_arg, run_sum,
                     True, HAS_MASK, ALL_GREEDY, HAS_TOP_P, True, False, 1)
-            run_max, run_arg, run_sum, run_key, run_win = _row_block(
-                logits_ptr, row_off, mrow, off, a_lo, a_hi, num_words, inv_t, thr, need_sum, need_race,
-                excl, seed, run_max, run_arg, run_sum, run_key, run_win,
+            run_max, run_arg, run_sum = _row_block(
+                logits_ptr, row_off, mrow, off, a_lo, a_hi, num_words, inv_t, thr, need_sum,
+                    run_max, run_arg, run_sum,
                 True, HAS_MASK, ALL_GREEDY, HAS_TOP_P, SHIFTED, True, BLOCK_W)
     if ALL_GREEDY:
         # the full blocks: per-lane maxima, one reduction at the end (no shuffles or barriers
@@ -475,30 +498,49 @@ def _row_pass_kernel(
         lane_max = tl.full((BLOCK_W, 32), ninf, tl.float32)
         lane_arg = tl.full((BLOCK_W, 32), -1, tl.int32)
         for j in tl.range(tl.maximum(blk0, j_full0), tl.minimum(blk1, j_part), num_stages=NUM_STAGES):
-            lane_max, lane_arg, run_sum, run_key, run_win = _row_block(  # unmasked: vectorised loads
+            lane_max, lane_arg, run_sum = _row_block(  # unmasked: vectorised loads
                 logits_ptr, row_off, mrow, off + j * BLK, a_lo, a_hi, num_words, inv_t, thr, need_sum,
-                need_race, excl, seed, lane_max, lane_arg, run_sum, run_key, run_win,
-                False, HAS_MASK, ALL_GREEDY, HAS_TOP_P, SHIFTED, True, BLOCK_W, True)
-        lane_tok = lane_arg + (tl.arange(0, BLOCK_W)[:, None] * 32 + tl.arange(0, 32)[None, :])
-        bmax = tl.max(lane_max)
-        barg = tl.min(tl.where(lane_max == bmax, lane_tok, _INT_MAX))
-        run_arg = tl.where(bmax > run_max, barg, run_arg)   # earlier tokens (lower ids) win ties
-        run_max = tl.maximum(run_max, bmax)
+                    lane_max, lane_arg, run_sum,
+                False, HAS_MASK, ALL_GREEDY, HAS_TOP_P, SHIFTED, True, BLOCK_W, 1)
+        run_max, run_arg = _reduce_lane_argmax(lane_max, lane_arg, run_max, run_arg, BLOCK_W)
     else:
-        for j in tl.range(tl.maximum(blk0, j_full0), tl.minimum(blk1, j_part), num_stages=NUM_STAGES):
-            run_max, run_arg, run_sum, run_key, run_win = _row_block(      # unmasked: vectorised loads
-                logits_ptr, row_off, mrow, off + j * BLK, a_lo, a_hi, num_words, inv_t, thr, need_sum,
-                need_race, excl, seed, run_max, run_arg, run_sum, run_key, run_win,
-                False, HAS_MASK, ALL_GREEDY, HAS_TOP_P, SHIFTED, True, BLOCK_W)
+        # two loops, chosen once per row: a row of a sampling sequence (max and sum per lane, no
+        # argmax), a row of a greedy sequence (per-lane max / argmax)
+        if need_sum:
+            lane_max = tl.full((BLOCK_W, 32), -3.4028234663852886e38, tl.float32)
+            lane_sum = tl.zeros((BLOCK_W, 32), dtype=tl.float32)
+            for j in tl.range(tl.maximum(blk0, j_full0), tl.minimum(blk1, j_part), num_stages=NUM_STAGES):
+                lane_max, run_arg, lane_sum = _row_block(
+                    logits_ptr, row_off, mrow, off + j * BLK, a_lo, a_hi, num_words, inv_t, thr, need_sum,
+                    lane_max, run_arg, lane_sum,
+                    False, HAS_MASK, ALL_GREEDY, HAS_TOP_P, SHIFTED, True, BLOCK_W, 2)
+            # a lane sum of 0: nothing allowed in the lane; NaN: an allowed NaN (the row is invalid)
+            bsum0 = tl.sum(lane_sum)
+            bmax = tl.where(bsum0 > 0, tl.max(lane_max), tl.where(bsum0 == bsum0, ninf, float("inf")))
+            bref = tl.where(bmax == ninf, 0.0, bmax)
+            bsum = tl.sum(lane_sum * tl.exp(lane_max - bref))
+            new_max = tl.maximum(run_max, bmax)
+            ref = tl.where(new_max == ninf, 0.0, new_max)
+            run_sum = run_sum * tl.exp(run_max - ref) + bsum * tl.exp(bmax - ref)
+            run_max = new_max
+        else:
+            lane_max = tl.full((BLOCK_W, 32), ninf, tl.float32)
+            lane_arg = tl.full((BLOCK_W, 32), -1, tl.int32)
+            for j in tl.range(tl.maximum(blk0, j_full0), tl.minimum(blk1, j_part), num_stages=NUM_STAGES):
+                lane_max, lane_arg, run_sum = _row_block(
+                    logits_ptr, row_off, mrow, off + j * BLK, a_lo, a_hi, num_words, inv_t, thr, need_sum,
+                    lane_max, lane_arg, run_sum,
+                    False, HAS_MASK, ALL_GREEDY, HAS_TOP_P, SHIFTED, True, BLOCK_W, 1)
+            run_max, run_arg = _reduce_lane_argmax(lane_max, lane_arg, run_max, run_arg, BLOCK_W)
     if (j_part < blk1) & (j_part >= tl.maximum(blk0, j_full0)):     # this chunk holds the row's tail
-        run_max, run_arg, run_sum, run_key, run_win = _row_block(
+        run_max, run_arg, run_sum = _row_block(
             logits_ptr, row_off, mrow, off + j_part * BLK, a_lo, a_hi, num_words, inv_t, thr, need_sum,
-            need_race, excl, seed, run_max, run_arg, run_sum, run_key, run_win,
+            run_max, run_arg, run_sum,
             True, HAS_MASK, ALL_GREEDY, HAS_TOP_P, SHIFTED, True, BLOCK_W)
     if (tail < V) & (blk0 <= nblocks - 1) & (nblocks - 1 < blk1):   # the row's last partial group
-        run_max, run_arg, run_sum, run_key, run_win = _row_block(
+        run_max, run_arg, run_sum = _row_block(
             logits_ptr, row_off, mrow, tail, row_off + tail, row_off + V, num_words, inv_t, thr, need_sum,
-            need_race, excl, seed, run_max, run_arg, run_sum, run_key, run_win,
+            run_max, run_arg, run_sum,
             True, HAS_MASK, ALL_GREEDY, HAS_TOP_P, True, False, 1)
 
     o = r64 * num_splits + s
@@ -506,8 +548,6 @@ def _row_pass_kernel(
     tl.store(part_arg_ptr + o, run_arg)
     if not ALL_GREEDY:
         tl.store(part_sum_ptr + o, run_sum)
-        tl.store(part_key_ptr + o, run_key)
-        tl.store(part_win_ptr + o, run_win)
     if FUSED:
         # the program that completes its sequence's count runs the sequence's chain
         tl.debug_barrier()
@@ -518,7 +558,7 @@ def _row_pass_kernel(
             _finish_sequence(
                 b, logits_ptr, stride_lr, mask_ptr, stride_mr, draft_ptr, cu_ptr, temp_ptr, unif_ptr, thr_ptr,
                 dprob_ptr, stride_dr, stride_dv,
-                part_max_ptr, part_arg_ptr, part_sum_ptr, part_key_ptr, part_win_ptr,
+                part_max_ptr, part_arg_ptr, part_sum_ptr,
                 out_ptr, stride_ob, acc_ptr, emit_ptr, err_ptr, pend_row_ptr, pend_max_ptr, pend_sum_ptr,
                 V, num_splits, max_draft,
                 HAS_MASK, ALL_GREEDY, NO_DRAFT_PROBS, HAS_TOP_P, CHAIN_R, CHAIN_S, OUT_W)
@@ -529,7 +569,7 @@ def _row_pass_kernel(
 def _chain_kernel(
     logits_ptr, stride_lr, mask_ptr, stride_mr, draft_ptr, cu_ptr, temp_ptr, unif_ptr, thr_ptr,
     dprob_ptr, stride_dr, stride_dv,
-    part_max_ptr, part_arg_ptr, part_sum_ptr, part_key_ptr, part_win_ptr,
+    part_max_ptr, part_arg_ptr, part_sum_ptr,
     out_ptr, stride_ob, acc_ptr, emit_ptr, err_ptr, pend_row_ptr, pend_max_ptr, pend_sum_ptr,
     V, num_splits, max_draft,
     HAS_MASK: tl.constexpr, ALL_GREEDY: tl.constexpr, NO_DRAFT_PROBS: tl.constexpr,
@@ -539,7 +579,7 @@ def _chain_kernel(
     _finish_sequence(
         tl.program_id(0), logits_ptr, stride_lr, mask_ptr, stride_mr, draft_ptr, cu_ptr, temp_ptr, unif_ptr,
         thr_ptr, dprob_ptr, stride_dr, stride_dv,
-        part_max_ptr, part_arg_ptr, part_sum_ptr, part_key_ptr, part_win_ptr,
+        part_max_ptr, part_arg_ptr, part_sum_ptr,
         out_ptr, stride_ob, acc_ptr, emit_ptr, err_ptr, pend_row_ptr, pend_max_ptr, pend_sum_ptr,
         V, num_splits, max_draft,
         HAS_MASK, ALL_GREEDY, NO_DRAFT_PROBS, HAS_TOP_P, CHAIN_R, CHAIN_S, OUT_W)
@@ -561,16 +601,17 @@ def _combine_argmax(val_ptr, idx_ptr, base, so, smask):
 @triton.jit(do_not_specialize=["batch", "blocks_per_split", "num_splits"])
 def _residual_kernel(
     logits_ptr, stride_lr, stride_lv, mask_ptr, stride_mr, num_words,
-    temp_ptr, unif_ptr, thr_ptr, draft_ptr,
+    temp_ptr, unif_ptr, thr_ptr, draft_ptr, cu_ptr,
     dprob_ptr, stride_dr, stride_dv,       # float [N, V] (not NO_DRAFT_PROBS)
     pend_row_ptr, pend_max_ptr, pend_sum_ptr,  # [B]
     res_key_ptr, res_win_ptr, p_key_ptr, p_win_ptr,  # [B, S]
     batch, V, blocks_per_split, num_splits,
     HAS_MASK: tl.constexpr, HAS_TOP_P: tl.constexpr, NO_DRAFT_PROBS: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
-    # The recovered draw of each sequence's rejected row (pend_row; -1: none): with draft
-    # probabilities the race over max(p - q, 0) (and over p, the fallback when that is empty);
-    # for a deterministic draft the race over p without the draft token.
+    # The token drawn in each sequence's stopping row (pend_row; -1: none). A rejected draft
+    # row: with draft probabilities the race over max(p - q, 0) (and over p, the fallback when
+    # that is empty); for a deterministic draft the race over p without the draft token. The
+    # bonus row (every draft accepted): the race over p.
     b = tl.program_id(0)
     s = tl.program_id(1)
     ninf = float("-inf")
@@ -582,7 +623,9 @@ def _residual_kernel(
     run_pwin = tl.full((), -1, tl.int32)
     if r >= 0:
         r64 = r.to(tl.int64)
-        d64 = (r - b).to(tl.int64)                      # draft index of the rejected row
+        d64 = (r - b).to(tl.int64)                      # draft index of a rejected row
+        is_bonus = r == tl.load(cu_ptr + b).to(tl.int32) + b
+        res_on = is_bonus == 0                          # the residual race (draft probabilities)
         m = tl.load(pend_max_ptr + b)
         z = tl.load(pend_sum_ptr + b)
         _sampling, inv_t = _inv_temperature(temp_ptr, b)
@@ -592,8 +635,10 @@ def _residual_kernel(
             thr = tl.load(thr_ptr + r)
         excl = tl.full((), -1, tl.int32)
         if NO_DRAFT_PROBS:
-            excl = tl.load(draft_ptr + d64).to(tl.int32)
+            excl = tl.load(draft_ptr + d64, mask=res_on, other=-1).to(tl.int32)
         bits = tl.arange(0, 32)
+        # res_on per element (the interpreter cannot combine a loaded-compare scalar with a tile)
+        res_t = (tl.zeros((BLOCK_W, 32), dtype=tl.int32) + res_on.to(tl.int32)) != 0
         nblocks = tl.cdiv(V, BLOCK_W * 32)
         blk0 = s * blocks_per_split
         blk1 = tl.minimum(blk0 + blocks_per_split, nblocks)
@@ -612,25 +657,45 @@ def _residual_kernel(
             if HAS_TOP_P:
                 allowed = allowed & (v >= thr)
             vm = tl.where(allowed & (v == v), v, ninf)
-            g = _gumbel(tok, seed)
+            # as in pass A's race, a block is skipped when no token's bound can reach the
+            # running keys (exact): g <= _gumbel_upper(u) <= GUMBEL_BOUND; with draft
+            # probabilities the residual key log(max(p - q, 0)) + g <= log(p) + g, and
+            # log(p) <= v - (m + log z) + 1e-3 (the rounding of p's exp and division)
             if NO_DRAFT_PROBS:
-                rkey = tl.where((vm > ninf) & (tok != excl), vm + g, ninf)
+                live = (vm > ninf) & (tok != excl)
+                lim = run_rkey - tl.max(tl.where(live, vm, ninf))
             else:
-                q = tl.load(dprob_ptr + d64 * stride_dr + tok.to(tl.int64) * stride_dv,
-                            mask=inb, other=0.0).to(tl.float32)
-                p = tl.math.div_rn(tl.exp(vm - m), tl.zeros_like(vm) + z)
-                res = p - q
-                rkey = tl.where((vm > ninf) & (res > 0), tl.log(tl.where(res > 0, res, 1.0)) + g, ninf)
-            kmax = tl.max(rkey)
-            kwin = tl.min(tl.where(rkey == kmax, tok, _INT_MAX))
-            run_rwin = tl.where(kmax > run_rkey, kwin, run_rwin)
-            run_rkey = tl.maximum(run_rkey, kmax)
-            if not NO_DRAFT_PROBS:
-                pkey = vm + g
-                kmax = tl.max(pkey)
-                kwin = tl.min(tl.where(pkey == kmax, tok, _INT_MAX))
-                run_pwin = tl.where(kmax > run_pkey, kwin, run_pwin)
-                run_pkey = tl.maximum(run_pkey, kmax)
+                live = vm > ninf
+                shift = m + tl.log(z) - 1e-3
+                lim = tl.minimum(tl.where(res_on, run_rkey + shift, float("inf")), run_pkey) - tl.max(vm)
+            if G_BOUND >= lim:
+                u = _race_u(tok, seed)
+                gb = _gumbel_upper(u)
+                if NO_DRAFT_PROBS:
+                    reach = vm + gb >= run_rkey
+                else:
+                    reach = (res_t & (vm - shift + gb >= run_rkey)) | (vm + gb >= run_pkey)
+                if tl.max((live & reach).to(tl.int32)) > 0:
+                    g = -tl.log(-tl.log(u))
+                    if NO_DRAFT_PROBS:
+                        rkey = tl.where(live, vm + g, ninf)
+                    else:
+                        q = tl.load(dprob_ptr + d64 * stride_dr + tok.to(tl.int64) * stride_dv,
+                                    mask=inb & res_t, other=0.0).to(tl.float32)
+                        p = tl.math.div_rn(tl.exp(vm - m), tl.zeros_like(vm) + z)
+                        res = p - q
+                        rkey = tl.where(live & res_t & (res > 0), tl.log(tl.where(res > 0, res, 1.0)) + g,
+                                        ninf)
+                    kmax = tl.max(rkey)
+                    kwin = tl.min(tl.where(rkey == kmax, tok, _INT_MAX))
+                    run_rwin = tl.where(kmax > run_rkey, kwin, run_rwin)
+                    run_rkey = tl.maximum(run_rkey, kmax)
+                    if not NO_DRAFT_PROBS:
+                        pkey = vm + g
+                        kmax = tl.max(pkey)
+                        kwin = tl.min(tl.where(pkey == kmax, tok, _INT_MAX))
+                        run_pwin = tl.where(kmax > run_pkey, kwin, run_pwin)
+                        run_pkey = tl.maximum(run_pkey, kmax)
     tl.store(res_key_ptr + o, run_rkey)
     tl.store(res_win_ptr + o, run_rwin)
     tl.store(p_key_ptr + o, run_pkey)
@@ -718,8 +783,7 @@ def workspace_sizes(rows: int, batch: int) -> dict[str, tuple[tuple[int, ...], t
     rs = (rows * MAX_SPLITS,)
     bs = (batch * MAX_SPLITS,)
     return {
-        "part_max": (rs, f32), "part_arg": (rs, i32), "part_sum": (rs, f32),
-        "part_key": (rs, f32), "part_win": (rs, i32), "count": ((batch,), i32),
+        "part_max": (rs, f32), "part_arg": (rs, i32), "part_sum": (rs, f32), "count": ((batch,), i32),
         "pend_row": ((batch,), i32), "pend_max": ((batch,), f32), "pend_sum": ((batch,), f32),
         "res_key": (bs, f32), "res_win": (bs, i32), "p_key": (bs, f32), "p_win": (bs, i32),
     }
@@ -791,7 +855,7 @@ def verify_triton(
     dp_t = draft_probs if not no_dp else _dummy(dev, f32)
     dp_s0, dp_s1 = (draft_probs.stride(0), draft_probs.stride(1)) if not no_dp else (0, 0)
     max_draft = output_token_ids.shape[1] - 1
-    parts = (ws["part_max"], ws["part_arg"], ws["part_sum"], ws["part_key"], ws["part_win"])
+    parts = (ws["part_max"], ws["part_arg"], ws["part_sum"])
     outs = (output_token_ids, output_token_ids.stride(0), num_accepted, num_emitted, error_position,
             ws["pend_row"], ws["pend_max"], ws["pend_sum"])
     flags = dict(HAS_MASK=has_mask, ALL_GREEDY=all_greedy, NO_DRAFT_PROBS=no_dp, HAS_TOP_P=has_top_p)
@@ -817,18 +881,21 @@ def verify_triton(
             **flags, **chain, num_warps=1,
         )
     if not all_greedy:
+        # one row per sequence: its own plan, so that the batch's rows fill the GPU too
+        _, rsplits, rper = plan_splits(batch, vocab, dev, block_words=bw, num_splits=num_splits,
+                                       programs_per_sm=programs_per_sm)
         res = (ws["res_key"], ws["res_win"], ws["p_key"], ws["p_win"])
-        _residual_kernel[(batch, splits)](
+        _residual_kernel[(batch, rsplits)](
             target_logits, target_logits.stride(0), target_logits.stride(1),
             mask_t, mask_stride, num_words,
-            temp_t, unif_t, thr_t, draft_t,
+            temp_t, unif_t, thr_t, draft_t, cu_num_draft_tokens,
             dp_t, dp_s0, dp_s1,
             ws["pend_row"], ws["pend_max"], ws["pend_sum"],
             *res,
-            batch, vocab, per, splits,
+            batch, vocab, rper, rsplits,
             HAS_MASK=has_mask, HAS_TOP_P=has_top_p, NO_DRAFT_PROBS=no_dp, BLOCK_W=bw, num_warps=num_warps,
         )
         _residual_finish_kernel[(batch,)](
             ws["pend_row"], num_accepted, output_token_ids, output_token_ids.stride(0),
-            *res, splits, MAX_S=MAX_SPLITS, num_warps=1,
+            *res, rsplits, MAX_S=MAX_SPLITS, num_warps=1,
         )

@@ -43,10 +43,23 @@ def test_kernels_compile_for_gpus_with_vector_loads(tmp_path: Path) -> None:
         assert row["target"].startswith(f"sm_{c['arch']}")
         assert row["loop_spill_instructions"] == 0, (c["arch"], c["vocab"], row)
         assert row["programs_per_sm"] >= 4, (c["arch"], c["vocab"], row)
+        loops = c["stream_loop"]
+        where = (c["arch"], c["vocab"], c["dtype"], c["mode"], loops)
+        # greedy rows keep per-lane maxima (no per-iteration reductions): by the issue model their
+        # loop's instructions allow well over the GPU's memory bandwidth (memory-bound)
+        assert loops["greedy"]["compute_bound_vs_peak"] >= 1.2, where
         if c["mode"] == "greedy":
-            # the greedy streaming loop keeps no per-iteration reductions: by the issue model its
-            # instructions allow well over the GPU's memory bandwidth (memory-bound, not compute)
-            assert c["stream_loop"]["compute_bound_vs_peak"] >= 1.2, (c["arch"], c["vocab"], c["stream_loop"])
+            assert set(loops) == {"greedy"}, where
+        else:
+            # rows of sampling sequences: per-lane max and softmax sum, one exponential per
+            # logit, no race in pass A; the residual kernel's race loop, in blocks whose bound
+            # cannot win, about as cheap
+            assert set(loops) == {"greedy", "draft"}, where
+            assert loops["draft"]["compute_bound_vs_peak"] >= 0.9, where
+            assert loops["draft"]["mufu"] <= 16 and loops["greedy"]["mufu"] == 0, where
+            race = c["residual_loop"]["race"]
+            assert race["compute_bound_vs_peak_skipping_race"] >= 0.8, (where, race)
+            assert c["sampling_step"]["vs_peak_all_blocks_skip_race"] >= 0.8, (where, c["sampling_step"])
         assert c["stream_loads_no_mask"].get("16", 0) >= 4           # the logits: 16-byte loads
         # the fused chain: a greedy step is one launch
         if c["mode"] == "greedy":
@@ -88,3 +101,45 @@ def test_sass_loops_tells_loops_from_backward_jumps() -> None:
     inside = sass.replace("@!P1 CALL.REL.NOINC 0x70", "@!P1 CALL.REL.NOINC 0xc0").replace(
         "CALL.REL.NOINC 0xc0 ;\n        /*0090*/", "BRA 0x90 ;\n        /*0090*/")
     assert _loop_spills(inside) == 2
+
+
+def test_stream_loop_model_tells_the_row_loops_apart() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from verify_codegen import sampling_step_model, stream_loop_model
+
+    sass = _sass([
+        "LDG.E.128 R4, [R2.64]",      # 0x00 greedy loop: loads, no MUFU
+        "FMNMX R8, R8, R4, !PT",      # 0x10
+        "@P0 BRA 0x0",                # 0x20
+        "LDG.E.128 R4, [R2.64]",      # 0x30 draft loop: loads and one MUFU
+        "MUFU.EX2 R9, R4",            # 0x40
+        "FADD R10, R10, R9",          # 0x50
+        "@P0 BRA 0x30",               # 0x60
+        "LDG.E.128 R4, [R2.64]",      # 0x70 race loop: header
+        "FMNMX R8, R8, R4, !PT",      # 0x80
+        "@!P1 BRA 0xe0",              # 0x90 a block that cannot win skips the race
+        "IMAD R11, R11, 0x7feb352d, RZ",  # 0xa0 the race region: the hash ...
+        "@!P2 BRA 0xe0",              # 0xb0 ... and the cheap bound: no token can win
+        "FFMA.FTZ R12, R12, R11, R4",  # 0xc0 the logarithms
+        "FFMA.FTZ R12, R12, R11, R4",  # 0xd0
+        "@P0 BRA 0x70",               # 0xe0 back edge
+        "LDG.E R4, [R2.64]",          # 0xf0 a loop with fewer loads: not a streaming loop
+        "@P0 BRA 0xf0",               # 0x100
+        "EXIT",                       # 0x110
+    ])
+    loops = stream_loop_model(sass, 90)
+    assert loops is not None and set(loops) == {"greedy", "draft", "race"}
+    assert loops["greedy"]["instructions"] == 3 and loops["greedy"]["mufu"] == 0
+    assert loops["draft"]["instructions"] == 4 and loops["draft"]["mufu"] == 1
+    assert loops["race"]["instructions"] == 8 and loops["race"]["instructions_skipping_race"] == 4
+    assert loops["race"]["instructions_hash_only"] == 6
+    assert all(v["bytes_per_warp_iteration"] == 512 for v in loops.values())
+    race = {k: v for k, v in loops.items() if k == "race"}
+    step = sampling_step_model(loops, race)
+    assert step is not None
+    # loops this short are memory-bound: 7 rows' bytes in the time of 8 rows' (the race's row
+    # is read again)
+    assert step["vs_peak_all_blocks_skip_race"] == round(7 / 8, 2)
+    assert step["vs_peak_all_blocks_run_race"] <= step["vs_peak_expected"]
+    assert step["vs_peak_expected"] <= step["vs_peak_all_blocks_skip_race"]
+    assert sampling_step_model(loops, None) is None

@@ -327,6 +327,93 @@ def check_gumbel_upper_bound() -> None:
     assert float(slack.min()) > 0, float(slack.min())
 
 
+def check_softmax_sum_at_boundaries() -> None:
+    """The draft rows' softmax sum (per-lane online sums in the kernel's full blocks) is right
+    to well under 1e-4: with a deterministic draft x the acceptance test is u < p(x), so a
+    uniform 1e-4 below p(x) must accept and one 1e-4 above must reject, p(x) computed here in
+    float64 from the masked, tempered logits. Rows cover what the lane update must handle:
+    ascending logits (every element raises its lane's max), descending, wide ranges, allowed
+    -inf and -FLT_MAX values, fully masked blocks, a sparse mask, several chunks."""
+    tv = load_kernels("triton_verify")
+    ref = load_kernels("torch_ref")
+    vocab, words = 1500, (1500 + 31) // 32
+    g = torch.Generator().manual_seed(11)
+    rows_logits, rows_allowed, temps = [], [], []
+    for kind in range(10):
+        x = torch.randn(vocab, generator=g) * 3
+        allowed = torch.rand(vocab, generator=g) < 0.6
+        if kind == 1:
+            x = torch.linspace(-30, 30, vocab)
+        elif kind == 2:
+            x = torch.linspace(30, -30, vocab)
+        elif kind == 3:
+            x = torch.randn(vocab, generator=g) * 40            # exp(v - max) underflows for most
+        elif kind == 4:
+            x[::7] = float("-inf")                               # allowed -inf: probability 0
+            x[3::11] = -3.4028234663852886e38                    # allowed -FLT_MAX
+        elif kind == 5:
+            allowed[:700] = False                                # whole masked blocks first
+        elif kind == 6:
+            allowed[:] = False
+            allowed[torch.tensor([5, 600, 1490])] = True         # three tokens in distant blocks
+        elif kind == 7:
+            x = torch.full((vocab,), 2.0)                        # all equal
+        elif kind == 8:
+            x = torch.arange(vocab, dtype=torch.float32) % 97 - 40.0
+        rows_logits.append(x)
+        rows_allowed.append(allowed)
+        temps.append([1.0, 0.6, 1.7][kind % 3])
+    batch = len(rows_logits)
+    cu = torch.arange(1, batch + 1, dtype=torch.int32)          # one draft per sequence
+    logits = torch.zeros(2 * batch, vocab)
+    allowed = torch.ones(2 * batch, vocab, dtype=torch.bool)
+    drafts = torch.zeros(batch, dtype=torch.int64)
+    p = torch.zeros(batch, dtype=torch.float64)
+    for b in range(batch):
+        logits[2 * b], allowed[2 * b] = rows_logits[b], rows_allowed[b]
+        v = (rows_logits[b] * (1.0 / temps[b])).double()
+        ml = torch.where(rows_allowed[b] & (v > float("-inf")), v, float("-inf"))
+        probs = torch.softmax(ml, 0)
+        cand = torch.nonzero(probs > 1e-3).flatten()            # a draft with a testable p
+        drafts[b] = int(cand[int(torch.randint(0, cand.numel(), (1,), generator=g))])
+        p[b] = probs[drafts[b]]
+    bits = torch.zeros(2 * batch, words * 32, dtype=torch.int64)
+    bits[:, :vocab] = allowed.to(torch.int64)
+    w = (bits.view(2 * batch, words, 32) << torch.arange(32)).sum(-1)
+    bitmask = torch.where(w >= 2**31, w - 2**32, w).to(torch.int32)
+    temperature = torch.tensor(temps)
+    chunked = dict(block_words=4, num_splits=3)      # 128-token blocks: full blocks in every chunk
+    for dtype in (torch.float32, torch.bfloat16):
+        lg = logits.to(dtype)
+        if dtype != torch.float32:   # p(x) of the rounded logits
+            for b in range(batch):
+                v = (lg[2 * b].float() * (1.0 / temps[b])).double()
+                ml = torch.where(allowed[2 * b] & (v > float("-inf")), v, float("-inf"))
+                p[b] = torch.softmax(ml, 0)[drafts[b]]
+        for side, expect in ((1 - 1e-4, 1), (1 + 1e-4, 0)):
+            unif = torch.full((2 * batch, 2), 0.5, dtype=torch.float64)
+            unif[0::2, 0] = p * side
+            for fn, extra in ((ref.verify_reference, {}), (tv.verify_triton, chunked)):
+                o = VerifyOutput.allocate(batch, 1)
+                fn(drafts, cu, lg, bitmask, None, temperature, None, unif, o.output_token_ids,
+                   o.num_accepted, o.num_emitted, o.error_position, **extra)
+                assert o.num_accepted.tolist() == [expect] * batch, (fn.__name__, dtype, side, p.tolist(),
+                                                                     o.num_accepted.tolist())
+    # an allowed NaN inside a full block makes its row an error in both backends
+    lg = logits.clone()
+    allowed_nan = torch.nonzero(allowed[4]).flatten()
+    lg[4, int(allowed_nan[len(allowed_nan) // 2])] = float("nan")
+    unif = torch.full((2 * batch, 2), 0.5, dtype=torch.float64)
+    outs = []
+    for fn, extra in ((ref.verify_reference, {}), (tv.verify_triton, chunked)):
+        o = VerifyOutput.allocate(batch, 1)
+        fn(drafts, cu, lg, bitmask, None, temperature, None, unif, o.output_token_ids,
+           o.num_accepted, o.num_emitted, o.error_position, **extra)
+        outs.append(o)
+    assert_same(*outs, "allowed NaN in a full block")
+    assert outs[1].error_position[2] == 0
+
+
 def check_buffers_workspace() -> None:
     from structgen.verify import VerifyBufferPool
 
@@ -405,6 +492,10 @@ def test_greedy_ties_lowest_id(worker: ProcessPoolExecutor) -> None:
 
 def test_race_skip_bound_holds_for_every_uniform(worker: ProcessPoolExecutor) -> None:
     in_worker(worker, check_gumbel_upper_bound)
+
+
+def test_softmax_sum_at_acceptance_boundaries(worker: ProcessPoolExecutor) -> None:
+    in_worker(worker, check_softmax_sum_at_boundaries)
 
 
 def test_buffers_workspace_reused(worker: ProcessPoolExecutor) -> None:
