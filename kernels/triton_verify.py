@@ -210,12 +210,14 @@ def _row_block(logits_ptr, row_off, mrow, t0, lo_e, hi_e, num_words, inv_t, thr,
     # without any reduction (the caller reduces once per chunk): run_arg holds the first token t0
     # of the block that set the lane's maximum (the token is t0 + the lane's offset); blocks come
     # in token order, so a strict ">" keeps the lowest id of each lane's maximum.
-    # LANES = 2 (sampling draft rows: the max and the softmax sum, no argmax): run_max / run_sum
-    # are per-lane [BLOCK_W, 32]; run_max starts at -FLT_MAX (finite, so that v - run_max is
-    # never -inf - -inf) and each element costs one exponential, exp(-|v - m|): when v > m the
-    # lane's sum is rescaled (s * e + 1) and m becomes v, else e is added. A masked token's
-    # -inf adds exp(-inf) = 0; an allowed -FLT_MAX adds 1 at m = -FLT_MAX (right); the caller
-    # treats a lane sum of 0 as "nothing allowed" (max -inf).
+    # LANES = 2 (rows of sampling sequences: the max and the softmax sum, no argmax): run_max /
+    # run_sum are per-lane [BLOCK_W, 32] and in units of the raw logits x (v = x * inv_t with
+    # inv_t > 0, so the max of v is the max of x times inv_t, bit for bit: rounding is
+    # monotone); run_max starts at -FLT_MAX (finite, so that x - run_max is never -inf - -inf)
+    # and each element costs one exponential, exp(-|x - m| * inv_t): when x > m the lane's sum
+    # is rescaled (s * e + 1) and m becomes x, else e is added. A masked token's -inf adds
+    # exp(-inf) = 0; an allowed -FLT_MAX adds 1 at m = -FLT_MAX (right); an allowed NaN makes
+    # the sum NaN; the caller treats a lane sum of 0 as "nothing allowed" (max -inf).
     ninf = float("-inf")
     c = tl.arange(0, 32)
     a = tl.arange(0, BLOCK_W)
@@ -265,12 +267,12 @@ def _row_block(logits_ptr, row_off, mrow, t0, lo_e, hi_e, num_words, inv_t, thr,
         run_arg = tl.where(better, t0, run_arg)     # the block's first token: no per-element id
         run_max = tl.where(better, vn, run_max)
     elif LANES == 2:
-        vm = tl.where(allowed, v, ninf)
-        d = vm - run_max
+        xm = tl.where(allowed, x, ninf)
+        d = xm - run_max
         up = d > 0
-        e = _exp2_ftz(tl.abs(d) * -LOG2E)
+        e = _exp2_ftz(tl.abs(d) * (inv_t * -LOG2E))
         run_sum = tl.where(up, run_sum * e + 1.0, run_sum + e)
-        run_max = tl.where(up, vm, run_max)
+        run_max = tl.where(up, xm, run_max)
     else:
         vm = tl.where(allowed, vn, ninf)
         bmax = tl.max(vm)
@@ -516,9 +518,10 @@ def _row_pass_kernel(
                     False, HAS_MASK, ALL_GREEDY, HAS_TOP_P, SHIFTED, True, BLOCK_W, 2)
             # a lane sum of 0: nothing allowed in the lane; NaN: an allowed NaN (the row is invalid)
             bsum0 = tl.sum(lane_sum)
-            bmax = tl.where(bsum0 > 0, tl.max(lane_max), tl.where(bsum0 == bsum0, ninf, float("inf")))
-            bref = tl.where(bmax == ninf, 0.0, bmax)
-            bsum = tl.sum(lane_sum * tl.exp(lane_max - bref))
+            xmax = tl.where(bsum0 > 0, tl.max(lane_max), tl.where(bsum0 == bsum0, ninf, float("inf")))
+            xref = tl.where(xmax == ninf, 0.0, xmax)
+            bsum = tl.sum(lane_sum * tl.exp((lane_max - xref) * inv_t))
+            bmax = xmax * inv_t                        # the chunk's max of v
             new_max = tl.maximum(run_max, bmax)
             ref = tl.where(new_max == ninf, 0.0, new_max)
             run_sum = run_sum * tl.exp(run_max - ref) + bsum * tl.exp(bmax - ref)
