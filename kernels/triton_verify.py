@@ -160,13 +160,6 @@ def _race_u(tok, seed):
 
 
 @triton.jit
-def _gumbel(tok, seed):
-    # torch_ref.gumbel_noise for the token ids ``tok`` (int32) of one row
-    u = _race_u(tok, seed)
-    return -tl.log(-tl.log(u))
-
-
-@triton.jit
 def _gumbel_upper(u):
     # a cheap upper bound of g = -log(-log(u)) (no logarithm): -log(u) >= 1 - u, and 1 - u is
     # exact in float32 (u has at most 24 significant bits) with 2**-k <= 1 - u for k = minus
@@ -660,10 +653,10 @@ def _residual_kernel(
             if HAS_TOP_P:
                 allowed = allowed & (v >= thr)
             vm = tl.where(allowed & (v == v), v, ninf)
-            # as in pass A's race, a block is skipped when no token's bound can reach the
-            # running keys (exact): g <= _gumbel_upper(u) <= GUMBEL_BOUND; with draft
-            # probabilities the residual key log(max(p - q, 0)) + g <= log(p) + g, and
-            # log(p) <= v - (m + log z) + 1e-3 (the rounding of p's exp and division)
+            # a block is skipped when no token's bound can reach the running keys (exact):
+            # g <= _gumbel_upper(u) <= GUMBEL_BOUND; with draft probabilities the residual key
+            # log(max(p - q, 0)) + g <= log(p) + g, and log(p) <= v - (m + log z) + 1e-3 (the
+            # rounding of p's exp and division)
             if NO_DRAFT_PROBS:
                 live = (vm > ninf) & (tok != excl)
                 lim = run_rkey - tl.max(tl.where(live, vm, ninf))
