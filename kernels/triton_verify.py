@@ -646,22 +646,23 @@ def _residual_kernel(
                         mask=inb, other=0.0).to(tl.float32)
             if HAS_MASK:
                 word = tl.load(mask_ptr + r64 * stride_mr + w, mask=w < num_words, other=0)
-                allowed = (((word[:, None] >> bits[None, :]) & 1) != 0) & inb
+                allowed = ((word[:, None] & (1 << bits)[None, :]) != 0) & inb
             else:
                 allowed = inb
             v = x * inv_t
             if HAS_TOP_P:
                 allowed = allowed & (v >= thr)
+            if NO_DRAFT_PROBS:
+                allowed = allowed & (tok != excl)       # p without the draft token
             vm = tl.where(allowed & (v == v), v, ninf)
             # a block is skipped when no token's bound can reach the running keys (exact):
             # g <= _gumbel_upper(u) <= GUMBEL_BOUND; with draft probabilities the residual key
             # log(max(p - q, 0)) + g <= log(p) + g, and log(p) <= v - (m + log z) + 1e-3 (the
             # rounding of p's exp and division)
+            live = vm > ninf
             if NO_DRAFT_PROBS:
-                live = (vm > ninf) & (tok != excl)
-                lim = run_rkey - tl.max(tl.where(live, vm, ninf))
+                lim = run_rkey - tl.max(vm)
             else:
-                live = vm > ninf
                 shift = m + tl.log(z) - 1e-3
                 lim = tl.minimum(tl.where(res_on, run_rkey + shift, float("inf")), run_pkey) - tl.max(vm)
             if G_BOUND >= lim:
