@@ -568,6 +568,9 @@ def compile_grammar(grammar: ir.Grammar, options: CompileOptions | None = None, 
     And/Diff, empty language), :class:`CompileLimitError` or :class:`CompileTimeoutError`
     (the timeout names the rule being built when it fired).
     """
+    if not isinstance(grammar, ir.Grammar):
+        raise TypeError(f"compile_grammar takes an IR Grammar, not {type(grammar).__name__}; "
+                        "use compile_lark, compile_json_schema or compile_regex for source text")
     options = options or CompileOptions()
     # in-process key: the IR itself (nodes hash structurally with cached hashes and compare
     # deeply only on a hit), not the SHA-256 fingerprint, which walks every node once more

@@ -321,3 +321,11 @@ def test_applicator_explosion_names_an_applicator() -> None:
     assert e.pointer is not None and e.pointer.startswith("#/properties/x")
     assert e.keyword in ("allOf", "anyOf")
     assert e.keyword in str(e)
+
+
+def test_compile_grammar_rejects_source_text() -> None:
+    """compile_grammar takes the IR; Lark or schema text passed to it is a TypeError that names
+    the front-ends, not an AttributeError from deep inside the compiler."""
+    for wrong in ('start: "a"\n', {"type": "string"}, None):
+        with pytest.raises(TypeError, match="compile_lark"):
+            structgen.compile_grammar(wrong)  # type: ignore[arg-type]
