@@ -142,4 +142,36 @@ def test_stream_loop_model_tells_the_row_loops_apart() -> None:
     assert step["vs_peak_all_blocks_skip_race"] == round(7 / 8, 2)
     assert step["vs_peak_all_blocks_run_race"] <= step["vs_peak_expected"]
     assert step["vs_peak_expected"] <= step["vs_peak_all_blocks_skip_race"]
+    assert step["vs_peak_expected"] <= step["vs_peak_expected_real_logits"]
+    assert step["vs_peak_expected_real_logits"] <= step["vs_peak_all_blocks_skip_race"]
+    # the mix's ends are the two extreme cases
+    ends = [sampling_step_model(loops, race, log_fraction=f, hash_fraction=f)["vs_peak_expected"]
+            for f in (0.0, 1.0)]
+    assert ends == [step["vs_peak_all_blocks_skip_race"], step["vs_peak_all_blocks_run_race"]]
     assert sampling_step_model(loops, None) is None
+
+
+def test_sampling_step_model_race_mix() -> None:
+    """A compute-bound race: the step's bandwidth by hand, for each mix of hash and logarithms."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from verify_codegen import REAL_HASH_FRACTION, REAL_LOG_FRACTION, sampling_step_model
+
+    # pass A memory-bound (twice the issue rate needed); the race's full loop issues at a fifth
+    # of the bandwidth: 1,000 instructions, 100 on the skip path, 400 with the hash only
+    loops = {"draft": dict(instructions=4, bytes_per_warp_iteration=512, compute_bound_vs_peak=2.0)}
+    race = {"race": dict(instructions=1000, instructions_skipping_race=100, instructions_hash_only=400,
+                         bytes_per_warp_iteration=512, compute_bound_vs_peak=0.2)}
+
+    def by_hand(h: float, lg: float) -> float:
+        # in units of one row's memory time: pass A 7 rows, then the race row's issue time
+        # (5 units for the full loop), at least its memory time
+        race_time = 5.0 * (100 + h * 300 + lg * 600) / 1000
+        return round(7 / (7 + max(race_time, 1.0)), 2)
+
+    step = sampling_step_model(loops, race, log_fraction=0.1, hash_fraction=0.5)
+    assert step is not None
+    assert step["vs_peak_all_blocks_skip_race"] == by_hand(0, 0) == round(7 / 8, 2)
+    assert step["vs_peak_all_blocks_run_race"] == by_hand(1, 1) == round(7 / 12, 2)
+    assert step["vs_peak_expected"] == by_hand(0.5, 0.1)
+    assert step["vs_peak_expected_real_logits"] == by_hand(REAL_HASH_FRACTION, REAL_LOG_FRACTION)
+    assert sampling_step_model(loops, race, log_fraction=0.0)["vs_peak_expected"] == by_hand(1, 0)
