@@ -114,6 +114,7 @@ def real_rows(model: str, temperature: float, tasks: int, max_new: int, seed: in
     V = lm.vocab_size
     eos = set(vocab.eos_token_ids)
     gen = torch.Generator().manual_seed(seed)
+    _, inv_t = ref.inverse_temperature(torch.tensor([temperature]))      # [1], as the kernel's
     rows = []
     for task in EXTRACTION_TASKS[:tasks]:
         g, _ = resolve_grammar(schema=task["schema"])
@@ -123,11 +124,10 @@ def real_rows(model: str, temperature: float, tasks: int, max_new: int, seed: in
         bm = allocate_bitmask(1, V)
         feed = ids
         for _ in range(max_new):
-            logits = lm.extend(feed, all_logits=False)[-1]                 # [V] float32
+            logits = lm.extend(feed, all_logits=False, float32=False)       # [1, V]
             m.fill_bitmask(bm, 0)
-            allowed = ref.unpack_bitmask(bm, V)[0]
-            v = (logits.to(torch.bfloat16).float() / temperature)
-            vm = torch.where(allowed, v, float("-inf"))
+            v, allowed = ref._scaled(logits.to(torch.bfloat16), bm, inv_t)  # [1, V] each
+            vm = torch.where(allowed, v, float("-inf"))[0]
             rows.append(vm)
             tok = int(torch.multinomial(torch.softmax(vm, 0), 1, generator=gen))
             if not m.accept_token(tok):
