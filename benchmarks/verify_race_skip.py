@@ -46,20 +46,23 @@ from verify import make_inputs  # noqa: E402
 
 from structgen.verify import load_kernels  # noqa: E402
 
+ref = load_kernels("torch_ref")
 BLK = 2048
 # allowed-token count buckets for --logits real: [lo, hi)
 BUCKETS = ((1, 2), (2, 1024), (1024, 32768), (32768, 1 << 30))
 
 
-def replay(vm: torch.Tensor, u: torch.Tensor, splits: int) -> list[tuple[int, int, int]]:
+def replay(vm: torch.Tensor, u01: torch.Tensor, splits: int) -> list[tuple[int, int, int]]:
     """Per row ``(blocks, hashed, exact)`` of the race's skip rule on viable scaled logits
-    ``vm`` float32 ``[R, V]`` (-inf where not allowed) with race uniforms ``u`` ``[R, V]``."""
-    ref = load_kernels("torch_ref")
-    g = -torch.log(-torch.log(u))                             # as ref.gumbel_noise
+    ``vm`` float32 ``[R, V]`` (-inf where not allowed), each row's race seeded from its float64
+    uniform ``u01`` ``[R]`` as the reference seeds it."""
+    V = vm.shape[1]
+    seeds = ref.race_seeds(u01)                               # int64 [R]
+    u = ref.race_uniforms(seeds, V)                           # [R, V]
+    g = ref.gumbel_noise(seeds, V)                            # [R, V]
     k = 127 - ((1.0 - u).view(torch.int32) >> 23)            # as triton_verify._gumbel_upper
     gb = k.to(torch.float32) * 0.6931471805599453 + 1e-3
     assert bool((gb >= g).all())
-    V = vm.shape[1]
     nblocks = math.ceil(V / BLK)
     per_split = math.ceil(nblocks / splits)
     out = []
@@ -89,15 +92,13 @@ def summary(stats: list[tuple[int, int, int]]) -> dict[str, Any]:
 
 
 def synthetic(splits: int) -> dict[str, Any]:
-    ref = load_kernels("torch_ref")
     V = 151936
     inp = make_inputs(32, 6, V, torch.bfloat16, "cpu", "sample")
     logits = inp["target_logits"].float()
     allowed = ref.unpack_bitmask(inp["bitmask"], V)
-    u = ref.race_uniforms(ref.race_seeds(inp["uniforms"][:, 1]), V)
     vm = torch.where(allowed, logits, float("-inf"))
     return {"source": "synthetic (benchmarks/verify.py inputs)", "vocab": V, "splits": splits,
-            "all": summary(replay(vm, u, splits))}
+            "all": summary(replay(vm, inp["uniforms"][:, 1], splits))}
 
 
 def real_rows(model: str, temperature: float, tasks: int, max_new: int, seed: int) -> torch.Tensor:
@@ -108,7 +109,6 @@ def real_rows(model: str, temperature: float, tasks: int, max_new: int, seed: in
     from structgen.matcher import Matcher, allocate_bitmask
     from structgen.model import load_model, vocabulary_for
 
-    ref = load_kernels("torch_ref")
     lm = load_model(model)
     vocab = vocabulary_for(lm)
     V = lm.vocab_size
@@ -140,12 +140,10 @@ def real_rows(model: str, temperature: float, tasks: int, max_new: int, seed: in
 
 def real(model: str, temperature: float, tasks: int, max_new: int, seed: int,
          splits: int) -> dict[str, Any]:
-    ref = load_kernels("torch_ref")
     vm = real_rows(model, temperature, tasks, max_new, seed)
     R, V = vm.shape
     u01 = torch.rand(R, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
-    u = ref.race_uniforms(ref.race_seeds(u01), V)
-    stats = replay(vm, u, splits)
+    stats = replay(vm, u01, splits)
     n_allowed = (vm > float("-inf")).sum(1).tolist()
     res = {"source": f"real: {model}, extraction tasks, T = {temperature}", "vocab": V,
            "splits": splits, "temperature": temperature, "all": summary(stats), "by_allowed": []}
