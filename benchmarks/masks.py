@@ -17,7 +17,7 @@ Cases:
   ``--max-chars`` characters is kept. The text is tokenized with a plain ``encode`` (for
   SentencePiece tokenizers the dummy-prefix space is removed, see :func:`replay_tokens`). A
   structgen rejection of such an instance is a false rejection (a bug).
-* Lark grammars from ``grammars/`` (JSON, SQL, arithmetic) with fixed sample inputs that
+* Lark grammars from ``structgen/grammars/`` (JSON, SQL, arithmetic) with fixed sample inputs that
   Lark's own Earley parser accepts. llguidance and xgrammar take the Lark text directly;
   outlines-core is regular-expression only and reports n/a.
 

@@ -1,4 +1,4 @@
-"""A Lark grammar constrains the output: an SQL SELECT query from ``grammars/sql.lark``.
+"""A Lark grammar constrains the output: an SQL SELECT query from ``structgen/grammars/sql.lark``.
 
     python examples/lark_sql.py [--model ALIAS_OR_FOLDER]
 
@@ -27,7 +27,7 @@ START = "statement"
 
 
 def sql_grammar() -> str:
-    """grammars/sql.lark plus a start rule for exactly one query ending in ';'."""
+    """structgen/grammars/sql.lark plus a start rule for exactly one query ending in ';'."""
     return builtin_grammar("sql") + f'\n{START}: query ";"\n'
 
 

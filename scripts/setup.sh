@@ -10,8 +10,8 @@
 #   2. Without a working CUDA GPU (no nvidia-smi, or it fails): torch==2.13.0 first. On these
 #      machines that resolves to the CPU wheel on local disk; any other torch request would
 #      download gigabytes of CUDA wheels.
-#   3. pip install -e '.[test]' and a check that structgen.kernels / structgen.grammars (mapped
-#      from the top-level kernels/ and grammars/) import from the repository root.
+#   3. pip install -e '.[test]' and a check that structgen, structgen.kernels and
+#      structgen.grammars import from the repository root.
 #   4. Tokenizer and model assets the tests and the demo use: `python -m structgen.assets pull
 #      ALIAS...` (cached under ~/.cache/structgen by that module, so later runs are quick).
 set -euo pipefail
@@ -83,7 +83,7 @@ if [ "${SETUP_FORCE:-0}" != 1 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$wa
 else
     log "pip install -e '.[test]'"
     pip_install -q -e '.[test]'
-    check_import || die "structgen.kernels/structgen.grammars do not import from the repository root after the editable install; see README 'Layout'"
+    check_import || die "structgen (with structgen.kernels, structgen.grammars) does not import from the repository root after the editable install"
     echo "$want" > "$STAMP"
 fi
 

@@ -1,8 +1,8 @@
 """The benchmark suite behind ``structgen bench``: JSON, code and prose, structgen vs baselines.
 
 Three task types (data in :mod:`structgen.bench_tasks`): JSON extraction (schemas whose
-facts are in the prompt), code under a Lark grammar (SQL with ``grammars/sql.lark``, Python
-expressions with ``grammars/python_expr.lark``) and prose under a light sentence grammar.
+facts are in the prompt), code under a Lark grammar (SQL with ``structgen/grammars/sql.lark``, Python
+expressions with ``structgen/grammars/python_expr.lark``) and prose under a light sentence grammar.
 Engines, all greedy, batch 1, on the same prompt token ids:
 
 * ``plain``    -- ``structgen.generate(..., speculative=False)``: plain grammar-constrained

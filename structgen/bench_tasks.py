@@ -3,9 +3,9 @@
 * ``json``  -- extraction: a text that states the facts, a JSON schema (5-30 fields, nested
   objects, arrays, enums) and the reference instance (:data:`EXTRACTION_TASKS`); quality is
   exact match of the parsed output with the reference.
-* ``code``  -- SQL under ``grammars/sql.lark`` (a question and the table definitions in the
+* ``code``  -- SQL under ``structgen/grammars/sql.lark`` (a question and the table definitions in the
   prompt, a reference query; quality is execution match on a small SQLite database, plus
-  normalised exact match) and Python expressions under ``grammars/python_expr.lark``
+  normalised exact match) and Python expressions under ``structgen/grammars/python_expr.lark``
   (quality: the expression's ``ast`` equals the reference's).
 * ``prose`` -- one to three plain sentences under a light Lark grammar (:data:`PROSE_GRAMMAR`);
   quality is sentence BLEU against a reference text.
@@ -221,7 +221,7 @@ def extraction_messages(task: dict[str, Any]) -> list[dict[str, str]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# code: SQL (grammars/sql.lark) and Python expressions (grammars/python_expr.lark)
+# code: SQL (structgen/grammars/sql.lark) and Python expressions (structgen/grammars/python_expr.lark)
 
 SQL_TABLES = """\
 CREATE TABLE employees (id INTEGER, name TEXT, department TEXT, salary INTEGER, hire_year INTEGER);

@@ -76,7 +76,6 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import ir
@@ -1267,18 +1266,9 @@ def _grammar_files() -> dict[str, Any]:
     from importlib import resources
 
     found: dict[str, Any] = {}
-    try:
-        root = resources.files("structgen.grammars")
-        for p in root.iterdir():
-            if p.name.endswith(".lark") and p.is_file():
-                found[p.name[: -len(".lark")]] = p
-    except (ModuleNotFoundError, FileNotFoundError, NotADirectoryError):
-        pass
-    if not found:  # source checkout: <repo>/grammars next to the structgen package
-        src = Path(__file__).resolve().parent.parent / "grammars"
-        if src.is_dir():
-            for p in src.glob("*.lark"):
-                found[p.stem] = p
+    for p in resources.files("structgen.grammars").iterdir():
+        if p.name.endswith(".lark") and p.is_file():
+            found[p.name[: -len(".lark")]] = p
     return found
 
 
@@ -1290,8 +1280,8 @@ def list_builtin_grammars() -> list[str]:
 def builtin_grammar(name: str) -> str:
     """Text of the shipped grammar ``name`` (``"json"`` or ``"json.lark"``).
 
-    Looks in the installed package ``structgen.grammars`` first, then in ``grammars/``
-    of a source checkout. Raises :class:`GrammarError` listing the available names.
+    Reads the package data of ``structgen.grammars`` (``structgen/grammars/*.lark``). Raises
+    :class:`GrammarError` listing the available names.
     """
     stem = name[: -len(".lark")] if name.endswith(".lark") else name
     files = _grammar_files()

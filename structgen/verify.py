@@ -29,7 +29,7 @@ Layout (``B`` sequences, ``N`` draft tokens in all, ``R = N + B`` logit rows, vo
 
 The exact semantics (masking, greedy ties, the acceptance test, the exponential-race draws
 and how the uniforms feed them, top-p) are written once, in the docstring of
-``kernels/torch_ref.py``. Given the same uniforms both backends emit the same tokens (greedy:
+``structgen/kernels/torch_ref.py``. Given the same uniforms both backends emit the same tokens (greedy:
 always; sampling: barring float rounding at a decision boundary, which the GPU's fast exp/log
 make a ~1e-6-probability event per draw; in the CPU interpreter the tests see none).
 
@@ -42,11 +42,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -70,7 +68,7 @@ __all__ = [
 ]
 
 # Longest draft one sequence may carry (kernels never specialise on draft lengths). Must equal
-# kernels/torch_ref.MAX_DRAFT (a test pins it); kept literal so importing this module stays light.
+# structgen/kernels/torch_ref.MAX_DRAFT (a test pins it); kept literal so importing this module stays light.
 MAX_DRAFT = 127
 
 _KERNELS_PKG = "structgen.kernels"
@@ -89,42 +87,13 @@ class VerifyError(StructgenError, ValueError):
 
 
 # ---------------------------------------------------------------------------------------------
-# kernel modules (structgen.kernels installed as a package, or kernels/ beside structgen/)
-
-def _register_source_kernels() -> None:
-    """Register ``<repo>/kernels`` as the package ``structgen.kernels`` (source checkout)."""
-    path = Path(__file__).resolve().parent.parent / "kernels"
-    init = path / "__init__.py"
-    if not init.is_file():
-        raise ModuleNotFoundError(f"{_KERNELS_PKG} is not installed and {path} does not exist",
-                                  name=_KERNELS_PKG)
-    spec = importlib.util.spec_from_file_location(_KERNELS_PKG, init,
-                                                  submodule_search_locations=[str(path)])
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[_KERNELS_PKG] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(_KERNELS_PKG, None)
-        raise
-
+# kernel modules (the subpackage structgen.kernels, imported on first use)
 
 def load_kernels(name: str) -> ModuleType:
-    """Import ``structgen.kernels.<name>`` (``"torch_ref"`` or ``"triton_verify"``).
-
-    Works with the installed wheel (``kernels/`` mapped to ``structgen.kernels``) and from a
-    source checkout, where ``kernels/`` next to the ``structgen`` package is registered under
-    the same name on first use.
-    """
-    full = f"{_KERNELS_PKG}.{name}"
-    try:
-        return importlib.import_module(full)
-    except ModuleNotFoundError as e:
-        if e.name != _KERNELS_PKG:
-            raise
-    _register_source_kernels()
-    return importlib.import_module(full)
+    """Import ``structgen.kernels.<name>`` (``"torch_ref"`` or ``"triton_verify"``) lazily, so
+    that ``import structgen.verify`` does not import the kernels (nor triton) until a backend is
+    used."""
+    return importlib.import_module(f"{_KERNELS_PKG}.{name}")
 
 
 def _triton_importable() -> bool:
@@ -425,7 +394,7 @@ def verify(
     draft; sampling: ``u0 * q(x) < p(x)``), then emit the recovered token at the first
     rejection or the bonus token after the last draft. ``p`` is the masked, temperature-scaled
     (and top-p filtered) target distribution; masked tokens have probability exactly 0 and are
-    never emitted. Semantics in full: ``kernels/torch_ref.py``.
+    never emitted. Semantics in full: ``structgen/kernels/torch_ref.py``.
 
     ``uniforms``: two float64 draws per logit row (shape ``[N + B, 2]``), or a generator / an
     int seed to draw them from (a seed draws on the CPU, so it gives the same tokens on every

@@ -1,9 +1,11 @@
 """Packaging: a light `import structgen`, the editable layout, and a wheel that really installs.
 
-`kernels/` and `grammars/` live at the top of the repository and are mapped into the package as
-`structgen.kernels` and `structgen.grammars`; these tests check that the mapping holds for the
-editable install (from the repository root, where the source `structgen/` shadows it) and for a
-wheel installed into a fresh virtual environment.
+`structgen.kernels` and `structgen.grammars` are subpackages inside `structgen/`. They used to be
+top-level folders mapped into the package, until transformers started importing the PyPI package
+`kernels`, which the top-level `kernels/` shadowed whenever Python ran from the repository root.
+These tests check that nothing at the top of the checkout shadows an installed distribution,
+that the editable install resolves to the checkout, and that a wheel installed into a fresh
+virtual environment holds every module and grammar.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import structgen
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "pydantic")
-# source folder -> package it is installed as
-MAPPING = {"structgen": "structgen", "kernels": "structgen/kernels", "grammars": "structgen/grammars"}
+PACKAGE = ROOT / "structgen"
+GRAMMARS = PACKAGE / "grammars"
 
 
 def run_python(code: str, *, python: str = sys.executable, cwd: Path, extra_path: bool = True,
@@ -54,24 +56,50 @@ def editable_installed() -> bool:
 @pytest.mark.skipif(not editable_installed(), reason="structgen is not installed in editable mode "
                     "(run scripts/setup.sh)")
 @pytest.mark.parametrize("cwd", ["root", "elsewhere"])
-def test_editable_install_maps_kernels_and_grammars(tmp_path, cwd):
+def test_editable_install_resolves_to_the_checkout(tmp_path, cwd):
     code = ("import structgen, structgen.kernels, structgen.grammars\n"
             "print(structgen.__file__); print(structgen.kernels.__file__); "
             "print(structgen.grammars.__file__)")
     proc = run_python(code, cwd=ROOT if cwd == "root" else tmp_path, extra_path=False)
     assert proc.returncode == 0, proc.stderr
     files = [Path(p).resolve() for p in proc.stdout.split()]
-    assert files == [ROOT / "structgen/__init__.py", ROOT / "kernels/__init__.py",
-                     ROOT / "grammars/__init__.py"]
+    assert files == [PACKAGE / "__init__.py", PACKAGE / "kernels/__init__.py", GRAMMARS / "__init__.py"]
+
+
+def test_checkout_shadows_no_installed_distribution():
+    """From the repository root (cwd first on sys.path, as `python -m ...` and pytest run), every
+    top-level import name of an installed distribution other than structgen must resolve outside
+    the checkout. A top-level `kernels/` once hid the `kernels` package transformers imports."""
+    code = (
+        "import importlib.metadata as md, importlib.util as u, json, sys\n"
+        "from pathlib import Path\n"
+        "root = Path.cwd().resolve(); hits = {}\n"
+        "for name, dists in md.packages_distributions().items():\n"
+        "    if not name.isidentifier() or set(dists) == {'structgen'}:\n"
+        "        continue\n"
+        "    try:\n"
+        "        spec = u.find_spec(name)\n"
+        "    except Exception:\n"
+        "        continue\n"
+        "    places = [spec.origin] if spec and spec.origin else []\n"
+        "    places += list(spec.submodule_search_locations or []) if spec else []\n"
+        "    under = [p for p in places if Path(p).resolve().parent == root\n"
+        "             or Path(p).resolve().parent.parent == root and Path(p).name == '__init__.py']\n"
+        "    if under:\n"
+        "        hits[name] = [dists, under]\n"
+        "print(json.dumps(hits))\n")
+    proc = run_python(code, cwd=ROOT, extra_path=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {}, "top-level names of the checkout shadow installed packages"
 
 
 def test_grammars_read_grammar_from_source():
     import structgen.grammars as g
 
-    names = sorted(p.stem for p in (ROOT / "grammars").glob("*.lark"))
+    names = sorted(p.stem for p in GRAMMARS.glob("*.lark"))
     assert g.available() == names
     for n in names:
-        assert g.read_grammar(n) == (ROOT / "grammars" / f"{n}.lark").read_text(encoding="utf-8")
+        assert g.read_grammar(n) == (GRAMMARS / f"{n}.lark").read_text(encoding="utf-8")
     with pytest.raises(FileNotFoundError, match="no shipped grammar"):
         g.read_grammar("no-such-grammar")
 
@@ -81,14 +109,13 @@ def test_grammars_read_grammar_from_source():
 # ---------------------------------------------------------------------------------------------
 
 def source_files() -> set[str]:
-    """Paths the wheel must contain: every file of the three package folders but notes (*.md)
-    and byte code, so a new subpackage or data file that pyproject.toml misses fails here."""
+    """Paths the wheel must contain: every file of the package folder but notes (*.md) and byte
+    code, so a new subpackage or data file that pyproject.toml misses fails here."""
     out = set()
-    for src, dest in MAPPING.items():
-        for p in (ROOT / src).rglob("*"):
-            if (p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".md", ".pyc")
-                    and not p.name.startswith(".")):
-                out.add(f"{dest}/{p.relative_to(ROOT / src).as_posix()}")
+    for p in PACKAGE.rglob("*"):
+        if (p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".md", ".pyc")
+                and not p.name.startswith(".")):
+            out.add(p.relative_to(ROOT).as_posix())
     return out
 
 
@@ -105,8 +132,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src.mkdir()
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, src / name)
-    for folder in MAPPING:
-        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(PACKAGE, src / "structgen", ignore=shutil.ignore_patterns("__pycache__"))
     out = work / "dist"
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                            "-q", "-w", str(out), str(src)], capture_output=True, text=True, timeout=300)
@@ -125,7 +151,7 @@ def test_wheel_contents(wheel):
     missing = source_files() - names
     assert not missing, f"not in the wheel (add the package to pyproject.toml): {sorted(missing)}"
     assert "structgen/py.typed" in names
-    assert not [n for n in names if n.startswith(("tests/", "schemas/", "kernels/", "grammars/"))]
+    assert not [n for n in names if not n.startswith(("structgen/", "structgen-"))]
     assert "Requires-Python: >=3.10" in metadata
     assert "structgen = structgen.cli:main" in entry_points
 
@@ -157,8 +183,6 @@ def test_wheel_installs_kernels_and_cli(installed, tmp_path):
 
 
 def test_wheel_ships_grammars(installed, tmp_path):
-    if not (ROOT / "grammars" / "json.lark").exists():
-        pytest.skip("grammars/json.lark does not exist yet")
     python = str(installed / "bin" / "python")
     code = ("import structgen.grammars as g\n"
             "print(g.__file__); print(' '.join(g.available())); print(len(g.read_grammar('json')))")
@@ -167,4 +191,4 @@ def test_wheel_ships_grammars(installed, tmp_path):
     where, names, size = proc.stdout.splitlines()
     assert Path(where).resolve().is_relative_to(installed.resolve())
     assert "json" in names.split()
-    assert int(size) == len((ROOT / "grammars" / "json.lark").read_text(encoding="utf-8"))
+    assert int(size) == len((GRAMMARS / "json.lark").read_text(encoding="utf-8"))

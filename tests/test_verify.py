@@ -594,28 +594,6 @@ def test_max_draft_constant_matches_reference() -> None:
     assert load_kernels("torch_ref").MAX_DRAFT == MAX_DRAFT
 
 
-def test_kernels_load_from_source_layout(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without an installed structgen.kernels, kernels/ beside structgen/ is registered."""
-    from structgen import verify as verify_mod
-
-    def ours(k: str) -> bool:
-        return k == "structgen.kernels" or k.startswith("structgen.kernels.")
-
-    saved = {k: v for k, v in sys.modules.items() if ours(k)}
-    for k in saved:
-        monkeypatch.delitem(sys.modules, k)
-    try:
-        verify_mod._register_source_kernels()
-        mod = load_kernels("torch_ref")
-        assert Path(mod.__file__).resolve() == (REPO / "kernels" / "torch_ref.py").resolve()
-        out = run([[1]], [[0, 2, 1], [1, 0, 0]])
-        assert out.tokens(0) == [1, 0]
-    finally:
-        for k in [k for k in sys.modules if ours(k)]:
-            del sys.modules[k]
-        sys.modules.update(saved)
-
-
 def test_light_import_and_auto_backend_on_cpu() -> None:
     code = (
         "import sys; import structgen.verify as v\n"

@@ -1,4 +1,4 @@
-"""structgen.grammars: the Lark grammars shipped with structgen (installed from ``grammars/``).
+"""structgen.grammars: the Lark grammars shipped with structgen (``structgen/grammars/``).
 
 The ``*.lark`` files are package data; read them through :func:`read_grammar` so that they are
 found the same way from a source checkout, an editable install and a wheel.
