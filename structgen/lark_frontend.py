@@ -1261,32 +1261,21 @@ def compile_lark(text: str, *, start: str = "start",
     return compiled
 
 
-def _grammar_files() -> dict[str, Any]:
-    """name -> readable resource of every shipped ``*.lark`` grammar."""
-    from importlib import resources
-
-    found: dict[str, Any] = {}
-    for p in resources.files("structgen.grammars").iterdir():
-        if p.name.endswith(".lark") and p.is_file():
-            found[p.name[: -len(".lark")]] = p
-    return found
-
-
 def list_builtin_grammars() -> list[str]:
     """Names (without ``.lark``) of the grammars shipped with structgen, sorted."""
-    return sorted(_grammar_files())
+    from . import grammars
+
+    return grammars.available()
 
 
 def builtin_grammar(name: str) -> str:
-    """Text of the shipped grammar ``name`` (``"json"`` or ``"json.lark"``).
+    """Text of the shipped grammar ``name`` (``"json"`` or ``"json.lark"``), read from the
+    package data of :mod:`structgen.grammars`. Raises :class:`GrammarError` listing the
+    available names."""
+    from . import grammars
 
-    Reads the package data of ``structgen.grammars`` (``structgen/grammars/*.lark``). Raises
-    :class:`GrammarError` listing the available names.
-    """
-    stem = name[: -len(".lark")] if name.endswith(".lark") else name
-    files = _grammar_files()
-    res = files.get(stem)
-    if res is None:
+    try:
+        return grammars.read_grammar(name)
+    except FileNotFoundError:
         raise GrammarError(f"no built-in grammar {name!r}; available: "
-                           f"{', '.join(sorted(files)) or 'none'}")
-    return res.read_text(encoding="utf-8")
+                           f"{', '.join(grammars.available()) or 'none'}") from None

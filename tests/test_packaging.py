@@ -71,7 +71,7 @@ def test_checkout_shadows_no_installed_distribution():
     top-level import name of an installed distribution other than structgen must resolve outside
     the checkout. A top-level `kernels/` once hid the `kernels` package transformers imports."""
     code = (
-        "import importlib.metadata as md, importlib.util as u, json, sys\n"
+        "import importlib.metadata as md, importlib.util as u, json\n"
         "from pathlib import Path\n"
         "root = Path.cwd().resolve(); hits = {}\n"
         "for name, dists in md.packages_distributions().items():\n"
@@ -81,8 +81,10 @@ def test_checkout_shadows_no_installed_distribution():
         "        spec = u.find_spec(name)\n"
         "    except Exception:\n"
         "        continue\n"
-        "    places = [spec.origin] if spec and spec.origin else []\n"
-        "    places += list(spec.submodule_search_locations or []) if spec else []\n"
+        "    if spec is None:\n"
+        "        continue\n"
+        "    places = [spec.origin] if spec.origin else []\n"
+        "    places += list(spec.submodule_search_locations or [])\n"
         "    under = [p for p in places if Path(p).resolve().parent == root\n"
         "             or Path(p).resolve().parent.parent == root and Path(p).name == '__init__.py']\n"
         "    if under:\n"
