@@ -69,7 +69,12 @@ def _load_config(config: SpecConfig | str | os.PathLike[str] | dict | None) -> S
 
 def resolve_grammar(*, schema: Any = None, grammar: str | None = None, regex: str | None = None,
                     start: str = "start") -> tuple[Any, Any]:
-    """(compiled grammar, pydantic class or None) from exactly one constraint."""
+    """(compiled grammar, pydantic class or None) from exactly one constraint.
+
+    ``schema`` is a dict, a bool, a Pydantic class, JSON text or a file path (a ``str`` that is
+    not JSON text, or an ``os.PathLike``), told apart by :func:`structgen.schema_source.schema_from`;
+    reading that file is the only file access. ``$ref`` only reaches inside the schema.
+    """
     given = [x is not None for x in (schema, grammar, regex)]
     if sum(given) != 1:
         raise ConfigError("give exactly one of schema=, grammar= or regex=")
@@ -80,15 +85,11 @@ def resolve_grammar(*, schema: Any = None, grammar: str | None = None, regex: st
     pyd = None
     if schema is not None:
         from .json_schema import compile_json_schema
+        from .schema_source import schema_from
 
         if isinstance(schema, type):
             pyd = schema
-        looks_like_json = str(schema).lstrip().startswith(("{", "[", "t", "f"))
-        if isinstance(schema, (str, os.PathLike)) and not looks_like_json:
-            p = Path(schema)
-            if p.exists():
-                schema = p.read_text()
-        return compile_json_schema(schema), pyd
+        return compile_json_schema(schema_from(schema)), pyd
     if grammar is not None:
         from .lark_frontend import compile_lark
 

@@ -137,8 +137,10 @@ def _grammar_text(task: dict[str, Any]) -> str | None:
 
 
 def _constraint(task: dict[str, Any]) -> dict[str, Any]:
+    from .schema_source import schema_from
+
     g = _grammar_text(task)
-    return {"grammar": g} if g is not None else {"schema": task["schema"]}
+    return {"grammar": g} if g is not None else {"schema": schema_from(task["schema"])}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,14 +335,15 @@ def check_output(task: dict[str, Any], text: str, complete: bool | None) -> dict
     ttype = task["type"]
     out: dict[str, Any] = {"valid": False, "quality": 0.0}
     if ttype == "json":
-        import jsonschema
+        from .validation import jsonschema_validator
 
         try:
             v = json.loads(text)
         except ValueError:
             v = None
         else:
-            out["valid"] = jsonschema.Draft202012Validator(task["schema"]).is_valid(v)
+            # no registry-less validator: its $ref resolution would fetch URLs and read files
+            out["valid"] = jsonschema_validator(task["schema"]).is_valid(v)
         out["exact"] = bool(out["valid"] and v == task["answer"])
         out["quality"] = _field_accuracy(v, task["answer"]) if out["valid"] else 0.0
     else:

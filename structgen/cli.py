@@ -176,11 +176,12 @@ def _compile_file(path: str, lenient: bool) -> Any:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise _Usage(f"cannot read {path}: {e}") from None
-        return structgen.compile_lark(text)
-    from .validation import load_schema
+        # relative %import reads beside the grammar file, never in the working folder
+        return structgen.compile_lark(text, grammar_path=path)
+    from .schema_source import schema_from
 
     try:
-        schema = load_schema(path)
+        schema = schema_from(Path(path))  # a command-line argument is always a file name
     except StructgenError as e:
         raise _Usage(_text(e)) from None
     from .config import JsonSchemaOptions
@@ -448,11 +449,11 @@ def _import_pydantic(spec: str) -> Any:
 
 
 def _main_constraint(args: argparse.Namespace, settings: Any) -> _Constraint | None:
-    from .validation import load_schema
+    from .schema_source import schema_from
 
     if args.schema:
         try:
-            schema = load_schema(args.schema)
+            schema = schema_from(Path(args.schema))
         except StructgenError as e:
             raise _Usage(_text(e)) from None
         return _schema_constraint(schema, args.schema, settings)
@@ -472,7 +473,8 @@ def _main_constraint(args: argparse.Namespace, settings: Any) -> _Constraint | N
             raise _Usage(f"cannot read {args.grammar}: {getattr(e, 'strerror', None) or e}") from None
         start = args.start or settings.generation.start
         try:
-            return _Constraint("grammar", compile_lark(text, start=start, compile_options=settings.compile))
+            return _Constraint("grammar", compile_lark(text, start=start, compile_options=settings.compile,
+                                                       grammar_path=args.grammar))
         except StructgenError as e:
             raise _Usage(_grammar_error(args.grammar, e)) from None
     if args.regex is not None:
@@ -530,13 +532,13 @@ def _read_requests(args: argparse.Namespace, main: _Constraint | None, settings:
         if "schema" in item:
             spec = item["schema"]
             if isinstance(spec, str):  # a schema file, relative to the prompts file
-                from .validation import load_schema
+                from .schema_source import schema_from
 
                 path = Path(spec) if Path(spec).is_absolute() else base / spec
                 key = "file:" + str(path)
                 if key not in cache:
                     try:
-                        schema = load_schema(str(path))
+                        schema = schema_from(path)
                     except StructgenError as e:
                         raise _Usage(f"{where}: {_text(e)}") from None
                     cache[key] = _schema_constraint(schema, f"{where}: {spec}", settings)

@@ -127,7 +127,9 @@ def compile_constraint(request_type: Any, spec: Any, *, start: str = "start",
 
     ``request_type`` (case-insensitive, or an enum member whose ``name`` is one of these):
 
-    * ``"json"``: ``spec`` is a JSON schema (dict, JSON text, or a Pydantic class);
+    * ``"json"``: ``spec`` is a JSON schema (dict, bool, JSON text, a Pydantic class, or a
+      ``pathlib.Path`` of a schema file); a ``str`` is always JSON text, never a file name
+      (serving requests hand strings over), see :mod:`structgen.schema_source`;
     * ``"json_object"``: any JSON object (``spec`` ignored);
     * ``"regex"``: ``spec`` is a Python-syntax regular expression, matched in full;
     * ``"grammar"`` (alias ``"lark"``): ``spec`` is Lark grammar text with rule ``start``;
@@ -142,8 +144,11 @@ def compile_constraint(request_type: Any, spec: Any, *, start: str = "start",
     kind = _request_type(request_type)
     if kind == "json":
         from .json_schema import compile_json_schema
+        from .schema_source import schema_from
 
-        return compile_json_schema(spec, options=json_options)
+        # a string here may come from a serving request: JSON text only, never a file name
+        return compile_json_schema(schema_from(spec, strings_may_be_paths=False),
+                                   options=json_options)
     if kind == "json_object":
         from .json_schema import compile_json_schema
 
@@ -418,10 +423,17 @@ class _LogitsProcessorImpl:
 
         if isinstance(x, CompiledGrammar):
             return x
-        if isinstance(x, str) and not x.lstrip().startswith(("{", "true", "false")):
-            raise ConfigError("a string grammar_or_schema must be JSON Schema text; pass Lark "
-                              "text as grammar=... and a regex as regex=...",
-                              key="grammar_or_schema")
+        if isinstance(x, str):
+            from .errors import SchemaError
+            from .schema_source import schema_from
+
+            try:
+                x = schema_from(x, strings_may_be_paths=False)
+            except SchemaError:
+                raise ConfigError("a string grammar_or_schema must be JSON Schema text (an object "
+                                  "or a boolean); pass Lark text as grammar=..., a regex as "
+                                  "regex=... and a schema file as a pathlib.Path",
+                                  key="grammar_or_schema") from None
         return compile_constraint("json", x, json_options=json_options)
 
     # -- state ----------------------------------------------------------------------------

@@ -34,13 +34,16 @@ string is accepted iff that Lark parser parses it completely. Concretely:
   ``?rule`` inlining, ``_rule``/``_TERM`` filtering, ``!rule``, aliases (``-> name``).
   Templates are expanded (one IR rule per distinct instantiation); ``%import`` of Lark's
   own grammars (``common``, ``unicode``, ...) is resolved through Lark, as are
-  ``%override`` and ``%extend``.
+  ``%override`` and ``%extend``. ``%import`` reads nothing else but structgen's packaged
+  grammars, the folders the caller allows (``import_paths``) and, for relative imports, the
+  folder of the grammar file (``grammar_path``); never the working folder.
 
 Errors (all :class:`~structgen.errors.GrammarError` or a subclass):
 grammar syntax errors -> :class:`~structgen.errors.GrammarSyntaxError` with line, column
 and a caret line; undefined or duplicate names -> the line where the name is used or
 defined (when it can be found in the text); ``%declare`` (a terminal fed by an external
-lexer cannot be enforced scannerless); relative ``%import``; an unsupported regex (the
+lexer cannot be enforced scannerless); an ``%import`` outside the allowed places (relative
+``%import`` in grammar text without a file); an unsupported regex (the
 :class:`~structgen.errors.RegexError` is wrapped, naming the terminal); repetition
 counts above :data:`MAX_REPEAT`; grammars that expand above :data:`MAX_EXPANDED_SIZE`.
 
@@ -72,10 +75,12 @@ Where structgen deliberately differs from Lark
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import ir
@@ -231,21 +236,140 @@ def _translate_lark_error(exc: BaseException, text: str) -> GrammarError:
 # Loading with Lark
 # ---------------------------------------------------------------------------
 
-def _load(text: str) -> Any:
-    """Parse ``text`` with Lark's grammar loader; returns its ``Grammar`` (pre-EBNF trees)."""
+class _ImportRefused(Exception):
+    """An ``%import`` that :class:`_ImportLoader` will not resolve (never an ``OSError``, so Lark
+    does not go on to try other places, the working folder among them)."""
+
+    def __init__(self, message: str, dotted: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.dotted = dotted
+
+
+class _ImportLoader:
+    """Lark import loader that is the only place ``%import`` can read from.
+
+    Lark calls the entries of ``import_paths`` first, for every import; this loader answers every
+    call itself (text, or :class:`_ImportRefused`), so Lark's own fallbacks (the grammar's folder
+    as Lark computes it -- the working folder for text -- and a last ``open`` relative to the
+    working folder) never run. Resolution:
+
+    * library imports (``%import common.WS``, ``%import json.value``): Lark's packaged grammars,
+      then structgen's (:mod:`structgen.grammars`), then each folder of ``import_paths``;
+    * relative imports (``%import .sub.inner.X``): relative to the folder of the grammar file
+      that holds them, and only when that is the top grammar's folder (``grammar_path``), an
+      ``import_paths`` folder or a folder below one; grammar text without a file has no folder.
+
+    A file is read only if it is a regular file whose real path (symlinks resolved) lies inside
+    an allowed folder. Side effect: reads those files and package resources, nothing else.
+    """
+
+    def __init__(self, import_paths: list[str], grammar_dir: str | None) -> None:
+        self.library_roots = [os.path.realpath(r) for r in import_paths]
+        self.roots = self.library_roots + ([os.path.realpath(grammar_dir)] if grammar_dir else [])
+
+    def _inside(self, path: str) -> bool:
+        real = os.path.realpath(path)
+        return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in self.roots)
+
+    def _read_file(self, path: str, dotted: str) -> tuple[str, str]:
+        if not self._inside(path):
+            raise _ImportRefused(f"%import {dotted}: {path} is outside the folders grammars may "
+                                 "import from", dotted)
+        try:
+            st = os.stat(path)
+        except OSError:
+            raise _ImportRefused(f"%import {dotted}: no grammar file {path}", dotted) from None
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+            raise _ImportRefused(f"%import {dotted}: {path} is not a regular file", dotted)
+        try:
+            with open(path, encoding="utf-8") as f:
+                return os.path.realpath(path), f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise _ImportRefused(f"%import {dotted}: cannot read {path}: {e}", dotted) from None
+
+    def __call__(self, base_path: Any, grammar_path: str) -> tuple[Any, str]:
+        from lark.load_grammar import PackageResource, stdlib_loader
+
+        dotted = grammar_path[: -len(".lark")].replace(os.sep, ".")
+        if isinstance(base_path, PackageResource):  # inside a packaged grammar
+            if base_path.pkg_name == stdlib_loader.pkg_name:
+                try:
+                    return stdlib_loader(base_path, grammar_path)
+                except OSError:
+                    pass
+            raise _ImportRefused(f"%import .{dotted}: no such packaged grammar", dotted)
+        if base_path is None:  # library import
+            try:
+                return stdlib_loader(None, grammar_path)
+            except OSError:
+                pass
+            if os.sep not in grammar_path:
+                from . import grammars
+
+                try:
+                    text = grammars.read_grammar(grammar_path)
+                except FileNotFoundError:
+                    pass
+                else:
+                    return PackageResource("structgen.grammars", grammar_path), text
+            for root in self.library_roots:
+                candidate = os.path.join(root, grammar_path)
+                if os.path.lexists(candidate):
+                    return self._read_file(candidate, dotted)
+            where = "Lark's and structgen's packaged grammars" + (
+                " and " + ", ".join(self.library_roots) if self.library_roots else "")
+            raise _ImportRefused(f"%import {dotted}: no grammar {grammar_path!r} in {where}", dotted)
+        if not base_path:  # Lark's folder for grammar text without a file: the working folder
+            raise _ImportRefused(f"relative %import .{dotted} needs the grammar's file "
+                                 "(grammar_path=); grammar text has no folder to import from "
+                                 "(Lark's and structgen's own grammars import without a dot, "
+                                 "e.g. %import common.WS)", dotted)
+        return self._read_file(os.path.join(base_path, grammar_path), "." + dotted)
+
+
+def _import_position(text: str, dotted: str, positions: dict[str, tuple[int, int]]
+                     ) -> tuple[int | None, int | None]:
+    got = positions.get(dotted.lstrip("."))
+    if got is not None:
+        return got
+    return _directive_line(text, "%import")
+
+
+def _load(text: str, *, import_paths: Sequence[str | os.PathLike[str]] = (),
+          grammar_path: str | os.PathLike[str] | None = None) -> Any:
+    """Parse ``text`` with Lark's grammar loader; returns its ``Grammar`` (pre-EBNF trees).
+
+    ``%import`` reads only through :class:`_ImportLoader`: packaged grammars, ``import_paths``
+    and (relative imports) the folder of ``grammar_path``; never the working folder.
+    """
     from lark.exceptions import LarkError
     from lark.load_grammar import GrammarBuilder
 
-    for ln, raw in enumerate(text.splitlines(), start=1):
-        m = re.match(r"\s*%import\s+\.", raw)
-        if m:
-            raise _error(GrammarError, "relative %import is not supported for grammar text "
-                         "(only Lark's own grammars, e.g. %import common.WS)", text, ln,
-                         raw.index("%import") + 1)
-    builder = GrammarBuilder()
+    grammar_dir = os.path.dirname(os.path.abspath(grammar_path)) if grammar_path is not None else None
+    loader = _ImportLoader([os.fspath(p) for p in import_paths], grammar_dir)
+    positions: dict[str, tuple[int, int]] = {}
+
+    class Builder(GrammarBuilder):  # records where each top-level %import names its grammar
+        def _unpack_import(self, stmt: Any, grammar_name: str) -> Any:
+            dotted_path, base_path, aliases = super()._unpack_import(stmt, grammar_name)
+            first = stmt.children[0].children[0] if stmt.children and stmt.children[0].children \
+                else None
+            line, column = getattr(first, "line", None), getattr(first, "column", None)
+            if isinstance(line, int) and isinstance(column, int):
+                positions.setdefault(".".join(dotted_path), (line, column))
+            return dotted_path, base_path, aliases
+
+    builder = Builder(import_paths=[loader])
+    # the grammar's name is its absolute path when it has a file (relative imports start
+    # from its folder), else a name without a folder (relative imports are refused)
+    name = os.path.abspath(grammar_path) if grammar_path is not None else "<grammar>"
     try:
-        builder.load_grammar(text, "<grammar>")
+        builder.load_grammar(text, name)
         grammar = builder.build()
+    except _ImportRefused as exc:
+        line, col = _import_position(text, exc.dotted, positions)
+        raise _error(GrammarError, exc.message, text, line, col) from None
     except RecursionError as exc:
         raise GrammarError("grammar is nested too deeply") from exc
     except (LarkError, OSError, AssertionError, AttributeError, KeyError, ValueError,
@@ -1172,7 +1296,9 @@ def _expanded_size(rules: dict[str, ir.Expr]) -> int:
 # Public API
 # ---------------------------------------------------------------------------
 
-def lark_to_grammar(text: str, *, start: str = "start") -> ir.Grammar:
+def lark_to_grammar(text: str, *, start: str = "start",
+                    import_paths: Sequence[str | os.PathLike[str]] = (),
+                    grammar_path: str | os.PathLike[str] | None = None) -> ir.Grammar:
     """Convert Lark grammar ``text`` into a structgen :class:`~structgen.ir.Grammar`.
 
     The grammar's language is the set of strings ``lark.Lark(text, parser="earley",
@@ -1184,12 +1310,18 @@ def lark_to_grammar(text: str, *, start: str = "start") -> ir.Grammar:
     Cost: about linear in the grammar size (Lark's grammar parser plus a few passes over the
     trees); removing left recursion can enlarge the rules involved, within
     :data:`MAX_EXPANDED_SIZE`.
+
+    ``%import`` reads only Lark's and structgen's packaged grammars, files in the
+    ``import_paths`` folders and, for relative imports (``%import .sub.rule``), files below the
+    folder of ``grammar_path`` (the file ``text`` was read from; without it grammar text has no
+    folder and relative imports are a GrammarError). Never the working folder; an import that
+    is refused is a GrammarError with the line and column of the import.
     """
     if not isinstance(text, str):
         raise TypeError(f"grammar text must be str, not {type(text).__name__}")
     if not isinstance(start, str) or not start:
         raise GrammarError("start must be a non-empty rule name")
-    grammar = _load(text)
+    grammar = _load(text, import_paths=tuple(import_paths), grammar_path=grammar_path)
     try:
         conv = _Converter(grammar, text)
         rules = conv.convert(start)
@@ -1228,31 +1360,38 @@ def _collect_refs(e: ir.Expr, out: set[str]) -> None:
             stack.extend((x.left, x.right))
 
 
-_LRU: OrderedDict[tuple[str, str, Any], CompiledGrammar] = OrderedDict()
+_LRU: OrderedDict[tuple[Any, ...], CompiledGrammar] = OrderedDict()
 _LRU_LOCK = threading.Lock()
 _LRU_SIZE = 32
 
 
 def compile_lark(text: str, *, start: str = "start",
-                 compile_options: CompileOptions | None = None) -> CompiledGrammar:
+                 compile_options: CompileOptions | None = None,
+                 import_paths: Sequence[str | os.PathLike[str]] = (),
+                 grammar_path: str | os.PathLike[str] | None = None) -> CompiledGrammar:
     """Compile Lark grammar ``text`` to a :class:`~structgen.automaton.CompiledGrammar`.
 
     Equivalent to ``compile_grammar(lark_to_grammar(text, start=start), compile_options)``;
-    the result is kept in a small thread-safe LRU cache keyed by ``(text, start, options)``.
+    the result is kept in a small thread-safe LRU cache keyed by ``(text, start, options)`` (and
+    the import settings; an imported file edited later is not re-read while the entry is cached).
+    ``import_paths`` / ``grammar_path``: where ``%import`` may read, as for :func:`lark_to_grammar`.
     Raises what :func:`lark_to_grammar` and :func:`~structgen.automaton.compile_grammar`
     raise (GrammarError, CompileLimitError, CompileTimeoutError).
     """
     from .automaton import compile_grammar
     from .gcpause import gc_paused
 
-    key = (text, start, compile_options)
+    imports = tuple(os.fspath(p) for p in import_paths)
+    where = os.fspath(grammar_path) if grammar_path is not None else None
+    key = (text, start, compile_options, imports, where)
     with _LRU_LOCK:
         hit = _LRU.get(key)
         if hit is not None:
             _LRU.move_to_end(key)
             return hit
     with gc_paused():
-        compiled = compile_grammar(lark_to_grammar(text, start=start), compile_options)
+        compiled = compile_grammar(lark_to_grammar(text, start=start, import_paths=imports,
+                                                   grammar_path=where), compile_options)
     with _LRU_LOCK:
         _LRU[key] = compiled
         _LRU.move_to_end(key)

@@ -14,6 +14,11 @@ Two independent checks run on every instance:
 
 An instance is valid when jsonschema finds no error and the grammar (when available) accepts it.
 
+References: every jsonschema validator here is built by :func:`jsonschema_validator`, with a
+``referencing.Registry`` that holds only the remotes the caller passes and a retriever that refuses
+everything else; :func:`check_references` rejects, before any validation, a ``$ref`` that leaves the
+schema. So validating never opens a URL or a file (jsonschema's default retriever would do both).
+
 Input may be one JSON document per file or JSON Lines (see :func:`iter_documents`).
 """
 
@@ -22,7 +27,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -33,10 +38,13 @@ __all__ = [
     "InstanceError",
     "InstanceResult",
     "SchemaValidator",
+    "check_references",
     "format_path",
     "format_pointer",
     "iter_documents",
+    "jsonschema_validator",
     "load_schema",
+    "reference_registry",
     "validate_stream",
 ]
 
@@ -362,19 +370,112 @@ def _validator_class(schema: Any) -> tuple[type, str | None]:
     return cls, None
 
 
+# ---------------------------------------------------------------------------------------------
+# References: only the schema itself and the remotes the caller hands over
+# ---------------------------------------------------------------------------------------------
+
+_REF_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
+
+
+def _metaschema_uris() -> frozenset[str]:
+    """URIs of the JSON Schema metaschemas jsonschema ships (resolved from memory, no I/O)."""
+    from jsonschema_specifications import REGISTRY
+
+    return frozenset(uri.rstrip("#") for uri in REGISTRY)
+
+
+def check_references(schema: Any, remotes: Mapping[str, Any] | None = None) -> None:
+    """Raise :class:`~structgen.errors.SchemaError` for the first ``$ref`` / ``$dynamicRef``
+    whose target lies outside ``schema``, ``remotes`` and the JSON Schema metaschemas.
+
+    The error names the reference and the JSON pointer of the subschema holding it. Nothing is
+    fetched or opened: this is how structgen keeps a schema from reaching the network or the
+    file system (``http://``, ``file://``, relative URIs against a remote ``$id``...). Pure
+    computation over ``schema``; iterative, so deep schemas cannot overflow the stack.
+    """
+    from urllib.parse import urldefrag
+
+    from .json_schema_doc import SchemaDoc, join_uri
+
+    if not isinstance(schema, dict):
+        return
+    remote_uris = {urldefrag(u)[0] for u in (remotes or {})}
+    # max_depth: this walk is iterative; nesting limits are the compiler's business
+    doc = SchemaDoc(schema, max_depth=1 << 30)
+    allowed = set(doc.resources) | remote_uris
+    metaschemas: frozenset[str] | None = None
+    for loc in doc.bases:
+        node = doc.node(loc)
+        if not isinstance(node, dict):
+            continue
+        for kw in _REF_KEYWORDS:
+            ref = node.get(kw)
+            if not isinstance(ref, str):
+                continue
+            uri = urldefrag(join_uri(doc.base_of(loc), ref))[0]
+            if uri in allowed:
+                continue
+            if metaschemas is None:
+                metaschemas = _metaschema_uris()
+            if uri.rstrip("#") in metaschemas:
+                continue
+            target = "" if uri == urldefrag(ref)[0] else f" (resolved: {uri!r})"
+            raise SchemaError(f"{kw} {ref!r}{target} refers outside this schema; structgen never "
+                              "fetches remote or file references (pass that document in "
+                              "remotes= to allow it)", pointer=doc.pointer(loc), keyword=kw)
+
+
+def reference_registry(remotes: Mapping[str, Any] | None = None) -> Any:
+    """A :class:`referencing.Registry` holding exactly ``remotes`` (URI -> schema document).
+
+    Its retriever refuses every other URI without any network or file access, replacing
+    jsonschema's default one (``urlopen`` with no timeout, which also reads ``file://``).
+    """
+    from referencing import Registry, Resource
+    from referencing.exceptions import NoSuchResource
+    from referencing.jsonschema import DRAFT202012
+
+    def refuse(uri: str) -> Any:
+        raise NoSuchResource(ref=uri)
+
+    registry: Any = Registry(retrieve=refuse)  # type: ignore[call-arg]
+    for uri, document in (remotes or {}).items():
+        resource = Resource.from_contents(document, default_specification=DRAFT202012)
+        registry = registry.with_resource(uri, resource)
+    return registry
+
+
+def jsonschema_validator(schema: Any, cls: Any = None, *, remotes: Mapping[str, Any] | None = None,
+                         format_checker: Any = None) -> Any:
+    """A jsonschema validator for ``schema`` that cannot reach outside ``schema`` and ``remotes``.
+
+    ``cls`` defaults to the class for ``schema``'s ``$schema`` (Draft 2020-12 when absent).
+    Raises :class:`~structgen.errors.SchemaError` (see :func:`check_references`) for a reference
+    to anything else. Every jsonschema validator structgen builds comes from here.
+    """
+    if cls is None:
+        cls = _validator_class(schema)[0]
+    check_references(schema, remotes)
+    return cls(schema, registry=reference_registry(remotes), format_checker=format_checker)
+
+
 class SchemaValidator:
     """Validates instances against one schema (jsonschema + compiled grammar).
 
     Construction checks the schema against its metaschema and raises
     :class:`~structgen.errors.SchemaError` (with the JSON pointer of the bad keyword) when it is
-    malformed. With ``use_grammar`` the schema is also compiled, once; compile failures become
-    entries of :attr:`notes` and turn the grammar check off.
+    malformed, or when a ``$ref`` points outside the schema and ``remotes`` (a mapping of
+    absolute URIs to schema documents the caller hands over): nothing is ever fetched from the
+    network or read from a file. With ``use_grammar`` the schema is also compiled, once; compile
+    failures become entries of :attr:`notes` and turn the grammar check off.
     """
 
-    def __init__(self, schema: Any, *, use_grammar: bool = True) -> None:
+    def __init__(self, schema: Any, *, use_grammar: bool = True,
+                 remotes: Mapping[str, Any] | None = None) -> None:
         import jsonschema
 
         self.schema = schema
+        self.remotes = dict(remotes or {})
         self.notes: list[str] = []
         if not isinstance(schema, (dict, bool)):
             raise SchemaError(f"a JSON Schema is an object or a boolean, not {type(schema).__name__}")
@@ -387,7 +488,8 @@ class SchemaValidator:
             pointer = format_pointer(e.absolute_path)
             raise SchemaError(f"not a valid JSON Schema: {_one_line(e.message)}", pointer=pointer,
                               keyword=str(e.validator)) from None
-        self._validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+        self._validator = jsonschema_validator(schema, cls, remotes=self.remotes,
+                                               format_checker=cls.FORMAT_CHECKER)
         self._grammar: Any = None
         self._canonical: Any = None
         if use_grammar:
@@ -408,7 +510,8 @@ class SchemaValidator:
                               "only jsonschema's verdict counts")
             return
         try:
-            self._grammar = compile_json_schema(self.schema)
+            extra = {"remotes": self.remotes} if self.remotes else {}
+            self._grammar = compile_json_schema(self.schema, **extra)
         except UnsupportedFeatureError as e:
             self.notes.append(f"grammar check off: the schema uses a feature structgen cannot "
                               f"compile exactly ({_one_line(str(e))}); only jsonschema's verdict counts")
@@ -422,6 +525,9 @@ class SchemaValidator:
                               f"({type(e).__name__}: {_one_line(str(e))}); please report it")
             return
         self._canonical = canonical_json
+        if self.remotes:
+            remotes = self.remotes
+            self._canonical = lambda instance, schema: canonical_json(instance, schema, remotes=remotes)
 
     def validate(self, doc: Document, source: str) -> InstanceResult:
         """Check one document read by :func:`iter_documents`.
