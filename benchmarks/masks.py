@@ -724,7 +724,7 @@ def build_cases(args: argparse.Namespace, tok: Any,
     """All cases (JSON schemas first, then Lark), with their replayed token ids."""
     import lark
 
-    from structgen.lark_frontend import builtin_grammar
+    from structgen.lark_frontend import builtin_grammar, lark_import_loader
 
     info: dict[str, Any] = {"schemas_without_instance": [], "untokenizable": []}
     cases: list[dict[str, Any]] = []
@@ -765,7 +765,8 @@ def build_cases(args: argparse.Namespace, tok: Any,
         grammars = args.grammar or (["arithmetic"] if args.smoke else list(LARK_SAMPLES))
         for g in grammars:
             text = builtin_grammar(g)
-            parser = lark.Lark(text, parser="earley", lexer="dynamic_complete")
+            parser = lark.Lark(text, parser="earley", lexer="dynamic_complete",
+                               import_paths=[lark_import_loader()])
             samples = LARK_SAMPLES[g][:1] if args.smoke else LARK_SAMPLES[g]
             for i, s in enumerate(samples):
                 parser.parse(s)  # the oracle: Lark itself accepts every sample

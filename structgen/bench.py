@@ -250,9 +250,12 @@ _LARK_PARSERS: dict[str, Any] = {}
 def _lark_parses(grammar: str, text: str) -> bool:
     import lark
 
+    from .lark_frontend import lark_import_loader
+
     p = _LARK_PARSERS.get(grammar)
-    if p is None:
-        p = _LARK_PARSERS[grammar] = lark.Lark(grammar, parser="earley", lexer="dynamic_complete")
+    if p is None:  # %import through structgen's loader: never the working folder
+        p = _LARK_PARSERS[grammar] = lark.Lark(grammar, parser="earley", lexer="dynamic_complete",
+                                               import_paths=[lark_import_loader()])
     try:
         p.parse(text)
         return True

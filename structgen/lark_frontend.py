@@ -328,6 +328,16 @@ class _ImportLoader:
         return self._read_file(os.path.join(base_path, grammar_path), "." + dotted)
 
 
+def lark_import_loader(import_paths: Sequence[str | os.PathLike[str]] = (),
+                       grammar_path: str | os.PathLike[str] | None = None) -> Any:
+    """A loader for ``lark.Lark(text, import_paths=[loader])`` with the same rule as
+    :func:`compile_lark`: ``%import`` reads only packaged grammars, ``import_paths`` and (relative
+    imports) the folder of ``grammar_path``. A refused import raises an exception that is not an
+    ``OSError`` (so Lark tries nothing else). For code that runs Lark itself (oracles)."""
+    grammar_dir = os.path.dirname(os.path.abspath(grammar_path)) if grammar_path is not None else None
+    return _ImportLoader([os.fspath(p) for p in import_paths], grammar_dir)
+
+
 def _import_position(text: str, dotted: str, positions: dict[str, tuple[int, int]]
                      ) -> tuple[int | None, int | None]:
     got = positions.get(dotted.lstrip("."))
@@ -346,8 +356,7 @@ def _load(text: str, *, import_paths: Sequence[str | os.PathLike[str]] = (),
     from lark.exceptions import LarkError
     from lark.load_grammar import GrammarBuilder
 
-    grammar_dir = os.path.dirname(os.path.abspath(grammar_path)) if grammar_path is not None else None
-    loader = _ImportLoader([os.fspath(p) for p in import_paths], grammar_dir)
+    loader = lark_import_loader(import_paths, grammar_path)
     positions: dict[str, tuple[int, int]] = {}
 
     class Builder(GrammarBuilder):  # records where each top-level %import names its grammar

@@ -506,3 +506,12 @@ def test_cli_compile_explain_does_not_import_from_cwd(import_layout: dict[str, P
     near.write_text("start: X\n%import .near.X\n")
     proc = _run_cli(["compile", "--explain", str(near)], import_layout["cwd"])
     assert proc.returncode == 0 and "near" in proc.stdout and SECRET not in proc.stdout, proc.stderr
+
+
+def test_bench_lark_oracle_uses_the_same_import_rule(import_layout: dict[str, Path]) -> None:
+    from structgen.bench import _lark_parses
+
+    assert _lark_parses("start: NUMBER\n%import common.NUMBER\n", "42")
+    with pytest.raises(Exception) as info:  # noqa: PT011 - Lark wraps loader errors its own way
+        _in_thread(lambda: _lark_parses("start: X\n%import sub.pipe.X\n", SECRET))
+    assert SECRET not in str(info.value)
