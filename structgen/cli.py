@@ -12,7 +12,8 @@ Subcommands:
   (--prompt TEXT | --prompts FILE.jsonl) [--config spec.yaml] [--out OUT.jsonl]
   [--metrics-out FILE.json|.prom] [--metrics-port PORT]``: constrained (speculative) generation;
   one JSON line per result; exit 1 when any output is invalid or incomplete.
-* ``models [list | pull ALIAS... | path ALIAS]``: the model/tokenizer aliases and the cache.
+* ``models [list | pull [--force] ALIAS... | path ALIAS | verify [ALIAS...]]``: the model/tokenizer
+  aliases and the cache (every converted file is hashed into its manifest and checked on load).
 * ``bench ARGS...``: the benchmark suite (:func:`structgen.bench.main`).
 * ``config [--example | --check FILE]``: the documented YAML configuration.
 
@@ -802,18 +803,25 @@ def _cmd_models(args: argparse.Namespace) -> int:
         if args.json:
             for r in rows:
                 print(json.dumps({"alias": r.alias, "kind": r.kind, "cached": r.cached,
+                                  "state": r.extra.get("state"), "problems": r.extra.get("problems", []),
                                   "path": str(r.path), "download_mb": r.download_mb,
                                   "licence": r.licence, "distribution": r.distribution,
-                                  "description": r.description, **r.extra}, default=str))
+                                  "description": r.description,
+                                  **{k: v for k, v in r.extra.items() if k not in ("state", "problems")}},
+                                 default=str))
             return EXIT_OK
         print(f"cache: {assets.cache_dir()}")
         for r in rows:
             mark = " (default)" if r.extra.get("default") else ""
-            state = "cached" if r.cached else "not cached"
+            state = {"ok": "cached", "damaged": "damaged"}.get(r.extra.get("state", ""), "not cached")
             licence = r.licence.split(" (")[0]
             print(f"{r.kind:9} {r.alias + mark:24} {state:10} {r.download_mb:8.1f} MB  {licence:26} "
                   f"{r.path if r.cached else '-'}")
+            for problem in r.extra.get("problems", []):
+                print(f"{'':9} {'':24} damaged: {problem}  (`structgen models pull {r.alias}` rebuilds it)")
         return EXIT_OK
+    if action == "verify":
+        return _models_verify(args.aliases, known)
     aliases = args.aliases
     if not aliases:
         raise _Usage(f"models {action}: give an alias (see `structgen models`)")
@@ -825,7 +833,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
         try:
             if action == "pull":
                 t0 = time.perf_counter()
-                path = assets.pull(a)
+                path = assets.pull(a, force=args.force)
                 print(f"{a}: {path} ({time.perf_counter() - t0:.1f} s)")
             else:
                 fn = assets.tokenizer_path if a in assets.TOKENIZERS else assets.model_path
@@ -833,6 +841,37 @@ def _cmd_models(args: argparse.Namespace) -> int:
         except AssetError as e:
             _err(f"structgen models {action}", str(e))
             status = EXIT_INVALID
+    return status
+
+
+def _models_verify(aliases: list[str], known: set[str]) -> int:
+    """``models verify [ALIAS...]``: hash every file of each entry (all cached entries by
+    default) against its manifest; one line per entry, exit 1 when any is damaged or missing."""
+    from . import assets
+
+    for a in aliases:
+        if a not in known:
+            raise _Usage(f"unknown alias {a!r}; known aliases: {', '.join(sorted(known))}")
+    if not aliases:
+        aliases = [r.alias for r in assets.list_aliases() if r.cached]
+        if not aliases:
+            print(f"structgen models verify: nothing cached in {assets.cache_dir()}", file=sys.stderr)
+            return EXIT_OK
+    status = EXIT_OK
+    for a in aliases:
+        problems = assets.verify(a)
+        if problems is None:
+            print(f"{a}: not cached")
+            status = EXIT_INVALID
+        elif problems:
+            for problem in problems:
+                print(f"{a}: damaged: {problem}")
+            status = EXIT_INVALID
+        else:
+            print(f"{a}: ok")
+    if status != EXIT_OK:
+        print("structgen models verify: `structgen models pull ALIAS` rebuilds a damaged entry",
+              file=sys.stderr)
     return status
 
 
@@ -951,12 +990,15 @@ def _parser() -> argparse.ArgumentParser:
     g.set_defaults(func=_cmd_generate)
 
     m = sub.add_parser("models", help="list model and tokenizer aliases; fetch one; show where it is",
-                       description="`structgen models` lists the aliases and whether they are cached; "
-                       "`models pull ALIAS...` fetches into the cache; `models path ALIAS` prints the "
-                       "cached folder. Exit: 0 ok, 1 fetch failed / not cached, 2 unknown alias.")
-    m.add_argument("action", nargs="?", choices=("list", "pull", "path"), help="default: list")
+                       description="`structgen models` lists the aliases and whether they are cached "
+                       "(or damaged); `models pull ALIAS...` fetches into the cache and rebuilds a damaged "
+                       "entry; `models path ALIAS` prints the cached folder; `models verify [ALIAS...]` "
+                       "hashes every cached file against its manifest. Exit: 0 ok, 1 fetch failed / not "
+                       "cached / damaged, 2 unknown alias.")
+    m.add_argument("action", nargs="?", choices=("list", "pull", "path", "verify"), help="default: list")
     m.add_argument("aliases", nargs="*", metavar="ALIAS")
     m.add_argument("--json", action="store_true", help="list: one JSON object per alias")
+    m.add_argument("--force", action="store_true", help="pull: convert again even when cached and intact")
     m.set_defaults(func=_cmd_models)
 
     b = sub.add_parser("bench", help="run the benchmark suite (arguments go to structgen.bench)")

