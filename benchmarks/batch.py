@@ -50,6 +50,7 @@ from tasks.extraction import TASKS, messages  # noqa: E402
 import structgen  # noqa: E402
 from structgen.config import SpecConfig  # noqa: E402
 from structgen.model import CausalLM, load_model  # noqa: E402
+from structgen.validation import jsonschema_validator  # noqa: E402
 
 ENGINES = ("batch-spec", "batch-plain", "single-spec", "single-plain")
 EXTRA_ENGINES = ("batch-spec-serial",)
@@ -93,7 +94,7 @@ def _valid(schema: dict[str, Any], r: Any) -> bool:
     if r.finish_reason != "stop":
         return False
     try:
-        return jsonschema.Draft202012Validator(schema).is_valid(json.loads(r.text))
+        return jsonschema_validator(schema, jsonschema.Draft202012Validator).is_valid(json.loads(r.text))
     except ValueError:
         return False
 

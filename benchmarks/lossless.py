@@ -30,6 +30,7 @@ from tasks.extraction import TASKS  # noqa: E402
 
 import structgen  # noqa: E402
 from structgen.model import load_model  # noqa: E402
+from structgen.validation import jsonschema_validator  # noqa: E402
 
 
 def cases(n: int) -> list[tuple[str, dict[str, Any], str]]:
@@ -69,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         same = plain.tokens == spec.tokens
         valid = True
         if plain.finish_reason == "stop":
-            valid = jsonschema.Draft202012Validator(schema).is_valid(json.loads(plain.text))
+            valid = jsonschema_validator(schema, jsonschema.Draft202012Validator).is_valid(
+                json.loads(plain.text))
         ok += int(same and valid)
         rows.append({"case": name, "identical": same, "valid": valid, "finish": plain.finish_reason,
                      "tokens": len(plain.tokens), "plain_passes": plain.stats.forward_passes,
