@@ -14,6 +14,7 @@ from .errors import (
     CompileLimitError,
     CompileTimeoutError,
     ConfigError,
+    ContextLengthError,
     GrammarError,
     GrammarSyntaxError,
     RegexError,
@@ -49,7 +50,8 @@ _LAZY = {
 
 __all__ = [
     "__version__",
-    "AssetError", "CompileLimitError", "CompileTimeoutError", "ConfigError", "GrammarError",
+    "AssetError", "CompileLimitError", "CompileTimeoutError", "ConfigError", "ContextLengthError",
+    "GrammarError",
     "GrammarSyntaxError", "RegexError", "SchemaError", "StructgenError",
     "UnsupportedFeatureError", "VocabularyError",
     *sorted(_LAZY),

@@ -58,10 +58,20 @@ def _load_config(config: SpecConfig | str | os.PathLike[str] | dict | None) -> S
     if isinstance(config, SpecConfig):
         return config
     if isinstance(config, dict):
-        try:
-            return SpecConfig(**config)
-        except TypeError as e:
-            raise ConfigError(str(e)) from None
+        import difflib
+        from dataclasses import fields
+
+        known = [f.name for f in fields(SpecConfig)]
+        for key in config:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"config: unknown key {key!r}{hint}; known: {', '.join(known)}",
+                                  key=str(key))
+        return SpecConfig(**config)
+    if not isinstance(config, (str, os.PathLike)):
+        raise ConfigError(f"config must be a SpecConfig, a dict or a YAML file path, not "
+                          f"{type(config).__name__}", key="config")
     from .settings import load_spec_config  # YAML file
 
     return load_spec_config(Path(config))
@@ -143,63 +153,115 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
     alone (greedy). The list returned for a batch is a :class:`BatchResults` whose ``stats``
     sums the batch. With ``seed``, sequence ``i`` uses ``seed + i``.
     """
-    from .model import load_model, vocabulary_for
+    from .model import check_context, load_model, vocabulary_for
     from .speculative import run_sequence
 
-    cfg = _load_config(config)
-    over: dict[str, Any] = {}
-    if temperature is not None:
-        over["temperature"] = float(temperature)
-    if top_p is not None:
-        over["top_p"] = float(top_p)
-    if draft_model is not None and isinstance(draft_model, (str, os.PathLike)):
-        over["draft_model"] = str(draft_model)
-    if over:
-        cfg = replace(cfg, **over)
-    if max_new_tokens < 1:
-        raise ConfigError("max_new_tokens must be >= 1", key="max_new_tokens")
+    cfg = _spec_config(config, temperature, top_p, draft_model)
+    opts = _generation_options(max_new_tokens, seed, speculative, start)
+
+    batch = isinstance(prompt, (list, tuple)) or (
+        messages is not None and len(messages) > 0 and isinstance(messages[0], (list, tuple)))
+    if batch:
+        if prompt is not None and messages is not None:
+            raise ConfigError("give prompt= or messages=, not both")
+        items = list(prompt) if prompt is not None else list(messages)  # type: ignore[arg-type]
+    else:
+        items = [prompt if prompt is not None else messages]
+    n = len(items)
+    schemas = _per_request("schema", schema, n, batch)
+    grammars = _per_request("grammar", grammar, n, batch)
+    regexes = _per_request("regex", regex, n, batch)
+    # every constraint of the call is compiled before the model loads and anything is generated
+    compiled = _compile_all(schemas, grammars, regexes, opts.start, batch)
 
     lm = load_model(model, tokenizer)
     vocab = vocabulary_for(lm)
+    draft_lm = _load_draft(draft_model, cfg)
+
+    if not batch:
+        g, pyd = compiled[0]
+        item = items[0]
+        ids = _prompt_ids(lm, item if isinstance(item, str) else None,
+                          None if isinstance(item, str) else item)
+        check_context(lm, len(ids), opts.max_new_tokens, draft_lm=draft_lm)
+        res = run_sequence(lm, vocab, g, ids, cfg, speculative=opts.speculative,
+                           max_new_tokens=opts.max_new_tokens, draft_lm=draft_lm, seed=opts.seed)
+        return _finish(res, pyd, schemas[0] is not None)
+    return _generate_batch(lm, vocab, cfg, items, schemas, compiled, speculative=opts.speculative,
+                           max_new_tokens=opts.max_new_tokens, draft_lm=draft_lm, seed=opts.seed)
+
+
+def _spec_config(config: Any, temperature: Any, top_p: Any, draft_model: Any) -> SpecConfig:
+    """The call's SpecConfig: ``config`` with the keyword overrides (each checked by
+    SpecConfig's own validation, so ``temperature=float("nan")`` is a ConfigError)."""
+    cfg = _load_config(config)
+    over: dict[str, Any] = {}
+    if temperature is not None:
+        over["temperature"] = temperature
+    if top_p is not None:
+        over["top_p"] = top_p
+    if draft_model is not None and isinstance(draft_model, (str, os.PathLike)):
+        over["draft_model"] = str(draft_model)
+    return replace(cfg, **over) if over else cfg
+
+
+def _generation_options(max_new_tokens: Any, seed: Any, speculative: Any, start: Any) -> Any:
+    """The per-call keywords checked as :class:`~structgen.config.GenerationOptions` checks
+    them (``max_new_tokens=2.5``, ``seed=2**70``, ``speculative="no"`` are ConfigErrors)."""
+    from .config import GenerationOptions
+
+    return GenerationOptions(max_new_tokens=max_new_tokens, seed=seed, speculative=speculative,
+                             start=start)
+
+
+def _per_request(name: str, value: Any, n: int, batch: bool) -> list[Any]:
+    """One ``schema`` / ``grammar`` / ``regex`` per request. A list (or tuple) always means one
+    per prompt (a JSON Schema is never a list): it needs a batch of the same length."""
+    if value is None:
+        return [None] * n
+    if isinstance(value, (list, tuple)):
+        if not batch:
+            raise ConfigError(f"{name}= is a list of {len(value)} but prompt= / messages= is a single "
+                              "request: give a list of prompts (one per " + name + ")", key=name)
+        if len(value) != n:
+            raise ConfigError(f"{len(value)} {name} values for {n} prompts: give one {name} per "
+                              f"prompt, or a single {name} for all", key=name)
+        return list(value)
+    return [value] * n
+
+
+def _compile_all(schemas: list[Any], grammars: list[Any], regexes: list[Any], start: str,
+                 batch: bool) -> list[tuple[Any, Any]]:
+    """Compile every request's constraint (a constraint shared by several requests once); in a
+    batch an error names its request (``request 1: ...``, ``error.request_index``)."""
+    from .errors import StructgenError, attribute_to_request
+
+    done: dict[tuple[int, int, int], tuple[Any, Any]] = {}
+    out = []
+    for i, (s, g, r) in enumerate(zip(schemas, grammars, regexes)):
+        key = (id(s), id(g), id(r))
+        if key not in done:
+            try:
+                done[key] = resolve_grammar(schema=s, grammar=g, regex=r, start=start)
+            except StructgenError as e:
+                if batch:
+                    raise attribute_to_request(e, i) from None
+                raise
+        out.append(done[key])
+    return out
+
+
+def _load_draft(draft_model: Any, cfg: SpecConfig) -> Any:
+    from .model import CausalLM, load_model
+
     draft_lm = None
     if draft_model is not None and not isinstance(draft_model, (str, os.PathLike)):
         draft_lm = load_model(draft_model)
     elif cfg.draft_model:
         draft_lm = load_model(cfg.draft_model)
     if draft_lm is not None:
-        from .model import CausalLM
-
         draft_lm = CausalLM(draft_lm.model, draft_lm.tokenizer)  # own cache
-
-    batch = isinstance(prompt, (list, tuple)) or (
-        messages is not None and len(messages) > 0 and isinstance(messages[0], (list, tuple)))
-    if batch:
-        items = list(prompt) if prompt is not None else list(messages)  # type: ignore[arg-type]
-    else:
-        items = [prompt if prompt is not None else messages]
-    n = len(items)
-
-    def per_item(x: Any) -> list[Any]:
-        if isinstance(x, list) and len(x) == n and batch and not isinstance(x, dict):
-            return x
-        return [x] * n
-
-    schemas = per_item(schema) if schema is not None else [None] * n
-    grammars = per_item(grammar) if grammar is not None else [None] * n
-    regexes = per_item(regex) if regex is not None else [None] * n
-
-    if not batch:
-        g, pyd = resolve_grammar(schema=schemas[0], grammar=grammars[0], regex=regexes[0],
-                                 start=start)
-        item = items[0]
-        ids = _prompt_ids(lm, item if isinstance(item, str) else None,
-                          None if isinstance(item, str) else item)
-        res = run_sequence(lm, vocab, g, ids, cfg, speculative=speculative,
-                           max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed)
-        return _finish(res, pyd, schemas[0] is not None)
-    return _generate_batch(lm, vocab, cfg, items, schemas, grammars, regexes, start=start,
-                           speculative=speculative, max_new_tokens=max_new_tokens,
-                           draft_lm=draft_lm, seed=seed)
+    return draft_lm
 
 
 class BatchResults(list):  # type: ignore[type-arg]
@@ -213,31 +275,39 @@ class BatchResults(list):  # type: ignore[type-arg]
 
 
 def _generate_batch(lm: Any, vocab: Any, cfg: SpecConfig, items: list[Any], schemas: list[Any],
-                    grammars: list[Any], regexes: list[Any], *, start: str, speculative: bool,
-                    max_new_tokens: int, draft_lm: Any, seed: int | None) -> BatchResults:
+                    compiled: list[tuple[Any, Any]], *, speculative: bool, max_new_tokens: int,
+                    draft_lm: Any, seed: int | None) -> BatchResults:
     """Micro-batches of ``cfg.batch_size`` sequences, each run by
-    :func:`~structgen.speculative.run_batch` (one batched target forward per step)."""
+    :func:`~structgen.speculative.run_batch` (one batched target forward per step). Every
+    prompt is encoded and checked against the context first: a bad request fails the call
+    before any micro-batch is generated."""
+    from .errors import StructgenError, attribute_to_request
+    from .model import check_context
     from .speculative import BatchStats, run_batch
 
     n = len(items)
+    ids: list[list[int]] = []
+    for i, item in enumerate(items):
+        try:
+            p = _prompt_ids(lm, item if isinstance(item, str) else None,
+                            None if isinstance(item, str) else item)
+            if not p:
+                raise ConfigError("the prompt encodes to no tokens")
+            check_context(lm, len(p), max_new_tokens, draft_lm=draft_lm)
+        except StructgenError as e:
+            raise attribute_to_request(e, i) from None
+        ids.append(p)
     results = BatchResults()
     total = BatchStats()
     for lo in range(0, n, cfg.batch_size):
         idx = range(lo, min(n, lo + cfg.batch_size))
-        compiled = [resolve_grammar(schema=schemas[i], grammar=grammars[i], regex=regexes[i],
-                                    start=start) for i in idx]
-        ids = [_prompt_ids(lm, items[i] if isinstance(items[i], str) else None,
-                           None if isinstance(items[i], str) else items[i]) for i in idx]
-        for i, p in zip(idx, ids):
-            if not p:
-                raise ConfigError(f"prompt {i} of the batch encodes to no tokens")
-        outs, bst = run_batch(lm, vocab, [g for g, _ in compiled], ids, cfg,
+        outs, bst = run_batch(lm, vocab, [compiled[i][0] for i in idx], [ids[i] for i in idx], cfg,
                               speculative=speculative, max_new_tokens=max_new_tokens,
                               draft_lm=draft_lm,
                               seeds=[None if seed is None else seed + i for i in idx])
         total.add(bst)
-        for i, (_g, pyd), res in zip(idx, compiled, outs):
-            results.append(_finish(res, pyd, schemas[i] is not None))
+        for i, res in zip(idx, outs):
+            results.append(_finish(res, compiled[i][1], schemas[i] is not None))
     results.stats = total
     return results
 
@@ -250,22 +320,21 @@ def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | Non
            draft_model: Any = None, start: str = "start") -> Iterator[str]:
     """Yield text increments as each verify step commits them (never text a later
     rollback could take back). Same arguments as :func:`generate`, one prompt."""
-    from .model import load_model, vocabulary_for
+    from .model import check_context, load_model, vocabulary_for
     from .speculative import stream_sequence
 
-    cfg = _load_config(config)
-    over: dict[str, Any] = {}
-    if temperature is not None:
-        over["temperature"] = float(temperature)
-    if top_p is not None:
-        over["top_p"] = float(top_p)
-    if over:
-        cfg = replace(cfg, **over)
+    cfg = _spec_config(config, temperature, top_p, None)
+    opts = _generation_options(max_new_tokens, seed, speculative, start)
+    if not (prompt is None or isinstance(prompt, str)):
+        raise ConfigError("stream() takes one prompt (a string); use generate() for a batch",
+                          key="prompt")
+    g, _pyd = resolve_grammar(schema=schema, grammar=grammar, regex=regex, start=opts.start)
     lm = load_model(model, tokenizer)
     vocab = vocabulary_for(lm)
     draft_lm = load_model(draft_model) if draft_model is not None else None
-    g, _pyd = resolve_grammar(schema=schema, grammar=grammar, regex=regex, start=start)
     ids = _prompt_ids(lm, prompt, messages)
+    check_context(lm, len(ids), opts.max_new_tokens, draft_lm=draft_lm)
+    max_new_tokens, seed, speculative = opts.max_new_tokens, opts.seed, opts.speculative
     dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
     eos = set(vocab.eos_token_ids)
     for new, _seq in stream_sequence(lm, vocab, g, ids, cfg, speculative=speculative,

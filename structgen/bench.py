@@ -59,6 +59,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ._atomic import AtomicOutput, write_text_atomic
+
 __all__ = ["main", "bleu", "check_output", "tiny_model", "prompt_text", "run_structgen", "run_xgrammar",
            "run_outlines", "HEADLINE"]
 
@@ -670,7 +672,8 @@ def write_plots(doc: dict[str, Any], stem: Path) -> list[str]:
     ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     p1 = stem.with_name(stem.name + "-speedup-vs-acceptance.png")
-    fig.savefig(p1, dpi=120)
+    with AtomicOutput(p1, binary=True) as png:
+        fig.savefig(png.stream, format="png", dpi=120)
     plt.close(fig)
     paths.append(str(p1))
 
@@ -692,7 +695,8 @@ def write_plots(doc: dict[str, Any], stem: Path) -> list[str]:
     ax.legend(fontsize=8)
     fig.tight_layout()
     p2 = stem.with_name(stem.name + "-speedup-by-type.png")
-    fig.savefig(p2, dpi=120)
+    with AtomicOutput(p2, binary=True) as png:
+        fig.savefig(png.stream, format="png", dpi=120)
     plt.close(fig)
     paths.append(str(p2))
     return paths
@@ -721,21 +725,37 @@ def _select_tasks(types: list[str], per_type: int | None, names: list[str] | Non
     return tasks
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an integer from 1 to structgen.config.MAX_COUNT."""
+    from .config import MAX_COUNT
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not 1 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{value} is not an integer from 1 to {MAX_COUNT}")
+    return value
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="structgen bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="model alias or path (default smollm2-135m)")
     ap.add_argument("--draft-model", default=None, help="draft LM alias/path for the spec engine")
     ap.add_argument("--types", default="json,code,prose", help="task types, comma separated")
-    ap.add_argument("--tasks-per-type", type=int, default=None, help="first N tasks of each type")
+    ap.add_argument("--tasks-per-type", type=_positive_int, default=None, help="first N tasks of each type")
     ap.add_argument("--task", action="append", default=None, help="run only this task (repeatable)")
     ap.add_argument("--engines", default=None,
                     help="comma separated from plain,spec,xgrammar,outlines "
                          "(default all; --smoke: plain,spec)")
-    ap.add_argument("--max-new-tokens", type=int, default=None, help="default 400 (--smoke: 96)")
-    ap.add_argument("--repeats", type=int, default=1, help="timed runs per task and engine (median)")
+    ap.add_argument("--max-new-tokens", type=_positive_int, default=None,
+                    help="default 400 (--smoke: 96)")
+    ap.add_argument("--repeats", type=_positive_int, default=1,
+                    help="timed runs per task and engine (median)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    ap.add_argument("--threads", type=_positive_int, default=None,
+                    help="torch threads (default: torch's own)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"),
                     help="model weights (bfloat16 on the CPU runs a row-invariant forward)")
     ap.add_argument("--out", type=Path, default=None,
@@ -788,8 +808,8 @@ def main(argv: list[str] | None = None) -> int:
 def _write_reports(doc: dict[str, Any], stem: Path, plots: bool) -> None:
     if plots:
         doc["meta"]["plots"] = write_plots(doc, stem)
-    stem.with_name(stem.name + ".json").write_text(json.dumps(doc, indent=1, default=str))
-    stem.with_name(stem.name + ".md").write_text(render_markdown(doc))
+    write_text_atomic(stem.with_name(stem.name + ".json"), json.dumps(doc, indent=1, default=str))
+    write_text_atomic(stem.with_name(stem.name + ".md"), render_markdown(doc))
     print(f"wrote {stem}.json, {stem}.md" + (f", {', '.join(doc['meta'].get('plots', []))}"
                                              if doc["meta"].get("plots") else ""), file=sys.stderr)
 

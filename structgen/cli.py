@@ -392,6 +392,7 @@ class _Request:
     messages: list[dict[str, Any]] | None
     constraint: _Constraint
     id: Any = None
+    where: str = "--prompt"  # FILE:LINE of the request in --prompts, for error messages
 
 
 def _grammar_error(path: str, e: StructgenError) -> str:
@@ -494,16 +495,24 @@ def _check_messages(value: Any) -> bool:
                     and isinstance(m.get("content"), str) for m in value))
 
 
-def _read_requests(args: argparse.Namespace, main: _Constraint | None, settings: Any) -> list[_Request]:
+def _read_requests(args: argparse.Namespace, main: _Constraint | None, settings: Any,
+                   schema_files: list[str] | None = None) -> list[_Request]:
     """The requests of ``--prompt`` or of the ``--prompts`` JSON Lines file (checked here, before
-    any model is loaded: a bad line is a usage error naming FILE:LINE)."""
+    any model is loaded: a bad line is a usage error naming FILE:LINE). The schema files the
+    prompts file names are appended to ``schema_files``."""
     if args.prompt is not None:
         if main is None:
             raise _Usage("give one of --schema, --pydantic, --grammar or --regex")
         if not args.prompt:
             raise _Usage("--prompt is empty")
         return [_Request(0, args.prompt, None, main)]
-    name = args.prompts
+    return _read_prompts_file(args.prompts, main, settings, [] if schema_files is None else schema_files)
+
+
+def _read_prompts_file(name: str, main: _Constraint | None, settings: Any,
+                       schema_files: list[str]) -> list[_Request]:
+    """The requests of a JSON Lines prompts file; appends the schema files its lines name to
+    ``schema_files`` (inputs an output must not overwrite)."""
     try:
         raw = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
     except OSError as e:
@@ -538,6 +547,7 @@ def _read_requests(args: argparse.Namespace, main: _Constraint | None, settings:
                 path = Path(spec) if Path(spec).is_absolute() else base / spec
                 key = "file:" + str(path)
                 if key not in cache:
+                    schema_files.append(str(path))
                     try:
                         schema = schema_from(path)
                     except StructgenError as e:
@@ -553,7 +563,7 @@ def _read_requests(args: argparse.Namespace, main: _Constraint | None, settings:
         if constraint is None:
             raise _Usage(f"{where}: no constraint: give --schema, --pydantic, --grammar or --regex, "
                          "or a \"schema\" field on every line")
-        requests.append(_Request(len(requests), prompt, messages, constraint, item.get("id")))
+        requests.append(_Request(len(requests), prompt, messages, constraint, item.get("id"), where))
     if not requests:
         raise _Usage(f"no prompts in {name}")
     return requests
@@ -623,9 +633,13 @@ def _chunks(requests: list[_Request], size: int) -> list[list[_Request]]:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    """Every check that needs no model runs first (options, constraints, prompts, output paths);
+    the outputs are written through temporary files renamed into place at the end, so a run that
+    fails never destroys an existing file (what was finished is kept as ``OUT.partial``)."""
     import os
     from dataclasses import replace
 
+    from ._atomic import AtomicOutput, abort_all, check_distinct
     from .errors import ConfigError
 
     prog = "structgen generate"
@@ -639,15 +653,24 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             cfg = replace(cfg, batch_size=args.batch_size)
         if args.max_new_tokens is not None:
             gen = replace(gen, max_new_tokens=args.max_new_tokens)
+        if args.seed is not None:
+            gen = replace(gen, seed=args.seed)
     except ConfigError as e:
         raise _Usage(f"--{(e.key or '').replace('_', '-')}: {e}") from None
-    seed = args.seed if args.seed is not None else gen.seed
     speculative = gen.speculative and not args.no_speculative
     if args.metrics_out and Path(args.metrics_out).suffix not in (".json", ".prom"):
         raise _Usage(f"--metrics-out {args.metrics_out}: the name must end in .json or .prom")
 
     main = _main_constraint(args, settings)
-    requests = _read_requests(args, main, settings)
+    schema_files: list[str] = []
+    requests = _read_requests(args, main, settings, schema_files)
+    outputs = [("--out", args.out), ("--values-out", args.values_out), ("--metrics-out", args.metrics_out)]
+    try:
+        check_distinct([("--prompts", args.prompts), ("--schema", args.schema),
+                        ("--grammar", args.grammar), ("--config", args.config),
+                        *(("a schema of --prompts", f) for f in schema_files)], outputs)
+    except ConfigError as e:
+        raise _Usage(str(e)) from None
 
     from .assets import resolve_model
     from .errors import AssetError
@@ -660,15 +683,16 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     except AssetError as e:
         raise _Usage(str(e)) from None
 
-    out: IO[str]
-    if args.out:
-        try:
-            out = open(args.out, "w", encoding="utf-8")
-        except OSError as e:
-            raise _Usage(f"cannot write {args.out}: {e.strerror or e}") from None
-    else:
-        out = sys.stdout
+    opened: list[AtomicOutput] = []
     try:
+        for flag, path in outputs[:2]:
+            if path:
+                try:
+                    opened.append(AtomicOutput(path))
+                except OSError as e:
+                    raise _Usage(f"{flag}: cannot write {path}: {e.strerror or e}") from None
+        out = opened[0] if args.out else None
+        values_out = opened[-1] if args.values_out else None
         from .model import load_model
 
         if not _isatty(sys.stderr):  # transformers draws its own loading bars otherwise
@@ -679,11 +703,31 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             lm = load_model(str(model_path), dtype=getattr(args, "dtype", "float32"))
         except Exception as e:  # noqa: BLE001 - transformers' many load errors
             raise _Usage(f"cannot load model {model_name}: {type(e).__name__}: {e}") from None
-        return _generate_all(args, prog, lm, requests, cfg, gen.max_new_tokens, seed, speculative,
-                             settings, out)
-    finally:
-        if out is not sys.stdout:
-            out.close()
+        _check_contexts(lm, requests, gen.max_new_tokens)
+        rc = _generate_all(args, prog, lm, requests, cfg, gen.max_new_tokens, gen.seed, speculative,
+                           settings, out, values_out)
+        for o in opened:
+            o.commit()
+        return rc
+    except BaseException:
+        for note in abort_all(opened):
+            _note(prog, note)
+        raise
+
+
+def _check_contexts(lm: Any, requests: list[_Request], max_new_tokens: int) -> None:
+    """Every request's prompt plus ``max_new_tokens`` within the model's context, checked before
+    anything is generated (an error names the request's FILE:LINE)."""
+    from .api import _prompt_ids
+    from .errors import StructgenError
+    from .model import check_context
+
+    for req in requests:
+        try:
+            ids = _prompt_ids(lm, req.prompt, req.messages)
+            check_context(lm, len(ids), max_new_tokens)
+        except StructgenError as e:
+            raise _Usage(f"{req.where}: {_text(e)}") from None
 
 
 def _isatty(stream: Any) -> bool:
@@ -699,7 +743,9 @@ def _default_model() -> str:
 
 def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_Request], cfg: Any,
                   max_new_tokens: int, seed: int | None, speculative: bool, settings: Any,
-                  out: IO[str]) -> int:
+                  out_file: Any, values_out: Any) -> int:
+    """Generate every request, writing each micro-batch's result lines as soon as it is done
+    (to ``out_file``, an AtomicOutput, or stdout; and to ``values_out``)."""
     import structgen
 
     from .metrics import Metrics, serve_metrics
@@ -714,12 +760,7 @@ def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_
         _note(prog, f"metrics at http://127.0.0.1:{server.port}/metrics")
     progress = _Progress(len(requests), sys.stderr, prog)
     failed = done = tokens = 0
-    values_out: IO[str] | None = None
-    if args.values_out:
-        try:
-            values_out = open(args.values_out, "w", encoding="utf-8")
-        except OSError as e:
-            raise _Usage(f"cannot write {args.values_out}: {e.strerror or e}") from None
+    out: Any = out_file if out_file is not None else sys.stdout
     metrics.mark_start()
     try:
         for chunk in _chunks(requests, cfg.batch_size):
@@ -733,7 +774,8 @@ def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_
             try:
                 results = structgen.generate(lm, **kw)
             except StructgenError as e:
-                raise _Usage(_text(e)) from None
+                where = chunk[e.request_index].where if e.request_index is not None else None
+                raise _Usage(f"{where}: {_text(e)}" if where else _text(e)) from None
             for req, res in zip(chunk, results):
                 valid, value, errors = _check_output(req, res)
                 metrics.observe(res, valid=valid)
@@ -750,15 +792,15 @@ def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_
                     # written as is, so that a validator reports it
                     values_out.write(res.text.replace("\n", " ") + "\n")
                 tokens += len(res.tokens)
-            out.flush()
+            out.flush()  # a crash keeps the finished micro-batches (in OUT.partial)
+            if values_out is not None:
+                values_out.flush()
             done += len(chunk)
             progress.update(done, tokens)
     finally:
         progress.close()
         if server is not None:
             server.close()
-        if values_out is not None:
-            values_out.close()
     d = metrics.as_dict()
     acc = d["draft"]["acceptance"]
     tpp = d["tokens_per_pass"]
@@ -911,6 +953,30 @@ class _Parser(argparse.ArgumentParser):
                               f"(see `{self.prog} --help`)\n")
 
 
+def _port(text: str) -> int:
+    """argparse type: a TCP port number, 0 (any free port) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: give a number from 0 to 65535") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port {value}: give a number from 0 to 65535")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (at most structgen.config.MAX_COUNT)."""
+    from .config import MAX_COUNT
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not 1 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{value} is not an integer from 1 to {MAX_COUNT}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="structgen", description="Grammar-constrained generation toolkit.")
     p.add_argument("--version", action="version", version=f"structgen {__version__}")
@@ -941,7 +1007,7 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the main job: compile, validate and generate for schemas/")
     d.add_argument("--schemas", metavar="DIR", help="folder of NAME.schema.json files (default: schemas/)")
     d.add_argument("--no-generate", action="store_true", help="skip generation")
-    d.add_argument("--max-new-tokens", type=int, default=256)
+    d.add_argument("--max-new-tokens", type=_positive_int, default=256)
     d.add_argument("--model", help="model alias or folder (default: structgen's default model)")
     d.set_defaults(func=_cmd_demo)
 
@@ -984,7 +1050,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="plain grammar-constrained decoding (the baseline)")
     g.add_argument("--metrics-out", metavar="FILE", help="write the run metrics: .json or .prom "
                    "(Prometheus text format)")
-    g.add_argument("--metrics-port", type=int, metavar="PORT",
+    g.add_argument("--metrics-port", type=_port, metavar="PORT",
                    help="serve /metrics (Prometheus) and /metrics.json on 127.0.0.1:PORT while running "
                    "(0: a free port, printed on stderr)")
     g.set_defaults(func=_cmd_generate)

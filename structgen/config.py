@@ -3,9 +3,96 @@ configuration file and the CLI map onto these same classes."""
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["CompileOptions", "GenerationOptions", "JsonSchemaOptions", "MonitoringOptions", "SpecConfig"]
+
+# Counts (tokens, states, rules, ...) above this are refused: far beyond anything that can run,
+# and below the sizes where tensors and C integers overflow.
+MAX_COUNT = 2**31 - 1
+# torch.Generator.manual_seed takes at most 2**64 - 1; request i uses seed + i.
+MAX_SEED = 2**63 - 1
+# Drafts per step and tokens per draft: buffers of this many rows times the vocabulary are
+# allocated, so a typo such as 10**9 must not get as far as an allocation.
+MAX_DRAFT = 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# option checks, run by every dataclass's __post_init__ (so the Python API, the YAML file and
+# the CLI flags all get the same ConfigError naming the key)
+# ---------------------------------------------------------------------------------------------
+
+def _fail(name: str, problem: str, value: Any) -> None:
+    from .errors import ConfigError
+
+    raise ConfigError(f"{name} must be {problem}, got {value!r}", key=name)
+
+
+def _set(obj: Any, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)  # the dataclasses are frozen
+
+
+def _check_int(obj: Any, name: str, lo: int, hi: int = MAX_COUNT, *, optional: bool = False) -> None:
+    """An integer (not a bool; numpy integers accepted and converted) in [lo, hi]."""
+    value = getattr(obj, name)
+    if value is None and optional:
+        return
+    word = f"an integer in [{lo}, {hi}]" + (" or null" if optional else "")
+    if isinstance(value, bool):
+        _fail(name, word, value)
+    try:
+        number = operator.index(value)
+    except TypeError:
+        _fail(name, word, value)
+    if not lo <= number <= hi:
+        _fail(name, word, value)
+    _set(obj, name, number)
+
+
+def _check_float(obj: Any, name: str, lo: float, hi: float = math.inf, *, lo_open: bool = False,
+                 hi_open: bool = False, optional: bool = False) -> None:
+    """A finite real number (not a bool, not NaN or infinite) in the given interval."""
+    value = getattr(obj, name)
+    if value is None and optional:
+        return
+    left = "(" if lo_open else "["
+    right = ")" if hi_open or hi == math.inf else "]"
+    word = f"a finite number in {left}{lo:g}, {hi:g}{right}" + (" or null" if optional else "")
+    if isinstance(value, (bool, str, bytes)) or not hasattr(value, "__float__"):
+        _fail(name, word, value)
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        _fail(name, word, value)
+    if not math.isfinite(number) or number < lo or number > hi or (lo_open and number == lo) \
+            or (hi_open and number == hi):
+        _fail(name, word, value)
+    _set(obj, name, number)
+
+
+def _check_bool(obj: Any, name: str, *, optional: bool = False) -> None:
+    value = getattr(obj, name)
+    if value is None and optional:
+        return
+    if not isinstance(value, bool):
+        _fail(name, "true or false" + (" or null" if optional else ""), value)
+
+
+def _check_choice(obj: Any, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(obj, name)
+    if not isinstance(value, str) or value not in choices:
+        _fail(name, "one of " + ", ".join(repr(c) for c in choices), value)
+
+
+def _check_text(obj: Any, name: str, *, optional: bool = False) -> None:
+    value = getattr(obj, name)
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not value.strip():
+        _fail(name, "a non-empty string" + (" or null" if optional else ""), value)
 
 
 @dataclass(frozen=True)
@@ -24,6 +111,11 @@ class CompileOptions:
     max_states: int = 200_000
     timeout_s: float = 30.0
     max_rules: int = 20_000
+
+    def __post_init__(self) -> None:
+        _check_int(self, "max_states", 1)
+        _check_float(self, "timeout_s", 0, lo_open=True)
+        _check_int(self, "max_rules", 1)
 
 
 @dataclass(frozen=True)
@@ -58,6 +150,16 @@ class JsonSchemaOptions:
     max_string_length: int | None = None
     max_depth: int = 128
     max_enum: int = 5_000
+
+    def __post_init__(self) -> None:
+        _check_choice(self, "whitespace", ("compact", "flexible"))
+        _check_int(self, "max_whitespace", 0)
+        _check_choice(self, "property_order", ("schema",))
+        _check_choice(self, "formats", ("enforce", "annotation"))
+        _check_bool(self, "lenient")
+        _check_int(self, "max_string_length", 0, optional=True)
+        _check_int(self, "max_depth", 1)
+        _check_int(self, "max_enum", 1)
 
 
 @dataclass(frozen=True)
@@ -110,22 +212,27 @@ class SpecConfig:
     def __post_init__(self) -> None:
         from .errors import ConfigError
 
-        if self.draft_num < 1:
-            raise ConfigError("draft_num must be >= 1", key="draft_num")
-        if not (1 <= self.min_draft_tokens <= self.max_draft_tokens):
+        _check_int(self, "draft_num", 1, MAX_DRAFT)
+        _check_int(self, "max_draft_tokens", 1, MAX_DRAFT)
+        _check_int(self, "min_draft_tokens", 1, MAX_DRAFT)
+        if self.min_draft_tokens > self.max_draft_tokens:
             raise ConfigError("need 1 <= min_draft_tokens <= max_draft_tokens", key="max_draft_tokens")
-        if self.temperature < 0:
-            raise ConfigError("temperature must be >= 0", key="temperature")
-        if not (0 < self.top_p <= 1):
-            raise ConfigError("top_p must be in (0, 1]", key="top_p")
-        if self.verify_threshold is not None and not (0 < self.verify_threshold <= 1):
-            raise ConfigError("verify_threshold must be in (0, 1] or absent", key="verify_threshold")
-        if self.batch_size < 1:
-            raise ConfigError("batch_size must be >= 1", key="batch_size")
-        if not (1 <= self.ngram_min <= self.ngram_max):
+        _check_float(self, "temperature", 0)
+        _check_float(self, "top_p", 0, 1, lo_open=True)
+        _check_float(self, "verify_threshold", 0, 1, lo_open=True, optional=True)
+        _check_int(self, "batch_size", 1)
+        _check_bool(self, "grammar_drafts")
+        _check_bool(self, "prompt_lookup")
+        _check_int(self, "ngram_max", 1)
+        _check_int(self, "ngram_min", 1)
+        if self.ngram_min > self.ngram_max:
             raise ConfigError("need 1 <= ngram_min <= ngram_max", key="ngram_min")
-        if self.backend not in ("auto", "torch", "triton"):
-            raise ConfigError("backend must be auto, torch or triton", key="backend")
+        _check_text(self, "draft_model", optional=True)
+        _check_bool(self, "adaptive")
+        _check_float(self, "min_acceptance", 0, 1)
+        _check_int(self, "warmup_proposals", 0)
+        _check_choice(self, "backend", ("auto", "torch", "triton"))
+        _check_bool(self, "overlap_masks", optional=True)
 
 
 @dataclass(frozen=True)
@@ -149,12 +256,11 @@ class GenerationOptions:
     start: str = "start"
 
     def __post_init__(self) -> None:
-        from .errors import ConfigError
-
-        if self.max_new_tokens < 1:
-            raise ConfigError("max_new_tokens must be >= 1", key="max_new_tokens")
-        if not self.start:
-            raise ConfigError("start must be a rule name", key="start")
+        _check_text(self, "model", optional=True)
+        _check_int(self, "max_new_tokens", 1)
+        _check_int(self, "seed", 0, MAX_SEED, optional=True)
+        _check_bool(self, "speculative")
+        _check_text(self, "start")
 
 
 @dataclass(frozen=True)
@@ -184,15 +290,8 @@ class MonitoringOptions:
     min_requests: int = 1
 
     def __post_init__(self) -> None:
-        from .errors import ConfigError
-
         for name in ("min_acceptance", "min_drafter_acceptance", "min_validity"):
-            v = getattr(self, name)
-            if v is not None and not (0 <= v <= 1):
-                raise ConfigError(f"{name} must be in [0, 1] or null", key=name)
-        if self.min_tokens_per_pass is not None and self.min_tokens_per_pass < 0:
-            raise ConfigError("min_tokens_per_pass must be >= 0 or null", key="min_tokens_per_pass")
-        if self.max_latency_p95_s is not None and self.max_latency_p95_s <= 0:
-            raise ConfigError("max_latency_p95_s must be > 0 or null", key="max_latency_p95_s")
-        if self.min_requests < 1:
-            raise ConfigError("min_requests must be >= 1", key="min_requests")
+            _check_float(self, name, 0, 1, optional=True)
+        _check_float(self, "min_tokens_per_pass", 0, optional=True)
+        _check_float(self, "max_latency_p95_s", 0, lo_open=True, optional=True)
+        _check_int(self, "min_requests", 1)

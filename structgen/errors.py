@@ -19,12 +19,37 @@ __all__ = [
     "CompileTimeoutError",
     "VocabularyError",
     "AssetError",
+    "ContextLengthError",
     "StructgenWarning",
+    "attribute_to_request",
 ]
 
 
 class StructgenError(Exception):
-    """Base class of every error structgen raises on purpose."""
+    """Base class of every error structgen raises on purpose.
+
+    ``request_index`` is the 0-based index of the request of a batch the error belongs to
+    (None outside a batch); the message then starts with ``request N: ``.
+    """
+
+    request_index: int | None = None
+
+
+def attribute_to_request(error: StructgenError, index: int) -> StructgenError:
+    """Mark ``error`` (in place) as belonging to request ``index`` of a batch: sets
+    ``request_index`` and prefixes the message with ``request N: ``. Returns ``error`` so that
+    callers can ``raise attribute_to_request(e, i) from None``; its type (and so every
+    ``except`` clause that catches it) is unchanged."""
+    if error.request_index is None:
+        error.request_index = index
+        prefix = f"request {index}: "
+        if error.args and isinstance(error.args[0], str):
+            error.args = (prefix + error.args[0],) + error.args[1:]
+        else:
+            error.args = (prefix.rstrip(": "),) + error.args
+        if isinstance(getattr(error, "message", None), str):
+            error.message = prefix + error.message  # type: ignore[attr-defined]
+    return error
 
 
 class ConfigError(StructgenError, ValueError):
@@ -137,6 +162,24 @@ class VocabularyError(StructgenError, ValueError):
 
 class AssetError(StructgenError):
     """A tokenizer or model asset could not be obtained or converted."""
+
+
+class ContextLengthError(StructgenError, ValueError):
+    """A prompt plus ``max_new_tokens`` does not fit in the model's context window.
+
+    Raised before any generation. ``request_index`` is the request of the batch (None for a
+    single prompt), ``prompt_tokens`` the prompt's length in tokens, ``max_new_tokens`` the
+    generation budget and ``context_length`` the most positions the model takes.
+    """
+
+    def __init__(self, message: str, *, prompt_tokens: int, max_new_tokens: int, context_length: int,
+                 request_index: int | None = None) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.max_new_tokens = max_new_tokens
+        self.context_length = context_length
+        super().__init__(message)
+        if request_index is not None:
+            attribute_to_request(self, request_index)
 
 
 class StructgenWarning(UserWarning):

@@ -344,11 +344,14 @@ class Metrics:
         return p.text()
 
     def write(self, path: str | os.PathLike[str]) -> None:
-        """Write ``path``: Prometheus text for ``.prom``, JSON otherwise."""
+        """Write ``path``: Prometheus text for ``.prom``, JSON otherwise (through a temporary
+        file renamed into place: a failed write leaves an existing file as it was)."""
+        from ._atomic import write_text_atomic
+
         path = Path(path)
         text = self.to_prometheus() if path.suffix == ".prom" else \
             json.dumps(self.as_dict(), indent=2, default=str) + "\n"
-        path.write_text(text, encoding="utf-8")
+        write_text_atomic(path, text)
 
 
 def _alert_names(t: MonitoringOptions, drafters: Iterable[str]) -> list[str]:

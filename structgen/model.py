@@ -26,8 +26,8 @@ import torch
 
 from .errors import AssetError
 
-__all__ = ["BatchKV", "CausalLM", "load_model", "make_row_invariant", "resolve_dtype", "stock_copy",
-           "vocabulary_for"]
+__all__ = ["BatchKV", "CausalLM", "check_context", "context_length", "load_model", "make_row_invariant",
+           "resolve_dtype", "stock_copy", "vocabulary_for"]
 
 _LOAD_LOCK = threading.Lock()
 _LOADED: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -547,3 +547,58 @@ def vocabulary_for(lm: CausalLM) -> Any:
         v = Vocabulary.from_tokenizer(lm.tokenizer, vocab_size=lm.vocab_size, eos_token_ids=eos)
         _VOCABS[key] = v
     return v
+
+
+# configuration fields that hold a model's maximum number of positions, by model family
+_CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length",
+                   "seq_length", "max_seq_len")
+# tokenizers without a known limit report int(1e30) (transformers' VERY_LARGE_INTEGER)
+_NO_TOKENIZER_LIMIT = 10**9
+
+
+def context_length(lm: CausalLM) -> int | None:
+    """The most positions ``lm`` takes (prompt plus generated tokens), or None when unknown.
+
+    The model configuration decides (``max_position_embeddings``, or ``n_positions`` /
+    ``n_ctx`` / ... for the families that name it so; the text config of multimodal models);
+    the tokenizer's ``model_max_length`` is used only when the configuration gives nothing,
+    because a tokenizer saved for another model may report a different (or a sentinel)
+    limit."""
+    config = getattr(lm.model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        try:
+            config = config.get_text_config()
+        except Exception:  # noqa: BLE001 - older configs: keep the top-level one
+            pass
+    for name in _CONTEXT_FIELDS:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    limit = getattr(lm.tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and 0 < limit < _NO_TOKENIZER_LIMIT:
+        return limit
+    return None
+
+
+def check_context(lm: CausalLM, prompt_tokens: int, max_new_tokens: int, *,
+                  draft_lm: CausalLM | None = None, request_index: int | None = None) -> None:
+    """Raise :class:`~structgen.errors.ContextLengthError` when ``prompt_tokens +
+    max_new_tokens`` exceeds the context of ``lm`` (or of ``draft_lm``, which reads the same
+    positions). Models whose context is unknown are not checked."""
+    from .errors import ContextLengthError
+
+    limits = [(context_length(m), what) for m, what in ((lm, "model"), (draft_lm, "draft model"))
+              if m is not None]
+    known = [(n, what) for n, what in limits if n is not None]
+    if not known:
+        return
+    limit, what = min(known)
+    if prompt_tokens + max_new_tokens > limit:
+        room = limit - prompt_tokens
+        hint = (f"lower max_new_tokens to at most {room}" if room >= 1
+                else "shorten the prompt")
+        raise ContextLengthError(
+            f"the prompt has {prompt_tokens} tokens and max_new_tokens is {max_new_tokens}: "
+            f"{prompt_tokens + max_new_tokens} positions, more than the {what}'s context of "
+            f"{limit} tokens ({hint})", prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens,
+            context_length=limit, request_index=request_index)

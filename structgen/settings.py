@@ -217,20 +217,11 @@ def _expected(allowed: tuple[type, ...]) -> str:
 
 
 def _check_section(name: str, obj: Any) -> None:
-    """Value checks of the sections whose dataclasses check nothing at construction."""
+    """Checks beyond the dataclasses' own (which check every option's type and range)."""
     if name == "json_schema":
         from .json_schema import _check_options
 
         _check_options(obj)
-        for key in ("max_depth", "max_enum"):
-            if getattr(obj, key) < 1:
-                raise ConfigError(f"{key} must be >= 1", key=key)
-        if obj.max_string_length is not None and obj.max_string_length < 0:
-            raise ConfigError("max_string_length must be >= 0 or null", key="max_string_length")
-    elif name == "compile":
-        for key in ("max_states", "max_rules", "timeout_s"):
-            if getattr(obj, key) <= 0:
-                raise ConfigError(f"{key} must be > 0", key=key)
 
 
 def loads_settings(text: str, path: str = "<string>") -> Settings:

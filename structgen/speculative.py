@@ -43,7 +43,7 @@ from .automaton import CompiledGrammar
 from .config import SpecConfig
 from .drafters import Candidate, DraftModelDrafter, GrammarForcedDrafter, PromptLookupDrafter
 from .matcher import Matcher, bitmask_words
-from .model import CausalLM
+from .model import CausalLM, check_context
 
 __all__ = ["BatchStats", "GenerationStats", "SequenceResult", "run_batch", "run_sequence",
            "stream_sequence"]
@@ -669,6 +669,7 @@ def stream_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_i
     """Yield ``(committed_tokens, state)`` after every verify step."""
     if not prompt_ids:
         raise ValueError("the prompt must contain at least one token")
+    check_context(lm, len(prompt_ids), max_new_tokens, draft_lm=draft_lm)
     seq = _Sequence(lm, vocab, grammar, prompt_ids, cfg, speculative=speculative,
                     max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed)
     seq.verifier = _StepVerifier(cfg, lm.vocab_size, lm.device, 1)
@@ -852,6 +853,8 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
         raise ValueError(f"{len(grammars)} grammars for {n} prompts")
     if any(not p for p in prompts):
         raise ValueError("every prompt must contain at least one token")
+    for i, p in enumerate(prompts):  # all of them before any generation
+        check_context(lm, len(p), max_new_tokens, draft_lm=draft_lm, request_index=i)
     seeds = list(seeds) if seeds is not None else [None] * n
     t_start = time.perf_counter()
     seqs = [
