@@ -16,6 +16,7 @@ from .errors import (
     ConfigError,
     GrammarError,
     GrammarSyntaxError,
+    MatcherUsageError,
     RegexError,
     SchemaError,
     StructgenError,
@@ -50,7 +51,7 @@ _LAZY = {
 __all__ = [
     "__version__",
     "AssetError", "CompileLimitError", "CompileTimeoutError", "ConfigError", "GrammarError",
-    "GrammarSyntaxError", "RegexError", "SchemaError", "StructgenError",
+    "GrammarSyntaxError", "MatcherUsageError", "RegexError", "SchemaError", "StructgenError",
     "UnsupportedFeatureError", "VocabularyError",
     *sorted(_LAZY),
 ]

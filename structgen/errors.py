@@ -19,6 +19,7 @@ __all__ = [
     "CompileTimeoutError",
     "VocabularyError",
     "AssetError",
+    "MatcherUsageError",
     "StructgenWarning",
 ]
 
@@ -137,6 +138,15 @@ class VocabularyError(StructgenError, ValueError):
 
 class AssetError(StructgenError):
     """A tokenizer or model asset could not be obtained or converted."""
+
+
+class MatcherUsageError(StructgenError, ValueError, TypeError):
+    """A :class:`~structgen.matcher.Matcher` (or bitmask helper) was called wrongly: a bitmask
+    of the wrong type, dtype, shape or row, a token id that is not an integer of the
+    vocabulary, a rollback of more tokens than the history holds, a negative
+    ``max_rollback``. A caller bug, never a grammar verdict (a token the grammar forbids
+    makes ``accept_token`` return False). Both a ``ValueError`` and a ``TypeError``, so
+    code catching either keeps working."""
 
 
 class StructgenWarning(UserWarning):
