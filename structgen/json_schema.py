@@ -72,6 +72,16 @@ Other format names are annotations (the validator ignores them too)."""
 
 
 def _coerce(schema: Any) -> Any:
+    """``schema`` as a JSON value, nested no deeper than :data:`structgen.limits.MAX_JSON_DEPTH`
+    (checked iteratively before any recursive code sees it)."""
+    from .limits import check_schema_depth
+
+    out = _coerce_value(schema)
+    check_schema_depth(out)
+    return out
+
+
+def _coerce_value(schema: Any) -> Any:
     if isinstance(schema, (dict, bool)):
         return schema
     if isinstance(schema, str):

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .automaton import CompiledGrammar
-from .engine import VocabTable
+from .engine import STALE, VocabTable
 from .errors import MatcherUsageError
 
 __all__ = ["Matcher", "allocate_bitmask", "vocab_table", "bitmask_words", "fill_bitmasks"]
@@ -149,7 +149,8 @@ class Matcher:
     history is trimmed beyond it.
     """
 
-    __slots__ = ("grammar", "vocab", "_eng", "_vt", "_hist", "_eos", "_max_rollback", "_tb", "_nvocab")
+    __slots__ = ("grammar", "vocab", "_eng", "_vt", "_hist", "_eos", "_max_rollback", "_tb", "_nvocab",
+                 "_epoch", "__weakref__")
 
     def __init__(self, grammar: CompiledGrammar, vocab: Any, *, max_rollback: int | None = None) -> None:
         if not isinstance(grammar, CompiledGrammar):
@@ -163,8 +164,22 @@ class Matcher:
         self._tb = self._vt.token_bytes
         self._nvocab = self._vt.vocab_size
         self._eos = frozenset(int(x) for x in vocab.eos_token_ids)
-        self._hist: list[int] = [self._eng.start]
         self._max_rollback = max_rollback
+        self._hist: list[int] = []
+        self._epoch = 0
+        self.reset()
+
+    # -- engine epochs ----------------------------------------------------------------------
+    # The engine may flush its tables (memory budget) and renumber configurations; ``_hist``
+    # holds ids of epoch ``_epoch``. Every step checks the epoch before and after (a cheap
+    # comparison) and, when it moved, translates the history and redoes the step holding the
+    # engine lock, under which no other thread can flush.
+    def _sync(self) -> None:
+        """Translate the history to the engine's current epoch (hold the engine lock)."""
+        eng = self._eng
+        if self._epoch != eng.epoch:
+            self._hist[:] = eng.translate(self._epoch, self._hist)
+            self._epoch = eng.epoch
 
     # -- core verbs ---------------------------------------------------------------------
     def _token_id(self, token_id: Any) -> int:
@@ -187,21 +202,41 @@ class Matcher:
         data = self._tb[tid]
         if not data:
             return -1
-        return self._eng.walk(cid, data)
+        return self._eng.walk(cid, data, self._epoch)
 
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token. Returns False (state unchanged) if the grammar forbids it;
         raises :class:`~structgen.errors.MatcherUsageError` for an id that is not an integer
         in ``[0, vocab_size)``."""
-        nxt = self._advance(self._hist[-1], self._token_id(token_id))
-        if nxt == -1:
-            return False
-        self._push(nxt)
-        return True
+        tid = self._token_id(token_id)
+        eng = self._eng
+        ep = self._epoch
+        if ep == eng.epoch:
+            h = self._hist
+            nxt = self._advance(h[-1], tid)
+            if nxt != STALE and eng.epoch == ep:
+                if nxt == -1:
+                    return False
+                h.append(nxt)
+                if eng.epoch == ep:  # else a flush may have described the history without it
+                    self._trim()
+                    return True
+                h.pop()
+        with eng.lock:  # the tables were flushed: redo the step where no other thread can
+            self._sync()
+            nxt = self._advance(self._hist[-1], tid)
+            self._sync()  # the step itself may have flushed (nxt is then of the new epoch)
+            if nxt == -1:
+                return False
+            self._push(nxt)
+            return True
 
     def _push(self, cid: int) -> None:
+        self._hist.append(cid)
+        self._trim()
+
+    def _trim(self) -> None:
         h = self._hist
-        h.append(cid)
         mr = self._max_rollback
         if mr is not None and len(h) > mr + 1:
             del h[: len(h) - mr - 1]
@@ -217,10 +252,25 @@ class Matcher:
 
     def validate_tokens(self, token_ids: Any) -> int:
         """How many leading tokens of ``token_ids`` would be accepted; the state is unchanged."""
-        cid = self._hist[-1]
+        ids = [self._token_id(t) for t in token_ids]
+        eng = self._eng
+        ep = self._epoch
+        if ep == eng.epoch:
+            n = self._count_valid(self._hist[-1], ids)
+            if n >= 0 and eng.epoch == ep:
+                return n
+        with eng.lock:
+            self._sync()
+            return self._count_valid(self._hist[-1], ids)
+
+    def _count_valid(self, cid: int, ids: list[int]) -> int:
+        """How many of ``ids`` are accepted in turn from ``cid``; -1 when a walk came back
+        STALE (the caller redoes it under the lock)."""
         n = 0
-        for t in token_ids:
-            cid = self._advance(cid, self._token_id(t))
+        for t in ids:
+            cid = self._advance(cid, t)
+            if cid == STALE:
+                return -1
             if cid == -1:
                 break
             n += 1
@@ -248,12 +298,20 @@ class Matcher:
         m._tb = self._tb
         m._nvocab = self._nvocab
         m._eos = self._eos
-        m._hist = list(self._hist)
         m._max_rollback = self._max_rollback
+        with self._eng.lock:
+            m._hist = list(self._hist)
+            m._epoch = self._epoch
+            self._eng.register(m)
         return m
 
     def reset(self) -> None:
-        self._hist = [self._eng.start]
+        """Back to the start state (as a fresh request)."""
+        eng = self._eng
+        with eng.lock:
+            self._hist = [eng.start]
+            self._epoch = eng.epoch
+            eng.register(self)
 
     @property
     def num_accepted(self) -> int:
@@ -268,14 +326,27 @@ class Matcher:
             bits = np.zeros(vt.num_words * 32, dtype=bool)
             bits[vt.eos_ids] = True
             return np.packbits(bits, bitorder="little").view(np.uint32)
-        return self._eng.token_mask(cid, vt)
+        eng = self._eng
+        ep = self._epoch
+        if ep == eng.epoch:
+            m = eng.token_mask(cid, vt)
+            if eng.epoch == ep:
+                return m
+        with eng.lock:
+            self._sync()
+            return eng.token_mask(self._hist[-1], vt)
 
     def _cached_words(self) -> np.ndarray | None:
         """The current mask's words if the engine has them cached (no walk), else None."""
         cid = self._hist[-1]
         if cid == _TERMINATED or cid < 0:
             return None
-        return self._eng.cached_mask(cid, self._vt)
+        eng = self._eng
+        ep = self._epoch
+        if ep != eng.epoch:
+            return None
+        m = eng.cached_mask(cid, self._vt)
+        return m if eng.epoch == ep else None
 
     def get_bitmask_words(self) -> np.ndarray:
         """The current mask as packed uint32 words ``[ceil(vocab_size/32)]`` (read-only view)."""
@@ -324,42 +395,47 @@ class Matcher:
     def is_token_allowed(self, token_id: int) -> bool:
         """Whether the grammar allows ``token_id`` now (state unchanged); out-of-vocabulary
         ids raise :class:`~structgen.errors.MatcherUsageError`."""
-        return self._advance(self._hist[-1], self._token_id(token_id)) != -1
+        return self.validate_tokens((token_id,)) == 1
 
     # -- forced continuations ------------------------------------------------------------
     def viable_prefix_length(self, data: bytes) -> int:
         """Length of the longest prefix of ``data`` (bytes) the grammar allows from here."""
-        cid = self._hist[-1]
-        if cid == _TERMINATED:
-            return 0
         eng = self._eng
-        for i, b in enumerate(data):
-            cid = eng.step(cid, b)
-            if cid < 0:
-                return i
-        return len(data)
+        with eng.lock:  # stepping never flushes; holding the lock keeps others from it
+            self._sync()
+            cid = self._hist[-1]
+            if cid == _TERMINATED:
+                return 0
+            for i, b in enumerate(data):
+                cid = eng.step(cid, b)
+                if cid < 0:
+                    return i
+            return len(data)
 
     def forced_bytes(self, limit: int = 4096, *, after: bytes = b"") -> bytes:
         """The bytes the grammar alone determines from here: the longest string that every
         continuation starts with (stops where the input could also end). With ``after``: the
         forced bytes following the bytes ``after`` (empty if ``after`` is not allowed)."""
-        cid = self._hist[-1]
-        if cid == _TERMINATED:
-            return b""
         eng = self._eng
-        if after:
-            cid = eng.walk(cid, after)
-            if cid < 0:
+        with eng.lock:  # no other thread flushes meanwhile; the walk may (then: new ids)
+            self._sync()
+            cid = self._hist[-1]
+            if cid == _TERMINATED:
                 return b""
-        out = bytearray()
-        while len(out) < limit and cid >= 0 and not eng.is_accepting(cid):
-            live = eng.live_bytes(cid)
-            if live.shape[0] != 1:
-                break
-            b = int(live[0])
-            out.append(b)
-            cid = eng.step(cid, b)
-        return bytes(out)
+            if after:
+                cid = eng.walk(cid, after)
+                self._sync()
+                if cid < 0:
+                    return b""
+            out = bytearray()
+            while len(out) < limit and cid >= 0 and not eng.is_accepting(cid):
+                live = eng.live_bytes(cid)
+                if live.shape[0] != 1:
+                    break
+                b = int(live[0])
+                out.append(b)
+                cid = eng.step(cid, b)
+            return bytes(out)
 
     def forced_tokens(self) -> list[int]:
         """A tokenization of :meth:`forced_bytes` (greedy longest match over the vocabulary).
@@ -390,8 +466,17 @@ class Matcher:
     # -- status -------------------------------------------------------------------------
     def is_accepting(self) -> bool:
         """True when the input may end here (EOS is allowed now)."""
+        eng = self._eng
+        ep = self._epoch
         cid = self._hist[-1]
-        return cid != _TERMINATED and self._eng.is_accepting(cid)
+        if ep == eng.epoch:
+            ok = cid != _TERMINATED and eng.is_accepting(cid)
+            if eng.epoch == ep:
+                return ok
+        with eng.lock:
+            self._sync()
+            cid = self._hist[-1]
+            return cid != _TERMINATED and eng.is_accepting(cid)
 
     def is_terminated(self) -> bool:
         """True once EOS has been accepted."""

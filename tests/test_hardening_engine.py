@@ -9,6 +9,13 @@ process cannot blow up.
 
 from __future__ import annotations
 
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +25,7 @@ import pytest
 import structgen
 from structgen import ir
 from structgen.automaton import compile_grammar
-from structgen.errors import MatcherUsageError, StructgenError
+from structgen.errors import CompileLimitError, MatcherUsageError, StructgenError
 from structgen.matcher import Matcher, allocate_bitmask, bitmask_words, fill_bitmasks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,3 +208,183 @@ def test_matcher_needs_a_compiled_grammar() -> None:
     _, vocab = _ab_matcher()
     with pytest.raises(MatcherUsageError):
         Matcher("a+b", vocab)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Bounded memory while matching (lazily built tables are flushed, answers stay exact)
+# ---------------------------------------------------------------------------------------------
+
+def _viable(pattern: re.Pattern[str], body: str, text: str) -> bool:
+    """Oracle for ``(a|b)*a(a|b){k}c``: a prefix is viable iff it is over {a, b} or in the
+    language (nothing follows the final c)."""
+    return re.fullmatch(body, text) is not None or pattern.fullmatch(text) is not None
+
+
+def test_flushing_keeps_accepts_and_masks_exact() -> None:
+    from structgen import compile_regex
+
+    pat = "(a|b)*a(a|b){9}c"
+    rx = re.compile(pat)
+    cg = compile_regex(pat)
+    eng = cg.engine
+    eng.table_budget = 1  # flush at every safe point after any growth
+    rng = random.Random(7)
+    for _ in range(150):
+        s = "".join(rng.choice("ab") for _ in range(rng.randrange(0, 120))) + rng.choice(["", "c", "cc"])
+        assert cg.accepts(s) == (rx.fullmatch(s) is not None), s
+        assert cg.accepts_prefix(s) == _viable(rx, "[ab]*", s), s
+    tokens = [b"a", b"b", b"c", b"ab", b"ba", b"aab", b"bc", b"abc", None]
+    vocab = ToyVocab(tokens, (8,), 9)
+    for _ in range(12):
+        m = Matcher(cg, vocab)  # type: ignore[arg-type]
+        other = Matcher(cg, vocab)  # type: ignore[arg-type]
+        assert other.accept_token(0)  # a second history to carry across flushes
+        text = ""
+        accepted: list[int] = []
+        for _ in range(rng.randrange(5, 60)):
+            allowed = set(m.allowed_token_ids())
+            for t, tb in enumerate(tokens):
+                want = _viable(rx, "[ab]*", text) and rx.fullmatch(text) is not None if tb is None \
+                    else _viable(rx, "[ab]*", text + tb.decode())
+                assert (t in allowed) == want, (text, t)
+            choices = [t for t in allowed if t != 8] or [8]
+            t = rng.choice(choices)
+            assert m.accept_token(t)
+            if t == 8:
+                break
+            accepted.append(t)
+            text += tokens[t].decode()  # type: ignore[union-attr]
+            assert m.is_accepting() == (rx.fullmatch(text) is not None)
+        k = rng.randrange(len(accepted) + 1)
+        m.rollback(k + (1 if m.is_terminated() else 0))
+        text = "".join(tokens[t].decode() for t in accepted[:len(accepted) - k])  # type: ignore[union-attr]
+        assert m.is_accepting() == (rx.fullmatch(text) is not None)
+        assert other.is_accepting() is False and other.validate_tokens([2]) == 0
+    assert eng.flushes > 20  # the budget really forced flushes
+
+
+_RSS_SCRIPT = textwrap.dedent("""
+    import random, re, resource, sys
+    from structgen import compile_regex
+    from structgen.validation import Document, SchemaValidator
+    def peak():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    pat = "(a|b)*a(a|b){20}"
+    cg = compile_regex(pat)
+    cg.accepts("ab" * 50)
+    rng = random.Random(5)
+    text = "".join(rng.choice("ab") for _ in range(int(sys.argv[1])))
+    base = peak()
+    got = cg.accepts(text)
+    grew = peak() - base
+    # the validator's own (smaller) budget, through the jsonschema + grammar path
+    v = SchemaValidator({"type": "string", "pattern": "^(a|b)*a(a|b){20}$"})
+    res = v.validate(Document(1, text[:20000]), "-")
+    want = re.fullmatch(pat, text) is not None
+    print(got == want, grew, res.grammar == (re.fullmatch(pat, text[:20000]) is not None),
+          v._grammar.engine.flushes > 0)
+""")
+
+
+def test_lazy_dfa_memory_is_bounded_exactly() -> None:
+    """(a|b)*a(a|b){20} has 2**21 DFA states: 300 kB of input used 2.1 GB before. With a
+    16 MiB table budget, 80 kB stay far below that (peak RSS growth in a subprocess) and
+    the verdict equals re.fullmatch."""
+    env = dict(os.environ, STRUCTGEN_TABLE_BYTES=str(16 << 20))
+    out = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, "80000"], capture_output=True, text=True,
+                         timeout=120, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    same, grew, grammar_ok, flushed = out.stdout.split()
+    assert same == "True" and grammar_ok == "True" and flushed == "True"
+    assert int(grew) < 120, f"peak RSS grew by {grew} MB"
+
+
+def test_memory_budget_is_configurable() -> None:
+    from structgen import engine as engine_mod
+
+    with pytest.raises(StructgenError):
+        engine_mod.set_memory_budget(table_bytes=-1)
+    old = (engine_mod.DEFAULT_TABLE_BYTES, engine_mod.DEFAULT_MASK_CACHE_BYTES)
+    try:
+        engine_mod.set_memory_budget(table_bytes=1 << 20, mask_cache_bytes=1 << 16)
+        cg = compile_grammar(ir.Grammar({"s": ir.plus(ir.lit(b"xyz"))}, "s"))
+        eng = engine_mod.Engine(cg)
+        assert eng.table_budget == 1 << 20 and eng.mask_cache.limit == 1 << 16
+    finally:
+        engine_mod.set_memory_budget(table_bytes=old[0], mask_cache_bytes=old[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Deep input: no RecursionError
+# ---------------------------------------------------------------------------------------------
+
+def _deep_dict(n: int) -> dict:
+    d: dict = {}
+    for _ in range(n):
+        d = {"a": d}
+    return d
+
+
+def _nested_schema(n: int) -> dict:
+    s: dict = {"type": "integer"}
+    for _ in range(n):
+        s = {"type": "object", "properties": {"a": s}, "required": ["a"]}
+    return s
+
+
+def test_many_required_properties_build_without_recursion() -> None:
+    """Each required property became one more inlined rule, and the Thompson construction
+    recursed once per rule: 1,500 of them overflowed the stack; 700 (two frames each) do too
+    on the recursive builder."""
+    from structgen import CompileOptions, compile_json_schema
+
+    n = 700
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)},
+              "required": [f"p{i}" for i in range(n)]}
+    cg = compile_json_schema(schema, compile_options=CompileOptions(timeout_s=120))
+    doc = {f"p{i}": i for i in range(n)}
+    assert cg.accepts(json.dumps(doc, separators=(",", ":")))
+    del doc["p350"]
+    assert not cg.accepts(json.dumps(doc, separators=(",", ":")))
+
+
+def test_deep_schema_documents_are_compile_limit_errors() -> None:
+    from structgen import compile_json_schema
+
+    for schema in ({"const": _deep_dict(10_000)}, {"x-note": _deep_dict(10_000)},
+                   "[" * 100_000 + "]" * 100_000):
+        with pytest.raises(CompileLimitError) as info:
+            compile_json_schema(schema)
+        assert "\n" not in str(info.value) and len(str(info.value)) < 300
+
+
+def test_schema_validator_deep_schemas_are_typed() -> None:
+    from structgen.validation import SchemaValidator
+
+    with pytest.raises(CompileLimitError):
+        SchemaValidator({"x": _deep_dict(10_000)}, use_grammar=False)
+    with pytest.raises(CompileLimitError):  # 120 subschemas: under max_depth, over jsonschema's stack
+        SchemaValidator(_nested_schema(120), use_grammar=False)
+
+
+def _validate_cli(tmp_path: Path, schema: object, instance_text: str) -> subprocess.CompletedProcess:
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    (tmp_path / "i.json").write_text(instance_text)
+    return subprocess.run([sys.executable, "-m", "structgen", "validate", "--no-grammar", "-s",
+                           str(tmp_path / "s.json"), str(tmp_path / "i.json")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_validate_cli_deep_schema_and_instance(tmp_path: Path) -> None:
+    out = _validate_cli(tmp_path, _nested_schema(120), "1\n")
+    assert out.returncode == 2, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert "too deeply" in out.stderr
+    # 100,000 nested arrays: json cannot parse it; the instance is reported, not valid
+    out = _validate_cli(tmp_path, {"type": "array"}, "[" * 100_000 + "]" * 100_000 + "\n")
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "nested too deeply" in out.stdout
+    # 300 levels: parsed, but deeper than the validator checks
+    out = _validate_cli(tmp_path, {"type": "array"}, "[" * 300 + "]" * 300 + "\n")
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "nested too deeply to check" in out.stdout and len(out.stdout.strip().splitlines()) == 1
