@@ -578,7 +578,12 @@ def compile_grammar(grammar: ir.Grammar, options: CompileOptions | None = None, 
             _CACHE.move_to_end(key)
             return hit
     with gc_paused():
-        cg = _Compiler(grammar, options, deadline).compile()
+        try:
+            cg = _Compiler(grammar, options, deadline).compile()
+        except RecursionError:
+            # the IR passes recurse over expression nesting; front-ends bound it, but an IR
+            # built by hand may nest arbitrarily deep
+            raise CompileLimitError("grammar expression nested too deeply to compile") from None
     with _CACHE_LOCK:
         _CACHE[key] = cg
         while len(_CACHE) > _CACHE_SIZE:

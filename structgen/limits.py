@@ -21,7 +21,7 @@ from .errors import CompileLimitError
 __all__ = ["MAX_JSON_DEPTH", "MAX_INSTANCE_DEPTH", "json_depth", "check_schema_depth"]
 
 #: Deepest array/object nesting accepted in a schema document.
-MAX_JSON_DEPTH = 400
+MAX_JSON_DEPTH = 600
 #: Deepest array/object nesting of an instance that ``structgen validate`` checks.
 MAX_INSTANCE_DEPTH = 256
 

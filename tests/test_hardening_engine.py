@@ -333,15 +333,24 @@ def _nested_schema(n: int) -> dict:
 
 
 def test_many_required_properties_build_without_recursion() -> None:
-    """Each required property became one more inlined rule, and the Thompson construction
-    recursed once per rule: 1,500 of them overflowed the stack; 700 (two frames each) do too
-    on the recursive builder."""
+    """Required properties became a chain of inlined rules and the Thompson construction
+    recursed along it: 1,500 of them overflowed the default stack. To keep the test quick,
+    600 are compiled with only 250 frames of headroom (the recursive builder needed about
+    400 for them); the iterative one needs none per property."""
+    import inspect
+
     from structgen import CompileOptions, compile_json_schema
 
-    n = 700
+    n = 600
     schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)},
               "required": [f"p{i}" for i in range(n)]}
-    cg = compile_json_schema(schema, compile_options=CompileOptions(timeout_s=120))
+    compile_json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})  # warm-up
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack(0)) + 250)  # lowered, for this call only
+    try:
+        cg = compile_json_schema(schema, compile_options=CompileOptions(timeout_s=120))
+    finally:
+        sys.setrecursionlimit(old)
     doc = {f"p{i}": i for i in range(n)}
     assert cg.accepts(json.dumps(doc, separators=(",", ":")))
     del doc["p350"]
@@ -388,3 +397,32 @@ def test_validate_cli_deep_schema_and_instance(tmp_path: Path) -> None:
     out = _validate_cli(tmp_path, {"type": "array"}, "[" * 300 + "]" * 300 + "\n")
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     assert "nested too deeply to check" in out.stdout and len(out.stdout.strip().splitlines()) == 1
+
+
+def test_long_ref_chains_are_compile_limit_errors() -> None:
+    """$ref -> $ref -> ... 2,000 deep: the normaliser recursed once per reference."""
+    from structgen import compile_json_schema
+
+    def chain(n: int) -> dict:
+        defs: dict = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(n)}
+        defs[f"d{n}"] = {"type": "integer"}
+        return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+    with pytest.raises(CompileLimitError, match="in place"):
+        compile_json_schema(chain(2000))
+    cg = compile_json_schema(chain(100))
+    assert cg.accepts("5") and not cg.accepts('"x"')
+
+
+def test_deep_ir_hashes_iteratively_and_fails_typed() -> None:
+    """An IR nested 5,000 deep (built through the Python API): hashing and fingerprints
+    work without recursion, compiling is a CompileLimitError, never a RecursionError."""
+    e = ir.lit(b"a")
+    for _ in range(5000):
+        e = ir.Alt((ir.Seq((ir.lit(b"x"), e)), ir.lit(b"y")))
+    assert len(e.fingerprint()) == 32 and isinstance(hash(e), int)
+    try:
+        cg = compile_grammar(ir.Grammar({"s": e}, "s"))
+    except CompileLimitError:
+        return
+    assert cg.accepts(b"x" * 100 + b"a")
