@@ -17,6 +17,7 @@ from .errors import (
     ContextLengthError,
     GrammarError,
     GrammarSyntaxError,
+    MatcherUsageError,
     RegexError,
     SchemaError,
     StructgenError,
@@ -51,8 +52,8 @@ _LAZY = {
 __all__ = [
     "__version__",
     "AssetError", "CompileLimitError", "CompileTimeoutError", "ConfigError", "ContextLengthError",
-    "GrammarError",
-    "GrammarSyntaxError", "RegexError", "SchemaError", "StructgenError",
+    "GrammarError", "GrammarSyntaxError", "MatcherUsageError", "RegexError", "SchemaError",
+    "StructgenError",
     "UnsupportedFeatureError", "VocabularyError",
     *sorted(_LAZY),
 ]

@@ -24,7 +24,7 @@ import hashlib
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -516,16 +516,13 @@ class CompiledGrammar:
         """Is ``data`` (bytes, or str encoded as UTF-8) a complete sentence of the grammar?"""
         if isinstance(data, str):
             data = data.encode("utf-8")
-        eng = self.engine
-        c = eng.walk(eng.start, data)
-        return c >= 0 and eng.is_accepting(c)
+        return self.engine.run_from_start(data)[1]
 
     def accepts_prefix(self, data: bytes | str) -> bool:
         """Can ``data`` be extended to a sentence of the grammar (a viable prefix)?"""
         if isinstance(data, str):
             data = data.encode("utf-8")
-        eng = self.engine
-        return eng.walk(eng.start, data) >= 0
+        return self.engine.run_from_start(data)[0]
 
 
 # ---------------------------------------------------------------------------
@@ -581,7 +578,12 @@ def compile_grammar(grammar: ir.Grammar, options: CompileOptions | None = None, 
             _CACHE.move_to_end(key)
             return hit
     with gc_paused():
-        cg = _Compiler(grammar, options, deadline).compile()
+        try:
+            cg = _Compiler(grammar, options, deadline).compile()
+        except RecursionError:
+            # the IR passes recurse over expression nesting; front-ends bound it, but an IR
+            # built by hand may nest arbitrarily deep
+            raise CompileLimitError("grammar expression nested too deeply to compile") from None
     with _CACHE_LOCK:
         _CACHE[key] = cg
         while len(_CACHE) > _CACHE_SIZE:
@@ -764,6 +766,9 @@ class _Dfa:
     trans: np.ndarray
     accept: np.ndarray
     calls: list[tuple[tuple[int, int], ...]]
+
+
+_BuildNode = Generator[tuple[ir.Expr, int, tuple[str, ...]], int, int]  # see _Compiler._build_node
 
 
 class _Compiler:
@@ -1193,7 +1198,48 @@ class _Compiler:
 
     # -- Thompson construction -------------------------------------------------
     def _build(self, nfa: _Nfa, e: ir.Expr, s: int, inline_stack: tuple[str, ...]) -> int:
-        """Add ``e`` to ``nfa`` starting at state ``s``; return its end state."""
+        """Add ``e`` to ``nfa`` starting at state ``s``; return its end state.
+
+        Iterative: each node is a generator (:meth:`_build_node`) that yields the
+        sub-expressions it needs built and receives their end states, driven from an
+        explicit stack, so a deep expression (a chain of thousands of inlined rules, one per
+        required property, say) costs heap, not Python stack."""
+        stack = [self._build_node(nfa, e, s, inline_stack)]
+        result: int | None = None
+        error: BaseException | None = None
+        while stack:
+            gen = stack[-1]
+            try:
+                if error is not None:
+                    req = gen.throw(error)
+                    error = None
+                else:
+                    req = gen.send(result)
+            except StopIteration as stop:
+                stack.pop()
+                result = stop.value
+                continue
+            except BaseException as exc:  # unwinds the generators below, running their finally blocks
+                stack.pop()
+                if not stack:
+                    raise
+                error = exc
+                continue
+            sub, start, where = req
+            if isinstance(sub, ir.ByteSet):  # the common leaf, without a generator
+                t = nfa.new()
+                for lo, hi in sub.ranges:
+                    nfa.edges[start].append((lo, hi, t))
+                result = t
+                continue
+            stack.append(self._build_node(nfa, sub, start, where))
+            result = None
+        assert result is not None
+        return result
+
+    def _build_node(self, nfa: _Nfa, e: ir.Expr, s: int, inline_stack: tuple[str, ...]) -> _BuildNode:
+        """One node of :meth:`_build`: ``yield (sub, start, inline_stack)`` asks for ``sub``
+        to be built from ``start`` and evaluates to its end state."""
         self.check_time()
         if len(nfa) > self.opt.max_states:
             raise self._located(CompileLimitError(
@@ -1208,7 +1254,7 @@ class _Compiler:
         if isinstance(e, ir.Seq):
             cur = s
             for it in e.items:
-                cur = self._build(nfa, it, cur, inline_stack)
+                cur = yield (it, cur, inline_stack)
             return cur
         if isinstance(e, ir.Alt):
             t = nfa.new()
@@ -1217,7 +1263,7 @@ class _Compiler:
             for it in e.items:
                 b = nfa.new()
                 nfa.eps[s].append(b)
-                end = self._build(nfa, it, b, inline_stack)
+                end = yield (it, b, inline_stack)
                 nfa.eps[end].append(t)
             return t
         if isinstance(e, _Counted) and self.keep is not _NO_CALLS:
@@ -1227,14 +1273,14 @@ class _Compiler:
         if isinstance(e, ir.Repeat):
             cur = s
             for _ in range(e.min):
-                cur = self._build(nfa, e.item, cur, inline_stack)
+                cur = yield (e.item, cur, inline_stack)
             if e.max is None:
                 # cur -> loop: item* via a hub state
                 hub = nfa.new()
                 nfa.eps[cur].append(hub)
                 b = nfa.new()
                 nfa.eps[hub].append(b)
-                end = self._build(nfa, e.item, b, inline_stack)
+                end = yield (e.item, b, inline_stack)
                 nfa.eps[end].append(hub)
                 return hub
             k = e.max - e.min
@@ -1243,7 +1289,7 @@ class _Compiler:
             t = nfa.new()
             for _ in range(k):
                 nfa.eps[cur].append(t)
-                cur = self._build(nfa, e.item, cur, inline_stack)
+                cur = yield (e.item, cur, inline_stack)
             nfa.eps[cur].append(t)
             return t
         if isinstance(e, ir.Ref):
@@ -1256,13 +1302,13 @@ class _Compiler:
                 raise GrammarError(f"unexpected recursion through rule {name!r}")
             outer, self.where = self.where, name  # an inlined rule: a timeout names it
             try:
-                return self._build(nfa, self.exprs[name], s, inline_stack + (name,))
+                return (yield (self.exprs[name], s, inline_stack + (name,)))
             finally:
                 self.where = outer
         if isinstance(e, ir.Diff) and self.keep is not _NO_CALLS:
             lazy = self._lazy_diff(e, inline_stack)
             if lazy is not None:
-                return lazy(nfa, s)
+                return lazy(nfa, s)  # type: ignore[no-any-return]
         if isinstance(e, (ir.And, ir.Diff, ir.Dfa)):
             d = self._regular(e, inline_stack)
             if d.trans.shape[0] <= _EMBED_MAX or self.keep is _NO_CALLS:

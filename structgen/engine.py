@@ -17,11 +17,29 @@ byte, and a token mask over the whole vocabulary is a walk of the vocabulary's b
 through ``trans`` (:meth:`Engine.token_mask`), cached per configuration.
 
 One Engine is shared by every matcher of a grammar; a lock guards growth of the tables.
+
+Memory is bounded. The lazily built tables (rule states, stacks, configurations and their
+transition rows) are *flushed* when they exceed the engine's ``table_budget`` (bytes,
+default :data:`DEFAULT_TABLE_BYTES`), or when the tables of all engines together exceed
+:data:`PROCESS_TABLE_BYTES`: everything is dropped and rebuilt on demand, as RE2's and Rust
+regex's lazy DFAs clear their state cache when it is full, so answers stay exact (a flush
+costs time, never correctness). Configurations still in use -- the start, the one a walk
+is at, and every live matcher's history -- are carried over by content (their stacks of
+rule states, keyed by NFA state sets) and given new ids: each flush starts a new
+*epoch*, and a matcher translates its history to the current epoch before its next step.
+Flushes happen only at safe points (a walk about to compute a new transition, a mask about
+to be computed), once the tables are past half the budget, so that their growth (by
+doubling) stays within it. The
+token-mask caches are byte-bounded LRUs (``mask_cache_bytes``, default
+:data:`DEFAULT_MASK_CACHE_BYTES`, plus half that for split walks), emptied by a flush too.
+:func:`set_memory_budget` changes the defaults.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -34,10 +52,59 @@ from .gcpause import gc_paused
 if TYPE_CHECKING:  # pragma: no cover
     from .automaton import CompiledGrammar
 
-__all__ = ["Engine", "VocabTable", "DEAD", "UNKNOWN"]
+__all__ = ["Engine", "VocabTable", "DEAD", "UNKNOWN", "STALE", "set_memory_budget",
+           "DEFAULT_TABLE_BYTES", "DEFAULT_MASK_CACHE_BYTES", "PROCESS_TABLE_BYTES"]
 
 DEAD = K.DEAD
 UNKNOWN = K.UNKNOWN
+STALE = -7  # walk: the tables were flushed by another thread meanwhile; redo it under the lock
+
+
+def _env_bytes(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
+    try:
+        return max(int(raw), 0) if raw.strip() else default
+    except ValueError:
+        return default
+
+
+#: Per-engine budget of the lazily built tables (bytes; ``STRUCTGEN_TABLE_BYTES``).
+DEFAULT_TABLE_BYTES = _env_bytes("STRUCTGEN_TABLE_BYTES", 256 << 20)
+#: Per-engine budget of the token-mask cache (bytes; ``STRUCTGEN_MASK_CACHE_BYTES``); the
+#: split-walk cache gets half as much again.
+DEFAULT_MASK_CACHE_BYTES = _env_bytes("STRUCTGEN_MASK_CACHE_BYTES", 32 << 20)
+#: Budget of the tables of all engines of the process together (``STRUCTGEN_PROCESS_TABLE_BYTES``):
+#: past it, an engine that grows flushes its own tables.
+PROCESS_TABLE_BYTES = _env_bytes("STRUCTGEN_PROCESS_TABLE_BYTES", 1 << 30)
+
+_PROCESS_LOCK = threading.Lock()
+_process_bytes = [0]  # table bytes of every live engine
+
+
+def set_memory_budget(*, table_bytes: int | None = None, mask_cache_bytes: int | None = None,
+                      process_table_bytes: int | None = None) -> None:
+    """Change the memory budgets (bytes) of engines created from now on (``table_bytes``,
+    ``mask_cache_bytes``) and of the whole process (``process_table_bytes``, effective at
+    once). An existing engine's budgets are its attributes ``table_budget`` and
+    ``mask_cache.limit``."""
+    global DEFAULT_TABLE_BYTES, DEFAULT_MASK_CACHE_BYTES, PROCESS_TABLE_BYTES
+    for name, v in (("table_bytes", table_bytes), ("mask_cache_bytes", mask_cache_bytes),
+                    ("process_table_bytes", process_table_bytes)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            from .errors import ConfigError
+
+            raise ConfigError(f"{name} must be an integer >= 0, not {v!r}", key=name)
+    if table_bytes is not None:
+        DEFAULT_TABLE_BYTES = table_bytes
+    if mask_cache_bytes is not None:
+        DEFAULT_MASK_CACHE_BYTES = mask_cache_bytes
+    if process_table_bytes is not None:
+        PROCESS_TABLE_BYTES = process_table_bytes
+
+
+def _account(delta: int) -> None:
+    with _PROCESS_LOCK:
+        _process_bytes[0] += delta
 ROOT = 0  # the empty stack
 _WALK_IDS_MAX = 4096  # above this many context-dependent tokens, walk the trie instead
 _SPLIT_DEPTH = 6  # most stack frames a rooted split walk takes
@@ -254,13 +321,28 @@ class _Tables:
 class Engine:
     """Runtime tables for one compiled grammar (thread-safe, grows lazily)."""
 
-    def __init__(self, grammar: CompiledGrammar, *, mask_cache_bytes: int = 32 << 20) -> None:
+    def __init__(self, grammar: CompiledGrammar, *, mask_cache_bytes: int | None = None,
+                 table_bytes: int | None = None) -> None:
         self.grammar = grammar
         self.rules = grammar.rules
         self.lock = threading.RLock()
         self.native = native.available()  # compiled trie walks (structgen.trie) when numba is present
         with gc_paused():
             self.tab = _Tables(self.rules)
+        #: flush the tables past this many bytes (see the module docstring)
+        self.table_budget = DEFAULT_TABLE_BYTES if table_bytes is None else int(table_bytes)
+        self.epoch = 0  # flushes so far: configuration ids are valid within one epoch
+        self.flushes = 0
+        self._fresh_bytes = self._table_bytes = self.tab.nbytes()
+        self._acct = [self._table_bytes]  # this engine's share of the process total
+        _account(self._table_bytes)
+        weakref.finalize(self, _account_release, self._acct)
+        # matchers whose histories hold configuration ids (translated after a flush)
+        self._holders: weakref.WeakSet[Any] = weakref.WeakSet()
+        # per past epoch: configuration id -> content, for the histories not yet translated
+        self._described: dict[int, dict[int, Any]] = {}
+        if mask_cache_bytes is None:
+            mask_cache_bytes = DEFAULT_MASK_CACHE_BYTES
         # bounded-horizon equivalence of rule states (:meth:`_horizon_rep`); states are
         # rule-state ids of the kernel tables
         self._hshape: dict[int, tuple[bytes, tuple[int, ...], tuple[tuple[int, int], ...], bool]] = {}
@@ -285,13 +367,118 @@ class Engine:
             r = int(fn(self.tab.T, *args))
             if r != K.NEED_GROW:
                 return r
-            self.tab.grow()
+            self._grow()
 
     def _service(self, status: int) -> None:
         """Deal with a resumable kernel's NEED_GROW (the caller then resumes it)."""
         if status != K.NEED_GROW:  # pragma: no cover - a kernel bug
             raise RuntimeError(f"unexpected kernel status {status}")
+        self._grow()
+
+    def _grow(self) -> None:
         self.tab.grow()
+        n = self.tab.nbytes()
+        _account(n - self._acct[0])
+        self._acct[0] = self._table_bytes = n
+
+    # -- memory budget: flushing the tables ------------------------------------------------
+    def over_budget(self) -> bool:
+        """Whether the tables should be flushed at the next safe point: grown since the last
+        flush and past half the engine's budget (or the process total past half of
+        :data:`PROCESS_TABLE_BYTES`), since tables grow by doubling."""
+        n = self._table_bytes
+        # past half the budget: the next doubling of a table could cross it
+        return n > self._fresh_bytes and (2 * n > self.table_budget
+                                          or 2 * _process_bytes[0] > PROCESS_TABLE_BYTES)
+
+    def register(self, holder: Any) -> None:
+        """Track ``holder`` (a matcher: ``_hist`` a list of configuration ids valid in epoch
+        ``_epoch``) so that a flush keeps what it needs to translate them."""
+        self._holders.add(holder)
+
+    def _describe(self, cid: int) -> tuple[bool, tuple[tuple[tuple[int, tuple[int, ...]], ...], ...]]:
+        """Configuration ``cid`` by content, independent of table ids: (accepting, stacks),
+        each stack its frames bottom first, each frame (rule, rule-state key)."""
+        tab = self.tab
+        st, n, acc = (int(x) for x in tab.cf[cid])
+        stacks = []
+        fr, g_rule, g_key, gs_d = tab.fr, tab.g_rule, tab.g_key, tab.gs_d
+        for s in tab.cf_d[st:st + n].tolist():
+            chain = []
+            while s != ROOT:
+                parent, g = int(fr[s, 0]), int(fr[s, 1])
+                k0, kn = int(g_key[g, 0]), int(g_key[g, 1])
+                chain.append((int(g_rule[g]), tuple(gs_d[k0:k0 + kn].tolist())))
+                s = parent
+            stacks.append(tuple(reversed(chain)))
+        return bool(acc), tuple(stacks)
+
+    def _intern_described(self, desc: tuple[bool, tuple[Any, ...]]) -> int:
+        """The configuration id of a :meth:`_describe` result in the current tables."""
+        acc, stacks = desc
+        sids = set()
+        for chain in stacks:
+            s = ROOT
+            for r, key in chain:
+                g = self._run(K.state, r, np.array(key, dtype=np.int32), len(key))
+                s = self._run(K.frame, s, g)
+            sids.add(s)
+        buf = np.array(sorted(sids), dtype=np.int32)
+        return self._run(K.config, buf, len(buf), acc)
+
+    def _flush(self, pins: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """Drop every lazily built table and cache (hold the lock); returns the ids of the
+        configurations ``pins`` in the new tables. The start configuration is carried over;
+        live matchers' histories are described, to be translated by each matcher
+        (:meth:`translate`) before its next step."""
+        old_epoch = self.epoch
+        self.epoch = old_epoch + 1  # first: a step racing with this flush sees it
+        self.flushes += 1
+        keep = {c for c in pins if c >= 0}
+        keep.add(self.start)
+        desc: dict[int, Any] = {}
+        live_epochs = set()
+        for h in list(self._holders):
+            ep = h._epoch
+            live_epochs.add(ep)
+            if ep == old_epoch:
+                for c in list(h._hist):
+                    if c >= 0 and c not in desc:
+                        desc[c] = self._describe(c)
+        for c in keep:
+            if c not in desc:
+                desc[c] = self._describe(c)
+        self._described = {e: d for e, d in self._described.items() if e in live_epochs}
+        self._described[old_epoch] = desc
+        with gc_paused():
+            self.tab = _Tables(self.rules)
+        n = self.tab.nbytes()
+        _account(n - self._acct[0])
+        self._acct[0] = self._table_bytes = self._fresh_bytes = n
+        self.mask_cache.clear()
+        self.ci_cache.clear()
+        for memo in (self._hshape, self._hstat, self._hrep_of, self._hpair, self._hfail, self._nullable):
+            memo.clear()
+        self.start = self._intern_described(desc[self.start])
+        return tuple(self._intern_described(desc[c]) if c >= 0 else c for c in pins)
+
+    def translate(self, epoch: int, ids: list[int]) -> list[int]:
+        """``ids`` (configuration ids of ``epoch``, negatives kept) in the current epoch
+        (hold the lock). Raises KeyError for an id a flush did not describe."""
+        if epoch == self.epoch:
+            return list(ids)
+        desc = self._described[epoch]
+        memo: dict[int, int] = {}
+        out = []
+        for c in ids:
+            if c < 0:
+                out.append(c)
+                continue
+            got = memo.get(c)
+            if got is None:
+                got = memo[c] = self._intern_described(desc[c])
+            out.append(got)
+        return out
 
     # -- rule states, stacks and configurations -------------------------------------------
     def _expand(self, g: int) -> None:
@@ -329,7 +516,8 @@ class Engine:
         return int(self.tab.meta[K.M_NG])
 
     def is_accepting(self, cid: int) -> bool:
-        return cid >= 0 and bool(self.tab.accepting[cid])
+        acc = self.tab.accepting
+        return 0 <= cid < acc.shape[0] and bool(acc[cid])
 
     def fill_row(self, cid: int) -> None:
         """Compute ``trans[cid, :]`` (all 256 bytes) if not yet known (entries are otherwise
@@ -346,19 +534,51 @@ class Engine:
                 v = self._run(K.succ, cid, b)
         return v
 
-    def walk(self, cid: int, data: bytes) -> int:
-        """Configuration after consuming ``data`` from ``cid`` (DEAD if rejected)."""
+    def walk(self, cid: int, data: bytes, epoch: int | None = None) -> int:
+        """Configuration after consuming ``data`` from ``cid`` (DEAD if rejected); ``epoch``:
+        the epoch ``cid`` belongs to (default: the current one).
+
+        May flush the tables (over budget) before computing a new transition; the result
+        is then an id of the new epoch. Returns STALE when another thread flushed them
+        (``cid`` belongs to an older epoch): the caller redoes the walk from its translated
+        state holding :attr:`lock`, under which no other thread can flush."""
+        return self._walk(cid, data, self.epoch if epoch is None else epoch)[0]
+
+    def _walk(self, cid: int, data: bytes, ep: int) -> tuple[int, int]:
+        """:meth:`walk` and the epoch its result belongs to."""
         trans = self.tab.trans
+        if self.epoch != ep:
+            return STALE, ep
         for b in data:
             if cid < 0:
-                return DEAD
+                return DEAD, ep
             v = trans[cid, b]
             if v == UNKNOWN:
                 with self.lock:
+                    if self.epoch != ep:
+                        return STALE, ep
+                    if self._table_bytes > self._fresh_bytes and self.over_budget():
+                        (cid,) = self._flush((cid,))
+                        ep = self.epoch
                     v = self._run(K.succ, cid, b)
                 trans = self.tab.trans
             cid = int(v)
-        return cid
+        if self.epoch != ep:
+            return STALE, ep
+        return cid, ep
+
+    def run_from_start(self, data: bytes) -> tuple[bool, bool]:
+        """(``data`` is a viable prefix, ``data`` is accepted) from the start configuration,
+        exact across flushes (redone holding the lock if another thread flushed)."""
+        ep = self.epoch
+        c, ep = self._walk(self.start, data, ep)
+        if c != STALE:
+            got = (c >= 0, self.is_accepting(c))
+            if self.epoch == ep:
+                return got
+        with self.lock:
+            c, _ = self._walk(self.start, data, self.epoch)
+            return c >= 0, self.is_accepting(c)
 
     def live_bytes(self, cid: int) -> np.ndarray:
         """Byte values that keep the parse alive from ``cid`` (int array)."""
@@ -411,6 +631,9 @@ class Engine:
             return m
         self.stats["mask_misses"] += 1
         with self.lock:
+            if self._table_bytes > self._fresh_bytes and self.over_budget():
+                (cid,) = self._flush((cid,))
+                key = (vt.key, cid)
             m = self._split_mask(cid, vt)
             if m is None:
                 m = np.zeros(vt.num_words, dtype=np.uint32)
@@ -895,11 +1118,21 @@ class _ByteLru:
             _, (_v, n) = self._d.popitem(last=False)
             self.bytes -= n
 
+    def clear(self) -> None:
+        self._d.clear()
+        self.bytes = 0
+
     def __len__(self) -> int:
         return len(self._d)
 
     def __iter__(self) -> Any:
         return iter(self._d)
+
+
+def _account_release(acct: list[int]) -> None:
+    """An engine was collected: its tables leave the process total."""
+    _account(-acct[0])
+    acct[0] = 0
 
 
 def _set_bits(words: np.ndarray, ids: np.ndarray) -> None:

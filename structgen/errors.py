@@ -20,6 +20,7 @@ __all__ = [
     "VocabularyError",
     "AssetError",
     "ContextLengthError",
+    "MatcherUsageError",
     "StructgenWarning",
     "attribute_to_request",
 ]
@@ -180,6 +181,15 @@ class ContextLengthError(StructgenError, ValueError):
         super().__init__(message)
         if request_index is not None:
             attribute_to_request(self, request_index)
+
+
+class MatcherUsageError(StructgenError, ValueError, TypeError):
+    """A :class:`~structgen.matcher.Matcher` (or bitmask helper) was called wrongly: a bitmask
+    of the wrong type, dtype, shape or row, a token id that is not an integer of the
+    vocabulary, a rollback of more tokens than the history holds, a negative
+    ``max_rollback``. A caller bug, never a grammar verdict (a token the grammar forbids
+    makes ``accept_token`` return False). Both a ``ValueError`` and a ``TypeError``, so
+    code catching either keeps working."""
 
 
 class StructgenWarning(UserWarning):

@@ -54,9 +54,29 @@ class Expr:
         try:
             return self._hash  # type: ignore[no-any-return]
         except AttributeError:
-            h = hash((type(self).__name__, self._key()))
-            object.__setattr__(self, "_hash", h)
-            return h
+            pass
+        # children first, without recursion (a deep expression must not overflow the stack)
+        for x in self._post_order("_hash"):
+            object.__setattr__(x, "_hash", hash((type(x).__name__, x._key())))
+        return self._hash  # type: ignore[no-any-return]
+
+    def _post_order(self, attr: str) -> list[Expr]:
+        """The nodes below (and including) this one that lack the cached attribute ``attr``,
+        children before parents, each once: computed iteratively."""
+        out: list[Expr] = []
+        seen: set[int] = set()
+        stack: list[tuple[Expr, bool]] = [(self, False)]
+        while stack:
+            x, done = stack.pop()
+            if done:
+                out.append(x)
+                continue
+            if id(x) in seen or hasattr(x, attr):
+                continue
+            seen.add(id(x))
+            stack.append((x, True))
+            stack.extend((k, False) for k in x._children() if not hasattr(k, attr))
+        return out
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("IR nodes are immutable")
@@ -69,14 +89,15 @@ class Expr:
         try:
             return self._fp  # type: ignore[no-any-return]
         except AttributeError:
-            h = hashlib.sha256(type(self).__name__.encode())
-            if isinstance(self, (ByteSet, Dfa)):
-                h.update(repr(self._key()).encode())  # plain integers: one repr, not a walk
+            pass
+        for x in self._post_order("_fp"):  # children first: each _feed below reads cached ones
+            h = hashlib.sha256(type(x).__name__.encode())
+            if isinstance(x, (ByteSet, Dfa)):
+                h.update(repr(x._key()).encode())  # plain integers: one repr, not a walk
             else:
-                _feed(h, self._key())
-            fp = h.digest()
-            object.__setattr__(self, "_fp", fp)
-            return fp
+                _feed(h, x._key())
+            object.__setattr__(x, "_fp", h.digest())
+        return self._fp  # type: ignore[no-any-return]
 
     def __reduce__(self) -> tuple:
         return (type(self), self._args())

@@ -72,6 +72,16 @@ Other format names are annotations (the validator ignores them too)."""
 
 
 def _coerce(schema: Any) -> Any:
+    """``schema`` as a JSON value, nested no deeper than :data:`structgen.limits.MAX_JSON_DEPTH`
+    (checked iteratively before any recursive code sees it)."""
+    from .limits import check_schema_depth
+
+    out = _coerce_value(schema)
+    check_schema_depth(out)
+    return out
+
+
+def _coerce_value(schema: Any) -> Any:
     if isinstance(schema, (dict, bool)):
         return schema
     if isinstance(schema, str):
@@ -140,6 +150,19 @@ def _build(schema: Any, options: JsonSchemaOptions, remotes: Mapping[str, Any] |
     return grammar, list(dict.fromkeys(norm.warnings)), low
 
 
+def _build_guarded(schema: Any, options: JsonSchemaOptions, remotes: Mapping[str, Any] | None,
+                   deadline: float | None = None) -> tuple[ir.Grammar, list[str], Lowering]:
+    """:func:`_build`, with a stack overflow in the lowering (nesting that the documented
+    limits -- ``max_depth``, :data:`~structgen.limits.MAX_JSON_DEPTH`,
+    :data:`~structgen.json_schema_algebra.MAX_INPLACE_DEPTH` -- allow one by one but not
+    together) reported as a :class:`CompileLimitError`, never a ``RecursionError``."""
+    try:
+        return _build(schema, options, remotes, deadline)
+    except RecursionError:
+        raise CompileLimitError("schema nested too deeply to compile (nested subschemas and "
+                                "in-place applicators together)", pointer="#") from None
+
+
 def _unsat_error(low: Lowering) -> SchemaError:
     """The unsatisfiable-schema error, naming the subschema and keyword responsible
     (found within a small time budget of its own; the root otherwise)."""
@@ -165,7 +188,7 @@ def schema_to_grammar(schema: dict | bool | str | type, options: JsonSchemaOptio
     accepts nothing), UnsupportedFeatureError, or CompileLimitError (deeper than
     ``max_depth``, enum larger than ``max_enum``, too many automaton states).
     """
-    return _build(schema, options or JsonSchemaOptions(), remotes)[0]
+    return _build_guarded(schema, options or JsonSchemaOptions(), remotes)[0]
 
 
 _CACHE: OrderedDict[str, tuple[Any, list[str]]] = OrderedDict()
@@ -206,6 +229,8 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
                          ensure_ascii=False)
     except (TypeError, ValueError) as e:
         raise SchemaError(f"schema is not JSON-serialisable: {e}") from None
+    except RecursionError:  # MAX_JSON_DEPTH was checked; a deep caller stack can still overflow
+        raise CompileLimitError("schema nested too deeply to serialise", pointer="#") from None
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
@@ -213,7 +238,7 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
             return hit[0]
     deadline = time.monotonic() + copts.timeout_s  # lowering and automaton share the budget
     with gc_paused():
-        grammar, warnings, low = _build(schema, options, remotes, deadline)
+        grammar, warnings, low = _build_guarded(schema, options, remotes, deadline)
     try:
         cg = compile_grammar(grammar, copts, deadline=deadline)
     except GrammarError as e:

@@ -39,6 +39,10 @@ from typing import Any
 from .errors import CompileLimitError, CompileTimeoutError, SchemaError, UnsupportedFeatureError
 from .json_schema_doc import Loc, SchemaDoc, escape_token
 
+#: Deepest chain of subschemas applied in place ($ref to $ref to ..., allOf inside allOf, ...)
+#: the normaliser follows; deeper is a CompileLimitError (it recurses once per level).
+MAX_INPLACE_DEPTH = 150
+
 __all__ = ["TS", "Arr", "Obj", "Normalizer", "TRUE", "FALSE", "TOP", "BOTTOM",
            "n_and", "n_or", "n_not", "value_key", "key_value", "s_member", "num_member",
            "s_and", "s_or", "s_not", "lits_of"]
@@ -732,6 +736,12 @@ class Normalizer:
             ptr = self.doc.pointer(n[1]) if n[0] == "ref" else self.where()
             raise SchemaError("circular reference: the schema refers to itself without an "
                               "intervening property or item", pointer=ptr, keyword="$ref")
+        if len(self._active) >= MAX_INPLACE_DEPTH:
+            # each level recurses through normalize/_schema: refuse before the stack overflows
+            ptr = self.doc.pointer(n[1]) if n[0] == "ref" else self.where()
+            raise CompileLimitError(f"schema applies more than {MAX_INPLACE_DEPTH} subschemas in place "
+                                    "($ref, allOf, anyOf, oneOf, not, if/then/else) one inside another "
+                                    "(structgen.json_schema_algebra.MAX_INPLACE_DEPTH)", pointer=ptr)
         self._active.add(n)
         try:
             ts = self._normalize(n)

@@ -70,6 +70,9 @@ def parse_schema_text(text: str) -> Any:
     """Parse JSON text; malformed JSON raises SchemaError naming line and column."""
     try:
         return json.loads(text)
+    except RecursionError:
+        raise CompileLimitError("invalid JSON schema text: nested too deeply to parse",
+                                pointer="#") from None
     except json.JSONDecodeError as e:
         lines = text.splitlines() or [""]
         line = lines[e.lineno - 1] if 0 < e.lineno <= len(lines) else ""

@@ -21,6 +21,7 @@ grammar's shared :class:`~structgen.engine.Engine`.
 from __future__ import annotations
 
 import hashlib
+import operator
 import threading
 import weakref
 from typing import Any
@@ -28,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from .automaton import CompiledGrammar
-from .engine import VocabTable
+from .engine import STALE, VocabTable
+from .errors import MatcherUsageError
 
 __all__ = ["Matcher", "allocate_bitmask", "vocab_table", "bitmask_words", "fill_bitmasks"]
 
@@ -46,10 +48,60 @@ def bitmask_words(vocab_size: int) -> int:
 
 def allocate_bitmask(rows: int, vocab_size: int) -> Any:
     """A packed int32 torch tensor ``[rows, ceil(vocab_size/32)]`` with every token allowed
-    (all bits set), on the CPU. Imports torch."""
+    (all bits set), on the CPU. Imports torch. Raises :class:`MatcherUsageError` unless
+    ``rows >= 0`` and ``vocab_size >= 1`` are integers."""
+    rows = _whole("rows", rows, 0)
+    vocab_size = _whole("vocab_size", vocab_size, 1)
     import torch
 
     return torch.full((rows, bitmask_words(vocab_size)), -1, dtype=torch.int32)
+
+
+def _whole(name: str, value: Any, least: int) -> int:
+    """``value`` as an int of at least ``least`` (ints, numpy integers, 0-d integer
+    tensors; not bools or floats), else :class:`MatcherUsageError` naming ``name``."""
+    if isinstance(value, bool):
+        raise MatcherUsageError(f"{name} must be an integer, not a bool")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise MatcherUsageError(f"{name} must be an integer, not {type(value).__name__}") from None
+    if v < least:
+        raise MatcherUsageError(f"{name} must be >= {least}, not {v}")
+    return v
+
+
+def _bitmask_kind(bitmask: Any, words: int) -> bool:
+    """Check that ``bitmask`` is a writable 2-d int32 numpy array or torch tensor with at
+    least ``words`` columns; returns True for numpy. Raises :class:`MatcherUsageError`."""
+    if isinstance(bitmask, np.ndarray):
+        if bitmask.dtype != np.int32:
+            raise MatcherUsageError(f"bitmask must be int32, not {bitmask.dtype}")
+        if not bitmask.flags.writeable:
+            raise MatcherUsageError("bitmask is a read-only array")
+        is_numpy = True
+    elif type(bitmask).__module__.startswith("torch") and hasattr(bitmask, "device"):
+        if str(bitmask.dtype) != "torch.int32":
+            raise MatcherUsageError(f"bitmask must be torch.int32, not {bitmask.dtype}")
+        is_numpy = False
+    else:
+        raise MatcherUsageError("bitmask must be an int32 numpy array or torch tensor, not "
+                                f"{type(bitmask).__name__}")
+    shape = tuple(bitmask.shape)
+    if len(shape) != 2 or shape[1] < words:
+        raise MatcherUsageError(f"bitmask must have shape [rows, >= {words}] (ceil(vocab_size / 32) "
+                                f"int32 words per row), not {list(shape)}")
+    return is_numpy
+
+
+def _row_index(row: Any, rows: int) -> int:
+    """``row`` checked against ``rows``: an integer in ``[0, rows)`` (negative indices are a
+    caller bug here, not Python's count from the end)."""
+    if type(row) is not int:
+        row = _whole("row", row, 0)
+    if not 0 <= row < rows:
+        raise MatcherUsageError(f"row {row} is out of range for a bitmask of {rows} rows")
+    return row
 
 
 def vocab_table(vocab: Any) -> VocabTable:
@@ -97,19 +149,49 @@ class Matcher:
     history is trimmed beyond it.
     """
 
-    __slots__ = ("grammar", "vocab", "_eng", "_vt", "_hist", "_eos", "_max_rollback", "_tb")
+    __slots__ = ("grammar", "vocab", "_eng", "_vt", "_hist", "_eos", "_max_rollback", "_tb", "_nvocab",
+                 "_epoch", "__weakref__")
 
     def __init__(self, grammar: CompiledGrammar, vocab: Any, *, max_rollback: int | None = None) -> None:
+        if not isinstance(grammar, CompiledGrammar):
+            raise MatcherUsageError(f"Matcher needs a CompiledGrammar, not {type(grammar).__name__}")
+        if max_rollback is not None:
+            max_rollback = _whole("max_rollback", max_rollback, 0)
         self.grammar = grammar
         self.vocab = vocab
         self._eng = grammar.engine
         self._vt = vocab_table(vocab)
         self._tb = self._vt.token_bytes
+        self._nvocab = self._vt.vocab_size
         self._eos = frozenset(int(x) for x in vocab.eos_token_ids)
-        self._hist: list[int] = [self._eng.start]
         self._max_rollback = max_rollback
+        self._hist: list[int] = []
+        self._epoch = 0
+        self.reset()
+
+    # -- engine epochs ----------------------------------------------------------------------
+    # The engine may flush its tables (memory budget) and renumber configurations; ``_hist``
+    # holds ids of epoch ``_epoch``. Every step checks the epoch before and after (a cheap
+    # comparison) and, when it moved, translates the history and redoes the step holding the
+    # engine lock, under which no other thread can flush.
+    def _sync(self) -> None:
+        """Translate the history to the engine's current epoch (hold the engine lock)."""
+        eng = self._eng
+        if self._epoch != eng.epoch:
+            self._hist[:] = eng.translate(self._epoch, self._hist)
+            self._epoch = eng.epoch
 
     # -- core verbs ---------------------------------------------------------------------
+    def _token_id(self, token_id: Any) -> int:
+        """``token_id`` as an int in ``[0, vocab_size)``, else :class:`MatcherUsageError` (an
+        id outside the vocabulary is a caller bug, not a grammar verdict)."""
+        if type(token_id) is not int:
+            token_id = _whole("token id", token_id, 0)
+        if not 0 <= token_id < self._nvocab:
+            raise MatcherUsageError(f"token id {token_id} is outside the vocabulary "
+                                    f"[0, {self._nvocab})")
+        return token_id
+
     def _advance(self, cid: int, tid: int) -> int:
         if cid == _TERMINATED:
             return -1
@@ -120,19 +202,41 @@ class Matcher:
         data = self._tb[tid]
         if not data:
             return -1
-        return self._eng.walk(cid, data)
+        return self._eng.walk(cid, data, self._epoch)
 
     def accept_token(self, token_id: int) -> bool:
-        """Advance by one token. Returns False (state unchanged) if the grammar forbids it."""
-        nxt = self._advance(self._hist[-1], int(token_id))
-        if nxt == -1:
-            return False
-        self._push(nxt)
-        return True
+        """Advance by one token. Returns False (state unchanged) if the grammar forbids it;
+        raises :class:`~structgen.errors.MatcherUsageError` for an id that is not an integer
+        in ``[0, vocab_size)``."""
+        tid = self._token_id(token_id)
+        eng = self._eng
+        ep = self._epoch
+        if ep == eng.epoch:
+            h = self._hist
+            nxt = self._advance(h[-1], tid)
+            if nxt != STALE and eng.epoch == ep:
+                if nxt == -1:
+                    return False
+                h.append(nxt)
+                if eng.epoch == ep:  # else a flush may have described the history without it
+                    self._trim()
+                    return True
+                h.pop()
+        with eng.lock:  # the tables were flushed: redo the step where no other thread can
+            self._sync()
+            nxt = self._advance(self._hist[-1], tid)
+            self._sync()  # the step itself may have flushed (nxt is then of the new epoch)
+            if nxt == -1:
+                return False
+            self._push(nxt)
+            return True
 
     def _push(self, cid: int) -> None:
+        self._hist.append(cid)
+        self._trim()
+
+    def _trim(self) -> None:
         h = self._hist
-        h.append(cid)
         mr = self._max_rollback
         if mr is not None and len(h) > mr + 1:
             del h[: len(h) - mr - 1]
@@ -141,27 +245,46 @@ class Matcher:
         """Accept tokens in order, stopping at the first rejected one; returns how many."""
         n = 0
         for t in token_ids:
-            if not self.accept_token(int(t)):
+            if not self.accept_token(t):
                 break
             n += 1
         return n
 
     def validate_tokens(self, token_ids: Any) -> int:
         """How many leading tokens of ``token_ids`` would be accepted; the state is unchanged."""
-        cid = self._hist[-1]
+        ids = [self._token_id(t) for t in token_ids]
+        eng = self._eng
+        ep = self._epoch
+        if ep == eng.epoch:
+            n = self._count_valid(self._hist[-1], ids)
+            if n >= 0 and eng.epoch == ep:
+                return n
+        with eng.lock:
+            self._sync()
+            return self._count_valid(self._hist[-1], ids)
+
+    def _count_valid(self, cid: int, ids: list[int]) -> int:
+        """How many of ``ids`` are accepted in turn from ``cid``; -1 when a walk came back
+        STALE (the caller redoes it under the lock)."""
         n = 0
-        for t in token_ids:
-            cid = self._advance(cid, int(t))
+        for t in ids:
+            cid = self._advance(cid, t)
+            if cid == STALE:
+                return -1
             if cid == -1:
                 break
             n += 1
         return n
 
     def rollback(self, num_tokens: int) -> None:
-        """Undo the last ``num_tokens`` accepted tokens (EOS included)."""
+        """Undo the last ``num_tokens`` accepted tokens (EOS included). Raises
+        :class:`~structgen.errors.MatcherUsageError` (a ValueError) for a negative count or
+        more tokens than the history holds (bounded by ``max_rollback``)."""
+        if type(num_tokens) is not int:
+            num_tokens = _whole("num_tokens", num_tokens, 0)
         if num_tokens < 0 or num_tokens > len(self._hist) - 1:
-            raise ValueError(f"cannot roll back {num_tokens} tokens: only "
-                             f"{len(self._hist) - 1} can be rolled back")
+            raise MatcherUsageError(f"cannot roll back {num_tokens} tokens: only "
+                                    f"{len(self._hist) - 1} can be rolled back")
         if num_tokens:
             del self._hist[-num_tokens:]
 
@@ -173,13 +296,22 @@ class Matcher:
         m._eng = self._eng
         m._vt = self._vt
         m._tb = self._tb
+        m._nvocab = self._nvocab
         m._eos = self._eos
-        m._hist = list(self._hist)
         m._max_rollback = self._max_rollback
+        with self._eng.lock:
+            m._hist = list(self._hist)
+            m._epoch = self._epoch
+            self._eng.register(m)
         return m
 
     def reset(self) -> None:
-        self._hist = [self._eng.start]
+        """Back to the start state (as a fresh request)."""
+        eng = self._eng
+        with eng.lock:
+            self._hist = [eng.start]
+            self._epoch = eng.epoch
+            eng.register(self)
 
     @property
     def num_accepted(self) -> int:
@@ -194,35 +326,64 @@ class Matcher:
             bits = np.zeros(vt.num_words * 32, dtype=bool)
             bits[vt.eos_ids] = True
             return np.packbits(bits, bitorder="little").view(np.uint32)
-        return self._eng.token_mask(cid, vt)
+        eng = self._eng
+        ep = self._epoch
+        if ep == eng.epoch:
+            m = eng.token_mask(cid, vt)
+            if eng.epoch == ep:
+                return m
+        with eng.lock:
+            self._sync()
+            return eng.token_mask(self._hist[-1], vt)
 
     def _cached_words(self) -> np.ndarray | None:
         """The current mask's words if the engine has them cached (no walk), else None."""
         cid = self._hist[-1]
         if cid == _TERMINATED or cid < 0:
             return None
-        return self._eng.cached_mask(cid, self._vt)
+        eng = self._eng
+        ep = self._epoch
+        if ep != eng.epoch:
+            return None
+        m = eng.cached_mask(cid, self._vt)
+        return m if eng.epoch == ep else None
 
     def get_bitmask_words(self) -> np.ndarray:
         """The current mask as packed uint32 words ``[ceil(vocab_size/32)]`` (read-only view)."""
         return self._mask_words()
 
     def fill_bitmask(self, bitmask: Any, row: int = 0) -> None:
-        """Write the current mask into ``bitmask[row]`` (int32 ``[rows, ceil(V/32)]``, torch or numpy).
+        """Write the current mask into ``bitmask[row]`` (int32 ``[rows, W]``, torch or numpy,
+        ``W >= ceil(vocab_size/32)``).
 
         After termination only EOS is allowed. The tensor may be on any device; CPU
-        tensors and numpy arrays are written without a copy through a numpy view.
+        tensors and numpy arrays are written without a copy through a numpy view. Columns
+        beyond ``ceil(vocab_size/32)`` (a model whose logits are wider than the matcher's
+        vocabulary) are zeroed: tokens outside the vocabulary are never allowed. Raises
+        :class:`~structgen.errors.MatcherUsageError` for anything but a writable 2-d int32
+        array or tensor that wide, or a row outside ``[0, rows)`` (no negative indices).
         """
+        nw = self._vt.num_words
+        is_numpy = _bitmask_kind(bitmask, nw)
+        row = _row_index(row, int(bitmask.shape[0]))
         words = self._mask_words().view(np.int32)
-        if isinstance(bitmask, np.ndarray):
-            bitmask[row, : words.shape[0]] = words
+        wide = int(bitmask.shape[1]) > nw
+        if is_numpy:
+            bitmask[row, :nw] = words
+            if wide:
+                bitmask[row, nw:] = 0
             return
         if bitmask.device.type == "cpu":
-            bitmask[row].numpy()[: words.shape[0]] = words
+            view = bitmask[row].numpy()
+            view[:nw] = words
+            if wide:
+                view[nw:] = 0
         else:
             import torch
 
-            bitmask[row, : words.shape[0]].copy_(torch.from_numpy(words), non_blocking=False)
+            bitmask[row, :nw].copy_(torch.from_numpy(words), non_blocking=False)
+            if wide:
+                bitmask[row, nw:].zero_()
 
     def allowed_token_ids(self) -> list[int]:
         """All token ids allowed now (EOS included when accepting), ascending."""
@@ -232,42 +393,49 @@ class Matcher:
         return ids[ids < self._vt.vocab_size].tolist()
 
     def is_token_allowed(self, token_id: int) -> bool:
-        return self._advance(self._hist[-1], int(token_id)) != -1
+        """Whether the grammar allows ``token_id`` now (state unchanged); out-of-vocabulary
+        ids raise :class:`~structgen.errors.MatcherUsageError`."""
+        return self.validate_tokens((token_id,)) == 1
 
     # -- forced continuations ------------------------------------------------------------
     def viable_prefix_length(self, data: bytes) -> int:
         """Length of the longest prefix of ``data`` (bytes) the grammar allows from here."""
-        cid = self._hist[-1]
-        if cid == _TERMINATED:
-            return 0
         eng = self._eng
-        for i, b in enumerate(data):
-            cid = eng.step(cid, b)
-            if cid < 0:
-                return i
-        return len(data)
+        with eng.lock:  # stepping never flushes; holding the lock keeps others from it
+            self._sync()
+            cid = self._hist[-1]
+            if cid == _TERMINATED:
+                return 0
+            for i, b in enumerate(data):
+                cid = eng.step(cid, b)
+                if cid < 0:
+                    return i
+            return len(data)
 
     def forced_bytes(self, limit: int = 4096, *, after: bytes = b"") -> bytes:
         """The bytes the grammar alone determines from here: the longest string that every
         continuation starts with (stops where the input could also end). With ``after``: the
         forced bytes following the bytes ``after`` (empty if ``after`` is not allowed)."""
-        cid = self._hist[-1]
-        if cid == _TERMINATED:
-            return b""
         eng = self._eng
-        if after:
-            cid = eng.walk(cid, after)
-            if cid < 0:
+        with eng.lock:  # no other thread flushes meanwhile; the walk may (then: new ids)
+            self._sync()
+            cid = self._hist[-1]
+            if cid == _TERMINATED:
                 return b""
-        out = bytearray()
-        while len(out) < limit and cid >= 0 and not eng.is_accepting(cid):
-            live = eng.live_bytes(cid)
-            if live.shape[0] != 1:
-                break
-            b = int(live[0])
-            out.append(b)
-            cid = eng.step(cid, b)
-        return bytes(out)
+            if after:
+                cid = eng.walk(cid, after)
+                self._sync()
+                if cid < 0:
+                    return b""
+            out = bytearray()
+            while len(out) < limit and cid >= 0 and not eng.is_accepting(cid):
+                live = eng.live_bytes(cid)
+                if live.shape[0] != 1:
+                    break
+                b = int(live[0])
+                out.append(b)
+                cid = eng.step(cid, b)
+            return bytes(out)
 
     def forced_tokens(self) -> list[int]:
         """A tokenization of :meth:`forced_bytes` (greedy longest match over the vocabulary).
@@ -298,8 +466,17 @@ class Matcher:
     # -- status -------------------------------------------------------------------------
     def is_accepting(self) -> bool:
         """True when the input may end here (EOS is allowed now)."""
+        eng = self._eng
+        ep = self._epoch
         cid = self._hist[-1]
-        return cid != _TERMINATED and self._eng.is_accepting(cid)
+        if ep == eng.epoch:
+            ok = cid != _TERMINATED and eng.is_accepting(cid)
+            if eng.epoch == ep:
+                return ok
+        with eng.lock:
+            self._sync()
+            cid = self._hist[-1]
+            return cid != _TERMINATED and eng.is_accepting(cid)
 
     def is_terminated(self) -> bool:
         """True once EOS has been accepted."""
@@ -313,7 +490,9 @@ class Matcher:
 def fill_bitmasks(matchers: Any, bitmask: Any, rows: Any = None, *, executor: Any = None) -> None:
     """Write the current mask of each matcher into one packed bitmask: ``matchers[i]`` into
     row ``rows[i]`` (default ``i``) of ``bitmask`` (int32 ``[R, ceil(V/32)]``, torch on any
-    device or numpy); a ``None`` matcher leaves its row all ones (every token allowed).
+    device or numpy, at least ``ceil(V/32)`` columns: columns beyond a matcher's vocabulary
+    are zeroed); a ``None`` matcher sets its row to all ones (every token allowed). Rows must
+    be distinct and in ``[0, R)``; misuse raises :class:`~structgen.errors.MatcherUsageError`.
 
     Masks already cached cost a lookup each. The others are computed per engine (matchers of
     one grammar share an engine, whose walks are serialised by its lock); with an
@@ -321,9 +500,21 @@ def fill_bitmasks(matchers: Any, bitmask: Any, rows: Any = None, *, executor: An
     engines with work run in parallel, the compiled trie walks releasing the GIL. The rows
     are then written in one copy (one host-to-device transfer for a CUDA tensor)."""
     ms = list(matchers)
-    rws = list(range(len(ms))) if rows is None else [int(r) for r in rows]
+    nw = 0
+    for m in ms:
+        if m is not None and not isinstance(m, Matcher):
+            raise MatcherUsageError(f"fill_bitmasks takes Matchers (or None), not {type(m).__name__}")
+        if m is not None:
+            nw = max(nw, m._vt.num_words)
+    is_numpy = _bitmask_kind(bitmask, nw)
+    nrows = int(bitmask.shape[0])
+    rws = list(range(len(ms))) if rows is None else [_whole("row", r, 0) for r in rows]
     if len(rws) != len(ms):
-        raise ValueError(f"{len(ms)} matchers but {len(rws)} rows")
+        raise MatcherUsageError(f"{len(ms)} matchers but {len(rws)} rows")
+    for r in rws:
+        _row_index(r, nrows)
+    if len(set(rws)) != len(rws):
+        raise MatcherUsageError("fill_bitmasks was given the same row twice")
     if not ms:
         return
     words: list[np.ndarray | None] = [None] * len(ms)
@@ -351,7 +542,8 @@ def fill_bitmasks(matchers: Any, bitmask: Any, rows: Any = None, *, executor: An
     for i, w in enumerate(words):
         if w is not None:
             block[i, : w.shape[0]] = w.view(np.int32)
-    if isinstance(bitmask, np.ndarray):
+            block[i, w.shape[0]:] = 0  # columns beyond the vocabulary: never allowed
+    if is_numpy:
         bitmask[rws] = block
         return
     import torch

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from .errors import SchemaError, StructgenError
+from .errors import CompileLimitError, SchemaError, StructgenError
 
 __all__ = [
     "Document",
@@ -49,6 +49,8 @@ __all__ = [
 ]
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+#: Table budget (bytes) of the engine a :class:`SchemaValidator` checks instances with.
+VALIDATE_TABLE_BYTES = 8 << 20
 _MAX_REPR = 60
 
 
@@ -119,7 +121,9 @@ def _parse(text: str) -> tuple[Any, str | None, int, int]:
         return json.loads(text, parse_constant=_reject_constant), None, 0, 0
     except json.JSONDecodeError as e:
         return None, e.msg, e.lineno, e.colno
-    except (ValueError, RecursionError) as e:
+    except RecursionError:
+        return None, "nested too deeply to parse (arrays/objects)", 1, 1
+    except ValueError as e:
         return None, str(e) or type(e).__name__, 1, 1
 
 
@@ -479,11 +483,19 @@ class SchemaValidator:
         self.notes: list[str] = []
         if not isinstance(schema, (dict, bool)):
             raise SchemaError(f"a JSON Schema is an object or a boolean, not {type(schema).__name__}")
+        from .limits import check_schema_depth
+
+        check_schema_depth(schema)  # before any recursive code (jsonschema's) sees it
         cls, note = _validator_class(schema)
         if note:
             self.notes.append(note)
         try:
             cls.check_schema(schema)
+        except RecursionError:
+            # jsonschema checks a schema against its metaschema recursively, several frames
+            # per level: a schema nested about a hundred subschemas deep exhausts the stack
+            raise CompileLimitError("schema nested too deeply for jsonschema's validator to check it",
+                                    pointer="#") from None
         except jsonschema.exceptions.SchemaError as e:
             pointer = format_pointer(e.absolute_path)
             raise SchemaError(f"not a valid JSON Schema: {_one_line(e.message)}", pointer=pointer,
@@ -528,6 +540,10 @@ class SchemaValidator:
         if self.remotes:
             remotes = self.remotes
             self._canonical = lambda instance, schema: canonical_json(instance, schema, remotes=remotes)
+        # one instance at a time, possibly huge: a small table budget keeps validation's
+        # memory flat (flushing costs time, never exactness; see structgen.engine)
+        eng = self._grammar.engine
+        eng.table_budget = min(eng.table_budget, VALIDATE_TABLE_BYTES)
 
     def validate(self, doc: Document, source: str) -> InstanceResult:
         """Check one document read by :func:`iter_documents`.
@@ -540,6 +556,17 @@ class SchemaValidator:
             result.errors.append(InstanceError("$", "", doc.error, "json", doc.line))
             return result
         instance = doc.value
+        from .limits import MAX_INSTANCE_DEPTH, json_depth
+
+        depth, ptr = json_depth(instance, MAX_INSTANCE_DEPTH)
+        if depth > MAX_INSTANCE_DEPTH:
+            # jsonschema and the serialiser recurse per level: an instance this deep cannot be
+            # checked, so it is not valid
+            result.errors.append(InstanceError(
+                "$", "", f"instance nested too deeply to check: deeper than {MAX_INSTANCE_DEPTH} "
+                f"levels at {ptr if len(ptr) <= 80 else ptr[:77] + '...'} "
+                "(structgen.limits.MAX_INSTANCE_DEPTH)", "depth", doc.line))
+            return result
         result.errors.extend(self._semantic_errors(instance, doc))
         if self._grammar is not None:
             result.grammar = self._grammar_verdict(instance, result)

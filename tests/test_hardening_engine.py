@@ -1,0 +1,428 @@
+"""Hardening of the engine layer (issue 26): matcher misuse is a typed error, deep input is
+a typed error or handled without recursion, and matching stays within a memory budget
+while staying exact.
+
+Oracles: Python's ``re`` for regular languages, ``json`` for instances, brute force for
+token masks; memory bounds are checked in a subprocess under ``resource`` limits so this
+process cannot blow up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import structgen
+from structgen import ir
+from structgen.automaton import compile_grammar
+from structgen.errors import CompileLimitError, MatcherUsageError, StructgenError
+from structgen.matcher import Matcher, allocate_bitmask, bitmask_words, fill_bitmasks
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class ToyVocab:
+    token_bytes: list
+    eos_token_ids: tuple = ()
+    vocab_size: int = 0
+    content_hash: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.vocab_size:
+            self.vocab_size = len(self.token_bytes)
+
+
+def _ab_matcher(**kw: object) -> tuple[Matcher, ToyVocab]:
+    """A matcher of ``a+b`` over the tokens a, b, ab, EOS (40 ids: two bitmask words)."""
+    cg = compile_grammar(ir.Grammar({"s": ir.seq(ir.plus(ir.lit(b"a")), ir.lit(b"b"))}, "s"))
+    tb: list[bytes | None] = [b"a", b"b", b"ab", None] + [b"zz"] * 36
+    vocab = ToyVocab(tb, (3,), 40)
+    return Matcher(cg, vocab, **kw), vocab  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# 11. Matcher misuse
+# ---------------------------------------------------------------------------------------------
+
+def test_matcher_usage_error_is_typed_and_exported() -> None:
+    assert issubclass(MatcherUsageError, StructgenError)
+    assert issubclass(MatcherUsageError, ValueError) and issubclass(MatcherUsageError, TypeError)
+    assert structgen.MatcherUsageError is MatcherUsageError
+    assert "MatcherUsageError" in structgen.__all__
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.uint8, np.int64, np.uint32, np.float32])
+def test_fill_bitmask_rejects_wrong_numpy_dtype(dtype: type) -> None:
+    m, vocab = _ab_matcher()
+    bm = np.full((2, bitmask_words(vocab.vocab_size)), 7, dtype=dtype)
+    with pytest.raises(MatcherUsageError, match="int32"):
+        m.fill_bitmask(bm, 0)
+    assert (bm == 7).all()  # nothing written
+
+
+def test_fill_bitmask_rejects_wrong_torch_dtype() -> None:
+    torch = pytest.importorskip("torch")
+    m, vocab = _ab_matcher()
+    for dt in (torch.int16, torch.uint8, torch.int64, torch.float32):
+        bm = torch.zeros((2, bitmask_words(vocab.vocab_size)), dtype=dt)
+        with pytest.raises(MatcherUsageError, match="int32"):
+            m.fill_bitmask(bm, 0)
+        assert (bm == 0).all()
+
+
+@pytest.mark.parametrize("row", [-1, -2, 2, 100, 1.0, True, "0", None])
+def test_fill_bitmask_rejects_bad_rows(row: object) -> None:
+    m, vocab = _ab_matcher()
+    bm = np.full((2, bitmask_words(vocab.vocab_size)), -1, dtype=np.int32)
+    with pytest.raises(MatcherUsageError):
+        m.fill_bitmask(bm, row)  # type: ignore[arg-type]
+    assert (bm == -1).all()  # row=-1 used to write the last row
+
+
+def test_fill_bitmask_rejects_bad_shapes_and_objects() -> None:
+    m, vocab = _ab_matcher()
+    w = bitmask_words(vocab.vocab_size)
+    bad = [np.full((w,), -1, np.int32), np.full((2, w - 1), -1, np.int32),
+           np.full((2, w, 1), -1, np.int32), [[-1] * w], "bitmask", None]
+    for bm in bad:
+        with pytest.raises(MatcherUsageError):
+            m.fill_bitmask(bm, 0)
+    ro = np.full((1, w), -1, np.int32)
+    ro.flags.writeable = False
+    with pytest.raises(MatcherUsageError, match="read-only"):
+        m.fill_bitmask(ro, 0)
+
+
+def _bits(words: np.ndarray) -> set[int]:
+    bits = np.unpackbits(np.ascontiguousarray(words).view(np.uint8), bitorder="little")
+    return set(np.nonzero(bits)[0].tolist())
+
+
+def test_fill_bitmask_zeroes_extra_columns_numpy_torch_and_batch() -> None:
+    torch = pytest.importorskip("torch")
+    m, vocab = _ab_matcher()
+    w = bitmask_words(vocab.vocab_size)
+    expect = {0, 2}  # a, ab (b needs an a first; EOS not yet)
+    bm = np.full((3, w + 3), -1, dtype=np.int32)  # a model whose logits are wider
+    m.fill_bitmask(bm, 1)
+    assert _bits(bm[1]) == expect
+    assert (bm[1, w:] == 0).all() and (bm[0] == -1).all() and (bm[2] == -1).all()
+    tb = torch.full((3, w + 3), -1, dtype=torch.int32)
+    m.fill_bitmask(tb, 2)
+    assert _bits(tb[2].numpy()) == expect and (tb[2, w:] == 0).all() and (tb[:2] == -1).all()
+    # non-contiguous (a column slice of a wider tensor) is written correctly too
+    big = torch.full((2, 2 * (w + 1)), -1, dtype=torch.int32)
+    view = big[:, ::2]
+    m.fill_bitmask(view, 0)
+    assert _bits(view[0].contiguous().numpy()) == expect and (big[0, 1::2] == -1).all()
+    # the batch path: extra columns zeroed for matchers, all ones for a None matcher
+    bb = np.full((2, w + 2), 5, dtype=np.int32)
+    fill_bitmasks([m, None], bb)
+    assert _bits(bb[0]) == expect and (bb[0, w:] == 0).all() and (bb[1] == -1).all()
+
+
+def test_fill_bitmasks_rejects_misuse() -> None:
+    m, vocab = _ab_matcher()
+    w = bitmask_words(vocab.vocab_size)
+    bm = np.zeros((2, w), dtype=np.int32)
+    with pytest.raises(MatcherUsageError):
+        fill_bitmasks([m], bm, [-1])
+    with pytest.raises(MatcherUsageError):
+        fill_bitmasks([m], bm, [2])
+    with pytest.raises(MatcherUsageError):
+        fill_bitmasks([m, m], bm, [0, 0])
+    with pytest.raises(MatcherUsageError):
+        fill_bitmasks([m], np.zeros((2, w), dtype=np.int16))
+    with pytest.raises(MatcherUsageError):
+        fill_bitmasks(["not a matcher"], bm)
+    with pytest.raises(ValueError):  # a MatcherUsageError, still a ValueError for old callers
+        fill_bitmasks([m, m], bm, [0])
+
+
+@pytest.mark.parametrize("bad", [-1, -10])
+def test_negative_max_rollback_is_rejected(bad: int) -> None:
+    with pytest.raises(MatcherUsageError, match="max_rollback"):
+        _ab_matcher(max_rollback=bad)
+
+
+def test_max_rollback_bounds_history() -> None:
+    m, _ = _ab_matcher(max_rollback=0)
+    assert m.accept_token(0) and m.accept_token(0)
+    assert m.num_accepted == 0
+    with pytest.raises(MatcherUsageError):
+        m.rollback(1)
+    with pytest.raises(MatcherUsageError):
+        _ab_matcher(max_rollback=1.5)  # type: ignore[arg-type]
+
+
+def test_rollback_misuse() -> None:
+    m, _ = _ab_matcher()
+    assert m.accept_token(0)
+    for n in (-1, 2, 1.0, "1"):
+        with pytest.raises(MatcherUsageError):
+            m.rollback(n)  # type: ignore[arg-type]
+    assert m.num_accepted == 1
+    m.rollback(np.int64(1))
+    assert m.num_accepted == 0
+
+
+def test_token_ids_outside_the_vocabulary_are_typed_errors() -> None:
+    m, vocab = _ab_matcher()
+    for bad in (-1, vocab.vocab_size, 10**12):
+        with pytest.raises(MatcherUsageError, match="outside the vocabulary"):
+            m.accept_token(bad)
+        with pytest.raises(MatcherUsageError):
+            m.is_token_allowed(bad)
+        with pytest.raises(MatcherUsageError):
+            m.validate_tokens([0, bad])
+    for bad in (1.7, "0", None, True):
+        with pytest.raises(MatcherUsageError):
+            m.accept_token(bad)  # type: ignore[arg-type]
+    assert m.num_accepted == 0
+    # grammar-forbidden ids in range are a verdict, not an error
+    assert m.accept_token(1) is False
+    assert m.accept_token(np.int32(0)) is True
+
+
+def test_allocate_bitmask_arguments() -> None:
+    pytest.importorskip("torch")
+    for rows, v in ((-1, 10), (1, 0), (1, -5), (1.5, 10), (1, "10")):
+        with pytest.raises(MatcherUsageError):
+            allocate_bitmask(rows, v)  # type: ignore[arg-type]
+    assert tuple(allocate_bitmask(2, 33).shape) == (2, 2)
+
+
+def test_matcher_needs_a_compiled_grammar() -> None:
+    _, vocab = _ab_matcher()
+    with pytest.raises(MatcherUsageError):
+        Matcher("a+b", vocab)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Bounded memory while matching (lazily built tables are flushed, answers stay exact)
+# ---------------------------------------------------------------------------------------------
+
+def _viable(pattern: re.Pattern[str], body: str, text: str) -> bool:
+    """Oracle for ``(a|b)*a(a|b){k}c``: a prefix is viable iff it is over {a, b} or in the
+    language (nothing follows the final c)."""
+    return re.fullmatch(body, text) is not None or pattern.fullmatch(text) is not None
+
+
+def test_flushing_keeps_accepts_and_masks_exact() -> None:
+    from structgen import compile_regex
+
+    pat = "(a|b)*a(a|b){9}c"
+    rx = re.compile(pat)
+    cg = compile_regex(pat)
+    eng = cg.engine
+    eng.table_budget = 1  # flush at every safe point after any growth
+    rng = random.Random(7)
+    for _ in range(150):
+        s = "".join(rng.choice("ab") for _ in range(rng.randrange(0, 120))) + rng.choice(["", "c", "cc"])
+        assert cg.accepts(s) == (rx.fullmatch(s) is not None), s
+        assert cg.accepts_prefix(s) == _viable(rx, "[ab]*", s), s
+    tokens = [b"a", b"b", b"c", b"ab", b"ba", b"aab", b"bc", b"abc", None]
+    vocab = ToyVocab(tokens, (8,), 9)
+    for _ in range(12):
+        m = Matcher(cg, vocab)  # type: ignore[arg-type]
+        other = Matcher(cg, vocab)  # type: ignore[arg-type]
+        assert other.accept_token(0)  # a second history to carry across flushes
+        text = ""
+        accepted: list[int] = []
+        for _ in range(rng.randrange(5, 60)):
+            allowed = set(m.allowed_token_ids())
+            for t, tb in enumerate(tokens):
+                want = _viable(rx, "[ab]*", text) and rx.fullmatch(text) is not None if tb is None \
+                    else _viable(rx, "[ab]*", text + tb.decode())
+                assert (t in allowed) == want, (text, t)
+            choices = [t for t in allowed if t != 8] or [8]
+            t = rng.choice(choices)
+            assert m.accept_token(t)
+            if t == 8:
+                break
+            accepted.append(t)
+            text += tokens[t].decode()  # type: ignore[union-attr]
+            assert m.is_accepting() == (rx.fullmatch(text) is not None)
+        k = rng.randrange(len(accepted) + 1)
+        m.rollback(k + (1 if m.is_terminated() else 0))
+        text = "".join(tokens[t].decode() for t in accepted[:len(accepted) - k])  # type: ignore[union-attr]
+        assert m.is_accepting() == (rx.fullmatch(text) is not None)
+        assert other.is_accepting() is False and other.validate_tokens([2]) == 0
+    assert eng.flushes > 20  # the budget really forced flushes
+
+
+_RSS_SCRIPT = textwrap.dedent("""
+    import random, re, resource, sys
+    from structgen import compile_regex
+    from structgen.validation import Document, SchemaValidator
+    def peak():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    pat = "(a|b)*a(a|b){20}"
+    cg = compile_regex(pat)
+    cg.accepts("ab" * 50)
+    rng = random.Random(5)
+    text = "".join(rng.choice("ab") for _ in range(int(sys.argv[1])))
+    base = peak()
+    got = cg.accepts(text)
+    grew = peak() - base
+    # the validator's own (smaller) budget, through the jsonschema + grammar path
+    v = SchemaValidator({"type": "string", "pattern": "^(a|b)*a(a|b){20}$"})
+    res = v.validate(Document(1, text[:20000]), "-")
+    want = re.fullmatch(pat, text) is not None
+    print(got == want, grew, res.grammar == (re.fullmatch(pat, text[:20000]) is not None),
+          v._grammar.engine.flushes > 0)
+""")
+
+
+def test_lazy_dfa_memory_is_bounded_exactly() -> None:
+    """(a|b)*a(a|b){20} has 2**21 DFA states: 300 kB of input used 2.1 GB before. With a
+    16 MiB table budget, 80 kB stay far below that (peak RSS growth in a subprocess) and
+    the verdict equals re.fullmatch."""
+    env = dict(os.environ, STRUCTGEN_TABLE_BYTES=str(16 << 20))
+    out = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, "80000"], capture_output=True, text=True,
+                         timeout=120, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    same, grew, grammar_ok, flushed = out.stdout.split()
+    assert same == "True" and grammar_ok == "True" and flushed == "True"
+    assert int(grew) < 120, f"peak RSS grew by {grew} MB"
+
+
+def test_memory_budget_is_configurable() -> None:
+    from structgen import engine as engine_mod
+
+    with pytest.raises(StructgenError):
+        engine_mod.set_memory_budget(table_bytes=-1)
+    old = (engine_mod.DEFAULT_TABLE_BYTES, engine_mod.DEFAULT_MASK_CACHE_BYTES)
+    try:
+        engine_mod.set_memory_budget(table_bytes=1 << 20, mask_cache_bytes=1 << 16)
+        cg = compile_grammar(ir.Grammar({"s": ir.plus(ir.lit(b"xyz"))}, "s"))
+        eng = engine_mod.Engine(cg)
+        assert eng.table_budget == 1 << 20 and eng.mask_cache.limit == 1 << 16
+    finally:
+        engine_mod.set_memory_budget(table_bytes=old[0], mask_cache_bytes=old[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Deep input: no RecursionError
+# ---------------------------------------------------------------------------------------------
+
+def _deep_dict(n: int) -> dict:
+    d: dict = {}
+    for _ in range(n):
+        d = {"a": d}
+    return d
+
+
+def _nested_schema(n: int) -> dict:
+    s: dict = {"type": "integer"}
+    for _ in range(n):
+        s = {"type": "object", "properties": {"a": s}, "required": ["a"]}
+    return s
+
+
+def test_many_required_properties_build_without_recursion() -> None:
+    """Required properties became a chain of inlined rules and the Thompson construction
+    recursed along it: 1,500 of them overflowed the default stack. To keep the test quick,
+    600 are compiled with only 250 frames of headroom (the recursive builder needed about
+    400 for them); the iterative one needs none per property."""
+    import inspect
+
+    from structgen import CompileOptions, compile_json_schema
+
+    n = 600
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)},
+              "required": [f"p{i}" for i in range(n)]}
+    compile_json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})  # warm-up
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack(0)) + 250)  # lowered, for this call only
+    try:
+        cg = compile_json_schema(schema, compile_options=CompileOptions(timeout_s=120))
+    finally:
+        sys.setrecursionlimit(old)
+    doc = {f"p{i}": i for i in range(n)}
+    assert cg.accepts(json.dumps(doc, separators=(",", ":")))
+    del doc["p350"]
+    assert not cg.accepts(json.dumps(doc, separators=(",", ":")))
+
+
+def test_deep_schema_documents_are_compile_limit_errors() -> None:
+    from structgen import compile_json_schema
+
+    for schema in ({"const": _deep_dict(10_000)}, {"x-note": _deep_dict(10_000)},
+                   "[" * 100_000 + "]" * 100_000):
+        with pytest.raises(CompileLimitError) as info:
+            compile_json_schema(schema)
+        assert "\n" not in str(info.value) and len(str(info.value)) < 300
+
+
+def test_schema_validator_deep_schemas_are_typed() -> None:
+    from structgen.validation import SchemaValidator
+
+    with pytest.raises(CompileLimitError):
+        SchemaValidator({"x": _deep_dict(10_000)}, use_grammar=False)
+    with pytest.raises(CompileLimitError):  # 120 subschemas: under max_depth, over jsonschema's stack
+        SchemaValidator(_nested_schema(120), use_grammar=False)
+
+
+def _validate_cli(tmp_path: Path, schema: object, instance_text: str) -> subprocess.CompletedProcess:
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    (tmp_path / "i.json").write_text(instance_text)
+    return subprocess.run([sys.executable, "-m", "structgen", "validate", "--no-grammar", "-s",
+                           str(tmp_path / "s.json"), str(tmp_path / "i.json")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_validate_cli_deep_schema_and_instance(tmp_path: Path) -> None:
+    out = _validate_cli(tmp_path, _nested_schema(120), "1\n")
+    assert out.returncode == 2, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert "too deeply" in out.stderr
+    # 100,000 nested arrays: json cannot parse it; the instance is reported, not valid
+    out = _validate_cli(tmp_path, {"type": "array"}, "[" * 100_000 + "]" * 100_000 + "\n")
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "nested too deeply" in out.stdout
+    # 300 levels: parsed, but deeper than the validator checks
+    out = _validate_cli(tmp_path, {"type": "array"}, "[" * 300 + "]" * 300 + "\n")
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "nested too deeply to check" in out.stdout and len(out.stdout.strip().splitlines()) == 1
+
+
+def test_long_ref_chains_are_compile_limit_errors() -> None:
+    """$ref -> $ref -> ... 2,000 deep: the normaliser recursed once per reference."""
+    from structgen import compile_json_schema
+
+    def chain(n: int) -> dict:
+        defs: dict = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(n)}
+        defs[f"d{n}"] = {"type": "integer"}
+        return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+    with pytest.raises(CompileLimitError, match="in place"):
+        compile_json_schema(chain(2000))
+    cg = compile_json_schema(chain(100))
+    assert cg.accepts("5") and not cg.accepts('"x"')
+
+
+def test_deep_ir_hashes_iteratively_and_fails_typed() -> None:
+    """An IR nested 5,000 deep (built through the Python API): hashing and fingerprints
+    work without recursion, compiling is a CompileLimitError, never a RecursionError."""
+    e = ir.lit(b"a")
+    for _ in range(5000):
+        e = ir.Alt((ir.Seq((ir.lit(b"x"), e)), ir.lit(b"y")))
+    assert len(e.fingerprint()) == 32 and isinstance(hash(e), int)
+    try:
+        cg = compile_grammar(ir.Grammar({"s": e}, "s"))
+    except CompileLimitError:
+        return
+    assert cg.accepts(b"x" * 100 + b"a")
