@@ -383,7 +383,7 @@ class Lowering:
 
     def format(self, name: str) -> ir.Expr:
         from . import formats
-        e = formats.format_expr(name)
+        e = formats.format_expr(name, self.doc.drafts[0])
         if e is None:  # pragma: no cover - filtered by the normaliser
             raise SchemaError(f"format {name!r} has no grammar", keyword="format")
         return json_escape.json_content(e)  # format languages describe decoded values
