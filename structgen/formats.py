@@ -1,9 +1,10 @@
 """Grammar IR for JSON Schema ``format`` values.
 
 :func:`format_expr` returns the *content* of a JSON string (the bytes between the
-quotes) for a known format. Every language here is pure ASCII without ``"``, ``\\`` or
-control characters, so the raw bytes are also valid JSON string content; escaped
-spellings (``\\u0041``) are not generated or accepted.
+quotes, decoded) for a known format. Every language here is pure ASCII.
+
+Every language describes *decoded* string values: :mod:`structgen.json_escape` turns it
+into the JSON string contents (any escape spelling) when a schema is lowered.
 
 The languages follow the RFCs that JSON Schema names, narrowed where the checker that
 ``jsonschema`` (4.26) runs is stricter, so an accepted string is never rejected by
@@ -17,15 +18,32 @@ The languages follow the RFCs that JSON Schema names, narrowed where the checker
 * ``duration``: the RFC 3339 appendix A grammar exactly (``P1Y2M``, ``PT1H30M``,
   ``P3W``; units in order without gaps in a run, e.g. ``P1Y1D`` is not in the ABNF).
 * ``email``: RFC 5321 ``Mailbox`` with a dot-atom local part of at most 64 bytes (no
-  quoted local parts) and a ``hostname`` or ``[IPv4]`` / ``[IPv6:...]`` domain.
-* ``hostname``: RFC 1123 labels of 1-63 letters, digits and hyphens, not starting or
-  ending with a hyphen, dot separated, no trailing dot, at most 253 bytes in all; labels
-  with "--" in the 3rd and 4th positions (IDNA A-labels such as ``xn--...``) are
-  rejected, since their punycode validity is beyond an automaton. Label lengths are
-  narrowed to keep the automaton small (2,076 states instead of 24,038 for the exact
-  language): the first label, and a label starting at a multiple of 32 bytes, may have
-  up to 63 bytes; any other label has at least 32 and at most 63 available, exactly
-  ``63 - (start mod 32)``. Also used for ``email`` domains.
+  quoted local parts) and a domain that is an LDH ``Domain`` (RFC 5321 section 4.1.2:
+  ``sub-domain = Let-dig [Ldh-str]``, so any label of letters, digits and interior
+  hyphens, A-labels such as ``xn--j1aef`` and labels like ``a--b`` included) or an
+  ``[IPv4]`` / ``[IPv6:...]`` literal. The same for every draft: RFC 5321 does not ask
+  A-labels to be valid Punycode (and ``jsonschema`` only checks for an ``@``).
+* ``hostname``, per draft (the ``draft`` argument of :func:`format_expr`):
+
+  - draft-04 and draft-06 ``hostname``: RFC 1034 section 3.1
+    "preferred name syntax" as relaxed by RFC 1123 section 2.1 (a label may start with a
+    digit): every LDH label of 1-63 bytes not starting or ending with a hyphen. A-labels
+    (``xn--...``) are LDH labels, so they are accepted without Punycode checks; that is
+    what these drafts' definition asks.
+  - draft-07, 2019-09, 2020-12 (the default): RFC 1123 plus RFC 5890/5891, which make a
+    label with ``--`` in its 3rd and 4th positions (an R-LDH label) valid only as an
+    A-label, i.e. ``xn--`` followed by Punycode that decodes to a valid U-label (IDNA2008
+    code points, contextual and bidi rules). That check is beyond a finite automaton (the
+    decoded code points depend on arithmetic over the whole label), so R-LDH labels,
+    valid A-labels included, are rejected: a narrowing, never an acceptance of an
+    invalid label such as ``xn--X``. Other labels with ``--`` (``a--b``) are accepted.
+
+  Both: dot separated, no trailing dot, at most 253 bytes in all. Label lengths are
+  narrowed to keep the automaton small (about 2,000 states instead of 24,038 for the
+  exact language): the first label, and a label starting at a multiple of 32 bytes, may
+  have up to 63 bytes; any other label has at least 32 and at most 63 available, exactly
+  ``63 - (start mod 32)``. The LDH variant is also used for ``email`` domains.
+  ``idn-hostname`` and ``idn-email`` (U-labels) have no grammar: they are unsupported.
 * ``ipv4``: dotted quad, each 0-255 without leading zeros.
 * ``ipv6``: every RFC 4291 text form (``::`` compression, embedded IPv4), no zone id.
 * ``uuid``: 8-4-4-4-12 hex digits, either case.
@@ -187,7 +205,7 @@ HOSTNAME_LABEL_ALIGN = 32
 
 
 @functools.lru_cache(maxsize=None)
-def _hostname() -> ir.Expr:
+def _hostname(allow_rldh: bool = False) -> ir.Expr:
     """RFC 1123 hostnames of at most 253 bytes, with a sound narrowing on label lengths.
 
     Exact enforcement of both "labels of 1-63 bytes" and "at most 253 bytes in all"
@@ -212,7 +230,7 @@ def _hostname() -> ir.Expr:
         if t + 1 > b * align + 63:  # the label could be longer than 63 bytes
             return None
         if c == 0x2D:
-            if m == 3 and hy:
+            if m == 3 and hy and not allow_rldh:
                 # "--" in the 3rd and 4th positions: A-labels ("xn--") and other reserved
                 # LDH labels; their IDNA validity cannot be checked by an automaton, so they
                 # are rejected (a narrowing, never an over-acceptance)
@@ -239,7 +257,7 @@ def _email() -> ir.Expr:
 
     local = explore_dfa((0, False), step, lambda st: st[0] >= 1 and not st[1],
                         [_ATEXT_BYTES, b"."], "email local part")
-    domain = ir.alt(_hostname(),
+    domain = ir.alt(_hostname(allow_rldh=True),
                     ir.seq(_lit("["), _ipv4(), _lit("]")),
                     ir.seq(_lit("[IPv6:"), _ipv6(), _lit("]")))
     return ir.seq(local, _lit("@"), domain)
@@ -422,12 +440,20 @@ def format_length_bounds(name: str) -> tuple[int, int | None] | None:
     return None if e is None else length_bounds(e)
 
 
-@functools.lru_cache(maxsize=None)
-def format_expr(name: str) -> ir.Expr | None:
-    """IR for the content of a JSON string in format ``name``, or None if unknown.
+_LDH_HOSTNAME_DRAFTS = frozenset({"3", "4", "6"})
+"""Drafts whose ``hostname`` is plain LDH syntax (RFC 1034/1123), A-labels unchecked."""
 
-    The result matches the characters between the quotes (no escapes); see the module
-    docstring for each format's exact language. Built once per name and cached.
+
+@functools.lru_cache(maxsize=None)
+def format_expr(name: str, draft: str | None = None) -> ir.Expr | None:
+    """IR for the decoded content of a JSON string in format ``name``, or None if unknown.
+
+    ``draft`` ("3", "4", "6", "7", "2019-09", "2020-12"; None: the latest) selects the
+    draft's definition where they differ (``hostname``). The result describes decoded
+    characters (no escapes); see the module docstring for each format's exact language.
+    Built once per (name, draft) and cached.
     """
+    if name == "hostname" and draft in _LDH_HOSTNAME_DRAFTS:
+        return _hostname(allow_rldh=True)
     build = _BUILDERS.get(name)
     return build() if build is not None else None

@@ -14,10 +14,10 @@ subset. For numbers the universe under negation is :data:`SAFE_NUMBER` (integer 
 and plain decimals with at most 15 digits, where decimal and binary comparisons agree),
 so ``not`` over numbers never accepts an exponent form or a long fraction.
 
-Keys: declared and other literal property names are matched in their canonical
-``json.dumps`` spelling only (so a grammar can force them); their escaped spellings are
-excluded from the additional-key language as well, so they are rejected. Other keys and
-all string values may use any JSON escape form.
+Escapes: every string language (values, patterns, formats, ``enum``/``const`` strings,
+declared and other property names) describes decoded values and goes through
+:mod:`structgen.json_escape`, so any JSON spelling of an accepted value is accepted
+(``\\u0041``, ``\\/``, surrogate pairs, either hex case).
 
 Duplicate keys: declared keys appear at most once by construction. Other keys are not
 checked for duplicates, except where a lower bound of 2 or more counts keys
@@ -34,7 +34,7 @@ from functools import lru_cache
 from itertools import product
 from typing import Any
 
-from . import ir
+from . import ir, json_escape
 from .config import JsonSchemaOptions
 from .errors import CompileLimitError, CompileTimeoutError, SchemaError
 from .graphs import reachable
@@ -308,8 +308,7 @@ class Lowering:
 
     # -- strings ------------------------------------------------------------------------------
     def str_lit(self, s: str) -> ir.Expr:
-        cc = _regex().char_class_expr
-        return ir.seq(*(cc([(ord(ch), ord(ch))], "json") for ch in s))
+        return json_escape.json_literal(s)
 
     def lower_str(self, f: tuple, pos: bool) -> ir.Expr:
         """String content (between the quotes). ``pos``: subset (True) / superset (False)."""
@@ -323,8 +322,8 @@ class Lowering:
         elif tag == "F":
             e = ir.NEVER
         elif tag == "lits":
-            cc = _regex().char_class_expr
-            e = _trie((tuple(s) for s in sorted(f[1])), lambda ch: cc([(ord(ch), ord(ch))], "json"))
+            e = _trie((tuple(s) for s in sorted(f[1])),
+                      lambda ch: json_escape.json_class(((ord(ch), ord(ch)),)))
             self.note(e, "enum")
         elif tag == "c":
             _, lo, hi, pats, fmts = f
@@ -384,10 +383,10 @@ class Lowering:
 
     def format(self, name: str) -> ir.Expr:
         from . import formats
-        e = formats.format_expr(name)
+        e = formats.format_expr(name, self.doc.drafts[0])
         if e is None:  # pragma: no cover - filtered by the normaliser
             raise SchemaError(f"format {name!r} has no grammar", keyword="format")
-        return e
+        return json_escape.json_content(e)  # format languages describe decoded values
 
     # -- numbers ------------------------------------------------------------------------------
     def lower_num(self, f: tuple, pos: bool) -> ir.Expr:
@@ -685,14 +684,9 @@ class Lowering:
             self._key_kw = None
 
         def key_expr(name: str) -> ir.Expr:
-            # Declared property names are matched in their canonical spelling only
-            # (json.dumps, no optional escapes): the grammar then forces keys, which is what
-            # grammar-forced drafting needs. Escaped spellings of declared names are excluded
-            # from the additional-key language too, so they are rejected (never mis-checked).
-            try:
-                return ir.lit(json.dumps(name, ensure_ascii=False))
-            except UnicodeEncodeError:  # a lone surrogate: no UTF-8 spelling exists
-                return ir.NEVER
+            # Declared property names in every JSON spelling (the escape layer); a name
+            # holding a lone surrogate has no spelling that decodes to it and gives NEVER.
+            return ir.seq(ir.lit('"'), json_escape.json_literal(name), ir.lit('"'))
 
         def pair(key: ir.Expr, node: Any, cctx: Ctx) -> ir.Expr:
             return ir.seq(key, colon, self.node_ref(node, cctx), ws)

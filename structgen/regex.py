@@ -31,7 +31,8 @@ Encodings (what a matched code point becomes in the byte language):
   ``"``, ``\\`` and U+0000..U+001F, which are only escaped), the short escapes
   (``\\" \\\\ \\/ \\b \\f \\n \\r \\t``), ``\\uXXXX`` with hex digits of either case for
   every BMP code point, and a ``\\uD8xx\\uDCxx`` surrogate-pair escape for astral code
-  points. Lone surrogate escapes are never accepted.
+  points. Lone surrogate escapes are never accepted. This is the escape layer of
+  :mod:`structgen.json_escape` (``json_class``), which every string language shares.
 
 Code-point sets become compact IR: ranges are split into sub-ranges that share UTF-8
 (or hex-digit) prefixes, common prefixes are factored and siblings with equal tails
@@ -48,7 +49,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from . import ir
+from . import ir, json_escape
 from . import unicode_data as ud
 from .errors import RegexError
 
@@ -721,163 +722,6 @@ def parse_regex(pattern: str, *, dialect: str = "python", flags: str = "") -> Re
 # Code-point sets -> byte-level IR
 # ---------------------------------------------------------------------------
 
-_Symbol = tuple[tuple[int, int], ...]  # one byte out of these ranges
-
-
-def _utf8_split(lo: int, hi: int) -> list[tuple[_Symbol, ...]]:
-    """Split a surrogate-free code-point range into byte-range sequences (one per piece)."""
-    out: list[tuple[_Symbol, ...]] = []
-    stack = [(lo, hi)]
-    while stack:
-        s, e = stack.pop()
-        for bound in (0x7F, 0x7FF, 0xFFFF):
-            if s <= bound < e:
-                stack.append((bound + 1, e))
-                stack.append((s, bound))
-                break
-        else:
-            if e <= 0x7F:
-                out.append((((s, e),),))
-                continue
-            n = 2 if e <= 0x7FF else 3 if e <= 0xFFFF else 4
-            for i in range(1, n):
-                m = (1 << (6 * i)) - 1
-                if s & ~m != e & ~m:
-                    if s & m:
-                        stack.append(((s | m) + 1, e))
-                        stack.append((s, s | m))
-                        break
-                    if e & m != m:
-                        stack.append((e & ~m, e))
-                        stack.append((s, (e & ~m) - 1))
-                        break
-            else:
-                bs = chr(s).encode("utf-8")
-                be = chr(e).encode("utf-8")
-                out.append(tuple(((a, b),) for a, b in zip(bs, be)))
-    out.sort()
-    return out
-
-
-def _hex_symbol(a: int, b: int) -> _Symbol:
-    """Bytes of the hex digits with values a..b, either case."""
-    rs: list[tuple[int, int]] = []
-    if a <= 9:
-        rs.append((0x30 + a, 0x30 + min(b, 9)))
-    if b >= 10:
-        x = max(a, 10) - 10
-        y = b - 10
-        rs.append((0x41 + x, 0x41 + y))
-        rs.append((0x61 + x, 0x61 + y))
-    return tuple(rs)
-
-
-def _hex_split(lo: int, hi: int) -> list[tuple[_Symbol, ...]]:
-    """Split a 16-bit range into 4-hex-digit sequences of digit ranges."""
-    out: list[tuple[_Symbol, ...]] = []
-    stack = [(lo, hi)]
-    while stack:
-        s, e = stack.pop()
-        for i in (1, 2, 3):
-            m = (1 << (4 * i)) - 1
-            if s & ~m != e & ~m:
-                if s & m:
-                    stack.append(((s | m) + 1, e))
-                    stack.append((s, s | m))
-                    break
-                if e & m != m:
-                    stack.append((e & ~m, e))
-                    stack.append((s, (e & ~m) - 1))
-                    break
-        else:
-            out.append(tuple(_hex_symbol((s >> k) & 15, (e >> k) & 15) for k in (12, 8, 4, 0)))
-    out.sort()
-    return out
-
-
-def _trie(seqs: Sequence[tuple[_Symbol, ...]]) -> ir.Expr:
-    """Union of symbol sequences with common prefixes factored and equal tails merged."""
-    ends = False
-    groups: dict[_Symbol, list[tuple[_Symbol, ...]]] = {}
-    for s in seqs:
-        if not s:
-            ends = True
-        else:
-            groups.setdefault(s[0], []).append(s[1:])
-    by_child: dict[ir.Expr, list[_Symbol]] = {}
-    for sym, rests in groups.items():
-        by_child.setdefault(_trie(rests), []).append(sym)
-    alts = [ir.seq(ir.byteset([r for sym in syms for r in sym]), child)
-            for child, syms in by_child.items()]
-    if ends:
-        alts.append(ir.EMPTY)
-    return ir.alt(*alts)
-
-
-@lru_cache(maxsize=4096)
-def _utf8_expr(rs: ud.RangeSet) -> ir.Expr:
-    seqs: list[tuple[_Symbol, ...]] = []
-    for lo, hi in rs:
-        seqs.extend(_utf8_split(lo, hi))
-    return _trie(seqs)
-
-
-@lru_cache(maxsize=4096)
-def _hex4_expr(rs: ud.RangeSet) -> ir.Expr:
-    seqs: list[tuple[_Symbol, ...]] = []
-    for lo, hi in rs:
-        seqs.extend(_hex_split(lo, hi))
-    return _trie(seqs)
-
-
-_BACKSLASH_U = ir.lit("\\u")
-_JSON_SHORT = ((0x22, '"'), (0x5C, "\\"), (0x2F, "/"), (0x08, "b"), (0x0C, "f"),
-               (0x0A, "n"), (0x0D, "r"), (0x09, "t"))
-_JSON_NEVER_RAW: ud.RangeSet = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C))
-
-
-def _surrogate_pairs_expr(astral: ud.RangeSet) -> ir.Expr:
-    """``XXXX\\uYYYY`` (after a leading ``\\u``) for the astral code points in ``astral``."""
-    per_hi: dict[int, list[tuple[int, int]]] = {}
-    for c1, c2 in astral:
-        h1, l1 = divmod(c1 - 0x10000, 0x400)
-        h2, l2 = divmod(c2 - 0x10000, 0x400)
-        if h1 == h2:
-            per_hi.setdefault(h1, []).append((l1, l2))
-            continue
-        per_hi.setdefault(h1, []).append((l1, 0x3FF))
-        for h in range(h1 + 1, h2):
-            per_hi.setdefault(h, []).append((0, 0x3FF))
-        per_hi.setdefault(h2, []).append((0, l2))
-    by_low: dict[ud.RangeSet, list[tuple[int, int]]] = {}
-    for h, lows in per_hi.items():
-        key = tuple((0xDC00 + a, 0xDC00 + b) for a, b in ud.normalize(lows))
-        by_low.setdefault(key, []).append((0xD800 + h, 0xD800 + h))
-    return ir.alt(*(ir.seq(_hex4_expr(ud.normalize(his)), _BACKSLASH_U, _hex4_expr(lows))
-                    for lows, his in by_low.items()))
-
-
-@lru_cache(maxsize=4096)
-def _json_expr(rs: ud.RangeSet) -> ir.Expr:
-    parts = [_utf8_expr(ud.subtract(rs, _JSON_NEVER_RAW))]
-    esc: list[ir.Expr] = []
-    letters = [ord(ch) for cp, ch in _JSON_SHORT if ud.contains(rs, cp)]
-    if letters:
-        esc.append(ir.byteset(letters))
-    u_alts: list[ir.Expr] = []
-    bmp = ud.intersect(rs, ((0, 0xFFFF),))
-    if bmp:
-        u_alts.append(_hex4_expr(bmp))
-    astral = ud.intersect(rs, ((0x10000, ud.MAX_CODE_POINT),))
-    if astral:
-        u_alts.append(_surrogate_pairs_expr(astral))
-    if u_alts:
-        esc.append(ir.seq(ir.lit("u"), ir.alt(*u_alts)))
-    if esc:
-        parts.append(ir.seq(ir.lit("\\"), ir.alt(*esc)))
-    return ir.alt(*parts)
-
-
 def char_class_expr(ranges: Sequence[tuple[int, int]], encoding: str = "utf8") -> ir.Expr:
     """IR for exactly one code point out of the inclusive code-point ``ranges``.
 
@@ -893,7 +737,7 @@ def char_class_expr(ranges: Sequence[tuple[int, int]], encoding: str = "utf8") -
     rs = ud.intersect(ud.normalize(ranges), ud.NON_SURROGATE)
     if not rs:
         return ir.NEVER
-    return _utf8_expr(rs) if encoding == "utf8" else _json_expr(rs)
+    return json_escape.utf8_class(rs) if encoding == "utf8" else json_escape.json_class(rs)
 
 
 def any_char_expr(encoding: str = "utf8", *, exclude_newline: bool = False) -> ir.Expr:
