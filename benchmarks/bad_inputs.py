@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sandbox import Case, Outcome, Sandbox  # noqa: E402
+from sandbox import Case, Outcome, Sandbox, known_cause  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CATEGORIES = ("schema", "grammar", "regex", "config", "cli", "generation", "asset")
@@ -735,8 +735,10 @@ def run_one(box: Sandbox, bad: BadInput, watchers: Watchers, folder: Path) -> di
     elif cls == "typed" and bad.message_has and bad.message_has not in outcome.message:
         flags.append("wrong")
         problems.append(f"the error does not name {bad.message_has!r}")
+    known = known_cause(case, outcome)
     return {"category": bad.category, "label": bad.case.label, "kind": bad.case.kind,
-            "issue_item": bad.issue_item, "expect": bad.expect, "outcome": outcome.outcome,
+            "issue_item": bad.issue_item, "known_cause": None if known is None else known.item,
+            "expect": bad.expect, "outcome": outcome.outcome,
             "flags": flags, "problems": problems, "error": outcome.error,
             "message": outcome.message[:300], "where": outcome.where, "seconds": round(outcome.seconds, 3)}
 
@@ -768,13 +770,14 @@ def _commit() -> str:
         return "unknown"
 
 
-def _smoke(inputs: list[BadInput], per_category: int = 6) -> list[BadInput]:
-    """A few fast inputs per category (no model, no issue reproduction that may take long)."""
+def _smoke(inputs: list[BadInput], per_category: int = 3) -> list[BadInput]:
+    """A few fast inputs per category (no model, no issue reproduction that may take long;
+    one asset input: each loads a tokenizer)."""
     slow = {3, 4}
     picked: list[BadInput] = []
     for cat in CATEGORIES:
         mine = [b for b in inputs if b.category == cat and not b.needs_model and b.issue_item not in slow]
-        picked += mine[:per_category]
+        picked += mine[:1 if cat == "asset" else per_category]
     return picked
 
 

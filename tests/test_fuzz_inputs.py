@@ -73,7 +73,7 @@ def check(cases: list[Case], outcomes: list[Outcome], typed_share: float = 0.0) 
     print(f"{len(cases)} inputs: {counts}")
     if known:
         items = sorted({k.item for _, _, k in known})
-        print(f"tolerated, tracked in issue 26 items {items}:")
+        print(f"tolerated, tracked in issue 26 items {items} (0: new, reported):")
         print(reproducers([(c, o) for c, o, _ in known]))
     assert not new, "new crash causes:\n" + reproducers(new)
     # a strategy that never reaches structgen's checks tests nothing
