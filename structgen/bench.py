@@ -738,9 +738,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line on stderr (exit 2), like the rest of the CLI."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see `{self.prog} --help`)\n")
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="structgen bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = _Parser(prog="structgen bench", description=__doc__,
+                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="model alias or path (default smollm2-135m)")
     ap.add_argument("--draft-model", default=None, help="draft LM alias/path for the spec engine")
     ap.add_argument("--types", default="json,code,prose", help="task types, comma separated")
@@ -793,7 +800,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = (args.engines or ("plain,spec" if args.smoke else ",".join(ENGINES))).split(",")
     bad += [e for e in engines if e not in ENGINES]
     if bad or args.repeats < 1:
-        print(f"structgen bench: unknown task type or engine: {', '.join(bad) or '--repeats < 1'}",
+        print(f"structgen bench: error: unknown task type or engine: {', '.join(bad) or '--repeats < 1'}",
               file=sys.stderr)
         return 2
     if args.report is not None:
@@ -801,7 +808,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args, types, engines)
     except StructgenError as e:
-        print(f"structgen bench: {e}", file=sys.stderr)
+        print(f"structgen bench: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
 

@@ -105,6 +105,15 @@ def test_bad_arguments_exit_2(capsys) -> None:
     assert bench.main(["--engines", "plain,vllm"]) == 2
 
 
+@pytest.mark.parametrize("argv", [["--no-such-flag"], ["--repeats", "x"], ["--types", "poetry"],
+                                  ["--device", "tpu"]])
+def test_usage_errors_are_one_line(argv: list[str], capsys) -> None:
+    # found by the CLI fuzz suite: argparse printed its whole usage block above the error
+    assert bench.main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("structgen bench: error: "), lines
+
+
 @pytest.mark.assets
 @pytest.mark.model
 def test_smoke_run_writes_reports(tmp_path, tokenizer_by_alias) -> None:

@@ -1,0 +1,33 @@
+"""The bad-input battery (benchmarks/bad_inputs.py) runs, classifies and writes its table.
+
+``--smoke`` runs a few inputs per category in the shared sandbox; every failure it reports must
+be a tracked cause (an issue-26 reproduction, or a known cause of the fuzz suite's allowlist).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FAILURES = ("crash", "hang", "memory", "data_loss", "network", "file_access")
+
+
+def test_battery_smoke_writes_a_table_of_tracked_outcomes(tmp_path: Path) -> None:
+    out = tmp_path / "bad-inputs.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bad_inputs.py"), "--smoke",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode in (0, 1), proc.stderr
+    report = json.loads(out.read_text())
+    assert {"commit", "date", "machine", "command", "table", "cases"} <= set(report)
+    table = report["table"]
+    assert set(table) == {"schema", "grammar", "regex", "config", "cli", "generation", "asset", "total"}
+    assert table["total"]["inputs"] == len(report["cases"]) >= 15
+    assert sum(table["total"][k] for k in ("ok", "typed", "crash", "hang", "memory")) == \
+        table["total"]["inputs"]
+    untracked = [c for c in report["cases"] if set(c["flags"]) & set(FAILURES)
+                 and c["issue_item"] is None and c["known_cause"] is None]
+    assert not untracked, json.dumps(untracked, indent=1)
+    assert "| category |" in proc.stdout and out.with_suffix(".md").is_file()
