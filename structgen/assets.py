@@ -395,6 +395,8 @@ def _entry_files(path: Path) -> list[str]:
         rel = f.relative_to(path).as_posix()
         if rel in (_MANIFEST, _STAMPS) or f.is_dir():
             continue
+        if f.name.startswith(".") and f.name.endswith(".tmp"):  # another process's atomic write
+            continue
         out.append(rel)
     return out
 
