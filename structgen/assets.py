@@ -74,6 +74,7 @@ __all__ = [
     "resolve_model",
     "pull",
     "verify",
+    "cached_aliases",
     "main",
 ]
 
@@ -976,6 +977,12 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
 
 def _dir_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
+
+
+def cached_aliases() -> list[str]:
+    """Aliases with a complete entry in the cache (tokenizers first), without verifying them."""
+    return ([a for a in TOKENIZERS if _is_complete(_entry_dir("tokenizer", a))]
+            + [a for a in MODELS if _is_complete(_entry_dir("model", a))])
 
 
 def _integrity(path: Path) -> dict[str, Any]:

@@ -853,7 +853,7 @@ def _models_verify(aliases: list[str], known: set[str]) -> int:
         if a not in known:
             raise _Usage(f"unknown alias {a!r}; known aliases: {', '.join(sorted(known))}")
     if not aliases:
-        aliases = [r.alias for r in assets.list_aliases() if r.cached]
+        aliases = assets.cached_aliases()
         if not aliases:
             print(f"structgen models verify: nothing cached in {assets.cache_dir()}", file=sys.stderr)
             return EXIT_OK
