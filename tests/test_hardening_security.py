@@ -477,8 +477,9 @@ def test_lark_relative_import_resolves_beside_the_grammar_file(import_layout: di
 def test_lark_import_paths_and_packaged_grammars(import_layout: dict[str, Path]) -> None:
     from structgen.lark_frontend import compile_lark
 
-    g = compile_lark("start: X Y\n%import lib.words (X, Y)\n", import_paths=[import_layout["allowed"]])
-    assert g.accepts("allowedleaf")
+    for paths in ([import_layout["allowed"]], str(import_layout["allowed"]), import_layout["allowed"]):
+        g = compile_lark("start: X Y\n%import lib.words (X, Y)\n", import_paths=paths)
+        assert g.accepts("allowedleaf")
     g = compile_lark("start: value\n%import json.value\n")  # structgen's packaged json grammar
     assert g.accepts('{"a":[1,2]}')
     g = compile_lark("start: NUMBER\n%import common.NUMBER\n")  # Lark's own
