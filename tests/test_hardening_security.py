@@ -448,6 +448,10 @@ _CWD_IMPORTS = [
     "start: X\n%import \\\n.sub.pipe.X\n",
     "start: X\n%import cwdlib.X\n",
     "start: X\n%import \\\n  cwdlib (X)\n",
+    # no spelling of a parent folder or an absolute path gets through either
+    "start: X\n%import ..sub.inner.X\n",
+    "start: X\n%import /tmp/sub/inner.X\n",
+    'start: X\n%import "../sub/inner.lark" (X)\n',
 ]
 
 
