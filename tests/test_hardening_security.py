@@ -700,3 +700,15 @@ def test_cli_models_verify_subprocess_on_a_copy_of_a_real_entry(tmp_path: Path) 
         f.truncate(1000)
     proc = _run_cli(["models", "verify", "gpt2"], tmp_path, env=env)
     assert proc.returncode == 1 and "gpt2: damaged: tokenizer.json: size 1000 bytes" in proc.stdout
+
+
+def test_cli_remote_option_is_the_only_way_out(tmp_path: Path, server: _CountingServer) -> None:
+    uri = server.url("defs.json")
+    (tmp_path / "defs.json").write_text(json.dumps({"$defs": {"n": {"type": "integer", "minimum": 0}}}))
+    (tmp_path / "s.json").write_text(json.dumps({"type": "array", "items": {"$ref": uri + "#/$defs/n"}}))
+    (tmp_path / "d.jsonl").write_text("[1, 2]\n[3, -1]\n")
+    proc = _run_cli(["validate", "--remote", f"{uri}=defs.json", "-s", "s.json", "d.jsonl"], tmp_path)
+    assert proc.returncode == 1 and proc.stdout.startswith("d.jsonl:2: $[1]:"), (proc.stdout, proc.stderr)
+    proc = _run_cli(["compile", "--remote", f"{uri}=defs.json", "s.json"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert server.requests == 0
