@@ -471,6 +471,9 @@ def _entry_problems(path: Path, *, rehash: bool = False, locked: bool = False) -
     problems = []
     for rel, want in sorted(files.items()):
         f = path / rel
+        if not isinstance(want, dict) or Path(rel).is_absolute() or ".." in Path(rel).parts:
+            problems.append(f"{rel}: bad manifest entry")
+            continue
         try:
             st = f.stat()
         except OSError:
