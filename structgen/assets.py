@@ -74,6 +74,7 @@ __all__ = [
     "resolve_model",
     "pull",
     "verify",
+    "cached_aliases",
     "main",
 ]
 
@@ -395,6 +396,8 @@ def _entry_files(path: Path) -> list[str]:
         rel = f.relative_to(path).as_posix()
         if rel in (_MANIFEST, _STAMPS) or f.is_dir():
             continue
+        if f.name.startswith(".") and f.name.endswith(".tmp"):  # another process's atomic write
+            continue
         out.append(rel)
     return out
 
@@ -468,6 +471,9 @@ def _entry_problems(path: Path, *, rehash: bool = False, locked: bool = False) -
     problems = []
     for rel, want in sorted(files.items()):
         f = path / rel
+        if not isinstance(want, dict) or Path(rel).is_absolute() or ".." in Path(rel).parts:
+            problems.append(f"{rel}: bad manifest entry")
+            continue
         try:
             st = f.stat()
         except OSError:
@@ -974,6 +980,12 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
 
 def _dir_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
+
+
+def cached_aliases() -> list[str]:
+    """Aliases with a complete entry in the cache (tokenizers first), without verifying them."""
+    return ([a for a in TOKENIZERS if _is_complete(_entry_dir("tokenizer", a))]
+            + [a for a in MODELS if _is_complete(_entry_dir("model", a))])
 
 
 def _integrity(path: Path) -> dict[str, Any]:

@@ -70,6 +70,23 @@ def _note(prog: str, message: str) -> None:
 # validate
 # ---------------------------------------------------------------------------------------------
 
+def _remotes(specs: list[str]) -> dict[str, Any]:
+    """``--remote URI=FILE`` options -> {URI: the parsed FILE}: the only documents a ``$ref``
+    outside the schema may reach (read here, once; nothing is fetched)."""
+    from .schema_source import schema_from
+
+    remotes: dict[str, Any] = {}
+    for spec in specs:
+        uri, sep, name = spec.partition("=")
+        if not sep or not uri or not name:
+            raise _Usage(f"--remote wants URI=FILE, not {spec!r}")
+        try:
+            remotes[uri] = schema_from(Path(name))
+        except StructgenError as e:
+            raise _Usage(f"--remote {uri}: {_text(e)}") from None
+    return remotes
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     from .validation import SchemaValidator, load_schema, validate_stream
 
@@ -81,7 +98,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     except StructgenError as e:
         raise _Usage(_text(e)) from None
     try:
-        validator = SchemaValidator(schema, use_grammar=not args.no_grammar)
+        validator = SchemaValidator(schema, use_grammar=not args.no_grammar,
+                                    remotes=_remotes(args.remote))
     except StructgenError as e:
         raise _Usage(f"{args.schema}: {_text(e)}") from None
     if not args.quiet:
@@ -168,8 +186,9 @@ def _ir_of(cg: Any) -> Any:
     return value if isinstance(value, Grammar) else None
 
 
-def _compile_file(path: str, lenient: bool) -> Any:
-    """Compile ``path`` (``.lark``: Lark grammar; anything else: JSON Schema)."""
+def _compile_file(path: str, lenient: bool, remotes: dict[str, Any] | None = None) -> Any:
+    """Compile ``path`` (``.lark``: Lark grammar; anything else: JSON Schema, whose ``$ref`` may
+    reach ``remotes`` and nothing else outside it)."""
     if path.endswith(".lark"):
         import structgen
 
@@ -188,24 +207,26 @@ def _compile_file(path: str, lenient: bool) -> Any:
     from .config import JsonSchemaOptions
     from .json_schema import compile_json_schema
 
+    extra = {"remotes": remotes} if remotes else {}
     if lenient:
-        return compile_json_schema(schema, options=JsonSchemaOptions(lenient=True))
-    return compile_json_schema(schema)
+        return compile_json_schema(schema, options=JsonSchemaOptions(lenient=True), **extra)
+    return compile_json_schema(schema, **extra)
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
     from .errors import UnsupportedFeatureError
 
     prog = "structgen compile"
+    remotes = _remotes(args.remote)
     t0 = time.perf_counter()
     try:
-        cg = _compile_file(args.input, args.lenient)
+        cg = _compile_file(args.input, args.lenient, remotes)
     except UnsupportedFeatureError as first:
         # List every unsupported keyword: the lenient compile records them all as warnings.
         kw = f" [{first.keyword}]" if first.keyword else ""
         found = [f"{first.pointer or '#'}: {first.message}{kw}"]
         try:
-            found = _describe(_compile_file(args.input, True)).get("warnings") or found
+            found = _describe(_compile_file(args.input, True, remotes)).get("warnings") or found
         except Exception:  # the strict error above is the answer
             pass
         if args.json:
@@ -895,7 +916,7 @@ def _models_verify(aliases: list[str], known: set[str]) -> int:
         if a not in known:
             raise _Usage(f"unknown alias {a!r}; known aliases: {', '.join(sorted(known))}")
     if not aliases:
-        aliases = [r.alias for r in assets.list_aliases() if r.cached]
+        aliases = assets.cached_aliases()
         if not aliases:
             print(f"structgen models verify: nothing cached in {assets.cache_dir()}", file=sys.stderr)
             return EXIT_OK
@@ -994,6 +1015,9 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--quiet", "-q", action="store_true", help="print nothing; exit code only")
     v.add_argument("--no-grammar", action="store_true",
                    help="skip the compiled-grammar check (jsonschema only)")
+    v.add_argument("--remote", action="append", default=[], metavar="URI=FILE",
+                   help="let $ref use FILE as the document at URI (repeatable); no other reference "
+                   "outside the schema is ever fetched or read")
     v.set_defaults(func=_cmd_validate)
 
     c = sub.add_parser("compile", help="compile a JSON Schema or .lark grammar and report its size")
@@ -1002,6 +1026,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--lenient", action="store_true",
                    help="compile unsupported keywords as documented over-approximations (warnings)")
     c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.add_argument("--remote", action="append", default=[], metavar="URI=FILE",
+                   help="let $ref use FILE as the document at URI (repeatable)")
     c.set_defaults(func=_cmd_compile)
 
     d = sub.add_parser("demo", help="the main job: compile, validate and generate for schemas/")

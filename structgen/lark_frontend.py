@@ -335,7 +335,19 @@ def lark_import_loader(import_paths: Sequence[str | os.PathLike[str]] = (),
     imports) the folder of ``grammar_path``. A refused import raises an exception that is not an
     ``OSError`` (so Lark tries nothing else). For code that runs Lark itself (oracles)."""
     grammar_dir = os.path.dirname(os.path.abspath(grammar_path)) if grammar_path is not None else None
-    return _ImportLoader([os.fspath(p) for p in import_paths], grammar_dir)
+    return _ImportLoader(_folders(import_paths), grammar_dir)
+
+
+def _folders(import_paths: Any) -> list[str]:
+    """``import_paths`` as a list of folder names (one path alone is one folder, not its letters)."""
+    if isinstance(import_paths, (str, bytes, os.PathLike)):
+        import_paths = [import_paths]
+    out = []
+    for p in import_paths:
+        if not isinstance(p, (str, os.PathLike)):
+            raise GrammarError(f"import_paths holds {type(p).__name__}, not a folder path")
+        out.append(os.fspath(p))
+    return out
 
 
 def _import_position(text: str, dotted: str, positions: dict[str, tuple[int, int]]
@@ -1330,7 +1342,7 @@ def lark_to_grammar(text: str, *, start: str = "start",
         raise TypeError(f"grammar text must be str, not {type(text).__name__}")
     if not isinstance(start, str) or not start:
         raise GrammarError("start must be a non-empty rule name")
-    grammar = _load(text, import_paths=tuple(import_paths), grammar_path=grammar_path)
+    grammar = _load(text, import_paths=tuple(_folders(import_paths)), grammar_path=grammar_path)
     try:
         conv = _Converter(grammar, text)
         rules = conv.convert(start)
@@ -1390,7 +1402,7 @@ def compile_lark(text: str, *, start: str = "start",
     from .automaton import compile_grammar
     from .gcpause import gc_paused
 
-    imports = tuple(os.fspath(p) for p in import_paths)
+    imports = tuple(_folders(import_paths))
     where = os.fspath(grammar_path) if grammar_path is not None else None
     key = (text, start, compile_options, imports, where)
     with _LRU_LOCK:

@@ -399,7 +399,7 @@ def check_references(schema: Any, remotes: Mapping[str, Any] | None = None) -> N
     """
     from urllib.parse import urldefrag
 
-    from .json_schema_doc import SchemaDoc, join_uri
+    from .json_schema_doc import Loc, SchemaDoc, _subschemas, join_uri
 
     if not isinstance(schema, dict):
         return
@@ -408,7 +408,14 @@ def check_references(schema: Any, remotes: Mapping[str, Any] | None = None) -> N
     doc = SchemaDoc(schema, max_depth=1 << 30)
     allowed = set(doc.resources) | remote_uris
     metaschemas: frozenset[str] | None = None
-    for loc in doc.bases:
+    # every indexed subschema, plus what in-document references reach outside the index
+    # (e.g. "#/x/y" under a keyword that is not a schema keyword): jsonschema follows those too
+    todo: list[Loc] = list(doc.bases)
+    seen = set(todo)
+    i = 0
+    while i < len(todo):
+        loc = todo[i]
+        i += 1
         node = doc.node(loc)
         if not isinstance(node, dict):
             continue
@@ -417,14 +424,30 @@ def check_references(schema: Any, remotes: Mapping[str, Any] | None = None) -> N
             if not isinstance(ref, str):
                 continue
             uri = urldefrag(join_uri(doc.base_of(loc), ref))[0]
+            if uri in doc.resources:
+                try:
+                    target = doc.resolve(ref, loc, kw)
+                except SchemaError:  # a dangling in-document pointer: jsonschema reports it
+                    continue
+                stack = [target]
+                while stack:
+                    t = stack.pop()
+                    if t in seen:
+                        continue
+                    seen.add(t)
+                    todo.append(t)
+                    sub = doc.node(t)
+                    if isinstance(sub, dict):
+                        stack.extend(Loc(t.doc, p) for _, p in _subschemas(sub, t.ptr))
+                continue
             if uri in allowed:
                 continue
             if metaschemas is None:
                 metaschemas = _metaschema_uris()
             if uri.rstrip("#") in metaschemas:
                 continue
-            target = "" if uri == urldefrag(ref)[0] else f" (resolved: {uri!r})"
-            raise SchemaError(f"{kw} {ref!r}{target} refers outside this schema; structgen never "
+            target_note = "" if uri == urldefrag(ref)[0] else f" (resolved: {uri!r})"
+            raise SchemaError(f"{kw} {ref!r}{target_note} refers outside this schema; structgen never "
                               "fetches remote or file references (pass that document in "
                               "remotes= to allow it)", pointer=doc.pointer(loc), keyword=kw)
 
