@@ -539,8 +539,9 @@ def generation_inputs(model: str) -> list[BadInput]:
 def asset_inputs() -> list[BadInput]:
     """Damaged copies of the cached GPT-2 tokenizer in a temporary cache ($STRUCTGEN_CACHE)."""
     out: list[BadInput] = []
-    for damage, expect, item in [("truncate-tokenizer", "typed", 10), ("swap-ids", "typed", 10),
-                                 ("garbage-manifest", "typed", None), ("empty-tokenizer", "typed", 10),
+    # garbage-manifest first: --smoke runs only the first one, and it loads no tokenizer
+    for damage, expect, item in [("garbage-manifest", "typed", None), ("truncate-tokenizer", "typed", 10),
+                                 ("swap-ids", "typed", 10), ("empty-tokenizer", "typed", 10),
                                  ("remove-tokenizer", "typed", None),
                                  ("manifest-wrong-version", "typed", None)]:
         out.append(BadInput("asset", Case("call", call("w_load_tokenizer", alias="gpt2"),
@@ -819,7 +820,7 @@ def main(argv: list[str] | None = None) -> int:
         empty_cache = base / "empty-cache"
         empty_cache.mkdir()
         try:
-            with Sandbox(memory_mb=args.memory_mb, timeout_s=args.timeout_s,
+            with Sandbox(memory_mb=args.memory_mb, timeout_s=args.timeout_s, warm_up=not args.smoke,
                          env={"STRUCTGEN_CACHE": str(empty_cache)}) as light, \
                     Sandbox(memory_mb=args.model_memory_mb, timeout_s=args.timeout_s,
                             imports=("structgen.cli", "torch")) as heavy:
