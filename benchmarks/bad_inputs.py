@@ -307,12 +307,13 @@ def grammar_inputs() -> list[BadInput]:
     add("\n".join(f"r{i}: r{i + 1}" for i in range(5000)) + '\nr5000: "a"\nstart: r0', "5000-rule chain",
         "any")
     add('start: x\nx{a}: a\n', "template misuse")
-    # issue 26 item 7: %import after a line break, resolved relative to the working folder
-    add("start: inner__x\n%import\n  .sub.inner (x)\n", "%import with a line break", "typed", 7,
+    # issue 26 item 7: %import continued on the next line (backslash), resolved relative to the
+    # working folder
+    add("start: x\n%import \\\n.sub.inner (x)\n", "%import with a line break", "typed", 7,
         files={"sub/inner.lark": f'x: "{SECRET}"\n'})
     out.append(BadInput("grammar", Case("cli", cli(["compile", "--explain", "g.lark"]),
                                         "%import bypass via the CLI --explain"), "typed", 7,
-                        files={"g.lark": "start: x\n%import\n  .sub.inner (x)\n",
+                        files={"g.lark": "start: x\n%import \\\n.sub.inner (x)\n",
                                "sub/inner.lark": f'x: "{SECRET}"\n'}))
     rng = random.Random(7)
     chars = list('()[]{}"/|:~%\n\\*?+.') + ["->", "..", "\u00e9"]
