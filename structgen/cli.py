@@ -17,7 +17,11 @@ Subcommands:
 * ``config [--example | --check FILE]``: the documented YAML configuration.
 
 Exit codes: 0 success / all valid, 1 some instance invalid (or a failed check), 2 usage error,
-unreadable input or malformed schema (one-line message on stderr).
+unreadable input or malformed schema (one-line message on stderr), 130 interrupted (Ctrl-C).
+
+Files written (``generate --out/--values-out/--metrics-out``) go through
+:mod:`structgen._atomic`: an existing file is replaced only when the run succeeded; a failed or
+interrupted run keeps what it finished in ``OUT.partial``.
 """
 
 from __future__ import annotations
