@@ -18,7 +18,11 @@ Subcommands:
 * ``config [--example | --check FILE]``: the documented YAML configuration.
 
 Exit codes: 0 success / all valid, 1 some instance invalid (or a failed check), 2 usage error,
-unreadable input or malformed schema (one-line message on stderr).
+unreadable input or malformed schema (one-line message on stderr), 130 interrupted (Ctrl-C).
+
+Files written (``generate --out/--values-out/--metrics-out``) go through
+:mod:`structgen._atomic`: an existing file is replaced only when the run succeeded; a failed or
+interrupted run keeps what it finished in ``OUT.partial``.
 """
 
 from __future__ import annotations
@@ -706,14 +710,14 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     opened: list[AtomicOutput] = []
     try:
-        for flag, path in outputs[:2]:
+        files: dict[str, AtomicOutput] = {}
+        for flag, path in outputs:  # opened now: an unwritable folder fails before any work
             if path:
                 try:
-                    opened.append(AtomicOutput(path))
+                    files[flag] = AtomicOutput(path)
                 except OSError as e:
                     raise _Usage(f"{flag}: cannot write {path}: {e.strerror or e}") from None
-        out = opened[0] if args.out else None
-        values_out = opened[-1] if args.values_out else None
+                opened.append(files[flag])
         from .model import load_model
 
         if not _isatty(sys.stderr):  # transformers draws its own loading bars otherwise
@@ -726,7 +730,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             raise _Usage(f"cannot load model {model_name}: {type(e).__name__}: {e}") from None
         _check_contexts(lm, requests, gen.max_new_tokens)
         rc = _generate_all(args, prog, lm, requests, cfg, gen.max_new_tokens, gen.seed, speculative,
-                           settings, out, values_out)
+                           settings, files)
         for o in opened:
             o.commit()
         return rc
@@ -764,9 +768,10 @@ def _default_model() -> str:
 
 def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_Request], cfg: Any,
                   max_new_tokens: int, seed: int | None, speculative: bool, settings: Any,
-                  out_file: Any, values_out: Any) -> int:
+                  files: dict[str, Any]) -> int:
     """Generate every request, writing each micro-batch's result lines as soon as it is done
-    (to ``out_file``, an AtomicOutput, or stdout; and to ``values_out``)."""
+    to ``files["--out"]`` (an AtomicOutput; stdout without one) and ``files["--values-out"]``,
+    and the run metrics to ``files["--metrics-out"]`` at the end (the caller commits them)."""
     import structgen
 
     from .metrics import Metrics, serve_metrics
@@ -781,7 +786,8 @@ def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_
         _note(prog, f"metrics at http://127.0.0.1:{server.port}/metrics")
     progress = _Progress(len(requests), sys.stderr, prog)
     failed = done = tokens = 0
-    out: Any = out_file if out_file is not None else sys.stdout
+    out: Any = files.get("--out", sys.stdout)
+    values_out = files.get("--values-out")
     metrics.mark_start()
     try:
         for chunk in _chunks(requests, cfg.batch_size):
@@ -831,12 +837,8 @@ def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_
           f"{'-' if acc is None else f'{acc:.1%}'}", file=sys.stderr)
     for a in d["alerts"]:
         print(f"{prog}: warning: {a['message']}", file=sys.stderr)
-    if args.metrics_out:
-        try:
-            metrics.write(args.metrics_out)
-        except OSError as e:
-            _err(prog, f"cannot write {args.metrics_out}: {e.strerror or e}")
-            return EXIT_USAGE
+    if "--metrics-out" in files:
+        files["--metrics-out"].write(metrics.render(args.metrics_out))
     return EXIT_INVALID if failed else EXIT_OK
 
 

@@ -348,10 +348,13 @@ class Metrics:
         file renamed into place: a failed write leaves an existing file as it was)."""
         from ._atomic import write_text_atomic
 
-        path = Path(path)
-        text = self.to_prometheus() if path.suffix == ".prom" else \
-            json.dumps(self.as_dict(), indent=2, default=str) + "\n"
-        write_text_atomic(path, text)
+        write_text_atomic(path, self.render(path))
+
+    def render(self, path: str | os.PathLike[str]) -> str:
+        """The text :meth:`write` writes to ``path``: Prometheus text for ``.prom``, else JSON."""
+        if Path(path).suffix == ".prom":
+            return self.to_prometheus()
+        return json.dumps(self.as_dict(), indent=2, default=str) + "\n"
 
 
 def _alert_names(t: MonitoringOptions, drafters: Iterable[str]) -> list[str]:

@@ -141,6 +141,20 @@ def test_metrics_port_taken_keeps_existing_output(files: Path, model_dir: Path,
     assert leftovers(files, {"s.json", "prompts.jsonl", "out.jsonl"}) == []
 
 
+@pytest.mark.assets
+def test_unwritable_output_fails_before_any_work(files: Path, model_dir: Path,
+                                                 capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(files)
+    for flag in ("--metrics-out", "--values-out"):
+        rc, out, err = run(capsys, "generate", "--model", model_dir, *GEN, "-o", "out.jsonl",
+                           flag, "no-such-folder/m.json")
+        assert rc == 2 and out == ""
+        assert f"{flag}: cannot write no-such-folder/m.json" in one_line(err)
+        assert (files / "out.jsonl").read_text() == ORIGINAL
+        assert leftovers(files, {"s.json", "prompts.jsonl", "out.jsonl"}) == []
+
+
 def _same_path_cases(d: Path) -> list[tuple[list[str], str]]:
     """(argv, fragment of the error): an output that is an input or another output."""
     (d / "spec.yaml").write_text("generation:\n  max_new_tokens: 8\n")
@@ -461,7 +475,7 @@ def test_cli_flags_checked_before_any_work(files: Path, flags: list[str], fragme
                                    ["--tasks-per-type", "0"]])
 def test_bench_flags_checked(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = run(capsys, "bench", "--smoke", *flags)
-    assert rc == 2 and flags[0] in err
+    assert rc == 2 and out == "" and flags[0] in one_line(err)
 
 
 @pytest.mark.parametrize("kw, key", [
