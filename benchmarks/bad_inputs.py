@@ -830,8 +830,12 @@ def main(argv: list[str] | None = None) -> int:
         empty_cache = base / "empty-cache"
         empty_cache.mkdir()
         try:
+            # --smoke: small inputs only, so the kernels run as plain Python (no JIT to load)
+            light_env = {"STRUCTGEN_CACHE": str(empty_cache)}
+            if args.smoke:
+                light_env["STRUCTGEN_NATIVE"] = "0"
             with Sandbox(memory_mb=args.memory_mb, timeout_s=args.timeout_s, warm_up=not args.smoke,
-                         env={"STRUCTGEN_CACHE": str(empty_cache)}) as light, \
+                         env=light_env) as light, \
                     Sandbox(memory_mb=args.model_memory_mb, timeout_s=args.timeout_s,
                             imports=("structgen.cli", "torch")) as heavy:
                 if any(b.needs_model for b in runnable):
