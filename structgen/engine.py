@@ -542,7 +542,26 @@ class Engine:
         is then an id of the new epoch. Returns STALE when another thread flushed them
         (``cid`` belongs to an older epoch): the caller redoes the walk from its translated
         state holding :attr:`lock`, under which no other thread can flush."""
-        return self._walk(cid, data, self.epoch if epoch is None else epoch)[0]
+        # the matchers' hot path: the loop of _walk, without building its tuple
+        ep = self.epoch if epoch is None else epoch
+        trans = self.tab.trans
+        if self.epoch != ep:
+            return STALE
+        for b in data:
+            if cid < 0:
+                return DEAD
+            v = trans[cid, b]
+            if v == UNKNOWN:
+                with self.lock:
+                    if self.epoch != ep:
+                        return STALE
+                    if self._table_bytes > self._fresh_bytes and self.over_budget():
+                        (cid,) = self._flush((cid,))
+                        ep = self.epoch
+                    v = self._run(K.succ, cid, b)
+                trans = self.tab.trans
+            cid = int(v)
+        return STALE if self.epoch != ep else cid
 
     def _walk(self, cid: int, data: bytes, ep: int) -> tuple[int, int]:
         """:meth:`walk` and the epoch its result belongs to."""

@@ -279,24 +279,24 @@ _RSS_SCRIPT = textwrap.dedent("""
     grew = peak() - base
     # the validator's own (smaller) budget, through the jsonschema + grammar path
     v = SchemaValidator({"type": "string", "pattern": "^(a|b)*a(a|b){20}$"})
-    res = v.validate(Document(1, text[:20000]), "-")
+    res = v.validate(Document(1, text[:10000]), "-")
     want = re.fullmatch(pat, text) is not None
-    print(got == want, grew, res.grammar == (re.fullmatch(pat, text[:20000]) is not None),
+    print(got == want, grew, res.grammar == (re.fullmatch(pat, text[:10000]) is not None),
           v._grammar.engine.flushes > 0)
 """)
 
 
 def test_lazy_dfa_memory_is_bounded_exactly() -> None:
     """(a|b)*a(a|b){20} has 2**21 DFA states: 300 kB of input used 2.1 GB before. With a
-    16 MiB table budget, 80 kB stay far below that (peak RSS growth in a subprocess) and
+    16 MiB table budget, 40 kB stay far below that (peak RSS growth in a subprocess) and
     the verdict equals re.fullmatch."""
     env = dict(os.environ, STRUCTGEN_TABLE_BYTES=str(16 << 20))
-    out = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, "80000"], capture_output=True, text=True,
-                         timeout=120, env=env, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, "40000"], capture_output=True, text=True,
+                         timeout=600, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     same, grew, grammar_ok, flushed = out.stdout.split()
     assert same == "True" and grammar_ok == "True" and flushed == "True"
-    assert int(grew) < 120, f"peak RSS grew by {grew} MB"
+    assert int(grew) < 100, f"peak RSS grew by {grew} MB"  # was about 280 MB
 
 
 def test_memory_budget_is_configurable() -> None:
