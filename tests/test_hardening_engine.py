@@ -426,3 +426,51 @@ def test_deep_ir_hashes_iteratively_and_fails_typed() -> None:
     except CompileLimitError:
         return
     assert cg.accepts(b"x" * 100 + b"a")
+
+
+def test_flushes_from_other_threads_keep_matchers_exact() -> None:
+    """Matchers of one grammar in four threads, tables flushed at every growth: each
+    thread's answers equal the oracle (a flush by one thread renumbers the others' states)."""
+    import threading
+
+    from structgen import compile_regex
+
+    pat = "(a|b)*a(a|b){9}c"
+    rx = re.compile(pat)
+    cg = compile_regex(pat)
+    cg.engine.table_budget = 1
+    tokens = [b"a", b"b", b"c", b"ab", b"ba", b"bba", None]
+    vocab = ToyVocab(tokens, (6,), 7)
+    errors: list[str] = []
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(6):
+                m = Matcher(cg, vocab)  # type: ignore[arg-type]
+                text = ""
+                for _ in range(rng.randrange(20, 80)):
+                    t = rng.randrange(5)
+                    ok = m.accept_token(t)
+                    want = _viable(rx, "[ab]*", text + tokens[t].decode())  # type: ignore[union-attr]
+                    if ok != want:
+                        errors.append(f"accept {text!r} + {tokens[t]!r}: {ok}")
+                        return
+                    if ok:
+                        text += tokens[t].decode()  # type: ignore[union-attr]
+                    if m.is_accepting() != (rx.fullmatch(text) is not None):
+                        errors.append(f"accepting {text!r}")
+                        return
+                    if (6 in m.allowed_token_ids()) != (rx.fullmatch(text) is not None):
+                        errors.append(f"mask {text!r}")
+                        return
+        except Exception as e:  # reported below, with the thread's failure
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors[:3]
+    assert cg.engine.flushes > 10
