@@ -17,6 +17,16 @@ schemas per subset (CI). Example::
 
     python benchmarks/jsonschemabench.py --limit 200 --out benchmarks/results/jsonschemabench.json
 
+``--escape-variants``: instead of walks and tokenized instances, every valid instance (and
+mutations of it that ``jsonschema`` rejects) is written in escape variants (every string
+character as ``\\uXXXX`` in lower case, in upper case, ``/`` as ``\\/``, astral characters as
+surrogate pairs) and checked with ``CompiledGrammar.accepts``: valid ones must all be
+accepted, invalid ones all rejected (a valid instance whose plain spelling is already
+rejected is counted as ``valid_canonical_rejected``, apart from the escape figures)::
+
+    python benchmarks/jsonschemabench.py --escape-variants --limit 40 --instances 8 \
+        --out benchmarks/results/jsonschemabench-escapes.json
+
 The whole set in shards (run them anywhere, in any order), then the combined table::
 
     python benchmarks/jsonschemabench.py --shard 0/8 --out jsb-0.json   # ... --shard 7/8
@@ -222,6 +232,162 @@ def hypothesis_instances(schema: Any, n: int, seed: int | None, deadline_s: floa
     return found
 
 
+ESCAPE_VARIANTS = ("all-u", "all-U", "slash", "pairs")
+
+
+def _spell(ch: str, variant: str) -> str:
+    """``ch`` inside a JSON string in one escape variant (json.dumps's spelling where the
+    variant does not touch it)."""
+    cp = ord(ch)
+    if variant in ("all-u", "all-U") or (variant == "pairs" and cp > 0xFFFF):
+        if cp > 0xFFFF:
+            hi, lo = divmod(cp - 0x10000, 0x400)
+            text = f"\\u{0xD800 + hi:04x}\\u{0xDC00 + lo:04x}"
+        else:
+            text = f"\\u{cp:04x}"
+        return text.upper().replace("\\U", "\\u") if variant == "all-U" else text
+    if variant == "slash" and ch == "/":
+        return "\\/"
+    return json.dumps(ch, ensure_ascii=False)[1:-1]
+
+
+def write_escaped(value: Any, variant: str) -> str:
+    """``value`` as compact JSON (keys in its own order) with every string, keys
+    included, spelled in ``variant``."""
+    if isinstance(value, str):
+        return '"' + "".join(_spell(c, variant) for c in value) + '"'
+    if isinstance(value, dict):
+        return "{" + ",".join(write_escaped(k, variant) + ":" + write_escaped(v, variant)
+                              for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(write_escaped(v, variant) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def string_mutations(value: Any, limit: int = 6) -> list[Any]:
+    """Copies of ``value`` with one string (value or key) changed: a character appended,
+    the last dropped, one replaced by ``/``, ``é`` or an astral character, emptied."""
+    out: list[Any] = []
+
+    def edits(s: str) -> list[str]:
+        return [s + "/", s[:-1], s + "\u00e9", "\U0001F600" + s, "", s[:1] + "/" + s[2:]]
+
+    def walk(v: Any, rebuild: Any) -> None:
+        if len(out) >= limit:
+            return
+        if isinstance(v, str):
+            for e in edits(v):
+                if e != v and len(out) < limit:
+                    out.append(rebuild(e))
+        elif isinstance(v, dict):
+            items = list(v.items())
+            for j, (k, x) in enumerate(items):
+                walk(x, lambda y, j=j, k=k: rebuild(dict(items[:j] + [(k, y)] + items[j + 1:])))
+                if len(out) < limit and isinstance(k, str):
+                    nk = k + "/"
+                    if nk not in v:
+                        out.append(rebuild(dict(items[:j] + [(nk, x)] + items[j + 1:])))
+        elif isinstance(v, list):
+            for j, x in enumerate(v):
+                walk(x, lambda y, j=j: rebuild(v[:j] + [y] + v[j + 1:]))
+
+    walk(value, lambda y: y)
+    return out
+
+
+def escape_variants_main(args: argparse.Namespace) -> int:
+    """The ``--escape-variants`` run (see the module docstring); returns the exit status."""
+    from structgen.json_schema import canonical_json, compile_json_schema, format_checker_for
+
+    rows = load_schemas(args.data, args.subset, args.limit, args.seed)
+    if args.shard:
+        k, n = (int(x) for x in args.shard.split("/"))
+        rows = rows[k::n]
+    copts = CompileOptions(timeout_s=args.timeout)
+    total: Counter[str] = Counter()
+    failures: list[dict[str, Any]] = []
+    t_start = time.time()
+    for i, row in enumerate(rows):
+        schema = row["schema"]
+        total["schemas"] += 1
+        try:
+            g = compile_json_schema(schema, compile_options=copts)
+        except StructgenError:
+            total["compile_error"] += 1
+            continue
+        except Exception as e:  # noqa: BLE001 - a crash is a bug: record it
+            total["crash"] += 1
+            failures.append({"id": row.get("id"), "kind": "crash", "error": repr(e)[:300]})
+            continue
+        total["compiled"] += 1
+        try:
+            cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
+            validator = cls(schema, format_checker=format_checker_for(schema))
+        except Exception:  # noqa: BLE001
+            continue
+        used = False
+        for inst in valid_instances(schema, args.instances, args.seed, 5.0):
+            try:
+                if not validator.is_valid(inst):
+                    continue
+                # declared keys first, as the grammar expects; json.loads keeps that order
+                ordered = json.loads(canonical_json(inst, schema))
+            except Exception:  # noqa: BLE001
+                continue
+            used = True
+            total["valid_instances"] += 1
+            canonical = write_escaped(ordered, "none")
+            if not g.accepts(canonical):
+                # a false rejection that no spelling causes (numbers, say): counted apart,
+                # and its variants are not counted as escape rejections
+                total["valid_canonical_rejected"] += 1
+                failures.append({"id": row.get("id"), "kind": "rejected_canonical", "doc": canonical[:400]})
+                continue
+            for variant in ESCAPE_VARIANTS:
+                text = write_escaped(ordered, variant)
+                total["valid_variants"] += 1
+                if not g.accepts(text):
+                    total["valid_variant_rejected"] += 1
+                    total[f"valid_rejected_{variant}"] += 1
+                    failures.append({"id": row.get("id"), "kind": f"rejected_{variant}",
+                                     "doc": text[:400]})
+            for bad in string_mutations(ordered):
+                try:
+                    if validator.is_valid(bad):
+                        continue
+                except Exception:  # noqa: BLE001
+                    continue
+                total["invalid_instances"] += 1
+                canonical = write_escaped(bad, "none")
+                if g.accepts(canonical):  # a soundness problem of its own, not of escapes
+                    total["invalid_canonical_accepted"] += 1
+                    failures.append({"id": row.get("id"), "kind": "accepted_invalid_canonical",
+                                     "doc": canonical[:400]})
+                for variant in ESCAPE_VARIANTS:
+                    text = write_escaped(bad, variant)
+                    total["invalid_variants"] += 1
+                    if g.accepts(text):
+                        total["invalid_variant_accepted"] += 1
+                        failures.append({"id": row.get("id"), "kind": f"accepted_invalid_{variant}",
+                                         "doc": text[:400]})
+        total["schemas_with_instances"] += used
+        if (i + 1) % 50 == 0:
+            print(f"  {i + 1}/{len(rows)} schemas, {time.time() - t_start:.0f} s", file=sys.stderr,
+                  flush=True)
+    report = {"mode": "escape-variants", "variants": list(ESCAPE_VARIANTS), "total": dict(total),
+              "failures": failures[:500], "seconds": round(time.time() - t_start, 1),
+              "args": {k: str(v) for k, v in vars(args).items()}}
+    for key in ("schemas", "compiled", "schemas_with_instances", "valid_instances",
+                "valid_canonical_rejected", "valid_variants", "valid_variant_rejected",
+                "invalid_instances", "invalid_variants",
+                "invalid_variant_accepted", "invalid_canonical_accepted", "crash"):
+        print(f"{key:28} {total[key]}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+    return 1 if total["valid_variant_rejected"] or total["invalid_variant_accepted"] or total["crash"] else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
@@ -240,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--merge", type=Path, nargs="+", default=None,
                     help="print the combined table of these report files (e.g. all shards) and exit")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--escape-variants", action="store_true",
+                    help="check escape variants of valid and invalid instances (no walks)")
     args = ap.parse_args(argv)
     if args.merge:
         reports = [json.loads(p.read_text()) for p in args.merge]
@@ -254,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.data.exists():
         print(f"data folder {args.data} not found (pass --data)", file=sys.stderr)
         return 2
+    if args.escape_variants:
+        return escape_variants_main(args)
 
     from structgen import assets
     from structgen.json_schema import canonical_json, compile_json_schema, format_checker_for

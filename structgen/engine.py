@@ -19,8 +19,8 @@ through ``trans`` (:meth:`Engine.token_mask`), cached per configuration.
 One Engine is shared by every matcher of a grammar; a lock guards growth of the tables.
 
 Memory is bounded. The lazily built tables (rule states, stacks, configurations and their
-transition rows) are *flushed* when they exceed the engine's ``table_budget`` (bytes,
-default :data:`DEFAULT_TABLE_BYTES`), or when the tables of all engines together exceed
+transition rows) are *flushed* when they would outgrow the engine's ``table_budget`` (bytes,
+default :data:`DEFAULT_TABLE_BYTES`), or the tables of all engines together would outgrow
 :data:`PROCESS_TABLE_BYTES`: everything is dropped and rebuilt on demand, as RE2's and Rust
 regex's lazy DFAs clear their state cache when it is full, so answers stay exact (a flush
 costs time, never correctness). Configurations still in use -- the start, the one a walk
@@ -29,8 +29,7 @@ rule states, keyed by NFA state sets) and given new ids: each flush starts a new
 *epoch*, and a matcher translates its history to the current epoch before its next step.
 Flushes happen only at safe points (a walk about to compute a new transition, a mask about
 to be computed), once the tables are past half the budget, so that their growth (by
-doubling) stays within it. The
-token-mask caches are byte-bounded LRUs (``mask_cache_bytes``, default
+doubling) stays within it. The token-mask caches are byte-bounded LRUs (``mask_cache_bytes``, default
 :data:`DEFAULT_MASK_CACHE_BYTES`, plus half that for split walks), emptied by a flush too.
 :func:`set_memory_budget` changes the defaults.
 """
@@ -105,6 +104,8 @@ def set_memory_budget(*, table_bytes: int | None = None, mask_cache_bytes: int |
 def _account(delta: int) -> None:
     with _PROCESS_LOCK:
         _process_bytes[0] += delta
+
+
 ROOT = 0  # the empty stack
 _WALK_IDS_MAX = 4096  # above this many context-dependent tokens, walk the trie instead
 _SPLIT_DEPTH = 6  # most stack frames a rooted split walk takes
@@ -542,7 +543,26 @@ class Engine:
         is then an id of the new epoch. Returns STALE when another thread flushed them
         (``cid`` belongs to an older epoch): the caller redoes the walk from its translated
         state holding :attr:`lock`, under which no other thread can flush."""
-        return self._walk(cid, data, self.epoch if epoch is None else epoch)[0]
+        # the matchers' hot path: the loop of _walk, without building its tuple
+        ep = self.epoch if epoch is None else epoch
+        trans = self.tab.trans
+        if self.epoch != ep:
+            return STALE
+        for b in data:
+            if cid < 0:
+                return DEAD
+            v = trans[cid, b]
+            if v == UNKNOWN:
+                with self.lock:
+                    if self.epoch != ep:
+                        return STALE
+                    if self._table_bytes > self._fresh_bytes and self.over_budget():
+                        (cid,) = self._flush((cid,))
+                        ep = self.epoch
+                    v = self._run(K.succ, cid, b)
+                trans = self.tab.trans
+            cid = int(v)
+        return STALE if self.epoch != ep else cid
 
     def _walk(self, cid: int, data: bytes, ep: int) -> tuple[int, int]:
         """:meth:`walk` and the epoch its result belongs to."""

@@ -71,14 +71,18 @@ def _whole(name: str, value: Any, least: int) -> int:
     return v
 
 
+_INT32 = np.dtype(np.int32)
+
+
 def _bitmask_kind(bitmask: Any, words: int) -> bool:
-    """Check that ``bitmask`` is a writable 2-d int32 numpy array or torch tensor with at
-    least ``words`` columns; returns True for numpy. Raises :class:`MatcherUsageError`."""
+    """Check that ``bitmask`` is a 2-d int32 numpy array or torch tensor with at least
+    ``words`` columns; returns True for numpy. Raises :class:`MatcherUsageError`. (A
+    read-only array is reported when written: :func:`_write_row`.) Cheap: the hot path
+    calls it once per mask."""
     if isinstance(bitmask, np.ndarray):
-        if bitmask.dtype != np.int32:
-            raise MatcherUsageError(f"bitmask must be int32, not {bitmask.dtype}")
-        if not bitmask.flags.writeable:
-            raise MatcherUsageError("bitmask is a read-only array")
+        dt = bitmask.dtype
+        if dt is not _INT32 and dt != _INT32:
+            raise MatcherUsageError(f"bitmask must be int32, not {dt}")
         is_numpy = True
     elif type(bitmask).__module__.startswith("torch") and hasattr(bitmask, "device"):
         if str(bitmask.dtype) != "torch.int32":
@@ -87,11 +91,23 @@ def _bitmask_kind(bitmask: Any, words: int) -> bool:
     else:
         raise MatcherUsageError("bitmask must be an int32 numpy array or torch tensor, not "
                                 f"{type(bitmask).__name__}")
-    shape = tuple(bitmask.shape)
+    shape = bitmask.shape
     if len(shape) != 2 or shape[1] < words:
         raise MatcherUsageError(f"bitmask must have shape [rows, >= {words}] (ceil(vocab_size / 32) "
                                 f"int32 words per row), not {list(shape)}")
     return is_numpy
+
+
+def _write_row(view: np.ndarray, words: np.ndarray, nw: int, wide: bool) -> None:
+    """``view[:nw] = words`` and zeros beyond; a read-only array is a MatcherUsageError."""
+    try:
+        view[:nw] = words
+        if wide:
+            view[nw:] = 0
+    except ValueError as e:
+        if not view.flags.writeable:
+            raise MatcherUsageError("bitmask is a read-only array") from None
+        raise MatcherUsageError(f"cannot write the bitmask: {e}") from None
 
 
 def _row_index(row: Any, rows: int) -> int:
@@ -367,17 +383,12 @@ class Matcher:
         is_numpy = _bitmask_kind(bitmask, nw)
         row = _row_index(row, int(bitmask.shape[0]))
         words = self._mask_words().view(np.int32)
-        wide = int(bitmask.shape[1]) > nw
+        wide = bitmask.shape[1] > nw
         if is_numpy:
-            bitmask[row, :nw] = words
-            if wide:
-                bitmask[row, nw:] = 0
+            _write_row(bitmask[row], words, nw, wide)
             return
         if bitmask.device.type == "cpu":
-            view = bitmask[row].numpy()
-            view[:nw] = words
-            if wide:
-                view[nw:] = 0
+            _write_row(bitmask[row].numpy(), words, nw, wide)
         else:
             import torch
 
@@ -544,6 +555,8 @@ def fill_bitmasks(matchers: Any, bitmask: Any, rows: Any = None, *, executor: An
             block[i, : w.shape[0]] = w.view(np.int32)
             block[i, w.shape[0]:] = 0  # columns beyond the vocabulary: never allowed
     if is_numpy:
+        if not bitmask.flags.writeable:
+            raise MatcherUsageError("bitmask is a read-only array")
         bitmask[rws] = block
         return
     import torch

@@ -565,8 +565,9 @@ class SchemaValidator:
             self._canonical = lambda instance, schema: canonical_json(instance, schema, remotes=remotes)
         # one instance at a time, possibly huge: a small table budget keeps validation's
         # memory flat (flushing costs time, never exactness; see structgen.engine)
-        eng = self._grammar.engine
-        eng.table_budget = min(eng.table_budget, VALIDATE_TABLE_BYTES)
+        eng = getattr(self._grammar, "engine", None)
+        if eng is not None and hasattr(eng, "table_budget"):
+            eng.table_budget = min(eng.table_budget, VALIDATE_TABLE_BYTES)
 
     def validate(self, doc: Document, source: str) -> InstanceResult:
         """Check one document read by :func:`iter_documents`.

@@ -179,6 +179,12 @@ def _ascii_slice(tokenizer, n: int, seed: int, must: bytes) -> Vocabulary:
     return Vocabulary(table, full.eos_token_ids, full.vocab_size)
 
 
+def _key_re(name: str) -> str:
+    """Regex for a property name in every JSON spelling (raw or ``\\uXXXX``; ``name`` holds
+    letters a-e only, whose hex codes have no letters, so hex case does not arise)."""
+    return '"' + "".join(f"(?:{c}|\\\\u{ord(c):04x})" for c in name) + '"'
+
+
 def _replay_against_regex(g, vocab: Vocabulary, doc: str, oracle: str,
                           max_step: int | None = None) -> tuple[Matcher, int]:
     """Walk ``doc`` through a matcher token by token (the longest allowed token that continues
@@ -210,7 +216,7 @@ def test_shared_rule_masks_match_regex_oracle(tokenizer_by_alias, alias: str, en
     """A schema whose string values share one called rule (and a nested object), so masks
     are assembled from the per-(rule, state) context-independent caches. Its language is
     regular and written out below as a regex (compact JSON, declared keys in order, JSON
-    strings with every escape form); the third-party ``regex`` module's partial matching is
+    strings and keys with every escape form); the third-party ``regex`` module's partial matching is
     the oracle at every step of a valid document, over an ASCII-only vocabulary slice (so
     that every prefix decodes)."""
     from structgen.json_schema import compile_json_schema
@@ -221,8 +227,9 @@ def test_shared_rule_masks_match_regex_oracle(tokenizer_by_alias, alias: str, en
                              "d": {"type": "object", "additionalProperties": False, "required": ["e"],
                                    "properties": {"e": word}}}}
     w = r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"'
-    oracle = (r'\{"a":' + w + r',"b":' + w + r',"c":\[(?:' + w + r'(?:,' + w + r'){0,2})?\],'
-              r'"d":\{"e":' + w + r'\}\}')
+    k = _key_re
+    oracle = (r'\{' + k("a") + ':' + w + ',' + k("b") + ':' + w + ',' + k("c") + r':\[(?:' + w
+              + r'(?:,' + w + r'){0,2})?\],' + k("d") + r':\{' + k("e") + ':' + w + r'\}\}')
     g = compile_json_schema(schema)
     assert len(g.rules) > 1  # the string value is a called rule
     vocab = _ascii_slice(tokenizer_by_alias(alias), 4000, seed=7, must=b'abcde {}[]":,\\')
@@ -247,7 +254,7 @@ def test_counted_string_masks_match_regex_oracle(tokenizer_by_alias, alias: str,
               "properties": {"a": {"type": "string", "minLength": 3, "maxLength": 90},
                              "b": {"type": "string", "maxLength": 260}}}
     ch = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
-    oracle = r'\{"a":"' + ch + r'{3,90}","b":"' + ch + r'{0,260}"\}'
+    oracle = r'\{' + _key_re("a") + ':"' + ch + r'{3,90}",' + _key_re("b") + ':"' + ch + r'{0,260}"\}'
     g = compile_json_schema(schema)
     vocab = _ascii_slice(tokenizer_by_alias(alias), 3000, seed=11, must=b'abcdehqtx {}":,\\')
     a = "ab cd, ea \\\"q\\\" " * 6  # 90 characters (escapes count once)
