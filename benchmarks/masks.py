@@ -249,7 +249,9 @@ class StructgenAdapter(Adapter):
 
         try:
             if case["kind"] == "schema":
-                return self._cjs(case["schema"], compile_options=self._copts)
+                # the spelling generation uses (structgen.generate, the integrations): strings
+                # canonical, as the peers' JSON grammars write them
+                return self._cjs(case["schema"], compile_options=self._copts, string_escapes="canonical")
             return self._clark(case["grammar"], compile_options=self._copts)
         except StructgenError as e:
             kw = getattr(e, "keyword", None)

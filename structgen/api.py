@@ -99,7 +99,9 @@ def resolve_grammar(*, schema: Any = None, grammar: str | None = None, regex: st
 
         if isinstance(schema, type):
             pyd = schema
-        return compile_json_schema(schema_from(schema)), pyd
+        # generation writes strings in one canonical spelling (enum values, consts and
+        # property names become forced text); validation keeps accepting every spelling
+        return compile_json_schema(schema_from(schema), string_escapes="canonical"), pyd
     if grammar is not None:
         from .lark_frontend import compile_lark
 

@@ -439,7 +439,7 @@ def _schema_constraint(schema: Any, source: str, settings: Any, pydantic: Any = 
 
     try:
         validator = SchemaValidator(schema, use_grammar=False)
-        compiled = compile_json_schema(schema, options=settings.json_schema,
+        compiled = compile_json_schema(schema, options=settings.json_schema.for_generation(),
                                        compile_options=settings.compile)
     except StructgenError as e:
         raise _Usage(f"{source}: {_text(e)}") from None

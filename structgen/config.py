@@ -3,6 +3,7 @@ configuration file and the CLI map onto these same classes."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from dataclasses import dataclass
@@ -140,6 +141,14 @@ class JsonSchemaOptions:
         where the schema gives none (None: unbounded).
     max_depth: nesting depth above which a schema is rejected as too deep.
     max_enum: enum/const values above which compilation raises CompileLimitError.
+    string_escapes: how characters inside JSON strings may be spelled. ``"all"``: every
+        form JSON allows (``\\uXXXX`` in either hex case, surrogate pairs, ``\\/``, the
+        short escapes) -- what validation needs, and what :func:`compile_json_schema`
+        uses when this is None. ``"canonical"``: only the form
+        ``json.dumps(value, ensure_ascii=False)`` writes (raw UTF-8; ``\\"``, ``\\\\``
+        and control characters escaped) -- what generation uses when this is None, so that
+        enum values, consts and property names are forced text and a model cannot wander
+        into escapes. A narrowing: every canonical output is valid under "all".
     """
 
     whitespace: str = "compact"
@@ -150,6 +159,7 @@ class JsonSchemaOptions:
     max_string_length: int | None = None
     max_depth: int = 128
     max_enum: int = 5_000
+    string_escapes: str | None = None
 
     def __post_init__(self) -> None:
         _check_choice(self, "whitespace", ("compact", "flexible"))
@@ -160,6 +170,14 @@ class JsonSchemaOptions:
         _check_int(self, "max_string_length", 0, optional=True)
         _check_int(self, "max_depth", 1)
         _check_int(self, "max_enum", 1)
+        if self.string_escapes is not None:
+            _check_choice(self, "string_escapes", ("all", "canonical"))
+
+    def for_generation(self) -> JsonSchemaOptions:
+        """These options with ``string_escapes`` resolved for generation ("canonical" unless set)."""
+        if self.string_escapes is not None:
+            return self
+        return dataclasses.replace(self, string_escapes="canonical")
 
 
 @dataclass(frozen=True)

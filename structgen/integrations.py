@@ -121,6 +121,13 @@ def _choices(spec: Any) -> list[str]:
     return list(spec)
 
 
+def _generation_options(json_options: JsonSchemaOptions | None) -> JsonSchemaOptions:
+    """Options for a grammar that generates: strings in their canonical spelling unless set."""
+    from .config import JsonSchemaOptions
+
+    return (json_options or JsonSchemaOptions()).for_generation()
+
+
 def compile_constraint(request_type: Any, spec: Any, *, start: str = "start",
                        json_options: JsonSchemaOptions | None = None) -> CompiledGrammar:
     """Compile one constraint to a :class:`~structgen.automaton.CompiledGrammar`.
@@ -148,11 +155,11 @@ def compile_constraint(request_type: Any, spec: Any, *, start: str = "start",
 
         # a string here may come from a serving request: JSON text only, never a file name
         return compile_json_schema(schema_from(spec, strings_may_be_paths=False),
-                                   options=json_options)
+                                   options=_generation_options(json_options))
     if kind == "json_object":
         from .json_schema import compile_json_schema
 
-        return compile_json_schema({"type": "object"}, options=json_options)
+        return compile_json_schema({"type": "object"}, options=_generation_options(json_options))
     if kind == "regex":
         from .regex import compile_regex_grammar
 

@@ -219,6 +219,8 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
             options = dataclasses.replace(options, **option_overrides)
         except TypeError as e:
             raise ConfigError(f"unknown JSON schema option: {e}") from None
+    if options.string_escapes is None:  # validation's language unless the caller narrows it
+        options = dataclasses.replace(options, string_escapes="all")
     schema = _coerce(schema)
     copts = compile_options or CompileOptions()
     try:

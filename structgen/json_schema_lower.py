@@ -133,6 +133,10 @@ def _trie(seqs: Iterable[tuple[Hashable, ...]], leaf: Callable[[Any], ir.Expr]) 
     return result[id(root)]
 
 
+# regex encodings of JSON string content, per escape mode
+_ENCODING = {"all": "json", "canonical": "json-canonical"}
+
+
 class Lowering:
     """Builds the IR grammar for one schema document."""
 
@@ -141,6 +145,7 @@ class Lowering:
         self.norm = norm
         self.doc = doc
         self.opt = options
+        self.escapes = options.string_escapes or "all"  # JSON spellings of string characters
         self.deadline = deadline  # time.monotonic() value; CompileTimeoutError past it
         self.opt_timeout = (deadline - time.monotonic()) if deadline is not None else 0.0
         norm.deadline, norm.time_limit = deadline, self.opt_timeout  # normalising counts too
@@ -167,7 +172,7 @@ class Lowering:
     def any_char(self) -> ir.Expr:
         e = self._cache.get("char")
         if e is None:
-            e = self._cache["char"] = _regex().any_char_expr("json")
+            e = self._cache["char"] = _regex().any_char_expr(_ENCODING[self.escapes])
         return e
 
     def str_content_any(self, capped: bool) -> ir.Expr:
@@ -308,7 +313,7 @@ class Lowering:
 
     # -- strings ------------------------------------------------------------------------------
     def str_lit(self, s: str) -> ir.Expr:
-        return json_escape.json_literal(s)
+        return json_escape.json_literal(s, self.escapes)
 
     def lower_str(self, f: tuple, pos: bool) -> ir.Expr:
         """String content (between the quotes). ``pos``: subset (True) / superset (False)."""
@@ -323,7 +328,7 @@ class Lowering:
             e = ir.NEVER
         elif tag == "lits":
             e = _trie((tuple(s) for s in sorted(f[1])),
-                      lambda ch: json_escape.json_class(((ord(ch), ord(ch)),)))
+                      lambda ch: json_escape.json_class(((ord(ch), ord(ch)),), self.escapes))
             self.note(e, "enum")
         elif tag == "c":
             _, lo, hi, pats, fmts = f
@@ -379,14 +384,14 @@ class Lowering:
         return f_lo >= lo and (hi is None or (f_hi is not None and f_hi <= hi))
 
     def pattern(self, p: str) -> ir.Expr:
-        return compile_pattern(p)
+        return compile_pattern(p, self.escapes)
 
     def format(self, name: str) -> ir.Expr:
         from . import formats
         e = formats.format_expr(name, self.doc.drafts[0])
         if e is None:  # pragma: no cover - filtered by the normaliser
             raise SchemaError(f"format {name!r} has no grammar", keyword="format")
-        return json_escape.json_content(e)  # format languages describe decoded values
+        return json_escape.json_content(e, self.escapes)  # format languages describe decoded values
 
     # -- numbers ------------------------------------------------------------------------------
     def lower_num(self, f: tuple, pos: bool) -> ir.Expr:
@@ -686,7 +691,7 @@ class Lowering:
         def key_expr(name: str) -> ir.Expr:
             # Declared property names in every JSON spelling (the escape layer); a name
             # holding a lone surrogate has no spelling that decodes to it and gives NEVER.
-            return ir.seq(ir.lit('"'), json_escape.json_literal(name), ir.lit('"'))
+            return ir.seq(ir.lit('"'), json_escape.json_literal(name, self.escapes), ir.lit('"'))
 
         def pair(key: ir.Expr, node: Any, cctx: Ctx) -> ir.Expr:
             return ir.seq(key, colon, self.node_ref(node, cctx), ws)
@@ -936,9 +941,10 @@ class Lowering:
 
 
 @lru_cache(maxsize=1024)
-def compile_pattern(p: str) -> ir.Expr:
-    """A JSON Schema ``pattern`` (Python ``re.search`` semantics) over JSON string content."""
-    return _regex().compile_regex(p, dialect="python", search=True, encoding="json")
+def compile_pattern(p: str, escapes: str = "all") -> ir.Expr:
+    """A JSON Schema ``pattern`` (Python ``re.search`` semantics) over JSON string content
+    spelled with ``escapes`` (see :mod:`structgen.json_escape`)."""
+    return _regex().compile_regex(p, dialect="python", search=True, encoding=_ENCODING[escapes])
 
 
 def pattern_error(p: str) -> str | None:

@@ -33,6 +33,8 @@ Encodings (what a matched code point becomes in the byte language):
   every BMP code point, and a ``\\uD8xx\\uDCxx`` surrogate-pair escape for astral code
   points. Lone surrogate escapes are never accepted. This is the escape layer of
   :mod:`structgen.json_escape` (``json_class``), which every string language shares.
+* ``"json-canonical"``: the one spelling ``json.dumps(s, ensure_ascii=False)`` writes (raw
+  UTF-8; ``\\"``, ``\\\\`` and control characters escaped): what generation uses.
 
 Code-point sets become compact IR: ranges are split into sub-ranges that share UTF-8
 (or hex-digit) prefixes, common prefixes are factored and siblings with equal tails
@@ -66,7 +68,7 @@ MAX_REPEAT = 10_000
 """Largest repetition count accepted in ``{m,n}``; larger counts raise RegexError."""
 
 _DIALECTS = ("python", "ecma")
-_ENCODINGS = ("utf8", "json")
+_ENCODINGS = ("utf8", "json", "json-canonical")
 
 
 # ---------------------------------------------------------------------------
@@ -737,7 +739,9 @@ def char_class_expr(ranges: Sequence[tuple[int, int]], encoding: str = "utf8") -
     rs = ud.intersect(ud.normalize(ranges), ud.NON_SURROGATE)
     if not rs:
         return ir.NEVER
-    return json_escape.utf8_class(rs) if encoding == "utf8" else json_escape.json_class(rs)
+    if encoding == "utf8":
+        return json_escape.utf8_class(rs)
+    return json_escape.json_class(rs, "canonical" if encoding == "json-canonical" else "all")
 
 
 def any_char_expr(encoding: str = "utf8", *, exclude_newline: bool = False) -> ir.Expr:
