@@ -170,6 +170,7 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
     else:
         items = [prompt if prompt is not None else messages]
     n = len(items)
+    _check_requests(items, batch, "prompt" if prompt is not None else "messages")
     schemas = _per_request("schema", schema, n, batch)
     grammars = _per_request("grammar", grammar, n, batch)
     regexes = _per_request("regex", regex, n, batch)
@@ -214,6 +215,32 @@ def _generation_options(max_new_tokens: Any, seed: Any, speculative: Any, start:
 
     return GenerationOptions(max_new_tokens=max_new_tokens, seed=seed, speculative=speculative,
                              start=start)
+
+
+def _check_requests(items: list[Any], batch: bool, name: str) -> None:
+    """Each request is a prompt string or a conversation (a list of ``{"role": str, "content":
+    str}`` messages); anything else is a ConfigError naming the request, before any work."""
+    if batch and not items:
+        raise ConfigError(f"{name}= is an empty list: give at least one request", key=name)
+    for i, item in enumerate(items):
+        where = f"request {i}: " if batch else ""
+        if item is None:
+            raise ConfigError("give prompt= or messages=")
+        if isinstance(item, str):
+            continue
+        if not isinstance(item, (list, tuple)) or not item:
+            raise ConfigError(f"{where}{name} must be a string or a non-empty list of messages, not "
+                              f"{type(item).__name__}", key=name)
+        for j, m in enumerate(item):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
+                    or not isinstance(m.get("content"), str):
+                raise ConfigError(f"{where}message {j} must be a dict with string 'role' and "
+                                  f"'content', not {_short_repr(m)}", key=name)
+
+
+def _short_repr(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _per_request(name: str, value: Any, n: int, batch: bool) -> list[Any]:

@@ -146,7 +146,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                 stream.close()
     out.flush()
     total = counts["valid"] + counts["invalid"]
-    if not args.quiet and not args.json:
+    if not args.quiet and not args.json and not (unreadable and total == 0):  # else: the error line only
         grammar = "jsonschema + compiled grammar" if validator.grammar_available else "jsonschema only"
         print(f"{prog}: {total} instance(s): {counts['valid']} valid, {counts['invalid']} invalid "
               f"({grammar})", file=sys.stderr)

@@ -237,6 +237,8 @@ def loads_settings(text: str, path: str = "<string>") -> Settings:
         raise ConfigError(f"malformed YAML: {problem}", line=line, path=path) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"malformed YAML: {' '.join(str(e).split())}", path=path) from None
+    except RecursionError:  # PyYAML composes recursively; a configuration is a few levels deep
+        raise ConfigError("malformed YAML: nested too deeply", path=path) from None
     if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == "tag:yaml.org,2002:null"):
         return Settings()
     known = list(SECTIONS)

@@ -1,0 +1,41 @@
+"""Bad-input causes found by the fuzz suite and the bad-input battery (issue 26, "look for their
+siblings"): each is a typed error now, never a traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import structgen
+from structgen.cli import main
+from structgen.errors import ConfigError
+from structgen.settings import loads_settings
+
+
+def test_deeply_nested_yaml_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        loads_settings("[" * 5000 + "]" * 5000, "deep.yaml")
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"prompt": 7}, "prompt must be a string"),
+    ({"messages": [{"role": "user"}]}, "message 0 must be a dict"),
+    ({"messages": [{"role": "user", "content": 3}]}, "message 0 must be a dict"),
+    ({"prompt": []}, "empty list"),
+    ({"prompt": ["a", 3]}, "request 1: prompt must be a string"),
+    ({"messages": [[{"role": "user", "content": "x"}], [None]]}, "request 1: message 0"),
+])
+def test_bad_requests_are_config_errors_before_the_model_loads(kw, match) -> None:
+    # the model name does not exist: a request check that ran after loading would fail there
+    with pytest.raises(ConfigError, match=match):
+        structgen.generate("no/such/model", schema={"type": "string"}, **kw)
+
+
+def test_validate_of_only_unreadable_files_prints_one_line(tmp_path, capsys) -> None:
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "integer"}))
+    rc = main(["validate", "--no-grammar", "--schema", str(schema), str(tmp_path / "missing.jsonl")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert len(err.strip().splitlines()) == 1 and "cannot read" in err
