@@ -166,7 +166,7 @@ class Matcher:
     """
 
     __slots__ = ("grammar", "vocab", "_eng", "_vt", "_hist", "_eos", "_max_rollback", "_tb", "_nvocab",
-                 "_epoch", "__weakref__")
+                 "_epoch", "_bm_ok", "__weakref__")
 
     def __init__(self, grammar: CompiledGrammar, vocab: Any, *, max_rollback: int | None = None) -> None:
         if not isinstance(grammar, CompiledGrammar):
@@ -181,6 +181,7 @@ class Matcher:
         self._nvocab = self._vt.vocab_size
         self._eos = frozenset(int(x) for x in vocab.eos_token_ids)
         self._max_rollback = max_rollback
+        self._bm_ok: tuple[Any, bool, int, bool] | None = None  # the last bitmask checked
         self._hist: list[int] = []
         self._epoch = 0
         self.reset()
@@ -315,6 +316,7 @@ class Matcher:
         m._nvocab = self._nvocab
         m._eos = self._eos
         m._max_rollback = self._max_rollback
+        m._bm_ok = None
         with self._eng.lock:
             m._hist = list(self._hist)
             m._epoch = self._epoch
@@ -380,10 +382,14 @@ class Matcher:
         array or tensor that wide, or a row outside ``[0, rows)`` (no negative indices).
         """
         nw = self._vt.num_words
-        is_numpy = _bitmask_kind(bitmask, nw)
-        row = _row_index(row, int(bitmask.shape[0]))
+        ok = self._bm_ok
+        if ok is None or ok[0] is not bitmask:  # checked once per buffer, not per call
+            ok = self._bm_ok = (bitmask, _bitmask_kind(bitmask, nw), int(bitmask.shape[0]),
+                                int(bitmask.shape[1]) > nw)
+        _, is_numpy, rows, wide = ok
+        if type(row) is not int or not 0 <= row < rows:
+            row = _row_index(row, rows)
         words = self._mask_words().view(np.int32)
-        wide = bitmask.shape[1] > nw
         if is_numpy:
             _write_row(bitmask[row], words, nw, wide)
             return

@@ -142,7 +142,10 @@ def test_no_vocabulary_sized_allocation_per_step(monkeypatch: pytest.MonkeyPatch
                                                 temperature=temperature, draft=draft)
     long, long_hits, long_steps = _count_run(monkeypatch, setup, 40, batch=batch,
                                              temperature=temperature, draft=draft)
-    assert long_steps > short_steps + 2
+    # more steps in the long run: an allocation per step would then show as more hits (with
+    # the mask columns beyond the vocabulary zeroed, the drafter skips forwards where one
+    # token is left, so a sampled run needs few steps)
+    assert long_steps > short_steps
     assert long == short, (short_hits, long_hits)
 
 

@@ -384,11 +384,14 @@ def _validate_cli(tmp_path: Path, schema: object, instance_text: str) -> subproc
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
-def test_validate_cli_deep_schema_and_instance(tmp_path: Path) -> None:
+def test_validate_cli_deep_schema_is_exit_2(tmp_path: Path) -> None:
     out = _validate_cli(tmp_path, _nested_schema(120), "1\n")
     assert out.returncode == 2, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
     assert "too deeply" in out.stderr
+
+
+def test_validate_cli_deep_instances_are_invalid(tmp_path: Path) -> None:
     # 100,000 nested arrays: json cannot parse it; the instance is reported, not valid
     out = _validate_cli(tmp_path, {"type": "array"}, "[" * 100_000 + "]" * 100_000 + "\n")
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
