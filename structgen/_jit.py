@@ -5,6 +5,7 @@ so the kernels run as plain Python), ``COMPILED``, and the hash mixer of their t
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 
@@ -16,6 +17,11 @@ try:
     COMPILED = True
 except ImportError:  # pragma: no cover - exercised only without numba
     COMPILED = False
+    # The kernels' hashes wrap around on purpose (int64/uint64 arithmetic, as compiled code
+    # does); run as plain Python, numpy scalars warn on each wrap. Only those warnings, only
+    # from the kernel modules, are silenced.
+    warnings.filterwarnings("ignore", message="overflow encountered", category=RuntimeWarning,
+                            module=r"structgen\._(jit|pda_kernels|dfa_kernels|trie_kernels)$")
 
     def njit(*args, **kwargs):  # type: ignore[no-redef]
         if args and callable(args[0]):
