@@ -20,6 +20,7 @@ otherwise compilation raises :class:`~structgen.errors.GrammarError`.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any, Union
@@ -412,9 +413,20 @@ def alt(*items: Expr) -> Expr:
     return Alt(tuple(out))
 
 
+# Counts at or above this never occur in text that exists (2**62 bytes is 4 EiB): a bound this
+# large is clamped to it, which keeps the language on every representable input and keeps the
+# counters inside int64 (a schema may say ``maxLength: 2**64``).
+MAX_COUNT = 2**62
+
+
 def rep(item: Expr, min: int = 0, max: int | None = None) -> Expr:
+    """``item`` repeated ``min`` to ``max`` times (``max`` None: unbounded). Bounds of
+    :data:`MAX_COUNT` or more are clamped (``max`` becomes unbounded)."""
     if min < 0 or (max is not None and max < min):
         raise GrammarError(f"invalid repetition bounds {{{min},{max}}}")
+    if max is not None and max >= MAX_COUNT:
+        max = None
+    min = builtins.min(min, MAX_COUNT)
     if max == 0 or item == EMPTY:
         return EMPTY
     if item == NEVER:
