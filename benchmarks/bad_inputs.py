@@ -160,8 +160,12 @@ def w_matcher(action: str) -> dict[str, Any]:
         m.fill_bitmask(np.zeros((1, 1), dtype=np.uint8))
     elif action == "row-1":
         m.fill_bitmask(allocate_bitmask(2, 4), row=-1)
-    elif action == "wide":
-        m.fill_bitmask(np.full((1, 3), -1, dtype=np.int32))
+    elif action == "wide":  # a wider buffer is allowed; its columns past the vocabulary are zeroed
+        need = (vocab.vocab_size + 31) // 32
+        buf = np.full((1, need + 2), -1, dtype=np.int32)
+        m.fill_bitmask(buf)
+        if (buf[0, need:] != 0).any():
+            raise RuntimeError("columns past the vocabulary left stale")
     elif action == "token-out-of-range":
         m.accept_token(10**6)
     elif action == "negative-token":
@@ -311,9 +315,10 @@ def grammar_inputs() -> list[BadInput]:
     # working folder
     add("start: x\n%import \\\n.sub.inner (x)\n", "%import with a line break", "typed", 7,
         files={"sub/inner.lark": f'x: "{SECRET}"\n'})
-    out.append(BadInput("grammar", Case("cli", cli(["compile", "--explain", "g.lark"]),
+    # the grammar file lives elsewhere: a relative import may not reach the working folder
+    out.append(BadInput("grammar", Case("cli", cli(["compile", "--explain", "gram/g.lark"]),
                                         "%import bypass via the CLI --explain"), "typed", 7,
-                        files={"g.lark": "start: x\n%import \\\n.sub.inner (x)\n",
+                        files={"gram/g.lark": "start: x\n%import \\\n.sub.inner (x)\n",
                                "sub/inner.lark": f'x: "{SECRET}"\n'}))
     rng = random.Random(7)
     chars = list('()[]{}"/|:~%\n\\*?+.') + ["->", "..", "\u00e9"]
@@ -476,7 +481,7 @@ def cli_inputs() -> list[BadInput]:
     for _ in range(120):
         nested = {"type": "object", "properties": {"a": nested}}
     out.append(BadInput("cli", Case("cli", cli(["validate", "--schema", "n.json", "i.json"]),
-                                    "validate 120-level schema"), "ok", 3,
+                                    "validate 120-level schema"), "typed", 3,
                         files={"n.json": json.dumps(nested), "i.json": '{"a": {"a": 1}}'}))
     # issue 26 item 4 through the CLI: a 1 MB instance under an exploding pattern
     out.append(BadInput("cli", Case("cli", cli(["validate", "--schema", "p.json", "i.json"]),
@@ -514,7 +519,7 @@ def generation_inputs(model: str) -> list[BadInput]:
     for action, item in [("int16", 11), ("uint8", 11), ("row-1", 11), ("wide", 11), ("max_rollback", 11),
                          ("token-out-of-range", None), ("negative-token", None), ("rollback-too-far", None)]:
         out.append(BadInput("generation", Case("call", call("w_matcher", action=action), f"Matcher {action}"),
-                            "typed", item, needs_torch=True))
+                            "ok" if action == "wide" else "typed", item, needs_torch=True))
     files = {"s.json": json.dumps(s), "out.jsonl": '{"keep": "me"}\n', "p.jsonl": '{"prompt": "hi"}\n'}
     g = ["generate", "--schema", "s.json", "--max-new-tokens", "4"]
     out.append(BadInput("generation", Case("cli", cli([*g, "--prompt", "x", "--model", "badmodel", "-o",

@@ -867,7 +867,9 @@ def _cmd_models(args: argparse.Namespace) -> int:
         rows = assets.list_aliases()
         if args.json:
             for r in rows:
-                print(json.dumps({"alias": r.alias, "kind": r.kind, "cached": r.cached,
+                # "cached": usable as it is; a damaged entry is not (its "state" says why)
+                print(json.dumps({"alias": r.alias, "kind": r.kind,
+                                  "cached": bool(r.cached) and r.extra.get("state") != "damaged",
                                   "state": r.extra.get("state"), "problems": r.extra.get("problems", []),
                                   "path": str(r.path), "download_mb": r.download_mb,
                                   "licence": r.licence, "distribution": r.distribution,
