@@ -727,15 +727,9 @@ def _select_tasks(types: list[str], per_type: int | None, names: list[str] | Non
 
 def _positive_int(text: str) -> int:
     """argparse type: an integer from 1 to structgen.config.MAX_COUNT."""
-    from .config import MAX_COUNT
+    from .config import positive_int_arg
 
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if not 1 <= value <= MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"{value} is not an integer from 1 to {MAX_COUNT}")
-    return value
+    return positive_int_arg(text)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -990,16 +990,10 @@ def _port(text: str) -> int:
 
 
 def _positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (at most structgen.config.MAX_COUNT)."""
-    from .config import MAX_COUNT
+    """argparse type: an integer from 1 to structgen.config.MAX_COUNT."""
+    from .config import positive_int_arg
 
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if not 1 <= value <= MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"{value} is not an integer from 1 to {MAX_COUNT}")
-    return value
+    return positive_int_arg(text)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -313,3 +313,16 @@ class MonitoringOptions:
         _check_float(self, "min_tokens_per_pass", 0, optional=True)
         _check_float(self, "max_latency_p95_s", 0, lo_open=True, optional=True)
         _check_int(self, "min_requests", 1)
+
+
+def positive_int_arg(text: str) -> int:
+    """An argparse ``type``: an integer from 1 to :data:`MAX_COUNT` (the CLI's counts)."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not 1 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{value} is not an integer from 1 to {MAX_COUNT}")
+    return value
