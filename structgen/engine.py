@@ -73,7 +73,7 @@ DEFAULT_TABLE_BYTES = _env_bytes("STRUCTGEN_TABLE_BYTES", 256 << 20)
 #: split-walk cache gets half as much again.
 DEFAULT_MASK_CACHE_BYTES = _env_bytes("STRUCTGEN_MASK_CACHE_BYTES", 32 << 20)
 #: Budget of the tables of all engines of the process together (``STRUCTGEN_PROCESS_TABLE_BYTES``):
-#: past it, an engine that grows flushes its own tables.
+#: past it, an engine that grows flushes its own tables if they hold at least a sixteenth of it.
 PROCESS_TABLE_BYTES = _env_bytes("STRUCTGEN_PROCESS_TABLE_BYTES", 1 << 30)
 
 _PROCESS_LOCK = threading.Lock()
@@ -389,8 +389,14 @@ class Engine:
         :data:`PROCESS_TABLE_BYTES`), since tables grow by doubling."""
         n = self._table_bytes
         # past half the budget: the next doubling of a table could cross it
-        return n > self._fresh_bytes and (2 * n > self.table_budget
-                                          or 2 * _process_bytes[0] > PROCESS_TABLE_BYTES)
+        if n <= self._fresh_bytes:
+            return False
+        if 2 * n > self.table_budget:
+            return True
+        # the process total: only an engine holding a sizeable share flushes for it (flushing
+        # a small engine frees next to nothing and, with many grammars alive, would make every
+        # engine flush at each growth)
+        return 2 * _process_bytes[0] > PROCESS_TABLE_BYTES and 16 * n >= PROCESS_TABLE_BYTES
 
     def register(self, holder: Any) -> None:
         """Track ``holder`` (a matcher: ``_hist`` a list of configuration ids valid in epoch

@@ -264,8 +264,9 @@ def test_counted_string_masks_match_regex_oracle(tokenizer_by_alias, alias: str,
     # short steps (at most 3 bytes) so most character positions get a mask of their own
     m, checked = _replay_against_regex(g, vocab, doc, oracle, max_step=3)
     assert m.is_accepting() and checked > 100
-    if engine_mode == "split" and native.available():
-        assert any(shared > 0 for _work, shared in g.engine._hstat.values())  # walks were shared
+    if engine_mode == "split" and native.available() and g.engine.flushes == 0:
+        # walks were shared (a flush of the tables resets these counters)
+        assert any(shared > 0 for _work, shared in g.engine._hstat.values())
 
 
 def _quoted_viable(data: bytes) -> bool:
