@@ -785,7 +785,7 @@ def _commit() -> str:
         return "unknown"
 
 
-def _smoke(inputs: list[BadInput], per_category: int = 3) -> list[BadInput]:
+def _smoke(inputs: list[BadInput], per_category: int = 2) -> list[BadInput]:
     """A few fast inputs per category (no model, no issue reproduction that may take long;
     one asset input: each loads a tokenizer)."""
     slow = {3, 4}

@@ -1,7 +1,8 @@
 """The bad-input battery (benchmarks/bad_inputs.py) runs, classifies and writes its table.
 
-``--smoke`` runs a few inputs per category in the shared sandbox; every failure it reports must
-be a tracked cause (an issue-26 reproduction, or a known cause of the fuzz suite's allowlist).
+``--smoke`` runs a few inputs per category in the shared sandbox; none may crash, hang, overrun
+its memory, lose data or reach the network or a file (the full run's figures are in
+``benchmarks/results/bad-inputs.json``).
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ def test_battery_smoke_writes_a_table_of_tracked_outcomes(tmp_path: Path) -> Non
     assert {"commit", "date", "machine", "command", "table", "cases"} <= set(report)
     table = report["table"]
     assert set(table) == {"schema", "grammar", "regex", "config", "cli", "generation", "asset", "total"}
-    assert table["total"]["inputs"] == len(report["cases"]) >= 15
+    assert table["total"]["inputs"] == len(report["cases"]) >= 10
     assert sum(table["total"][k] for k in ("ok", "typed", "crash", "hang", "memory")) == \
         table["total"]["inputs"]
-    untracked = [c for c in report["cases"] if set(c["flags"]) & set(FAILURES)
-                 and c["issue_item"] is None and c["known_cause"] is None]
-    assert not untracked, json.dumps(untracked, indent=1)
+    failed = [c for c in report["cases"] if set(c["flags"]) & set(FAILURES)]
+    assert not failed, json.dumps(failed, indent=1)
     assert "| category |" in proc.stdout and out.with_suffix(".md").is_file()
