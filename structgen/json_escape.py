@@ -123,23 +123,29 @@ def _utf8_split(lo: int, hi: int) -> list[tuple[_Symbol, ...]]:
                 out.append((((s, e),),))
                 continue
             n = 2 if e <= 0x7FF else 3 if e <= 0xFFFF else 4
-            for i in range(1, n):
-                m = (1 << (6 * i)) - 1
-                if s & ~m != e & ~m:
-                    if s & m:
-                        stack.append(((s | m) + 1, e))
-                        stack.append((s, s | m))
-                        break
-                    if e & m != m:
-                        stack.append((e & ~m, e))
-                        stack.append((s, (e & ~m) - 1))
-                        break
+            halves = _split_at_digit(s, e, 6, n - 1)  # UTF-8 continuation bytes carry 6 bits
+            if halves:
+                stack.extend(halves)
             else:
                 bs = chr(s).encode("utf-8")
                 be = chr(e).encode("utf-8")
                 out.append(tuple(((a, b),) for a, b in zip(bs, be)))
     out.sort()
     return out
+
+
+def _split_at_digit(s: int, e: int, bits: int, digits: int) -> tuple[tuple[int, int], ...]:
+    """Split ``[s, e]`` once so that each part has fixed leading digits and full ranges in
+    the low ``digits`` digits of ``bits`` bits each (the later part first); () when it
+    already has that shape."""
+    for i in range(1, digits + 1):
+        m = (1 << (bits * i)) - 1
+        if s & ~m != e & ~m:
+            if s & m:
+                return ((s | m) + 1, e), (s, s | m)
+            if e & m != m:
+                return (e & ~m, e), (s, (e & ~m) - 1)
+    return ()
 
 
 def _hex_digit_bytes(a: int, b: int, escapes: str) -> list[tuple[int, int]]:
@@ -162,17 +168,9 @@ def _hex_split(lo: int, hi: int, escapes: str) -> list[tuple[_Symbol, ...]]:
     stack = [(lo, hi)]
     while stack:
         s, e = stack.pop()
-        for i in (1, 2, 3):
-            m = (1 << (4 * i)) - 1
-            if s & ~m != e & ~m:
-                if s & m:
-                    stack.append(((s | m) + 1, e))
-                    stack.append((s, s | m))
-                    break
-                if e & m != m:
-                    stack.append((e & ~m, e))
-                    stack.append((s, (e & ~m) - 1))
-                    break
+        halves = _split_at_digit(s, e, 4, 3)  # a hex digit carries 4 bits
+        if halves:
+            stack.extend(halves)
         else:
             out.append(tuple(tuple(_hex_digit_bytes((s >> k) & 15, (e >> k) & 15, escapes))
                              for k in (12, 8, 4, 0)))

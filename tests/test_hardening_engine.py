@@ -16,11 +16,11 @@ import re
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _toy_vocab import ToyVocab
 
 import structgen
 from structgen import ir
@@ -31,17 +31,6 @@ from structgen.matcher import Matcher, allocate_bitmask, bitmask_words, fill_bit
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@dataclass
-class ToyVocab:
-    token_bytes: list
-    eos_token_ids: tuple = ()
-    vocab_size: int = 0
-    content_hash: str | None = None
-    extra: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not self.vocab_size:
-            self.vocab_size = len(self.token_bytes)
 
 
 def _ab_matcher(**kw: object) -> tuple[Matcher, ToyVocab]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import itertools
 import pickle
 import random
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from _toy_vocab import ToyVocab
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -28,17 +28,6 @@ ALPHABET = b"abc"
 MAXLEN = 6
 
 
-@dataclass
-class ToyVocab:
-    token_bytes: list
-    eos_token_ids: tuple = ()
-    vocab_size: int = 0
-    content_hash: str | None = None
-    extra: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not self.vocab_size:
-            self.vocab_size = len(self.token_bytes)
 
 
 def toy_vocab(tokens: list[bytes], pad: int = 3) -> ToyVocab:
