@@ -80,7 +80,7 @@ def call(func: str, **kwargs: Any) -> dict[str, Any]:
 
 def w_validate_instance(schema: Any, instance: Any) -> dict[str, Any]:
     """SchemaValidator (jsonschema + grammar) on one instance."""
-    from structgen.validation import Document, SchemaValidator
+    from structgen.tools.validation import Document, SchemaValidator
 
     v = SchemaValidator(schema)
     res = v.validate(Document(1, instance), "<battery>")
@@ -97,7 +97,7 @@ def w_nested(kind: str, depth: int) -> dict[str, Any]:
 
         compile_json_schema(schema)
     else:
-        from structgen.validation import Document, SchemaValidator
+        from structgen.tools.validation import Document, SchemaValidator
 
         SchemaValidator(schema, use_grammar=False).validate(Document(1, {"a": 1}), "<battery>")
     return {}
@@ -114,7 +114,7 @@ def w_accepts_pattern(pattern: str, length: int) -> dict[str, Any]:
 
 
 def w_resolve_grammar(**kw: Any) -> dict[str, Any]:
-    from structgen.api import resolve_grammar
+    from structgen.generation.api import resolve_grammar
 
     g, _ = resolve_grammar(**kw)
     return {"states": getattr(g, "num_states", None)}
@@ -125,7 +125,7 @@ def w_make_tiny_model(folder: str) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "tests"))
     from _tiny_lm import save_tiny_model
 
-    from structgen.assets import load_tokenizer
+    from structgen.generation.assets import load_tokenizer
 
     save_tiny_model(Path(folder), load_tokenizer("gpt2"))
     return {}
@@ -144,7 +144,7 @@ def w_matcher(action: str) -> dict[str, Any]:
     import numpy as np
 
     from structgen import Matcher, Vocabulary, allocate_bitmask
-    from structgen.regex import compile_regex_grammar
+    from structgen.frontends.regex import compile_regex_grammar
 
     vocab = Vocabulary([b"a", b"b", b"ab", None], eos_token_ids=[3])
     g = compile_regex_grammar("(ab)+")
@@ -176,7 +176,7 @@ def w_matcher(action: str) -> dict[str, Any]:
 
 
 def w_load_tokenizer(alias: str) -> dict[str, Any]:
-    from structgen.assets import load_tokenizer, tokenizer_path
+    from structgen.generation.assets import load_tokenizer, tokenizer_path
 
     tokenizer_path(alias, fetch=False)  # never fetch here: a damaged entry must be reported
     tok = load_tokenizer(alias)
@@ -579,7 +579,7 @@ def _listed_as_cached_when_damaged(folder: Path, outcome: Outcome) -> str | None
 
 def _damage_cache(folder: Path, damage: str) -> None:
     """Copy the real gpt2 tokenizer entry into ``folder/cache`` and damage it as named."""
-    from structgen.assets import cache_dir
+    from structgen.generation.assets import cache_dir
 
     src = cache_dir() / "tokenizers" / "gpt2"
     dst = folder / "cache" / "tokenizers" / "gpt2"
@@ -810,7 +810,7 @@ def main(argv: list[str] | None = None) -> int:
 
     inputs = (schema_inputs() + grammar_inputs() + regex_inputs() + config_inputs() + cli_inputs()
               + asset_inputs())
-    from structgen.assets import cache_dir
+    from structgen.generation.assets import cache_dir
 
     have_assets = (cache_dir() / "tokenizers" / "gpt2" / "manifest.json").is_file()
     records: list[dict[str, Any]] = []
@@ -842,7 +842,7 @@ def main(argv: list[str] | None = None) -> int:
             with Sandbox(memory_mb=args.memory_mb, timeout_s=args.timeout_s, warm_up=not args.smoke,
                          env=light_env) as light, \
                     Sandbox(memory_mb=args.model_memory_mb, timeout_s=args.timeout_s,
-                            imports=("structgen.cli", "torch")) as heavy:
+                            imports=("structgen.tools.cli", "torch")) as heavy:
                 if any(b.needs_model for b in runnable):
                     made = heavy.run(Case("call", call("w_make_tiny_model", folder=model), "tiny model",
                                           timeout_s=300))

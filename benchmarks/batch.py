@@ -49,8 +49,8 @@ from tasks.extraction import TASKS, messages  # noqa: E402
 
 import structgen  # noqa: E402
 from structgen.config import SpecConfig  # noqa: E402
-from structgen.model import CausalLM, load_model  # noqa: E402
-from structgen.validation import jsonschema_validator  # noqa: E402
+from structgen.generation.model import CausalLM, load_model  # noqa: E402
+from structgen.tools.validation import jsonschema_validator  # noqa: E402
 
 ENGINES = ("batch-spec", "batch-plain", "single-spec", "single-plain")
 EXTRA_ENGINES = ("batch-spec-serial",)
@@ -80,7 +80,7 @@ def requests(n: int) -> list[dict[str, Any]]:
 def tiny_model() -> CausalLM:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from structgen import assets
+    from structgen.generation import assets
 
     tok = assets.load_tokenizer("gpt2")
     torch.manual_seed(0)

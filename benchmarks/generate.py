@@ -9,7 +9,7 @@ facts, schemas with 5-30 fields, nested objects, arrays, enums), greedy, batch 1
 * ``xgrammar`` -- transformers ``generate`` with XGrammar's logits processor (if installed);
 * ``outlines`` -- outlines' transformers integration (if installed).
 
-The engine runners and the oracles are shared with the full suite (:mod:`structgen.bench`,
+The engine runners and the oracles are shared with the full suite (:mod:`structgen.tools.bench`,
 ``structgen bench``), which also covers code and prose tasks.
 
 Rounds are interleaved (each task runs every engine before the next task) so machine noise
@@ -44,7 +44,7 @@ from tasks.extraction import TASKS, messages  # noqa: E402
 
 from structgen import bench  # noqa: E402
 from structgen.config import SpecConfig  # noqa: E402
-from structgen.model import CausalLM, load_model, stock_copy  # noqa: E402
+from structgen.generation.model import CausalLM, load_model, stock_copy  # noqa: E402
 
 
 def _task(task: dict[str, Any]) -> dict[str, Any]:

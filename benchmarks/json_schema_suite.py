@@ -67,9 +67,9 @@ def suite_files(section: str, smoke: bool = False) -> list[Path]:
 
 def run(section: str, smoke: bool = False, verbose: bool = False) -> dict[str, str]:
     """Classify every instance of a section; returns {"file::group::test": status}."""
-    from structgen.automaton import compile_grammar
     from structgen.config import JsonSchemaOptions
     from structgen.errors import SchemaError, StructgenError
+    from structgen.grammar.automaton import compile_grammar
     from structgen.json_schema import canonical_json, schema_to_grammar
 
     remotes = load_remotes()

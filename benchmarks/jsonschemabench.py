@@ -55,7 +55,7 @@ import jsonschema  # noqa: E402
 
 from structgen.config import CompileOptions  # noqa: E402
 from structgen.errors import StructgenError  # noqa: E402
-from structgen.validation import jsonschema_validator  # noqa: E402
+from structgen.tools.validation import jsonschema_validator  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "jsonschemabench"
 
@@ -425,10 +425,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.escape_variants:
         return escape_variants_main(args)
 
-    from structgen import assets
+    from structgen.generation import assets
     from structgen.json_schema import canonical_json, compile_json_schema, format_checker_for
-    from structgen.matcher import Matcher
-    from structgen.vocab import Vocabulary
+    from structgen.masks.matcher import Matcher
+    from structgen.masks.vocab import Vocabulary
 
     toks = {a: assets.load_tokenizer(a) for a in ("llama3", "qwen2")}
     vocabs = {a: Vocabulary.from_tokenizer(t) for a, t in toks.items()}

@@ -34,7 +34,7 @@ Engine settings (compact JSON everywhere, no whitespace between tokens):
   fill_next_token_bitmask`` + ``consume_token``;
 * outlines-core: ``Index(build_regex_from_schema(schema, whitespace_pattern=""), vocabulary)``,
   ``Guide.write_mask_into`` + ``Guide.advance``. Its ``Vocabulary`` is built from the
-  token bytes of :class:`structgen.vocab.Vocabulary` (its own ``from_pretrained`` needs the
+  token bytes of :class:`structgen.masks.vocab.Vocabulary` (its own ``from_pretrained`` needs the
   Hugging Face hub).
 
 Measurements (``time.perf_counter_ns``), per engine and case:
@@ -209,9 +209,9 @@ class StructgenAdapter(Adapter):
     def __init__(self, tokenizer: Any, vocab: Any, opts: dict[str, Any]) -> None:
         super().__init__(tokenizer, vocab, opts)
         from structgen.config import CompileOptions
+        from structgen.frontends.lark import compile_lark
         from structgen.json_schema import compile_json_schema
-        from structgen.lark_frontend import compile_lark
-        from structgen.matcher import Matcher
+        from structgen.masks.matcher import Matcher
 
         self._copts = CompileOptions(timeout_s=float(opts["compile_timeout"]))
         self._cjs, self._clark, self._Matcher = compile_json_schema, compile_lark, Matcher
@@ -230,14 +230,15 @@ class StructgenAdapter(Adapter):
 
         cleared = []
         for mod_name, attr in (("structgen.json_schema", "_CACHE"), ("structgen.json_schema", "_DOC_CACHE"),
-                               ("structgen.automaton", "_CACHE"), ("structgen.lark_frontend", "_LRU"),
+                               ("structgen.grammar.automaton", "_CACHE"),
+                               ("structgen.frontends.lark", "_LRU"),
                                ("structgen.json_schema", "_WARNINGS")):
             obj = getattr(importlib.import_module(mod_name), attr, None)
             if hasattr(obj, "clear"):
                 obj.clear()
                 cleared.append(f"{mod_name}.{attr}")
-        for mod_name, attr in (("structgen.json_schema_lower", "compile_pattern"),
-                               ("structgen.numeric", "_build")):
+        for mod_name, attr in (("structgen.frontends.json_schema.lower", "compile_pattern"),
+                               ("structgen.frontends.json_schema.numbers", "_build")):
             fn = getattr(importlib.import_module(mod_name), attr, None)
             if hasattr(fn, "cache_clear"):
                 fn.cache_clear()
@@ -436,8 +437,8 @@ ADAPTERS: dict[str, type[Adapter]] = {
 
 
 def _load_vocab(alias: str) -> tuple[Any, Any]:
-    from structgen import assets
-    from structgen.vocab import Vocabulary
+    from structgen.generation import assets
+    from structgen.masks.vocab import Vocabulary
 
     tok = assets.load_tokenizer(alias)
     return tok, Vocabulary.from_tokenizer(tok)
@@ -673,7 +674,7 @@ def _validator(schema: Any) -> Any:
         cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
         # formats as structgen enforces them (2020-12 definitions of the draft's formats)
         from structgen.json_schema import format_checker_for
-        from structgen.validation import jsonschema_validator
+        from structgen.tools.validation import jsonschema_validator
 
         # structgen's builder: no registry-less validator, whose $ref would fetch URLs / read files
         return jsonschema_validator(schema, cls, format_checker=format_checker_for(schema))
@@ -728,7 +729,7 @@ def build_cases(args: argparse.Namespace, tok: Any,
     """All cases (JSON schemas first, then Lark), with their replayed token ids."""
     import lark
 
-    from structgen.lark_frontend import builtin_grammar, lark_import_loader
+    from structgen.frontends.lark import builtin_grammar, lark_import_loader
 
     info: dict[str, Any] = {"schemas_without_instance": [], "untokenizable": []}
     cases: list[dict[str, Any]] = []

@@ -18,7 +18,7 @@ Outcome classes (:attr:`Outcome.outcome`):
 * ``died``    -- the worker process died some other way (signal, exit) while running the case.
 
 Handlers (``Case.kind``): ``schema``, ``lark``, ``regex``, ``config``, ``cli`` (in-process
-``structgen.cli.main``) and ``call`` (``module:function`` with keyword arguments: cases that
+``structgen.tools.cli.main``) and ``call`` (``module:function`` with keyword arguments: cases that
 need their own code, e.g. the battery's generation and asset cases). Side effects: a case may
 write files in its ``cwd`` (a folder the caller owns); the worker changes into it and back.
 """
@@ -132,7 +132,7 @@ class Sandbox:
     """
 
     def __init__(self, *, memory_mb: int = 1536, timeout_s: float = 10.0, grace_s: float = 5.0,
-                 env: dict[str, str] | None = None, imports: Iterable[str] = ("structgen.cli",),
+                 env: dict[str, str] | None = None, imports: Iterable[str] = ("structgen.tools.cli",),
                  startup_s: float = 300.0, warm_up: bool = True) -> None:
         self.memory_mb = memory_mb
         self.timeout_s = timeout_s
@@ -349,7 +349,7 @@ def _bytes(value: Any) -> bytes:
 def _handle_schema(payload: dict[str, Any]) -> dict[str, Any]:
     from structgen.config import CompileOptions
     from structgen.json_schema import compile_json_schema
-    from structgen.validation import Document, SchemaValidator
+    from structgen.tools.validation import Document, SchemaValidator
 
     schema = payload["schema"]
     detail: dict[str, Any] = {}
@@ -368,7 +368,7 @@ def _handle_schema(payload: dict[str, Any]) -> dict[str, Any]:
 
 def _handle_lark(payload: dict[str, Any]) -> dict[str, Any]:
     from structgen.config import CompileOptions
-    from structgen.lark_frontend import compile_lark
+    from structgen.frontends.lark import compile_lark
 
     options = CompileOptions(timeout_s=payload.get("compile_timeout_s", 2.0),
                              max_states=payload.get("max_states", 50_000))
@@ -377,7 +377,7 @@ def _handle_lark(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _handle_regex(payload: dict[str, Any]) -> dict[str, Any]:
-    from structgen.regex import compile_regex_grammar
+    from structgen.frontends.regex import compile_regex_grammar
 
     grammar = compile_regex_grammar(payload["pattern"])
     return {"accepts": [grammar.accepts(s) for s in payload.get("samples", [])]}
@@ -402,11 +402,11 @@ def _handle_config(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _handle_cli(payload: dict[str, Any]) -> dict[str, Any]:
-    """``structgen.cli.main(argv)`` in-process, with stdin/stdout/stderr captured.
+    """``structgen.tools.cli.main(argv)`` in-process, with stdin/stdout/stderr captured.
 
     The CLI contract: exit 0/1/2; exit 2 prints exactly one ``error:`` line on stderr (a
     grammar's caret excerpt below it is allowed) and never a traceback."""
-    from structgen.cli import main
+    from structgen.tools.cli import main
 
     for name, content in payload.get("files", {}).items():
         path = Path(name)
@@ -514,11 +514,11 @@ def run_case_here(message: dict[str, Any]) -> dict[str, Any]:
 
 def _warm_up() -> None:
     """Import and JIT-compile what most cases use, so no case pays (or times out on) it."""
+    from structgen.frontends.lark import compile_lark
+    from structgen.frontends.regex import compile_regex_grammar
     from structgen.json_schema import compile_json_schema
-    from structgen.lark_frontend import compile_lark
-    from structgen.regex import compile_regex_grammar
     from structgen.settings import loads_settings
-    from structgen.validation import SchemaValidator
+    from structgen.tools.validation import SchemaValidator
 
     SchemaValidator({"type": "object", "properties": {"a": {"type": "string", "pattern": "^a+$"}}})
     for grammar in (compile_json_schema({"type": "array", "items": {"type": "integer"}}),

@@ -3,7 +3,7 @@
 Full mode (a CUDA GPU): for batch 1/8/32/64 sequences x 7 rows (6 drafts + the bonus row) x
 V = 151,936 bf16 logits with grammar bitmasks, it times
 
-* ``fused``: the Triton backend of :func:`structgen.verify.verify` (pooled buffers, no input
+* ``fused``: the Triton backend of :func:`structgen.generation.verify.verify` (pooled buffers, no input
   checks: what the generation loop runs; the accept chain inside pass A); a launch-config
   sweep on batch 32 picks ``(block_words, num_warps, num_stages, programs_per_sm)`` first.
   Timed eagerly and as a CUDA-graph replay (kernel time without Python launch overhead; the
@@ -79,7 +79,7 @@ def make_inputs(batch: int, k: int, vocab: int, dtype: Any, device: Any, mode: s
     Generated on ``device`` (seeded)."""
     import torch
 
-    from structgen.verify import load_kernels
+    from structgen.generation.verify import load_kernels
 
     ref = load_kernels("torch_ref")
     dev = torch.device(device)
@@ -209,7 +209,7 @@ def same_output(a: Any, b: Any) -> dict:
 
 def run_case(batch: int, k: int, vocab: int, dtype: Any, device: Any, mode: str, reps: int,
              config: dict | None, ref_reps: int, stress_reps: int = 0) -> dict:
-    from structgen.verify import VerifyBufferPool, load_kernels, verify
+    from structgen.generation.verify import VerifyBufferPool, load_kernels, verify
 
     tv = load_kernels("triton_verify")
     bench = timer(device)
@@ -298,7 +298,7 @@ def _launcher(tv: Any, args: tuple, o: Any, workspace: dict, cfg: dict) -> Calla
 
 
 def sweep_configs(vocab: int, dtype: Any, device: Any, reps: int) -> list[dict]:
-    from structgen.verify import VerifyBufferPool, load_kernels
+    from structgen.generation.verify import VerifyBufferPool, load_kernels
 
     tv = load_kernels("triton_verify")
     bench = timer(device)
@@ -330,7 +330,7 @@ def measure_overlap(device: Any, batch: int, k: int, vocab: int, dtype: Any, hid
     import numpy as np
     import torch
 
-    from structgen.verify import SideStream, VerifyBufferPool, upload_async, verify
+    from structgen.generation.verify import SideStream, VerifyBufferPool, upload_async, verify
 
     rows = batch * (k + 1)
     inp = make_inputs(batch, k, vocab, dtype, device, "greedy")
@@ -406,7 +406,7 @@ def measure_overlap(device: Any, batch: int, k: int, vocab: int, dtype: Any, hid
 def smoke() -> int:
     import torch
 
-    from structgen.verify import verify
+    from structgen.generation.verify import verify
 
     device = torch.device("cpu")
     ok = True

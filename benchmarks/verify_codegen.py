@@ -93,7 +93,7 @@ class Compiler:
         import triton
         import triton.runtime.jit as jit
 
-        from structgen.verify import load_kernels
+        from structgen.generation.verify import load_kernels
 
         triton.runtime.driver.set_active(_Target(arch))
         self.arch = arch

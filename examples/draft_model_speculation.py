@@ -16,7 +16,7 @@ import argparse
 import sys
 
 import structgen
-from structgen.api import DEFAULT_MODEL
+from structgen.generation.api import DEFAULT_MODEL
 
 SCHEMA = {
     "type": "object",

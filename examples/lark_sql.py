@@ -2,7 +2,7 @@
 
     python examples/lark_sql.py [--model ALIAS_OR_FOLDER]
 
-The grammar ships with the package (``structgen.lark_frontend.builtin_grammar("sql")``); any Lark
+The grammar ships with the package (``structgen.frontends.lark.builtin_grammar("sql")``); any Lark
 grammar text works the same way (``grammar=TEXT``, ``start=RULE``). Its ``start`` rule allows
 unbounded whitespace after the final ``;``, which a small model may keep emitting instead of
 EOS; so this script adds a rule ``statement: query ";"`` and generates from it: the output
@@ -15,8 +15,8 @@ import argparse
 import sys
 
 import structgen
-from structgen.api import DEFAULT_MODEL
-from structgen.lark_frontend import builtin_grammar
+from structgen.frontends.lark import builtin_grammar
+from structgen.generation.api import DEFAULT_MODEL
 
 TABLES = "CREATE TABLE employees (id INT, name TEXT, dept TEXT, salary INT);"
 

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from structgen.api import DEFAULT_MODEL
+from structgen.generation.api import DEFAULT_MODEL
 
 SCHEMA = {
     "type": "object",
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from structgen.assets import resolve_model
+    from structgen.generation.assets import resolve_model
     from structgen.integrations import StructgenLogitsProcessor
 
     path = resolve_model(args.model)  # an alias is fetched into the cache on first use

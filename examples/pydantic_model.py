@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 import structgen
-from structgen.api import DEFAULT_MODEL
+from structgen.generation.api import DEFAULT_MODEL
 
 
 class Person(BaseModel):

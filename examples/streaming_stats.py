@@ -18,7 +18,7 @@ import sys
 import time
 
 import structgen
-from structgen.api import DEFAULT_MODEL
+from structgen.generation.api import DEFAULT_MODEL
 
 SCHEMA = {
     "type": "object",

@@ -21,7 +21,7 @@ import argparse
 import json
 import sys
 
-from structgen.api import DEFAULT_MODEL
+from structgen.generation.api import DEFAULT_MODEL
 
 REQUESTS = [  # (request id, request type, spec, prompt)
     ("json-1", "json",
@@ -43,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from structgen.assets import resolve_model
+    from structgen.generation.assets import resolve_model
+    from structgen.generation.sampling import unpack_bitmask
     from structgen.integrations import StructgenBackend
-    from structgen.sampling import unpack_bitmask
 
     path = resolve_model(args.model)
     tok = AutoTokenizer.from_pretrained(path)

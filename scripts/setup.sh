@@ -12,7 +12,7 @@
 #      download gigabytes of CUDA wheels.
 #   3. pip install -e '.[test]' and a check that structgen, structgen.kernels and
 #      structgen.grammars import from the repository root.
-#   4. Tokenizer and model assets the tests and the demo use: `python -m structgen.assets pull
+#   4. Tokenizer and model assets the tests and the demo use: `python -m structgen.generation.assets pull
 #      ALIAS...` (cached under ~/.cache/structgen by that module, so later runs are quick).
 set -euo pipefail
 
@@ -76,7 +76,7 @@ STAMP="$VENV/.structgen-setup"
 want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1) gpu=$GPU"
 check_import() {
     # From the repository root (cwd on sys.path), as tests and users run it.
-    "$PY" -c 'import structgen, structgen.kernels, structgen.grammars, structgen.cli' 2>/dev/null
+    "$PY" -c 'import structgen, structgen.kernels, structgen.grammars, structgen.tools.cli' 2>/dev/null
 }
 if [ "${SETUP_FORCE:-0}" != 1 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && check_import; then
     log "structgen already installed (pyproject.toml unchanged)"
@@ -90,12 +90,12 @@ fi
 # 4. assets ----------------------------------------------------------------------------------
 if [ -z "$ASSETS" ]; then
     log "STRUCTGEN_ASSETS is empty: no assets pulled"
-elif [ -f structgen/assets.py ]; then
-    log "assets: python -m structgen.assets pull $ASSETS (cached after the first run)"
+elif [ -f structgen/generation/assets.py ]; then
+    log "assets: python -m structgen.generation.assets pull $ASSETS (cached after the first run)"
     # shellcheck disable=SC2086  # word splitting intended: one alias per word
-    "$PY" -m structgen.assets pull $ASSETS || die "pulling assets ($ASSETS) failed (see above)"
+    "$PY" -m structgen.generation.assets pull $ASSETS || die "pulling assets ($ASSETS) failed (see above)"
 else
-    log "structgen/assets.py does not exist yet: skipping tokenizer/model assets ($ASSETS);"
+    log "structgen/generation/assets.py does not exist yet: skipping tokenizer/model assets ($ASSETS);"
     log "tests that need them skip themselves and 'structgen demo' runs without a model"
 fi
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
+from structgen.errors import (
     AssetError,
     CompileLimitError,
     CompileTimeoutError,
@@ -29,24 +29,24 @@ __version__ = "0.1.0"
 
 # public name -> "module:attribute" (imported lazily on first access)
 _LAZY = {
-    "CompiledGrammar": "structgen.automaton:CompiledGrammar",
-    "compile_grammar": "structgen.automaton:compile_grammar",
-    "compile_json_schema": "structgen.json_schema:compile_json_schema",
-    "compile_lark": "structgen.lark_frontend:compile_lark",
-    "compile_regex": "structgen.regex:compile_regex_grammar",
-    "Vocabulary": "structgen.vocab:Vocabulary",
-    "Matcher": "structgen.matcher:Matcher",
-    "allocate_bitmask": "structgen.matcher:allocate_bitmask",
-    "fill_bitmasks": "structgen.matcher:fill_bitmasks",
+    "CompiledGrammar": "structgen.grammar.automaton:CompiledGrammar",
+    "compile_grammar": "structgen.grammar.automaton:compile_grammar",
+    "compile_json_schema": "structgen.frontends.json_schema.compiler:compile_json_schema",
+    "compile_lark": "structgen.frontends.lark:compile_lark",
+    "compile_regex": "structgen.frontends.regex:compile_regex_grammar",
+    "Vocabulary": "structgen.masks.vocab:Vocabulary",
+    "Matcher": "structgen.masks.matcher:Matcher",
+    "allocate_bitmask": "structgen.masks.matcher:allocate_bitmask",
+    "fill_bitmasks": "structgen.masks.matcher:fill_bitmasks",
     "CompileOptions": "structgen.config:CompileOptions",
     "JsonSchemaOptions": "structgen.config:JsonSchemaOptions",
     "SpecConfig": "structgen.config:SpecConfig",
     "StructgenLogitsProcessor": "structgen.integrations:StructgenLogitsProcessor",
     "StructgenBackend": "structgen.integrations:StructgenBackend",
-    "generate": "structgen.api:generate",
-    "stream": "structgen.api:stream",
-    "generate_model": "structgen.api:generate_model",
-    "GenerationResult": "structgen.api:GenerationResult",
+    "generate": "structgen.generation.api:generate",
+    "stream": "structgen.generation.api:stream",
+    "generate_model": "structgen.generation.api:generate_model",
+    "GenerationResult": "structgen.generation.api:GenerationResult",
 }
 
 __all__ = [
@@ -74,10 +74,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .api import GenerationResult, generate, generate_model, stream
-    from .automaton import CompiledGrammar, compile_grammar
-    from .config import CompileOptions, JsonSchemaOptions, SpecConfig
-    from .json_schema import compile_json_schema
-    from .lark_frontend import compile_lark
-    from .matcher import Matcher, allocate_bitmask, fill_bitmasks
-    from .vocab import Vocabulary
+    from structgen.config import CompileOptions, JsonSchemaOptions, SpecConfig
+    from structgen.frontends.json_schema.compiler import compile_json_schema
+    from structgen.frontends.lark import compile_lark
+    from structgen.generation.api import GenerationResult, generate, generate_model, stream
+    from structgen.grammar.automaton import CompiledGrammar, compile_grammar
+    from structgen.masks.matcher import Matcher, allocate_bitmask, fill_bitmasks
+    from structgen.masks.vocab import Vocabulary

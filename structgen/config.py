@@ -27,7 +27,7 @@ MAX_DRAFT = 1024
 # ---------------------------------------------------------------------------------------------
 
 def _fail(name: str, problem: str, value: Any) -> None:
-    from .errors import ConfigError
+    from structgen.errors import ConfigError
 
     raise ConfigError(f"{name} must be {problem}, got {value!r}", key=name)
 
@@ -228,7 +228,7 @@ class SpecConfig:
     overlap_masks: bool | None = None
 
     def __post_init__(self) -> None:
-        from .errors import ConfigError
+        from structgen.errors import ConfigError
 
         _check_int(self, "draft_num", 1, MAX_DRAFT)
         _check_int(self, "max_draft_tokens", 1, MAX_DRAFT)

@@ -184,7 +184,7 @@ class ContextLengthError(StructgenError, ValueError):
 
 
 class MatcherUsageError(StructgenError, ValueError, TypeError):
-    """A :class:`~structgen.matcher.Matcher` (or bitmask helper) was called wrongly: a bitmask
+    """A :class:`~structgen.masks.matcher.Matcher` (or bitmask helper) was called wrongly: a bitmask
     of the wrong type, dtype, shape or row, a token id that is not an integer of the
     vocabulary, a rollback of more tokens than the history holds, a negative
     ``max_rollback``. A caller bug, never a grammar verdict (a token the grammar forbids

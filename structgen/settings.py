@@ -44,8 +44,14 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .config import CompileOptions, GenerationOptions, JsonSchemaOptions, MonitoringOptions, SpecConfig
-from .errors import ConfigError
+from structgen.config import (
+    CompileOptions,
+    GenerationOptions,
+    JsonSchemaOptions,
+    MonitoringOptions,
+    SpecConfig,
+)
+from structgen.errors import ConfigError
 
 __all__ = ["Settings", "SECTIONS", "load_settings", "loads_settings", "load_spec_config", "dump",
            "example", "option_docs"]
@@ -219,7 +225,7 @@ def _expected(allowed: tuple[type, ...]) -> str:
 def _check_section(name: str, obj: Any) -> None:
     """Checks beyond the dataclasses' own (which check every option's type and range)."""
     if name == "json_schema":
-        from .json_schema import _check_options
+        from structgen.frontends.json_schema.compiler import _check_options
 
         _check_options(obj)
 

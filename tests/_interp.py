@@ -25,7 +25,7 @@ def _worker_init() -> None:
 
 
 def _interpreter_active() -> bool:
-    from structgen.verify import load_kernels
+    from structgen.generation.verify import load_kernels
 
     return bool(load_kernels("triton_verify").interpreter_active())
 

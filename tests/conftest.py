@@ -41,7 +41,7 @@ except ImportError:  # hypothesis is a test extra; the non-property tests still 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     config.addinivalue_line(
-        "markers", "assets: needs a downloaded tokenizer/model (structgen.assets cache)")
+        "markers", "assets: needs a downloaded tokenizer/model (structgen.generation.assets cache)")
     config.addinivalue_line("markers", "model: runs a real pretrained model")
 
 
@@ -57,8 +57,8 @@ def get_tokenizer_or_skip(alias: str) -> Any:
     """A Hugging Face tokenizer for a structgen alias (or model alias), loaded once per
     session; ``pytest.skip`` with the reason if it cannot be obtained."""
     if alias not in _TOKENIZERS:
-        from structgen import assets
         from structgen.errors import AssetError
+        from structgen.generation import assets
 
         try:
             if not _fetch_allowed():
@@ -75,8 +75,8 @@ def get_tokenizer_or_skip(alias: str) -> Any:
 def get_model_dir_or_skip(alias: str) -> Path:
     """The cached Hugging Face folder of a model alias; ``pytest.skip`` if unavailable."""
     if alias not in _MODEL_DIRS:
-        from structgen import assets
         from structgen.errors import AssetError
+        from structgen.generation import assets
 
         try:
             _MODEL_DIRS[alias] = assets.model_path(alias, fetch=_fetch_allowed())

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.assets
 
 
 def _tiny(tok, kind: str = "llama"):
-    from structgen.model import CausalLM
+    from structgen.generation.model import CausalLM
 
     torch.manual_seed(0)
     if kind == "llama":
@@ -112,7 +112,7 @@ def test_rows_finish_early_and_at_length(tiny_lm) -> None:
 
 def test_sampled_batch_uses_each_sequence_seed(tiny_lm, monkeypatch) -> None:
     # with whole drafts (no batch-wide cut) each sequence uses exactly its own draws
-    monkeypatch.setattr("structgen.speculative.BATCH_DRAFT_CUT", False)
+    monkeypatch.setattr("structgen.generation.loop.BATCH_DRAFT_CUT", False)
     prompts, schemas = _batch(4)
     rs = structgen.generate(tiny_lm, schema=schemas, prompt=prompts, max_new_tokens=30,
                             temperature=1.0, seed=11, config=SpecConfig(batch_size=4))
@@ -145,7 +145,7 @@ def test_batch_kv_logits_match_unpadded_forward(tokenizer_by_alias, monkeypatch,
     compacted: every row's logits stay those of a plain forward over its real tokens.
     ``padded_prefill``: one left-padded batched prefill (the GPU path) instead of per-row
     prefills assembled into the batched cache (the CPU path)."""
-    from structgen.model import BatchKV
+    from structgen.generation.model import BatchKV
 
     if padded_prefill:
         monkeypatch.setattr(BatchKV, "_prefill_rows", lambda self, prompts, width: False)
@@ -179,8 +179,8 @@ def test_batch_kv_logits_match_unpadded_forward(tokenizer_by_alias, monkeypatch,
 
 
 def test_bad_batch_input(tiny_lm) -> None:
-    from structgen.model import BatchKV, vocabulary_for
-    from structgen.speculative import run_batch
+    from structgen.generation.loop import run_batch
+    from structgen.generation.model import BatchKV, vocabulary_for
 
     g = structgen.compile_json_schema(SCHEMAS[0])
     vocab = vocabulary_for(tiny_lm)

@@ -81,7 +81,7 @@ def _check_report(report: dict[str, Any], tok: Any, engines: list[str]) -> None:
         else:
             import lark
 
-            from structgen.lark_frontend import builtin_grammar
+            from structgen.frontends.lark import builtin_grammar
 
             grammar = c["name"].split("/", 1)[1].split("#")[0]
             lark.Lark(builtin_grammar(grammar), parser="earley", lexer="dynamic_complete").parse(text)

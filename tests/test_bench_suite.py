@@ -16,8 +16,8 @@ import jsonschema
 import lark
 import pytest
 
-from structgen import bench
-from structgen.bench_tasks import SQL_ROWS, SQL_TABLES, all_tasks
+from structgen.tools import bench
+from structgen.tools.bench_tasks import SQL_ROWS, SQL_TABLES, all_tasks
 
 
 def _lark_ok(grammar: str, text: str) -> bool:
@@ -29,13 +29,13 @@ def _lark_ok(grammar: str, text: str) -> bool:
 
 
 def _grammar(task: dict) -> str:
-    from structgen.lark_frontend import builtin_grammar
+    from structgen.frontends.lark import builtin_grammar
 
     return task.get("grammar") or builtin_grammar(task["grammar_name"])
 
 
 def test_tasks_cover_three_types_and_references_are_valid() -> None:
-    from structgen.api import resolve_grammar
+    from structgen.generation.api import resolve_grammar
 
     tasks = all_tasks()
     assert {t["type"] for t in tasks} == {"json", "code", "prose"}

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 import structgen
-from structgen.api import resolve_grammar
+from structgen.generation.api import resolve_grammar
 from structgen.integrations import compile_constraint
 
 SCHEMA = {

@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 
 import structgen
-from structgen.cli import main
+from structgen.tools.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -316,7 +316,7 @@ def test_missing_model_folder_is_unknown_model(files: Path, capsys: pytest.Captu
 # ---------------------------------------------------------------------------------------------
 
 def test_models_list(capsys: pytest.CaptureFixture[str]) -> None:
-    from structgen import assets
+    from structgen.generation import assets
 
     rc, out, _ = run(capsys, "models", "--json")
     assert rc == 0
@@ -329,7 +329,7 @@ def test_models_list(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_models_path(capsys: pytest.CaptureFixture[str]) -> None:
-    from structgen import assets
+    from structgen.generation import assets
 
     cached = [r for r in assets.list_aliases() if r.cached]
     if not cached:
@@ -344,9 +344,9 @@ def test_models_path(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_bench_delegates_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[list[str]] = []
-    fake = types.ModuleType("structgen.bench")
+    fake = types.ModuleType("structgen.tools.bench")
     fake.main = lambda argv: seen.append(list(argv)) or 7  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "structgen.bench", fake)
+    monkeypatch.setitem(sys.modules, "structgen.tools.bench", fake)
     monkeypatch.setattr(structgen, "bench", fake, raising=False)
     assert main(["bench", "--smoke", "--out", "x"]) == 7
     assert seen == [["--smoke", "--out", "x"]]
@@ -354,10 +354,10 @@ def test_bench_delegates_argv(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_bench_missing_module_exit_2(monkeypatch: pytest.MonkeyPatch,
                                      capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(sys.modules, "structgen.bench", None)  # makes the import fail
+    monkeypatch.setitem(sys.modules, "structgen.tools.bench", None)  # makes the import fail
     monkeypatch.delattr(structgen, "bench", raising=False)
     rc, out, err = run(capsys, "bench", "--smoke")
-    assert rc == 2 and out == "" and "structgen.bench" in one_line(err)
+    assert rc == 2 and out == "" and "structgen.tools.bench" in one_line(err)
 
 
 def test_python_dash_m() -> None:

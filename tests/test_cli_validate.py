@@ -22,8 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from structgen.cli import main
 from structgen.errors import UnsupportedFeatureError
+from structgen.tools.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -525,7 +525,7 @@ def test_validate_does_not_import_torch(tmp_path, schema_file):
     f = write(tmp_path, "bad.json", INVALID_PRETTY)
     code = (
         "import sys\n"
-        "from structgen.cli import main\n"
+        "from structgen.tools.cli import main\n"
         f"rc = main(['validate', '--quiet', '-s', {str(schema_file)!r}, {str(f)!r}])\n"
         "heavy = sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules)\n"
         "print(rc, heavy)\n"
@@ -549,7 +549,7 @@ def test_python_dash_m_structgen(tmp_path, schema_file):
 # ---------------------------------------------------------------------------------------------
 
 def test_compile_lark_reports_sizes_and_explains(tmp_path, capsys, monkeypatch):
-    pytest.importorskip("structgen.lark_frontend")
+    pytest.importorskip("structgen.frontends.lark")
     g = write(tmp_path, "g.lark", 'start: "a" b+\nb: "x" | "y"\n')
     rc, out, _ = run(capsys, monkeypatch, "compile", "--json", g)
     assert rc == 0
@@ -560,7 +560,7 @@ def test_compile_lark_reports_sizes_and_explains(tmp_path, capsys, monkeypatch):
 
 
 def test_compile_bad_grammar_exit_2_with_caret(tmp_path, capsys, monkeypatch):
-    pytest.importorskip("structgen.lark_frontend")
+    pytest.importorskip("structgen.frontends.lark")
     g = write(tmp_path, "bad.lark", 'start: "a" (\n')
     rc, out, err = run(capsys, monkeypatch, "compile", g)
     assert rc == 2 and out == ""

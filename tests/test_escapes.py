@@ -1,4 +1,4 @@
-"""The JSON escape layer (structgen.json_escape) and its use by every string language.
+"""The JSON escape layer (structgen.frontends.json_escape) and its use by every string language.
 
 Oracles are independent of the code under test: ``json.loads`` decides what a spelling
 decodes to, a plain Python simulation decides membership of the decoded value, and
@@ -17,9 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from structgen import compile_json_schema, ir
-from structgen.automaton import compile_grammar
-from structgen.json_escape import json_class, json_content, json_dfa, spellings
+from structgen import compile_json_schema
+from structgen.frontends.json_escape import json_class, json_content, json_dfa, spellings
+from structgen.grammar import ir
+from structgen.grammar.automaton import compile_grammar
 from structgen.json_schema import canonical_json
 
 SHORT = {'"': '\\"', "\\": "\\\\", "/": "\\/", "\b": "\\b", "\f": "\\f", "\n": "\\n",

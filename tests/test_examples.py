@@ -86,7 +86,7 @@ def test_pydantic_model(runs) -> None:
 def test_lark_sql(runs) -> None:
     import lark
 
-    from structgen.lark_frontend import builtin_grammar
+    from structgen.frontends.lark import builtin_grammar
 
     out = runs["lark_sql"].stdout
     _ok(runs, "lark_sql")

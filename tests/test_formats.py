@@ -1,4 +1,4 @@
-"""structgen.formats against independent oracles.
+"""structgen.frontends.json_schema.formats against independent oracles.
 
 Oracles: ``jsonschema``'s draft 2020-12 ``FormatChecker`` (for the formats it checks
 here: date, time, date-time, email, ipv4, ipv6, uuid), Python's ``datetime``,
@@ -18,11 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from structgen import ir
-from structgen.formats import FORMATS, format_expr
+from structgen.frontends.json_schema.formats import FORMATS, format_expr
+from structgen.grammar import ir
 
 try:
-    from structgen.automaton import compile_grammar
+    from structgen.grammar.automaton import compile_grammar
 except ImportError:  # pragma: no cover - the compiler not built yet
     compile_grammar = None
 
@@ -563,7 +563,7 @@ def test_length_bounds_match_brute_force(e):
 
     from hypothesis import assume
 
-    from structgen.formats import length_bounds
+    from structgen.frontends.json_schema.formats import length_bounds
 
     b = length_bounds(e)
     assert b is not None and b[1] is not None  # every generated expression is finite
@@ -576,7 +576,7 @@ def test_length_bounds_match_brute_force(e):
 
 
 def test_format_length_bounds_and_implied_max_length():
-    from structgen.formats import format_length_bounds
+    from structgen.frontends.json_schema.formats import format_length_bounds
     from structgen.json_schema import compile_json_schema
 
     assert format_length_bounds("uuid") == (36, 36) and format_length_bounds("ipv4") == (7, 15)

@@ -44,7 +44,7 @@ PROMPTS = [
 def tiny_lm(tokenizer_by_alias):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from structgen.model import CausalLM
+    from structgen.generation.model import CausalLM
 
     tok = tokenizer_by_alias("gpt2")
     torch.manual_seed(0)

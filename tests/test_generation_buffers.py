@@ -41,8 +41,8 @@ def _setup(kind: str = "random") -> tuple[Any, Any, Any]:
     from _tiny_lm import build_tiny_llama
     from conftest import get_tokenizer_or_skip
 
-    from structgen.model import CausalLM
-    from structgen.vocab import Vocabulary
+    from structgen.generation.model import CausalLM
+    from structgen.masks.vocab import Vocabulary
 
     tok = get_tokenizer_or_skip("gpt2")
     lm = CausalLM(build_tiny_llama(tok, kind), tok)
@@ -104,8 +104,9 @@ def setup() -> tuple[Any, Any, Any]:
 
 def _count_run(monkeypatch: pytest.MonkeyPatch, setup: Any, max_new: int, *, batch: bool,
                temperature: float = 0.0, draft: bool = False) -> tuple[int, list[str], int]:
-    from structgen import model, speculative
-    from structgen.verify import load_kernels
+    from structgen.generation import loop as speculative
+    from structgen.generation import model
+    from structgen.generation.verify import load_kernels
 
     lm, tok, vocab = setup
     words = (lm.vocab_size + 31) // 32
@@ -154,7 +155,7 @@ def test_no_vocabulary_sized_allocation_per_step(monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.parametrize("batch", [False, True])
 def test_overlapped_masks_change_nothing(setup: Any, batch: bool) -> None:
-    from structgen import speculative
+    from structgen.generation import loop as speculative
 
     lm, tok, vocab = setup
     g = [_compile(SCHEMA), _compile(SCHEMA2), _compile(SCHEMA)]
@@ -184,8 +185,8 @@ def worker() -> Iterator[ProcessPoolExecutor]:
 
 
 def check_triton_generation() -> None:
-    from structgen import speculative
-    from structgen.verify import load_kernels
+    from structgen.generation import loop as speculative
+    from structgen.generation.verify import load_kernels
 
     assert load_kernels("triton_verify").interpreter_active()
     lm, tok, vocab = _setup()
@@ -215,7 +216,7 @@ def test_generation_with_triton_backend(worker: ProcessPoolExecutor) -> None:
 
 def test_seeded_batch_sampling_is_reproducible(setup: Any) -> None:
     """With every seed given, a batch's draft cuts do not depend on measured step times."""
-    from structgen import speculative
+    from structgen.generation import loop as speculative
 
     lm, tok, vocab = setup
     g = [_compile(SCHEMA), _compile(SCHEMA2), _compile(SCHEMA)]

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 import structgen
-from structgen.cli import main
 from structgen.config import (
     CompileOptions,
     GenerationOptions,
@@ -30,6 +29,7 @@ from structgen.config import (
 )
 from structgen.errors import ConfigError, ContextLengthError, SchemaError, StructgenError
 from structgen.settings import load_settings
+from structgen.tools.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -266,7 +266,7 @@ def test_interrupted_run_keeps_original_and_finished_results(files: Path, model_
 
 
 def test_atomic_output_unit(tmp_path: Path) -> None:
-    from structgen._atomic import AtomicOutput, write_text_atomic
+    from structgen.tools._atomic import AtomicOutput, write_text_atomic
 
     target = tmp_path / "real.txt"
     target.write_text("old")
@@ -297,7 +297,7 @@ LONG = ("one two three four five six seven eight nine ten " * 6).strip()  # 60 G
 @pytest.mark.assets
 @pytest.mark.model
 def test_prompt_plus_budget_beyond_context_is_a_typed_error(small_ctx_llama: Any, gpt2_tok: Any) -> None:
-    from structgen.model import CausalLM
+    from structgen.generation.model import CausalLM
 
     assert len(gpt2_tok.encode(LONG)) == 60
     lm = CausalLM(small_ctx_llama, gpt2_tok)
@@ -333,7 +333,7 @@ def test_prompt_longer_than_learned_positions_is_a_typed_error(gpt2_tok: Any) ->
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from structgen.model import CausalLM
+    from structgen.generation.model import CausalLM
 
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=50257, n_embd=32, n_layer=1, n_head=2, n_positions=48,
@@ -529,7 +529,7 @@ def _pydantic_ticket() -> type:
 @pytest.mark.model
 def test_bad_schema_in_a_batch_names_the_request_before_any_generation(small_ctx_llama: Any,
                                                                       gpt2_tok: Any) -> None:
-    from structgen.model import CausalLM
+    from structgen.generation.model import CausalLM
 
     lm = CausalLM(small_ctx_llama, gpt2_tok)
     calls: list[int] = []

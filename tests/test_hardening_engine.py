@@ -23,10 +23,10 @@ import pytest
 from _toy_vocab import ToyVocab
 
 import structgen
-from structgen import ir
-from structgen.automaton import compile_grammar
 from structgen.errors import CompileLimitError, MatcherUsageError, StructgenError
-from structgen.matcher import Matcher, allocate_bitmask, bitmask_words, fill_bitmasks
+from structgen.grammar import ir
+from structgen.grammar.automaton import compile_grammar
+from structgen.masks.matcher import Matcher, allocate_bitmask, bitmask_words, fill_bitmasks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -255,7 +255,7 @@ def test_flushing_keeps_accepts_and_masks_exact() -> None:
 _RSS_SCRIPT = textwrap.dedent("""
     import random, re, resource, sys
     from structgen import compile_regex
-    from structgen.validation import Document, SchemaValidator
+    from structgen.tools.validation import Document, SchemaValidator
     def peak():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     pat = "(a|b)*a(a|b){20}"
@@ -289,7 +289,7 @@ def test_lazy_dfa_memory_is_bounded_exactly() -> None:
 
 
 def test_memory_budget_is_configurable() -> None:
-    from structgen import engine as engine_mod
+    from structgen.masks import engine as engine_mod
 
     with pytest.raises(StructgenError):
         engine_mod.set_memory_budget(table_bytes=-1)
@@ -357,7 +357,7 @@ def test_deep_schema_documents_are_compile_limit_errors() -> None:
 
 
 def test_schema_validator_deep_schemas_are_typed() -> None:
-    from structgen.validation import SchemaValidator
+    from structgen.tools.validation import SchemaValidator
 
     with pytest.raises(CompileLimitError):
         SchemaValidator({"x": _deep_dict(10_000)}, use_grammar=False)

@@ -180,7 +180,7 @@ def _ref_schemas(server_url: str, file_uri: str) -> list[tuple[dict, str]]:
 
 
 def test_validator_api_refuses_remote_and_file_refs(server: _CountingServer, secret_file: Path) -> None:
-    from structgen.validation import Document, SchemaValidator
+    from structgen.tools.validation import Document, SchemaValidator
 
     for schema, pointer in _ref_schemas(server.url(), secret_file.as_uri()):
         def build(schema: dict = schema) -> Any:
@@ -198,7 +198,7 @@ def test_validator_api_refuses_remote_and_file_refs(server: _CountingServer, sec
 
 
 def test_validator_api_does_not_hang_on_silent_server(silent: _SilentServer) -> None:
-    from structgen.validation import Document, SchemaValidator
+    from structgen.tools.validation import Document, SchemaValidator
 
     def build() -> Any:
         return SchemaValidator({"$ref": silent.url()}).validate(Document(1, 1), "x")
@@ -209,7 +209,7 @@ def test_validator_api_does_not_hang_on_silent_server(silent: _SilentServer) -> 
 
 
 def test_validator_api_never_opens_file_refs(fifo: Path) -> None:
-    from structgen.validation import Document, SchemaValidator
+    from structgen.tools.validation import Document, SchemaValidator
 
     def build() -> Any:
         return SchemaValidator({"$ref": fifo.as_uri()}).validate(Document(1, 1), "x")
@@ -219,7 +219,7 @@ def test_validator_api_never_opens_file_refs(fifo: Path) -> None:
 
 
 def test_validator_remotes_passed_explicitly_are_used(server: _CountingServer) -> None:
-    from structgen.validation import Document, SchemaValidator
+    from structgen.tools.validation import Document, SchemaValidator
 
     uri = server.url("item.json")
     v = SchemaValidator({"type": "array", "items": {"$ref": uri + "#/$defs/n"}},
@@ -231,7 +231,7 @@ def test_validator_remotes_passed_explicitly_are_used(server: _CountingServer) -
 
 
 def test_validator_metaschema_refs_resolve_offline(server: _CountingServer) -> None:
-    from structgen.validation import Document, SchemaValidator
+    from structgen.tools.validation import Document, SchemaValidator
 
     v = SchemaValidator({"$ref": "https://json-schema.org/draft/2020-12/schema"}, use_grammar=False)
     assert v.validate(Document(1, {"type": "string"}), "x").valid
@@ -239,7 +239,7 @@ def test_validator_metaschema_refs_resolve_offline(server: _CountingServer) -> N
 
 
 def test_in_document_refs_still_work() -> None:
-    from structgen.validation import Document, SchemaValidator
+    from structgen.tools.validation import Document, SchemaValidator
 
     schema = {"$id": "https://example.com/root.json", "$defs": {
         "pos": {"$id": "pos.json", "type": "integer", "minimum": 1},
@@ -252,7 +252,7 @@ def test_in_document_refs_still_work() -> None:
 
 
 def test_bench_oracle_refuses_remote_refs(server: _CountingServer, secret_file: Path) -> None:
-    from structgen.bench import check_output
+    from structgen.tools.bench import check_output
 
     for ref in (server.url(), secret_file.as_uri()):
         task = {"type": "json", "schema": {"$ref": ref}, "answer": {}}
@@ -263,7 +263,7 @@ def test_bench_oracle_refuses_remote_refs(server: _CountingServer, secret_file: 
 
 def test_compile_paths_refuse_remote_refs(server: _CountingServer, secret_file: Path) -> None:
     import structgen
-    from structgen.api import resolve_grammar
+    from structgen.generation.api import resolve_grammar
     from structgen.integrations import compile_constraint
 
     for schema, pointer in _ref_schemas(server.url(), secret_file.as_uri()):
@@ -331,7 +331,7 @@ def _write_odd_files(folder: Path) -> dict[str, dict]:
 
 
 def test_schema_from_tells_paths_from_json_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from structgen.schema_source import schema_from
+    from structgen.frontends.constraint import schema_from
 
     schemas = _write_odd_files(tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -348,7 +348,7 @@ def test_schema_from_tells_paths_from_json_text(tmp_path: Path, monkeypatch: pyt
 
 
 def test_schema_from_errors_name_both_readings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from structgen.schema_source import schema_from
+    from structgen.frontends.constraint import schema_from
 
     monkeypatch.chdir(tmp_path)
     for text in ("missing.json", "[1, 2]", '{"type": ', "x" * 5000, "nul\0byte"):
@@ -369,7 +369,7 @@ def test_schema_from_errors_name_both_readings(tmp_path: Path, monkeypatch: pyte
 
 def test_resolve_grammar_reads_oddly_named_schema_files(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from structgen.api import resolve_grammar
+    from structgen.generation.api import resolve_grammar
 
     schemas = _write_odd_files(tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -386,8 +386,8 @@ def test_resolve_grammar_reads_oddly_named_schema_files(tmp_path: Path,
 
 
 def test_integrations_and_bench_use_the_same_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from structgen.bench import _constraint
     from structgen.integrations import compile_constraint
+    from structgen.tools.bench import _constraint
 
     schemas = _write_odd_files(tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -458,7 +458,7 @@ _CWD_IMPORTS = [
 @pytest.mark.parametrize("text", _CWD_IMPORTS)
 def test_lark_import_never_reads_the_working_folder(text: str, import_layout: dict[str, Path]) -> None:
     from structgen.errors import GrammarError
-    from structgen.lark_frontend import compile_lark
+    from structgen.frontends.lark import compile_lark
 
     for kw in ({}, {"grammar_path": import_layout["gram"] / "g.lark"},
                {"import_paths": [import_layout["allowed"]]}):
@@ -472,14 +472,14 @@ def test_lark_import_never_reads_the_working_folder(text: str, import_layout: di
 
 
 def test_lark_relative_import_resolves_beside_the_grammar_file(import_layout: dict[str, Path]) -> None:
-    from structgen.lark_frontend import compile_lark
+    from structgen.frontends.lark import compile_lark
 
     g = compile_lark("start: X\n%import \\\n .near.X\n", grammar_path=import_layout["gram"] / "g.lark")
     assert g.accepts("near") and not g.accepts(SECRET)
 
 
 def test_lark_import_paths_and_packaged_grammars(import_layout: dict[str, Path]) -> None:
-    from structgen.lark_frontend import compile_lark
+    from structgen.frontends.lark import compile_lark
 
     for paths in ([import_layout["allowed"]], str(import_layout["allowed"]), import_layout["allowed"]):
         g = compile_lark("start: X Y\n%import lib.words (X, Y)\n", import_paths=paths)
@@ -492,7 +492,7 @@ def test_lark_import_paths_and_packaged_grammars(import_layout: dict[str, Path])
 
 def test_lark_import_symlink_escape_is_refused(import_layout: dict[str, Path]) -> None:
     from structgen.errors import GrammarError
-    from structgen.lark_frontend import compile_lark
+    from structgen.frontends.lark import compile_lark
 
     with pytest.raises(GrammarError, match="outside the folders") as info:
         compile_lark("start: X\n%import .link.evil.X\n", grammar_path=import_layout["gram"] / "g.lark")
@@ -522,7 +522,7 @@ def test_cli_compile_explain_does_not_import_from_cwd(import_layout: dict[str, P
 
 
 def test_bench_lark_oracle_uses_the_same_import_rule(import_layout: dict[str, Path]) -> None:
-    from structgen.bench import _lark_parses
+    from structgen.tools.bench import _lark_parses
 
     assert _lark_parses("start: NUMBER\n%import common.NUMBER\n", "42")
     with pytest.raises(Exception) as info:  # noqa: PT011 - Lark wraps loader errors its own way
@@ -550,7 +550,7 @@ def toy_asset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]
     shared ~/.cache/structgen); only the download is replaced by the local source bytes."""
     import hashlib
 
-    from structgen import assets
+    from structgen.generation import assets
 
     data = _toy_tiktoken()
     sha = hashlib.sha256(data).hexdigest()
@@ -584,7 +584,7 @@ def _swap_two_ids(tokenizer_json: Path) -> None:
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    from structgen.cli import main
+    from structgen.tools.cli import main
 
     rc = main(list(argv))
     out, err = capsys.readouterr()
@@ -686,7 +686,7 @@ def test_entry_without_file_list_is_recorded_on_first_load(toy_asset: dict[str, 
 def test_cli_models_verify_subprocess_on_a_copy_of_a_real_entry(tmp_path: Path) -> None:
     import shutil
 
-    from structgen import assets
+    from structgen.generation import assets
 
     real = assets._entry_dir("tokenizer", "gpt2")
     if not assets._is_complete(real):

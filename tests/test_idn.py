@@ -1,8 +1,9 @@
-"""Hostname and email labels per draft, A-labels included (structgen.formats).
+"""Hostname and email labels per draft, A-labels included (structgen.frontends.json_schema.formats).
 
 Oracles: the JSON-Schema-Test-Suite's optional format files (draft-07 and 2020-12), the
 ``idna`` package (IDNA2008) and Python's own ``encodings.idna`` codec for A-labels, and
-``jsonschema``'s format checker. The documented choices (structgen/formats.py, docs/formats.md):
+``jsonschema``'s format checker. The documented choices
+(structgen/frontends/json_schema/formats.py, docs/formats.md):
 
 * ``email``, every draft: RFC 5321 LDH domain labels, A-labels accepted unchecked;
 * ``hostname``, draft-04/06: LDH labels, A-labels accepted unchecked;

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import structgen
 from structgen.errors import ConfigError, StructgenError
+from structgen.generation.sampling import unpack_bitmask
 from structgen.integrations import (
     IntegrationError,
     StructgenBackend,
@@ -29,9 +30,8 @@ from structgen.integrations import (
     TokenRejectedError,
     compile_constraint,
 )
-from structgen.matcher import Matcher, allocate_bitmask
-from structgen.sampling import unpack_bitmask
-from structgen.vocab import Vocabulary
+from structgen.masks.matcher import Matcher, allocate_bitmask
+from structgen.masks.vocab import Vocabulary
 
 SCHEMAS = [
     {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -330,7 +330,7 @@ def test_processor_masks_match_matcher_and_padding(tokenizer_by_alias) -> None:
 def tiny_models(tokenizer_by_alias):
     from _tiny_lm import build_tiny_llama
 
-    from structgen.model import CausalLM
+    from structgen.generation.model import CausalLM
 
     tok = tokenizer_by_alias("gpt2")
     return {kind: CausalLM(build_tiny_llama(tok, kind), tok) for kind in ("random", "biased")}

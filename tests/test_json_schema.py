@@ -20,7 +20,6 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from structgen import ir
 from structgen.config import JsonSchemaOptions
 from structgen.errors import (
     CompileLimitError,
@@ -29,10 +28,11 @@ from structgen.errors import (
     SchemaError,
     UnsupportedFeatureError,
 )
+from structgen.grammar import ir
 from structgen.json_schema import canonical_json, compile_json_schema, schema_to_grammar, schema_warnings
 
 try:
-    from structgen.automaton import compile_grammar
+    from structgen.grammar.automaton import compile_grammar
 except ImportError:  # pragma: no cover - until the automaton exists
     compile_grammar = None  # type: ignore[assignment]
 

@@ -13,7 +13,7 @@ small grammars exercising one feature each we check
 
 structgen's verdict comes from ``compile_grammar(...).accepts`` when the automaton layer is
 importable (else the IR reference interpreter); short samples are also run through
-``structgen.ir.reference_accepts`` as a cross-check of the IR itself.
+``structgen.grammar.ir.reference_accepts`` as a cross-check of the IR itself.
 """
 
 from __future__ import annotations
@@ -26,18 +26,18 @@ from pathlib import Path
 import lark
 import pytest
 
-from structgen import ir
 from structgen.errors import GrammarError, GrammarSyntaxError
-from structgen.lark_frontend import (
+from structgen.frontends.lark import (
     MAX_REPEAT,
     builtin_grammar,
     compile_lark,
     lark_to_grammar,
     list_builtin_grammars,
 )
+from structgen.grammar import ir
 
 try:
-    from structgen.automaton import compile_grammar
+    from structgen.grammar.automaton import compile_grammar
 except ImportError:  # pragma: no cover - automaton layer not available
     compile_grammar = None
 

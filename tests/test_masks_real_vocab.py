@@ -17,12 +17,12 @@ import regex as re_oracle
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from structgen import ir
-from structgen import trie as native
-from structgen.automaton import compile_grammar
-from structgen.matcher import Matcher
-from structgen.regex import compile_regex
-from structgen.vocab import Vocabulary
+from structgen.frontends.regex import compile_regex
+from structgen.grammar import ir
+from structgen.grammar.automaton import compile_grammar
+from structgen.masks import trie as native
+from structgen.masks.matcher import Matcher
+from structgen.masks.vocab import Vocabulary
 
 pytestmark = pytest.mark.assets
 
@@ -38,7 +38,9 @@ def engine_mode(request, monkeypatch) -> str:
     walks."""
     from collections import OrderedDict
 
-    from structgen import automaton, engine, json_schema
+    from structgen.frontends.json_schema import compiler as json_schema
+    from structgen.grammar import automaton
+    from structgen.masks import engine
 
     # fresh compiled grammars (each has its own engine, which reads the mode when built)
     monkeypatch.setattr(automaton, "_CACHE", OrderedDict())
@@ -67,7 +69,7 @@ def _slice_vocab(tokenizer, n: int, seed: int, must: bytes = b"") -> Vocabulary:
 
 
 # control bytes after text (and text that reads them or not) exercise the slice walks' rejection of
-# "plain text, then a control byte" tokens (structgen._pda_kernels.slice_from answering 3)
+# "plain text, then a control byte" tokens (structgen.grammar._pda_kernels.slice_from answering 3)
 ATOMS = ["a", "b", "ab", "ba", "[ab]", "[a-c]", "c", "[0-9]", "x", " ", '"', ",", "[ -~]", "[ -!#-~]",
          "\\n", "[\\t-\\r -~]"]
 
@@ -309,7 +311,7 @@ def test_utf8_string_body_masks_match_oracle(tokenizer_by_alias, alias: str, eng
     character leads back to the state. Every mask along a document with multibyte
     characters and doubled quotes equals a hand-written byte-level oracle over a real
     vocabulary slice that keeps its multibyte and broken-UTF-8 tokens."""
-    from structgen.lark_frontend import compile_lark
+    from structgen.frontends.lark import compile_lark
 
     g = compile_lark('start: "x=" STRING ";"\nSTRING: "\'" /([^\']|\'\')*/ "\'"\n')
     # a random slice plus every token of at most 3 bytes (all single bytes among them)

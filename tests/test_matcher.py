@@ -18,11 +18,11 @@ from _toy_vocab import ToyVocab
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from structgen import ir
-from structgen.automaton import compile_grammar
 from structgen.config import CompileOptions
 from structgen.errors import CompileLimitError, GrammarError
-from structgen.matcher import Matcher, allocate_bitmask
+from structgen.grammar import ir
+from structgen.grammar.automaton import compile_grammar
+from structgen.masks.matcher import Matcher, allocate_bitmask
 
 ALPHABET = b"abc"
 MAXLEN = 6
@@ -252,7 +252,7 @@ def test_fill_bitmasks_batch_equals_oracle(kind: str) -> None:
     the ``a+`` rule; a None matcher's row is all ones; rows not named stay untouched."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from structgen.matcher import fill_bitmasks
+    from structgen.masks.matcher import fill_bitmasks
 
     toks = [b"[", b"]", b",", b"[[", b"]]", b"],", b",[", b"[]", b"a", b"aa", b"a]"]
     vocab = toy_vocab(toks)
@@ -334,7 +334,7 @@ def test_duck_typed_vocabularies_are_keyed_by_content() -> None:
     the compiled-walk trie), so a new vocabulary could be served an old one's masks."""
     import gc
 
-    from structgen.matcher import vocab_table
+    from structgen.masks.matcher import vocab_table
 
     cg = compile_grammar(ir.Grammar({"s": ir.alt(ir.lit("ab"), ir.lit("cd"))}, "s"))
     for i in range(30):

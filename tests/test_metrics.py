@@ -1,4 +1,4 @@
-"""Run metrics (structgen.metrics): counters, quantiles, alerts, JSON and Prometheus export, the
+"""Run metrics (structgen.tools.metrics): counters, quantiles, alerts, JSON and Prometheus export, the
 HTTP endpoint, and a real (tiny-model) run whose scraped counters must add up.
 
 Oracles: numpy's percentile for quantiles; a small independent parser of the Prometheus text
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from structgen.config import MonitoringOptions
-from structgen.metrics import QUANTILES, Metrics, gpu_snapshot, process_metrics, serve_metrics
+from structgen.tools.metrics import QUANTILES, Metrics, gpu_snapshot, process_metrics, serve_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -226,7 +226,7 @@ def test_http_endpoint() -> None:
 
 
 def test_metrics_module_is_light() -> None:
-    code = ("import sys, structgen.metrics as m; m.Metrics().as_dict(); "
+    code = ("import sys, structgen.tools.metrics as m; m.Metrics().as_dict(); "
             "print([x for x in ('torch', 'transformers', 'pydantic') if x in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
@@ -274,7 +274,7 @@ def tiny_lm(tokenizer_by_alias: Any) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from structgen.model import CausalLM
+    from structgen.generation.model import CausalLM
 
     tok = tokenizer_by_alias("gpt2")
     torch.manual_seed(0)
@@ -296,7 +296,7 @@ def test_real_run_counters_add_up(tiny_lm: Any, mode: str) -> None:
     import jsonschema
 
     import structgen
-    from structgen.model import CausalLM
+    from structgen.generation.model import CausalLM
 
     speculative = mode != "plain"
     draft = CausalLM(tiny_lm.model, tiny_lm.tokenizer) if mode == "self_draft" else None

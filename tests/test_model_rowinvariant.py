@@ -22,7 +22,7 @@ def _tiny(tokenizer_by_alias, **kw):
     bf16 GEMM kernel differs from the multi-row one, in bfloat16."""
     from _tiny_lm import build_tiny_llama
 
-    from structgen.model import CausalLM
+    from structgen.generation.model import CausalLM
 
     tok = tokenizer_by_alias("gpt2")
     model = build_tiny_llama(tok, "random", seed=1, hidden_size=512, intermediate_size=2048)
@@ -102,7 +102,7 @@ def test_greedy_speculative_equals_plain_bf16(tiny_bf16, prompt: str) -> None:
 def test_row_invariant_forward_computes_the_same_model(tiny_bf16) -> None:
     """The row-invariant forward is the same function as transformers' stock one (SDPA,
     grouped-query heads), up to bf16 rounding: compared on the same weights, per position."""
-    from structgen.model import CausalLM, stock_copy
+    from structgen.generation.model import CausalLM, stock_copy
 
     stock = CausalLM(stock_copy(tiny_bf16.model), tiny_bf16.tokenizer, row_invariant=False)
     g = torch.Generator().manual_seed(3)

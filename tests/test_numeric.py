@@ -1,4 +1,4 @@
-"""structgen.numeric against independent oracles.
+"""structgen.frontends.json_schema.numbers against independent oracles.
 
 Oracles: Python ``int``/``Decimal``/``Fraction`` arithmetic on the literal's value, the
 JSON number syntax as a Python ``re`` pattern, ``json.loads`` plus ``jsonschema`` (what
@@ -20,12 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from structgen import ir
 from structgen.errors import CompileLimitError
-from structgen.numeric import integer_expr, number_expr
+from structgen.frontends.json_schema.numbers import integer_expr, number_expr
+from structgen.grammar import ir
 
 try:
-    from structgen.automaton import compile_grammar
+    from structgen.grammar.automaton import compile_grammar
 except ImportError:  # pragma: no cover - the compiler not built yet
     compile_grammar = None
 
@@ -67,7 +67,7 @@ def content_digest(e: ir.Expr) -> str:
 def acceptor(expr: ir.Expr, *, compiled: bool = False):
     """A full-match predicate for ``expr``.
 
-    By default the IR's reference semantics (:func:`structgen.ir.reference_accepts`;
+    By default the IR's reference semantics (:func:`structgen.grammar.ir.reference_accepts`;
     on an explicit DFA that is a direct walk, fast enough for property tests). With
     ``compiled=True`` the automaton compiler, when it exists; its grammar carries an
     unused rule named after the expression's full content, so a compile cache keyed

@@ -39,8 +39,8 @@ def run_python(code: str, *, python: str = sys.executable, cwd: Path, extra_path
 
 
 def test_import_structgen_is_light(tmp_path):
-    code = ("import sys, json, structgen, structgen.errors, structgen.config, structgen.ir, "
-            "structgen.validation, structgen.cli, structgen.kernels, structgen.grammars\n"
+    code = ("import sys, json, structgen, structgen.errors, structgen.config, structgen.grammar.ir, "
+            "structgen.tools.validation, structgen.tools.cli, structgen.kernels, structgen.grammars\n"
             f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
     proc = run_python(code, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
@@ -155,7 +155,7 @@ def test_wheel_contents(wheel):
     assert "structgen/py.typed" in names
     assert not [n for n in names if not n.startswith(("structgen/", "structgen-"))]
     assert "Requires-Python: >=3.10" in metadata
-    assert "structgen = structgen.cli:main" in entry_points
+    assert "structgen = structgen.tools.cli:main" in entry_points
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +173,7 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_wheel_installs_kernels_and_cli(installed, tmp_path):
     python = str(installed / "bin" / "python")
-    code = ("import structgen, structgen.kernels, structgen.cli\n"
+    code = ("import structgen, structgen.kernels, structgen.tools.cli\n"
             "print(structgen.__file__); print(structgen.kernels.__file__)")
     proc = run_python(code, python=python, cwd=tmp_path, extra_path=False)
     assert proc.returncode == 0, proc.stderr

@@ -1,9 +1,9 @@
-"""structgen.regex against independent oracles.
+"""structgen.frontends.regex against independent oracles.
 
 Oracles: Python's ``re`` (python dialect, full match and search), ``json.dumps`` (the
 JSON-string encoding), ``unicodedata`` (\\p classes), Python's UTF-8 codec (byte-level
 encoding of code-point sets). The IR is evaluated with the automaton when it is
-importable, else with the reference interpreter ``structgen.ir.reference_accepts``.
+importable, else with the reference interpreter ``structgen.grammar.ir.reference_accepts``.
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from structgen import ir
-from structgen import unicode_data as ud
 from structgen.errors import RegexError
-from structgen.regex import (
+from structgen.frontends import unicode_data as ud
+from structgen.frontends.regex import (
     MAX_REPEAT,
     CharSet,
     any_char_expr,
@@ -33,9 +32,10 @@ from structgen.regex import (
     compile_regex,
     parse_regex,
 )
+from structgen.grammar import ir
 
 try:
-    from structgen.automaton import compile_grammar
+    from structgen.grammar.automaton import compile_grammar
 except ImportError:  # pragma: no cover - before the automaton exists
     compile_grammar = None
 if os.environ.get("STRUCTGEN_TEST_REFERENCE_ORACLE"):  # evaluate with the IR interpreter only
@@ -576,8 +576,8 @@ def test_quantifiers_use_repeat_nodes() -> None:
 
 def test_compile_regex_grammar() -> None:
     if compile_grammar is None:
-        pytest.skip("structgen.automaton not available")
-    from structgen.regex import compile_regex_grammar
+        pytest.skip("structgen.grammar.automaton not available")
+    from structgen.frontends.regex import compile_regex_grammar
 
     cg = compile_regex_grammar("^\\d{3}-\\d{4}$", dialect="ecma", search=True)
     assert cg.accepts(b"555-1234")

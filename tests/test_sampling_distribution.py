@@ -16,14 +16,14 @@ import pytest
 import torch
 from scipy import stats
 
-from structgen import ir
-from structgen.automaton import compile_grammar
 from structgen.config import SpecConfig
-from structgen.matcher import Matcher, allocate_bitmask
-from structgen.model import CausalLM, vocabulary_for
-from structgen.regex import compile_regex
-from structgen.sampling import masked_logits
-from structgen.speculative import run_sequence
+from structgen.frontends.regex import compile_regex
+from structgen.generation.loop import run_sequence
+from structgen.generation.model import CausalLM, vocabulary_for
+from structgen.generation.sampling import masked_logits
+from structgen.grammar import ir
+from structgen.grammar.automaton import compile_grammar
+from structgen.masks.matcher import Matcher, allocate_bitmask
 
 pytestmark = [pytest.mark.assets, pytest.mark.slow]
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from structgen.errors import StructgenError
-from structgen.verify import (
+from structgen.generation.verify import (
     MAX_DRAFT,
     SideStream,
     VerifyBufferPool,
@@ -596,8 +596,8 @@ def test_max_draft_constant_matches_reference() -> None:
 
 def test_light_import_and_auto_backend_on_cpu() -> None:
     code = (
-        "import sys; import structgen.verify as v\n"
-        "assert 'torch' not in sys.modules, 'structgen.verify imported torch'\n"
+        "import sys; import structgen.generation.verify as v\n"
+        "assert 'torch' not in sys.modules, 'structgen.generation.verify imported torch'\n"
         "import torch\n"
         "assert v.resolve_backend('auto', torch.device('cpu')) == 'torch'\n"
         "o = v.verify(torch.tensor([1]), torch.tensor([1], dtype=torch.int32), torch.eye(3)[[1, 2]], None)\n"

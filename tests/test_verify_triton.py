@@ -21,7 +21,7 @@ import pytest
 import torch
 from _interp import interpreter_worker
 
-from structgen.verify import VerifyOutput, load_kernels, verify
+from structgen.generation.verify import VerifyOutput, load_kernels, verify
 
 if importlib.util.find_spec("triton") is None:  # pragma: no cover
     pytest.skip("triton is not installed", allow_module_level=True)
@@ -415,7 +415,7 @@ def check_softmax_sum_at_boundaries() -> None:
 
 
 def check_buffers_workspace() -> None:
-    from structgen.verify import VerifyBufferPool
+    from structgen.generation.verify import VerifyBufferPool
 
     tv = load_kernels("triton_verify")
     pool = VerifyBufferPool()

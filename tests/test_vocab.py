@@ -1,4 +1,4 @@
-"""Tests for structgen.vocab (token id -> bytes) and structgen.assets (offline cache).
+"""Tests for structgen.masks.vocab (token id -> bytes) and structgen.generation.assets (offline cache).
 
 Oracles: the input table itself (toy vocabularies), transformers' own GPT-2
 byte-to-unicode table and the ``tokenizers`` Rust decoders (byte-level and
@@ -26,9 +26,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from structgen import assets
 from structgen.errors import AssetError, VocabularyError
-from structgen.vocab import Vocabulary, byte_to_unicode, unicode_to_byte
+from structgen.generation import assets
+from structgen.masks.vocab import Vocabulary, byte_to_unicode, unicode_to_byte
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -300,7 +300,7 @@ def test_hash_equality_pickle() -> None:
 
 
 def test_content_hash_stable_across_processes() -> None:
-    code = ("from structgen.vocab import Vocabulary;"
+    code = ("from structgen.masks.vocab import Vocabulary;"
             "print(Vocabulary([b'a', None, b'\\xff\\x00'], [1]).content_hash)")
     outs = set()
     for seed in ("1", "2"):
@@ -312,7 +312,7 @@ def test_content_hash_stable_across_processes() -> None:
 
 
 def test_import_is_light() -> None:
-    code = ("import sys, structgen.vocab, structgen.assets;"
+    code = ("import sys, structgen.masks.vocab, structgen.generation.assets;"
             "bad = [m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules];"
             "print(bad)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,

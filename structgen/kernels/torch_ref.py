@@ -1,6 +1,6 @@
 """Torch reference of the verify step: the oracle for the Triton kernels, and the CPU path.
 
-It states the semantics of :func:`structgen.verify.verify` in plain tensor code; the Triton
+It states the semantics of :func:`structgen.generation.verify.verify` in plain tensor code; the Triton
 backend (``triton_verify``) must give the same tokens for the same inputs and uniforms.
 
 Layout (vLLM rejection-sampler terms). ``B`` sequences, ``N`` draft tokens in total,
@@ -235,7 +235,7 @@ def verify_reference(
 ) -> None:
     """Verify every sequence and write the four output tensors in place (module doc: semantics).
 
-    Inputs are assumed checked by :func:`structgen.verify.verify`. Costs several float32 and
+    Inputs are assumed checked by :func:`structgen.generation.verify.verify`. Costs several float32 and
     int64 ``[rows, V]`` temporaries and one host synchronisation; it is the oracle, not a fast path.
     """
     dev = target_logits.device

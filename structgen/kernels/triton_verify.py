@@ -73,7 +73,7 @@ try:
 except ImportError:  # pragma: no cover - a triton without the dispatching libdevice module
     libdevice = tl
 
-from .torch_ref import GREEDY_TEMPERATURE, GUMBEL_BOUND, MAX_DRAFT
+from structgen.kernels.torch_ref import GREEDY_TEMPERATURE, GUMBEL_BOUND, MAX_DRAFT
 
 __all__ = ["verify_triton", "interpreter_active", "plan_splits", "workspace_sizes", "MAX_SPLITS"]
 

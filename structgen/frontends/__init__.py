@@ -1,0 +1,2 @@
+"""Front-ends: JSON Schema, Lark, regex and the one dispatcher that turns any constraint
+into a compiled grammar."""

@@ -1,0 +1,439 @@
+"""Error diagnosis for the JSON Schema front-end: which schema location and keyword.
+
+Only used after compilation has failed, never to build a grammar, and always within a
+small time budget of its own (a diagnosis that runs out of time falls back to a coarser
+answer). Three questions:
+
+* an unsatisfiable schema: which subschema accepts nothing, and because of which keyword
+  (:func:`explain_unsat`);
+* an automaton limit or timeout that names an IR rule or intersection: which schema
+  location and keyword produced it (:func:`locate_automaton_error`);
+* a location without a better answer: the keyword there whose subschema is largest
+  (:func:`structural_keyword`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from structgen.errors import CompileLimitError, CompileTimeoutError, StructgenError
+from structgen.frontends.json_schema.algebra import FALSE, TRUE, Normalizer
+from structgen.frontends.json_schema.document import Loc, SchemaDoc, escape_token
+from structgen.grammar import ir
+
+__all__ = ["DIAGNOSIS_BUDGET_S", "explain_unsat", "locate_automaton_error", "structural_keyword",
+           "loc_of"]
+
+DIAGNOSIS_BUDGET_S = 2.0
+"""Seconds a diagnosis may take (on top of the failed compilation)."""
+
+# keywords in the order the normaliser applies them (json_schema_algebra.Normalizer._schema)
+_APPLY_ORDER = (
+    "type", "enum", "const",
+    "minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum", "multipleOf",
+    "minLength", "maxLength", "pattern", "format",
+    "prefixItems", "items", "additionalItems", "minItems", "maxItems", "contains", "minContains",
+    "maxContains", "uniqueItems",
+    "properties", "patternProperties", "additionalProperties", "required", "minProperties",
+    "maxProperties", "propertyNames", "dependentRequired", "dependentSchemas", "dependencies",
+    "$ref", "$dynamicRef", "allOf", "anyOf", "oneOf", "not", "if", "then", "else",
+    "unevaluatedItems", "unevaluatedProperties",
+)
+
+# keywords holding subschemas, for naming the keyword that makes a location large
+_STRUCTURAL = (
+    "properties", "patternProperties", "additionalProperties", "items", "prefixItems",
+    "additionalItems", "contains", "anyOf", "oneOf", "allOf", "not", "if", "then", "else",
+    "dependentSchemas", "dependencies", "propertyNames", "unevaluatedProperties",
+    "unevaluatedItems", "$ref", "$dynamicRef", "definitions", "$defs",
+)
+_CONSTRAINTS = (
+    "pattern", "format", "maxLength", "minLength", "enum", "const", "multipleOf", "maximum",
+    "minimum", "exclusiveMaximum", "exclusiveMinimum", "maxItems", "minItems", "uniqueItems",
+    "maxProperties", "minProperties", "required", "type",
+)
+_OLD = ("3", "4", "6", "7")
+
+
+class _Timeout(Exception):
+    pass
+
+
+def loc_of(doc: SchemaDoc, pointer: str) -> Loc | None:
+    """The location a user-facing pointer (``#/a/b`` or ``uri#/a/b``) names, or None."""
+    uri, sep, frag = pointer.partition("#")
+    if not sep:
+        return None
+    if not uri:
+        return Loc(0, frag)
+    root = doc.resources.get(uri)
+    return Loc(root.doc, frag) if root is not None and root.ptr == "" else None
+
+
+def _node(doc: SchemaDoc, loc: Loc) -> Any:
+    try:
+        return doc.node(loc)
+    except StructgenError:
+        return None
+
+
+def _json_size(v: Any) -> int:
+    try:
+        return len(json.dumps(v, default=str))
+    except (TypeError, ValueError, RecursionError):
+        return 0
+
+
+def structural_keyword(doc: SchemaDoc | None, pointer: str | None) -> str | None:
+    """The keyword of the schema at ``pointer`` whose value is largest among those holding
+    subschemas (``$ref`` counts its target); failing that its first constraint keyword;
+    failing that the innermost keyword on the pointer (:func:`keyword_at`)."""
+    if not pointer:
+        return None
+    node = None
+    loc = loc_of(doc, pointer) if doc is not None else None
+    if loc is not None:
+        node = _node(doc, loc)  # type: ignore[arg-type]
+    if isinstance(node, dict) and node:
+        if "$ref" in node and doc is not None and doc.draft(loc) in _OLD:  # type: ignore[arg-type]
+            return "$ref"  # draft <= 7: the siblings of $ref are ignored
+        best, size = None, -1
+        for kw in _STRUCTURAL:
+            if kw not in node or kw in ("definitions", "$defs"):
+                continue
+            v = node[kw]
+            if kw in ("$ref", "$dynamicRef") and doc is not None:
+                try:
+                    v = doc.node(doc.resolve(v, loc))  # type: ignore[arg-type]
+                except StructgenError:
+                    pass
+            n = _json_size(v)
+            if n > size:
+                best, size = kw, n
+        if best is not None:
+            return best
+        for kw in _CONSTRAINTS:
+            if kw in node:
+                return kw
+    return keyword_at(pointer)
+
+
+_APPLICATORS = ("oneOf", "anyOf", "allOf", "not", "if", "then", "else", "$ref", "dependentSchemas",
+                "dependencies")
+
+
+def applicator_keyword(doc: SchemaDoc | None, pointer: str | None) -> str | None:
+    """The applicator keyword (``oneOf``, ``anyOf``, ``allOf``, ``not``, ``if``, ``$ref``...)
+    of the schema at ``pointer`` with the largest value, else :func:`structural_keyword`."""
+    loc = loc_of(doc, pointer) if doc is not None and pointer else None
+    node = _node(doc, loc) if loc is not None else None  # type: ignore[arg-type]
+    if isinstance(node, dict):
+        present = [kw for kw in _APPLICATORS if kw in node]
+        if present:
+            return max(present, key=lambda kw: _json_size(node[kw]))
+    return structural_keyword(doc, pointer)
+
+
+def keyword_at(pointer: str) -> str | None:
+    """The innermost schema keyword on a JSON pointer (``#/properties/a/anyOf/2`` ->
+    ``anyOf``; a property or definition name is skipped), or None at the root."""
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer.partition("#")[2].split("/") if p]
+    kw = None
+    i = 0
+    while i < len(parts):
+        p = parts[i]
+        kw = p
+        # keywords whose next segment is a name or an index, not a keyword
+        i += 2 if p in _NAMED_CHILDREN or (i + 1 < len(parts) and parts[i + 1].isdigit()) else 1
+    return kw
+
+
+_NAMED_CHILDREN = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+                             "dependencies", "dependentRequired"})
+
+
+# ---------------------------------------------------------------------------
+# unsatisfiable schemas
+# ---------------------------------------------------------------------------
+
+_DEPTH = 3  # emptiness is tested as deep as the lowering does, and one level more
+
+
+class _PatchedDoc:
+    """A document view with one schema node replaced (everything else delegated)."""
+
+    def __init__(self, doc: SchemaDoc, loc: Loc, node: Any) -> None:
+        self._doc, self._loc, self._replacement = doc, loc, node
+
+    def node(self, loc: Loc) -> Any:
+        return self._replacement if loc == self._loc else self._doc.node(loc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._doc, name)
+
+
+def _empty(norm: Normalizer, loc: Loc) -> bool:
+    """Is the schema at ``loc`` provably empty? (False when that cannot be decided.)"""
+    try:
+        n = norm.ref_node(loc)
+        if n == FALSE:
+            return True
+        if n == TRUE:
+            return False
+        return norm.ts_empty(norm.normalize(n), _DEPTH)
+    except CompileTimeoutError:
+        raise _Timeout() from None
+    except StructgenError:
+        return False
+
+
+def _sub(loc: Loc, *path: str | int) -> Loc:
+    return Loc(loc.doc, loc.ptr + "".join("/" + escape_token(str(p)) for p in path))
+
+
+def _must_children(doc: SchemaDoc, loc: Loc) -> list[Loc]:
+    """Subschemas that every valid instance of ``loc`` must also satisfy (so one that is
+    empty makes ``loc`` empty): ``$ref``, ``allOf``, a single ``anyOf``/``oneOf`` branch,
+    required properties, the first ``minItems`` items."""
+    node = _node(doc, loc)
+    if not isinstance(node, dict):
+        return []
+    out: list[Loc] = []
+    if "$ref" in node:
+        try:
+            out.append(doc.resolve(node["$ref"], loc))
+        except StructgenError:
+            pass
+        if doc.draft(loc) in _OLD:
+            return out
+    for kw in ("allOf", "anyOf", "oneOf"):
+        subs = node.get(kw)
+        if isinstance(subs, list) and (kw == "allOf" or len(subs) == 1):
+            out += [_sub(loc, kw, i) for i in range(len(subs))]
+    props, req = node.get("properties"), node.get("required")
+    if isinstance(props, dict) and isinstance(req, list):
+        out += [_sub(loc, "properties", r) for r in req if isinstance(r, str) and r in props]
+    m = node.get("minItems")
+    if isinstance(m, int) and not isinstance(m, bool) and m > 0:
+        items = node.get("items")
+        prefix = node.get("prefixItems") if not isinstance(items, list) else items
+        kw = "prefixItems" if not isinstance(items, list) else "items"
+        n = len(prefix) if isinstance(prefix, list) else 0
+        out += [_sub(loc, kw, i) for i in range(min(m, n))]
+        rest = "additionalItems" if isinstance(items, list) else "items"
+        if m > n and rest in node:
+            out.append(_sub(loc, rest))
+    return out
+
+
+def _satisfiable_without(doc: SchemaDoc, norm: Normalizer, loc: Loc, node: dict, keep: Any,
+                         deadline: float) -> bool:
+    """Is the schema at ``loc`` (not provably) empty once reduced to the keys ``keep``?"""
+    patched = {k: v for k, v in node.items() if keep(k)}
+    n2 = Normalizer(_PatchedDoc(doc, loc, patched), formats=norm.formats,  # type: ignore[arg-type]
+                    lenient=norm.lenient, max_enum=norm.max_enum,
+                    format_supported=norm.format_supported, pattern_check=norm.pattern_check)
+    n2.deadline = deadline
+    return not _empty(n2, loc)
+
+
+def _unsat_keyword(doc: SchemaDoc, norm: Normalizer, loc: Loc, deadline: float) -> str | None:
+    """The keyword that makes the (empty) schema at ``loc`` empty: the last one, in the
+    order keywords are applied, whose removal makes it satisfiable; else the first one at
+    which the keywords applied so far leave nothing."""
+    node = _node(doc, loc)
+    if not isinstance(node, dict):
+        return None
+    if "$ref" in node and doc.draft(loc) in _OLD:
+        return "$ref"
+    present = [k for k in _APPLY_ORDER if k in node]
+    for k in reversed(present):
+        if _satisfiable_without(doc, norm, loc, node, lambda x, k=k: x != k, deadline):
+            return k
+    for j in range(1, len(present) + 1):
+        allowed = set(present[:j])
+        if not _satisfiable_without(doc, norm, loc, node,
+                                    lambda x, a=allowed: x in a or x not in _APPLY_ORDER, deadline):
+            return present[j - 1]
+    return None
+
+
+def explain_unsat(doc: SchemaDoc, norm: Normalizer, budget_s: float = DIAGNOSIS_BUDGET_S
+                  ) -> tuple[str, str | None] | None:
+    """For a root schema that accepts nothing: the pointer of the deepest subschema that
+    must hold and accepts nothing, and the keyword responsible there. None when the
+    emptiness cannot be traced (or the budget runs out before any answer)."""
+    deadline = time.monotonic() + budget_s
+    saved = norm.deadline, norm.time_limit
+    norm.deadline, norm.time_limit = deadline, budget_s
+    loc = Loc(0, "")
+    try:
+        if not _empty(norm, loc):
+            return None
+        seen = {loc}
+        while True:
+            nxt = next((c for c in _must_children(doc, loc) if c not in seen and _empty(norm, c)), None)
+            if nxt is None:
+                break
+            seen.add(nxt)
+            loc = nxt
+    except _Timeout:
+        pass
+    finally:
+        norm.deadline, norm.time_limit = saved
+    ptr = doc.pointer(loc)
+    try:
+        kw = _unsat_keyword(doc, norm, loc, deadline)
+    except _Timeout:
+        kw = None
+    if kw is None:
+        node = _node(doc, loc)
+        kw = structural_keyword(doc, ptr) if isinstance(node, dict) else keyword_at(ptr)
+    return ptr, kw
+
+
+# ---------------------------------------------------------------------------
+# automaton errors -> schema locations
+# ---------------------------------------------------------------------------
+
+_EMBED = 12  # regular sub-automata are embedded up to about this size (automaton._EMBED_MAX)
+
+
+class _Sizes:
+    """Estimated NFA states of IR expressions, as the automaton builds them (rules in
+    ``calls`` are calls, other references are inlined; big repetitions call their item)."""
+
+    def __init__(self, rules: Mapping[str, ir.Expr], calls: frozenset[str], deadline: float) -> None:
+        from structgen.grammar.automaton import _size
+        self.rules, self.calls, self.deadline = rules, calls, deadline
+        self._size = _size
+        self.memo: dict[int, int] = {}
+        self._ticks = 0
+
+    def inlined(self, e: ir.Expr) -> bool:
+        return isinstance(e, ir.Ref) and e.name not in self.calls and e.name in self.rules
+
+    def children(self, e: ir.Expr) -> tuple[ir.Expr, ...]:
+        if isinstance(e, (ir.Seq, ir.Alt)):
+            return e.items
+        if isinstance(e, ir.Repeat):
+            return (e.item,)
+        if self.inlined(e):
+            return (self.rules[e.name],)  # type: ignore[attr-defined]
+        if isinstance(e, (ir.And, ir.Diff)):
+            return (e.left, e.right)
+        return ()
+
+    def __call__(self, root: ir.Expr) -> int:
+        memo = self.memo
+        if id(root) in memo:
+            return memo[id(root)]
+        active: set[int] = set()
+        stack: list[tuple[ir.Expr, bool]] = [(root, False)]
+        while stack:
+            x, done = stack.pop()
+            k = id(x)
+            if k in memo:
+                continue
+            if not done:
+                self._ticks += 1
+                if self._ticks & 4095 == 0 and time.monotonic() > self.deadline:
+                    raise _Timeout()
+                active.add(k)
+                stack.append((x, True))
+                stack.extend((c, False) for c in self.children(x)
+                             if id(c) not in memo and id(c) not in active)
+                continue
+            active.discard(k)
+            kids = [memo.get(id(c), 1) for c in self.children(x)]
+            if isinstance(x, ir.ByteSet):
+                n = 1
+            elif isinstance(x, ir.Seq):
+                n = sum(kids)
+            elif isinstance(x, ir.Alt):
+                n = 1 + sum(1 + c for c in kids)
+            elif isinstance(x, ir.Repeat):
+                reps = x.max if x.max is not None else max(x.min, 1)
+                item = kids[0]
+                if reps > 2 and not isinstance(x.item, ir.Ref) and \
+                        self._size(x.item) * reps > 2000:
+                    item = 2  # the automaton calls a hoisted rule for the item
+                n = 2 + (x.min + (x.max - x.min if x.max is not None else 1)) * item
+            elif isinstance(x, ir.Ref):
+                n = kids[0] if kids else 1
+            elif isinstance(x, (ir.And, ir.Diff)):
+                n = min(sum(kids), _EMBED)
+            else:
+                n = _EMBED
+            memo[k] = n
+        return memo[id(root)]
+
+
+def _biggest_part(rule: str, rules: Mapping[str, ir.Expr], calls: frozenset[str],
+                  rule_where: Mapping[str, str], rule_kw: Mapping[str, str],
+                  expr_kw: Mapping[ir.Expr, str], deadline: float) -> tuple[str | None, str | None]:
+    """Follow the part of ``rule`` that makes most of its automaton (a child that is at
+    least half of its parent), down to where the size is made: a large repetition (a
+    length or item bound), a sum of many parts (an object's properties), ... The schema
+    location is that of the innermost rule entered, the keyword the last one recorded
+    for an expression on the way (or for that rule)."""
+    sizes = _Sizes(rules, calls, deadline)
+    ptr, kw = rule_where.get(rule), rule_kw.get(rule)
+    x: ir.Expr = rules[rule]
+    for _ in range(100_000):
+        got = expr_kw.get(x)
+        if got is not None:
+            kw = got
+        if sizes.inlined(x):
+            name = x.name  # type: ignore[attr-defined]
+            if name in rule_where:
+                ptr, kw = rule_where[name], rule_kw.get(name)
+            x = rules[name]
+            continue
+        if isinstance(x, (ir.Seq, ir.Alt)):
+            kids = x.items
+        elif isinstance(x, ir.Repeat):
+            kids = (x.item,)
+        else:
+            break
+        if not kids:
+            break
+        best = max(kids, key=sizes)
+        if 2 * sizes(best) < sizes(x):
+            break
+        x = best
+    return ptr, kw
+
+
+def locate_automaton_error(e: CompileLimitError, doc: SchemaDoc | None, rules: Mapping[str, ir.Expr],
+                           rule_where: Mapping[str, str], rule_kw: Mapping[str, str],
+                           expr_kw: Mapping[ir.Expr, str],
+                           budget_s: float = DIAGNOSIS_BUDGET_S) -> tuple[str | None, str | None]:
+    """Schema pointer and keyword for an automaton error on the lowering's grammar.
+
+    An intersection or difference being built names its keyword (``pattern``, ``not``,
+    ...); otherwise the largest part of the rule being built is followed to where its
+    size comes from. The pointer is the location of the rule (the innermost one inlined).
+    """
+    rule = getattr(e, "rule", None)
+    ptr = rule_where.get(rule) if rule else None
+    kw = None
+    for x in reversed(getattr(e, "ir_exprs", ())):
+        kw = expr_kw.get(x)
+        if kw is not None:
+            break
+    if kw is None and rule in rules:
+        try:
+            p2, kw = _biggest_part(rule, rules, getattr(e, "ir_calls", frozenset()), rule_where,
+                                   rule_kw, expr_kw, time.monotonic() + budget_s)
+            ptr = p2 or ptr
+        except _Timeout:
+            kw = None
+    if kw is None and rule:
+        kw = rule_kw.get(rule)
+    if kw is None and ptr is not None:
+        kw = structural_keyword(doc, ptr)
+    return ptr, kw

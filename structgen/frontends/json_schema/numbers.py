@@ -1,0 +1,1180 @@
+"""Exact grammar IR for JSON numbers under numeric constraints.
+
+:func:`integer_expr` and :func:`number_expr` return IR (:mod:`structgen.grammar.ir`) for JSON
+number literals (ASCII, no whitespace) whose *value* satisfies bounds, ``multipleOf``
+and "is an integer". Constrained languages are built as explicit DFAs
+(:class:`~structgen.grammar.ir.Dfa`): the automaton reads the literal digit by digit and keeps,
+for each bound, the state of a digit-by-digit comparison against the bound's decimal
+expansion, plus the remainder of the digits read so far modulo ``multipleOf``. Each
+DFA is trimmed and minimised here, so it stays small (tens to hundreds of states).
+
+Semantics, chosen so that the grammar never accepts an instance that ``jsonschema``
+(which compares ``json.loads`` values: ``int`` for literals without ``.``/``e``,
+``float`` otherwise) or exact decimal arithmetic rejects:
+
+* Bounds are compared *both* exactly (a ``float`` bound stands for the decimal of its
+  ``repr``, e.g. ``0.1`` means 1/10) *and* the way Python compares the parsed instance
+  with the bound (an int literal against the bound's exact binary value; a float
+  literal after rounding to the nearest double, so ``1e400`` is ``inf``). A literal is
+  accepted when both agree it is in range; they differ only within half an ulp of a
+  bound, e.g. for ``exclusiveMaximum: 0.1`` the literal ``0.09999999999999999999`` is
+  rejected because Python rounds it to ``0.1``. (Float literals of 16+ significant
+  digits that round to the last double inside a bound but lie beyond its ``repr`` are
+  rejected too when the exact rounding midpoint has more than 24 significant digits: see
+  ``_float_upper``.)
+* ``multiple_of`` is exact decimal arithmetic (``0.3`` *is* a multiple of ``0.1``).
+  ``jsonschema`` divides floats and can disagree when the divisor is not exactly
+  representable in binary (it rejects ``0.3`` for ``multipleOf: 0.1``); the grammar
+  follows the JSON Schema specification there. For an integral divisor, float literals
+  are limited to ``|v| <= 2**53`` (so Python's float remainder is exact as well).
+* ``-0``, ``-0.0`` and ``0e5`` have the value 0.
+
+Exponent forms (``1.5e3``) are generated exactly for unconstrained numbers. Under a
+non-zero bound the exponent form is restricted to a normalised mantissa (one non-zero
+integer digit: ``1.5e3``, ``-7E-2``) or an all-zero mantissa; under ``multiple_of`` /
+``integer_only`` additionally to mantissas with at most ``_EXP_MAX_FRACTION`` (17)
+fraction digits beyond the divisor's decimal places and exponents that keep the value a
+multiple without help from trailing zeros (``1.50e1`` is rejected, ``1.5e1`` accepted).
+The general problem is not regular (comparing ``0.000…01e17`` with a bound needs an
+unbounded counter); within the accepted shapes the check is exact, and every shape that
+``json.dumps`` produces for a float is covered. Further narrowings, all documented
+limits rather than semantics:
+
+* ``integer_only`` (or a non-integral ``multiple_of``): float literals stay finite and
+  small enough to keep the automaton small: ``|v| <= 1e16`` without an exponent,
+  ``|v| <= 1e308`` with one (``1e400`` is ``inf``, which is not an integer).
+* When the automaton would exceed :data:`MAX_DFA_STATES` (a large ``multiple_of`` with
+  many-digit bounds), exponent forms are dropped, then (when every multiple is an
+  integer) fraction forms; only if integer literals alone are still too large is
+  :class:`~structgen.errors.CompileLimitError` raised.
+
+All narrowings only remove literals: the grammar never accepts a value outside the
+constraints.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import struct
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from fractions import Fraction
+from itertools import chain
+from typing import Any, Union
+
+from structgen.errors import CompileLimitError
+from structgen.grammar import ir
+
+__all__ = ["integer_expr", "number_expr", "explore_dfa", "minimise_dfa", "MAX_DFA_STATES",
+           "Number"]
+
+Number = Union[int, float, Decimal]
+
+#: Largest DFA (after minimisation) this module builds before raising CompileLimitError.
+MAX_DFA_STATES = 10_000
+_MAX_EXPLORE = 2 * MAX_DFA_STATES
+#: Under multiple_of/integer_only, exponent-form mantissas may have at most this many
+#: fraction digits beyond the divisor's scale.
+_EXP_MAX_FRACTION = 17
+#: Budget (modulus x tracked fraction lengths) above which exponent forms are dropped
+#: under multiple_of (the language is then narrowed to plain literals).
+_EXP_MOD_BUDGET = 4096
+
+#: A float bound's exact rounding midpoint is used as the threshold when it has at most
+#: this many significant digits (else the bound double's repr; see ``_float_upper``).
+_MID_DIGITS = 24
+_MAX_FLOAT = Fraction(2) ** 1024 - Fraction(2) ** 971  # sys.float_info.max, exactly
+_TWO_1024 = Fraction(2) ** 1024                          # the value standing in for inf
+_TWO_53 = Fraction(2) ** 53
+_FRAC_CAP = Fraction(10) ** 16   # |v| bound for plain float literals under integer_only
+_EXP_CAP = Fraction(10) ** 308   # |v| bound for exponent literals (below float overflow)
+
+
+# ---------------------------------------------------------------------------
+# Bound values
+# ---------------------------------------------------------------------------
+
+def _check_number(x: object, what: str) -> None:
+    if isinstance(x, bool) or not isinstance(x, (int, float, Decimal)):
+        raise TypeError(f"{what} must be an int, float or Decimal, not {type(x).__name__}")
+    if (isinstance(x, float) and not math.isfinite(x)) or (isinstance(x, Decimal) and not x.is_finite()):
+        raise ValueError(f"{what} must be finite, got {x!r}")
+
+
+def _decimal_value(x: Number) -> Fraction:
+    """Exact value in decimal semantics: a float means the decimal of its repr."""
+    if isinstance(x, float):
+        return Fraction(Decimal(repr(x)))
+    return Fraction(x)
+
+
+def _python_value(x: Number) -> Fraction:
+    """Exact value as Python compares it (a float is its binary value)."""
+    return Fraction(x)
+
+
+def _float_value(f: float) -> Fraction:
+    if math.isinf(f):
+        return _TWO_1024 if f > 0 else -_TWO_1024
+    return Fraction(f)
+
+
+def _is_even(f: float) -> bool:
+    """Is the significand of ``f`` even (the round-half-even winner)? inf counts as even."""
+    if math.isinf(f):
+        return True
+    return (struct.unpack("<Q", struct.pack("<d", f))[0] & 1) == 0
+
+
+def _float_upper(bound: Fraction, strict: bool) -> tuple[Fraction, bool]:
+    """A sufficient condition ``v <= T`` (``v < T`` when ``strict_T``) on an exact real v
+    for ``float(v) <= bound`` (``<`` if strict); returns ``(T, strict_T)``.
+
+    ``float`` is ``float(str)`` (so ``json.loads``): round to nearest, ties to even,
+    overflow to inf. With ``f`` the largest double satisfying the bound, the exact
+    condition is ``v`` below the midpoint between ``f`` and the next double; that
+    midpoint is used when it has at most :data:`_MID_DIGITS` significant digits (always
+    so for the integers of an int64-sized bound, where doubles are 2+ apart and the
+    midpoint is an integer). Otherwise it can have up to ~770 significant digits (one
+    automaton state per digit), so ``T`` is ``repr(f)`` instead: ``v <= repr(f)``
+    implies ``float(v) <= f`` because ``repr`` round-trips and rounding is monotone.
+    Only literals between ``repr(f)`` and that midpoint are then given up; they round
+    to ``f`` and have at least 16 significant digits.
+    """
+    if bound > _MAX_FLOAT:
+        f = float(_MAX_FLOAT)
+    elif bound < -_MAX_FLOAT:
+        f = -math.inf
+    else:
+        f = float(bound)
+    while not (f == -math.inf) and (_float_value(f) > bound or (strict and _float_value(f) == bound)):
+        f = math.nextafter(f, -math.inf)
+    if f == 0.0:
+        f = 0.0  # drop a negative zero
+    if math.isinf(f):  # only values rounding to -inf qualify: exact threshold
+        nxt = math.nextafter(f, math.inf)
+        mid = (_float_value(f) + _float_value(nxt)) / 2
+        return mid, not _is_even(f)
+    nxt = math.nextafter(f, math.inf)
+    if not math.isinf(nxt):
+        mid = (_float_value(f) + _float_value(nxt)) / 2
+        ip, frac = _terminating_digits(abs(mid))
+        if len((ip + frac).strip("0")) <= _MID_DIGITS:
+            # a tie rounds to the even neighbour: to f (mid inclusive) when f is even
+            return mid, not _is_even(f)
+    return Fraction(Decimal(repr(f))), False
+
+
+def _tighter_upper(a: tuple[Fraction, bool], b: tuple[Fraction, bool]) -> tuple[Fraction, bool]:
+    if a[0] != b[0]:
+        return a if a[0] < b[0] else b
+    return (a[0], a[1] or b[1])
+
+
+def _tighter_lower(a: tuple[Fraction, bool], b: tuple[Fraction, bool]) -> tuple[Fraction, bool]:
+    if a[0] != b[0]:
+        return a if a[0] > b[0] else b
+    return (a[0], a[1] or b[1])
+
+
+def _int_upper(x: Fraction, strict: bool) -> Fraction:
+    return Fraction(math.ceil(x) - 1 if strict else math.floor(x))
+
+
+def _int_lower(x: Fraction, strict: bool) -> Fraction:
+    return Fraction(math.floor(x) + 1 if strict else math.ceil(x))
+
+
+def _terminating_digits(x: Fraction) -> tuple[str, str]:
+    """``x >= 0`` with a terminating decimal expansion -> (integer digits, fraction digits).
+
+    Integer digits have no leading zeros ("" for 0); fraction digits no trailing zeros.
+    """
+    ip = x.numerator // x.denominator
+    rest = x - ip
+    d = rest.denominator
+    a = b = 0
+    while d % 2 == 0:
+        d //= 2
+        a += 1
+    while d % 5 == 0:
+        d //= 5
+        b += 1
+    if d != 1:  # pragma: no cover - inputs are decimals or dyadic rationals
+        raise ValueError(f"{x} has no terminating decimal expansion")
+    k = max(a, b)
+    frac = str(rest.numerator * (10 ** k // rest.denominator)).rjust(k, "0") if k else ""
+    return ("" if ip == 0 else str(ip)), frac.rstrip("0")
+
+
+@dataclass(frozen=True)
+class _Th:
+    """One bound: ``v <= T`` (upper) or ``v >= T``, strict or not.
+
+    It applies to int literals (``on_int``), plain float literals with a fraction and
+    no exponent (``on_frac``) and/or literals with an exponent (``on_exp``). ``|T|`` is
+    ``xi.xf`` and, when non-zero, ``xm[0].xm[1:] * 10**xe``.
+    """
+
+    on_int: bool
+    on_frac: bool
+    on_exp: bool
+    upper: bool
+    strict: bool
+    tneg: bool
+    tzero: bool
+    xi: str
+    xf: str
+    xm: str
+    xe: int
+
+    @staticmethod
+    def make(value: Fraction, *, on_int: bool, on_frac: bool, on_exp: bool, upper: bool,
+             strict: bool) -> _Th:
+        a = abs(value)
+        xi, xf = _terminating_digits(a)
+        if xi:
+            xe = len(xi) - 1
+            xm = (xi + xf).rstrip("0")
+        elif xf:
+            z = len(xf) - len(xf.lstrip("0"))
+            xe = -(z + 1)
+            xm = xf.lstrip("0")
+        else:
+            xe, xm = 0, ""
+        return _Th(on_int, on_frac, on_exp, upper, strict, value < 0, value == 0, xi, xf, xm, xe)
+
+    def ok(self, c: int) -> bool:
+        if self.upper:
+            return c < 0 or (c == 0 and not self.strict)
+        return c > 0 or (c == 0 and not self.strict)
+
+    def fixed(self, neg: bool) -> int | None:
+        """cmp(v, T) when the literal's sign alone decides it."""
+        if not neg and self.tneg:
+            return 1
+        if neg and not self.tneg and not self.tzero:
+            return -1
+        return None
+
+    def signed(self, neg: bool, cabs: int) -> int:
+        """cmp(v, T) from cmp(|v|, |T|) when :meth:`fixed` is None."""
+        return -cabs if neg else cabs
+
+
+@dataclass(frozen=True)
+class _Mod:
+    """``v`` must be a multiple of ``M / 10**K`` (exact decimal arithmetic)."""
+
+    M: int
+    K: int
+    S: int          # max fraction digits in an exponent-form mantissa (-1: no exponent forms)
+    cmax: int       # n0 search bound: max exponent of 2 and 5 in M
+    #: canon[r]: a representative of r's class; residues in one class accept the same
+    #: digit suffixes (only the 2/5 part of M can merge), so the automaton is explored
+    #: over classes instead of all M residues
+    canon: tuple[int, ...] = field(compare=False, repr=False, default=())
+
+    def push(self, r: int, d: int) -> int:
+        """The class of the digits of ``r`` followed by digit ``d``."""
+        return self.canon[(r * 10 + d) % self.M]
+
+    def shift(self, r: int, n: int) -> int:
+        """The class of ``r`` followed by ``n`` zeros."""
+        return self.canon[(r * pow(10, n, self.M)) % self.M]
+
+    def n0(self, r: int) -> int | None:
+        """Least n >= 0 with r * 10**n divisible by M, or None."""
+        for n in range(self.cmax + 1):
+            if (r * pow(10, n, self.M)) % self.M == 0:
+                return n
+        return None
+
+
+@dataclass(frozen=True)
+class _Spec:
+    ths: tuple[_Th, ...]
+    mod: _Mod | None
+    allow_frac: bool
+    allow_exp: bool
+    max_frac: int | None
+    max_exp: int | None
+
+
+# ---------------------------------------------------------------------------
+# Digit comparators (pure functions on small hashable states)
+# ---------------------------------------------------------------------------
+# "plain" comparator of a literal I[.F] (|v|) against xi.xf:
+#   ('i', k, c): reading integer digits, k significant digits so far (leading zeros are
+#                skipped), c = cmp of those against xi[:k];
+#   ('f', j):    fraction digits equal so far to xf[:j] (j capped at len(xf));
+#   ('r', c):    decided.
+# "lex" comparator of a digit sequence against digit string xs padded with zeros:
+#   j (equal so far, capped at len(xs)) or ('r', c).
+
+_PC0 = ("i", 0, 0)
+
+
+def _sgn(a: int, b: int) -> int:
+    return (a > b) - (a < b)
+
+
+def _pc_int(st: tuple, d: int, xi: str) -> tuple:
+    if st[0] == "r":
+        return st
+    _, k, c = st
+    if k == 0 and d == 0:
+        return st
+    if k >= len(xi):
+        return ("r", 1)
+    if c == 0:
+        c = _sgn(d, ord(xi[k]) - 48)
+    return ("i", k + 1, c)
+
+
+def _pc_dot(st: tuple, xi: str) -> tuple:
+    if st[0] == "r":
+        return st
+    _, k, c = st
+    if k < len(xi):
+        return ("r", -1)
+    if c != 0:
+        return ("r", c)
+    return ("f", 0)
+
+
+def _pc_frac(st: tuple, d: int, xf: str) -> tuple:
+    if st[0] == "r":
+        return st
+    j = st[1]
+    xd = ord(xf[j]) - 48 if j < len(xf) else 0
+    if d == xd:
+        return ("f", min(j + 1, len(xf)))
+    return ("r", _sgn(d, xd))
+
+
+def _pc_res(st: tuple, xi: str, xf: str) -> int:
+    tag = st[0]
+    if tag == "r":
+        return st[1]  # type: ignore[no-any-return]
+    if tag == "i":
+        _, k, c = st
+        if k < len(xi):
+            return -1
+        if c != 0:
+            return c  # type: ignore[no-any-return]
+        return -1 if xf else 0
+    return -1 if st[1] < len(xf) else 0
+
+
+def _lx(st: int | tuple, d: int, xs: str) -> int | tuple:
+    if isinstance(st, tuple):
+        return st
+    xd = ord(xs[st]) - 48 if st < len(xs) else 0
+    if d == xd:
+        return min(st + 1, len(xs))
+    return ("r", _sgn(d, xd))
+
+
+def _lx_res(st: int | tuple, xs: str) -> int:
+    if isinstance(st, tuple):
+        return st[1]  # type: ignore[no-any-return]
+    return -1 if st < len(xs) else 0
+
+
+def _int_str(x: int) -> str:
+    return str(abs(x)) if x else ""
+
+
+def _signed_cmp(eneg: bool, ec: tuple, x: int) -> int:
+    """cmp(E, x) where E has sign ``eneg`` and ``|E|`` was fed to a plain comparator ``ec``
+    (with ``xi = _int_str(x)``)."""
+    ucmp = _pc_res(ec, _int_str(x), "")
+    if not eneg or ec == _PC0:
+        return ucmp if x >= 0 else 1
+    return -1 if x >= 0 else -ucmp
+
+
+# ---------------------------------------------------------------------------
+# The number automaton
+# ---------------------------------------------------------------------------
+# State tuples:
+#   ('S',)                                  start
+#   (ph, neg, cs, mk, ms, md, cnt)          ph in '-' (sign read), 'I', '.', 'F'
+#       cs: per threshold, for plain (int / fraction) literals: a plain comparator,
+#           ('x', c) decided (c = cmp(v, T)), or None (not applicable / not needed)
+#       mk: mantissa kind 'z' (all zero so far) / 'n' (one non-zero integer digit) / 'o'
+#       ms: per threshold, lex comparator of the mantissa against xm (or None)
+#       md: (r, j, s, tailz) or None (no modulus); s > S means "no exponent form"
+#       cnt: fraction digits (only counted with max_frac)
+#   (ph, lo, hi, eneg, clo, chi, cnt)      ph in 'e' (read e/E), 's' (exponent sign), 'E'
+#       every condition on a literal with an exponent reduces, once the mantissa is
+#       read, to an interval lo <= E <= hi on the exponent (None: unbounded); clo/chi
+#       compare |E| with |lo| / |hi| (plain comparators); cnt: exponent digits
+# Decided comparisons are canonicalised (a satisfied bound becomes ('x', -1) / ('x', 1))
+# and parts that can no longer matter are dropped, so equivalent states coincide.
+
+
+class _NumberDfa:
+    def __init__(self, spec: _Spec) -> None:
+        self.spec = spec
+        self.ths = spec.ths
+        self.mod = spec.mod
+
+    @staticmethod
+    def _sat(th: _Th) -> tuple:
+        return ("x", -1 if th.upper else 1)
+
+    def _init(self, neg: bool) -> tuple:
+        cs: list[tuple | None] = []
+        ms: list[int | None] = []
+        for th in self.ths:
+            f = th.fixed(neg)
+            if th.on_int or th.on_frac:
+                cs.append(("x", f) if f is not None else _PC0)
+            else:
+                cs.append(None)
+            ms.append(0 if (th.on_exp and not th.tzero and f is None) else None)
+        md = (0, 0, 0, True) if self.mod is not None else None
+        return ("-", neg, tuple(cs), "z", tuple(ms), md, 0)
+
+    def _canon_plain(self, ph: str, neg: bool, cs: tuple, mk: str, ms: tuple,
+                     md: tuple | None, cnt: int) -> tuple | None:
+        spec = self.spec
+        mod = self.mod
+        ncs: list[tuple | None] = []
+        int_ok = ph in ("-", "I")
+        frac_ok = spec.allow_frac
+        exp_ok = spec.allow_exp
+        for th, c in zip(self.ths, cs):
+            if c is not None and c[0] == "r":
+                c = ("x", th.signed(neg, c[1]))
+            if c is not None and c[0] == "x":
+                if th.ok(c[1]):
+                    c = self._sat(th)
+                else:
+                    int_ok = int_ok and not th.on_int
+                    frac_ok = frac_ok and not th.on_frac
+            ncs.append(c)
+            if th.on_exp and exp_ok:
+                f = th.fixed(neg)
+                if f is not None:
+                    exp_ok = th.ok(f)
+                elif mk == "o" and not th.tzero:
+                    exp_ok = False  # not normalised: cannot compare exactly
+        if md is not None:
+            assert mod is not None
+            if not md[3]:
+                int_ok = frac_ok = False
+            if mk != "z" and (mod.S < 0 or md[2] > mod.S):
+                exp_ok = False
+        if not (int_ok or frac_ok or exp_ok):
+            return None
+        ncs = [c if ((th.on_int and int_ok) or (th.on_frac and frac_ok)) else None
+               for th, c in zip(self.ths, ncs)]
+        if not exp_ok:
+            ms = (None,) * len(ms)
+            if ph in (".", "F"):
+                mk = "o"
+            if md is not None and mod is not None and mod.S >= 0:
+                md = (md[0], md[1], mod.S + 1, md[3])
+        return (ph, neg, tuple(ncs), mk, ms, md, cnt)
+
+    @staticmethod
+    def _canon_exp(ph: str, lo: int | None, hi: int | None, eneg: bool, clo: tuple | None,
+                   chi: tuple | None, cnt: int) -> tuple | None:
+        if ph == "E":  # the sign is known: decided comparisons can be dropped
+            if clo is not None and clo[0] == "r":
+                assert lo is not None
+                if _signed_cmp(eneg, clo, lo) < 0:
+                    return None
+                lo = clo = None
+            if chi is not None and chi[0] == "r":
+                assert hi is not None
+                if _signed_cmp(eneg, chi, hi) > 0:
+                    return None
+                hi = chi = None
+            if lo is None and hi is None:
+                eneg = False
+        return (ph, lo, hi, eneg, clo, chi, cnt)
+
+    def _mod_digit(self, md: tuple, d: int, in_frac: bool) -> tuple | None:
+        mod = self.mod
+        assert mod is not None
+        r, j, s, tailz = md
+        K, S = mod.K, mod.S
+        if not in_frac:
+            return (mod.push(r, d), j, s, tailz)
+        s2 = min(s + 1, S + 1) if S >= 0 else 0
+        if j < K:
+            return (mod.push(r, d), j + 1, s2, tailz)
+        if tailz:
+            if d == 0:
+                return (r, j, s2, True)
+            if S < 0 or s + 1 > S:
+                return None  # plain form needs a zero tail, exponent form too long
+            return (mod.push(mod.shift(r, s - K), d), j, s2, False)
+        if S < 0 or s + 1 > S:
+            return None
+        return (mod.push(r, d), j, s2, False)
+
+    def _mod_plain_ok(self, md: tuple | None) -> bool:
+        if md is None:
+            return True
+        mod = self.mod
+        assert mod is not None
+        r, j, _s, tailz = md
+        return tailz and (r * pow(10, mod.K - j, mod.M)) % mod.M == 0
+
+    # -- transition function ----------------------------------------------
+    def step(self, st: tuple, b: int) -> tuple | None:
+        ph = st[0]
+        spec = self.spec
+        if ph == "S":
+            if b == 0x2D:  # '-'
+                return self._canon_plain(*self._init(True))
+            if 0x30 <= b <= 0x39:
+                return self._int_digit(self._init(False), b - 48)
+            return None
+        if ph in ("-", "I"):
+            if 0x30 <= b <= 0x39:
+                if ph == "I" and st[3] == "z":
+                    return None  # no leading zeros
+                return self._int_digit(st, b - 48)
+            if ph == "-":
+                return None
+            if b == 0x2E and spec.allow_frac:
+                _, neg, cs, mk, ms, md, _cnt = st
+                ncs = tuple(None if (c is None or not th.on_frac) else
+                            (c if c[0] == "x" else _pc_dot(c, th.xi))
+                            for th, c in zip(self.ths, cs))
+                return self._canon_plain(".", neg, ncs, mk, ms, md, 0)
+            if b in (0x45, 0x65) and spec.allow_exp:
+                return self._to_exp(st)
+            return None
+        if ph in (".", "F"):
+            if 0x30 <= b <= 0x39:
+                return self._frac_digit(st, b - 48)
+            if ph == "F" and b in (0x45, 0x65) and spec.allow_exp:
+                return self._to_exp(st)
+            return None
+        # exponent phases
+        _, lo, hi, eneg, clo, chi, cnt = st
+        if ph == "e" and b in (0x2B, 0x2D):
+            return ("s", lo, hi, b == 0x2D, clo, chi, cnt)
+        if 0x30 <= b <= 0x39:
+            d = b - 48
+            if spec.max_exp is not None:
+                cnt += 1
+                if cnt > spec.max_exp:
+                    return None
+            if clo is not None:
+                clo = _pc_int(clo, d, _int_str(lo))  # type: ignore[arg-type]
+            if chi is not None:
+                chi = _pc_int(chi, d, _int_str(hi))  # type: ignore[arg-type]
+            return self._canon_exp("E", lo, hi, eneg, clo, chi, cnt)
+        return None
+
+    def _int_digit(self, st: tuple, d: int) -> tuple | None:
+        _, neg, cs, mk, ms, md, cnt = st
+        ncs = tuple(None if c is None else (c if c[0] == "x" else _pc_int(c, d, th.xi))
+                    for th, c in zip(self.ths, cs))
+        nmk = ("z" if d == 0 else "n") if st[0] == "-" else "o"
+        if nmk == "n":
+            nms = tuple(None if m is None else _lx(m, d, th.xm) for th, m in zip(self.ths, ms))
+        else:
+            nms = (None,) * len(ms)
+        if md is not None:
+            md = self._mod_digit(md, d, False)
+        return self._canon_plain("I", neg, ncs, nmk, nms, md, cnt)
+
+    def _frac_digit(self, st: tuple, d: int) -> tuple | None:
+        _, neg, cs, mk, ms, md, cnt = st
+        spec = self.spec
+        if spec.max_frac is not None:
+            cnt += 1
+            if cnt > spec.max_frac:
+                return None
+        ncs = tuple(None if c is None else (c if c[0] == "x" else _pc_frac(c, d, th.xf))
+                    for th, c in zip(self.ths, cs))
+        if mk == "n":
+            nmk = "n"
+            nms = tuple(None if m is None else _lx(m, d, th.xm) for th, m in zip(self.ths, ms))
+        elif mk == "z" and d == 0:
+            nmk, nms = "z", ms
+        else:
+            nmk, nms = "o", (None,) * len(ms)
+        if md is not None:
+            md = self._mod_digit(md, d, True)
+            if md is None:
+                return None
+        return self._canon_plain("F", neg, ncs, nmk, nms, md, cnt)
+
+    def _to_exp(self, st: tuple) -> tuple | None:
+        """Reduce everything known about the mantissa to an interval on the exponent."""
+        _, neg, _cs, mk, ms, md, _cnt = st
+        lo: int | None = None
+        hi: int | None = None
+        for th, m in zip(self.ths, ms):
+            if not th.on_exp:
+                continue
+            f = th.fixed(neg)
+            if f is None and th.tzero:
+                f = th.signed(neg, 0 if mk == "z" else 1)
+            elif f is None and mk == "z":
+                f = th.signed(neg, -1)
+            if f is not None:
+                if not th.ok(f):
+                    return None
+                continue
+            if mk != "n" or m is None:
+                return None  # not normalised: cannot compare exactly
+            cm = _lx_res(m, th.xm)
+            # cmp(|v|, |T|) is cmp(E, xe), or cm when E == xe
+            if th.upper != neg:  # need |v| below |T|
+                eq_ok = cm < 0 or (cm == 0 and not th.strict)
+                u = th.xe if eq_ok else th.xe - 1
+                hi = u if hi is None else min(hi, u)
+            else:                 # need |v| above |T|
+                eq_ok = cm > 0 or (cm == 0 and not th.strict)
+                lw = th.xe if eq_ok else th.xe + 1
+                lo = lw if lo is None else max(lo, lw)
+        if md is not None and mk != "z":
+            mod = self.mod
+            assert mod is not None
+            r, _j, s, tailz = md
+            if mod.S < 0 or s > mod.S:
+                return None
+            r_all = r if (not tailz or s <= mod.K) else mod.shift(r, s - mod.K)
+            n0 = mod.n0(r_all)
+            if n0 is None:
+                return None
+            t = s - mod.K + n0
+            lo = t if lo is None else max(lo, t)
+        if lo is not None and hi is not None and lo > hi:
+            return None
+        return self._canon_exp("e", lo, hi, False, None if lo is None else _PC0,
+                               None if hi is None else _PC0, 0)
+
+    # -- acceptance --------------------------------------------------------
+    def accepting(self, st: tuple) -> bool:
+        ph = st[0]
+        if ph in ("I", "F"):
+            _, neg, cs, _mk, _ms, md, _ = st
+            for th, c in zip(self.ths, cs):
+                if not (th.on_int if ph == "I" else th.on_frac):
+                    continue
+                if c is None:
+                    return False  # plain forms were ruled out
+                v = c[1] if c[0] == "x" else th.signed(neg, _pc_res(c, th.xi, th.xf))
+                if not th.ok(v):
+                    return False
+            return self._mod_plain_ok(md)
+        if ph == "E":
+            _, lo, hi, eneg, clo, chi, _ = st
+            if clo is not None and _signed_cmp(eneg, clo, lo) < 0:
+                return False
+            if chi is not None and _signed_cmp(eneg, chi, hi) > 0:
+                return False
+            return True
+        return False
+
+
+# ---------------------------------------------------------------------------
+# Generic DFA construction: explore, trim, minimise, emit
+# ---------------------------------------------------------------------------
+
+def explore_dfa(start: Hashable, step: Callable[[Any, int], Any],
+                accepting: Callable[[Any], bool], alphabet: bytes | Sequence[bytes],
+                what: str) -> ir.Expr:
+    """Build the DFA of an implicitly given automaton (trimmed and minimised).
+
+    ``step(state, byte)`` returns the next (hashable) state or None (reject);
+    ``accepting(state)``. ``alphabet`` is the bytes to try, or a sequence of byte
+    classes (``bytes`` objects) whose members behave alike: ``step`` then sees each
+    class's first byte only. Raises
+    :class:`~structgen.errors.CompileLimitError` (mentioning ``what``) beyond
+    :data:`MAX_DFA_STATES` states. Returns :data:`~structgen.grammar.ir.NEVER` if nothing is
+    accepted.
+    """
+    classes = ([bytes([b]) for b in alphabet] if isinstance(alphabet, (bytes, bytearray))
+               else [bytes(c) for c in alphabet if c])
+    ids: dict[Hashable, int] = {start: 0}
+    states: list = [start]
+    edges: list[dict[int, int]] = []
+    i = 0
+    while i < len(states):
+        s = states[i]
+        out: dict[int, int] = {}
+        for cls in classes:
+            t = step(s, cls[0])
+            if t is None:
+                continue
+            j = ids.get(t)
+            if j is None:
+                j = len(states)
+                if j >= _MAX_EXPLORE:
+                    raise CompileLimitError(
+                        f"{what}: automaton exceeds {_MAX_EXPLORE} states while being built; "
+                        "simplify the numeric constraints (smaller multipleOf or bounds)")
+                ids[t] = j
+                states.append(t)
+            for b in cls:
+                out[b] = j
+        edges.append(out)
+        i += 1
+    acc = [accepting(s) for s in states]
+    dfa = minimise_dfa(edges, acc, 0)
+    if dfa is None:
+        return ir.NEVER
+    if len(dfa.trans) > MAX_DFA_STATES:
+        raise CompileLimitError(
+            f"{what}: automaton has {len(dfa.trans)} states (limit {MAX_DFA_STATES}); "
+            "simplify the numeric constraints (smaller multipleOf or bounds)")
+    return dfa
+
+
+_NATIVE_MIN = 48  # explored automata from this many states are minimised by the compiled kernels
+
+
+def _minimise_native(edges: Sequence[dict[int, int]], accept: Sequence[bool], start: int) -> ir.Dfa | None:
+    """:func:`minimise_dfa` by the compiled trim and Hopcroft kernels; the result is
+    renumbered in the same breadth-first order, so it is the same node."""
+    import numpy as np
+
+    from structgen.grammar import _dfa_kernels as dk
+
+    n = len(edges)
+    if start != 0:  # the kernels start at state 0: swap the two
+        perm = list(range(n))
+        perm[0], perm[start] = start, 0
+        edges = [{b: perm[t] for b, t in edges[q].items()} for q in perm]
+        accept = [accept[q] for q in perm]
+    sizes = np.fromiter(map(len, edges), dtype=np.int64, count=n)
+    total = int(sizes.sum())
+    table = np.full((n, 256), -1, dtype=np.int32)
+    table[np.repeat(np.arange(n), sizes),
+          np.fromiter(chain.from_iterable(edges), dtype=np.int64, count=total)] = np.fromiter(
+        chain.from_iterable(d.values() for d in edges), dtype=np.int32, count=total)
+    trans, acc = dk.trim(table, np.array(accept, dtype=np.bool_))
+    if not acc.any():
+        return None
+    _status, trans, acc = dk.minimise(trans, acc, 1 << 62)
+    rows, cols = np.nonzero(trans >= 0)  # row-major: each state's edges in byte order
+    bounds = np.searchsorted(rows, np.arange(trans.shape[0] + 1)).tolist()
+    tgt = trans[rows, cols].tolist()
+    cols_l = cols.tolist()
+    return _emit_bfs(0, lambda q: zip(cols_l[bounds[q]:bounds[q + 1]], tgt[bounds[q]:bounds[q + 1]]),
+                     lambda q: bool(acc[q]))
+
+
+def _emit_bfs(start: Hashable, edges_of: Callable[[Any], Iterable[tuple[int, Any]]],
+              accepting: Callable[[Any], bool]) -> ir.Dfa:
+    """The DFA reached from ``start``, states numbered breadth-first with each state's edges
+    (``(byte, target)``, ascending bytes) in order, runs of bytes to one target merged: the
+    canonical numbering that makes equal minimal languages equal :class:`~structgen.grammar.ir.Dfa`
+    nodes."""
+    new_id = {start: 0}
+    order = [start]
+    out: list[list[tuple[int, int, int]]] = []
+    accept_out: list[int] = []
+    k = 0
+    while k < len(order):
+        q = order[k]
+        row: list[tuple[int, int, int]] = []
+        for b, t in edges_of(q):
+            tid = new_id.get(t)
+            if tid is None:
+                tid = new_id[t] = len(order)
+                order.append(t)
+            if row and row[-1][1] == b - 1 and row[-1][2] == tid:
+                row[-1] = (row[-1][0], b, tid)
+            else:
+                row.append((b, b, tid))
+        out.append(row)
+        if accepting(q):
+            accept_out.append(k)
+        k += 1
+    return ir.Dfa(0, accept_out, out)
+
+
+def minimise_dfa(edges: Sequence[dict[int, int]], accept: Sequence[bool], start: int) -> ir.Dfa | None:
+    """Trim and minimise a partial DFA (``edges[q][byte] = target``); None if empty.
+
+    Hopcroft's partition refinement; states are renumbered in breadth-first order from
+    the start state, so equal languages give equal :class:`~structgen.grammar.ir.Dfa` nodes.
+    """
+    n = len(edges)
+    if n >= _NATIVE_MIN:
+        from structgen.grammar._jit import COMPILED
+
+        if COMPILED:
+            return _minimise_native(edges, accept, start)
+    # co-reachability (live states)
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for q, out in enumerate(edges):
+        for t in out.values():
+            preds[t].append(q)
+    live = [False] * n
+    stack = [q for q in range(n) if accept[q]]
+    for q in stack:
+        live[q] = True
+    while stack:
+        q = stack.pop()
+        for p in preds[q]:
+            if not live[p]:
+                live[p] = True
+                stack.append(p)
+    if not live[start]:
+        return None
+    # reachable & live
+    keep: dict[int, int] = {start: 0}
+    order = [start]
+    k = 0
+    while k < len(order):
+        q = order[k]
+        k += 1
+        for t in edges[q].values():
+            if live[t] and t not in keep:
+                keep[t] = len(order)
+                order.append(t)
+    m = len(order)
+    sink = m
+    alphabet = sorted({b for q in order for b, t in edges[q].items() if live[t]})
+    nsym = len(alphabet)
+    sym = {b: i for i, b in enumerate(alphabet)}
+    delta = [[sink] * nsym for _ in range(m + 1)]
+    for q in order:
+        row = delta[keep[q]]
+        for b, t in edges[q].items():
+            if live[t]:
+                row[sym[b]] = keep[t]
+    # bytes with identical columns behave alike: refine over one representative each
+    reps: dict[tuple[int, ...], int] = {}
+    for a in range(nsym):
+        reps.setdefault(tuple(row[a] for row in delta), a)
+    rep_syms = list(reps.values())
+    inv: list[list[list[int]]] = [[[] for _ in range(m + 1)] for _ in rep_syms]
+    for q in range(m + 1):
+        row = delta[q]
+        for ai, a in enumerate(rep_syms):
+            inv[ai][row[a]].append(q)
+    acc_set = {keep[q] for q in order if accept[q]}
+    blocks: list[set[int]] = []
+    block_of = [0] * (m + 1)
+    for part in (acc_set, set(range(m + 1)) - acc_set):
+        if part:
+            for q in part:
+                block_of[q] = len(blocks)
+            blocks.append(set(part))
+    work = list(range(len(blocks)))
+    in_work = set(work)
+    while work:
+        bi = work.pop()
+        in_work.discard(bi)
+        splitter = list(blocks[bi])
+        for a in range(len(rep_syms)):
+            x: set[int] = set()
+            inv_a = inv[a]
+            for q in splitter:
+                x.update(inv_a[q])
+            if not x:
+                continue
+            touched: dict[int, set[int]] = {}
+            for q in x:
+                touched.setdefault(block_of[q], set()).add(q)
+            for yi, inter in touched.items():
+                y = blocks[yi]
+                if len(inter) == len(y):
+                    continue
+                y -= inter
+                ni = len(blocks)
+                blocks.append(inter)
+                for q in inter:
+                    block_of[q] = ni
+                if yi in in_work:
+                    work.append(ni)
+                    in_work.add(ni)
+                else:
+                    smaller = ni if len(inter) <= len(y) else yi
+                    work.append(smaller)
+                    in_work.add(smaller)
+    # emit in BFS order from start, dropping the sink's block (blocks stand for their states)
+    sink_block = block_of[sink]
+    rep = {block_of[0]: 0}  # a member of each block reached
+
+    def block_edges(bq: int) -> Iterator[tuple[int, int]]:
+        row = delta[rep[bq]]
+        for a, b in enumerate(alphabet):
+            tb = block_of[row[a]]
+            if tb != sink_block:
+                rep.setdefault(tb, row[a])
+                yield b, tb
+
+    return _emit_bfs(block_of[0], block_edges, lambda bq: rep[bq] in acc_set)
+
+
+# ---------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------
+
+def _digits_expr() -> ir.Expr:
+    return ir.byte_range(0x30, 0x39)
+
+
+def _int_part() -> ir.Expr:
+    return ir.alt(ir.lit("0"), ir.seq(ir.byte_range(0x31, 0x39), ir.star(_digits_expr())))
+
+
+def _plain_number(allow_frac: bool, allow_exp: bool, max_frac: int | None,
+                  max_exp: int | None) -> ir.Expr:
+    parts = [ir.opt(ir.lit("-")), _int_part()]
+    if allow_frac:
+        parts.append(ir.opt(ir.seq(ir.lit("."), ir.rep(_digits_expr(), 1, max_frac))))
+    if allow_exp:
+        parts.append(ir.opt(ir.seq(ir.byteset([0x45, 0x65]), ir.opt(ir.byteset([0x2B, 0x2D])),
+                                   ir.rep(_digits_expr(), 1, max_exp))))
+    return ir.seq(*parts)
+
+
+def _fmt(x: Fraction) -> str:
+    ip, fp = _terminating_digits(abs(x))
+    return ("-" if x < 0 else "") + (ip or "0") + ("." + fp if fp else "")
+
+
+def _make_mod(m: Fraction | None, integer_only: bool, allow_exp: bool) -> _Mod | None:
+    if m is None and not integer_only:
+        return None
+    if m is not None and m <= 0:
+        raise ValueError(f"multiple_of must be positive, got {m}")
+    eff = m if m is not None else Fraction(1)
+    if integer_only:
+        eff = Fraction(math.lcm(eff.numerator, 1), math.gcd(eff.denominator, 1))
+    p, q = eff.numerator, eff.denominator
+    a = b = 0
+    qq = q
+    while qq % 2 == 0:
+        qq //= 2
+        a += 1
+    while qq % 5 == 0:
+        qq //= 5
+        b += 1
+    if qq != 1:  # pragma: no cover - decimal inputs always terminate
+        raise ValueError(f"multiple_of {eff} is not a terminating decimal")
+    K = max(a, b)
+    M = p * (10 ** K // q)
+    if M > 10 * MAX_DFA_STATES:
+        raise CompileLimitError(
+            f"multipleOf {_fmt(eff)} needs a remainder automaton of about {M} states "
+            f"(limit {MAX_DFA_STATES})")
+    mm, ca, cb = M, 0, 0
+    while mm % 2 == 0:
+        mm //= 2
+        ca += 1
+    while mm % 5 == 0:
+        mm //= 5
+        cb += 1
+    S = K + _EXP_MAX_FRACTION
+    if not allow_exp or M * (S + 2) > _EXP_MOD_BUDGET:
+        S = -1
+    canon = _residue_classes(M, 2 ** ca * 5 ** cb, max(ca, cb))
+    classes = len(set(canon))
+    if classes > MAX_DFA_STATES - 16:
+        raise CompileLimitError(
+            f"multipleOf {_fmt(eff)} needs a remainder automaton of {classes} states "
+            f"(limit {MAX_DFA_STATES})")
+    return _Mod(M, K, S, max(ca, cb), canon)
+
+
+def _residue_classes(M: int, P: int, c: int) -> tuple[int, ...]:
+    """Canonical representatives of residues mod ``M = P * Q`` (``P = 2**a * 5**b``,
+    ``Q`` coprime to 10, ``10**c`` divisible by ``P``).
+
+    After ``c`` more digits the residue mod ``P`` is forgotten (``10**c = 0 mod P``), so
+    two residues mod ``P`` behave alike iff the same suffixes of length ``< c`` complete
+    them to a multiple of ``P``; for length ``l`` that is decided by ``-x * 10**l mod P``.
+    The part mod ``Q`` is kept exactly (recombined by the Chinese remainder theorem).
+    """
+    Q = M // P
+    rep_of_sig: dict[tuple[int, ...], int] = {}
+    rep = [0] * P
+    for x in range(P):
+        sig = []
+        for ell in range(c):
+            p10 = 10 ** ell
+            w0 = (-x * p10) % P
+            sig.append(w0 if (p10 >= P or w0 < p10) else -1)
+        rep[x] = rep_of_sig.setdefault(tuple(sig), x)
+    if Q == 1:
+        return tuple(rep)
+    inv_p = pow(P, -1, Q)
+    out = []
+    for r in range(M):
+        a, b = rep[r % P], r % Q
+        out.append(a + P * (((b - a) * inv_p) % Q))
+    return tuple(out)
+
+
+_UNBOUNDED: dict[_Spec, ir.Expr] = {}  # number_expr without bounds or multipleOf
+
+
+@functools.lru_cache(maxsize=512)
+def _build(spec: _Spec, what: str) -> ir.Expr:
+    if not spec.ths and spec.mod is None:
+        return _plain_number(spec.allow_frac, spec.allow_exp, spec.max_frac, spec.max_exp)
+    alphabet = b"+-.0123456789Ee"
+    # Too large? Narrow to fewer literal shapes rather than fail: first without exponent
+    # forms, then (when every multiple is an integer anyway) int literals only.
+    attempts = [spec]
+    if spec.allow_exp:
+        attempts.append(replace(spec, allow_exp=False))
+    if spec.mod is not None and spec.mod.K == 0 and spec.allow_frac:
+        attempts.append(replace(spec, allow_exp=False, allow_frac=False))
+    for i, sp in enumerate(attempts):
+        machine = _NumberDfa(sp)
+        try:
+            return explore_dfa(("S",), machine.step, machine.accepting, alphabet, what)
+        except CompileLimitError:
+            if i == len(attempts) - 1:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+Cap = tuple[Fraction, bool]
+
+
+def _thresholds(minimum: Number | None, maximum: Number | None, excl_min: bool, excl_max: bool,
+                *, floats: bool, frac_cap: Cap | None = None, exp_cap: Cap | None = None
+                ) -> tuple[_Th, ...]:
+    """The comparison thresholds for int literals and (with ``floats``) float literals.
+
+    A float literal's bound is the tighter of the exact decimal bound and the bound
+    that Python's comparison of the parsed ``float`` implies; ``frac_cap``/``exp_cap``
+    (value, strict) additionally bound ``|v|`` for plain float / exponent literals.
+    """
+    out: list[_Th] = []
+    lo_i = hi_i = None
+    lo_f: Cap | None = None
+    hi_f: Cap | None = None
+    if minimum is not None:
+        dec, py = _decimal_value(minimum), _python_value(minimum)
+        lo_i = max(_int_lower(dec, excl_min), _int_lower(py, excl_min))
+        t, tstrict = _float_upper(-py, excl_min)
+        lo_f = _tighter_lower((dec, excl_min), (-t, tstrict))
+    if maximum is not None:
+        dec, py = _decimal_value(maximum), _python_value(maximum)
+        hi_i = min(_int_upper(dec, excl_max), _int_upper(py, excl_max))
+        hi_f = _tighter_upper((dec, excl_max), _float_upper(py, excl_max))
+    if lo_i is not None:
+        out.append(_Th.make(lo_i, on_int=True, on_frac=False, on_exp=False, upper=False,
+                            strict=False))
+    if hi_i is not None:
+        out.append(_Th.make(hi_i, on_int=True, on_frac=False, on_exp=False, upper=True,
+                            strict=False))
+    if not floats:
+        return tuple(out)
+
+    def capped(b: Cap | None, cap: Cap | None, upper: bool) -> Cap | None:
+        if cap is None:
+            return b
+        c = (cap[0], cap[1]) if upper else (-cap[0], cap[1])
+        if b is None:
+            return c
+        return _tighter_upper(b, c) if upper else _tighter_lower(b, c)
+
+    for b, upper in ((lo_f, False), (hi_f, True)):
+        bf = capped(b, frac_cap, upper)
+        be = capped(b, exp_cap, upper)
+        if bf is not None and bf == be:
+            out.append(_Th.make(bf[0], on_int=False, on_frac=True, on_exp=True, upper=upper,
+                                strict=bf[1]))
+            continue
+        if bf is not None:
+            out.append(_Th.make(bf[0], on_int=False, on_frac=True, on_exp=False, upper=upper,
+                                strict=bf[1]))
+        if be is not None:
+            out.append(_Th.make(be[0], on_int=False, on_frac=False, on_exp=True, upper=upper,
+                                strict=be[1]))
+    return tuple(out)
+
+
+def integer_expr(minimum: Number | None = None, maximum: Number | None = None, *,
+                 multiple_of: Number | None = None) -> ir.Expr:
+    """JSON integer literals ``-?(0|[1-9][0-9]*)`` whose value ``v`` is in range.
+
+    Exact: accepts exactly the literals with ``minimum <= v <= maximum`` (inclusive;
+    either side may be None; bounds may be huge) and ``v`` a multiple of
+    ``multiple_of``. ``-0`` is accepted when 0 is (it is valid JSON and parses to 0).
+    Non-integral bounds mean the nearest integers inside them (a float bound is checked
+    both as its ``repr`` decimal and as its exact binary value); a non-integral
+    ``multiple_of`` means the least integral multiple of it (``1.5`` -> 3).
+
+    Returns :data:`~structgen.grammar.ir.NEVER` for an empty range. Raises ``ValueError`` for
+    a non-positive ``multiple_of`` or non-finite numbers, and
+    :class:`~structgen.errors.CompileLimitError` when the automaton would exceed
+    :data:`MAX_DFA_STATES` states (e.g. ``multiple_of`` above ~10**4, or a large
+    ``multiple_of`` combined with many-digit bounds).
+    """
+    for name, x in (("minimum", minimum), ("maximum", maximum), ("multiple_of", multiple_of)):
+        if x is not None:
+            _check_number(x, name)
+    ths = _thresholds(minimum, maximum, False, False, floats=False)
+    m = _decimal_value(multiple_of) if multiple_of is not None else None
+    mod = _make_mod(m, True, False) if m is not None else None
+    if mod is not None and mod.M == 1 and mod.K == 0:
+        mod = None
+    spec = _Spec(ths, mod, False, False, None, None)
+    return _build(spec, "integer")
+
+
+def number_expr(minimum: Number | None = None, maximum: Number | None = None, *,
+                exclusive_minimum: bool = False, exclusive_maximum: bool = False,
+                multiple_of: Number | None = None, integer_only: bool = False,
+                max_fraction_digits: int | None = None,
+                max_exponent_digits: int | None = None) -> ir.Expr:
+    """JSON number literals ``-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?`` in range.
+
+    Without constraints this is the full JSON number grammar (fraction and exponent
+    digit counts optionally bounded by ``max_fraction_digits`` / ``max_exponent_digits``;
+    None means unbounded). With ``minimum``/``maximum`` (exclusive when the flags say
+    so), ``multiple_of`` or ``integer_only`` (value has no fractional part, so ``1.0``
+    and ``1e2`` count, as JSON Schema's ``integer`` type does) the result never accepts
+    a literal outside the constraints; it accepts every such literal without an
+    exponent, and exponent forms as described in the module docstring.
+
+    Returns :data:`~structgen.grammar.ir.NEVER` when nothing satisfies the constraints. Raises
+    ``ValueError`` (non-positive ``multiple_of``, non-finite numbers, negative digit
+    limits) and :class:`~structgen.errors.CompileLimitError` (automaton too large).
+    """
+    for name, x in (("minimum", minimum), ("maximum", maximum), ("multiple_of", multiple_of)):
+        if x is not None:
+            _check_number(x, name)
+    for name, lim in (("max_fraction_digits", max_fraction_digits),
+                      ("max_exponent_digits", max_exponent_digits)):
+        if lim is not None and lim < 1:
+            raise ValueError(f"{name} must be >= 1, got {lim}")
+    m = _decimal_value(multiple_of) if multiple_of is not None else None
+    mod = _make_mod(m, integer_only, True)
+    frac_cap = exp_cap = None
+    if mod is not None:
+        if m is not None and m.denominator == 1:
+            # an integral divisor: float literals small enough for an exact float remainder
+            frac_cap = exp_cap = (_TWO_53, False)
+        else:
+            # never overflow to inf (inf is not an integer); plain float literals are
+            # kept below 1e16 (where Python's repr switches to exponents) to keep the
+            # automaton small
+            frac_cap, exp_cap = (_FRAC_CAP, False), (_EXP_CAP, False)
+    ths = _thresholds(minimum, maximum, exclusive_minimum, exclusive_maximum, floats=True,
+                      frac_cap=frac_cap, exp_cap=exp_cap)
+    spec = _Spec(ths, mod, True, True, max_fraction_digits, max_exponent_digits)
+    if minimum is None and maximum is None and multiple_of is None:
+        # no bounds: one fixed language per (integer_only, digit limits), a library constant
+        # like the Unicode tables (JSON Schema's "integer" alone is one), kept for the process
+        got = _UNBOUNDED.get(spec)
+        if got is None:
+            got = _UNBOUNDED.setdefault(spec, _build.__wrapped__(spec, "number"))
+        return got
+    return _build(spec, "number")

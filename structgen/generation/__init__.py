@@ -1,0 +1,1 @@
+"""Generation: model adapter, drafters, verify, the speculative loop and the Python API."""

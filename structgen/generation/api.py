@@ -1,0 +1,390 @@
+"""User-facing generation API: :func:`generate`, :func:`stream`, :func:`generate_model`.
+
+::
+
+    import structgen
+    r = structgen.generate("smollm2-135m", schema={"type": "object", ...},
+                           messages=[{"role": "user", "content": "..."}])
+    r.text, r.value, r.tokens, r.finish_reason, r.stats
+
+``model`` is a transformers causal LM (tokenizer taken from it or given), a local
+directory, or an alias the asset step can fetch (default ``smollm2-135m``). Exactly one
+of ``schema`` (dict, JSON text or Pydantic class), ``grammar`` (Lark text) or ``regex``
+constrains the output. Greedy speculative output is token-identical to
+``speculative=False``; sampled output has the same distribution.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from structgen.config import SpecConfig
+from structgen.errors import ConfigError
+
+__all__ = ["BatchResults", "GenerationResult", "generate", "stream", "generate_model", "DEFAULT_MODEL",
+           "resolve_grammar"]
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass
+class GenerationResult:
+    """One generated output.
+
+    text: the generated text (EOS excluded); value: the parsed JSON value (or the Pydantic
+    instance when a Pydantic class was the schema), None when the output is incomplete;
+    tokens: generated token ids (EOS included if emitted); finish_reason: "stop" or "length";
+    stats: :class:`~structgen.generation.loop.GenerationStats`.
+    """
+
+    text: str
+    value: Any
+    tokens: list[int]
+    finish_reason: str
+    stats: Any
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _load_config(config: SpecConfig | str | os.PathLike[str] | dict | None) -> SpecConfig:
+    if config is None:
+        return SpecConfig()
+    if isinstance(config, SpecConfig):
+        return config
+    if isinstance(config, dict):
+        import difflib
+        from dataclasses import fields
+
+        known = [f.name for f in fields(SpecConfig)]
+        for key in config:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"config: unknown key {key!r}{hint}; known: {', '.join(known)}",
+                                  key=str(key))
+        return SpecConfig(**config)
+    if not isinstance(config, (str, os.PathLike)):
+        raise ConfigError(f"config must be a SpecConfig, a dict or a YAML file path, not "
+                          f"{type(config).__name__}", key="config")
+    from structgen.settings import load_spec_config  # YAML file
+
+    return load_spec_config(Path(config))
+
+
+def resolve_grammar(*, schema: Any = None, grammar: str | None = None, regex: str | None = None,
+                    start: str = "start") -> tuple[Any, Any]:
+    """(compiled grammar, pydantic class or None) from exactly one constraint.
+
+    ``schema`` is a dict, a bool, a Pydantic class, JSON text or a file path (a ``str`` that is
+    not JSON text, or an ``os.PathLike``), told apart by :func:`structgen.frontends.constraint.schema_from`;
+    reading that file is the only file access. ``$ref`` only reaches inside the schema.
+    """
+    given = [x is not None for x in (schema, grammar, regex)]
+    if sum(given) != 1:
+        raise ConfigError("give exactly one of schema=, grammar= or regex=")
+    from structgen.grammar.automaton import CompiledGrammar
+
+    if isinstance(grammar, CompiledGrammar):  # compiled by the caller, with its own options
+        return grammar, None
+    pyd = None
+    if schema is not None:
+        from structgen.frontends.constraint import schema_from
+        from structgen.frontends.json_schema.compiler import compile_json_schema
+
+        if isinstance(schema, type):
+            pyd = schema
+        # generation writes strings in one canonical spelling (enum values, consts and
+        # property names become forced text); validation keeps accepting every spelling
+        return compile_json_schema(schema_from(schema), string_escapes="canonical"), pyd
+    if grammar is not None:
+        from structgen.frontends.lark import compile_lark
+
+        return compile_lark(grammar, start=start), None
+    from structgen.frontends.regex import compile_regex_grammar
+
+    assert regex is not None
+    return compile_regex_grammar(regex), None
+
+
+def _prompt_ids(lm: Any, prompt: str | None, messages: list[dict] | None) -> list[int]:
+    tok = lm.tokenizer
+    if messages is not None:
+        if getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return list(tok.encode(text, add_special_tokens=False))
+        text = "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant: "
+        return list(tok.encode(text))
+    if prompt is None:
+        raise ConfigError("give prompt= or messages=")
+    return list(tok.encode(prompt))
+
+
+def _finish(res: Any, pyd: Any, is_json: bool) -> GenerationResult:
+    value = None
+    error = None
+    if res.finish_reason == "stop" and is_json:
+        try:
+            value = json.loads(res.text)
+            if pyd is not None:
+                value = pyd.model_validate_json(res.text)
+        except Exception as e:  # noqa: BLE001 - reported, not raised
+            error = f"{type(e).__name__}: {e}"
+    return GenerationResult(res.text, value, res.tokens, res.finish_reason, res.stats, error)
+
+
+def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | None = None,
+             regex: str | None = None, prompt: str | Sequence[str] | None = None,
+             messages: list[dict] | Sequence[list[dict]] | None = None, tokenizer: Any = None,
+             max_new_tokens: int = 256, temperature: float | None = None, top_p: float | None = None,
+             seed: int | None = None, speculative: bool = True,
+             config: SpecConfig | str | os.PathLike[str] | dict | None = None,
+             draft_model: Any = None, start: str = "start") -> Any:
+    """Generate constrained output. Returns a :class:`GenerationResult`, or a list of them
+    when ``prompt`` is a list of strings or ``messages`` a list of conversations.
+
+    For a batch, ``schema``/``grammar`` may also be a list (one per prompt: mixed schemas).
+    Sequences run in micro-batches of ``config.batch_size``: every step is one batched target
+    forward for all live sequences of the micro-batch and one verify call; each sequence has
+    its own matcher, drafters and acceptance statistics, and its output is the one it gets
+    alone (greedy). The list returned for a batch is a :class:`BatchResults` whose ``stats``
+    sums the batch. With ``seed``, sequence ``i`` uses ``seed + i``.
+    """
+    from structgen.generation.loop import run_sequence
+    from structgen.generation.model import check_context, load_model, vocabulary_for
+
+    cfg = _spec_config(config, temperature, top_p, draft_model)
+    opts = _generation_options(max_new_tokens, seed, speculative, start)
+
+    batch = isinstance(prompt, (list, tuple)) or (
+        messages is not None and len(messages) > 0 and isinstance(messages[0], (list, tuple)))
+    if batch:
+        if prompt is not None and messages is not None:
+            raise ConfigError("give prompt= or messages=, not both")
+        items = list(prompt) if prompt is not None else list(messages)  # type: ignore[arg-type]
+    else:
+        items = [prompt if prompt is not None else messages]
+    n = len(items)
+    _check_requests(items, batch, "prompt" if prompt is not None else "messages")
+    schemas = _per_request("schema", schema, n, batch)
+    grammars = _per_request("grammar", grammar, n, batch)
+    regexes = _per_request("regex", regex, n, batch)
+    # every constraint of the call is compiled before the model loads and anything is generated
+    compiled = _compile_all(schemas, grammars, regexes, opts.start, batch)
+
+    lm = load_model(model, tokenizer)
+    vocab = vocabulary_for(lm)
+    draft_lm = _load_draft(draft_model, cfg)
+
+    if not batch:
+        g, pyd = compiled[0]
+        item = items[0]
+        ids = _prompt_ids(lm, item if isinstance(item, str) else None,
+                          None if isinstance(item, str) else item)
+        check_context(lm, len(ids), opts.max_new_tokens, draft_lm=draft_lm)
+        res = run_sequence(lm, vocab, g, ids, cfg, speculative=opts.speculative,
+                           max_new_tokens=opts.max_new_tokens, draft_lm=draft_lm, seed=opts.seed)
+        return _finish(res, pyd, schemas[0] is not None)
+    return _generate_batch(lm, vocab, cfg, items, schemas, compiled, speculative=opts.speculative,
+                           max_new_tokens=opts.max_new_tokens, draft_lm=draft_lm, seed=opts.seed)
+
+
+def _spec_config(config: Any, temperature: Any, top_p: Any, draft_model: Any) -> SpecConfig:
+    """The call's SpecConfig: ``config`` with the keyword overrides (each checked by
+    SpecConfig's own validation, so ``temperature=float("nan")`` is a ConfigError)."""
+    cfg = _load_config(config)
+    over: dict[str, Any] = {}
+    if temperature is not None:
+        over["temperature"] = temperature
+    if top_p is not None:
+        over["top_p"] = top_p
+    if draft_model is not None and isinstance(draft_model, (str, os.PathLike)):
+        over["draft_model"] = str(draft_model)
+    return replace(cfg, **over) if over else cfg
+
+
+def _generation_options(max_new_tokens: Any, seed: Any, speculative: Any, start: Any) -> Any:
+    """The per-call keywords checked as :class:`~structgen.config.GenerationOptions` checks
+    them (``max_new_tokens=2.5``, ``seed=2**70``, ``speculative="no"`` are ConfigErrors)."""
+    from structgen.config import GenerationOptions
+
+    return GenerationOptions(max_new_tokens=max_new_tokens, seed=seed, speculative=speculative,
+                             start=start)
+
+
+def _check_requests(items: list[Any], batch: bool, name: str) -> None:
+    """Each request is a prompt string or a conversation (a list of ``{"role": str, "content":
+    str}`` messages); anything else is a ConfigError naming the request, before any work."""
+    if batch and not items:
+        raise ConfigError(f"{name}= is an empty list: give at least one request", key=name)
+    for i, item in enumerate(items):
+        where = f"request {i}: " if batch else ""
+        if item is None:
+            raise ConfigError("give prompt= or messages=")
+        if isinstance(item, str):
+            continue
+        if not isinstance(item, (list, tuple)) or not item:
+            raise ConfigError(f"{where}{name} must be a string or a non-empty list of messages, not "
+                              f"{type(item).__name__}", key=name)
+        for j, m in enumerate(item):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
+                    or not isinstance(m.get("content"), str):
+                raise ConfigError(f"{where}message {j} must be a dict with string 'role' and "
+                                  f"'content', not {_short_repr(m)}", key=name)
+
+
+def _short_repr(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _per_request(name: str, value: Any, n: int, batch: bool) -> list[Any]:
+    """One ``schema`` / ``grammar`` / ``regex`` per request. A list (or tuple) always means one
+    per prompt (a JSON Schema is never a list): it needs a batch of the same length."""
+    if value is None:
+        return [None] * n
+    if isinstance(value, (list, tuple)):
+        if not batch:
+            raise ConfigError(f"{name}= is a list of {len(value)} but prompt= / messages= is a single "
+                              "request: give a list of prompts (one per " + name + ")", key=name)
+        if len(value) != n:
+            raise ConfigError(f"{len(value)} {name} values for {n} prompts: give one {name} per "
+                              f"prompt, or a single {name} for all", key=name)
+        return list(value)
+    return [value] * n
+
+
+def _compile_all(schemas: list[Any], grammars: list[Any], regexes: list[Any], start: str,
+                 batch: bool) -> list[tuple[Any, Any]]:
+    """Compile every request's constraint (a constraint shared by several requests once); in a
+    batch an error names its request (``request 1: ...``, ``error.request_index``)."""
+    from structgen.errors import StructgenError, attribute_to_request
+
+    done: dict[tuple[int, int, int], tuple[Any, Any]] = {}
+    out = []
+    for i, (s, g, r) in enumerate(zip(schemas, grammars, regexes)):
+        key = (id(s), id(g), id(r))
+        if key not in done:
+            try:
+                done[key] = resolve_grammar(schema=s, grammar=g, regex=r, start=start)
+            except StructgenError as e:
+                if batch:
+                    raise attribute_to_request(e, i) from None
+                raise
+        out.append(done[key])
+    return out
+
+
+def _load_draft(draft_model: Any, cfg: SpecConfig) -> Any:
+    from structgen.generation.model import CausalLM, load_model
+
+    draft_lm = None
+    if draft_model is not None and not isinstance(draft_model, (str, os.PathLike)):
+        draft_lm = load_model(draft_model)
+    elif cfg.draft_model:
+        draft_lm = load_model(cfg.draft_model)
+    if draft_lm is not None:
+        draft_lm = CausalLM(draft_lm.model, draft_lm.tokenizer)  # own cache
+    return draft_lm
+
+
+class BatchResults(list):  # type: ignore[type-arg]
+    """The results of a batched :func:`generate` call, in prompt order (a plain list of
+    :class:`GenerationResult`), plus ``stats``: the call's
+    :class:`~structgen.generation.loop.BatchStats` (counts summed over the sequences, target
+    forward passes as actually batched, wall-clock times; ``stats.tokens_per_second`` is the
+    call's throughput)."""
+
+    stats: Any = None
+
+
+def _generate_batch(lm: Any, vocab: Any, cfg: SpecConfig, items: list[Any], schemas: list[Any],
+                    compiled: list[tuple[Any, Any]], *, speculative: bool, max_new_tokens: int,
+                    draft_lm: Any, seed: int | None) -> BatchResults:
+    """Micro-batches of ``cfg.batch_size`` sequences, each run by
+    :func:`~structgen.generation.loop.run_batch` (one batched target forward per step). Every
+    prompt is encoded and checked against the context first: a bad request fails the call
+    before any micro-batch is generated."""
+    from structgen.errors import StructgenError, attribute_to_request
+    from structgen.generation.loop import BatchStats, run_batch
+    from structgen.generation.model import check_context
+
+    n = len(items)
+    ids: list[list[int]] = []
+    for i, item in enumerate(items):
+        try:
+            p = _prompt_ids(lm, item if isinstance(item, str) else None,
+                            None if isinstance(item, str) else item)
+            if not p:
+                raise ConfigError("the prompt encodes to no tokens")
+            check_context(lm, len(p), max_new_tokens, draft_lm=draft_lm)
+        except StructgenError as e:
+            raise attribute_to_request(e, i) from None
+        ids.append(p)
+    results = BatchResults()
+    total = BatchStats()
+    for lo in range(0, n, cfg.batch_size):
+        idx = range(lo, min(n, lo + cfg.batch_size))
+        outs, bst = run_batch(lm, vocab, [compiled[i][0] for i in idx], [ids[i] for i in idx], cfg,
+                              speculative=speculative, max_new_tokens=max_new_tokens,
+                              draft_lm=draft_lm,
+                              seeds=[None if seed is None else seed + i for i in idx])
+        total.add(bst)
+        for i, res in zip(idx, outs):
+            results.append(_finish(res, compiled[i][1], schemas[i] is not None))
+    results.stats = total
+    return results
+
+
+def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | None = None,
+           regex: str | None = None, prompt: str | None = None, messages: list[dict] | None = None,
+           tokenizer: Any = None, max_new_tokens: int = 256, temperature: float | None = None,
+           top_p: float | None = None, seed: int | None = None, speculative: bool = True,
+           config: SpecConfig | str | os.PathLike[str] | dict | None = None,
+           draft_model: Any = None, start: str = "start") -> Iterator[str]:
+    """Yield text increments as each verify step commits them (never text a later
+    rollback could take back). Same arguments as :func:`generate`, one prompt."""
+    from structgen.generation.loop import stream_sequence
+    from structgen.generation.model import check_context, load_model, vocabulary_for
+
+    cfg = _spec_config(config, temperature, top_p, None)
+    opts = _generation_options(max_new_tokens, seed, speculative, start)
+    if not (prompt is None or isinstance(prompt, str)):
+        raise ConfigError("stream() takes one prompt (a string); use generate() for a batch",
+                          key="prompt")
+    g, _pyd = resolve_grammar(schema=schema, grammar=grammar, regex=regex, start=opts.start)
+    lm = load_model(model, tokenizer)
+    vocab = vocabulary_for(lm)
+    draft_lm = load_model(draft_model) if draft_model is not None else None
+    ids = _prompt_ids(lm, prompt, messages)
+    check_context(lm, len(ids), opts.max_new_tokens, draft_lm=draft_lm)
+    max_new_tokens, seed, speculative = opts.max_new_tokens, opts.seed, opts.speculative
+    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    eos = set(vocab.eos_token_ids)
+    for new, _seq in stream_sequence(lm, vocab, g, ids, cfg, speculative=speculative,
+                                     max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed):
+        data = vocab.decode_bytes([t for t in new if t not in eos])
+        text = dec.decode(data)
+        if text:
+            yield text
+    tail = dec.decode(b"", final=True)
+    if tail:
+        yield tail
+
+
+def generate_model(model: Any, cls: type, prompt: str | None = None, **kw: Any) -> Any:
+    """Generate an instance of the Pydantic class ``cls``; raises ValueError when the output
+    is incomplete (``max_new_tokens`` reached)."""
+    if "messages" not in kw and prompt is not None:
+        kw["messages"] = [{"role": "user", "content": prompt}]
+        prompt = None
+    r = generate(model, schema=cls, prompt=prompt, **kw)
+    if r.value is None:
+        raise ValueError(f"generation did not complete a {cls.__name__} "
+                         f"(finish_reason={r.finish_reason}, error={r.error})")
+    return r.value

@@ -1,0 +1,346 @@
+"""Drafters: cheap proposals of the next tokens, verified later by the target model.
+
+Drafters propose, they never decide: every proposal is cut to its longest
+grammar-valid prefix (pre-validation) and then verified exactly against the target.
+
+* :class:`GrammarForcedDrafter` -- what the grammar alone determines (keys, punctuation,
+  closing brackets), turned into the tokens the model itself would produce by
+  tokenizing the forced text canonically in the context of the last committed tokens.
+* :class:`PromptLookupDrafter` -- continuations found by n-gram match in the prompt and
+  the output so far (values copied from the input in extraction tasks).
+* :class:`DraftModelDrafter` -- a smaller causal LM with the same tokenizer, masked by the
+  grammar at every step; proposes with probabilities, so sampling stays exact.
+
+Each drafter adapts its draft length to its observed acceptance (``observe``) and is
+switched off when its acceptance stays below ``SpecConfig.min_acceptance``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from structgen.config import SpecConfig
+from structgen.masks.matcher import Matcher
+
+__all__ = ["Candidate", "Drafter", "GrammarForcedDrafter", "PromptLookupDrafter",
+           "DraftModelDrafter", "canonical_tokens", "cut_value"]
+
+
+@dataclass
+class Candidate:
+    """A proposed continuation: ``tokens`` plus, per segment, which drafter proposed it.
+
+    probs: optional draft distributions ``[len(tokens), V]`` (float32 torch tensor) when
+    every token came from a draft model; None = deterministic proposals.
+    """
+
+    tokens: list[int]
+    segments: list[tuple[Drafter, int]] = field(default_factory=list)
+    probs: Any = None
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens (and their probabilities and drafter segments)."""
+        self.tokens = self.tokens[:n]
+        if self.probs is not None:
+            self.probs = self.probs[:n]
+        segs = []
+        left = n
+        for d, k in self.segments:
+            take = min(k, left)
+            if take:
+                segs.append((d, take))
+            left -= take
+        self.segments = segs
+
+    def score(self) -> float:
+        """Expected number of accepted tokens under each drafter's running acceptance."""
+        total = 0.0
+        p = 1.0
+        for drafter, n in self.segments:
+            r = drafter.acceptance_estimate()
+            for _ in range(n):
+                p *= r
+                total += p
+        return total
+
+
+class Drafter:
+    """Base class: adaptive length and acceptance bookkeeping."""
+
+    name = "drafter"
+    prior = 0.5
+
+    def __init__(self, cfg: SpecConfig) -> None:
+        self.cfg = cfg
+        self.length = max(cfg.min_draft_tokens, cfg.max_draft_tokens // 2)
+        self.proposed = 0
+        self.accepted = 0
+        self.calls = 0
+        self.enabled = True
+
+    def acceptance_estimate(self) -> float:
+        # Laplace-smoothed towards the prior
+        return (self.accepted + 4 * self.prior) / (self.proposed + 4)
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        """Record that ``accepted`` of ``proposed`` tokens of this drafter were accepted."""
+        if proposed <= 0:
+            return
+        self.proposed += proposed
+        self.accepted += accepted
+        self.calls += 1
+        cfg = self.cfg
+        if cfg.adaptive:
+            if accepted >= proposed:
+                self.length = min(cfg.max_draft_tokens, self.length + 2)
+            else:
+                self.length = max(cfg.min_draft_tokens, min(self.length, accepted + 2))
+        if (self.calls >= cfg.warmup_proposals
+                and self.accepted / self.proposed < cfg.min_acceptance
+                and self.name != "grammar"):
+            self.enabled = False
+
+    def stats(self) -> dict[str, Any]:
+        rate = self.accepted / self.proposed if self.proposed else None
+        return {"proposed": self.proposed, "accepted": self.accepted, "acceptance": rate,
+                "enabled": self.enabled}
+
+
+def canonical_tokens(tokenizer: Any, vocab: Any, committed: list[int], data: bytes,
+                     context_tokens: int = 3) -> list[int]:
+    """Tokens the model's tokenizer produces for ``data`` following ``committed`` output.
+
+    The last few committed tokens are re-tokenized together with ``data`` so that the
+    tokenizer sees the real boundary; when that re-tokenization does not reproduce the
+    committed tokens (a merge across the boundary), ``data`` is tokenized alone.
+    Incomplete trailing UTF-8 is dropped.
+    """
+    if not data:
+        return []
+    # drop an incomplete UTF-8 tail
+    for cut in range(len(data), max(len(data) - 4, 0) - 1, -1):
+        try:
+            text = data[:cut].decode("utf-8")
+            break
+        except UnicodeDecodeError:
+            continue
+    else:
+        return []
+    if not text:
+        return []
+    tail_ids = committed[-context_tokens:] if committed else []
+    if tail_ids:
+        tail = vocab.decode_bytes(tail_ids)
+        try:
+            tail_text = tail.decode("utf-8")
+        except UnicodeDecodeError:
+            tail_text = None
+        if tail_text is not None:
+            ids = tokenizer.encode(tail_text + text, add_special_tokens=False)
+            if ids[: len(tail_ids)] == tail_ids:
+                return list(ids[len(tail_ids):])
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+class GrammarForcedDrafter(Drafter):
+    """Proposes the grammar-forced continuation in canonical tokenization."""
+
+    name = "grammar"
+    prior = 0.8
+
+    def __init__(self, cfg: SpecConfig, tokenizer: Any, vocab: Any) -> None:
+        super().__init__(cfg)
+        self.tokenizer = tokenizer
+        self.vocab = vocab
+
+    def propose(self, matcher: Matcher, output: list[int], limit: int) -> list[int]:
+        data = matcher.forced_bytes(limit=256)
+        if not data:
+            return []
+        toks = canonical_tokens(self.tokenizer, self.vocab, output, data)
+        return toks[: max(0, limit)]
+
+
+_WORD = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+# where a value copied from natural text usually ends
+_BOUNDARIES = (b",", b";", b"\n", b". ", b'"', b")", b"(", b"!", b"?")
+
+
+class PromptLookupDrafter(Drafter):
+    """Text-level lookup: the end of the output text is searched for in the prompt (and the
+    output so far) and what followed it there is proposed. Matching on text rather than
+    token ids survives tokenization differences (a value copied from a prompt where it
+    followed a space tokenizes differently inside a JSON string)."""
+
+    name = "lookup"
+    prior = 0.5
+
+    def continuations(self, source: bytes, text: bytes, num: int, max_bytes: int = 64) -> list[bytes]:
+        """Up to ``num`` distinct continuations of the end of ``text`` found in ``source``
+        (most recent occurrence first). The suffix tried first is the text since the last
+        quote (a value being copied), then the trailing word; suffixes without a letter or
+        digit are not looked up."""
+        suffixes: list[bytes] = []
+        q = text.rfind(b'"')
+        if q >= 0 and 0 < len(text) - q - 1 <= 48:
+            suffixes.append(text[q + 1:])
+        i = len(text)
+        while i > 0 and text[i - 1] in _WORD:
+            i -= 1
+        if i < len(text):
+            suffixes.append(text[i:])
+        out: list[bytes] = []
+        seen: set[bytes] = set()
+        for suf in suffixes:
+            if not any(c in _WORD for c in suf):
+                continue
+            end = len(source)
+            while len(out) < num:
+                j = source.rfind(suf, 0, end)
+                if j < 0:
+                    break
+                cont = source[j + len(suf): j + len(suf) + max_bytes]
+                if cont and cont not in seen:
+                    seen.add(cont)
+                    out.append(cont)
+                end = j + len(suf) - 1
+            if out:
+                break
+        return out
+
+
+    _KEY = re.compile(rb'"([A-Za-z_][A-Za-z0-9_ -]{1,40})":\s*"?$')
+    _FILLER = re.compile(rb"^(?:\s|:|=|-|\bis\b|\bare\b|\bwas\b|\bof\b|\bthe\b)+", re.I)
+
+    def key_continuations(self, source: bytes, text: bytes, num: int,
+                          max_bytes: int = 64) -> list[bytes]:
+        """At the start of a JSON value: find the property name in ``source`` (case-insensitive,
+        underscores as spaces) and propose what follows it, minus filler words ("is", ":")."""
+        m = self._KEY.search(text[-64:])
+        if m is None:
+            return []
+        key = m.group(1).replace(b"_", b" ").lower()
+        low = source.lower()
+        out: list[bytes] = []
+        end = len(low)
+        while len(out) < num:
+            j = low.rfind(key, 0, end)
+            if j < 0:
+                break
+            cont = source[j + len(key): j + len(key) + max_bytes]
+            cont = cont[self._FILLER.match(cont).end():] if self._FILLER.match(cont) else cont
+            if cont and cont not in out:
+                out.append(cont)
+            end = j
+        return out
+
+
+def cut_value(cont: bytes) -> tuple[bytes, bool]:
+    """Cut a copied continuation where a value usually ends; (text, whether a boundary was found)."""
+    best = len(cont)
+    for b in _BOUNDARIES:
+        k = cont.find(b)
+        if 0 <= k < best:
+            best = k
+    return cont[:best], best < len(cont)
+
+
+class DraftModelDrafter(Drafter):
+    """A small causal LM (same tokenizer) proposing tokens greedily, or by sampling when
+    the temperature is positive, under the grammar mask; keeps its own KV cache."""
+
+    name = "draft_model"
+    prior = 0.6
+
+    def __init__(self, cfg: SpecConfig, lm: Any, vocab: Any) -> None:
+        super().__init__(cfg)
+        self.lm = lm
+        self.vocab = vocab
+        self.cached: list[int] = []
+        self._bm: Any = None      # int32 [1, W] and the distribution rows: allocated on first use
+        self._dist: Any = None
+
+    def reset(self) -> None:
+        self.lm.reset()
+        self.cached = []
+
+    def propose(self, matcher: Matcher, context: list[int], limit: int, *,
+                temperature: float = 0.0, generator: Any = None) -> tuple[list[int], Any]:
+        import torch
+
+        from structgen.generation.sampling import DistributionBuffers
+        from structgen.masks.matcher import allocate_bitmask
+
+        if limit <= 0:
+            return [], None
+        # sync the cache with the context: keep the common prefix, feed the rest
+        common = 0
+        for a, b in zip(self.cached, context):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(context) - 1)
+        if self.lm.cache is None:
+            self.lm.reset()
+        self.lm.crop(min(common, self.lm.length))
+        self.cached = context[: self.lm.length]
+        feed = context[self.lm.length:]
+        logits = self.lm.extend(feed, all_logits=False)[-1]
+        self.cached = list(context)
+        m = matcher.fork()
+        if self._dist is None or self._dist.probs.shape[0] < limit:
+            self._bm = allocate_bitmask(1, self.lm.vocab_size)
+            self._dist = DistributionBuffers(self.lm.vocab_size, max(limit, self.cfg.max_draft_tokens))
+        bm, dist = self._bm, self._dist
+        toks: list[int] = []
+        pending: list[int] = []  # drafted tokens not fed to the draft model yet
+        for step in range(limit):
+            m.fill_bitmask(bm, 0)
+            only = _single_allowed(bm[0])
+            if only is not None:
+                # the grammar leaves one token: the masked distribution is a point mass on it
+                # whatever the logits, so no forward pass is needed to draft it
+                if only >= self.lm.vocab_size:
+                    break
+                t = only
+                dist.point_mass(len(toks), t)  # [V]
+            else:
+                if pending:  # one forward for every token drafted since the last choice
+                    logits = self.lm.extend(pending, all_logits=False)[-1]
+                    self.cached.extend(pending)
+                    pending = []
+                p = dist.compute(len(toks), logits, bm[0], temperature)  # [V] float32
+                if p is None:
+                    break
+                if temperature > 0:
+                    t = dist.sample(len(toks), generator)
+                else:
+                    t = int(torch.argmax(p))
+            if not m.accept_token(t):  # cannot happen: t was drawn under the mask
+                break
+            # EOS is proposed like any token (dropping it would bias the proposal distribution)
+            toks.append(t)
+            if m.is_terminated():
+                break
+            if step + 1 < limit:
+                pending.append(t)
+        if not toks:
+            return [], None
+        # rows of the drafter's own buffer: valid until its next proposal (the step verifies first)
+        return toks, dist.probs[: len(toks)]
+
+
+def _single_allowed(words: Any) -> int | None:
+    """The token id when the packed int32 mask row ``words`` allows exactly one token."""
+    import torch
+
+    if int(torch.count_nonzero(words)) != 1:   # (no [W]-sized index tensor for dense masks)
+        return None
+    nz = torch.nonzero(words).flatten()
+    w = int(nz[0])
+    v = int(words[w]) & 0xFFFFFFFF
+    if v & (v - 1):
+        return None
+    return 32 * w + v.bit_length() - 1

@@ -1,0 +1,948 @@
+"""The generation loop: drafts -> pre-validation -> one target forward -> exact verify.
+
+Each step of a sequence (:func:`run_sequence`; :func:`run_batch` runs the steps of many
+sequences together, see below):
+
+1. drafters propose candidates (grammar-forced text in canonical tokenization, prompt
+   lookup continuations, a grammar-masked draft model), composed as forced + continuation;
+2. pre-validation cuts every candidate to its longest grammar-valid prefix on the CPU and
+   picks the one with the best expected acceptance; the matcher builds one mask per draft
+   position plus the bonus position (fill -> accept -> ... -> rollback);
+3. the target model runs once over ``[pending] + draft`` with its KV cache;
+4. :func:`structgen.generation.verify.verify` accepts the longest prefix the target agrees with
+   (greedy: masked argmax equality; sampling: rejection sampling) and emits the recovered
+   or bonus token; the KV cache is cropped to the accepted prefix (nothing recomputed).
+
+With ``speculative=False`` the same loop runs with empty drafts: plain grammar-constrained
+decoding, the baseline. Greedy output is identical in both modes; sampled output has the
+same distribution. A position where the grammar allows exactly one token (e.g. EOS after
+a complete document) is committed without a forward pass (that is what plain constrained
+decoding would emit too).
+
+Batches (:func:`run_batch`): a step is split in :meth:`_Sequence.prepare` (everything before
+the forward: drafting, pre-validation, masks, the sequence's uniforms) and
+:meth:`_Sequence.commit` (after verification). Between them the live sequences share ONE
+batched target forward (:class:`structgen.generation.model.BatchKV`) and ONE verify call over their
+flattened drafts; each keeps its own matcher, drafters and statistics.
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from structgen.config import SpecConfig
+from structgen.generation.drafters import (
+    Candidate,
+    DraftModelDrafter,
+    GrammarForcedDrafter,
+    PromptLookupDrafter,
+)
+from structgen.generation.model import CausalLM, check_context
+from structgen.grammar.automaton import CompiledGrammar
+from structgen.masks.matcher import Matcher, bitmask_words
+
+__all__ = ["BatchStats", "GenerationStats", "SequenceResult", "run_batch", "run_sequence",
+           "stream_sequence"]
+
+
+@dataclass
+class GenerationStats:
+    """Counters for one call (or summed over a batch).
+
+    acceptance per drafter = accepted / proposed draft tokens (pre-validated tokens that
+    were sent to the target). ``tokens_per_pass`` = generated tokens / target forward passes.
+    """
+
+    forward_passes: int = 0
+    new_tokens: int = 0
+    free_tokens: int = 0  # tokens committed without a forward pass (grammar allowed only one)
+    drafted: int = 0
+    accepted: int = 0
+    bonus: int = 0  # recovered or bonus tokens emitted by verification
+    drafters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    time_masks: float = 0.0
+    time_drafting: float = 0.0
+    time_forward: float = 0.0
+    time_verify: float = 0.0
+    time_prefill: float = 0.0
+    time_total: float = 0.0
+    time_to_first_token: float | None = None
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.time_total if self.time_total else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items()}
+        d["tokens_per_pass"] = self.tokens_per_pass
+        d["acceptance"] = self.acceptance
+        d["tokens_per_second"] = self.tokens_per_second
+        return d
+
+    def merge(self, other: GenerationStats) -> None:
+        for k in ("forward_passes", "new_tokens", "free_tokens", "drafted", "accepted", "bonus",
+                  "time_masks", "time_drafting", "time_forward", "time_verify", "time_prefill",
+                  "time_total"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+        for name, st in other.drafters.items():
+            mine = self.drafters.setdefault(name, {"proposed": 0, "accepted": 0})
+            mine["proposed"] += st["proposed"]
+            mine["accepted"] += st["accepted"]
+            mine["acceptance"] = mine["accepted"] / mine["proposed"] if mine["proposed"] else None
+
+
+@dataclass
+class SequenceResult:
+    tokens: list[int]
+    text: str
+    finish_reason: str  # "stop" (EOS / grammar complete) | "length" | "error"
+    stats: GenerationStats
+
+
+@dataclass
+class _Plan:
+    """One sequence's step up to the target forward (see :meth:`_Sequence.prepare`)."""
+
+    draft: list[int]            # pre-validated draft tokens (k)
+    cand: Candidate | None      # the candidate they came from (drafter segments, probs)
+    uniforms: torch.Tensor      # float64 [k+1, 2]: the sequence's own draws for verification
+    budget: int                 # tokens the sequence may still emit
+    bitmask: torch.Tensor | None = None  # int32 [k+1, W]: one mask per draft position plus the
+                                         # bonus row (rows of the step's pooled host buffer)
+
+
+class _Sequence:
+    """State of one sequence under generation."""
+
+    def __init__(self, lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
+                 cfg: SpecConfig, *, speculative: bool, max_new_tokens: int,
+                 draft_lm: CausalLM | None, seed: int | None) -> None:
+        self.lm = lm
+        self.vocab = vocab
+        self.cfg = cfg
+        self.matcher = Matcher(grammar, vocab)
+        self.prompt = list(prompt_ids)
+        self.output: list[int] = []
+        self.speculative = speculative
+        self.max_new = max_new_tokens
+        self.stats = GenerationStats()
+        self.finish: str | None = None
+        self.eos = set(vocab.eos_token_ids)
+        self.generator = torch.Generator().manual_seed(seed if seed is not None else
+                                                       int(torch.randint(0, 2**62, (1,))))
+        self.grammar_d = GrammarForcedDrafter(cfg, lm.tokenizer, vocab) if cfg.grammar_drafts else None
+        self.lookup_d = PromptLookupDrafter(cfg) if cfg.prompt_lookup else None
+        self.model_d = DraftModelDrafter(cfg, draft_lm, vocab) if draft_lm is not None else None
+        if self.model_d is not None:
+            self.model_d.reset()
+        self.words = bitmask_words(lm.vocab_size)
+        self.verifier: _StepVerifier | None = None   # set by stream_sequence (run_batch has its own)
+        self.pending: int | None = None
+        self._prompt_text: bytes | None = None
+        # forced text -> the token split the model itself produced for it (learned online)
+        self._splits: dict[bytes, tuple[int, ...]] = {}
+        self._forced_at: list[tuple[int, bytes]] = []  # (output byte offset, forced text)
+        self._out_bytes = 0
+        self._out_ends: list[int] = [0]  # output byte offset after each output token
+
+    # -- drafting ---------------------------------------------------------------------------
+    def _text_tokens(self, parts: list[tuple[Any, bytes]], limit: int) -> Candidate | None:
+        """Tokenize the concatenated text parts; attribute each token to the part (drafter)
+        holding its first byte; cut at the first grammar-invalid token.
+
+        A leading grammar-forced part whose tokenization the model has shown before (see
+        :meth:`_learn_splits`) uses the model's own split; the rest is tokenized canonically
+        in the context of the committed output."""
+        from structgen.generation.drafters import canonical_tokens
+
+        data = b"".join(p for _d, p in parts)
+        if not data:
+            return None
+        toks: list[int] = []
+        pending = b""  # text not yet tokenized (tokenized canonically together)
+        for d, p in parts:
+            if d is not self.grammar_d or not self._splits:
+                pending += p
+                continue
+            while p:
+                best = max((k for k in self._splits if p.startswith(k)), key=len, default=b"")
+                if not best:
+                    pending += p
+                    break
+                if pending:
+                    toks += canonical_tokens(self.lm.tokenizer, self.vocab, self.output + toks, pending)
+                    pending = b""
+                toks += self._splits[best]
+                p = p[len(best):]
+        if pending:
+            toks += canonical_tokens(self.lm.tokenizer, self.vocab, self.output + toks, pending)
+        toks = toks[:limit]
+        toks = toks[: self.matcher.validate_tokens(toks)]
+        if not toks:
+            return None
+        bounds = []
+        acc = 0
+        for d, p in parts:
+            acc += len(p)
+            bounds.append((acc, d))
+        segs: list[tuple[Any, int]] = []
+        pos = 0
+        tb = self.vocab.token_bytes
+        for t in toks:
+            owner = next((d for end, d in bounds if pos < end), bounds[-1][1])
+            if segs and segs[-1][0] is owner:
+                segs[-1] = (owner, segs[-1][1] + 1)
+            else:
+                segs.append((owner, 1))
+            pos += len(tb[t] or b"")
+        return Candidate(toks, segs)
+
+    def _candidates(self, limit: int) -> list[Candidate]:
+        from structgen.generation.drafters import cut_value
+
+        cands: list[Candidate] = []
+        m = self.matcher
+        forced = b""
+        if self.grammar_d is not None and self.grammar_d.enabled:
+            forced = m.forced_bytes(limit=256)
+            if forced:
+                self._forced_at.append((self._out_bytes, forced))
+        if self.lookup_d is not None and self.lookup_d.enabled:
+            out_text = self.vocab.decode_bytes([t for t in self.output if t not in self.eos])
+            if self._prompt_text is None:
+                self._prompt_text = self.vocab.decode_bytes(self.prompt)
+            source = self._prompt_text + out_text
+            conts = self.lookup_d.continuations(source, out_text + forced, self.cfg.draft_num)
+            if not conts:  # at a value's start: what follows the property's name in the prompt
+                conts = self.lookup_d.key_continuations(self._prompt_text, out_text + forced,
+                                                        self.cfg.draft_num)
+            for cont in conts:
+                seg, bounded = cut_value(cont)
+                n = m.viable_prefix_length(forced + seg) - len(forced)
+                cut_by_grammar = n < len(seg)
+                seg = seg[: max(n, 0)]
+                tail = b""
+                if bounded or cut_by_grammar:
+                    # the copied value ends here: close it and add what the grammar forces next
+                    for close in (b'"', b",", b"}", b"]"):
+                        probe = forced + seg + close
+                        if m.viable_prefix_length(probe) == len(probe):
+                            tail = close + m.forced_bytes(limit=256, after=probe)
+                            break
+                if not seg and not cut_by_grammar:
+                    continue  # nothing copied: closing the value here is a blind guess
+                # the closing and what follows it are right only if the copied value is: they
+                # count as the lookup drafter's proposal
+                parts = [(self.grammar_d, forced), (self.lookup_d, seg + tail)]
+                cand = self._text_tokens([(d, p) for d, p in parts if p], limit)
+                if cand is not None:
+                    cands.append(cand)
+        if forced:
+            cand = self._text_tokens([(self.grammar_d, forced)], limit)
+            if cand is not None:
+                cands.append(cand)
+        if self.model_d is not None and self.model_d.enabled:
+            # The draft model drafts through grammar-forced text too (masked by the grammar):
+            # it then picks the tokenization of that text the model family prefers, where the
+            # canonical tokenization of the forced bytes may differ from the target's choice and
+            # sink every model token after it.
+            toks, probs = self.model_d.propose(
+                m.fork(), self.prompt + self.output, min(self.model_d.length, limit),
+                temperature=self.cfg.temperature, generator=self.generator)
+            if toks:
+                cand = Candidate(list(toks), [(self.model_d, len(toks))])  # type: ignore[list-item]
+                if self.cfg.temperature > 0 and probs is not None:
+                    cand.probs = probs  # [len(toks), V]
+                cands.append(cand)
+        return cands
+
+    def _choose(self, cands: list[Candidate]) -> Candidate | None:
+        if self.cfg.temperature > 0:
+            # Sampling: a draft-model proposal is verified whenever it exists, so that which
+            # candidate is verified never depends on what the draft model sampled (selection
+            # on sampled content would bias the proposal distribution given to the verifier).
+            for c in cands:
+                if c.probs is not None:
+                    return c
+        best: Candidate | None = None
+        best_score = 0.0
+        m = self.matcher
+        for c in cands[: max(1, self.cfg.draft_num) + 2]:
+            n = m.validate_tokens(c.tokens)  # pre-validation: longest grammar-valid prefix
+            if n < len(c.tokens):
+                c.truncate(n)
+            if not c.tokens:
+                continue
+            s = c.score()
+            if s > best_score:
+                best, best_score = c, s
+        return best
+
+    # -- one step ------------------------------------------------------------------------------
+    def prepare(self) -> _Plan | list[int]:
+        """First half of a step, everything the target forward needs: the length check, the
+        model-free EOS, drafting and pre-validation (the masks come later, :meth:`fill_masks`,
+        while the forward runs). Returns the step's :class:`_Plan`, or the tokens committed
+        without a forward pass (``finish`` is then set)."""
+        st = self.stats
+        m = self.matcher
+        budget = self.max_new - len(self.output)
+        if budget <= 0:
+            self.finish = "length"
+            return []
+        # a position where the grammar allows exactly one token (EOS after a complete
+        # document) needs no model: plain constrained decoding could emit nothing else
+        t0 = time.perf_counter()
+        allowed = m.allowed_token_ids() if m.is_accepting() else None
+        st.time_masks += time.perf_counter() - t0
+        if allowed is not None and len(allowed) == 1 and allowed[0] in self.eos:
+            tok = allowed[0]
+            m.accept_token(tok)
+            self.output.append(tok)
+            st.new_tokens += 1
+            st.free_tokens += 1
+            self.finish = "stop"
+            return [tok]
+
+        # drafting + pre-validation
+        t0 = time.perf_counter()
+        cand: Candidate | None = None
+        if self.speculative:
+            limit = min(self.cfg.max_draft_tokens, budget - 1)
+            if limit > 0:
+                cand = self._choose(self._candidates(limit))
+        draft = cand.tokens if cand is not None else []
+        k = len(draft)
+        st.time_drafting += time.perf_counter() - t0
+
+        assert self.pending is not None
+        uniforms = torch.rand((k + 1, 2), dtype=torch.float64, generator=self.generator)
+        return _Plan(draft, cand, uniforms, budget)
+
+    def fill_masks(self, plan: _Plan, bm: torch.Tensor) -> None:
+        """Write the masks of every draft position plus the bonus position into ``bm``
+        (int32 ``[k+1, W]``): fill -> accept -> ... -> rollback on the matcher."""
+        t0 = time.perf_counter()
+        m = self.matcher
+        draft = plan.draft
+        k = len(draft)
+        for i in range(k + 1):
+            m.fill_bitmask(bm, i)
+            if i < k:
+                ok = m.accept_token(draft[i])
+                assert ok, "pre-validated draft rejected"
+        if k:
+            m.rollback(k)
+        plan.bitmask = bm
+        self.stats.time_masks += time.perf_counter() - t0
+
+    def step(self) -> list[int]:
+        """Run one verify step; returns the newly committed tokens (may be empty at the end)."""
+        plan = self.prepare()
+        if not isinstance(plan, _Plan):
+            return plan
+        st = self.stats
+        k = len(plan.draft)
+        ver = self.verifier
+        assert ver is not None and self.pending is not None
+        feed = [self.pending] + plan.draft
+        # one target forward over [pending] + draft, the masks built meanwhile
+        logits, dt = ver.forward_with_masks(lambda: self.lm.extend(feed, float32=False),  # [k+1, V]
+                                            [self], [plan])
+        st.forward_passes += 1
+        st.time_forward += dt
+
+        t0 = time.perf_counter()
+        n_acc, emitted = ver.run([self], [plan], logits)[0]
+        st.time_verify += time.perf_counter() - t0
+        # crop the KV cache to pending + accepted drafts
+        self.lm.crop(self.lm.length - (k - n_acc))
+        return self.commit(plan, n_acc, emitted)
+
+    def commit(self, plan: _Plan, n_acc: int, emitted: list[int]) -> list[int]:
+        """Second half of a step, after verification (``n_acc`` drafts accepted, then the
+        ``emitted`` tokens): drafter bookkeeping and committing to the matcher and output.
+        The caller crops the KV cache to ``1 + n_acc`` of the positions it fed."""
+        st = self.stats
+        m = self.matcher
+        cand = plan.cand
+        k = len(plan.draft)
+        # bookkeeping per drafter
+        if cand is not None:
+            left = n_acc
+            for d, n in cand.segments:
+                took = min(n, left)
+                d.observe(n, took)
+                left -= took
+            st.drafted += k
+            st.accepted += n_acc
+
+        emitted = emitted[: plan.budget]
+        committed: list[int] = []
+        for t in emitted:
+            if not m.accept_token(t):
+                raise RuntimeError(f"verified token {t} rejected by the grammar")
+            committed.append(t)
+            if t in self.eos:
+                self.finish = "stop"
+                break
+        st.bonus += int(len(committed) > n_acc)  # the verifier's own token (not cut by a drafted EOS)
+        self.output.extend(committed)
+        self._learn_splits(committed)
+        st.new_tokens += len(committed)
+        if self.finish is None and len(committed) < len(emitted):
+            self.finish = "stop"
+        self.pending = committed[-1] if committed else self.pending
+        if self.finish is None and len(self.output) >= self.max_new:
+            self.finish = "length"
+        return committed
+
+    def _learn_splits(self, committed: list[int]) -> None:
+        """Record how the model tokenized grammar-forced text: when the output now covers a
+        forced text that began and ended on token boundaries, remember that token split."""
+        tb = self.vocab.token_bytes
+        for t in committed:
+            self._out_bytes += len(tb[t] or b"")
+            self._out_ends.append(self._out_bytes)
+        keep: list[tuple[int, bytes]] = []
+        ends = self._out_ends
+        for start, text in self._forced_at:
+            stop = start + len(text)
+            if stop > self._out_bytes:
+                keep.append((start, text))
+                continue
+            try:
+                i = ends.index(start)
+                j = ends.index(stop)
+            except ValueError:
+                continue  # the model's tokens straddle the forced text's edges
+            self._splits[text] = tuple(self.output[i:j])
+        self._forced_at = keep
+
+    def _draft_probs(self, cand: Candidate | None) -> torch.Tensor | None:
+        """The candidate's draft distributions ``[k, V_draft]`` as the draft model gave them
+        (None: deterministic proposals); :meth:`_StepVerifier.run` copies them into its
+        pooled ``[N, V_target]`` rows."""
+        if cand is None or cand.probs is None or self.cfg.temperature <= 0:
+            return None
+        return cand.probs
+
+    def _lossy(self, draft: list[int], logits: torch.Tensor, bm: torch.Tensor, n_acc: int,
+               emitted: list[int]) -> tuple[int, list[int]]:
+        """Opt-in LOSSY typical acceptance (``verify_threshold``): beyond the exact verdict,
+        keep accepting draft tokens whose masked target probability is at least
+        ``threshold`` times the top token's. Changes the output distribution."""
+        from structgen.generation.sampling import masked_logits
+
+        thr = float(self.cfg.verify_threshold or 1.0)
+        k = len(draft)
+        scaled = masked_logits(logits.float(), bm[: k + 1]) / max(self.cfg.temperature, 1e-5)
+        probs = torch.softmax(scaled, -1)
+        i = n_acc
+        while i < k and float(probs[i, draft[i]]) >= thr * float(probs[i].max()):
+            i += 1
+        if i == n_acc:
+            return n_acc, emitted
+        nxt = int(torch.argmax(probs[i])) if i < k else int(torch.argmax(probs[k]))
+        return i, draft[:i] + [nxt]
+
+    def prefill(self) -> None:
+        t0 = time.perf_counter()
+        self.lm.reset()
+        if len(self.prompt) > 1:
+            self.lm.extend(self.prompt[:-1], all_logits=False)
+        self.pending = self.prompt[-1]
+        self.stats.time_prefill += time.perf_counter() - t0
+
+    def finalize_stats(self) -> None:
+        for d in (self.grammar_d, self.lookup_d, self.model_d):
+            if d is not None:
+                self.stats.drafters[d.name] = d.stats()
+
+
+_MASK_WORKER: ThreadPoolExecutor | None = None
+_MASK_WORKER_LOCK = threading.Lock()
+
+
+def _mask_worker() -> ThreadPoolExecutor:
+    """One process-wide worker thread that fills masks while the main thread runs a CPU forward
+    (torch's CPU kernels and the compiled mask walks release the GIL)."""
+    global _MASK_WORKER
+    with _MASK_WORKER_LOCK:
+        if _MASK_WORKER is None:
+            _MASK_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="structgen-masks")
+        return _MASK_WORKER
+
+
+def overlap_masks_enabled(cfg: SpecConfig, device: Any) -> bool:
+    """Whether a step builds its masks while the target forward runs (``SpecConfig.overlap_masks``;
+    None = on for CUDA only: on the CPU the masks cost ~0.1% of a step with a 135M model, and the
+    hand-off to the worker thread measured no gain, ``benchmarks/results/overlap-*.json``)."""
+    if cfg.overlap_masks is not None:
+        return bool(cfg.overlap_masks)
+    return torch.device(device).type == "cuda"
+
+
+class _StepVerifier:
+    """The verify half of a generation loop's steps, over buffers allocated once per call.
+
+    Holds a :class:`~structgen.generation.verify.VerifyBufferPool` entry for ``capacity`` sequences of up
+    to ``max_draft_tokens`` drafts: the packed masks (filled in place by the sequences; pinned
+    host memory uploaded with a non-blocking copy on CUDA), drafts, cumulative counts, uniforms,
+    outputs and the Triton kernels' scratch, plus the temperatures / top-p values and, once a
+    draft model proposes with probabilities, an ``[capacity * max_draft_tokens, V]`` float32
+    block for them. A step only writes into these (views of their first rows): the loop itself
+    allocates no vocabulary-sized tensor per step. The logits are the target model's own output
+    tensor, passed as it is (its dtype: the kernels read bf16 / fp16 directly).
+    """
+
+    def __init__(self, cfg: SpecConfig, vocab_size: int, device: Any, capacity: int) -> None:
+        from structgen.generation.verify import VerifyBufferPool
+
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        self.capacity = capacity
+        self.max_draft = cfg.max_draft_tokens
+        self.pool = VerifyBufferPool()
+        self.buf = self.pool.get(capacity, self.max_draft, vocab_size, torch.float32, self.device,
+                                 logits=False)
+        f32 = torch.float32
+        self.temperature = (None if cfg.temperature == 0 else
+                            torch.full((capacity,), cfg.temperature, dtype=f32, device=self.device))
+        self.top_p = (torch.full((capacity,), cfg.top_p, dtype=f32, device=self.device)
+                      if self.temperature is not None and cfg.top_p < 1 else None)
+        self._dprobs: torch.Tensor | None = None   # float32 [capacity * max_draft, V], on first use
+        self.overlap = overlap_masks_enabled(cfg, self.device)
+
+    def mask_rows(self, plans: list[_Plan]) -> list[torch.Tensor]:
+        """Each plan's ``[k+1, W]`` rows of the pooled host bitmask, in batch order."""
+        views = []
+        row = 0
+        host = self.buf.bitmask_host
+        for p in plans:
+            n = len(p.draft) + 1
+            views.append(host[row: row + n])
+            row += n
+        return views
+
+    def forward_with_masks(self, forward: Callable[[], torch.Tensor], seqs: list[_Sequence],
+                           plans: list[_Plan]) -> tuple[torch.Tensor, float]:
+        """Run the target ``forward`` and fill every plan's masks into the pooled rows; with
+        overlap the masks are built while the forward runs (CUDA: after its kernels are queued;
+        CPU: on the mask worker thread). Returns the logits and the seconds the forward call
+        took (the masks' own time goes to each sequence's ``time_masks``)."""
+        views = self.mask_rows(plans)
+
+        def fill() -> None:
+            for s, p, v in zip(seqs, plans, views):
+                s.fill_masks(p, v)
+
+        if not self.overlap:
+            fill()
+            t0 = time.perf_counter()
+            return forward(), time.perf_counter() - t0
+        if self.device.type == "cuda":
+            t0 = time.perf_counter()
+            logits = forward()          # queued on the GPU; the CPU returns at once
+            dt = time.perf_counter() - t0
+            fill()
+            return logits, dt
+        fut = _mask_worker().submit(fill)
+        t0 = time.perf_counter()
+        try:
+            logits = forward()
+            dt = time.perf_counter() - t0
+        finally:
+            fut.result()                # the masks (and any error raised while building them)
+        return logits, dt
+
+    def _draft_prob_rows(self, n: int) -> torch.Tensor:
+        if self._dprobs is None:
+            self._dprobs = torch.zeros((self.capacity * self.max_draft, self.vocab_size),
+                                       dtype=torch.float32, device=self.device)
+            self.pool.vocab_allocations += 1
+        return self._dprobs[:n]
+
+    def run(self, seqs: list[_Sequence], plans: list[_Plan],
+            logits: torch.Tensor) -> list[tuple[int, list[int]]]:
+        """Verify the steps of several sequences in ONE call of :func:`structgen.generation.verify.verify`.
+
+        ``logits`` ``[sum(k_b + 1), V]``: sequence ``b``'s rows are the target logits at its
+        ``[pending] + draft`` positions, in batch order (the verify contract's flattened layout);
+        its masks are in the pooled rows :meth:`forward_with_masks` filled. Each sequence brings
+        its own masks and uniforms, so its verdict is the one it would get alone. Returns
+        ``(num_accepted, emitted tokens)`` per sequence (after the opt-in lossy acceptance, when
+        configured)."""
+        from structgen.generation.verify import VerifyOutput, verify
+
+        cfg = self.cfg
+        buf = self.buf
+        b = len(plans)
+        lens = [len(p.draft) for p in plans]
+        n = sum(lens)
+        rows = n + b
+        cu: list[int] = []
+        total = 0
+        for k in lens:
+            total += k
+            cu.append(total)
+        cu_t = buf.cu_num_draft_tokens[:b]
+        cu_t.copy_(torch.tensor(cu, dtype=torch.int32))                              # [B]
+        drafts = buf.draft_token_ids[:n]
+        if n:
+            drafts.copy_(torch.tensor([t for p in plans for t in p.draft], dtype=torch.int32))  # [N]
+        bitmask = buf.bitmask[:rows]                                                   # [N+B, W]
+        ev = buf.upload_bitmask(rows)
+        if ev is not None:
+            torch.cuda.current_stream(self.device).wait_event(ev)
+        uniforms = None
+        draft_probs = None
+        temperature = top_p = None
+        if self.temperature is not None:
+            temperature = self.temperature[:b]
+            top_p = self.top_p[:b] if self.top_p is not None else None
+            uniforms = buf.uniforms[:rows]                                             # [N+B, 2]
+            row = 0
+            for p in plans:
+                uniforms[row: row + len(p.draft) + 1].copy_(p.uniforms)
+                row += len(p.draft) + 1
+            probs = [s._draft_probs(p.cand) for s, p in zip(seqs, plans)]
+            if any(q is not None for q in probs):
+                # a sequence without draft probabilities proposed deterministically: point masses
+                draft_probs = self._draft_prob_rows(n)                                 # [N, V]
+                row = 0
+                for q, p in zip(probs, plans):
+                    k = len(p.draft)
+                    if not k:
+                        continue
+                    dst = draft_probs[row: row + k]
+                    if q is None:
+                        dst.zero_()
+                        dst[torch.arange(k), torch.tensor(p.draft)] = 1.0
+                    else:
+                        w = min(int(q.shape[1]), self.vocab_size)
+                        dst[:, :w].copy_(q[:k, :w])
+                        if w < self.vocab_size:
+                            dst[:, w:].zero_()
+                    row += k
+        full = buf.out
+        out = VerifyOutput(full.output_token_ids[:b], full.num_accepted[:b], full.num_emitted[:b],
+                           full.error_position[:b])
+        verify(drafts, cu_t, logits, bitmask, draft_probs=draft_probs, temperature=temperature, top_p=top_p,
+               uniforms=uniforms, backend=cfg.backend, out=out, workspace=buf.workspace, check_inputs=False)
+        accepted = out.num_accepted.tolist()
+        tokens = out.output_token_ids.tolist()
+        results: list[tuple[int, list[int]]] = []
+        row = 0
+        for i, (s, p) in enumerate(zip(seqs, plans)):
+            k = lens[i]
+            n_acc = int(accepted[i])
+            if n_acc < 0:
+                raise RuntimeError(f"verification found a fully masked row (grammar dead end) in "
+                                   f"sequence {i} of the batch")
+            emitted = [int(t) for t in tokens[i][: n_acc + 1]]
+            if cfg.verify_threshold is not None and k:
+                n_acc, emitted = s._lossy(p.draft, logits[row: row + k + 1], bitmask[row: row + k + 1],
+                                          n_acc, emitted)
+            results.append((n_acc, emitted))
+            row += k + 1
+        return results
+
+
+def stream_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
+                    cfg: SpecConfig, *, speculative: bool = True, max_new_tokens: int = 256,
+                    draft_lm: CausalLM | None = None, seed: int | None = None
+                    ) -> Iterator[tuple[list[int], _Sequence]]:
+    """Yield ``(committed_tokens, state)`` after every verify step."""
+    if not prompt_ids:
+        raise ValueError("the prompt must contain at least one token")
+    check_context(lm, len(prompt_ids), max_new_tokens, draft_lm=draft_lm)
+    seq = _Sequence(lm, vocab, grammar, prompt_ids, cfg, speculative=speculative,
+                    max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed)
+    seq.verifier = _StepVerifier(cfg, lm.vocab_size, lm.device, 1)
+    t_start = time.perf_counter()
+    seq.prefill()
+    while seq.finish is None:
+        new = seq.step()
+        if new and seq.stats.time_to_first_token is None:
+            seq.stats.time_to_first_token = time.perf_counter() - t_start
+        seq.stats.time_total = time.perf_counter() - t_start
+        yield new, seq
+    seq.stats.time_total = time.perf_counter() - t_start
+    seq.finalize_stats()
+
+
+def run_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
+                 cfg: SpecConfig, **kw: Any) -> SequenceResult:
+    seq = None
+    for _new, state in stream_sequence(lm, vocab, grammar, prompt_ids, cfg, **kw):
+        seq = state
+    assert seq is not None
+    return _sequence_result(seq)
+
+
+# run_batch cuts the drafts of a step to the common length with the best expected tokens per
+# unit of forward time (see _StepCost); False feeds every pre-validated draft whole
+BATCH_DRAFT_CUT = True
+
+
+def _sequence_result(seq: _Sequence) -> SequenceResult:
+    text_tokens = [t for t in seq.output if t not in seq.eos]
+    data = seq.vocab.decode_bytes(text_tokens)
+    text = codecs.decode(data, "utf-8", errors="replace")
+    return SequenceResult(seq.output, text, seq.finish or "stop", seq.stats)
+
+
+@dataclass
+class BatchStats(GenerationStats):
+    """Counters of a batched call: token and draft counts summed over its sequences.
+
+    Unlike a plain sum of the sequences' stats, ``forward_passes`` counts the batched target
+    forwards actually run (one per step of a micro-batch, whatever its size), and the times are
+    the call's wall-clock time per phase: ``time_total`` is the whole call, so
+    ``tokens_per_second`` is the batch's throughput. ``row_forward_passes`` is the sum over
+    sequences of the forwards each took part in (what the per-sequence stats count);
+    ``real_positions`` / ``padded_positions`` count the positions fed to the target that
+    belonged to a sequence / only squared the batch (prefill included).
+    """
+
+    sequences: int = 0
+    micro_batches: int = 0
+    row_forward_passes: int = 0
+    real_positions: int = 0
+    padded_positions: int = 0
+
+    def add(self, other: BatchStats) -> None:
+        """Add another micro-batch's counters (times add up: micro-batches run one after another)."""
+        self.merge(other)
+        for k in ("sequences", "micro_batches", "row_forward_passes", "real_positions",
+                  "padded_positions"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+        if other.time_to_first_token is not None and self.time_to_first_token is None:
+            self.time_to_first_token = other.time_to_first_token
+
+
+class _StepCost:
+    """Online model of a batched target forward's time, ``t = fixed + per_position * positions``
+    (least squares over this batch's steps; a prior until the fed sizes vary), used to cut
+    drafts so that the squared-up batch (every row padded to the longest draft) feeds only
+    positions worth their compute: on a compute-bound device a padded or unlikely position
+    costs as much as a certain one."""
+
+    def __init__(self, prior_fixed_positions: float = 12.0, *, fixed: bool = False) -> None:
+        self.obs: list[tuple[float, float]] = []
+        self.prior = prior_fixed_positions
+        self.fixed = fixed  # keep the prior: cuts that do not depend on measured times
+
+    def add(self, positions: int, seconds: float) -> None:
+        if self.fixed:
+            return
+        self.obs.append((float(positions), seconds))
+        del self.obs[:-64]
+
+    def fixed_positions(self) -> float:
+        """The fixed cost of a forward, in units of one fed position."""
+        xs = [x for x, _ in self.obs]
+        if len(self.obs) < 4 or max(xs) - min(xs) < 4:
+            return self.prior
+        n = len(xs)
+        mx = sum(xs) / n
+        my = sum(y for _, y in self.obs) / n
+        sxx = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in self.obs) / sxx
+        if slope <= 0:
+            return self.prior
+        return min(max((my - slope * mx) / slope, 0.0), 4 * self.prior + 64)
+
+
+def _expected_accepts(plan: _Plan) -> list[float]:
+    """Probability, under each drafter's running acceptance, that draft positions 0..j are all
+    accepted (the terms of :meth:`Candidate.score`)."""
+    out: list[float] = []
+    p = 1.0
+    if plan.cand is not None:
+        for drafter, n in plan.cand.segments:
+            r = drafter.acceptance_estimate()
+            for _ in range(n):
+                p *= r
+                out.append(p)
+    return out[: len(plan.draft)]
+
+
+def _cut_drafts(plans: list[_Plan], cost: _StepCost) -> None:
+    """Cut every draft to the common length that maximises expected tokens per unit of forward
+    time (pre-validated prefixes stay valid, so this is lossless for greedy decoding and keeps
+    sampling exact)."""
+    ks = [len(p.draft) for p in plans]
+    top = max(ks)
+    if top == 0 or len(plans) < 2:
+        return
+    probs = [_expected_accepts(p) for p in plans]
+    fixed = cost.fixed_positions()
+    b = len(plans)
+    best_k, best = top, -1.0
+    gain = float(b)  # every row emits its recovered / bonus token
+    for k in range(top + 1):
+        if k:
+            gain += sum(pr[k - 1] for pr in probs if len(pr) >= k)
+        fed = b * (k + 1)  # padded to the longest draft
+        rate = gain / (fixed + fed)
+        if rate > best:
+            best_k, best = k, rate
+    if best_k >= top:
+        return
+    for p in plans:
+        if len(p.draft) > best_k:
+            _truncate(p, best_k)
+
+
+def _truncate(plan: _Plan, k: int) -> None:
+    plan.draft = plan.draft[:k]
+    plan.uniforms = plan.uniforms[: k + 1]
+    c = plan.cand
+    if c is None:
+        return
+    c.truncate(k)
+    if not k:
+        plan.cand = None
+
+
+def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts: list[list[int]],
+              cfg: SpecConfig, *, speculative: bool = True, max_new_tokens: int = 256,
+              draft_lm: CausalLM | None = None, seeds: list[int | None] | None = None
+              ) -> tuple[list[SequenceResult], BatchStats]:
+    """Generate for several prompts together (one micro-batch; mixed grammars allowed).
+
+    Every step runs ONE batched target forward for all live sequences (:class:`BatchKV`:
+    left padding, per-row holes for rejected drafts, explicit position ids) and ONE verify
+    call over the flattened drafts; each sequence keeps its own matcher, drafters, random
+    generator and statistics, so its output is what :func:`run_sequence` produces for it
+    alone (greedy: token-identical barring argmax near-ties that the float rounding of
+    differently shaped batched matmuls could flip). Finished sequences leave the batch. A
+    draft model, if any, runs per sequence (its own cache).
+
+    Every row is padded to the step's longest draft, so on a compute-bound device a padded or
+    unlikely draft position costs as much as a sure one: the drafts of a step are cut to the
+    common length with the best expected tokens per second (:data:`BATCH_DRAFT_CUT`; a cost
+    model fitted online to the step times). Cutting a pre-validated draft is lossless for
+    greedy decoding and keeps sampling exact; sampled tokens then differ from the run alone
+    with the same seed (same distribution; with the cut off they are the same draws). When
+    sampling with every seed given, the cost model keeps its prior instead of fitting measured
+    times, so the cuts (and so the draws) do not depend on timing: the same seeds give the same
+    tokens on every run.
+
+    Returns the per-sequence results (in prompt order) and the batch's :class:`BatchStats`.
+    """
+    from structgen.generation.model import BatchKV
+
+    n = len(prompts)
+    if len(grammars) != n:
+        raise ValueError(f"{len(grammars)} grammars for {n} prompts")
+    if any(not p for p in prompts):
+        raise ValueError("every prompt must contain at least one token")
+    for i, p in enumerate(prompts):  # all of them before any generation
+        check_context(lm, len(p), max_new_tokens, draft_lm=draft_lm, request_index=i)
+    seeds = list(seeds) if seeds is not None else [None] * n
+    t_start = time.perf_counter()
+    seqs = [
+        _Sequence(lm, vocab, g, p, cfg, speculative=speculative, max_new_tokens=max_new_tokens,
+                  draft_lm=(CausalLM(draft_lm.model, draft_lm.tokenizer) if draft_lm is not None
+                            else None),
+                  seed=sd)
+        for g, p, sd in zip(grammars, prompts, seeds)
+    ]
+    bst = BatchStats(sequences=n, micro_batches=1 if n else 0)
+    if not n:
+        return [], bst
+    kv = BatchKV(lm)
+    ver = _StepVerifier(cfg, lm.vocab_size, lm.device, n)
+    seeded = cfg.temperature > 0 and all(sd is not None for sd in seeds)
+    cost = _StepCost(fixed=seeded)
+    t0 = time.perf_counter()
+    kv.prefill([s.prompt[:-1] for s in seqs])
+    dt = time.perf_counter() - t0
+    t_prefill, t_forward, t_verify, passes = dt, 0.0, 0.0, 0
+    for s in seqs:
+        s.pending = s.prompt[-1]
+        s.stats.time_prefill += dt
+
+    def committed(s: _Sequence, new: list[int]) -> None:
+        now = time.perf_counter() - t_start
+        if new and s.stats.time_to_first_token is None:
+            s.stats.time_to_first_token = now
+        s.stats.time_total = now
+
+    live = list(range(n))  # live[r] is the sequence held in row r of the batched cache
+    while live:
+        plans: dict[int, _Plan] = {}
+        for i in live:
+            p = seqs[i].prepare()
+            if isinstance(p, _Plan):
+                plans[i] = p
+            else:  # finished without a forward pass
+                committed(seqs[i], p)
+        if len(plans) < len(live):
+            kv.select([r for r, i in enumerate(live) if i in plans])
+            live = [i for i in live if i in plans]
+            if not live:
+                break
+        if speculative and BATCH_DRAFT_CUT:
+            _cut_drafts([plans[i] for i in live], cost)
+        feed = [[seqs[i].pending] + plans[i].draft for i in live]  # type: ignore[operator]
+        step_seqs, step_plans = [seqs[i] for i in live], [plans[i] for i in live]
+        logits, dt_f = ver.forward_with_masks(functools.partial(kv.extend, feed, float32=False),
+                                              step_seqs, step_plans)                   # [sum(k+1), V]
+        cost.add(len(live) * max(len(plans[i].draft) + 1 for i in live), dt_f)
+        t0 = time.perf_counter()
+        results = ver.run(step_seqs, step_plans, logits)
+        kv.commit([1 + n_acc for n_acc, _ in results])
+        dt_v = time.perf_counter() - t0
+        passes += 1
+        t_forward += dt_f
+        t_verify += dt_v
+        for i, (n_acc, emitted) in zip(live, results):
+            s = seqs[i]
+            s.stats.forward_passes += 1
+            s.stats.time_forward += dt_f
+            s.stats.time_verify += dt_v
+            committed(s, s.commit(plans[i], n_acc, emitted))
+        still = [r for r, i in enumerate(live) if seqs[i].finish is None]
+        if len(still) < len(live):
+            kv.select(still)
+            live = [live[r] for r in still]
+        else:
+            kv.compact(0.5)
+
+    out: list[SequenceResult] = []
+    for s in seqs:
+        s.finalize_stats()
+        bst.merge(s.stats)
+        bst.row_forward_passes += s.stats.forward_passes
+        out.append(_sequence_result(s))
+    # merge() summed the sequences' forward counts and times; the batch's own are wall-clock
+    # (masks and drafting stay summed: that CPU work runs one sequence after another)
+    bst.forward_passes = passes
+    bst.time_prefill, bst.time_forward, bst.time_verify = t_prefill, t_forward, t_verify
+    bst.time_total = time.perf_counter() - t_start
+    firsts = [s.stats.time_to_first_token for s in seqs if s.stats.time_to_first_token is not None]
+    bst.time_to_first_token = min(firsts) if firsts else None
+    bst.real_positions, bst.padded_positions = kv.real_positions, kv.padded_positions
+    return out, bst

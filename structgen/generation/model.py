@@ -1,0 +1,604 @@
+"""Model adapter: load a causal LM and run KV-cached forward passes that can roll back.
+
+:class:`CausalLM` wraps a Hugging Face causal LM and its tokenizer. It keeps one
+sequence's KV cache (a ``transformers.DynamicCache``); :meth:`CausalLM.extend` feeds new
+tokens and returns their logits, :meth:`CausalLM.crop` drops rejected positions so that
+the accepted prefix is never recomputed.
+
+:class:`BatchKV` runs several sequences through one batched forward per step: a shared
+left-padded ``DynamicCache`` whose rows may accept different numbers of tokens per step
+(rejected positions stay behind as masked "holes"), explicit per-row position ids, and
+rows that can be dropped when their sequence finishes.
+
+Imports torch and transformers (only when this module is imported).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from structgen.errors import AssetError
+
+__all__ = ["BatchKV", "CausalLM", "check_context", "context_length", "load_model", "make_row_invariant",
+           "resolve_dtype", "stock_copy", "vocabulary_for"]
+
+_LOAD_LOCK = threading.Lock()
+_LOADED: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+
+def _cache_kwarg(model: Any) -> str:
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+class CausalLM:
+    """A causal LM plus tokenizer with a single rollback-able KV cache.
+
+    ``vocab_size`` is the width of the logits (the model's embedding rows), which may be
+    larger than the tokenizer's vocabulary; the padding rows are never allowed by a grammar.
+    ``row_invariant`` (default: on for bfloat16/float16 models on the CPU) patches the model
+    in place so that a position's logits do not depend on the number of positions per pass
+    (:func:`make_row_invariant`); ``False`` leaves the model untouched.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, row_invariant: bool | None = None) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        if row_invariant is None:
+            row_invariant = (self.device.type == "cpu"
+                             and getattr(model, "dtype", None) in (torch.bfloat16, torch.float16))
+        self.row_invariant = bool(row_invariant) and make_row_invariant(model)
+        self._cache_kw = _cache_kwarg(model)
+        self.cache: Any = None
+        self.length = 0  # tokens held in the cache
+        out_emb = model.get_output_embeddings()
+        self.vocab_size = (int(out_emb.weight.shape[0]) if out_emb is not None
+                           else int(model.config.vocab_size))
+        self.forward_passes = 0
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+        self.length = 0
+
+    @torch.inference_mode()
+    def extend(self, token_ids: list[int], *, all_logits: bool = True, float32: bool = True) -> torch.Tensor:
+        """Feed ``token_ids`` after the cached prefix; return float32 logits
+        ``[len(token_ids), vocab_size]`` (or ``[1, vocab_size]`` for the last position only);
+        ``float32=False`` returns them in the model's own dtype (no conversion pass)."""
+        if self.cache is None:
+            self.reset()
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
+        kwargs = {self._cache_kw: self.cache, "use_cache": True}
+        if not all_logits:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(input_ids=ids, **kwargs)
+        self.forward_passes += 1
+        self.length += len(token_ids)
+        logits = out.logits[0]  # [n, V]
+        return logits.float() if float32 else logits
+
+    def crop(self, length: int) -> None:
+        """Keep only the first ``length`` cached positions."""
+        remove = self.length - length
+        if remove < 0:
+            raise ValueError(f"cannot crop a cache of {self.length} tokens to {length}")
+        if remove:
+            self.cache.crop(-remove)
+            self.length = length
+
+
+# -- row-invariant forward (bitwise-equal logits whatever the number of positions per pass)
+
+_ROWWISE_MAX = 64  # query rows computed one by one; longer passes (a prompt) use plain SDPA
+_ROWWISE_NAME = "structgen_rowwise"
+
+
+def _rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """SDPA that computes every query row exactly as a one-token pass of that sequence at that
+    position does: the row attends to the key/value slots it may see, gathered in order
+    (``kv - q + 1 + i`` leading slots for row ``i`` of an unpadded sequence; the unmasked
+    slots of its mask row in a padded batch), in its own single-query call; a one-token pass
+    makes that same call.
+
+    query ``[B, H, q, d]``, key/value ``[B, Hkv, kv, d]`` (cache included) -> output
+    ``[B, q, H, d]``. The mask is the one transformers builds for SDPA (bool, True = attend;
+    None where it can be skipped). Long unbatched passes (a prompt), non-boolean masks and
+    models with extra attention arguments (soft-capping, sliding windows, position biases)
+    go to transformers' SDPA unchanged."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    bsz, h, q, d = query.shape
+    kv, hkv = key.shape[2], key.shape[1]
+    extra = any(kwargs.get(k) is not None for k in ("softcap", "sliding_window", "position_bias"))
+    odd_mask = attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.dim() != 4
+                                               or tuple(attention_mask.shape[-2:]) != (q, kv))
+    if (extra or kwargs.get("dropout", 0.0) or h % hkv or odd_mask or (bsz == 1 and q > _ROWWISE_MAX)
+            or q * bsz > _ROWWISE_MAX * 8):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    scale = kwargs.get("scaling")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    out = torch.zeros((bsz, q, h, value.shape[-1]), dtype=query.dtype, device=query.device)
+    for b in range(bsz):
+        rows = None if attention_mask is None else attention_mask[b, 0]  # [q, kv]
+        leading: list[int] | None = None  # slots per row where each row sees leading slots only
+        if rows is None:
+            leading = [kv - q + 1 + i for i in range(q)]
+        else:
+            counts = rows.sum(-1)  # [q]
+            if torch.equal(rows, torch.arange(kv, device=rows.device)[None, :] < counts[:, None]):
+                leading = counts.tolist()
+        for i in range(q):
+            if leading is not None:  # as an unpadded sequence has them: a slice of the cache
+                n = leading[i]
+                k_i, v_i = key[b:b + 1, :, :n], value[b:b + 1, :, :n]
+            else:
+                idx = rows[i].nonzero().reshape(-1)  # type: ignore[index]
+                n = idx.numel()
+                k_i, v_i = key[b:b + 1, :, idx], value[b:b + 1, :, idx]
+            if n == 0:  # a padding row: nothing to attend to
+                continue
+            # grouped-query heads packed as rows of their key/value head: [1, Hkv, H/Hkv, d]
+            # (torch's CPU SDPA is several times slower with enable_gqa for one query)
+            qi = query[b:b + 1, :, i:i + 1].reshape(1, hkv, h // hkv, d)
+            o = sdpa(qi, k_i, v_i, attn_mask=None, dropout_p=0.0, scale=scale,
+                     is_causal=False)  # [1, Hkv, H/Hkv, dv]
+            out[b, i] = o.reshape(h, -1)
+    return out, None
+
+
+def _two_row_linear(lin: torch.nn.Linear) -> None:
+    """Run a one-row input as two identical rows (and keep the first): oneDNN's reduced-
+    precision GEMM takes a different kernel for a single row, while every row of a
+    two-or-more-row product is computed the same way whatever the row count."""
+    if getattr(lin, "_structgen_two_row", False):
+        return
+    inner = lin.forward
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if x.dim() >= 2 and x.numel() == x.shape[-1]:  # exactly one row
+            y = inner(x.reshape(1, -1).repeat(2, 1))  # [2, out]
+            return y[:1].reshape(*x.shape[:-1], y.shape[-1])
+        return inner(x)
+
+    lin.forward = forward  # type: ignore[method-assign]
+    lin._structgen_two_row = True  # type: ignore[attr-defined]
+
+
+def stock_copy(model: Any) -> Any:
+    """A deep copy of a model made row-invariant by :func:`make_row_invariant`, with the stock
+    transformers forward back (SDPA attention, the modules' own linear forwards): the model as
+    a user would load it, e.g. for peers in a benchmark."""
+    import copy
+
+    m = copy.deepcopy(model)
+    for mod in m.modules():
+        if getattr(mod, "_structgen_two_row", False):
+            del mod.forward  # the instance attribute: back to the class's forward
+            mod._structgen_two_row = False
+    if getattr(getattr(m, "config", None), "_attn_implementation", None) == _ROWWISE_NAME:
+        m.set_attn_implementation("sdpa")
+    return m
+
+
+def make_row_invariant(model: Any) -> bool:
+    """Make ``model``'s forward row-invariant on the CPU in bfloat16/float16: the logits of a
+    position do not depend on how many positions the pass computes, so a speculative verify
+    pass of ``k`` positions gives bit for bit the logits that ``k`` one-token passes give,
+    and greedy speculative output equals plain decoding token for token, batched or not
+    (``tests/test_model_rowinvariant.py``). Linear layers run one-row inputs as two rows;
+    attention runs row by row (:func:`_rowwise_attention`). Returns False (model unchanged)
+    where the model's attention is not SDPA/eager. A pass costs about what the stock forward
+    costs (the per-row attention calls are offset by packing grouped-query heads)."""
+    cfg = getattr(model, "config", None)
+    impl = getattr(cfg, "_attn_implementation", None)
+    if impl not in ("sdpa", "eager", _ROWWISE_NAME) or not hasattr(model, "set_attn_implementation"):
+        return False
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(_ROWWISE_NAME, _rowwise_attention)
+    # the same masks as SDPA (an attention function without a mask function gets none)
+    AttentionMaskInterface.register(_ROWWISE_NAME, sdpa_mask)
+    if impl != _ROWWISE_NAME:
+        model.set_attn_implementation(_ROWWISE_NAME)
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Linear):
+            _two_row_linear(mod)
+    return True
+
+
+# model types whose ``ForCausalLM`` logits are exactly ``lm_head(last_hidden_state)`` (no
+# soft-capping or scaling): for these :class:`BatchKV` applies the head to the real positions
+# only, not to the padding of a batched step
+_PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3"})
+
+
+class BatchKV:
+    """One batched KV cache for ``B`` sequences of a :class:`CausalLM`, stepped together.
+
+    Layout: the cache holds ``L`` slots per row; ``mask`` (bool ``[B, L]``) marks the slots
+    that hold a real token of that row. Prompts are left-padded; a step feeds every row
+    ``n_b >= 1`` tokens, padded to ``K = max(n_b)`` with masked dummy positions; after
+    verification row ``b`` keeps the first ``keep_b <= n_b`` of them (:meth:`commit`), the
+    rest become masked holes and the common tail is cropped. Position ids are explicit: a
+    token's position is the number of real tokens before it in its row, so each row computes
+    what it would compute alone (up to float rounding of differently shaped matmuls).
+    :meth:`select` drops finished rows; :meth:`compact` squeezes the holes out (exact: the
+    attended keys/values and their positions do not change).
+
+    The model's own (single-sequence) cache in ``lm`` is not touched.
+    """
+
+    def __init__(self, lm: CausalLM) -> None:
+        from transformers import DynamicCache
+
+        self.lm = lm
+        self.cache = DynamicCache()
+        self.device = lm.device
+        self.mask = torch.zeros((0, 0), dtype=torch.bool)   # [B, L]
+        self.pos = torch.zeros(0, dtype=torch.long)          # [B] real tokens per row
+        self.forward_passes = 0
+        self.real_positions = 0    # positions fed that belonged to a row
+        self.padded_positions = 0  # dummy positions fed to square the batch
+        self._fed = torch.zeros(0, dtype=torch.long)  # [B] tokens fed per row by the last extend
+        model = lm.model
+        self._base = None
+        self._head = None
+        if getattr(model.config, "model_type", None) in _PLAIN_HEAD_TYPES:
+            base = getattr(model, "model", None)
+            head = model.get_output_embeddings()
+            if base is not None and head is not None:
+                self._base, self._head = base, head
+        self._cache_kw = _cache_kwarg(self._base if self._base is not None else model)
+
+    @property
+    def batch(self) -> int:
+        return int(self.mask.shape[0])
+
+    @property
+    def length(self) -> int:
+        """Cache slots per row (real tokens, holes and left padding)."""
+        return int(self.mask.shape[1])
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
+                 rows: torch.Tensor | None, cols: torch.Tensor | None,
+                 float32: bool = True) -> torch.Tensor | None:
+        """Run ``ids`` ``[B, K]`` after the cache with the full 2-D ``mask`` ``[B, L + K]`` and
+        position ids ``pos`` ``[B, K]``; return float32 (``float32=False``: the model's dtype)
+        logits of the positions ``(rows, cols)`` as ``[R, V]`` (None when ``rows`` is None: a
+        prefill)."""
+        dev = self.device
+        kwargs = {self._cache_kw: self.cache, "use_cache": True,
+                  "attention_mask": mask.to(dev, dtype=torch.long), "position_ids": pos.to(dev)}
+        ids = ids.to(dev)
+        self.forward_passes += 1
+        if self._base is not None:
+            hidden = self._base(input_ids=ids, **kwargs).last_hidden_state  # [B, K, H]
+            if rows is None:
+                return None
+            out = self._head(hidden[rows.to(dev), cols.to(dev)])  # [R, V]
+            return out.float() if float32 else out
+        if rows is None:
+            self.lm.model(input_ids=ids, logits_to_keep=1, **kwargs)
+            return None
+        logits = self.lm.model(input_ids=ids, **kwargs).logits  # [B, K, V]
+        out = logits[rows.to(dev), cols.to(dev)]  # [R, V]
+        return out.float() if float32 else out
+
+    @torch.inference_mode()
+    def prefill(self, prompts: list[list[int]]) -> None:
+        """Start a fresh cache holding the given token lists (each may be empty), left-padded."""
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+        b = len(prompts)
+        width = max((len(p) for p in prompts), default=0)
+        self.mask = torch.zeros((b, width), dtype=torch.bool)
+        self.pos = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+        if width == 0:
+            return
+        ids = torch.zeros((b, width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            if p:
+                ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+                self.mask[i, width - len(p):] = True
+        self.real_positions += int(self.mask.sum())
+        if self.device.type == "cpu" and self._prefill_rows(prompts, width):
+            return  # compute-bound device: no padded positions (and exactly the unbatched prefill)
+        pos = (self.mask.long().cumsum(1) - 1).clamp(min=0)  # [B, width]
+        self.padded_positions += b * width - int(self.mask.sum())
+        self._forward(ids, self.mask, pos, None, None)
+
+    def _prefill_rows(self, prompts: list[list[int]], width: int) -> bool:
+        """Prefill row by row into single-sequence caches and assemble the left-padded batched
+        cache (padding slots hold zeros). False, with nothing done, when the cache type does
+        not allow that assembly."""
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        model = self._base if self._base is not None else self.lm.model
+        parts: list[tuple[int, Any]] = []
+        for i, p in enumerate(prompts):
+            if not p:
+                continue
+            c = DynamicCache()
+            kwargs = {self._cache_kw: c, "use_cache": True}
+            if self._base is None:
+                kwargs["logits_to_keep"] = 1
+            model(input_ids=torch.tensor([p], dtype=torch.long, device=self.device), **kwargs)
+            self.forward_passes += 1
+            layers = getattr(c, "layers", None)
+            if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+                return False
+            parts.append((i, layers))
+        first = parts[0][1]
+        batched = DynamicCache()
+        for li in range(len(first)):
+            k0, v0 = first[li].keys, first[li].values  # [1, heads, n, D]
+            keys = k0.new_zeros((len(prompts), k0.shape[1], width, k0.shape[3]))
+            values = v0.new_zeros((len(prompts), v0.shape[1], width, v0.shape[3]))
+            for i, layers in parts:
+                n = layers[li].keys.shape[2]
+                keys[i, :, width - n:] = layers[li].keys[0]
+                values[i, :, width - n:] = layers[li].values[0]
+            batched.update(keys, values, li)
+        self.cache = batched
+        return True
+
+    @torch.inference_mode()
+    def extend(self, rows: list[list[int]], *, float32: bool = True) -> torch.Tensor:
+        """Feed every row its tokens (``len(rows) == B``, each non-empty) in ONE forward.
+
+        Returns float32 logits ``[sum(len(r)), V]`` (``float32=False``: in the model's dtype):
+        row 0's positions, then row 1's, ... (the flattened layout of
+        :func:`structgen.generation.verify.verify`). Until :meth:`commit` every fed position counts as
+        held by its row."""
+        b = self.batch
+        if len(rows) != b or any(not r for r in rows):
+            raise ValueError(f"extend needs {b} non-empty token lists, got {[len(r) for r in rows]}")
+        lens = torch.tensor([len(r) for r in rows], dtype=torch.long)  # [B]
+        k = int(lens.max())
+        ids = torch.empty((b, k), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+            ids[i, len(r):] = r[-1]  # dummy positions: any valid id, masked below
+        steps = torch.arange(k)
+        new_mask = steps[None, :] < lens[:, None]              # [B, K]
+        pos = self.pos[:, None] + torch.minimum(steps[None, :], (lens - 1)[:, None])  # [B, K]
+        mask = torch.cat([self.mask, new_mask], dim=1)         # [B, L + K]
+        row_idx = torch.repeat_interleave(torch.arange(b), lens)  # [R]
+        col_idx = torch.cat([torch.arange(n) for n in lens.tolist()])  # [R]
+        logits = self._forward(ids, mask, pos, row_idx, col_idx, float32)
+        assert logits is not None
+        self.mask = mask
+        self._fed = lens
+        self.real_positions += int(lens.sum())
+        self.padded_positions += b * k - int(lens.sum())
+        return logits
+
+    @torch.inference_mode()
+    def commit(self, keep: list[int]) -> None:
+        """After :meth:`extend`: row ``b`` keeps the first ``keep[b]`` positions it was fed;
+        the others become holes; the slots no row keeps are cropped from the tail."""
+        fed = self._fed
+        kt = torch.tensor(keep, dtype=torch.long)
+        if kt.shape != fed.shape or bool(((kt < 0) | (kt > fed)).any()):
+            raise ValueError(f"keep {keep} must be within the fed lengths {fed.tolist()}")
+        k = int(fed.max())
+        start = self.length - k
+        steps = torch.arange(k)
+        self.mask[:, start:] = steps[None, :] < kt[:, None]
+        self.pos += kt
+        top = int(kt.max()) if len(keep) else 0
+        if top < k:
+            self.cache.crop(-(k - top))
+            self.mask = self.mask[:, : start + top]
+
+    @torch.inference_mode()
+    def select(self, rows: list[int]) -> None:
+        """Keep only the given rows (in that order), e.g. when sequences finish."""
+        idx = torch.tensor(rows, dtype=torch.long)
+        if self.cache.get_seq_length() > 0:
+            self.cache.batch_select_indices(idx.to(self.device))
+        self.mask = self.mask[idx]
+        self.pos = self.pos[idx]
+        self.compact(min_holes=0.0 if not rows else 0.5)
+
+    def _layers(self) -> list[Any] | None:
+        """The cache's per-layer tensors holders, when they are plain dynamic layers."""
+        from transformers.cache_utils import DynamicLayer
+
+        layers = getattr(self.cache, "layers", None)
+        if not layers or any(type(layer) is not DynamicLayer or not layer.is_initialized
+                             for layer in layers):
+            return None
+        return list(layers)
+
+    @torch.inference_mode()
+    def compact(self, min_holes: float = 0.5) -> bool:
+        """Squeeze out holes and common left padding when they are at least ``min_holes`` of
+        the slots (each row's real slots keep their order and position ids; exact). Returns
+        whether the cache was rewritten (only plain ``DynamicLayer`` caches are)."""
+        b, length = self.mask.shape
+        if b == 0 or length == 0:
+            return False
+        counts = self.mask.sum(1)                       # [B]
+        width = int(counts.max())
+        if length - width <= min_holes * length:
+            return False
+        layers = self._layers()
+        if layers is None:
+            return False
+        # gather index per row: its real slots, right-aligned; left padding points at slot 0
+        order = torch.argsort((~self.mask).to(torch.int8), dim=1, stable=True)  # real slots first
+        src = torch.zeros((b, width), dtype=torch.long)
+        new_mask = torch.zeros((b, width), dtype=torch.bool)
+        for i in range(b):
+            n = int(counts[i])
+            if n:
+                src[i, width - n:] = order[i, :n]
+                new_mask[i, width - n:] = True
+        dev = self.device
+        for layer in layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name)                # [B, heads, L, D]
+                idx = src.to(dev)[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
+                g = torch.gather(t, 2, idx)
+                g = g * new_mask.to(dev)[:, None, :, None].to(g.dtype)  # padding slots hold zeros
+                setattr(layer, name, g.contiguous())
+        self.mask = new_mask
+        return True
+
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(dtype: Any) -> torch.dtype:
+    """``torch.dtype`` or a name (``"float32"``/``"fp32"``, ``"bfloat16"``/``"bf16"``,
+    ``"float16"``/``"fp16"``, ``"auto"``). ``"auto"`` is bfloat16 where the hardware computes
+    it natively (a CUDA device with bf16 support, or a CPU with AVX512-BF16 / AMX) and float32
+    otherwise. Weights converted to bfloat16 are a slightly different model than float32 ones;
+    speculative output is compared with plain decoding of the same model and dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).lower()
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if _cpu_has_bf16() else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: use one of {sorted(_DTYPES) + ['auto']}")
+    return _DTYPES[name]
+
+
+def load_model(model: Any, tokenizer: Any = None, *, dtype: Any = torch.float32) -> CausalLM:
+    """A :class:`CausalLM` from a transformers model object, a local directory, or an alias
+    known to :mod:`structgen.generation.assets` (fetched and cached on first use). Loaded models are
+    memoised per (path, dtype). ``dtype`` applies to paths and aliases (see
+    :func:`resolve_dtype`); model objects keep their own."""
+    dtype = resolve_dtype(dtype)
+    if isinstance(model, CausalLM):
+        return model
+    if not isinstance(model, (str, os.PathLike)):
+        if tokenizer is None:
+            name = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
+            if not name:
+                raise AssetError("pass tokenizer= with a model object that has no name_or_path")
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(name)
+        return CausalLM(model, tokenizer)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from structgen.generation.assets import resolve_model
+
+    path = Path(resolve_model(model))
+    key = (str(path), str(dtype))
+    with _LOAD_LOCK:
+        got = _LOADED.get(key)
+        if got is None:
+            m = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+            tok = AutoTokenizer.from_pretrained(str(path))
+            got = (m, tok)
+            _LOADED[key] = got
+    m, tok = got
+    return CausalLM(m, tokenizer if tokenizer is not None else tok)
+
+
+_VOCABS: dict[int, Any] = {}
+
+
+def vocabulary_for(lm: CausalLM) -> Any:
+    """The grammar-side :class:`~structgen.masks.vocab.Vocabulary` of ``lm`` (cached per tokenizer),
+    with the model's logits width as vocab size and the generation config's EOS ids."""
+    key = id(lm.tokenizer)
+    v = _VOCABS.get(key)
+    if v is None:
+        from structgen.masks.vocab import Vocabulary
+
+        eos: list[int] = []
+        gc = getattr(lm.model, "generation_config", None)
+        ge = getattr(gc, "eos_token_id", None) if gc is not None else None
+        if isinstance(ge, int):
+            eos.append(ge)
+        elif isinstance(ge, (list, tuple)):
+            eos.extend(int(x) for x in ge)
+        v = Vocabulary.from_tokenizer(lm.tokenizer, vocab_size=lm.vocab_size, eos_token_ids=eos)
+        _VOCABS[key] = v
+    return v
+
+
+# configuration fields that hold a model's maximum number of positions, by model family
+_CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length",
+                   "seq_length", "max_seq_len")
+# tokenizers without a known limit report int(1e30) (transformers' VERY_LARGE_INTEGER)
+_NO_TOKENIZER_LIMIT = 10**9
+
+
+def context_length(lm: CausalLM) -> int | None:
+    """The most positions ``lm`` takes (prompt plus generated tokens), or None when unknown.
+
+    The model configuration decides (``max_position_embeddings``, or ``n_positions`` /
+    ``n_ctx`` / ... for the families that name it so; the text config of multimodal models);
+    the tokenizer's ``model_max_length`` is used only when the configuration gives nothing,
+    because a tokenizer saved for another model may report a different (or a sentinel)
+    limit."""
+    config = getattr(lm.model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        try:
+            config = config.get_text_config()
+        except Exception:  # noqa: BLE001 - older configs: keep the top-level one
+            pass
+    for name in _CONTEXT_FIELDS:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    limit = getattr(lm.tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and 0 < limit < _NO_TOKENIZER_LIMIT:
+        return limit
+    return None
+
+
+def check_context(lm: CausalLM, prompt_tokens: int, max_new_tokens: int, *,
+                  draft_lm: CausalLM | None = None, request_index: int | None = None) -> None:
+    """Raise :class:`~structgen.errors.ContextLengthError` when ``prompt_tokens +
+    max_new_tokens`` exceeds the context of ``lm`` (or of ``draft_lm``, which reads the same
+    positions). Models whose context is unknown are not checked."""
+    from structgen.errors import ContextLengthError
+
+    limits = [(context_length(m), what) for m, what in ((lm, "model"), (draft_lm, "draft model"))
+              if m is not None]
+    known = [(n, what) for n, what in limits if n is not None]
+    if not known:
+        return
+    limit, what = min(known)
+    if prompt_tokens + max_new_tokens > limit:
+        room = limit - prompt_tokens
+        hint = (f"lower max_new_tokens to at most {room}" if room >= 1
+                else "shorten the prompt")
+        raise ContextLengthError(
+            f"the prompt has {prompt_tokens} tokens and max_new_tokens is {max_new_tokens}: "
+            f"{prompt_tokens + max_new_tokens} positions, more than the {what}'s context of "
+            f"{limit} tokens ({hint})", prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens,
+            context_length=limit, request_index=request_index)

@@ -1,0 +1,624 @@
+"""Use structgen's grammars inside generation stacks that run their own decoding loop.
+
+Two integrations, both plain grammar-constrained decoding (the speculative loop of
+:func:`structgen.generate` is not involved):
+
+* :class:`StructgenLogitsProcessor`: a ``transformers`` ``LogitsProcessor`` for code that
+  keeps calling ``model.generate(..., logits_processor=[proc])``. Batched (one
+  :class:`~structgen.masks.matcher.Matcher` per row), greedy or sampling, ``num_beams=1`` (beam
+  search is followed too: rows whose history was reordered pick up the matcher of the row
+  they came from).
+* :class:`StructgenBackend` / :class:`StructgenGrammar`: the matcher behind the
+  structured-output contract of serving engines in the style of vLLM
+  (``accept_tokens`` / ``validate_tokens`` / ``rollback`` / ``fill_bitmask`` /
+  ``is_terminated`` / ``reset``), with a backend object that compiles a JSON schema, Lark
+  grammar, regex or list of choices once (cached) and hands out one cheap grammar object
+  per request.
+
+Plugging the backend into vLLM (not a dependency of structgen; nothing here imports it):
+vLLM's v1 engine selects a structured-output backend by name and talks to it through two
+abstract classes, a backend (``compile_grammar(request_type, grammar_spec)``,
+``allocate_token_bitmask(max_num_seqs)``, ``destroy()``) and a per-request grammar (the
+verbs above). Write two thin subclasses of those abstract classes whose methods forward to
+a :class:`StructgenBackend` (built from the engine's tokenizer and ``vocab_size``) and to the
+:class:`StructgenGrammar` it returns, and register them under a backend name in your vLLM
+build. vLLM's request types map onto :meth:`StructgenBackend.compile_grammar`'s
+``request_type`` by name (``JSON``, ``JSON_OBJECT``, ``REGEX``, ``GRAMMAR``, ``CHOICE``;
+an enum member is accepted as is). Note that ``GRAMMAR`` specs are read as Lark text
+(structgen's grammar language), not GBNF/EBNF. The bitmask layout is the one vLLM uses:
+packed int32 ``[num_rows, ceil(vocab_size / 32)]``, bit ``j`` of word ``w`` allowing token
+``32 * w + j``.
+
+``import structgen.integrations`` imports neither torch nor transformers;
+:class:`StructgenLogitsProcessor` imports transformers when it is first accessed (it is a
+real subclass of ``transformers.LogitsProcessor``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from structgen.errors import ConfigError, StructgenError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from structgen.config import JsonSchemaOptions
+    from structgen.grammar.automaton import CompiledGrammar
+    from structgen.masks.matcher import Matcher
+    from structgen.masks.vocab import Vocabulary
+
+__all__ = [
+    "IntegrationError",
+    "TokenRejectedError",
+    "StructgenLogitsProcessor",
+    "StructgenBackend",
+    "StructgenGrammar",
+    "compile_constraint",
+    "REQUEST_TYPES",
+]
+
+
+class IntegrationError(StructgenError, ValueError):
+    """An integration was driven outside its contract (e.g. rolling back more tokens than
+    were accepted). ``request_id`` / ``row`` say which request or batch row, when known."""
+
+    def __init__(self, message: str, *, request_id: Any = None, row: int | None = None) -> None:
+        self.request_id = request_id
+        self.row = row
+        where = ""
+        if request_id is not None:
+            where = f"request {request_id!r}: "
+        elif row is not None:
+            where = f"batch row {row}: "
+        super().__init__(where + message)
+
+
+class TokenRejectedError(IntegrationError):
+    """A token fed back by the decoding loop is not allowed by the row's grammar (the mask
+    was overridden after this processor ran, or the processor was attached to a generation
+    it did not see from the start). ``position`` is the index of the token in ``input_ids``."""
+
+    def __init__(self, message: str, *, row: int, position: int, token_id: int) -> None:
+        self.position = position
+        self.token_id = token_id
+        super().__init__(message, row=row)
+
+
+# --------------------------------------------------------------------------- compiling
+
+#: request types understood by :func:`compile_constraint` (vLLM's names, lower case) and aliases
+REQUEST_TYPES = ("json", "json_object", "regex", "grammar", "lark", "choice")
+
+
+def _request_type(request_type: Any) -> str:
+    name = getattr(request_type, "name", request_type)  # enum members by name
+    if not isinstance(name, str):
+        raise ConfigError(f"request_type must be a string or an enum member, got "
+                          f"{type(request_type).__name__}", key="request_type")
+    kind = name.strip().lower()
+    if kind not in REQUEST_TYPES:
+        raise ConfigError(f"unknown request_type {name!r}; expected one of "
+                          f"{', '.join(REQUEST_TYPES)}", key="request_type")
+    return "grammar" if kind == "lark" else kind
+
+
+def _choices(spec: Any) -> list[str]:
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except ValueError:
+            raise ConfigError("a 'choice' spec must be a list of strings (or its JSON text)",
+                              key="choice") from None
+    if not isinstance(spec, (list, tuple)) or not spec:
+        raise ConfigError("a 'choice' spec must be a non-empty list of strings", key="choice")
+    for i, c in enumerate(spec):
+        if not isinstance(c, str):
+            raise ConfigError(f"choice {i} is {type(c).__name__}, not a string", key=f"choice[{i}]")
+    return list(spec)
+
+
+def _generation_options(json_options: JsonSchemaOptions | None) -> JsonSchemaOptions:
+    """Options for a grammar that generates: strings in their canonical spelling unless set."""
+    from structgen.config import JsonSchemaOptions
+
+    return (json_options or JsonSchemaOptions()).for_generation()
+
+
+def compile_constraint(request_type: Any, spec: Any, *, start: str = "start",
+                       json_options: JsonSchemaOptions | None = None) -> CompiledGrammar:
+    """Compile one constraint to a :class:`~structgen.grammar.automaton.CompiledGrammar`.
+
+    ``request_type`` (case-insensitive, or an enum member whose ``name`` is one of these):
+
+    * ``"json"``: ``spec`` is a JSON schema (dict, bool, JSON text, a Pydantic class, or a
+      ``pathlib.Path`` of a schema file); a ``str`` is always JSON text, never a file name
+      (serving requests hand strings over), see :mod:`structgen.frontends.constraint`;
+    * ``"json_object"``: any JSON object (``spec`` ignored);
+    * ``"regex"``: ``spec`` is a Python-syntax regular expression, matched in full;
+    * ``"grammar"`` (alias ``"lark"``): ``spec`` is Lark grammar text with rule ``start``;
+    * ``"choice"``: ``spec`` is a list of strings (or its JSON text); the output is exactly
+      one of them (raw text, not JSON-quoted).
+
+    Raises :class:`~structgen.errors.ConfigError` for an unknown type or a bad choice list,
+    and what the front-ends raise for a bad schema / grammar / regex (SchemaError,
+    GrammarError, RegexError, UnsupportedFeatureError, CompileLimitError). The front-ends
+    keep their own content-keyed caches; :class:`StructgenBackend` adds one per backend.
+    """
+    kind = _request_type(request_type)
+    if kind == "json":
+        from structgen.frontends.constraint import schema_from
+        from structgen.frontends.json_schema.compiler import compile_json_schema
+
+        # a string here may come from a serving request: JSON text only, never a file name
+        return compile_json_schema(schema_from(spec, strings_may_be_paths=False),
+                                   options=_generation_options(json_options))
+    if kind == "json_object":
+        from structgen.frontends.json_schema.compiler import compile_json_schema
+
+        return compile_json_schema({"type": "object"}, options=_generation_options(json_options))
+    if kind == "regex":
+        from structgen.frontends.regex import compile_regex_grammar
+
+        if not isinstance(spec, str):
+            raise ConfigError("a 'regex' spec must be a string", key="regex")
+        return compile_regex_grammar(spec)
+    if kind == "grammar":
+        from structgen.frontends.lark import compile_lark
+
+        if not isinstance(spec, str):
+            raise ConfigError("a 'grammar' spec must be Lark grammar text", key="grammar")
+        return compile_lark(spec, start=start)
+    from structgen.grammar import ir
+    from structgen.grammar.automaton import compile_grammar
+
+    alts = [ir.lit(c.encode("utf-8")) for c in dict.fromkeys(_choices(spec))]
+    return compile_grammar(ir.Grammar({"start": ir.alt(*alts)}, "start"))
+
+
+def _cache_key(kind: str, spec: Any) -> Hashable:
+    if isinstance(spec, type):  # a Pydantic class: its JSON schema is the content
+        schema = getattr(spec, "model_json_schema", None)
+        if schema is not None:
+            return (kind, "pydantic", json.dumps(schema(), sort_keys=True))
+        return (kind, "type", id(spec))
+    try:
+        return (kind, json.dumps(spec, sort_keys=True))
+    except (TypeError, ValueError):
+        return (kind, "id", id(spec))
+
+
+# --------------------------------------------------------------------------- vocabularies
+
+_VOCAB_LOCK = threading.Lock()
+_VOCABS: weakref.WeakKeyDictionary[Any, dict[tuple[int | None, tuple[int, ...]], Any]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _eos_ids(tokenizer: Any, eos_token_ids: int | Iterable[int] | None) -> tuple[int, ...]:
+    if eos_token_ids is None:
+        t = getattr(tokenizer, "eos_token_id", None)
+        return () if t is None else (int(t),)
+    if isinstance(eos_token_ids, int):
+        return (eos_token_ids,)
+    return tuple(int(x) for x in eos_token_ids)
+
+
+def _vocabulary(tokenizer: Any, vocab_size: int | None, eos: tuple[int, ...]) -> Vocabulary:
+    """``Vocabulary.from_tokenizer`` memoised per (tokenizer object, size, EOS ids)."""
+    from structgen.masks.vocab import Vocabulary
+
+    key = (vocab_size, eos)
+    with _VOCAB_LOCK:
+        try:
+            per_tok = _VOCABS.setdefault(tokenizer, {})
+        except TypeError:  # not weak-referenceable / hashable: no cache
+            per_tok = {}
+        v = per_tok.get(key)
+        if v is None:
+            v = Vocabulary.from_tokenizer(tokenizer, vocab_size=vocab_size, eos_token_ids=eos)
+            per_tok[key] = v
+    return v
+
+
+# --------------------------------------------------------------------------- vLLM-style backend
+
+class StructgenGrammar:
+    """Per-request grammar state in the shape of vLLM's structured-output grammar contract.
+
+    Wraps one :class:`~structgen.masks.matcher.Matcher` (cheap: the compiled grammar and its
+    mask caches are shared with every other request of the same constraint).
+
+    * :meth:`accept_tokens` is all-or-nothing: either every token is accepted, or none
+      is and False is returned (the state is unchanged);
+    * :meth:`validate_tokens` returns the longest accepted prefix without changing state;
+    * :meth:`rollback` undoes accepted tokens (EOS included);
+    * :meth:`fill_bitmask` writes the allowed tokens of the current state into a row of a
+      packed int32 bitmask; after EOS only EOS is allowed, EOS is allowed exactly when
+      the output so far is complete.
+    """
+
+    __slots__ = ("matcher", "request_type", "num_processed_tokens")
+
+    def __init__(self, grammar: CompiledGrammar, vocab: Vocabulary, *,
+                 max_rollback: int | None = None, request_type: str | None = None) -> None:
+        from structgen.masks.matcher import Matcher
+
+        self.matcher: Matcher = Matcher(grammar, vocab, max_rollback=max_rollback)
+        self.request_type = request_type
+        self.num_processed_tokens = 0  # accepted tokens, as vLLM counts them
+
+    def accept_tokens(self, request_id: Any, tokens: Sequence[int]) -> bool:
+        """Accept ``tokens`` in order. True when all were accepted; False (nothing accepted,
+        state unchanged) when the grammar rejects any of them. ``request_id`` is only used
+        to name the request in errors/logs. Cost: one table walk per token byte."""
+        tokens = [int(t) for t in tokens]
+        m = self.matcher
+        if m.validate_tokens(tokens) != len(tokens):
+            return False
+        n = m.accept_tokens(tokens)
+        if n != len(tokens):  # pragma: no cover - validate and accept walk the same tables
+            m.rollback(n)
+            raise IntegrationError("accept_tokens disagreed with validate_tokens",
+                                   request_id=request_id)
+        self.num_processed_tokens += n
+        return True
+
+    def validate_tokens(self, tokens: Sequence[int]) -> list[int]:
+        """The longest prefix of ``tokens`` the grammar accepts from the current state (a new
+        list); the state is unchanged."""
+        tokens = [int(t) for t in tokens]
+        return tokens[: self.matcher.validate_tokens(tokens)]
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens. Raises :class:`IntegrationError` when
+        more tokens are asked for than can be rolled back (bounded by ``max_rollback``)."""
+        n = int(num_tokens)
+        avail = self.matcher.num_accepted
+        if n < 0 or n > avail:
+            raise IntegrationError(f"cannot roll back {n} tokens: {avail} can be rolled back")
+        self.matcher.rollback(n)
+        self.num_processed_tokens -= n
+
+    def fill_bitmask(self, bitmask: Any, idx: int) -> None:
+        """Write the allowed tokens of the current state into ``bitmask[idx]`` (int32
+        ``[rows, ceil(vocab_size/32)]``, torch on any device, or numpy)."""
+        self.matcher.fill_bitmask(bitmask, idx)
+
+    def is_terminated(self) -> bool:
+        """True once EOS has been accepted."""
+        return self.matcher.is_terminated()
+
+    def is_accepting(self) -> bool:
+        """True when the output so far is complete (EOS is allowed now)."""
+        return self.matcher.is_accepting()
+
+    def reset(self) -> None:
+        """Back to the start state (as a fresh request)."""
+        self.matcher.reset()
+        self.num_processed_tokens = 0
+
+    def __repr__(self) -> str:
+        return f"StructgenGrammar({self.request_type!r}, {self.matcher!r})"
+
+
+class StructgenBackend:
+    """Compiles constraints once and creates per-request :class:`StructgenGrammar` objects.
+
+    Construct from a Hugging Face tokenizer (``vocab_size``: the model's logits width, which
+    may exceed the tokenizer; default: the tokenizer's size) or from a ready
+    :class:`~structgen.masks.vocab.Vocabulary` (``vocab=``). ``eos_token_ids`` default to the
+    tokenizer's EOS; pass the model's generation-config EOS ids when they differ.
+
+    Compiled grammars are kept in an LRU of ``cache_size`` entries keyed by (request type,
+    spec content); a compiled grammar is immutable and shared by all its requests and
+    threads. ``max_rollback`` bounds each request's rollback history (None: unbounded).
+    """
+
+    def __init__(self, tokenizer: Any = None, vocab_size: int | None = None, *,
+                 vocab: Vocabulary | None = None, eos_token_ids: int | Iterable[int] | None = None,
+                 max_rollback: int | None = None, json_options: JsonSchemaOptions | None = None,
+                 cache_size: int = 128) -> None:
+        if vocab is None:
+            if tokenizer is None:
+                raise ConfigError("StructgenBackend needs tokenizer= or vocab=", key="tokenizer")
+            vocab = _vocabulary(tokenizer, vocab_size, _eos_ids(tokenizer, eos_token_ids))
+        elif vocab_size is not None and vocab_size != vocab.vocab_size:
+            raise ConfigError(f"vocab_size {vocab_size} differs from the vocabulary's "
+                              f"{vocab.vocab_size}", key="vocab_size")
+        if cache_size < 1:
+            raise ConfigError("cache_size must be >= 1", key="cache_size")
+        self.vocab = vocab
+        self.vocab_size = vocab.vocab_size
+        self.max_rollback = max_rollback
+        self.json_options = json_options
+        self._cache: OrderedDict[Hashable, CompiledGrammar] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        self.cache_hits = 0
+        self.cache_misses = 0
+
+    def compile(self, request_type: Any, grammar_spec: Any) -> CompiledGrammar:
+        """The compiled grammar of a constraint (cached; see :func:`compile_constraint`)."""
+        kind = _request_type(request_type)
+        key = _cache_key(kind, grammar_spec)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                self.cache_hits += 1
+                return hit
+        compiled = compile_constraint(kind, grammar_spec, json_options=self.json_options)
+        with self._lock:
+            self.cache_misses += 1
+            self._cache[key] = compiled
+            self._cache.move_to_end(key)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def compile_grammar(self, request_type: Any, grammar_spec: Any) -> StructgenGrammar:
+        """A fresh per-request :class:`StructgenGrammar` for the constraint (compiled once)."""
+        kind = _request_type(request_type)
+        return StructgenGrammar(self.compile(kind, grammar_spec), self.vocab,
+                                max_rollback=self.max_rollback, request_type=kind)
+
+    def allocate_token_bitmask(self, max_num_seqs: int) -> Any:
+        """A CPU int32 torch tensor ``[max_num_seqs, ceil(vocab_size/32)]``, every token
+        allowed. Imports torch."""
+        from structgen.masks.matcher import allocate_bitmask
+
+        return allocate_bitmask(int(max_num_seqs), self.vocab_size)
+
+    def destroy(self) -> None:
+        """Drop the compiled-grammar cache."""
+        with self._lock:
+            self._cache.clear()
+
+
+# --------------------------------------------------------------------------- transformers
+
+class _LogitsProcessorImpl:
+    """Implementation of :class:`StructgenLogitsProcessor` (see its docstring there)."""
+
+    supports_continuous_batching = False
+
+    def __init__(self, grammar_or_schema: Any = None, tokenizer: Any = None, *,
+                 grammar: str | None = None, regex: str | None = None, start: str = "start",
+                 vocab: Vocabulary | None = None, eos_token_ids: int | Iterable[int] | None = None,
+                 pad_token_id: int | None = None,
+                 json_options: JsonSchemaOptions | None = None) -> None:
+        given = [x is not None for x in (grammar_or_schema, grammar, regex)]
+        if sum(given) != 1:
+            raise ConfigError("give exactly one of grammar_or_schema, grammar= or regex=",
+                              key="grammar_or_schema")
+        if vocab is None and tokenizer is None:
+            raise ConfigError("StructgenLogitsProcessor needs tokenizer= or vocab=", key="tokenizer")
+        if grammar is not None:
+            constraints: list[Any] = [compile_constraint("grammar", grammar, start=start)]
+            self._per_row = False
+        elif regex is not None:
+            constraints = [compile_constraint("regex", regex)]
+            self._per_row = False
+        else:
+            items = grammar_or_schema
+            self._per_row = isinstance(items, (list, tuple))
+            if not self._per_row:
+                items = [items]
+            if not items:
+                raise ConfigError("an empty list of grammars/schemas", key="grammar_or_schema")
+            constraints = [self._compile(x, json_options) for x in items]
+        self.grammars: list[CompiledGrammar] = constraints
+        self.tokenizer = tokenizer
+        self._vocab = vocab
+        self._eos = _eos_ids(tokenizer, eos_token_ids) if vocab is None else tuple(vocab.eos_token_ids)
+        if pad_token_id is None and tokenizer is not None:
+            pad_token_id = getattr(tokenizer, "pad_token_id", None)
+        self.pad_token_id = pad_token_id
+        self.matchers: list[Matcher] = []
+        self.prompt_length: int | None = None
+        self._stopped: list[bool] = []  # rows that ended outside the grammar (fed padding)
+        self._prev: Any = None  # CPU copy of the last input_ids seen [B, L]
+        self._bitmask: Any = None
+
+    @staticmethod
+    def _compile(x: Any, json_options: JsonSchemaOptions | None) -> CompiledGrammar:
+        from structgen.grammar.automaton import CompiledGrammar
+
+        if isinstance(x, CompiledGrammar):
+            return x
+        if isinstance(x, str):
+            from structgen.errors import SchemaError
+            from structgen.frontends.constraint import schema_from
+
+            try:
+                x = schema_from(x, strings_may_be_paths=False)
+            except SchemaError:
+                raise ConfigError("a string grammar_or_schema must be JSON Schema text (an object "
+                                  "or a boolean); pass Lark text as grammar=..., a regex as "
+                                  "regex=... and a schema file as a pathlib.Path",
+                                  key="grammar_or_schema") from None
+        return compile_constraint("json", x, json_options=json_options)
+
+    # -- state ----------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget the current generation; the next call starts from a prompt again. (Not
+        needed between ``generate`` calls: a call that does not continue the previous one is
+        detected and starts afresh.)"""
+        self.matchers = []
+        self._stopped = []
+        self._prev = None
+        self.prompt_length = None
+
+    @property
+    def vocab(self) -> Vocabulary | None:
+        """The vocabulary in use (built on the first call from the logits width)."""
+        return self._vocab
+
+    def is_finished(self, row: int) -> bool:
+        """True when row ``row`` had emitted EOS (or was stopped outside the grammar) as of the
+        last call. The last token ``generate`` emits is never shown to a processor, so check
+        the returned sequences for EOS to know whether a row completed."""
+        return self.matchers[row].is_terminated() or self._stopped[row]
+
+    def _vocab_for(self, width: int) -> Vocabulary:
+        v = self._vocab
+        if v is None:
+            v = _vocabulary(self.tokenizer, width, self._eos)
+            self._vocab = v
+        if v.vocab_size != width:
+            raise ConfigError(f"the logits have {width} columns but the vocabulary has "
+                              f"{v.vocab_size} tokens", key="vocab")
+        return v
+
+    def _start(self, ids: Any, vocab: Vocabulary) -> None:
+        from structgen.masks.matcher import Matcher
+
+        batch = int(ids.shape[0])
+        if self._per_row and len(self.grammars) != batch:
+            raise ConfigError(f"{len(self.grammars)} grammars/schemas given for a batch of "
+                              f"{batch} rows", key="grammar_or_schema")
+        gs = self.grammars if self._per_row else self.grammars * batch
+        self.matchers = [Matcher(g, vocab) for g in gs]
+        self._stopped = [False] * batch
+        self.prompt_length = int(ids.shape[1])
+
+    def _follow(self, ids: Any) -> bool:
+        """Advance every row by its newest token; False when ``ids`` does not continue the
+        previous call (a new generation)."""
+        import torch
+
+        prev = self._prev
+        if prev is None or ids.shape[0] != prev.shape[0] or ids.shape[1] != prev.shape[1] + 1:
+            return False
+        head = ids[:, :-1]
+        same = (head == prev).all(dim=1)  # [B]
+        if not bool(same.all()):
+            # beam search reorders rows: take over the matcher of the row each one came from
+            src: list[int] = []
+            for i in range(ids.shape[0]):
+                if bool(same[i]):
+                    src.append(i)
+                    continue
+                hit = torch.nonzero((prev == head[i]).all(dim=1))
+                if hit.numel() == 0:
+                    return False
+                src.append(int(hit[0]))
+            self.matchers = [self.matchers[j].fork() for j in src]
+            self._stopped = [self._stopped[j] for j in src]
+        last = ids[:, -1].tolist()
+        pos = int(ids.shape[1]) - 1
+        eos_or_pad = set(self._eos)
+        if self.pad_token_id is not None:
+            eos_or_pad.add(int(self.pad_token_id))
+        for i, (m, t) in enumerate(zip(self.matchers, last)):
+            if self._stopped[i] or m.is_terminated():
+                continue  # a finished row: the loop feeds padding from now on
+            if not m.accept_token(t):
+                if t in eos_or_pad:  # stopped by something else (e.g. a stopping criterion)
+                    self._stopped[i] = True
+                    continue
+                raise TokenRejectedError(
+                    f"token {t} at position {pos} is not allowed by the grammar (another "
+                    "processor changed the scores after this one, or this processor did not "
+                    "see the generation from its first step)", row=i, position=pos, token_id=t)
+        return True
+
+    # -- the processor ---------------------------------------------------------------------------
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        """Mask ``scores`` ``[batch, vocab]`` to the grammar-allowed tokens of each row.
+
+        ``input_ids`` ``[batch, seq]``: the prompt on the first call, then prompt plus the
+        tokens generated so far (the newest is accepted into each row's matcher). Returns a
+        new tensor (forbidden tokens at -inf). Rows that have finished get EOS only (or
+        everything, when they stopped outside the grammar) so that no row is all -inf.
+        Cost per step: one cached mask per row plus one unpack on the scores' device.
+        """
+        import torch
+
+        from structgen.generation.sampling import unpack_bitmask
+        from structgen.masks.matcher import bitmask_words, fill_bitmasks
+
+        if input_ids.dim() != 2 or scores.dim() != 2 or input_ids.shape[0] != scores.shape[0]:
+            raise ConfigError(f"expected input_ids [batch, seq] and scores [batch, vocab]; got "
+                              f"{tuple(input_ids.shape)} and {tuple(scores.shape)}", key="scores")
+        width = int(scores.shape[-1])
+        vocab = self._vocab_for(width)
+        ids = input_ids.detach().to("cpu")
+        if not self._follow(ids):
+            self._start(ids, vocab)
+        self._prev = ids
+        batch = int(ids.shape[0])
+        words = bitmask_words(width)
+        bm = self._bitmask
+        if bm is None or bm.shape[0] < batch or bm.shape[1] != words:
+            bm = torch.empty((batch, words), dtype=torch.int32)
+            self._bitmask = bm
+        bm = bm[:batch]
+        fill_bitmasks([None if self._stopped[i] else m for i, m in enumerate(self.matchers)], bm)
+        allowed = unpack_bitmask(bm.to(scores.device, non_blocking=True), width)  # [B, V] bool
+        return scores.masked_fill(~allowed, float("-inf"))
+
+    def __repr__(self) -> str:
+        return (f"StructgenLogitsProcessor(grammars={len(self.grammars)}, "
+                f"rows={len(self.matchers)}, prompt_length={self.prompt_length})")
+
+
+_PROCESSOR_DOC = """A ``transformers`` logits processor for grammar-constrained decoding with
+``model.generate``.
+
+::
+
+    proc = StructgenLogitsProcessor(schema, tokenizer)
+    out = model.generate(**enc, logits_processor=[proc], max_new_tokens=200)
+
+``grammar_or_schema``: a JSON schema (dict, JSON text, Pydantic class), a
+:class:`~structgen.grammar.automaton.CompiledGrammar`, or a list of those with one per batch row
+(mixed schemas); or give ``grammar=`` (Lark text, rule ``start``) or ``regex=`` instead.
+``tokenizer``: the model's tokenizer (its byte table is built on the first call, with the
+logits width as vocabulary size: padding rows beyond the tokenizer are never allowed), or
+pass a ready ``vocab=``. ``eos_token_ids``: the ids that end a generation (default: the
+tokenizer's EOS); pass ``model.generation_config.eos_token_id`` when it differs, since EOS
+is allowed exactly when the output so far is complete. ``pad_token_id`` (default: the
+tokenizer's) lets a row that some other stopping criterion ended be fed padding.
+
+Batch size and prompt length are discovered from ``input_ids`` on the first call; each
+later call accepts the newest token of every row. A call that does not continue the
+previous one starts a new generation, so one processor can serve several ``generate``
+calls (not concurrently). Works with greedy decoding and sampling (the processor runs
+before temperature/top-k/top-p, so they only ever see allowed tokens); with beam search,
+reordered rows take over the matcher of the row they came from. A greedy run is
+token-identical to ``structgen.generate(..., speculative=False)`` up to floating-point
+differences in the model's forward passes (padding, cache layout).
+
+A token the grammar rejects (the scores were changed after this processor) raises
+:class:`TokenRejectedError` with the row and position.
+"""
+
+_LP_CLASS: Any = None
+
+
+def _logits_processor_class() -> Any:
+    global _LP_CLASS
+    if _LP_CLASS is None:
+        from transformers import LogitsProcessor
+
+        cls = type("StructgenLogitsProcessor", (_LogitsProcessorImpl, LogitsProcessor),
+                   {"__doc__": _PROCESSOR_DOC, "__module__": __name__,
+                    "__qualname__": "StructgenLogitsProcessor"})
+        _LP_CLASS = cls
+    return _LP_CLASS
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    StructgenLogitsProcessor = _LogitsProcessorImpl
+else:
+    def __getattr__(name: str) -> Any:
+        if name == "StructgenLogitsProcessor":
+            cls = _logits_processor_class()
+            globals()[name] = cls
+            return cls
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

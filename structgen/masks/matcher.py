@@ -1,0 +1,596 @@
+"""The per-request cursor over a compiled grammar: :class:`Matcher`.
+
+The matcher is the only layer that knows both a grammar and a vocabulary. Its verbs
+are the ones speculative decoding needs:
+
+* ``accept_token`` / ``accept_tokens`` advance (a rejected token returns False and
+  changes nothing; the hot path never raises),
+* ``validate_tokens`` counts how many tokens would be accepted without advancing,
+* ``rollback(n)`` undoes the last ``n`` accepted tokens (O(n)), ``fork()`` copies the cursor,
+* ``fill_bitmask`` writes the packed allowed-token mask of the current state
+  (:func:`fill_bitmasks`: many matchers into one tensor, masks not yet cached computed on
+  a thread pool, one engine per task, the compiled walks releasing the GIL),
+* ``forced_bytes`` / ``forced_tokens`` report what the grammar alone determines,
+* ``is_accepting`` (EOS allowed now) and ``is_terminated`` (EOS accepted).
+
+State is a list of interned configuration ids (one per accepted token), so rollback and
+fork are list operations. All heavy work (transition rows, masks) is cached in the
+grammar's shared :class:`~structgen.masks.engine.Engine`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+from structgen.errors import MatcherUsageError
+from structgen.grammar.automaton import CompiledGrammar
+from structgen.masks.engine import STALE, VocabTable
+
+__all__ = ["Matcher", "allocate_bitmask", "vocab_table", "bitmask_words", "fill_bitmasks"]
+
+_TERMINATED = -3  # history marker: EOS was accepted
+
+_VT_LOCK = threading.Lock()
+_VT_CACHE: weakref.WeakKeyDictionary[Any, VocabTable] = weakref.WeakKeyDictionary()
+_VT_BY_HASH: dict[Any, VocabTable] = {}
+
+
+def bitmask_words(vocab_size: int) -> int:
+    """Number of int32 words per bitmask row: ``ceil(vocab_size / 32)``."""
+    return (vocab_size + 31) // 32
+
+
+def allocate_bitmask(rows: int, vocab_size: int) -> Any:
+    """A packed int32 torch tensor ``[rows, ceil(vocab_size/32)]`` with every token allowed
+    (all bits set), on the CPU. Imports torch. Raises :class:`MatcherUsageError` unless
+    ``rows >= 0`` and ``vocab_size >= 1`` are integers."""
+    rows = _whole("rows", rows, 0)
+    vocab_size = _whole("vocab_size", vocab_size, 1)
+    import torch
+
+    return torch.full((rows, bitmask_words(vocab_size)), -1, dtype=torch.int32)
+
+
+def _whole(name: str, value: Any, least: int) -> int:
+    """``value`` as an int of at least ``least`` (ints, numpy integers, 0-d integer
+    tensors; not bools or floats), else :class:`MatcherUsageError` naming ``name``."""
+    if isinstance(value, bool):
+        raise MatcherUsageError(f"{name} must be an integer, not a bool")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise MatcherUsageError(f"{name} must be an integer, not {type(value).__name__}") from None
+    if v < least:
+        raise MatcherUsageError(f"{name} must be >= {least}, not {v}")
+    return v
+
+
+_INT32 = np.dtype(np.int32)
+
+
+def _bitmask_kind(bitmask: Any, words: int) -> bool:
+    """Check that ``bitmask`` is a 2-d int32 numpy array or torch tensor with at least
+    ``words`` columns; returns True for numpy. Raises :class:`MatcherUsageError`. (A
+    read-only array is reported when written: :func:`_write_row`.) Cheap: the hot path
+    calls it once per mask."""
+    if isinstance(bitmask, np.ndarray):
+        dt = bitmask.dtype
+        if dt is not _INT32 and dt != _INT32:
+            raise MatcherUsageError(f"bitmask must be int32, not {dt}")
+        is_numpy = True
+    elif type(bitmask).__module__.startswith("torch") and hasattr(bitmask, "device"):
+        if str(bitmask.dtype) != "torch.int32":
+            raise MatcherUsageError(f"bitmask must be torch.int32, not {bitmask.dtype}")
+        is_numpy = False
+    else:
+        raise MatcherUsageError("bitmask must be an int32 numpy array or torch tensor, not "
+                                f"{type(bitmask).__name__}")
+    shape = bitmask.shape
+    if len(shape) != 2 or shape[1] < words:
+        raise MatcherUsageError(f"bitmask must have shape [rows, >= {words}] (ceil(vocab_size / 32) "
+                                f"int32 words per row), not {list(shape)}")
+    return is_numpy
+
+
+def _write_row(view: np.ndarray, words: np.ndarray, nw: int, wide: bool) -> None:
+    """``view[:nw] = words`` and zeros beyond; a read-only array is a MatcherUsageError."""
+    try:
+        view[:nw] = words
+        if wide:
+            view[nw:] = 0
+    except ValueError as e:
+        if not view.flags.writeable:
+            raise MatcherUsageError("bitmask is a read-only array") from None
+        raise MatcherUsageError(f"cannot write the bitmask: {e}") from None
+
+
+def _row_index(row: Any, rows: int) -> int:
+    """``row`` checked against ``rows``: an integer in ``[0, rows)`` (negative indices are a
+    caller bug here, not Python's count from the end)."""
+    if type(row) is not int:
+        row = _whole("row", row, 0)
+    if not 0 <= row < rows:
+        raise MatcherUsageError(f"row {row} is out of range for a bitmask of {rows} rows")
+    return row
+
+
+def vocab_table(vocab: Any) -> VocabTable:
+    """The vectorised view of a vocabulary, built once per vocabulary (cached)."""
+    with _VT_LOCK:
+        try:
+            vt = _VT_CACHE.get(vocab)
+        except TypeError:
+            vt = None
+        if vt is not None:
+            return vt
+        key = getattr(vocab, "content_hash", None)
+        if not isinstance(key, str):
+            # a duck-typed vocabulary: key by content too (an id() could be reused by a
+            # different vocabulary after this one is collected, and keys outlive it in the
+            # engines' mask caches and the shared trie cache)
+            key = _content_key(vocab)
+        vt = _VT_BY_HASH.get(key)
+        if vt is None:
+            flat_view = None
+            if all(hasattr(vocab, a) for a in ("lengths", "offsets", "flat_bytes")):
+                flat_view = (vocab.lengths, vocab.offsets, vocab.flat_bytes)
+            vt = VocabTable(list(vocab.token_bytes), list(vocab.eos_token_ids),
+                            int(vocab.vocab_size), key, flat_view)
+            _VT_BY_HASH[key] = vt
+        try:
+            _VT_CACHE[vocab] = vt
+        except TypeError:
+            pass
+        return vt
+
+
+def _content_key(vocab: Any) -> str:
+    d = hashlib.sha256(b"structgen.masks.vocab-like.v1\0")
+    d.update(repr((int(vocab.vocab_size), sorted(int(e) for e in vocab.eos_token_ids))).encode())
+    for b in vocab.token_bytes:
+        d.update(b"\xff" if b is None else len(b).to_bytes(4, "little") + bytes(b))
+    return d.hexdigest()
+
+
+class Matcher:
+    """Per-request matcher state over an immutable :class:`CompiledGrammar`.
+
+    ``max_rollback`` bounds how many tokens can be rolled back (None: unbounded); the
+    history is trimmed beyond it.
+    """
+
+    __slots__ = ("grammar", "vocab", "_eng", "_vt", "_hist", "_eos", "_max_rollback", "_tb", "_nvocab",
+                 "_epoch", "_bm_ok", "__weakref__")
+
+    def __init__(self, grammar: CompiledGrammar, vocab: Any, *, max_rollback: int | None = None) -> None:
+        if not isinstance(grammar, CompiledGrammar):
+            raise MatcherUsageError(f"Matcher needs a CompiledGrammar, not {type(grammar).__name__}")
+        if max_rollback is not None:
+            max_rollback = _whole("max_rollback", max_rollback, 0)
+        self.grammar = grammar
+        self.vocab = vocab
+        self._eng = grammar.engine
+        self._vt = vocab_table(vocab)
+        self._tb = self._vt.token_bytes
+        self._nvocab = self._vt.vocab_size
+        self._eos = frozenset(int(x) for x in vocab.eos_token_ids)
+        self._max_rollback = max_rollback
+        self._bm_ok: tuple[Any, bool, int, bool] | None = None  # the last bitmask checked
+        self._hist: list[int] = []
+        self._epoch = 0
+        self.reset()
+
+    # -- engine epochs ----------------------------------------------------------------------
+    # The engine may flush its tables (memory budget) and renumber configurations; ``_hist``
+    # holds ids of epoch ``_epoch``. Every step checks the epoch before and after (a cheap
+    # comparison) and, when it moved, translates the history and redoes the step holding the
+    # engine lock, under which no other thread can flush.
+    def _sync(self) -> None:
+        """Translate the history to the engine's current epoch (hold the engine lock)."""
+        eng = self._eng
+        if self._epoch != eng.epoch:
+            self._hist[:] = eng.translate(self._epoch, self._hist)
+            self._epoch = eng.epoch
+
+    # -- core verbs ---------------------------------------------------------------------
+    def _token_id(self, token_id: Any) -> int:
+        """``token_id`` as an int in ``[0, vocab_size)``, else :class:`MatcherUsageError` (an
+        id outside the vocabulary is a caller bug, not a grammar verdict)."""
+        if type(token_id) is not int:
+            token_id = _whole("token id", token_id, 0)
+        if not 0 <= token_id < self._nvocab:
+            raise MatcherUsageError(f"token id {token_id} is outside the vocabulary "
+                                    f"[0, {self._nvocab})")
+        return token_id
+
+    def _advance(self, cid: int, tid: int) -> int:
+        if cid == _TERMINATED:
+            return -1
+        if tid in self._eos:
+            return _TERMINATED if self._eng.is_accepting(cid) else -1
+        if not (0 <= tid < len(self._tb)):
+            return -1
+        data = self._tb[tid]
+        if not data:
+            return -1
+        return self._eng.walk(cid, data, self._epoch)
+
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token. Returns False (state unchanged) if the grammar forbids it;
+        raises :class:`~structgen.errors.MatcherUsageError` for an id that is not an integer
+        in ``[0, vocab_size)``."""
+        tid = self._token_id(token_id)
+        eng = self._eng
+        ep = self._epoch
+        if ep == eng.epoch:
+            h = self._hist
+            nxt = self._advance(h[-1], tid)
+            if nxt != STALE and eng.epoch == ep:
+                if nxt == -1:
+                    return False
+                h.append(nxt)
+                if eng.epoch == ep:  # else a flush may have described the history without it
+                    self._trim()
+                    return True
+                h.pop()
+        with eng.lock:  # the tables were flushed: redo the step where no other thread can
+            self._sync()
+            nxt = self._advance(self._hist[-1], tid)
+            self._sync()  # the step itself may have flushed (nxt is then of the new epoch)
+            if nxt == -1:
+                return False
+            self._push(nxt)
+            return True
+
+    def _push(self, cid: int) -> None:
+        self._hist.append(cid)
+        self._trim()
+
+    def _trim(self) -> None:
+        h = self._hist
+        mr = self._max_rollback
+        if mr is not None and len(h) > mr + 1:
+            del h[: len(h) - mr - 1]
+
+    def accept_tokens(self, token_ids: Any) -> int:
+        """Accept tokens in order, stopping at the first rejected one; returns how many."""
+        n = 0
+        for t in token_ids:
+            if not self.accept_token(t):
+                break
+            n += 1
+        return n
+
+    def validate_tokens(self, token_ids: Any) -> int:
+        """How many leading tokens of ``token_ids`` would be accepted; the state is unchanged."""
+        ids = [self._token_id(t) for t in token_ids]
+        eng = self._eng
+        ep = self._epoch
+        if ep == eng.epoch:
+            n = self._count_valid(self._hist[-1], ids)
+            if n >= 0 and eng.epoch == ep:
+                return n
+        with eng.lock:
+            self._sync()
+            return self._count_valid(self._hist[-1], ids)
+
+    def _count_valid(self, cid: int, ids: list[int]) -> int:
+        """How many of ``ids`` are accepted in turn from ``cid``; -1 when a walk came back
+        STALE (the caller redoes it under the lock)."""
+        n = 0
+        for t in ids:
+            cid = self._advance(cid, t)
+            if cid == STALE:
+                return -1
+            if cid == -1:
+                break
+            n += 1
+        return n
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens (EOS included). Raises
+        :class:`~structgen.errors.MatcherUsageError` (a ValueError) for a negative count or
+        more tokens than the history holds (bounded by ``max_rollback``)."""
+        if type(num_tokens) is not int:
+            num_tokens = _whole("num_tokens", num_tokens, 0)
+        if num_tokens < 0 or num_tokens > len(self._hist) - 1:
+            raise MatcherUsageError(f"cannot roll back {num_tokens} tokens: only "
+                                    f"{len(self._hist) - 1} can be rolled back")
+        if num_tokens:
+            del self._hist[-num_tokens:]
+
+    def fork(self) -> Matcher:
+        """An independent copy of this matcher (shares the compiled grammar and caches)."""
+        m = Matcher.__new__(Matcher)
+        m.grammar = self.grammar
+        m.vocab = self.vocab
+        m._eng = self._eng
+        m._vt = self._vt
+        m._tb = self._tb
+        m._nvocab = self._nvocab
+        m._eos = self._eos
+        m._max_rollback = self._max_rollback
+        m._bm_ok = None
+        with self._eng.lock:
+            m._hist = list(self._hist)
+            m._epoch = self._epoch
+            self._eng.register(m)
+        return m
+
+    def reset(self) -> None:
+        """Back to the start state (as a fresh request)."""
+        eng = self._eng
+        with eng.lock:
+            self._hist = [eng.start]
+            self._epoch = eng.epoch
+            eng.register(self)
+
+    @property
+    def num_accepted(self) -> int:
+        """Tokens accepted and still rollback-able (the history length)."""
+        return len(self._hist) - 1
+
+    # -- masks ------------------------------------------------------------------------------
+    def _mask_words(self) -> np.ndarray:
+        cid = self._hist[-1]
+        vt = self._vt
+        if cid == _TERMINATED:
+            bits = np.zeros(vt.num_words * 32, dtype=bool)
+            bits[vt.eos_ids] = True
+            return np.packbits(bits, bitorder="little").view(np.uint32)
+        eng = self._eng
+        ep = self._epoch
+        if ep == eng.epoch:
+            m = eng.token_mask(cid, vt)
+            if eng.epoch == ep:
+                return m
+        with eng.lock:
+            self._sync()
+            return eng.token_mask(self._hist[-1], vt)
+
+    def _cached_words(self) -> np.ndarray | None:
+        """The current mask's words if the engine has them cached (no walk), else None."""
+        cid = self._hist[-1]
+        if cid == _TERMINATED or cid < 0:
+            return None
+        eng = self._eng
+        ep = self._epoch
+        if ep != eng.epoch:
+            return None
+        m = eng.cached_mask(cid, self._vt)
+        return m if eng.epoch == ep else None
+
+    def get_bitmask_words(self) -> np.ndarray:
+        """The current mask as packed uint32 words ``[ceil(vocab_size/32)]`` (read-only view)."""
+        return self._mask_words()
+
+    def fill_bitmask(self, bitmask: Any, row: int = 0) -> None:
+        """Write the current mask into ``bitmask[row]`` (int32 ``[rows, W]``, torch or numpy,
+        ``W >= ceil(vocab_size/32)``).
+
+        After termination only EOS is allowed. The tensor may be on any device; CPU
+        tensors and numpy arrays are written without a copy through a numpy view. Columns
+        beyond ``ceil(vocab_size/32)`` (a model whose logits are wider than the matcher's
+        vocabulary) are zeroed: tokens outside the vocabulary are never allowed. Raises
+        :class:`~structgen.errors.MatcherUsageError` for anything but a writable 2-d int32
+        array or tensor that wide, or a row outside ``[0, rows)`` (no negative indices).
+        """
+        nw = self._vt.num_words
+        ok = self._bm_ok
+        if ok is None or ok[0] is not bitmask:  # checked once per buffer, not per call
+            ok = self._bm_ok = (bitmask, _bitmask_kind(bitmask, nw), int(bitmask.shape[0]),
+                                int(bitmask.shape[1]) > nw)
+        _, is_numpy, rows, wide = ok
+        if type(row) is not int or not 0 <= row < rows:
+            row = _row_index(row, rows)
+        words = self._mask_words().view(np.int32)
+        if is_numpy:
+            _write_row(bitmask[row], words, nw, wide)
+            return
+        if bitmask.device.type == "cpu":
+            _write_row(bitmask[row].numpy(), words, nw, wide)
+        else:
+            import torch
+
+            bitmask[row, :nw].copy_(torch.from_numpy(words), non_blocking=False)
+            if wide:
+                bitmask[row, nw:].zero_()
+
+    def allowed_token_ids(self) -> list[int]:
+        """All token ids allowed now (EOS included when accepting), ascending."""
+        words = self._mask_words()
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")
+        ids = np.nonzero(bits)[0]
+        return ids[ids < self._vt.vocab_size].tolist()
+
+    def is_token_allowed(self, token_id: int) -> bool:
+        """Whether the grammar allows ``token_id`` now (state unchanged); out-of-vocabulary
+        ids raise :class:`~structgen.errors.MatcherUsageError`."""
+        return self.validate_tokens((token_id,)) == 1
+
+    # -- forced continuations ------------------------------------------------------------
+    def viable_prefix_length(self, data: bytes) -> int:
+        """Length of the longest prefix of ``data`` (bytes) the grammar allows from here."""
+        eng = self._eng
+        with eng.lock:  # stepping never flushes; holding the lock keeps others from it
+            self._sync()
+            cid = self._hist[-1]
+            if cid == _TERMINATED:
+                return 0
+            for i, b in enumerate(data):
+                cid = eng.step(cid, b)
+                if cid < 0:
+                    return i
+            return len(data)
+
+    def forced_bytes(self, limit: int = 4096, *, after: bytes = b"") -> bytes:
+        """The bytes the grammar alone determines from here: the longest string that every
+        continuation starts with (stops where the input could also end). With ``after``: the
+        forced bytes following the bytes ``after`` (empty if ``after`` is not allowed)."""
+        eng = self._eng
+        with eng.lock:  # no other thread flushes meanwhile; the walk may (then: new ids)
+            self._sync()
+            cid = self._hist[-1]
+            if cid == _TERMINATED:
+                return b""
+            if after:
+                cid = eng.walk(cid, after)
+                self._sync()
+                if cid < 0:
+                    return b""
+            out = bytearray()
+            while len(out) < limit and cid >= 0 and not eng.is_accepting(cid):
+                live = eng.live_bytes(cid)
+                if live.shape[0] != 1:
+                    break
+                b = int(live[0])
+                out.append(b)
+                cid = eng.step(cid, b)
+            return bytes(out)
+
+    def forced_tokens(self) -> list[int]:
+        """A tokenization of :meth:`forced_bytes` (greedy longest match over the vocabulary).
+
+        Every returned token is grammar-valid in sequence. The drafting layer re-tokenizes
+        forced text canonically with the model's own tokenizer; this is the grammar-only view.
+        """
+        data = self.forced_bytes()
+        if not data:
+            return []
+        index = _prefix_index(self._vt)
+        out: list[int] = []
+        i = 0
+        while i < len(data):
+            best = -1
+            best_len = 0
+            for ln in range(min(len(data) - i, index.max_len), 0, -1):
+                tid = index.by_bytes.get(data[i:i + ln])
+                if tid is not None:
+                    best, best_len = tid, ln
+                    break
+            if best < 0:
+                break
+            out.append(best)
+            i += best_len
+        return out
+
+    # -- status -------------------------------------------------------------------------
+    def is_accepting(self) -> bool:
+        """True when the input may end here (EOS is allowed now)."""
+        eng = self._eng
+        ep = self._epoch
+        cid = self._hist[-1]
+        if ep == eng.epoch:
+            ok = cid != _TERMINATED and eng.is_accepting(cid)
+            if eng.epoch == ep:
+                return ok
+        with eng.lock:
+            self._sync()
+            cid = self._hist[-1]
+            return cid != _TERMINATED and eng.is_accepting(cid)
+
+    def is_terminated(self) -> bool:
+        """True once EOS has been accepted."""
+        return self._hist[-1] == _TERMINATED
+
+    def __repr__(self) -> str:
+        return (f"Matcher(accepted={self.num_accepted}, accepting={self.is_accepting()}, "
+                f"terminated={self.is_terminated()})")
+
+
+def fill_bitmasks(matchers: Any, bitmask: Any, rows: Any = None, *, executor: Any = None) -> None:
+    """Write the current mask of each matcher into one packed bitmask: ``matchers[i]`` into
+    row ``rows[i]`` (default ``i``) of ``bitmask`` (int32 ``[R, ceil(V/32)]``, torch on any
+    device or numpy, at least ``ceil(V/32)`` columns: columns beyond a matcher's vocabulary
+    are zeroed); a ``None`` matcher sets its row to all ones (every token allowed). Rows must
+    be distinct and in ``[0, R)``; misuse raises :class:`~structgen.errors.MatcherUsageError`.
+
+    Masks already cached cost a lookup each. The others are computed per engine (matchers of
+    one grammar share an engine, whose walks are serialised by its lock); with an
+    ``executor`` (a :class:`concurrent.futures.Executor`, e.g. a ``ThreadPoolExecutor``) the
+    engines with work run in parallel, the compiled trie walks releasing the GIL. The rows
+    are then written in one copy (one host-to-device transfer for a CUDA tensor)."""
+    ms = list(matchers)
+    nw = 0
+    for m in ms:
+        if m is not None and not isinstance(m, Matcher):
+            raise MatcherUsageError(f"fill_bitmasks takes Matchers (or None), not {type(m).__name__}")
+        if m is not None:
+            nw = max(nw, m._vt.num_words)
+    is_numpy = _bitmask_kind(bitmask, nw)
+    nrows = int(bitmask.shape[0])
+    rws = list(range(len(ms))) if rows is None else [_whole("row", r, 0) for r in rows]
+    if len(rws) != len(ms):
+        raise MatcherUsageError(f"{len(ms)} matchers but {len(rws)} rows")
+    for r in rws:
+        _row_index(r, nrows)
+    if len(set(rws)) != len(rws):
+        raise MatcherUsageError("fill_bitmasks was given the same row twice")
+    if not ms:
+        return
+    words: list[np.ndarray | None] = [None] * len(ms)
+    pending: dict[int, list[int]] = {}  # id(engine) -> matcher indices whose mask is not cached
+    for i, m in enumerate(ms):
+        if m is None:
+            continue
+        w = m._cached_words()
+        if w is None:
+            pending.setdefault(id(m._eng), []).append(i)
+        else:
+            words[i] = w
+
+    def run(idx: list[int]) -> None:
+        for i in idx:
+            words[i] = ms[i]._mask_words()
+
+    if executor is not None and len(pending) > 1:
+        for f in [executor.submit(run, idx) for idx in pending.values()]:
+            f.result()
+    else:
+        for idx in pending.values():
+            run(idx)
+    block = np.full((len(ms), int(bitmask.shape[1])), -1, dtype=np.int32)  # [n, W]
+    for i, w in enumerate(words):
+        if w is not None:
+            block[i, : w.shape[0]] = w.view(np.int32)
+            block[i, w.shape[0]:] = 0  # columns beyond the vocabulary: never allowed
+    if is_numpy:
+        if not bitmask.flags.writeable:
+            raise MatcherUsageError("bitmask is a read-only array")
+        bitmask[rws] = block
+        return
+    import torch
+
+    src = torch.from_numpy(block)
+    idx = torch.tensor(rws, dtype=torch.long)
+    if bitmask.device.type == "cpu":
+        bitmask.index_copy_(0, idx, src)
+    else:  # one pinned host-to-device copy for every row
+        dev = bitmask.device
+        bitmask.index_copy_(0, idx.to(dev), src.pin_memory().to(dev, non_blocking=True))
+
+
+class _PrefixIndex:
+    def __init__(self, vt: VocabTable) -> None:
+        self.by_bytes: dict[bytes, int] = {}
+        for tid, b in enumerate(vt.token_bytes):
+            if b and b not in self.by_bytes:
+                self.by_bytes[b] = tid
+        self.max_len = vt.max_len
+
+
+_PREFIX: weakref.WeakKeyDictionary[VocabTable, _PrefixIndex] = weakref.WeakKeyDictionary()
+
+
+def _prefix_index(vt: VocabTable) -> _PrefixIndex:
+    idx = _PREFIX.get(vt)
+    if idx is None:
+        idx = _PrefixIndex(vt)
+        _PREFIX[vt] = idx
+    return idx

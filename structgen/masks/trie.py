@@ -1,0 +1,311 @@
+"""Compiled token walks: the vocabulary's byte trie in depth-first order, walked by numba.
+
+The engine's masks are walks of token bytes through its configuration transition table
+``trans`` (int32 ``[configs, 256]``; -2 unknown, -1 dead). The numpy walks in
+:mod:`structgen.masks.engine` move a whole trie level at a time; the kernels here walk the trie
+depth first in compiled code, skipping a whole subtree at its first dead byte, and write
+allowed tokens straight into packed mask words.
+
+Rows of ``trans`` are filled lazily by the engine (Python), so every kernel is resumable:
+when it meets an unknown row it returns where it stopped and which configuration needs its
+row; the driver fills that row and calls the kernel again with the same scratch arrays, so
+no work is repeated.
+
+numba is optional: :func:`available` says whether the kernels can be used (and
+``STRUCTGEN_NATIVE=0`` turns them off); the engine falls back to its numpy walks.
+
+Trie layout (nodes ``1..n`` in depth-first order; node 0 is the root, the empty prefix):
+
+    byte:  uint8 [n+1]   byte on the edge into the node
+    depth: int32 [n+1]   prefix length (root 0)
+    skip:  int32 [n+1]   first node after the node's subtree (n+1 at the end)
+    lo:    int32 [n+2]   first token slot of the subtree (slots = tokens sorted by bytes);
+                         lo[n+1] = number of tokens, so the subtree's slots are
+                         [lo[i], lo[skip[i]])
+    own:   int32 [n+1]   tokens whose bytes end exactly at the node: slots [lo[i], lo[i]+own[i])
+    suf:   uint64 [n+1, 4]  the set of bytes on the edges below the node (256 bits)
+    wf:    uint8 [n+1]   1 where every byte string below the node is well-formed UTF-8 read
+                         from a character boundary (the last character may be cut)
+    slot_ids: int64 [T]  token id of each slot
+Per token id: ``id_off`` / ``id_len`` (int64 ``[V]``) index ``blob`` (uint8, all token bytes).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+__all__ = ["available", "Trie", "trie_for"]
+
+DONE = -3
+
+_lock = threading.Lock()
+_kernels: Any = None
+_status: bool | None = None
+
+
+def available() -> bool:
+    """Whether the compiled kernels can be used (numba importable, not disabled)."""
+    global _status
+    if _status is None:
+        with _lock:
+            if _status is None:
+                if os.environ.get("STRUCTGEN_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+                    _status = False
+                else:
+                    try:
+                        _load()
+                        _status = True
+                    except Exception:  # noqa: BLE001 - any numba/llvmlite problem: numpy fallback
+                        _status = False
+    return _status
+
+
+def _load() -> Any:
+    global _kernels
+    if _kernels is None:
+        from structgen import _trie_kernels  # imports numba
+
+        _warm(_trie_kernels)
+        _kernels = _trie_kernels
+    return _kernels
+
+
+def _warm_tables(byte: Any, depth: Any, skip: Any, lo: Any, own: Any, suf: Any, wf: Any, offs: Any, lens: Any,
+                 flat: Any, ids: Any, words: Any, unc: Any, cnt: Any) -> None:
+    """Run the runtime-table kernels once on the tables of a small recursive grammar."""
+    from structgen.grammar import _pda_kernels as pk
+    from structgen.grammar import ir
+    from structgen.grammar.automaton import compile_grammar
+    from structgen.masks.engine import _Tables
+
+    t = ir.alt(ir.lit("b"), ir.seq(ir.lit("["), ir.ref("t"), ir.lit("]")))
+    cg = compile_grammar(ir.Grammar({"s": ir.seq(ir.lit("a"), ir.star(ir.ref("t"))), "t": t}, "s"))
+    tab = _Tables(cg.rules)
+    g = int(pk.start_state(tab.T, 0))
+    pk.expand(tab.T, g)
+    s = int(pk.frame(tab.T, 0, g))
+    c = int(pk.closure_config(tab.T, s))
+    pk.closure(tab.T, s)
+    pk.fill_row(tab.T, c)
+    pk.succ(tab.T, c, 98)
+    pk.stack_of_chain(tab.T, np.array([g], dtype=np.int64), 1)
+    pk.state(tab.T, 0, np.zeros(2, dtype=np.int32), 2)
+    st, tn = np.zeros(3, np.int32), np.zeros(3, np.uint8)
+    n = byte.shape[0] - 1
+    for gmode in (False, True):
+        for split in (False, True):
+            st[0] = g if gmode else c
+            pk.walk(byte, depth, skip, lo, own, suf, wf, ids, tab.T, gmode, 1, n + 1, st, tn, split, words,
+                    unc, cnt, *_NO_SLICE)
+            pk.walk_ids(offs, lens, flat, tab.T, gmode, int(st[0]), ids, np.zeros(4, np.int64), words, split,
+                        unc, cnt)
+    from structgen.masks.engine import _TEXT_PD
+
+    cnode = np.arange(byte.shape[0], dtype=np.int64)
+    sps = np.zeros(ids.size + 1, dtype=np.int64)
+    for gmode in (False, True):
+        pk.slice_from(tab.T, gmode, g if gmode else c, 0, _TEXT_PD, 4, 128, 16)
+        for split in (False, True):
+            pk.walk_sliced(byte, depth, skip, lo, own, suf, wf, ids, byte, depth, skip, lo, own, suf, wf, ids,
+                           cnode, byte, depth, skip, lo, own, suf, wf, ids, cnode, sps, ids, _TEXT_PD,
+                           np.array([4, 128, 16, 1], np.int64), tab.T, gmode, g if gmode else c,
+                           np.array([0, -1, 0, 0], np.int64), st, tn, np.zeros(3, np.int64), split, words,
+                           unc, cnt)
+    pk.rehash_frames(tab.fr, int(tab.meta[pk.M_NFR]), np.full(64, -1, np.int64), np.zeros(64, np.int32))
+    pk.rehash_seqs(tab.g_rule.copy(), tab.g_key, tab.gs_d, int(tab.meta[pk.M_NG]), np.full(64, -1, np.int64),
+                   np.zeros(64, np.int32))
+
+
+def _warm(k: Any) -> None:
+    """Call every kernel once on tiny inputs of the real argument types, so that loading
+    them from numba's disk cache (or compiling them, the first time ever) happens here,
+    once per process, and not inside the first mask that needs each one."""
+    flat = np.frombuffer(b"ab", dtype=np.uint8)
+    offs = np.array([0, 1], dtype=np.int64)
+    lens = np.array([1, 1], dtype=np.int64)
+    n = k.count_nodes(flat, offs, lens)
+    byte, depth, skip = np.zeros(n + 1, np.uint8), np.zeros(n + 1, np.int32), np.zeros(n + 1, np.int32)
+    lo, own, suf = np.zeros(n + 2, np.int32), np.zeros(n + 1, np.int32), np.zeros((n + 1, 4), np.uint64)
+    k.build_nodes(flat, offs, lens, byte, depth, skip, lo, own, suf)
+    wf = np.zeros(n + 1, np.uint8)
+    k.utf8_ok(byte, depth, _utf8(), wf)
+    words, unc, cnt = np.zeros(1, np.uint32), np.zeros(2, np.int64), np.zeros(1, np.int64)
+    ids = np.array([0, 1], dtype=np.int64)
+    _warm_tables(byte, depth, skip, lo, own, suf, wf, offs, lens, flat, ids, words, unc, cnt)
+    from structgen.grammar import _dfa_kernels
+
+    _dfa_kernels.warm()
+    k.loop_split(np.zeros((2, 4), np.uint64), ids, np.zeros(4, np.uint64), words)
+    k.match_nodes(byte, depth, byte, depth, skip, np.zeros(n + 1, np.int64))
+    k.row_shape(np.zeros(256, np.int32), np.zeros(256, np.uint8), np.zeros(256, np.int32))
+
+
+class Trie:
+    """Depth-first byte trie of one vocabulary (see the module docstring for the layout)."""
+
+    def __init__(self, token_bytes: list[bytes | None], vocab_size: int) -> None:
+        k = _load()
+        ids = [i for i, b in enumerate(token_bytes) if b and i < vocab_size]
+        ids.sort(key=lambda i: token_bytes[i])  # type: ignore[arg-type,return-value]
+        slot_ids = np.array(ids, dtype=np.int64)
+        lens = np.array([len(token_bytes[i]) for i in ids], dtype=np.int64)  # type: ignore[arg-type]
+        blobs = [token_bytes[i] for i in ids]
+        flat = np.frombuffer(b"".join(blobs), dtype=np.uint8)  # type: ignore[arg-type]
+        offs = np.zeros(len(ids), dtype=np.int64)
+        if len(ids) > 1:
+            offs[1:] = np.cumsum(lens)[:-1]
+        n = k.count_nodes(flat, offs, lens)
+        self.byte = np.zeros(n + 1, dtype=np.uint8)
+        self.depth = np.zeros(n + 1, dtype=np.int32)
+        self.skip = np.zeros(n + 1, dtype=np.int32)
+        self.lo = np.zeros(n + 2, dtype=np.int32)
+        self.own = np.zeros(n + 1, dtype=np.int32)
+        self.suf = np.zeros((n + 1, 4), dtype=np.uint64)
+        k.build_nodes(flat, offs, lens, self.byte, self.depth, self.skip, self.lo, self.own, self.suf)
+        self.wf = np.zeros(n + 1, dtype=np.uint8)
+        k.utf8_ok(self.byte, self.depth, _utf8(), self.wf)
+        self.num_nodes = n
+        self.slot_ids = slot_ids
+        self.max_depth = int(lens.max()) if lens.size else 0
+        # per token id: offset and length into blob (0 length for empty / special tokens)
+        self.id_len = np.zeros(vocab_size, dtype=np.int64)
+        self.id_off = np.zeros(vocab_size, dtype=np.int64)
+        self.id_len[slot_ids] = lens
+        self.id_off[slot_ids] = offs
+        self.blob = flat
+        # byte set per slot (4 x uint64 = 256 bits), for loop-split walks
+        bits = np.zeros((len(ids), 256), dtype=bool)
+        if len(ids):
+            rows = np.repeat(np.arange(len(ids), dtype=np.int64), lens)
+            bits[rows, flat] = True
+        self.slot_bytes = np.ascontiguousarray(np.packbits(bits, axis=1, bitorder="little").view(np.uint64))
+
+
+def _utf8() -> np.ndarray:
+    from structgen.grammar._pda_kernels import UTF8
+
+    return UTF8
+
+
+_tries: dict[Any, Trie] = {}
+
+
+def trie_for(key: Any, token_bytes: list[bytes | None], vocab_size: int) -> Trie:
+    """The (process-wide, cached) trie of a vocabulary table."""
+    t = _tries.get(key)
+    if t is None:
+        with _lock:
+            t = _tries.get(key)
+            if t is None:
+                t = Trie(token_bytes, vocab_size)
+                _tries[key] = t
+    return t
+
+
+# the slice arguments of a walk that takes no slice (pq, pd, sps, sids, sp; see _pda_kernels.walk)
+_NO_SLICE = (np.zeros(1, dtype=np.int64), np.full((1, 256), -1, dtype=np.int8), np.zeros(1, dtype=np.int64),
+             np.zeros(0, dtype=np.int64), np.full(4, -1, dtype=np.int64))
+
+
+# -- drivers (the engine passes itself: its kernel tables and what a kernel asks for) -------
+
+def walk_trie(eng: Any, trie: Trie, start: int, gmode: bool, split: bool, words: np.ndarray) -> np.ndarray:
+    """OR into ``words`` the tokens accepted from ``start`` (a configuration of ``eng``, or
+    with ``gmode`` a rule state of a call-free rule); with ``split`` (a rooted walk), also
+    return the ids of the rejected tokens that passed an accepting state first (they depend
+    on the context), else an empty array."""
+    from structgen.grammar import _pda_kernels as pk
+
+    st = np.zeros(trie.max_depth + 1, dtype=np.int32)
+    st[0] = start
+    tn = np.zeros(trie.max_depth + 1, dtype=np.uint8)
+    unc = np.empty(trie.slot_ids.size if split else 0, dtype=np.int64)  # written before read
+    cnt = np.zeros(1, dtype=np.int64)
+    i = 1
+    end = trie.num_nodes + 1
+    while True:
+        i, status = pk.walk(trie.byte, trie.depth, trie.skip, trie.lo, trie.own, trie.suf, trie.wf,
+                            trie.slot_ids, eng.tab.T, gmode, i, end, st, tn, split, words, unc, cnt,
+                            *_NO_SLICE)
+        if status == DONE:
+            break
+        eng._service(int(status))
+    return unc[: int(cnt[0])]
+
+
+def walk_ids(eng: Any, trie: Trie, start: int, gmode: bool, ids: np.ndarray, words: np.ndarray,
+             split: bool = False) -> np.ndarray:
+    """OR into ``words`` the tokens among ``ids`` whose bytes are consumed from ``start``
+    (tokens already set in ``words`` are skipped). With ``split`` (a rooted walk), the
+    rejected tokens that passed an accepting state first are returned."""
+    from structgen.grammar import _pda_kernels as pk
+
+    pos = np.zeros(4, dtype=np.int64)  # resume point: token index, byte index, state, passed
+    pos[2] = start
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    unc = np.empty(ids.size if split else 0, dtype=np.int64)
+    cnt = np.zeros(1, dtype=np.int64)
+    while True:
+        status = pk.walk_ids(trie.id_off, trie.id_len, trie.blob, eng.tab.T, gmode, start, ids, pos, words,
+                             split, unc, cnt)
+        if status == DONE:
+            return unc[: int(cnt[0])]
+        eng._service(int(status))
+
+
+def walk_sliced(eng: Any, trie: Trie, sl: Any, start: int, gmode: bool, split: bool,
+                words: np.ndarray) -> np.ndarray:
+    """:func:`walk_trie` over the whole vocabulary, taking the text slice ``sl`` (a
+    :class:`structgen.masks.engine._Slice`) whole where a node's state can read it (see
+    :func:`structgen.grammar._pda_kernels.walk_sliced`)."""
+    from structgen.grammar import _pda_kernels as pk
+    from structgen.masks.engine import _SLICE_BUDGET, _SLICE_NODES, _SLICE_WIDTH
+
+    ct, kt = sl.trie, sl.ktrie
+    md = max(trie.max_depth, ct.max_depth) + 1
+    st = np.zeros(md, dtype=np.int32)
+    tn = np.zeros(md, dtype=np.uint8)
+    pq = np.zeros(md, dtype=np.int64)
+    unc = np.empty(trie.slot_ids.size if split else 0, dtype=np.int64)
+    cnt = np.zeros(1, dtype=np.int64)
+    pos = np.array([0, -1, 0, 0], dtype=np.int64)
+    sp = np.array([sl.depth, _SLICE_BUDGET, _SLICE_WIDTH, _SLICE_NODES], dtype=np.int64)
+    while True:
+        status = pk.walk_sliced(trie.byte, trie.depth, trie.skip, trie.lo, trie.own, trie.suf, trie.wf,
+                                trie.slot_ids, ct.byte, ct.depth, ct.skip, ct.lo, ct.own, ct.suf, ct.wf,
+                                ct.slot_ids, sl.cnode, kt.byte, kt.depth, kt.skip, kt.lo, kt.own, kt.suf,
+                                kt.wf, kt.slot_ids, sl.knode, sl.sps, sl.sids, sl.pd, sp, eng.tab.T, gmode,
+                                start, pos, st, tn, pq, split, words, unc, cnt)
+        if status == DONE:
+            return unc[: int(cnt[0])]
+        eng._service(int(status))
+
+
+def row_shape(row: np.ndarray, lab: np.ndarray, tg: np.ndarray) -> int:
+    """See :func:`structgen.masks._trie_kernels.row_shape`."""
+    return int(_load().row_shape(np.ascontiguousarray(row, dtype=np.int32), lab, tg))
+
+
+def match_nodes(full: Trie, sub: Trie) -> np.ndarray:
+    """For every node of ``full``, the node of ``sub`` (a trie of some of its tokens) with
+    the same path, or -1."""
+    out = np.empty(full.byte.shape[0], dtype=np.int64)
+    _load().match_nodes(full.byte, full.depth, sub.byte, sub.depth, sub.skip, out)
+    return out
+
+
+def walk_loop_split(eng: Any, trie: Trie, start: int, gmode: bool, loops: np.ndarray, words: np.ndarray,
+                    split: bool = False) -> np.ndarray:
+    """Tokens made only of bytes that loop on ``start`` are allowed outright; the others are
+    walked byte by byte (``split`` as in :func:`walk_ids`, for a non-accepting ``start``).
+    ``loops``: bool [256]."""
+    k = _load()
+    nonloop = np.packbits(~loops, bitorder="little").view(np.uint64)
+    impure = k.loop_split(trie.slot_bytes, trie.slot_ids, nonloop, words)
+    if impure.size:
+        return walk_ids(eng, trie, start, gmode, impure, words, split)
+    return np.zeros(0, dtype=np.int64)
