@@ -106,7 +106,8 @@ def real_rows(model: str, temperature: float, tasks: int, max_new: int, seed: in
     every sampled position of grammar-constrained trajectories."""
     from structgen.generation.api import _prompt_ids, resolve_grammar
     from structgen.generation.model import load_model, vocabulary_for
-    from structgen.masks.matcher import Matcher, allocate_bitmask
+    from structgen.kernels.bitmask import allocate_bitmask
+    from structgen.masks.matcher import Matcher
     from structgen.tools.bench_tasks import EXTRACTION_TASKS, extraction_messages
 
     lm = load_model(model)

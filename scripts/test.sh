@@ -20,6 +20,9 @@ export STRUCTGEN_HYPOTHESIS_PROFILE="${STRUCTGEN_HYPOTHESIS_PROFILE:-ci}"
 echo "[test] ruff check"
 "$PY" -m ruff check . || { echo "[test] ruff check failed" >&2; exit 1; }
 
+echo "[test] import layering (import-linter; contracts in pyproject.toml)"
+.venv/bin/lint-imports --no-cache || { echo "[test] import layering check failed" >&2; exit 1; }
+
 echo "[test] pytest"
 "$PY" -m pytest "$@"
 rc=$?

@@ -36,7 +36,7 @@ _LAZY = {
     "compile_regex": "structgen.frontends.regex:compile_regex_grammar",
     "Vocabulary": "structgen.masks.vocab:Vocabulary",
     "Matcher": "structgen.masks.matcher:Matcher",
-    "allocate_bitmask": "structgen.masks.matcher:allocate_bitmask",
+    "allocate_bitmask": "structgen.kernels.bitmask:allocate_bitmask",
     "fill_bitmasks": "structgen.masks.matcher:fill_bitmasks",
     "CompileOptions": "structgen.config:CompileOptions",
     "JsonSchemaOptions": "structgen.config:JsonSchemaOptions",
@@ -79,5 +79,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from structgen.frontends.lark import compile_lark
     from structgen.generation.api import GenerationResult, generate, generate_model, stream
     from structgen.grammar.automaton import CompiledGrammar, compile_grammar
-    from structgen.masks.matcher import Matcher, allocate_bitmask, fill_bitmasks
+    from structgen.kernels.bitmask import allocate_bitmask
+    from structgen.masks.matcher import Matcher, fill_bitmasks
     from structgen.masks.vocab import Vocabulary

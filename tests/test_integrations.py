@@ -30,7 +30,8 @@ from structgen.integrations import (
     TokenRejectedError,
     compile_constraint,
 )
-from structgen.masks.matcher import Matcher, allocate_bitmask
+from structgen.kernels.bitmask import allocate_bitmask
+from structgen.masks.matcher import Matcher
 from structgen.masks.vocab import Vocabulary
 
 SCHEMAS = [

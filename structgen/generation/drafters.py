@@ -271,7 +271,7 @@ class DraftModelDrafter(Drafter):
         import torch
 
         from structgen.generation.sampling import DistributionBuffers
-        from structgen.masks.matcher import allocate_bitmask
+        from structgen.kernels.bitmask import allocate_bitmask
 
         if limit <= 0:
             return [], None

@@ -369,7 +369,7 @@ class StructgenBackend:
     def allocate_token_bitmask(self, max_num_seqs: int) -> Any:
         """A CPU int32 torch tensor ``[max_num_seqs, ceil(vocab_size/32)]``, every token
         allowed. Imports torch."""
-        from structgen.masks.matcher import allocate_bitmask
+        from structgen.kernels.bitmask import allocate_bitmask
 
         return allocate_bitmask(int(max_num_seqs), self.vocab_size)
 

@@ -32,7 +32,7 @@ from structgen.errors import MatcherUsageError
 from structgen.grammar.automaton import CompiledGrammar
 from structgen.masks.engine import STALE, VocabTable
 
-__all__ = ["Matcher", "allocate_bitmask", "vocab_table", "bitmask_words", "fill_bitmasks"]
+__all__ = ["Matcher", "vocab_table", "bitmask_words", "fill_bitmasks"]
 
 _TERMINATED = -3  # history marker: EOS was accepted
 
@@ -44,17 +44,6 @@ _VT_BY_HASH: dict[Any, VocabTable] = {}
 def bitmask_words(vocab_size: int) -> int:
     """Number of int32 words per bitmask row: ``ceil(vocab_size / 32)``."""
     return (vocab_size + 31) // 32
-
-
-def allocate_bitmask(rows: int, vocab_size: int) -> Any:
-    """A packed int32 torch tensor ``[rows, ceil(vocab_size/32)]`` with every token allowed
-    (all bits set), on the CPU. Imports torch. Raises :class:`MatcherUsageError` unless
-    ``rows >= 0`` and ``vocab_size >= 1`` are integers."""
-    rows = _whole("rows", rows, 0)
-    vocab_size = _whole("vocab_size", vocab_size, 1)
-    import torch
-
-    return torch.full((rows, bitmask_words(vocab_size)), -1, dtype=torch.int32)
 
 
 def _whole(name: str, value: Any, least: int) -> int:
@@ -396,9 +385,8 @@ class Matcher:
         if bitmask.device.type == "cpu":
             _write_row(bitmask[row].numpy(), words, nw, wide)
         else:
-            import torch
-
-            bitmask[row, :nw].copy_(torch.from_numpy(words), non_blocking=False)
+            # the tensor's own constructor: this layer never imports torch
+            bitmask[row, :nw].copy_(bitmask.new_tensor(words, device="cpu"), non_blocking=False)
             if wide:
                 bitmask[row, nw:].zero_()
 
@@ -565,10 +553,10 @@ def fill_bitmasks(matchers: Any, bitmask: Any, rows: Any = None, *, executor: An
             raise MatcherUsageError("bitmask is a read-only array")
         bitmask[rws] = block
         return
-    import torch
-
-    src = torch.from_numpy(block)
-    idx = torch.tensor(rws, dtype=torch.long)
+    # Tensors are built with the destination's own constructors (new_tensor), so this layer
+    # never imports torch.
+    src = bitmask.new_tensor(block, device="cpu")
+    idx = bitmask.new_tensor(rws, device="cpu").long()
     if bitmask.device.type == "cpu":
         bitmask.index_copy_(0, idx, src)
     else:  # one pinned host-to-device copy for every row
