@@ -77,7 +77,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from structgen.config import CompileOptions, JsonSchemaOptions, SpecConfig
     from structgen.frontends.json_schema.compiler import compile_json_schema
     from structgen.frontends.lark import compile_lark
+    from structgen.frontends.regex import compile_regex_grammar as compile_regex
     from structgen.generation.api import GenerationResult, generate, generate_model, stream
     from structgen.grammar.automaton import CompiledGrammar, compile_grammar
+    from structgen.integrations import StructgenBackend, StructgenLogitsProcessor
     from structgen.masks.matcher import Matcher, allocate_bitmask, fill_bitmasks
     from structgen.masks.vocab import Vocabulary
