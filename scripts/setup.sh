@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up structgen on a fresh machine; safe to run again (steps already done are skipped).
 #
-#   bash scripts/setup.sh            # .venv + editable install with test extras + assets
+#   bash scripts/setup.sh            # .venv + editable install with test and docs extras + assets
 #   SETUP_FORCE=1 bash scripts/setup.sh   # redo the pip steps even if the stamp says done
 #   STRUCTGEN_ASSETS="llama3" bash scripts/setup.sh   # choose which assets to pull ("" = none)
 #
@@ -10,8 +10,8 @@
 #   2. Without a working CUDA GPU (no nvidia-smi, or it fails): torch==2.13.0 first. On these
 #      machines that resolves to the CPU wheel on local disk; any other torch request would
 #      download gigabytes of CUDA wheels.
-#   3. pip install -e '.[test]' and a check that structgen, structgen.kernels and
-#      structgen.grammars import from the repository root.
+#   3. pip install -e '.[test,docs]' and a check that structgen, structgen.kernels and
+#      structgen.grammars import from the repository root (docs: mkdocs for scripts/test.sh).
 #   4. Tokenizer and model assets the tests and the demo use: `python -m structgen.generation.assets pull
 #      ALIAS...` (cached under ~/.cache/structgen by that module, so later runs are quick).
 set -euo pipefail
@@ -71,7 +71,7 @@ else
     fi
 fi
 
-# 3. structgen itself, editable, with the test extras ----------------------------------------
+# 3. structgen itself, editable, with the test and docs extras -------------------------------
 STAMP="$VENV/.structgen-setup"
 want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1) gpu=$GPU"
 check_import() {
@@ -81,8 +81,13 @@ check_import() {
 if [ "${SETUP_FORCE:-0}" != 1 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && check_import; then
     log "structgen already installed (pyproject.toml unchanged)"
 else
-    log "pip install -e '.[test]'"
-    pip_install -q -e '.[test]'
+    log "pip install -e '.[test,docs]'"
+    if [ "$GPU" = 0 ]; then
+        # the pin keeps pip from replacing the CPU torch with a CUDA build while resolving
+        pip_install -q -c <(echo "torch==$TORCH_CPU_VERSION") -e '.[test,docs]'
+    else
+        pip_install -q -e '.[test,docs]'
+    fi
     check_import || die "structgen (with structgen.kernels, structgen.grammars) does not import from the repository root after the editable install"
     echo "$want" > "$STAMP"
 fi

@@ -77,8 +77,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from structgen.config import CompileOptions, JsonSchemaOptions, SpecConfig
     from structgen.frontends.json_schema.compiler import compile_json_schema
     from structgen.frontends.lark import compile_lark
+    from structgen.frontends.regex import compile_regex_grammar as compile_regex
     from structgen.generation.api import GenerationResult, generate, generate_model, stream
     from structgen.grammar.automaton import CompiledGrammar, compile_grammar
+    from structgen.integrations import StructgenBackend, StructgenLogitsProcessor
     from structgen.kernels.bitmask import allocate_bitmask
     from structgen.masks.matcher import Matcher, fill_bitmasks
     from structgen.masks.vocab import Vocabulary

@@ -81,7 +81,8 @@ class Drafter:
         self.enabled = True
 
     def acceptance_estimate(self) -> float:
-        # Laplace-smoothed towards the prior
+        """Expected probability that one more drafted token is accepted: the observed rate,
+        Laplace-smoothed towards the class's ``prior`` (worth 4 tokens of evidence)."""
         return (self.accepted + 4 * self.prior) / (self.proposed + 4)
 
     def observe(self, proposed: int, accepted: int) -> None:
@@ -103,6 +104,8 @@ class Drafter:
             self.enabled = False
 
     def stats(self) -> dict[str, Any]:
+        """Proposed and accepted token counts, their ratio (None before any proposal) and whether
+        the drafter is still enabled, as a JSON-ready dict."""
         rate = self.accepted / self.proposed if self.proposed else None
         return {"proposed": self.proposed, "accepted": self.accepted, "acceptance": rate,
                 "enabled": self.enabled}
@@ -156,6 +159,9 @@ class GrammarForcedDrafter(Drafter):
         self.vocab = vocab
 
     def propose(self, matcher: Matcher, output: list[int], limit: int) -> list[int]:
+        """At most ``limit`` tokens spelling the bytes the grammar forces after ``matcher``'s
+        state (up to 256 bytes), tokenized as the tokenizer would after ``output``; [] when
+        the grammar forces nothing. Does not advance ``matcher``."""
         data = matcher.forced_bytes(limit=256)
         if not data:
             return []
@@ -263,11 +269,19 @@ class DraftModelDrafter(Drafter):
         self._dist: Any = None
 
     def reset(self) -> None:
+        """Drop the draft model's KV cache (start of a new request)."""
         self.lm.reset()
         self.cached = []
 
     def propose(self, matcher: Matcher, context: list[int], limit: int, *,
                 temperature: float = 0.0, generator: Any = None) -> tuple[list[int], Any]:
+        """Up to ``limit`` tokens drafted after ``context`` under the grammar mask, greedily at
+        ``temperature`` 0, else sampled with ``generator``; and the float32 ``[n, V]`` rows of the
+        distributions they were drawn from (None with no tokens). The rows live in this
+        drafter's own buffers and stay valid until its next proposal. Runs one draft-model
+        forward per token the grammar leaves a choice for (forced tokens need none); reuses the
+        KV cache for the prefix ``context`` shares with the previous call. ``matcher`` is
+        forked, not advanced."""
         import torch
 
         from structgen.generation.sampling import DistributionBuffers

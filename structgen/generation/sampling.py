@@ -57,6 +57,8 @@ class DistributionBuffers:
         self._noise = torch.empty(vocab_size, dtype=torch.float32, device=device)
 
     def point_mass(self, row: int, token: int) -> torch.Tensor:
+        """Row ``row`` set to the distribution that puts all its mass on ``token``; returns that
+        row (a view ``[V]``, valid until the row is written again)."""
         p = self.probs[row]
         p.zero_()
         p[token] = 1.0

@@ -200,6 +200,8 @@ class SideStream:
 
     @contextmanager
     def launch(self) -> Iterator[Any]:
+        """Context manager: CUDA work queued inside it goes to the side stream (yielded; None
+        on a CPU device), and an event recorded after it is what :meth:`join` waits for."""
         if self.stream is None:
             yield None
             return

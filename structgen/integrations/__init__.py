@@ -382,7 +382,40 @@ class StructgenBackend:
 # --------------------------------------------------------------------------- transformers
 
 class _LogitsProcessorImpl:
-    """Implementation of :class:`StructgenLogitsProcessor` (see its docstring there)."""
+    """A ``transformers`` logits processor for grammar-constrained decoding with
+    ``model.generate``.
+
+    ::
+
+        proc = StructgenLogitsProcessor(schema, tokenizer)
+        out = model.generate(**enc, logits_processor=[proc], max_new_tokens=200)
+
+    ``grammar_or_schema``: a JSON schema (dict, JSON text, Pydantic class), a
+    :class:`~structgen.grammar.automaton.CompiledGrammar`, or a list of those with one per batch row
+    (mixed schemas); or give ``grammar=`` (Lark text, rule ``start``) or ``regex=`` instead.
+    ``tokenizer``: the model's tokenizer (its byte table is built on the first call, with the
+    logits width as vocabulary size: padding rows beyond the tokenizer are never allowed), or
+    pass a ready ``vocab=``. ``eos_token_ids``: the ids that end a generation (default: the
+    tokenizer's EOS); pass ``model.generation_config.eos_token_id`` when it differs, since EOS
+    is allowed exactly when the output so far is complete. ``pad_token_id`` (default: the
+    tokenizer's) lets a row that some other stopping criterion ended be fed padding.
+
+    Batch size and prompt length are discovered from ``input_ids`` on the first call; each
+    later call accepts the newest token of every row. A call that does not continue the
+    previous one starts a new generation, so one processor can serve several ``generate``
+    calls (not concurrently). Works with greedy decoding and sampling (the processor runs
+    before temperature/top-k/top-p, so they only ever see allowed tokens); with beam search,
+    reordered rows take over the matcher of the row they came from. A greedy run is
+    token-identical to ``structgen.generate(..., speculative=False)`` up to floating-point
+    differences in the model's forward passes (padding, cache layout).
+
+    A token the grammar rejects (the scores were changed after this processor) raises
+    :class:`TokenRejectedError` with the row and position.
+
+    ``StructgenLogitsProcessor`` is this class with transformers' ``LogitsProcessor`` as a second
+    base, built when the name is first accessed, so that importing :mod:`structgen.integrations`
+    does not import transformers.
+    """
 
     supports_continuous_batching = False
 
@@ -567,36 +600,6 @@ class _LogitsProcessorImpl:
                 f"rows={len(self.matchers)}, prompt_length={self.prompt_length})")
 
 
-_PROCESSOR_DOC = """A ``transformers`` logits processor for grammar-constrained decoding with
-``model.generate``.
-
-::
-
-    proc = StructgenLogitsProcessor(schema, tokenizer)
-    out = model.generate(**enc, logits_processor=[proc], max_new_tokens=200)
-
-``grammar_or_schema``: a JSON schema (dict, JSON text, Pydantic class), a
-:class:`~structgen.grammar.automaton.CompiledGrammar`, or a list of those with one per batch row
-(mixed schemas); or give ``grammar=`` (Lark text, rule ``start``) or ``regex=`` instead.
-``tokenizer``: the model's tokenizer (its byte table is built on the first call, with the
-logits width as vocabulary size: padding rows beyond the tokenizer are never allowed), or
-pass a ready ``vocab=``. ``eos_token_ids``: the ids that end a generation (default: the
-tokenizer's EOS); pass ``model.generation_config.eos_token_id`` when it differs, since EOS
-is allowed exactly when the output so far is complete. ``pad_token_id`` (default: the
-tokenizer's) lets a row that some other stopping criterion ended be fed padding.
-
-Batch size and prompt length are discovered from ``input_ids`` on the first call; each
-later call accepts the newest token of every row. A call that does not continue the
-previous one starts a new generation, so one processor can serve several ``generate``
-calls (not concurrently). Works with greedy decoding and sampling (the processor runs
-before temperature/top-k/top-p, so they only ever see allowed tokens); with beam search,
-reordered rows take over the matcher of the row they came from. A greedy run is
-token-identical to ``structgen.generate(..., speculative=False)`` up to floating-point
-differences in the model's forward passes (padding, cache layout).
-
-A token the grammar rejects (the scores were changed after this processor) raises
-:class:`TokenRejectedError` with the row and position.
-"""
 
 _LP_CLASS: Any = None
 
@@ -607,14 +610,15 @@ def _logits_processor_class() -> Any:
         from transformers import LogitsProcessor
 
         cls = type("StructgenLogitsProcessor", (_LogitsProcessorImpl, LogitsProcessor),
-                   {"__doc__": _PROCESSOR_DOC, "__module__": __name__,
+                   {"__doc__": _LogitsProcessorImpl.__doc__, "__module__": __name__,
                     "__qualname__": "StructgenLogitsProcessor"})
         _LP_CLASS = cls
     return _LP_CLASS
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    StructgenLogitsProcessor = _LogitsProcessorImpl
+    # static tools (type checkers, the API reference) see the class under its public name
+    from structgen.integrations import _LogitsProcessorImpl as StructgenLogitsProcessor
 else:
     def __getattr__(name: str) -> Any:
         if name == "StructgenLogitsProcessor":
