@@ -21,10 +21,9 @@ export STRUCTGEN_HYPOTHESIS_PROFILE="${STRUCTGEN_HYPOTHESIS_PROFILE:-ci}"
 echo "[test] ruff check"
 "$PY" -m ruff check . || { echo "[test] ruff check failed" >&2; exit 1; }
 
-<<<<<<< HEAD
 echo "[test] import layering (import-linter; contracts in pyproject.toml)"
 .venv/bin/lint-imports --no-cache || { echo "[test] import layering check failed" >&2; exit 1; }
-=======
+
 # --strict: a broken link, a missing page or a documented public name without a docstring fails
 # the build. The site goes to a temporary folder, never into the repository. STRUCTGEN_SKIP_DOCS=1
 # skips this step for quick local runs of a few test files (CI never sets it).
@@ -40,7 +39,6 @@ else
     rm -rf "$SITE_DIR"
     [ "$rc" -eq 0 ] || { echo "[test] mkdocs build --strict failed" >&2; exit 1; }
 fi
->>>>>>> h2/docs
 
 echo "[test] pytest"
 "$PY" -m pytest "$@"
