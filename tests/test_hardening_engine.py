@@ -25,7 +25,7 @@ from _toy_vocab import ToyVocab
 import structgen
 from structgen.errors import CompileLimitError, MatcherUsageError, StructgenError
 from structgen.grammar import ir
-from structgen.grammar.automaton import compile_grammar
+from structgen.grammar.compiler import compile_grammar
 from structgen.masks.matcher import Matcher, allocate_bitmask, bitmask_words, fill_bitmasks
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from structgen.config import CompileOptions
 from structgen.errors import CompileLimitError, GrammarError
 from structgen.grammar import ir
-from structgen.grammar.automaton import compile_grammar
+from structgen.grammar.compiler import compile_grammar
 from structgen.masks.matcher import Matcher, allocate_bitmask
 
 ALPHABET = b"abc"

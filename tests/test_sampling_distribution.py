@@ -22,7 +22,7 @@ from structgen.generation.loop import run_sequence
 from structgen.generation.model import CausalLM, vocabulary_for
 from structgen.generation.sampling import masked_logits
 from structgen.grammar import ir
-from structgen.grammar.automaton import compile_grammar
+from structgen.grammar.compiler import compile_grammar
 from structgen.masks.matcher import Matcher, allocate_bitmask
 
 pytestmark = [pytest.mark.assets, pytest.mark.slow]
