@@ -88,6 +88,8 @@ def _name_uses(text: str, name: str) -> Iterator[tuple[int, int, bool]]:
 
 
 def locate(text: str, name: str, *, definition: bool = False, nth: int = 0) -> tuple[int | None, int | None]:
+    """(line, column), 1-based, of the ``nth`` use (or, with ``definition``, definition) of
+    rule or terminal ``name`` in grammar ``text``; ``(None, None)`` when not found."""
     hits = [(ln, col) for ln, col, is_def in _name_uses(text, name) if is_def == definition]
     if len(hits) > nth:
         return hits[nth]
@@ -95,6 +97,8 @@ def locate(text: str, name: str, *, definition: bool = False, nth: int = 0) -> t
 
 
 def directive_line(text: str, directive: str) -> tuple[int | None, int | None]:
+    """(line, column), 1-based, of the first line of ``text`` starting with ``directive``
+    (e.g. ``%declare``); ``(None, None)`` when there is none."""
     for ln, raw in enumerate(text.splitlines(), start=1):
         m = re.match(r"\s*(" + re.escape(directive) + r")\b", raw)
         if m:

@@ -217,13 +217,17 @@ class CountedRule:
 
     @property
     def num_nfa_states(self) -> int:
+        """Rows of the item's table (the compiled size)."""
         return int(self._trans.shape[0])
 
     @property
     def num_states(self) -> int:
+        """Rows of the item's table (the runtime's counted states are not counted here)."""
         return int(self._trans.shape[0])
 
     def info(self, q: int) -> tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool]:
+        """:meth:`LazyRule.info` of the start state (``q`` must be 0; the runtime walks the
+        counted states itself); raises ValueError for any other state."""
         if q != 0:
             raise ValueError("CountedRule.info answers for the start state only")
         has = self.hi > 0
@@ -256,13 +260,16 @@ class DfaRule:
 
     @property
     def num_nfa_states(self) -> int:
+        """States of the table (the compiled size)."""
         return int(self._trans.shape[0])
 
     @property
     def num_states(self) -> int:
+        """States of the table (all built at compile time)."""
         return int(self._trans.shape[0])
 
     def info(self, q: int) -> tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool]:
+        """``(row, accept, has_bytes, calls, tail)`` of state ``q`` (see :meth:`LazyRule.info`)."""
         return self._infos[q]
 
 
@@ -295,13 +302,17 @@ class ProductRule:
 
     @property
     def num_nfa_states(self) -> int:
+        """States of both operands (the compiled size)."""
         return int(self._a.trans.shape[0] + self._b.trans.shape[0])
 
     @property
     def num_states(self) -> int:
+        """Pair states interned so far (grows as requests visit new pairs)."""
         return len(self._pairs)
 
     def info(self, q: int) -> tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool]:
+        """``(row, accept, has_bytes, calls, tail)`` of pair state ``q``, built on first use
+        (see :meth:`LazyRule.info`)."""
         got = self._infos[q]
         if got is not None:
             return got
@@ -354,10 +365,12 @@ class CompiledGrammar:
     # -- identity ---------------------------------------------------------
     @property
     def rules(self) -> tuple[LazyRule | DfaRule | ProductRule, ...]:
+        """The rules, indexed by the rule numbers that call edges use."""
         return self._rules
 
     @property
     def root(self) -> int:
+        """Index of the start rule in :attr:`rules`."""
         return self._root
 
     @property
@@ -430,6 +443,8 @@ class CompiledGrammar:
 
 
 def grammar_key(grammar: ir.Grammar, options: CompileOptions) -> str:
+    """SHA-256 (hex) of ``options`` and ``grammar`` (start rule, then every rule by name and
+    body fingerprint): equal for equal grammars in any process. Walks every IR node once."""
     h = hashlib.sha256()
     h.update(repr(options).encode())
     h.update(grammar.start.encode())

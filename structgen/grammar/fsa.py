@@ -69,6 +69,9 @@ class BuildBudget(Protocol):
 
 
 class Nfa:
+    """A Thompson NFA under construction, per state: ``eps`` (epsilon targets), ``edges``
+    (``(lo, hi, target)`` byte ranges) and ``calls`` (``(rule, target)`` call edges)."""
+
     __slots__ = ("eps", "edges", "calls")
 
     def __init__(self) -> None:
@@ -77,6 +80,7 @@ class Nfa:
         self.calls: list[list[tuple[int, int]]] = []
 
     def new(self) -> int:
+        """Add a state without edges; returns its number."""
         self.eps.append([])
         self.edges.append([])
         self.calls.append([])
@@ -348,10 +352,10 @@ _HASH_RNG = np.random.default_rng(0x5EED)
 
 def _nearly_distinct(d: Dfa) -> bool:
     """Whether at most 1% of ``d``'s states share their acceptance and transition row with
-    another. The product of two minimal DFAs where that holds is minimal or nearly so (the
-    benchmark's big products shrank by 0.2-0.3% under minimisation, at ~10 ms per 1,000
-    states); products with many equal rows (they shrank 25-35%) are still minimised. A
-    non-minimal table is exact all the same, only larger."""
+    another. The product of two minimal DFAs where that holds is minimal or nearly so, and
+    minimising a large one costs far more than the few states it would save; products with
+    many equal rows shrink a lot and are still minimised. A non-minimal table is exact all
+    the same, only larger."""
     rows = _row_classes(np.concatenate([d.accept[:, None].astype(np.int32), d.trans], axis=1))
     return int(rows.max()) + 1 >= 0.99 * d.trans.shape[0]
 
@@ -486,6 +490,10 @@ def product(a: Dfa, b: Dfa, op: str, max_states: int, budget: BuildBudget) -> Df
 # -- subset construction ------------------------------------------------------
 def determinise(nfa: Nfa, start: int, end: int, name: str, max_states: int,
                 budget: BuildBudget) -> Dfa:
+    """Subset construction of ``nfa`` from ``start`` (accepting where ``end`` is in the
+    subset) over its byte classes, for rule ``name`` (named by limit errors): compiled for a
+    call-free NFA, else in Python keeping call edges. Raises through ``budget`` past
+    ``max_states`` states or the deadline; the states are added to the budget's count."""
     dk = budget.dfa_kernels()
     if dk.COMPILED and not any(nfa.calls):
         eo, eps, do, edges = _nfa_csr(nfa)

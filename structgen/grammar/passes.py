@@ -522,6 +522,9 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 # ---------------------------------------------------------------------------
 
 def expanded_size(rules: dict[str, ir.Expr], *, cap: int) -> int:
+    """IR nodes of ``rules`` with every bounded repetition expanded, counted up to just past
+    ``cap`` (a size guard: the count stops growing there). Recurses over nesting; shared
+    nodes are counted once per occurrence but computed once."""
     memo: dict[int, int] = {}
 
     def size(e: ir.Expr) -> int:
