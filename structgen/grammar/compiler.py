@@ -125,6 +125,11 @@ _BuildNode = Generator[tuple[ir.Expr, int, tuple[str, ...]], int, int]  # see _C
 
 
 class _Compiler:
+    """One compilation of one grammar (not reused): the IR passes, the Thompson construction
+    of every kept rule, the regular sub-automata, and the deadline and state limits they
+    share. It is the :class:`~structgen.grammar.fsa.BuildBudget` of the fsa algorithms it
+    calls; its errors carry where compilation was (see :meth:`_located`)."""
+
     def __init__(self, grammar: ir.Grammar, options: CompileOptions, deadline: float | None = None) -> None:
         self.g = grammar
         self.opt = options
@@ -160,6 +165,8 @@ class _Compiler:
 
     # -- limits ---------------------------------------------------------------
     def check_time(self) -> None:
+        """Raise CompileTimeoutError past the deadline (the clock is read every 256 calls),
+        naming the rule being built or the late intersection that used the time."""
         self._tick += 1
         if self._tick & 255 == 0 and time.monotonic() > self.deadline:
             name, exprs = self.where, None
@@ -219,6 +226,7 @@ class _Compiler:
 
     # -- driver ---------------------------------------------------------------
     def compile(self) -> CompiledGrammar:
+        """Run every step (see the module docstring) and return the compiled grammar."""
         g = self.g
         if len(g.rules) > self.opt.max_rules:
             raise CompileLimitError(f"grammar has {len(g.rules)} rules, more than "

@@ -6,7 +6,8 @@ and "is an integer". Constrained languages are built as explicit DFAs
 (:class:`~structgen.grammar.ir.Dfa`): the automaton reads the literal digit by digit and keeps,
 for each bound, the state of a digit-by-digit comparison against the bound's decimal
 expansion, plus the remainder of the digits read so far modulo ``multipleOf``. Each
-DFA is trimmed and minimised here, so it stays small (tens to hundreds of states).
+DFA is explored, trimmed and minimised (by :func:`structgen.grammar.fsa.explore_dfa`), so
+it stays small (tens to hundreds of states).
 
 Semantics, chosen so that the grammar never accepts an instance that ``jsonschema``
 (which compares ``json.loads`` values: ``int`` for literals without ``.``/``e``,
