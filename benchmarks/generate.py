@@ -42,9 +42,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import torch  # noqa: E402
 from tasks.extraction import TASKS, messages  # noqa: E402
 
-from structgen.tools import bench  # noqa: E402
 from structgen.config import SpecConfig  # noqa: E402
 from structgen.generation.model import CausalLM, load_model, stock_copy  # noqa: E402
+from structgen.tools import bench  # noqa: E402
 
 
 def _task(task: dict[str, Any]) -> dict[str, Any]:
