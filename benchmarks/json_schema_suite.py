@@ -69,7 +69,7 @@ def run(section: str, smoke: bool = False, verbose: bool = False) -> dict[str, s
     """Classify every instance of a section; returns {"file::group::test": status}."""
     from structgen.config import JsonSchemaOptions
     from structgen.errors import SchemaError, StructgenError
-    from structgen.grammar.automaton import compile_grammar
+    from structgen.grammar.compiler import compile_grammar
     from structgen.json_schema import canonical_json, schema_to_grammar
 
     remotes = load_remotes()

@@ -230,7 +230,7 @@ class StructgenAdapter(Adapter):
 
         cleared = []
         for mod_name, attr in (("structgen.json_schema", "_CACHE"), ("structgen.json_schema", "_DOC_CACHE"),
-                               ("structgen.grammar.automaton", "_CACHE"),
+                               ("structgen.grammar.compiler", "_CACHE"),
                                ("structgen.frontends.lark", "_LRU"),
                                ("structgen.json_schema", "_WARNINGS")):
             obj = getattr(importlib.import_module(mod_name), attr, None)

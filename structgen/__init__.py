@@ -29,8 +29,8 @@ __version__ = "0.1.0"
 
 # public name -> "module:attribute" (imported lazily on first access)
 _LAZY = {
-    "CompiledGrammar": "structgen.grammar.automaton:CompiledGrammar",
-    "compile_grammar": "structgen.grammar.automaton:compile_grammar",
+    "CompiledGrammar": "structgen.grammar.compiled:CompiledGrammar",
+    "compile_grammar": "structgen.grammar.compiler:compile_grammar",
     "compile_json_schema": "structgen.frontends.json_schema.compiler:compile_json_schema",
     "compile_lark": "structgen.frontends.lark:compile_lark",
     "compile_regex": "structgen.frontends.regex:compile_regex_grammar",
@@ -79,7 +79,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from structgen.frontends.lark import compile_lark
     from structgen.frontends.regex import compile_regex_grammar as compile_regex
     from structgen.generation.api import GenerationResult, generate, generate_model, stream
-    from structgen.grammar.automaton import CompiledGrammar, compile_grammar
+    from structgen.grammar.compiled import CompiledGrammar
+    from structgen.grammar.compiler import compile_grammar
     from structgen.integrations import StructgenBackend, StructgenLogitsProcessor
     from structgen.kernels.bitmask import allocate_bitmask
     from structgen.masks.matcher import Matcher, fill_bitmasks

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from structgen import compile_json_schema
 from structgen.frontends.json_escape import json_class, json_content, json_dfa, spellings
 from structgen.grammar import ir
-from structgen.grammar.automaton import compile_grammar
+from structgen.grammar.compiler import compile_grammar
 from structgen.json_schema import canonical_json
 
 SHORT = {'"': '\\"', "\\": "\\\\", "/": "\\/", "\b": "\\b", "\f": "\\f", "\n": "\\n",

@@ -32,7 +32,7 @@ from structgen.grammar import ir
 from structgen.json_schema import canonical_json, compile_json_schema, schema_to_grammar, schema_warnings
 
 try:
-    from structgen.grammar.automaton import compile_grammar
+    from structgen.grammar.compiler import compile_grammar
 except ImportError:  # pragma: no cover - until the automaton exists
     compile_grammar = None  # type: ignore[assignment]
 

@@ -37,7 +37,7 @@ from structgen.frontends.lark import (
 from structgen.grammar import ir
 
 try:
-    from structgen.grammar.automaton import compile_grammar
+    from structgen.grammar.compiler import compile_grammar
 except ImportError:  # pragma: no cover - automaton layer not available
     compile_grammar = None
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from structgen.frontends.regex import compile_regex
 from structgen.grammar import ir
-from structgen.grammar.automaton import compile_grammar
+from structgen.grammar.compiler import compile_grammar
 from structgen.masks import trie as native
 from structgen.masks.matcher import Matcher
 from structgen.masks.vocab import Vocabulary
@@ -39,11 +39,11 @@ def engine_mode(request, monkeypatch) -> str:
     from collections import OrderedDict
 
     from structgen.frontends.json_schema import compiler as json_schema
-    from structgen.grammar import automaton
+    from structgen.grammar import compiler
     from structgen.masks import engine
 
     # fresh compiled grammars (each has its own engine, which reads the mode when built)
-    monkeypatch.setattr(automaton, "_CACHE", OrderedDict())
+    monkeypatch.setattr(compiler, "_CACHE", OrderedDict())
     monkeypatch.setattr(json_schema, "_CACHE", OrderedDict())
     if request.param in ("split", "deep-split"):
         monkeypatch.setattr(engine, "_SPLIT_COLD_MAX", 1 << 30)

@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from structgen.config import CompileOptions
 from structgen.errors import CompileLimitError, GrammarError
 from structgen.grammar import ir
-from structgen.grammar.automaton import compile_grammar
-from structgen.kernels.bitmask import allocate_bitmask
+from structgen.grammar.compiler import compile_grammar
 from structgen.masks.matcher import Matcher
+from structgen.kernels.bitmask import allocate_bitmask
 
 ALPHABET = b"abc"
 MAXLEN = 6

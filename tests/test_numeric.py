@@ -25,7 +25,7 @@ from structgen.frontends.json_schema.numbers import integer_expr, number_expr
 from structgen.grammar import ir
 
 try:
-    from structgen.grammar.automaton import compile_grammar
+    from structgen.grammar.compiler import compile_grammar
 except ImportError:  # pragma: no cover - the compiler not built yet
     compile_grammar = None
 

@@ -35,7 +35,7 @@ from structgen.frontends.regex import (
 from structgen.grammar import ir
 
 try:
-    from structgen.grammar.automaton import compile_grammar
+    from structgen.grammar.compiler import compile_grammar
 except ImportError:  # pragma: no cover - before the automaton exists
     compile_grammar = None
 if os.environ.get("STRUCTGEN_TEST_REFERENCE_ORACLE"):  # evaluate with the IR interpreter only
@@ -576,7 +576,7 @@ def test_quantifiers_use_repeat_nodes() -> None:
 
 def test_compile_regex_grammar() -> None:
     if compile_grammar is None:
-        pytest.skip("structgen.grammar.automaton not available")
+        pytest.skip("structgen.grammar.compiler not available")
     from structgen.frontends.regex import compile_regex_grammar
 
     cg = compile_regex_grammar("^\\d{3}-\\d{4}$", dialect="ecma", search=True)

@@ -22,9 +22,9 @@ from structgen.generation.loop import run_sequence
 from structgen.generation.model import CausalLM, vocabulary_for
 from structgen.generation.sampling import masked_logits
 from structgen.grammar import ir
-from structgen.grammar.automaton import compile_grammar
-from structgen.kernels.bitmask import allocate_bitmask
+from structgen.grammar.compiler import compile_grammar
 from structgen.masks.matcher import Matcher
+from structgen.kernels.bitmask import allocate_bitmask
 
 pytestmark = [pytest.mark.assets, pytest.mark.slow]
 

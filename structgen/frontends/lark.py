@@ -77,22 +77,31 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from structgen.errors import GrammarError, GrammarSyntaxError, RegexError
-from structgen.grammar import ir
+from structgen.errors import GrammarError, RegexError
+from structgen.frontends.lark_loader import (
+    directive_line,
+    grammar_error,
+    import_folders,
+    lark_import_loader,
+    load_lark_grammar,
+    locate,
+    token_position,
+)
+from structgen.grammar import fsa, ir
+from structgen.grammar.passes import eliminate_left_recursion, expanded_size, nullable
 
 if TYPE_CHECKING:  # pragma: no cover
     from structgen.config import CompileOptions
-    from structgen.grammar.automaton import CompiledGrammar
+    from structgen.grammar.compiled import CompiledGrammar
 
 __all__ = [
     "MAX_REPEAT", "MAX_EXPANDED_SIZE", "lark_to_grammar", "compile_lark",
-    "builtin_grammar", "list_builtin_grammars",
+    "builtin_grammar", "list_builtin_grammars", "lark_import_loader",
 ]
 
 MAX_REPEAT = 10_000
@@ -102,7 +111,6 @@ MAX_EXPANDED_SIZE = 2_000_000
 """Largest grammar size (IR nodes with every bounded repetition expanded) accepted."""
 
 _MAX_TEMPLATE_INSTANCES = 10_000
-_MAX_LEFT_EXPANSION = 1_000
 
 # The composite terminals of lark's common.lark whose regexes use lazy quantifiers, by
 # the raw literals they flatten to, and what they match under the dynamic lexer.
@@ -110,293 +118,6 @@ _KNOWN_LAZY = {
     ('"\\""', "/.*?/", "/(?<!\\\\)(\\\\\\\\)*?/", '"\\""'): r'"(?:[^"\\\n]|\\[^\n])*"',
     ('"/*"', "/(.|\\n)*?/", '"*/"'): r"/\*(?:[^*]|\*+[^*/])*\*+/",
 }
-
-
-# ---------------------------------------------------------------------------
-# Error helpers
-# ---------------------------------------------------------------------------
-
-def _caret(text: str, line: int | None, column: int | None) -> str | None:
-    """The source line ``line`` (1-based) and a caret under ``column`` (1-based)."""
-    if line is None:
-        return None
-    lines = text.splitlines()
-    if not lines:
-        return None
-    line = min(max(line, 1), len(lines))
-    src = lines[line - 1]
-    if column is None:
-        return src
-    col = min(max(column, 1), len(src) + 1)
-    pad = "".join("\t" if ch == "\t" else " " for ch in src[: col - 1])
-    return f"{src}\n{pad}^"
-
-
-def _pos(tok: Any) -> tuple[int | None, int | None]:
-    """(line, column) of a Lark token, when it has them."""
-    return getattr(tok, "line", None), getattr(tok, "column", None)
-
-
-def _error(cls: type[GrammarError], message: str, text: str, line: int | None = None,
-           column: int | None = None) -> GrammarError:
-    return cls(message, line=line, column=column, context=_caret(text, line, column))
-
-
-_DEF_HEAD = re.compile(r"^\s*(?:%override\s+|%extend\s+)?[?!]*(_?[A-Za-z][A-Za-z0-9_]*)\s*(?:\{[^}]*\})?"
-                       r"\s*(?:\.\s*-?\d+\s*)?:")
-
-
-def _code_only(line: str) -> str:
-    """``line`` with string/regexp literals blanked and a trailing comment removed."""
-    out = []
-    i, n = 0, len(line)
-    while i < n:
-        ch = line[i]
-        if ch == "#" or line.startswith("//", i):
-            break
-        if ch in "\"/":
-            j = i + 1
-            while j < n and line[j] != ch:
-                j += 2 if line[j] == "\\" else 1
-            out.append(" " * (min(j, n - 1) - i + 1))
-            i = j + 1
-            continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
-
-
-def _name_uses(text: str, name: str) -> Iterator[tuple[int, int, bool]]:
-    """(line, column, is_definition) of every whole-word occurrence of ``name`` in code."""
-    word = re.compile(r"(?<![\w.%])" + re.escape(name) + r"(?![\w])")
-    for ln, raw in enumerate(text.splitlines(), start=1):
-        code = _code_only(raw)
-        m_def = _DEF_HEAD.match(code)
-        for m in word.finditer(code):
-            is_def = bool(m_def and m_def.group(1) == name and m.start() == m_def.start(1))
-            yield ln, m.start() + 1, is_def
-
-
-def _locate(text: str, name: str, *, definition: bool = False, nth: int = 0) -> tuple[int | None, int | None]:
-    hits = [(ln, col) for ln, col, is_def in _name_uses(text, name) if is_def == definition]
-    if len(hits) > nth:
-        return hits[nth]
-    return None, None
-
-
-def _directive_line(text: str, directive: str) -> tuple[int | None, int | None]:
-    for ln, raw in enumerate(text.splitlines(), start=1):
-        m = re.match(r"\s*(" + re.escape(directive) + r")\b", raw)
-        if m:
-            return ln, m.start(1) + 1
-    return None, None
-
-
-def _translate_lark_error(exc: BaseException, text: str) -> GrammarError:
-    """Turn an exception raised while Lark loads ``text`` into a located GrammarError."""
-    from lark.exceptions import UnexpectedInput
-
-    if isinstance(exc, UnexpectedInput):
-        line, col = getattr(exc, "line", None), getattr(exc, "column", None)
-        token = getattr(exc, "token", None)
-        expected = sorted(getattr(exc, "expected", ()) or ())
-        msg = "grammar syntax error"
-        if token is not None:
-            msg += f": unexpected {str(token)!r}"
-        if expected:
-            msg += f" (expected one of {', '.join(expected)})"
-        return _error(GrammarSyntaxError, msg, text, line if isinstance(line, int) and line > 0 else None,
-                      col if isinstance(col, int) and col > 0 else None)
-    msg = str(exc.args[0]) if exc.args else str(exc)
-    m = re.search(r"line (\d+) column (\d+)", msg)
-    if m:
-        head = re.split(r",? at line \d+ column \d+|Unexpected input at line", msg)[0].strip()
-        head = head or "unexpected input"
-        return _error(GrammarSyntaxError, f"grammar syntax error: {head}", text,
-                      int(m.group(1)), int(m.group(2)))
-    for pat, definition, nth in (
-        (r"'([\w]+)' used but not defined", False, 0),
-        (r"Terminal used but not defined: (\w+)", False, 0),
-        (r"'([\w]+)' defined more than once", True, 1),
-        (r"Template '([\w]+)' used but not defined", False, 0),
-        (r"Recursion in terminal '([\w]+)'", True, 0),
-        (r"Rules aren't allowed inside terminals \((\w+) in", False, 0),
-    ):
-        m = re.search(pat, msg)
-        if m:
-            line, col = _locate(text, m.group(1), definition=definition, nth=nth)
-            return _error(GrammarError, msg, text, line, col)
-    if isinstance(exc, OSError):
-        line, col = _directive_line(text, "%import")
-        return _error(GrammarError, f"cannot resolve %import: {exc}", text, line, col)
-    return _error(GrammarError, msg or type(exc).__name__, text)
-
-
-# ---------------------------------------------------------------------------
-# Loading with Lark
-# ---------------------------------------------------------------------------
-
-class _ImportRefused(Exception):
-    """An ``%import`` that :class:`_ImportLoader` will not resolve (never an ``OSError``, so Lark
-    does not go on to try other places, the working folder among them)."""
-
-    def __init__(self, message: str, dotted: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.dotted = dotted
-
-
-class _ImportLoader:
-    """Lark import loader that is the only place ``%import`` can read from.
-
-    Lark calls the entries of ``import_paths`` first, for every import; this loader answers every
-    call itself (text, or :class:`_ImportRefused`), so Lark's own fallbacks (the grammar's folder
-    as Lark computes it -- the working folder for text -- and a last ``open`` relative to the
-    working folder) never run. Resolution:
-
-    * library imports (``%import common.WS``, ``%import json.value``): Lark's packaged grammars,
-      then structgen's (:mod:`structgen.grammars`), then each folder of ``import_paths``;
-    * relative imports (``%import .sub.inner.X``): relative to the folder of the grammar file
-      that holds them, and only when that is the top grammar's folder (``grammar_path``), an
-      ``import_paths`` folder or a folder below one; grammar text without a file has no folder.
-
-    A file is read only if it is a regular file whose real path (symlinks resolved) lies inside
-    an allowed folder. Side effect: reads those files and package resources, nothing else.
-    """
-
-    def __init__(self, import_paths: list[str], grammar_dir: str | None) -> None:
-        self.library_roots = [os.path.realpath(r) for r in import_paths]
-        self.roots = self.library_roots + ([os.path.realpath(grammar_dir)] if grammar_dir else [])
-
-    def _inside(self, path: str) -> bool:
-        real = os.path.realpath(path)
-        return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in self.roots)
-
-    def _read_file(self, path: str, dotted: str) -> tuple[str, str]:
-        if not self._inside(path):
-            raise _ImportRefused(f"%import {dotted}: {path} is outside the folders grammars may "
-                                 "import from", dotted)
-        try:
-            st = os.stat(path)
-        except OSError:
-            raise _ImportRefused(f"%import {dotted}: no grammar file {path}", dotted) from None
-        if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
-            raise _ImportRefused(f"%import {dotted}: {path} is not a regular file", dotted)
-        try:
-            with open(path, encoding="utf-8") as f:
-                return os.path.realpath(path), f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise _ImportRefused(f"%import {dotted}: cannot read {path}: {e}", dotted) from None
-
-    def __call__(self, base_path: Any, grammar_path: str) -> tuple[Any, str]:
-        from lark.load_grammar import PackageResource, stdlib_loader
-
-        dotted = grammar_path[: -len(".lark")].replace(os.sep, ".")
-        if isinstance(base_path, PackageResource):  # inside a packaged grammar
-            if base_path.pkg_name == stdlib_loader.pkg_name:
-                try:
-                    return stdlib_loader(base_path, grammar_path)
-                except OSError:
-                    pass
-            raise _ImportRefused(f"%import .{dotted}: no such packaged grammar", dotted)
-        if base_path is None:  # library import
-            try:
-                return stdlib_loader(None, grammar_path)
-            except OSError:
-                pass
-            if os.sep not in grammar_path:
-                from structgen import grammars
-
-                try:
-                    text = grammars.read_grammar(grammar_path)
-                except FileNotFoundError:
-                    pass
-                else:
-                    return PackageResource("structgen.grammars", grammar_path), text
-            for root in self.library_roots:
-                candidate = os.path.join(root, grammar_path)
-                if os.path.lexists(candidate):
-                    return self._read_file(candidate, dotted)
-            where = "Lark's and structgen's packaged grammars" + (
-                " and " + ", ".join(self.library_roots) if self.library_roots else "")
-            raise _ImportRefused(f"%import {dotted}: no grammar {grammar_path!r} in {where}", dotted)
-        if not base_path:  # Lark's folder for grammar text without a file: the working folder
-            raise _ImportRefused(f"relative %import .{dotted} needs the grammar's file "
-                                 "(grammar_path=); grammar text has no folder to import from "
-                                 "(Lark's and structgen's own grammars import without a dot, "
-                                 "e.g. %import common.WS)", dotted)
-        return self._read_file(os.path.join(base_path, grammar_path), "." + dotted)
-
-
-def lark_import_loader(import_paths: Sequence[str | os.PathLike[str]] = (),
-                       grammar_path: str | os.PathLike[str] | None = None) -> Any:
-    """A loader for ``lark.Lark(text, import_paths=[loader])`` with the same rule as
-    :func:`compile_lark`: ``%import`` reads only packaged grammars, ``import_paths`` and (relative
-    imports) the folder of ``grammar_path``. A refused import raises an exception that is not an
-    ``OSError`` (so Lark tries nothing else). For code that runs Lark itself (oracles)."""
-    grammar_dir = os.path.dirname(os.path.abspath(grammar_path)) if grammar_path is not None else None
-    return _ImportLoader(_folders(import_paths), grammar_dir)
-
-
-def _folders(import_paths: Any) -> list[str]:
-    """``import_paths`` as a list of folder names (one path alone is one folder, not its letters)."""
-    if isinstance(import_paths, (str, bytes, os.PathLike)):
-        import_paths = [import_paths]
-    out = []
-    for p in import_paths:
-        if not isinstance(p, (str, os.PathLike)):
-            raise GrammarError(f"import_paths holds {type(p).__name__}, not a folder path")
-        out.append(os.fspath(p))
-    return out
-
-
-def _import_position(text: str, dotted: str, positions: dict[str, tuple[int, int]]
-                     ) -> tuple[int | None, int | None]:
-    got = positions.get(dotted.lstrip("."))
-    if got is not None:
-        return got
-    return _directive_line(text, "%import")
-
-
-def _load(text: str, *, import_paths: Sequence[str | os.PathLike[str]] = (),
-          grammar_path: str | os.PathLike[str] | None = None) -> Any:
-    """Parse ``text`` with Lark's grammar loader; returns its ``Grammar`` (pre-EBNF trees).
-
-    ``%import`` reads only through :class:`_ImportLoader`: packaged grammars, ``import_paths``
-    and (relative imports) the folder of ``grammar_path``; never the working folder.
-    """
-    from lark.exceptions import LarkError
-    from lark.load_grammar import GrammarBuilder
-
-    loader = lark_import_loader(import_paths, grammar_path)
-    positions: dict[str, tuple[int, int]] = {}
-
-    class Builder(GrammarBuilder):  # records where each top-level %import names its grammar
-        def _unpack_import(self, stmt: Any, grammar_name: str) -> Any:
-            dotted_path, base_path, aliases = super()._unpack_import(stmt, grammar_name)
-            first = stmt.children[0].children[0] if stmt.children and stmt.children[0].children \
-                else None
-            line, column = getattr(first, "line", None), getattr(first, "column", None)
-            if isinstance(line, int) and isinstance(column, int):
-                positions.setdefault(".".join(dotted_path), (line, column))
-            return dotted_path, base_path, aliases
-
-    builder = Builder(import_paths=[loader])
-    # the grammar's name is its absolute path when it has a file (relative imports start
-    # from its folder), else a name without a folder (relative imports are refused)
-    name = os.path.abspath(grammar_path) if grammar_path is not None else "<grammar>"
-    try:
-        builder.load_grammar(text, name)
-        grammar = builder.build()
-    except _ImportRefused as exc:
-        line, col = _import_position(text, exc.dotted, positions)
-        raise _error(GrammarError, exc.message, text, line, col) from None
-    except RecursionError as exc:
-        raise GrammarError("grammar is nested too deeply") from exc
-    except (LarkError, OSError, AssertionError, AttributeError, KeyError, ValueError,
-            TypeError) as exc:
-        raise _translate_lark_error(exc, text) from exc
-    return grammar
 
 
 # ---------------------------------------------------------------------------
@@ -439,9 +160,9 @@ class _Converter:
         declared = sorted([n for n, t in self.term_trees.items() if t is None]
                           + [n for n, t in self.rule_trees.items() if t is None])
         if declared:
-            line, col = _directive_line(text, "%declare")
-            raise _error(GrammarError, f"%declare'd symbols {', '.join(declared)} need an external "
-                         "lexer or postlexer and cannot be enforced scannerless", text, line, col)
+            line, col = directive_line(text, "%declare")
+            raise grammar_error(GrammarError, f"%declare'd symbols {', '.join(declared)} need an external "
+                                "lexer or postlexer and cannot be enforced scannerless", text, line, col)
         self.terms: dict[str, ir.Expr] = {}        # terminal name -> regular expr
         self.term_busy: set[str] = set()
         self.rules: dict[str, ir.Expr] = {}
@@ -457,8 +178,8 @@ class _Converter:
             return got
         tree = self.term_trees.get(name)
         if tree is None:
-            line, col = _locate(self.text, name)
-            raise _error(GrammarError, f"terminal {name!r} is not defined", self.text, line, col)
+            line, col = locate(self.text, name)
+            raise grammar_error(GrammarError, f"terminal {name!r} is not defined", self.text, line, col)
         if name in self.term_busy:
             raise GrammarError(f"recursion in terminal {name!r}")
         self.term_busy.add(name)
@@ -526,14 +247,15 @@ class _Converter:
         from lark.load_grammar import _literal_to_pattern
 
         raw = str(tok)
-        line, col = _pos(tok)
+        line, col = token_position(tok)
         if tok.type == "STRING" and raw.rstrip("i") == '""':
             return ir.EMPTY  # extension: Lark rejects empty literals
         try:
             pat = _literal_to_pattern(tok)
         except (LarkError, AssertionError, SyntaxError, ValueError) as exc:
             msg = str(exc.args[0]) if exc.args else str(exc)
-            raise _error(GrammarError, f"bad literal {raw} in {where}: {msg}", self.text, line, col) from exc
+            raise grammar_error(GrammarError, f"bad literal {raw} in {where}: {msg}", self.text,
+                                line, col) from exc
         flags = "".join(pat.flags)
         if isinstance(pat, PatternStr):
             value = pat.value
@@ -542,34 +264,36 @@ class _Converter:
             try:
                 return ir.lit(value)
             except UnicodeEncodeError as exc:
-                raise _error(GrammarError, f"literal {raw} in {where} is not valid Unicode text",
-                             self.text, line, col) from exc
+                raise grammar_error(GrammarError, f"literal {raw} in {where} is not valid Unicode text",
+                                    self.text, line, col) from exc
         return self.regex(pat.value, flags, where, tok, check=True)
 
     def regex(self, pattern: str, flags: str, where: str, tok: Any, *, check: bool) -> ir.Expr:
         from structgen.frontends import regex as rx
 
-        line, col = _pos(tok)
+        line, col = token_position(tok)
         try:
             if check:
                 node = rx.parse_regex(pattern, dialect="python", flags=flags)
                 for n in _regex_nodes(node):
                     if isinstance(n, rx.Anchor):
-                        raise _error(GrammarError, f"regex {tok} in {where} uses an anchor; under Lark's "
-                                     "dynamic lexer anchors refer to the whole input, not the token, "
-                                     "which structgen cannot express", self.text, line, col)
+                        raise grammar_error(
+                            GrammarError, f"regex {tok} in {where} uses an anchor; under Lark's "
+                            "dynamic lexer anchors refer to the whole input, not the token, "
+                            "which structgen cannot express", self.text, line, col)
                     if isinstance(n, rx.Quantified) and not n.greedy and n.min != n.max:
-                        raise _error(GrammarError, f"regex {tok} in {where} uses a lazy quantifier; "
-                                     "Lark's dynamic lexer then matches only some lengths, which "
-                                     "structgen cannot express (use a greedy pattern)", self.text, line, col)
+                        raise grammar_error(
+                            GrammarError, f"regex {tok} in {where} uses a lazy quantifier; "
+                            "Lark's dynamic lexer then matches only some lengths, which "
+                            "structgen cannot express (use a greedy pattern)", self.text, line, col)
             return rx.compile_regex(pattern, dialect="python", flags=flags, encoding="utf8")
         except RegexError as exc:
             if col is not None and exc.position is not None and tok is not None:
                 raw = str(tok)
                 if raw[1:raw.rindex("/")] == pattern:  # no escape rewriting: point at the spot
                     col += 1 + exc.position
-            raise _error(GrammarError, f"unsupported regex {tok if tok is not None else pattern} in "
-                         f"{where}: {exc.message}", self.text, line, col) from exc
+            raise grammar_error(GrammarError, f"unsupported regex {tok if tok is not None else pattern} in "
+                                f"{where}: {exc.message}", self.text, line, col) from exc
 
     def char_range(self, a: Any, b: Any, where: str) -> ir.Expr:
         from lark.exceptions import LarkError
@@ -580,10 +304,11 @@ class _Converter:
         try:
             lo, hi = eval_escaping(str(a)[1:-1]), eval_escaping(str(b)[1:-1])
         except (LarkError, SyntaxError, ValueError) as exc:
-            raise _error(GrammarError, f"bad range {a}..{b} in {where}", self.text, *_pos(a)) from exc
+            raise grammar_error(GrammarError, f"bad range {a}..{b} in {where}", self.text,
+                                *token_position(a)) from exc
         if len(lo) != 1 or len(hi) != 1 or ord(lo) > ord(hi):
-            raise _error(GrammarError, f"bad range {a}..{b} in {where}: endpoints must be single "
-                         "characters in order", self.text, *_pos(a))
+            raise grammar_error(GrammarError, f"bad range {a}..{b} in {where}: endpoints must be single "
+                                "characters in order", self.text, *token_position(a))
         return char_class_expr([(ord(lo), ord(hi))])
 
     def repeat(self, item: ir.Expr, args: list[Any], where: str) -> ir.Expr:
@@ -597,13 +322,13 @@ class _Converter:
         if op == "~":
             nums = [int(str(x)) for x in args[1:]]
             lo, hi = (nums[0], nums[0]) if len(nums) == 1 else (nums[0], nums[1])
-            line, col = _pos(args[1])
+            line, col = token_position(args[1])
             if hi < lo:
-                raise _error(GrammarError, f"bad repetition range {lo}..{hi} in {where}",
-                             self.text, line, col)
+                raise grammar_error(GrammarError, f"bad repetition range {lo}..{hi} in {where}",
+                                    self.text, line, col)
             if hi > MAX_REPEAT:
-                raise _error(GrammarError, f"repetition count {hi} in {where} exceeds the limit "
-                             f"{MAX_REPEAT}", self.text, line, col)
+                raise grammar_error(GrammarError, f"repetition count {hi} in {where} exceeds the limit "
+                                    f"{MAX_REPEAT}", self.text, line, col)
             return ir.rep(item, lo, hi)
         raise GrammarError(f"unknown operator {op!r} in {where}")
 
@@ -613,11 +338,11 @@ class _Converter:
         if name not in self.rules:
             tree = self.rule_trees.get(name)
             if tree is None:
-                line, col = _locate(self.text, name)
+                line, col = locate(self.text, name)
                 if name in self.templates:
-                    raise _error(GrammarError, f"template {name!r} used without arguments",
-                                 self.text, line, col)
-                raise _error(GrammarError, f"rule {name!r} is not defined", self.text, line, col)
+                    raise grammar_error(GrammarError, f"template {name!r} used without arguments",
+                                        self.text, line, col)
+                raise grammar_error(GrammarError, f"rule {name!r} is not defined", self.text, line, col)
             self.rules[name] = ir.NEVER  # placeholder until converted
             self.pending.append((name, tree, {}))
         return ir.Ref(name)
@@ -676,14 +401,14 @@ class _Converter:
             raise GrammarError(f"template parameter {name!r} used as a template in {where!r} "
                                "(higher-order templates are not supported)")
         if name not in self.templates:
-            line, col = _locate(self.text, name)
-            raise _error(GrammarError, f"template {name!r} is not defined", self.text, line, col)
+            line, col = locate(self.text, name)
+            raise grammar_error(GrammarError, f"template {name!r} is not defined", self.text, line, col)
         params, tree = self.templates[name]
         args = t.children[1:]
         if len(args) != len(params):
-            line, col = _locate(self.text, name)
-            raise _error(GrammarError, f"template {name!r} takes {len(params)} arguments, got {len(args)}",
-                         self.text, line, col)
+            line, col = locate(self.text, name)
+            raise grammar_error(GrammarError, f"template {name!r} takes {len(params)} arguments, "
+                                f"got {len(args)}", self.text, line, col)
         arg_exprs = tuple(self.rule_tree(a, where, env) for a in args)
         key = (name, arg_exprs)
         inst = self.instances.get(key)
@@ -724,112 +449,6 @@ _MAX_IGNORE_DFA = 2_000
 _MAX_IGNORE_CLASSES = 6
 
 
-def _regular_dfa(e: ir.Expr) -> tuple[list[list[tuple[int, int, int]]], set[int]] | None:
-    """Trimmed byte DFA (start state 0) of a regular, Ref-free IR expression, or None when
-    it has unsupported nodes or is too big. Returns (edges per state, accepting states)."""
-    eps: list[list[int]] = []
-    edges: list[list[tuple[int, int, int]]] = []
-
-    def new() -> int:
-        if len(eps) >= _MAX_IGNORE_NFA:
-            raise OverflowError
-        eps.append([])
-        edges.append([])
-        return len(eps) - 1
-
-    def build(x: ir.Expr, s: int) -> int:
-        if isinstance(x, ir.ByteSet):
-            t = new()
-            edges[s].extend((lo, hi, t) for lo, hi in x.ranges)
-            return t
-        if isinstance(x, ir.Seq):
-            for it in x.items:
-                s = build(it, s)
-            return s
-        if isinstance(x, ir.Alt):
-            t = new()
-            for it in x.items:
-                a = new()
-                eps[s].append(a)
-                eps[build(it, a)].append(t)
-            return t
-        if isinstance(x, ir.Repeat):
-            for _ in range(x.min):
-                s = build(x.item, s)
-            if x.max is None:
-                a = new()
-                eps[s].append(a)
-                eps[build(x.item, a)].append(a)
-                return a
-            for _ in range(x.max - x.min):
-                j = new()
-                eps[s].append(j)
-                eps[build(x.item, s)].append(j)
-                s = j
-            return s
-        if isinstance(x, ir.Dfa):
-            base = [new() for _ in x.trans]
-            t = new()
-            eps[s].append(base[x.start])
-            for q, es in enumerate(x.trans):
-                edges[base[q]].extend((lo, hi, base[r]) for lo, hi, r in es)
-                if q in x.accept:
-                    eps[base[q]].append(t)
-            return t
-        raise TypeError(type(x).__name__)
-
-    try:
-        start = new()
-        final = build(e, start)
-    except (OverflowError, TypeError):
-        return None
-
-    def close(states: set[int]) -> frozenset[int]:
-        stack, seen = list(states), set(states)
-        while stack:
-            for t in eps[stack.pop()]:
-                if t not in seen:
-                    seen.add(t)
-                    stack.append(t)
-        return frozenset(seen)
-
-    first = close({start})
-    index = {first: 0}
-    order = [first]
-    trans: list[list[tuple[int, int, int]]] = []
-    while len(trans) < len(order):
-        cur = order[len(trans)]
-        cuts = {0, 256}
-        for q in cur:
-            for lo, hi, _t in edges[q]:
-                cuts.update((lo, hi + 1))
-        bounds = sorted(cuts)
-        out: list[tuple[int, int, int]] = []
-        for lo, nxt in zip(bounds, bounds[1:]):
-            hi = nxt - 1
-            tgt = {t for q in cur for a, b, t in edges[q] if a <= lo and hi <= b}
-            if not tgt:
-                continue
-            key = close(tgt)
-            if key not in index:
-                if len(order) >= _MAX_IGNORE_DFA:
-                    return None
-                index[key] = len(order)
-                order.append(key)
-            out.append((lo, hi, index[key]))
-        trans.append(out)
-    accept = {i for i, st in enumerate(order) if final in st}
-    live = set(accept)
-    changed = True
-    while changed:
-        changed = False
-        for q, out in enumerate(trans):
-            if q not in live and any(t in live for _lo, _hi, t in out):
-                live.add(q)
-                changed = True
-    return [[(lo, hi, t) for lo, hi, t in out if t in live] for out in trans], accept
-
-
 def _utf8_len(lead: int) -> int:
     return 1 if lead < 0x80 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
 
@@ -862,7 +481,7 @@ def _first_bytes(e: ir.Expr) -> frozenset[int]:
         out: set[int] = set()
         for it in e.items:
             out |= _first_bytes(it)
-            if not _nullable(it, {}):
+            if not nullable(it, {}):
                 break
         return frozenset(out)
     if isinstance(e, ir.Alt):
@@ -907,7 +526,7 @@ class _Ignore:
     def _classes(self) -> list[tuple[ir.Dfa, frozenset[int], frozenset[int]]] | None:
         out: list[tuple[ir.Dfa, frozenset[int], frozenset[int]]] = []
         for e in self.exprs:
-            got = _regular_dfa(e)
+            got = fsa.regular_expr_dfa(e, max_nfa=_MAX_IGNORE_NFA, max_dfa=_MAX_IGNORE_DFA)
             if got is None:
                 return None
             trans, accept = got
@@ -936,7 +555,7 @@ class _Ignore:
     @staticmethod
     def _restrict(e: ir.Expr, allowed: frozenset[int]) -> ir.Expr:
         first = _first_bytes(e)
-        if first <= allowed and not _nullable(e, {}):
+        if first <= allowed and not nullable(e, {}):
             return e
         if not (first & allowed):
             return ir.NEVER
@@ -985,335 +604,6 @@ class _Ignore:
 
 
 # ---------------------------------------------------------------------------
-# Left recursion
-# ---------------------------------------------------------------------------
-
-def _nullable_rules(rules: dict[str, ir.Expr]) -> dict[str, bool]:
-    null = dict.fromkeys(rules, False)
-    changed = True
-    while changed:
-        changed = False
-        for name, e in rules.items():
-            if not null[name] and _nullable(e, null):
-                null[name] = changed = True
-    return null
-
-
-def _nullable(e: ir.Expr, null: dict[str, bool]) -> bool:
-    if isinstance(e, ir.ByteSet):
-        return False
-    if isinstance(e, ir.Seq):
-        return all(_nullable(x, null) for x in e.items)
-    if isinstance(e, ir.Alt):
-        return any(_nullable(x, null) for x in e.items)
-    if isinstance(e, ir.Repeat):
-        return e.min == 0 or _nullable(e.item, null)
-    if isinstance(e, ir.Ref):
-        return null.get(e.name, False)
-    if isinstance(e, ir.And):
-        return _nullable(e.left, null) and _nullable(e.right, null)
-    if isinstance(e, ir.Diff):
-        return _nullable(e.left, null) and not _nullable(e.right, null)
-    if isinstance(e, ir.Dfa):
-        return e.start in e.accept
-    raise TypeError(f"unknown IR node {type(e).__name__}")
-
-
-def _left_refs(e: ir.Expr, null: dict[str, bool], out: set[str]) -> None:
-    """Add to ``out`` the rules that can be called before any byte is consumed in ``e``."""
-    if isinstance(e, ir.Ref):
-        out.add(e.name)
-    elif isinstance(e, ir.Seq):
-        for x in e.items:
-            _left_refs(x, null, out)
-            if not _nullable(x, null):
-                break
-    elif isinstance(e, ir.Alt):
-        for x in e.items:
-            _left_refs(x, null, out)
-    elif isinstance(e, ir.Repeat):
-        if e.max != 0:
-            _left_refs(e.item, null, out)
-    elif isinstance(e, (ir.And, ir.Diff)):
-        _left_refs(e.left, null, out)
-        _left_refs(e.right, null, out)
-
-
-def _leading_branches(items: tuple[ir.Expr, ...], name: str, null: dict[str, bool],
-                      budget: list[int], active: set[tuple[ir.Expr, ...]] | None = None
-                      ) -> list[tuple[ir.Expr, ...]]:
-    """Distribute leading Seq/Alt/Repeat of ``items`` so that any branch that can start with
-    ``Ref(name)`` visibly does; other branches are left intact. The union of the returned
-    branches is the language of ``items``."""
-    if not items:
-        return [()]
-    first, rest = items[0], items[1:]
-    lead: set[str] = set()
-    _left_refs(first, null, lead)
-    can_be_empty = _nullable(first, null)
-    rest_lead: set[str] = set()
-    if can_be_empty:
-        for x in rest:
-            _left_refs(x, null, rest_lead)
-            if not _nullable(x, null):
-                break
-    if name not in lead and name not in rest_lead:
-        return [items]
-    if isinstance(first, ir.Ref) or not isinstance(first, (ir.Seq, ir.Alt, ir.Repeat)):
-        return [items]
-    if isinstance(first, ir.Repeat) and first.max == 0:
-        return [items]
-    active = set() if active is None else active
-    if items in active:
-        # reached again without consuming input (through empty choices): by the least
-        # fixpoint this branch adds nothing the others do not already give
-        return []
-    budget[0] -= 1
-    if budget[0] < 0:
-        raise GrammarError(f"left recursion of rule {name!r} is too entangled to remove; "
-                           "rewrite it with repetition")
-    active.add(items)
-    try:
-        if isinstance(first, ir.Seq):
-            return _leading_branches(first.items + rest, name, null, budget, active)
-        if isinstance(first, ir.Alt):
-            out: list[tuple[ir.Expr, ...]] = []
-            for x in first.items:
-                out.extend(_leading_branches((x,) + rest, name, null, budget, active))
-            return out
-        assert isinstance(first, ir.Repeat)
-        # item{m,M} = item item{m-1,M-1}   (m >= 1)   |   eps | item item{0,M-1}   (m == 0)
-        more = ir.rep(first.item, max(first.min - 1, 0), None if first.max is None else first.max - 1)
-        out = _leading_branches((first.item, more) + rest, name, null, budget, active)
-        if first.min == 0:
-            out = _leading_branches(rest, name, null, budget, active) + out
-        return out
-    finally:
-        active.discard(items)
-
-
-def _left_graph(rules: dict[str, ir.Expr], null: dict[str, bool]) -> dict[str, set[str]]:
-    graph: dict[str, set[str]] = {}
-    for name, e in rules.items():
-        s: set[str] = set()
-        _left_refs(e, null, s)
-        graph[name] = {x for x in s if x in rules}
-    return graph
-
-
-def _sccs(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components, each in rule (definition) order."""
-    from structgen.grammar.graphs import strongly_connected_components
-
-    order = {n: i for i, n in enumerate(graph)}
-    return strongly_connected_components(graph, graph, key=order.__getitem__)
-
-
-def _substitute_leading(e: ir.Expr, target: str, body: ir.Expr, null: dict[str, bool]) -> ir.Expr:
-    """``e`` with every leading ``Ref(target)`` replaced by ``body`` (same language)."""
-    lead: set[str] = set()
-    _left_refs(e, null, lead)
-    if target not in lead:
-        return e
-    branches = _leading_branches((e,), target, null, [_MAX_LEFT_EXPANSION])
-    return ir.alt(*(ir.seq(body, *br[1:]) if br and br[0] == ir.Ref(target) else ir.seq(*br)
-                    for br in branches))
-
-
-def _remove_immediate(name: str, e: ir.Expr, null: dict[str, bool]) -> ir.Expr:
-    """``A -> A a | b``  =>  ``A -> b a*`` (with the branches made visible first)."""
-    lead: set[str] = set()
-    _left_refs(e, null, lead)
-    if name not in lead:
-        return e
-    rec: list[ir.Expr] = []
-    base: list[ir.Expr] = []
-    found = False
-    for br in _leading_branches((e,), name, null, [_MAX_LEFT_EXPANSION]):
-        if br and br[0] == ir.Ref(name):
-            found = True
-            tail = ir.seq(*br[1:])
-            if tail != ir.EMPTY:  # A -> A adds nothing
-                rec.append(tail)
-        else:
-            base.append(ir.seq(*br))
-    return ir.seq(ir.alt(*base), ir.star(ir.alt(*rec))) if found else e
-
-
-def _paull(rules: dict[str, ir.Expr]) -> tuple[dict[str, ir.Expr], list[str] | None]:
-    """Paull's algorithm per left-recursive group; returns the rules and a remaining cycle."""
-    null = _nullable_rules(rules)  # the rewrites preserve each rule's language
-    out = dict(rules)
-    for comp in _sccs(_left_graph(rules, null)):
-        if len(comp) == 1 and comp[0] not in _left_graph({comp[0]: out[comp[0]]}, null)[comp[0]]:
-            continue
-        for i, a in enumerate(comp):
-            e = out[a]
-            for b in comp[:i]:
-                e = _substitute_leading(e, b, out[b], null)
-            out[a] = _remove_immediate(a, e, null)
-        if _expanded_size({n: out[n] for n in comp}) > MAX_EXPANDED_SIZE:
-            raise GrammarError(f"removing the left recursion of rules {', '.join(comp)} makes the "
-                               "grammar too large; rewrite it with repetition")
-    return out, _find_cycle(_left_graph(out, _nullable_rules(out)))
-
-
-def _nonempty(e: ir.Expr, null: dict[str, bool]) -> ir.Expr:
-    """L(e) without the empty string, for ``e`` whose nullable rule references are already
-    written as ``opt(Ref(A+))`` (so nullability is syntactic)."""
-    if isinstance(e, (ir.ByteSet, ir.Ref)):
-        return e if not _nullable(e, null) else ir.NEVER
-    if isinstance(e, ir.Seq):
-        if not e.items:
-            return ir.NEVER
-        head, rest = e.items[0], ir.seq(*e.items[1:])
-        first = ir.seq(_nonempty(head, null), rest)
-        return ir.alt(first, _nonempty(rest, null)) if _nullable(head, null) else first
-    if isinstance(e, ir.Alt):
-        return ir.alt(*(_nonempty(x, null) for x in e.items))
-    if isinstance(e, ir.Repeat):
-        if e.max == 0:
-            return ir.NEVER
-        if _nullable(e.item, null):  # empty items can pad up to the minimum
-            return ir.rep(_nonempty(e.item, null), 1, e.max)
-        return e if e.min >= 1 else ir.rep(e.item, 1, e.max)
-    if isinstance(e, ir.Dfa):
-        if e.start not in e.accept:
-            return e
-        return ir.Dfa(len(e.trans), e.accept, list(e.trans) + [e.trans[e.start]])
-    if isinstance(e, ir.And):
-        return ir.and_(_nonempty(e.left, null), e.right)
-    if isinstance(e, ir.Diff):
-        return ir.diff(_nonempty(e.left, null), e.right)
-    raise TypeError(f"unknown IR node {type(e).__name__}")
-
-
-def _replace_refs(e: ir.Expr, repl: dict[str, ir.Expr]) -> ir.Expr:
-    if isinstance(e, ir.Ref):
-        return repl.get(e.name, e)
-    if isinstance(e, ir.Seq):
-        return ir.seq(*(_replace_refs(x, repl) for x in e.items))
-    if isinstance(e, ir.Alt):
-        return ir.alt(*(_replace_refs(x, repl) for x in e.items))
-    if isinstance(e, ir.Repeat):
-        return ir.rep(_replace_refs(e.item, repl), e.min, e.max)
-    if isinstance(e, ir.And):
-        return ir.and_(_replace_refs(e.left, repl), _replace_refs(e.right, repl))
-    if isinstance(e, ir.Diff):
-        return ir.diff(_replace_refs(e.left, repl), _replace_refs(e.right, repl))
-    return e
-
-
-def _without_empty_rules(rules: dict[str, ir.Expr], start: str) -> dict[str, ir.Expr]:
-    """An equivalent grammar in which no rule but ``start`` derives the empty string: each
-    nullable rule A gets a rule ``A+`` for its non-empty strings and every reference to A
-    becomes ``opt(Ref(A+))``."""
-    null = _nullable_rules(rules)
-    plus = {a: f"{a}+" for a, n in null.items() if n}
-    repl = {a: ir.opt(ir.Ref(p)) for a, p in plus.items()}
-    null2 = dict.fromkeys(list(rules) + list(plus.values()), False)
-    out: dict[str, ir.Expr] = {}
-    for a, e in rules.items():
-        body = _replace_refs(e, repl)
-        if a in plus:
-            out[plus[a]] = _nonempty(body, null2)
-            if a == start:
-                out[a] = ir.opt(ir.Ref(plus[a]))
-        else:
-            out[a] = body
-    return _prune(out, start)
-
-
-def _prune(rules: dict[str, ir.Expr], start: str) -> dict[str, ir.Expr]:
-    keep = {start}
-    todo = [start]
-    while todo:
-        refs: set[str] = set()
-        _collect_refs(rules[todo.pop()], refs)
-        for r in refs:
-            if r not in keep and r in rules:
-                keep.add(r)
-                todo.append(r)
-    return {n: e for n, e in rules.items() if n in keep}
-
-
-def _eliminate_left_recursion(rules: dict[str, ir.Expr], start: str) -> dict[str, ir.Expr]:
-    """Remove left recursion without changing the language. Within each left-recursive
-    group of rules A1..An (in rule order), leading references to earlier rules of the
-    group are replaced by their (already rewritten) bodies, then immediate left recursion
-    ``A -> A a | b`` becomes ``A -> b a*`` (Paull's algorithm). If left recursion hidden
-    behind rules that derive the empty string survives, the grammar is first made
-    empty-free (see :func:`_without_empty_rules`) and the algorithm rerun."""
-    out, cycle = _paull(rules)
-    if cycle:
-        out, cycle = _paull(_without_empty_rules(rules, start))
-    if cycle:  # pragma: no cover - an empty-free grammar has no hidden left recursion
-        path = " -> ".join(cycle + [cycle[0]])
-        raise GrammarError(f"left recursion through rules {path} could not be removed; "
-                           "rewrite it with repetition")
-    return out
-
-
-def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    WHITE, GREY, BLACK = 0, 1, 2
-    color = dict.fromkeys(graph, WHITE)
-    for root in sorted(graph):
-        if color[root] != WHITE:
-            continue
-        stack: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(graph[root])))]
-        path = [root]
-        color[root] = GREY
-        while stack:
-            node, it = stack[-1]
-            nxt = next(it, None)
-            if nxt is None:
-                stack.pop()
-                path.pop()
-                color[node] = BLACK
-            elif color[nxt] == GREY:
-                return path[path.index(nxt):]
-            elif color[nxt] == WHITE:
-                color[nxt] = GREY
-                path.append(nxt)
-                stack.append((nxt, iter(sorted(graph[nxt]))))
-    return None
-
-
-# ---------------------------------------------------------------------------
-# Size guard
-# ---------------------------------------------------------------------------
-
-def _expanded_size(rules: dict[str, ir.Expr]) -> int:
-    memo: dict[int, int] = {}
-
-    def size(e: ir.Expr) -> int:
-        k = id(e)
-        got = memo.get(k)
-        if got is not None:
-            return got
-        if isinstance(e, (ir.Seq, ir.Alt)):
-            r = 1 + sum(size(x) for x in e.items)
-        elif isinstance(e, ir.Repeat):
-            r = 1 + size(e.item) * max(1, e.max if e.max is not None else e.min)
-        elif isinstance(e, (ir.And, ir.Diff)):
-            r = 1 + size(e.left) + size(e.right)
-        elif isinstance(e, ir.Dfa):
-            r = 1 + len(e.trans)
-        else:
-            r = 1
-        r = min(r, MAX_EXPANDED_SIZE + 1)
-        memo[k] = r
-        return r
-
-    total = 0
-    for e in rules.values():
-        total += size(e)
-        if total > MAX_EXPANDED_SIZE:
-            break
-    return total
-
-
-# ---------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------
 
@@ -1342,12 +632,13 @@ def lark_to_grammar(text: str, *, start: str = "start",
         raise TypeError(f"grammar text must be str, not {type(text).__name__}")
     if not isinstance(start, str) or not start:
         raise GrammarError("start must be a non-empty rule name")
-    grammar = _load(text, import_paths=tuple(_folders(import_paths)), grammar_path=grammar_path)
+    grammar = load_lark_grammar(text, import_paths=tuple(import_folders(import_paths)),
+                                grammar_path=grammar_path)
     try:
         conv = _Converter(grammar, text)
         rules = conv.convert(start)
-        rules = _eliminate_left_recursion(rules, start)
-        size = _expanded_size(rules)
+        rules = eliminate_left_recursion(rules, start, max_size=MAX_EXPANDED_SIZE)
+        size = expanded_size(rules, cap=MAX_EXPANDED_SIZE)
     except RecursionError as exc:
         raise GrammarError("grammar is nested too deeply to convert") from exc
     if size > MAX_EXPANDED_SIZE:
@@ -1390,19 +681,19 @@ def compile_lark(text: str, *, start: str = "start",
                  compile_options: CompileOptions | None = None,
                  import_paths: Sequence[str | os.PathLike[str]] = (),
                  grammar_path: str | os.PathLike[str] | None = None) -> CompiledGrammar:
-    """Compile Lark grammar ``text`` to a :class:`~structgen.grammar.automaton.CompiledGrammar`.
+    """Compile Lark grammar ``text`` to a :class:`~structgen.grammar.compiled.CompiledGrammar`.
 
     Equivalent to ``compile_grammar(lark_to_grammar(text, start=start), compile_options)``;
     the result is kept in a small thread-safe LRU cache keyed by ``(text, start, options)`` (and
     the import settings; an imported file edited later is not re-read while the entry is cached).
     ``import_paths`` / ``grammar_path``: where ``%import`` may read, as for :func:`lark_to_grammar`.
-    Raises what :func:`lark_to_grammar` and :func:`~structgen.grammar.automaton.compile_grammar`
+    Raises what :func:`lark_to_grammar` and :func:`~structgen.grammar.compiler.compile_grammar`
     raise (GrammarError, CompileLimitError, CompileTimeoutError).
     """
-    from structgen.grammar.automaton import compile_grammar
+    from structgen.grammar.compiler import compile_grammar
     from structgen.grammar.gcpause import gc_paused
 
-    imports = tuple(_folders(import_paths))
+    imports = tuple(import_folders(import_paths))
     where = os.fspath(grammar_path) if grammar_path is not None else None
     key = (text, start, compile_options, imports, where)
     with _LRU_LOCK:

@@ -57,7 +57,7 @@ from structgen.frontends import unicode_data as ud
 from structgen.grammar import ir
 
 if TYPE_CHECKING:  # pragma: no cover
-    from structgen.grammar.automaton import CompiledGrammar
+    from structgen.grammar.compiled import CompiledGrammar
 
 __all__ = [
     "MAX_REPEAT", "RegexNode", "CharSet", "Concat", "Alternation", "Quantified", "Group",
@@ -883,6 +883,6 @@ def compile_regex(pattern: str, *, dialect: str = "python", flags: str = "",
 
 def compile_regex_grammar(pattern: str, **kw: Any) -> CompiledGrammar:
     """``compile_regex(pattern, **kw)`` as the start rule of a grammar, compiled to an automaton."""
-    from structgen.grammar.automaton import compile_grammar
+    from structgen.grammar.compiler import compile_grammar
 
     return compile_grammar(ir.Grammar({"start": compile_regex(pattern, **kw)}, "start"))

@@ -88,7 +88,7 @@ def resolve_grammar(*, schema: Any = None, grammar: str | None = None, regex: st
     given = [x is not None for x in (schema, grammar, regex)]
     if sum(given) != 1:
         raise ConfigError("give exactly one of schema=, grammar= or regex=")
-    from structgen.grammar.automaton import CompiledGrammar
+    from structgen.grammar.compiled import CompiledGrammar
 
     if isinstance(grammar, CompiledGrammar):  # compiled by the caller, with its own options
         return grammar, None

@@ -47,7 +47,7 @@ from structgen.generation.drafters import (
     PromptLookupDrafter,
 )
 from structgen.generation.model import CausalLM, check_context
-from structgen.grammar.automaton import CompiledGrammar
+from structgen.grammar.compiled import CompiledGrammar
 from structgen.masks.matcher import Matcher, bitmask_words
 
 __all__ = ["BatchStats", "GenerationStats", "SequenceResult", "run_batch", "run_sequence",

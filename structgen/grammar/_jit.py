@@ -1,4 +1,4 @@
-"""What the kernel modules (:mod:`structgen.grammar._pda_kernels`, :mod:`structgen.grammar._dfa_kernels`)
+"""What the kernel modules (:mod:`structgen.grammar._pda_kernels`, :mod:`structgen.grammar._fsa_kernels`)
 share: ``njit`` (numba's, or a pass-through when numba is missing or ``STRUCTGEN_NATIVE=0``,
 so the kernels run as plain Python), ``COMPILED``, and the hash mixer of their tables."""
 
@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover - exercised only without numba
     # does); run as plain Python, numpy scalars warn on each wrap. Only those warnings, only
     # from the kernel modules, are silenced.
     warnings.filterwarnings("ignore", message="overflow encountered", category=RuntimeWarning,
-                            module=r"structgen\._(jit|pda_kernels|dfa_kernels|trie_kernels)$")
+                            module=r"structgen\.(grammar|masks)\._(jit|pda_kernels|fsa_kernels|trie_kernels)$")
 
     def njit(*args, **kwargs):  # type: ignore[no-redef]
         if args and callable(args[0]):

@@ -47,7 +47,7 @@ from structgen.errors import ConfigError, StructgenError
 
 if TYPE_CHECKING:  # pragma: no cover
     from structgen.config import JsonSchemaOptions
-    from structgen.grammar.automaton import CompiledGrammar
+    from structgen.grammar.compiled import CompiledGrammar
     from structgen.masks.matcher import Matcher
     from structgen.masks.vocab import Vocabulary
 
@@ -130,7 +130,7 @@ def _generation_options(json_options: JsonSchemaOptions | None) -> JsonSchemaOpt
 
 def compile_constraint(request_type: Any, spec: Any, *, start: str = "start",
                        json_options: JsonSchemaOptions | None = None) -> CompiledGrammar:
-    """Compile one constraint to a :class:`~structgen.grammar.automaton.CompiledGrammar`.
+    """Compile one constraint to a :class:`~structgen.grammar.compiled.CompiledGrammar`.
 
     ``request_type`` (case-insensitive, or an enum member whose ``name`` is one of these):
 
@@ -173,7 +173,7 @@ def compile_constraint(request_type: Any, spec: Any, *, start: str = "start",
             raise ConfigError("a 'grammar' spec must be Lark grammar text", key="grammar")
         return compile_lark(spec, start=start)
     from structgen.grammar import ir
-    from structgen.grammar.automaton import compile_grammar
+    from structgen.grammar.compiler import compile_grammar
 
     alts = [ir.lit(c.encode("utf-8")) for c in dict.fromkeys(_choices(spec))]
     return compile_grammar(ir.Grammar({"start": ir.alt(*alts)}, "start"))
@@ -391,7 +391,7 @@ class _LogitsProcessorImpl:
         out = model.generate(**enc, logits_processor=[proc], max_new_tokens=200)
 
     ``grammar_or_schema``: a JSON schema (dict, JSON text, Pydantic class), a
-    :class:`~structgen.grammar.automaton.CompiledGrammar`, or a list of those with one per batch row
+    :class:`~structgen.grammar.compiled.CompiledGrammar`, or a list of those with one per batch row
     (mixed schemas); or give ``grammar=`` (Lark text, rule ``start``) or ``regex=`` instead.
     ``tokenizer``: the model's tokenizer (its byte table is built on the first call, with the
     logits width as vocabulary size: padding rows beyond the tokenizer are never allowed), or
@@ -459,7 +459,7 @@ class _LogitsProcessorImpl:
 
     @staticmethod
     def _compile(x: Any, json_options: JsonSchemaOptions | None) -> CompiledGrammar:
-        from structgen.grammar.automaton import CompiledGrammar
+        from structgen.grammar.compiled import CompiledGrammar
 
         if isinstance(x, CompiledGrammar):
             return x

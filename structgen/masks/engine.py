@@ -49,7 +49,7 @@ from structgen.grammar.gcpause import gc_paused
 from structgen.masks import trie as native
 
 if TYPE_CHECKING:  # pragma: no cover
-    from structgen.grammar.automaton import CompiledGrammar
+    from structgen.grammar.compiled import CompiledGrammar
 
 __all__ = ["Engine", "VocabTable", "DEAD", "UNKNOWN", "STALE", "set_memory_budget",
            "DEFAULT_TABLE_BYTES", "DEFAULT_MASK_CACHE_BYTES", "PROCESS_TABLE_BYTES"]

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from structgen.errors import MatcherUsageError
-from structgen.grammar.automaton import CompiledGrammar
+from structgen.grammar.compiled import CompiledGrammar
 from structgen.masks.engine import STALE, VocabTable
 
 __all__ = ["Matcher", "vocab_table", "bitmask_words", "fill_bitmasks"]

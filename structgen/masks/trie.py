@@ -79,7 +79,7 @@ def _warm_tables(byte: Any, depth: Any, skip: Any, lo: Any, own: Any, suf: Any, 
     """Run the runtime-table kernels once on the tables of a small recursive grammar."""
     from structgen.grammar import _pda_kernels as pk
     from structgen.grammar import ir
-    from structgen.grammar.automaton import compile_grammar
+    from structgen.grammar.compiler import compile_grammar
     from structgen.masks.engine import _Tables
 
     t = ir.alt(ir.lit("b"), ir.seq(ir.lit("["), ir.ref("t"), ir.lit("]")))
@@ -136,9 +136,9 @@ def _warm(k: Any) -> None:
     words, unc, cnt = np.zeros(1, np.uint32), np.zeros(2, np.int64), np.zeros(1, np.int64)
     ids = np.array([0, 1], dtype=np.int64)
     _warm_tables(byte, depth, skip, lo, own, suf, wf, offs, lens, flat, ids, words, unc, cnt)
-    from structgen.grammar import _dfa_kernels
+    from structgen.grammar import _fsa_kernels
 
-    _dfa_kernels.warm()
+    _fsa_kernels.warm()
     k.loop_split(np.zeros((2, 4), np.uint64), ids, np.zeros(4, np.uint64), words)
     k.match_nodes(byte, depth, byte, depth, skip, np.zeros(n + 1, np.int64))
     k.row_shape(np.zeros(256, np.int32), np.zeros(256, np.uint8), np.zeros(256, np.int32))

@@ -56,7 +56,7 @@ from structgen.frontends.json_schema.lower import Lowering, pattern_error
 from structgen.grammar import ir
 
 if TYPE_CHECKING:  # pragma: no cover
-    from structgen.grammar.automaton import CompiledGrammar
+    from structgen.grammar.compiled import CompiledGrammar
 
 __all__ = ["schema_to_grammar", "compile_json_schema", "canonical_json", "format_checker_for",
            "schema_warnings", "SPEC_FORMATS"]
@@ -202,7 +202,7 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
                         compile_options: CompileOptions | None = None,
                         remotes: Mapping[str, Any] | None = None,
                         **option_overrides: Any) -> CompiledGrammar:
-    """Compile a JSON schema to a :class:`~structgen.grammar.automaton.CompiledGrammar`.
+    """Compile a JSON schema to a :class:`~structgen.grammar.compiled.CompiledGrammar`.
 
     ``option_overrides`` replace fields of ``options`` (e.g. ``whitespace="flexible"``).
     Results are cached by content (canonical JSON of the schema, the options and the
@@ -211,7 +211,7 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
     when the object allows it. Grammars are shared by content, so two schemas with the
     same grammar share one object (and its metadata).
     """
-    from structgen.grammar.automaton import compile_grammar
+    from structgen.grammar.compiler import compile_grammar
     from structgen.grammar.gcpause import gc_paused
 
     options = options or JsonSchemaOptions()

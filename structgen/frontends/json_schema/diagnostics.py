@@ -299,7 +299,7 @@ def explain_unsat(doc: SchemaDoc, norm: Normalizer, budget_s: float = DIAGNOSIS_
 # automaton errors -> schema locations
 # ---------------------------------------------------------------------------
 
-_EMBED = 12  # regular sub-automata are embedded up to about this size (automaton._EMBED_MAX)
+_EMBED = 12  # regular sub-automata are embedded up to about this size (compiler._EMBED_MAX)
 
 
 class _Sizes:
@@ -307,7 +307,7 @@ class _Sizes:
     ``calls`` are calls, other references are inlined; big repetitions call their item)."""
 
     def __init__(self, rules: Mapping[str, ir.Expr], calls: frozenset[str], deadline: float) -> None:
-        from structgen.grammar.automaton import _size
+        from structgen.grammar.passes import expr_size as _size
         self.rules, self.calls, self.deadline = rules, calls, deadline
         self._size = _size
         self.memo: dict[int, int] = {}

@@ -6,7 +6,8 @@ and "is an integer". Constrained languages are built as explicit DFAs
 (:class:`~structgen.grammar.ir.Dfa`): the automaton reads the literal digit by digit and keeps,
 for each bound, the state of a digit-by-digit comparison against the bound's decimal
 expansion, plus the remainder of the digits read so far modulo ``multipleOf``. Each
-DFA is trimmed and minimised here, so it stays small (tens to hundreds of states).
+DFA is explored, trimmed and minimised (by :func:`structgen.grammar.fsa.explore_dfa`), so
+it stays small (tens to hundreds of states).
 
 Semantics, chosen so that the grammar never accepts an instance that ``jsonschema``
 (which compares ``json.loads`` values: ``int`` for literals without ``.``/``e``,
@@ -57,24 +58,21 @@ from __future__ import annotations
 import functools
 import math
 import struct
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from fractions import Fraction
-from itertools import chain
 from typing import Any, Union
 
 from structgen.errors import CompileLimitError
-from structgen.grammar import ir
+from structgen.grammar import fsa, ir
 
-__all__ = ["integer_expr", "number_expr", "explore_dfa", "minimise_dfa", "MAX_DFA_STATES",
-           "Number"]
+__all__ = ["integer_expr", "number_expr", "explore_dfa", "MAX_DFA_STATES", "Number"]
 
 Number = Union[int, float, Decimal]
 
 #: Largest DFA (after minimisation) this module builds before raising CompileLimitError.
 MAX_DFA_STATES = 10_000
-_MAX_EXPLORE = 2 * MAX_DFA_STATES
 #: Under multiple_of/integer_only, exponent-form mantissas may have at most this many
 #: fraction digits beyond the divisor's scale.
 _EXP_MAX_FRACTION = 17
@@ -683,237 +681,20 @@ class _NumberDfa:
 
 
 # ---------------------------------------------------------------------------
-# Generic DFA construction: explore, trim, minimise, emit
+# Building DFAs (the algorithms live in structgen.grammar.fsa)
 # ---------------------------------------------------------------------------
+
+_LIMIT_HINT = "simplify the numeric constraints (smaller multipleOf or bounds)"
+
 
 def explore_dfa(start: Hashable, step: Callable[[Any, int], Any],
                 accepting: Callable[[Any], bool], alphabet: bytes | Sequence[bytes],
                 what: str) -> ir.Expr:
-    """Build the DFA of an implicitly given automaton (trimmed and minimised).
-
-    ``step(state, byte)`` returns the next (hashable) state or None (reject);
-    ``accepting(state)``. ``alphabet`` is the bytes to try, or a sequence of byte
-    classes (``bytes`` objects) whose members behave alike: ``step`` then sees each
-    class's first byte only. Raises
-    :class:`~structgen.errors.CompileLimitError` (mentioning ``what``) beyond
-    :data:`MAX_DFA_STATES` states. Returns :data:`~structgen.grammar.ir.NEVER` if nothing is
-    accepted.
-    """
-    classes = ([bytes([b]) for b in alphabet] if isinstance(alphabet, (bytes, bytearray))
-               else [bytes(c) for c in alphabet if c])
-    ids: dict[Hashable, int] = {start: 0}
-    states: list = [start]
-    edges: list[dict[int, int]] = []
-    i = 0
-    while i < len(states):
-        s = states[i]
-        out: dict[int, int] = {}
-        for cls in classes:
-            t = step(s, cls[0])
-            if t is None:
-                continue
-            j = ids.get(t)
-            if j is None:
-                j = len(states)
-                if j >= _MAX_EXPLORE:
-                    raise CompileLimitError(
-                        f"{what}: automaton exceeds {_MAX_EXPLORE} states while being built; "
-                        "simplify the numeric constraints (smaller multipleOf or bounds)")
-                ids[t] = j
-                states.append(t)
-            for b in cls:
-                out[b] = j
-        edges.append(out)
-        i += 1
-    acc = [accepting(s) for s in states]
-    dfa = minimise_dfa(edges, acc, 0)
-    if dfa is None:
-        return ir.NEVER
-    if len(dfa.trans) > MAX_DFA_STATES:
-        raise CompileLimitError(
-            f"{what}: automaton has {len(dfa.trans)} states (limit {MAX_DFA_STATES}); "
-            "simplify the numeric constraints (smaller multipleOf or bounds)")
-    return dfa
-
-
-_NATIVE_MIN = 48  # explored automata from this many states are minimised by the compiled kernels
-
-
-def _minimise_native(edges: Sequence[dict[int, int]], accept: Sequence[bool], start: int) -> ir.Dfa | None:
-    """:func:`minimise_dfa` by the compiled trim and Hopcroft kernels; the result is
-    renumbered in the same breadth-first order, so it is the same node."""
-    import numpy as np
-
-    from structgen.grammar import _dfa_kernels as dk
-
-    n = len(edges)
-    if start != 0:  # the kernels start at state 0: swap the two
-        perm = list(range(n))
-        perm[0], perm[start] = start, 0
-        edges = [{b: perm[t] for b, t in edges[q].items()} for q in perm]
-        accept = [accept[q] for q in perm]
-    sizes = np.fromiter(map(len, edges), dtype=np.int64, count=n)
-    total = int(sizes.sum())
-    table = np.full((n, 256), -1, dtype=np.int32)
-    table[np.repeat(np.arange(n), sizes),
-          np.fromiter(chain.from_iterable(edges), dtype=np.int64, count=total)] = np.fromiter(
-        chain.from_iterable(d.values() for d in edges), dtype=np.int32, count=total)
-    trans, acc = dk.trim(table, np.array(accept, dtype=np.bool_))
-    if not acc.any():
-        return None
-    _status, trans, acc = dk.minimise(trans, acc, 1 << 62)
-    rows, cols = np.nonzero(trans >= 0)  # row-major: each state's edges in byte order
-    bounds = np.searchsorted(rows, np.arange(trans.shape[0] + 1)).tolist()
-    tgt = trans[rows, cols].tolist()
-    cols_l = cols.tolist()
-    return _emit_bfs(0, lambda q: zip(cols_l[bounds[q]:bounds[q + 1]], tgt[bounds[q]:bounds[q + 1]]),
-                     lambda q: bool(acc[q]))
-
-
-def _emit_bfs(start: Hashable, edges_of: Callable[[Any], Iterable[tuple[int, Any]]],
-              accepting: Callable[[Any], bool]) -> ir.Dfa:
-    """The DFA reached from ``start``, states numbered breadth-first with each state's edges
-    (``(byte, target)``, ascending bytes) in order, runs of bytes to one target merged: the
-    canonical numbering that makes equal minimal languages equal :class:`~structgen.grammar.ir.Dfa`
-    nodes."""
-    new_id = {start: 0}
-    order = [start]
-    out: list[list[tuple[int, int, int]]] = []
-    accept_out: list[int] = []
-    k = 0
-    while k < len(order):
-        q = order[k]
-        row: list[tuple[int, int, int]] = []
-        for b, t in edges_of(q):
-            tid = new_id.get(t)
-            if tid is None:
-                tid = new_id[t] = len(order)
-                order.append(t)
-            if row and row[-1][1] == b - 1 and row[-1][2] == tid:
-                row[-1] = (row[-1][0], b, tid)
-            else:
-                row.append((b, b, tid))
-        out.append(row)
-        if accepting(q):
-            accept_out.append(k)
-        k += 1
-    return ir.Dfa(0, accept_out, out)
-
-
-def minimise_dfa(edges: Sequence[dict[int, int]], accept: Sequence[bool], start: int) -> ir.Dfa | None:
-    """Trim and minimise a partial DFA (``edges[q][byte] = target``); None if empty.
-
-    Hopcroft's partition refinement; states are renumbered in breadth-first order from
-    the start state, so equal languages give equal :class:`~structgen.grammar.ir.Dfa` nodes.
-    """
-    n = len(edges)
-    if n >= _NATIVE_MIN:
-        from structgen.grammar._jit import COMPILED
-
-        if COMPILED:
-            return _minimise_native(edges, accept, start)
-    # co-reachability (live states)
-    preds: list[list[int]] = [[] for _ in range(n)]
-    for q, out in enumerate(edges):
-        for t in out.values():
-            preds[t].append(q)
-    live = [False] * n
-    stack = [q for q in range(n) if accept[q]]
-    for q in stack:
-        live[q] = True
-    while stack:
-        q = stack.pop()
-        for p in preds[q]:
-            if not live[p]:
-                live[p] = True
-                stack.append(p)
-    if not live[start]:
-        return None
-    # reachable & live
-    keep: dict[int, int] = {start: 0}
-    order = [start]
-    k = 0
-    while k < len(order):
-        q = order[k]
-        k += 1
-        for t in edges[q].values():
-            if live[t] and t not in keep:
-                keep[t] = len(order)
-                order.append(t)
-    m = len(order)
-    sink = m
-    alphabet = sorted({b for q in order for b, t in edges[q].items() if live[t]})
-    nsym = len(alphabet)
-    sym = {b: i for i, b in enumerate(alphabet)}
-    delta = [[sink] * nsym for _ in range(m + 1)]
-    for q in order:
-        row = delta[keep[q]]
-        for b, t in edges[q].items():
-            if live[t]:
-                row[sym[b]] = keep[t]
-    # bytes with identical columns behave alike: refine over one representative each
-    reps: dict[tuple[int, ...], int] = {}
-    for a in range(nsym):
-        reps.setdefault(tuple(row[a] for row in delta), a)
-    rep_syms = list(reps.values())
-    inv: list[list[list[int]]] = [[[] for _ in range(m + 1)] for _ in rep_syms]
-    for q in range(m + 1):
-        row = delta[q]
-        for ai, a in enumerate(rep_syms):
-            inv[ai][row[a]].append(q)
-    acc_set = {keep[q] for q in order if accept[q]}
-    blocks: list[set[int]] = []
-    block_of = [0] * (m + 1)
-    for part in (acc_set, set(range(m + 1)) - acc_set):
-        if part:
-            for q in part:
-                block_of[q] = len(blocks)
-            blocks.append(set(part))
-    work = list(range(len(blocks)))
-    in_work = set(work)
-    while work:
-        bi = work.pop()
-        in_work.discard(bi)
-        splitter = list(blocks[bi])
-        for a in range(len(rep_syms)):
-            x: set[int] = set()
-            inv_a = inv[a]
-            for q in splitter:
-                x.update(inv_a[q])
-            if not x:
-                continue
-            touched: dict[int, set[int]] = {}
-            for q in x:
-                touched.setdefault(block_of[q], set()).add(q)
-            for yi, inter in touched.items():
-                y = blocks[yi]
-                if len(inter) == len(y):
-                    continue
-                y -= inter
-                ni = len(blocks)
-                blocks.append(inter)
-                for q in inter:
-                    block_of[q] = ni
-                if yi in in_work:
-                    work.append(ni)
-                    in_work.add(ni)
-                else:
-                    smaller = ni if len(inter) <= len(y) else yi
-                    work.append(smaller)
-                    in_work.add(smaller)
-    # emit in BFS order from start, dropping the sink's block (blocks stand for their states)
-    sink_block = block_of[sink]
-    rep = {block_of[0]: 0}  # a member of each block reached
-
-    def block_edges(bq: int) -> Iterator[tuple[int, int]]:
-        row = delta[rep[bq]]
-        for a, b in enumerate(alphabet):
-            tb = block_of[row[a]]
-            if tb != sink_block:
-                rep.setdefault(tb, row[a])
-                yield b, tb
-
-    return _emit_bfs(block_of[0], block_edges, lambda bq: rep[bq] in acc_set)
+    """:func:`structgen.grammar.fsa.explore_dfa` under this module's limit: at most
+    :data:`MAX_DFA_STATES` states after minimisation (twice that while exploring), else
+    :class:`~structgen.errors.CompileLimitError` naming ``what``."""
+    return fsa.explore_dfa(start, step, accepting, alphabet, what, max_states=MAX_DFA_STATES,
+                           hint=_LIMIT_HINT)
 
 
 # ---------------------------------------------------------------------------

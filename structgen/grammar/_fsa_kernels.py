@@ -1,4 +1,4 @@
-"""Compiled DFA algorithms for grammar compilation (see :mod:`structgen.grammar.automaton`): subset
+"""Compiled DFA algorithms for grammar compilation (see :mod:`structgen.grammar.fsa`): subset
 construction of a call-free NFA, the product of two DFAs, trimming and Hopcroft
 minimisation. DFAs are transition tables ``trans`` (int32 ``[n, 256]``, -1 = no edge; state 0
 = start) with an accepting flag per state.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from structgen.grammar._jit import (
-    COMPILED,  # noqa: F401 - read by structgen.grammar.automaton
+    COMPILED,  # noqa: F401 - read by structgen.grammar.fsa
     njit,
 )
 from structgen.grammar._jit import GOLD as _GOLD

@@ -1,0 +1,453 @@
+"""What the compiler produces: :class:`CompiledGrammar` and its rule kinds.
+
+A compiled grammar is a recursive transition network over bytes: a tuple of rules, each
+answering :meth:`LazyRule.info` for its DFA states (``(row, accept, has_bytes, calls,
+tail)``), plus the root rule's index. Rule kinds:
+
+* :class:`LazyRule`: a trimmed Thompson NFA with call edges, determinised on first use;
+* :class:`DfaRule`: a call-free, already trimmed DFA (an intersection, a difference or an
+  explicit IR DFA), shared process-wide;
+* :class:`ProductRule`: ``A - B`` of two DFAs, explored pair by pair on first use;
+* :class:`CountedRule`: ``item{lo,hi}`` of a prefix-free item, counted instead of unrolled.
+
+The result is immutable, hashable by content, picklable and shareable across threads.
+Per-request state lives in :class:`structgen.masks.matcher.Matcher`; the shared, lazily
+built runtime tables live in the runtime returned by :attr:`CompiledGrammar.engine`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from structgen.config import CompileOptions
+from structgen.grammar import ir
+
+__all__ = ["CompiledGrammar", "CountedRule", "DfaRule", "LazyRule", "ProductRule", "grammar_key"]
+
+
+class LazyRule:
+    """One rule of a compiled grammar: a trimmed Thompson NFA over bytes and call symbols,
+    determinised lazily (subset construction one state at a time, on first use).
+
+    Compilation stays linear in the size of the grammar; only the DFA states a request
+    actually visits are ever built (the lazy-DFA design of RE2). A DFA state is the set of
+    *important* NFA states of an epsilon closure (those with byte edges or call edges, and
+    the rule's end), so closures that differ only in pass-through states share one DFA
+    state. The NFA is trimmed at compile time: every NFA state left can reach the rule's
+    end (calls only to rules with a non-empty language), so every non-empty DFA state can
+    still complete the rule, which keeps token masks exact without a DFA-level trim.
+
+    Per DFA state ``q`` (0 = start), :meth:`info` gives ``(row, accept, has_bytes, calls,
+    tail)``: ``row`` int32 ``[256]`` next state or -1; ``calls`` a tuple of
+    ``(callee_rule_index, return_state)``; ``tail``: accepting with no byte or call edges.
+    Thread-safe; picklable (the lazily built states are not pickled).
+    """
+
+    def __init__(self, name: str, eps: tuple[tuple[int, ...], ...],
+                 edges: tuple[tuple[tuple[int, int, int], ...], ...],
+                 calls: tuple[tuple[tuple[int, int], ...], ...], end: int,
+                 class_of: np.ndarray, nclass: int) -> None:
+        self.name = name
+        self._eps = eps            # per NFA state: epsilon targets
+        self._edges = edges        # per NFA state: (class_lo, class_hi, target)
+        self._ncalls = calls       # per NFA state: (callee rule, target)
+        self._end = end
+        self._class_of = class_of  # int32 [256] byte -> class
+        self._nclass = nclass
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.RLock()
+        self._csr: tuple[np.ndarray, ...] | None = None
+        n = len(self._eps)
+        self._important = [bool(self._edges[x]) or bool(self._ncalls[x]) or x == self._end
+                           for x in range(n)]
+        self.leaf = not any(self._ncalls)  # no call edges: the rule never pushes a frame
+        self._eclose: dict[int, frozenset[int]] = {}
+        self._ids: dict[frozenset[int], int] = {}
+        self._sets: list[frozenset[int]] = []
+        self._info: list[tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool] | None] = []
+        self._intern(self._closure_of((0,)))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"name": self.name, "eps": self._eps, "edges": self._edges, "calls": self._ncalls,
+                "end": self._end, "class_of": self._class_of, "nclass": self._nclass}
+
+    def __setstate__(self, st: dict[str, Any]) -> None:
+        self.__init__(st["name"], st["eps"], st["edges"], st["calls"], st["end"],  # type: ignore[misc]
+                      st["class_of"], st["nclass"])
+
+    @property
+    def num_nfa_states(self) -> int:
+        """Size of the rule's (trimmed) NFA: fixed at compile time."""
+        return len(self._eps)
+
+    def csr(self) -> tuple[np.ndarray, ...]:
+        """The NFA as flat arrays for the compiled runtime (:mod:`structgen.grammar._pda_kernels`),
+        built once: ``(eps_off [n+1], eps, edge_off [n+1], edges [m, 3] (class_lo,
+        class_hi, target), call_off [n+1], calls [k, 2] (callee, target), important [n])``,
+        all int32 but ``important`` (uint8)."""
+        got = self._csr
+        if got is None:
+            def flat(lists: tuple[tuple[Any, ...], ...], width: int) -> tuple[np.ndarray, np.ndarray]:
+                off = np.zeros(len(lists) + 1, dtype=np.int32)
+                off[1:] = np.cumsum(np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists)))
+                items = [e for x in lists for e in x]
+                arr = np.array(items, dtype=np.int32).reshape(-1, width) if width > 1 else \
+                    np.array(items, dtype=np.int32)
+                return off, arr
+
+            eo, eps = flat(self._eps, 1)
+            do, edges = flat(self._edges, 3)
+            co, calls = flat(self._ncalls, 2)
+            imp = np.array(self._important, dtype=np.uint8)
+            got = self._csr = (eo, eps, do, edges, co, calls, imp)
+        return got
+
+    @property
+    def num_states(self) -> int:
+        """DFA states built so far (grows as requests visit new states)."""
+        return len(self._sets)
+
+    def _eclose1(self, x: int) -> frozenset[int]:
+        got = self._eclose.get(x)
+        if got is None:
+            seen = {x}
+            stack = [x]
+            eps = self._eps
+            while stack:
+                y = stack.pop()
+                for z in eps[y]:
+                    if z not in seen:
+                        seen.add(z)
+                        stack.append(z)
+            imp = self._important
+            got = frozenset(y for y in seen if imp[y])
+            self._eclose[x] = got
+        return got
+
+    def _closure_of(self, targets: Iterable[int]) -> frozenset[int]:
+        ts = list(targets)
+        if len(ts) == 1:
+            return self._eclose1(ts[0])
+        return frozenset().union(*(self._eclose1(t) for t in ts))
+
+    def _intern(self, key: frozenset[int]) -> int:
+        j = self._ids.get(key)
+        if j is None:
+            j = len(self._sets)
+            self._ids[key] = j
+            self._sets.append(key)
+            self._info.append(None)
+        return j
+
+    def info(self, q: int) -> tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool]:
+        """``(row, accept, has_bytes, calls, tail)`` of DFA state ``q`` (built on first use)."""
+        got = self._info[q]
+        if got is not None:
+            return got
+        with self._lock:
+            got = self._info[q]
+            if got is None:
+                got = self._expand(q)
+                self._info[q] = got
+        return got
+
+    def _expand(self, q: int) -> tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool]:
+        S = self._sets[q]
+        nclass = self._nclass
+        buckets: list[set[int] | None] = [None] * nclass
+        callt: dict[int, set[int]] = {}
+        edges, ncalls = self._edges, self._ncalls
+        for x in S:
+            for clo, chi, t in edges[x]:
+                for c in range(clo, chi + 1):
+                    b = buckets[c]
+                    if b is None:
+                        buckets[c] = {t}
+                    else:
+                        b.add(t)
+            for r, t in ncalls[x]:
+                callt.setdefault(r, set()).add(t)
+        crow = np.full(nclass, -1, dtype=np.int32)
+        seen: dict[frozenset[int], int] = {}
+        for c in range(nclass):
+            b = buckets[c]
+            if b is None:
+                continue
+            k = frozenset(b)
+            j = seen.get(k)
+            if j is None:
+                j = self._intern(self._closure_of(k))
+                seen[k] = j
+            crow[c] = j
+        row = crow[self._class_of]
+        calls = tuple((r, self._intern(self._closure_of(callt[r]))) for r in sorted(callt))
+        accept = self._end in S
+        has_bytes = bool((crow >= 0).any())
+        return (row, accept, has_bytes, calls, accept and not has_bytes and not calls)
+
+
+class CountedRule:
+    """``item{lo,hi}`` for a call-free, prefix-free item (no accepting state of its table has
+    an edge, so an item ends exactly where the table accepts, and the empty string is not an
+    item), given as the item's trimmed DFA table. A state is (items read, item state): the
+    engine explores them lazily (:func:`structgen.grammar._pda_kernels._expand_counted`), so a
+    ``maxLength: 4096`` string is one small table, not 4096 unrolled copies of a character.
+    :meth:`info` answers for the start state only (compile-time checks need nothing more)."""
+
+    leaf = True  # never calls another rule
+
+    def __init__(self, name: str, trans: np.ndarray, accept: np.ndarray, lo: int, hi: int) -> None:
+        self.name = name
+        self._trans = trans    # int32 [n, 256], -1 dead: the item
+        self._accept = accept  # bool [n]
+        self.lo, self.hi = int(lo), int(hi)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"name": self.name, "trans": self._trans, "accept": self._accept, "lo": self.lo, "hi": self.hi}
+
+    def __setstate__(self, st: dict[str, Any]) -> None:
+        self.__init__(st["name"], st["trans"], st["accept"], st["lo"], st["hi"])  # type: ignore[misc]
+
+    @property
+    def num_nfa_states(self) -> int:
+        """Rows of the item's table (the compiled size)."""
+        return int(self._trans.shape[0])
+
+    @property
+    def num_states(self) -> int:
+        """Rows of the item's table (the runtime's counted states are not counted here)."""
+        return int(self._trans.shape[0])
+
+    def info(self, q: int) -> tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool]:
+        """:meth:`LazyRule.info` of the start state (``q`` must be 0; the runtime walks the
+        counted states itself); raises ValueError for any other state."""
+        if q != 0:
+            raise ValueError("CountedRule.info answers for the start state only")
+        has = self.hi > 0
+        return (np.full(256, -1, dtype=np.int32), self.lo == 0, has, (), self.lo == 0 and not has)
+
+
+
+class DfaRule:
+    """A call-free rule given as an already trimmed DFA (an intersection, a difference or
+    an explicit :class:`~structgen.grammar.ir.Dfa`): same :meth:`info` interface as
+    :class:`LazyRule`. Built once per distinct sub-expression and shared by every grammar
+    that uses it (process-wide cache), instead of being copied into each caller's NFA."""
+
+    leaf = True  # never calls another rule
+
+    def __init__(self, name: str, trans: np.ndarray, accept: np.ndarray) -> None:
+        self.name = name
+        self._trans = trans    # int32 [n, 256], -1 dead
+        self._accept = accept  # bool [n]
+        has = (trans >= 0).any(axis=1).tolist()
+        acc = accept.tolist()
+        self._infos = [(trans[q], acc[q], has[q], (), acc[q] and not has[q])
+                       for q in range(trans.shape[0])]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"name": self.name, "trans": self._trans, "accept": self._accept}
+
+    def __setstate__(self, st: dict[str, Any]) -> None:
+        self.__init__(st["name"], st["trans"], st["accept"])  # type: ignore[misc]
+
+    @property
+    def num_nfa_states(self) -> int:
+        """States of the table (the compiled size)."""
+        return int(self._trans.shape[0])
+
+    @property
+    def num_states(self) -> int:
+        """States of the table (all built at compile time)."""
+        return int(self._trans.shape[0])
+
+    def info(self, q: int) -> tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool]:
+        """``(row, accept, has_bytes, calls, tail)`` of state ``q`` (see :meth:`LazyRule.info`)."""
+        return self._infos[q]
+
+
+class ProductRule:
+    """``A - B`` over two trimmed call-free DFAs, explored lazily (pairs of states interned
+    on first use). Only built where every live pair can complete (see the compiler's
+    ``_lazy_diff``), so no trimming is needed. Same :meth:`info` interface as
+    :class:`LazyRule`; thread-safe; picklable (pairs are rebuilt lazily)."""
+
+    leaf = True  # never calls another rule
+
+    def __init__(self, name: str, a: Any, b: Any) -> None:
+        self.name = name
+        self._a, self._b = a, b
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.RLock()
+        self._ids: dict[tuple[int, int], int] = {(0, 0): 0}
+        self._pairs: list[tuple[int, int]] = [(0, 0)]
+        self._infos: list[Any] = [None]
+        self._acc_a = self._a.accept.tolist()
+        self._acc_b = self._b.accept.tolist()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"name": self.name, "a": self._a, "b": self._b}
+
+    def __setstate__(self, st: dict[str, Any]) -> None:
+        self.__init__(st["name"], st["a"], st["b"])  # type: ignore[misc]
+
+    @property
+    def num_nfa_states(self) -> int:
+        """States of both operands (the compiled size)."""
+        return int(self._a.trans.shape[0] + self._b.trans.shape[0])
+
+    @property
+    def num_states(self) -> int:
+        """Pair states interned so far (grows as requests visit new pairs)."""
+        return len(self._pairs)
+
+    def info(self, q: int) -> tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool]:
+        """``(row, accept, has_bytes, calls, tail)`` of pair state ``q``, built on first use
+        (see :meth:`LazyRule.info`)."""
+        got = self._infos[q]
+        if got is not None:
+            return got
+        with self._lock:
+            got = self._infos[q]
+            if got is None:
+                qa, qb = self._pairs[q]
+                ra = self._a.trans[qa]
+                rb = self._b.trans[qb] if qb >= 0 else np.full(256, -1, np.int32)
+                key = ra.astype(np.int64) * (self._b.trans.shape[0] + 1) + (rb + 1)
+                row = np.full(256, -1, dtype=np.int32)
+                live = ra >= 0
+                nb1 = self._b.trans.shape[0] + 1
+                for k in np.unique(key[live]).tolist():
+                    pair = (k // nb1, k % nb1 - 1)
+                    j = self._ids.get(pair)
+                    if j is None:
+                        j = len(self._pairs)
+                        self._ids[pair] = j
+                        self._pairs.append(pair)
+                        self._infos.append(None)
+                    row[live & (key == k)] = j
+                acc = bool(self._acc_a[qa]) and not (qb >= 0 and bool(self._acc_b[qb]))
+                has = bool(live.any())
+                got = (row, acc, has, (), acc and not has)
+                self._infos[q] = got
+        return got
+
+
+
+class CompiledGrammar:
+    """An immutable compiled grammar: lazily determinised rules plus the root rule's index.
+
+    Equality and hashing are by content (a SHA-256 of the source IR and options), so
+    equal grammars compiled twice are interchangeable. Runtime tables built while
+    matching are shared by every matcher of this grammar (thread-safe).
+    """
+
+    def __init__(self, rules: tuple[LazyRule | DfaRule | ProductRule, ...], root: int, key: str | None,
+                 source: ir.Grammar | None = None, options: CompileOptions | None = None) -> None:
+        self._rules = rules
+        self._root = root
+        self._key = key  # None: computed from ``source`` and ``options`` when first asked for
+        self._options = options
+        self._source = source
+        self._engine: Any = None
+        self._engine_lock = threading.Lock()
+        self.metadata: dict[str, Any] = {}
+
+    # -- identity ---------------------------------------------------------
+    @property
+    def rules(self) -> tuple[LazyRule | DfaRule | ProductRule, ...]:
+        """The rules, indexed by the rule numbers that call edges use."""
+        return self._rules
+
+    @property
+    def root(self) -> int:
+        """Index of the start rule in :attr:`rules`."""
+        return self._root
+
+    @property
+    def key(self) -> str:
+        """Content hash (hex) of the source IR and compile options (SHA-256, stable across
+        processes; computed on first use: compiling needs only the in-process cache key)."""
+        if self._key is None:
+            assert self._source is not None
+            self._key = grammar_key(self._source, self._options or CompileOptions())
+        return self._key
+
+    @property
+    def source(self) -> ir.Grammar | None:
+        """The IR grammar this was compiled from (for ``--explain``)."""
+        return self._source
+
+    @property
+    def num_states(self) -> int:
+        """NFA states over all rules (the compiled size; fixed at compile time)."""
+        return sum(r.num_nfa_states for r in self._rules)
+
+    @property
+    def num_dfa_states(self) -> int:
+        """DFA states built lazily so far, over all rules."""
+        return sum(r.num_states for r in self._rules)
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CompiledGrammar) and (other is self or other.key == self.key)
+
+    def __repr__(self) -> str:
+        return (f"CompiledGrammar(rules={len(self._rules)}, states={self.num_states}, "
+                f"key={self.key[:12]})")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"rules": self._rules, "root": self._root, "key": self.key,
+                "source": self._source, "metadata": self.metadata}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["rules"], state["root"], state["key"], state["source"])  # type: ignore[misc]
+        self.metadata = state.get("metadata", {})
+
+    # -- runtime ------------------------------------------------------------
+    @property
+    def engine(self) -> Any:
+        """The shared runtime (:class:`structgen.masks.engine.Engine`), built on first use."""
+        eng = self._engine
+        if eng is None:
+            with self._engine_lock:
+                if self._engine is None:
+                    from structgen.masks.engine import Engine
+                    self._engine = Engine(self)
+                eng = self._engine
+        return eng
+
+    def accepts(self, data: bytes | str) -> bool:
+        """Is ``data`` (bytes, or str encoded as UTF-8) a complete sentence of the grammar?"""
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        return self.engine.run_from_start(data)[1]
+
+    def accepts_prefix(self, data: bytes | str) -> bool:
+        """Can ``data`` be extended to a sentence of the grammar (a viable prefix)?"""
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        return self.engine.run_from_start(data)[0]
+
+
+
+def grammar_key(grammar: ir.Grammar, options: CompileOptions) -> str:
+    """SHA-256 (hex) of ``options`` and ``grammar`` (start rule, then every rule by name and
+    body fingerprint): equal for equal grammars in any process. Walks every IR node once."""
+    h = hashlib.sha256()
+    h.update(repr(options).encode())
+    h.update(grammar.start.encode())
+    for name in sorted(grammar.rules):
+        h.update(b"\x00" + name.encode() + b"\x01" + grammar.rules[name].fingerprint())
+    return h.hexdigest()

@@ -1,0 +1,930 @@
+"""The finite-automaton toolkit of the grammar compiler and the front-ends: byte-level NFAs
+and DFAs, and every algorithm on them, written once.
+
+* :class:`Nfa` (Thompson NFA over bytes, epsilons and call symbols) and :class:`Dfa` (a
+  transition table ``trans`` int32 ``[n, 256]``, -1 = no edge, state 0 = start; ``accept``
+  bool ``[n]``; call edges per state);
+* subset construction (:func:`determinise`), the product of two DFAs (:func:`product`),
+  trimming (:func:`trim`), minimisation (:func:`minimise`), language tests
+  (:func:`finite_language`, :func:`all_states_infinite`) and copying a DFA into an NFA
+  (:func:`embed`). The heavy ones run as compiled kernels (:mod:`structgen.grammar._fsa_kernels`)
+  when numba is present, else as numpy / plain Python with the same results;
+* for the front-ends, DFAs given implicitly or as IR: :func:`explore_dfa`,
+  :func:`minimise_dfa` (canonical :class:`~structgen.grammar.ir.Dfa` nodes, so equal
+  languages give equal IR) and :func:`regular_expr_dfa`.
+
+The compiler's algorithms report through a :class:`BuildBudget` (its deadline and state
+limits), so this module raises no limit errors of its own beyond what the budget raises.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any, NoReturn, Protocol
+
+import numpy as np
+
+from structgen.errors import CompileLimitError
+from structgen.grammar import ir
+from structgen.grammar.graphs import strongly_connected_components
+
+__all__ = ["BuildBudget", "Dfa", "Nfa", "all_states_infinite", "byte_classes", "cyclic_states",
+           "determinise", "embed", "explore_dfa", "finite_language", "minimise", "minimise_dfa",
+           "native_ready", "product", "regular_expr_dfa", "trim"]
+
+MINIMISE_MIN = 256       # regular sub-automata above this size are minimised
+MINIMISE_SKIP_MIN = 8192  # ... unless above this size with almost no two states alike (see _nearly_distinct)
+
+
+class BuildBudget(Protocol):
+    """What :func:`product` and :func:`determinise` need from their caller (the grammar
+    compiler): its deadline, its state limits and the errors that name where it was."""
+
+    def dfa_kernels(self) -> Any:
+        """:mod:`structgen.grammar._fsa_kernels`, loaded (loading time is not charged)."""
+
+    def check_time(self) -> None:
+        """Raise a timeout error past the deadline (checked on a stride of calls)."""
+
+    def check_time_now(self) -> None:
+        """:meth:`check_time` on every call."""
+
+    def work_budget(self) -> int:
+        """Inner steps a compiled kernel may take before the deadline."""
+
+    def kernel_status(self, status: int, what: str) -> None:
+        """Raise for a kernel's LIMIT / OUT_OF_TIME status (``what`` names the automaton)."""
+
+    def too_many_states(self, what: str) -> NoReturn:
+        """Raise the state-limit error for automaton ``what``."""
+
+    def rule_too_big(self, name: str) -> NoReturn:
+        """Raise the state-limit error for rule ``name``."""
+
+    def count_states(self, n: int, what: str) -> None:
+        """Add ``n`` states to the grammar's total; raise past its limit."""
+
+
+class Nfa:
+    """A Thompson NFA under construction, per state: ``eps`` (epsilon targets), ``edges``
+    (``(lo, hi, target)`` byte ranges) and ``calls`` (``(rule, target)`` call edges)."""
+
+    __slots__ = ("eps", "edges", "calls")
+
+    def __init__(self) -> None:
+        self.eps: list[list[int]] = []
+        self.edges: list[list[tuple[int, int, int]]] = []
+        self.calls: list[list[tuple[int, int]]] = []
+
+    def new(self) -> int:
+        """Add a state without edges; returns its number."""
+        self.eps.append([])
+        self.edges.append([])
+        self.calls.append([])
+        return len(self.eps) - 1
+
+    def __len__(self) -> int:
+        return len(self.eps)
+
+
+@dataclass
+class Dfa:
+    """Intermediate DFA over bytes: trans [n, 256] int32 (-1 dead), accept [n], calls."""
+
+    trans: np.ndarray
+    accept: np.ndarray
+    calls: list[tuple[tuple[int, int], ...]]
+
+
+
+def all_states_infinite(d: Any) -> bool:
+    """Does every state of the trimmed DFA ``d`` have infinitely many completions (can
+    reach a cycle)? Cached on ``d`` (a regular operand shared by many differences)."""
+    got = getattr(d, "_all_infinite", None)
+    if got is None:
+        got = d._all_infinite = _all_states_infinite_of(d)
+    return bool(got)
+
+
+def _all_states_infinite_of(d: Any) -> bool:
+    n = d.trans.shape[0]
+    if n == 0:
+        return False
+    on_cycle = cyclic_states(d)
+    if not on_cycle.any():
+        return False
+    # backward reachability to cycle states
+    good = on_cycle.copy()
+    changed = True
+    while changed:
+        nxt = good | ((d.trans >= 0) & good[np.maximum(d.trans, 0)]).any(axis=1)
+        changed = bool((nxt != good).any())
+        good = nxt
+    return bool(good.all())
+
+
+def finite_language(d: Any) -> bool:
+    """Is the language of the trimmed DFA ``d`` finite (no cycle among its states)? A
+    compiled cycle search, else Kahn's peeling of states without predecessors (all of them
+    go exactly when there is no cycle)."""
+    got = getattr(d, "_cyclic", None)
+    if got is not None:
+        return not got.any()
+    from structgen.grammar import _fsa_kernels as dk
+
+    if dk.COMPILED:
+        return bool(dk.acyclic(_c32(d.trans)))
+    n = d.trans.shape[0]
+    succ = _successors(d)
+    indeg = np.bincount(np.fromiter((t for ts in succ for t in ts), dtype=np.int64), minlength=n).tolist()
+    todo = [q for q in range(n) if indeg[q] == 0]
+    peeled = 0
+    while todo:
+        q = todo.pop()
+        peeled += 1
+        for t in succ[q]:
+            indeg[t] -= 1
+            if indeg[t] == 0:
+                todo.append(t)
+    return peeled == n
+
+
+def _successors(d: Any) -> list[list[int]]:
+    """Per state of DFA ``d``, its distinct successor states in ascending order."""
+    n = d.trans.shape[0]
+    rows, cols = np.nonzero(d.trans >= 0)
+    pairs = np.unique(rows.astype(np.int64) * n + d.trans[rows, cols])  # distinct (state, successor)
+    bounds = np.searchsorted(pairs // n, np.arange(n + 1)).tolist()
+    tgt = (pairs % n).tolist()
+    return [tgt[bounds[q]:bounds[q + 1]] for q in range(n)]
+
+
+def cyclic_states(d: Any) -> np.ndarray:
+    """States that lie on a cycle (strongly connected components); cached on ``d``."""
+    got = getattr(d, "_cyclic", None)
+    if got is not None:
+        return got
+    n = d.trans.shape[0]
+    succ = _successors(d)
+    comps = strongly_connected_components(list(range(n)), dict(enumerate(succ)))
+    out = np.zeros(n, dtype=bool)
+    for comp in comps:
+        if len(comp) > 1 or comp[0] in succ[comp[0]]:
+            out[list(comp)] = True
+    d._cyclic = out
+    return out
+
+
+
+_NATIVE_READY = False
+
+
+def native_ready() -> float:
+    """Load the compiled DFA kernels once per process (a no-op without numba); returns the
+    seconds it took (0 once loaded), which a compile adds to its deadline: loading code is
+    a cost of the process, not of the grammar being compiled."""
+    global _NATIVE_READY
+    if _NATIVE_READY:
+        return 0.0
+    t0 = time.monotonic()
+    from structgen.grammar import _fsa_kernels
+
+    if _fsa_kernels.COMPILED:
+        _fsa_kernels.warm()
+    _NATIVE_READY = True
+    return time.monotonic() - t0
+
+
+
+def _coreachable(d: Dfa, nonempty: list[bool]) -> np.ndarray:
+    """States from which an accepting state is reachable (byte edges, and call edges to
+    non-empty rules), by backward breadth-first search over a CSR of reversed edges."""
+    n = d.trans.shape[0]
+    src, _b = np.nonzero(d.trans >= 0)
+    dst = d.trans[src, _b].astype(np.int64)
+    extra_src = [q for q in range(n) for r, _t in d.calls[q] if nonempty[r]]
+    extra_dst = [t for q in range(n) for r, t in d.calls[q] if nonempty[r]]
+    if extra_src:
+        src = np.concatenate([src, np.array(extra_src, dtype=np.int64)])
+        dst = np.concatenate([dst, np.array(extra_dst, dtype=np.int64)])
+    keys = np.unique(dst * n + src)
+    rdst, rsrc = keys // n, keys % n  # sorted by destination
+    indptr = np.searchsorted(rdst, np.arange(n + 1))
+    good = d.accept.copy()
+    frontier = np.nonzero(good)[0]
+    while frontier.size:
+        starts, ends = indptr[frontier], indptr[frontier + 1]
+        counts = ends - starts
+        total = int(counts.sum())
+        if total == 0:
+            break
+        idx = np.repeat(starts - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts) + np.arange(total)
+        preds = np.unique(rsrc[idx])
+        preds = preds[~good[preds]]
+        good[preds] = True
+        frontier = preds
+    return good
+
+
+def _restrict(d: Dfa, keep: np.ndarray, nonempty: list[bool]) -> Dfa:
+    """Drop states not in ``keep`` (and unreachable ones), renumbering from 0."""
+    n = d.trans.shape[0]
+    if not keep[0]:
+        return Dfa(np.full((1, 256), -1, np.int32), np.zeros(1, bool), [()])
+    trans = np.where((d.trans >= 0) & keep[np.maximum(d.trans, 0)], d.trans, -1)
+    # forward reachability from 0
+    reach = np.zeros(n, dtype=bool)
+    reach[0] = True
+    stack = [0]
+    calls = [tuple((r, t) for r, t in d.calls[q] if nonempty[r] and keep[t]) for q in range(n)]
+    while stack:
+        q = stack.pop()
+        nxt = set(trans[q][trans[q] >= 0].tolist())
+        nxt.update(t for _r, t in calls[q])
+        for t in nxt:
+            if not reach[t]:
+                reach[t] = True
+                stack.append(t)
+    alive = keep & reach
+    order = np.nonzero(alive)[0]
+    remap = np.full(n, -1, dtype=np.int32)
+    remap[order] = np.arange(len(order), dtype=np.int32)
+    nt = trans[order]
+    nt = np.where(nt >= 0, remap[np.maximum(nt, 0)], -1).astype(np.int32)
+    ncalls = [tuple((r, int(remap[t])) for r, t in calls[q]) for q in order]
+    return Dfa(np.ascontiguousarray(nt), d.accept[order].copy(), ncalls)
+
+
+def trim(d: Dfa) -> Dfa:
+    """``d`` (call-free) restricted to states reachable from the start that can accept."""
+    from structgen.grammar import _fsa_kernels as dk
+
+    if dk.COMPILED:
+        trans, acc = dk.trim(_c32(d.trans), np.ascontiguousarray(d.accept, dtype=bool))
+        return Dfa(trans, acc, [()] * trans.shape[0])
+    return _restrict(d, _coreachable(d, []), [])
+
+
+def _c32(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def _nfa_csr(nfa: Nfa) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A call-free NFA as flat arrays: epsilon CSR and byte-edge CSR ``(lo, hi, target)``."""
+    n = len(nfa.eps)
+    eo = np.zeros(n + 1, dtype=np.int64)
+    eo[1:] = np.cumsum(np.fromiter((len(x) for x in nfa.eps), dtype=np.int64, count=n))
+    eps = np.fromiter((t for x in nfa.eps for t in x), dtype=np.int32, count=int(eo[-1]))
+    do = np.zeros(n + 1, dtype=np.int64)
+    do[1:] = np.cumsum(np.fromiter((len(x) for x in nfa.edges), dtype=np.int64, count=n))
+    edges = np.fromiter((v for x in nfa.edges for e in x for v in e), dtype=np.int32,
+                        count=3 * int(do[-1])).reshape(-1, 3)
+    return eo.astype(np.int32), eps, do.astype(np.int32), edges
+
+
+
+def minimise(d: Dfa, check: Callable[[], None] | None = None) -> Dfa:
+    """Minimal DFA of ``d``: Hopcroft's algorithm in compiled code for call-free DFAs, else
+    Moore partition refinement (vectorised with numpy); ``check`` runs once per round (the
+    compiler's deadline)."""
+    n = d.trans.shape[0]
+    if n <= 1:
+        return d
+    from structgen.grammar import _fsa_kernels as dk
+
+    if dk.COMPILED and not any(d.calls):
+        status, trans, acc = dk.minimise(_c32(d.trans), np.ascontiguousarray(d.accept, dtype=bool),
+                                         1 << 62)
+        return Dfa(trans, acc, [()] * trans.shape[0])
+    called = sorted({r for cs in d.calls for r, _ in cs})
+    ccols = np.full((n, len(called)), -1, dtype=np.int64)
+    cpos = {r: i for i, r in enumerate(called)}
+    for q, cs in enumerate(d.calls):
+        for r, t in cs:
+            ccols[q, cpos[r]] = t
+    # initial partition: accept flag + which rules are called
+    init = np.concatenate([d.accept[:, None].astype(np.int64), (ccols >= 0).astype(np.int64)], axis=1)
+    block = _row_classes(init)
+    nblocks = int(block.max()) + 1
+    # columns (bytes) that behave identically in every state need to be compared only once
+    if d.trans.shape[1] > 1:
+        _u, first = np.unique(_row_classes(d.trans.T), return_index=True)
+        cols = d.trans[:, first]
+    else:
+        cols = d.trans
+    while True:
+        if check is not None:
+            check()
+        tb = np.where(cols >= 0, block[np.maximum(cols, 0)], -1)
+        cb = np.where(ccols >= 0, block[np.maximum(ccols, 0)], -1)
+        sig = np.concatenate([block[:, None], tb, cb], axis=1)
+        nb = _row_classes(sig)
+        k = int(nb.max()) + 1
+        block = nb
+        if k == nblocks:
+            break
+        nblocks = k
+    if nblocks == n:
+        return d
+    # renumber blocks: the start state's block becomes 0, the rest by first occurrence
+    first: dict[int, int] = {int(block[0]): 0}
+    for b in block.tolist():
+        if b not in first:
+            first[b] = len(first)
+    remap = np.empty(nblocks, dtype=np.int32)
+    for b, j in first.items():
+        remap[b] = j
+    new_of_state = remap[block]
+    reps = np.zeros(nblocks, dtype=np.int64)
+    reps[new_of_state] = np.arange(n)  # any member represents its block
+    trans = d.trans[reps]
+    trans = np.where(trans >= 0, new_of_state[np.maximum(trans, 0)], -1).astype(np.int32)
+    acc = d.accept[reps].copy()
+    calls = [tuple((r, int(new_of_state[t])) for r, t in d.calls[int(q)]) for q in reps]
+    return Dfa(np.ascontiguousarray(trans), acc, calls)
+
+
+_HASH_RNG = np.random.default_rng(0x5EED)
+
+
+def _nearly_distinct(d: Dfa) -> bool:
+    """Whether at most 1% of ``d``'s states share their acceptance and transition row with
+    another. The product of two minimal DFAs where that holds is minimal or nearly so, and
+    minimising a large one costs far more than the few states it would save; products with
+    many equal rows shrink a lot and are still minimised. A non-minimal table is exact all
+    the same, only larger."""
+    rows = _row_classes(np.concatenate([d.accept[:, None].astype(np.int32), d.trans], axis=1))
+    return int(rows.max()) + 1 >= 0.99 * d.trans.shape[0]
+
+
+def _row_classes(mat: np.ndarray) -> np.ndarray:
+    """Class id per row of an int matrix (equal rows <-> equal ids), via 64-bit row hashes
+    checked for collisions (falls back to an exact ``np.unique`` if any)."""
+    m = mat.astype(np.int64)
+    mult = _HASH_RNG.integers(1, 2**62, size=m.shape[1], dtype=np.int64) | 1
+    with np.errstate(over="ignore"):
+        h = (m * mult).sum(axis=1) ^ (m[:, 0] << 17 if m.shape[1] else 0)
+    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    if not np.array_equal(m, m[first[inv]]):  # a hash collision: be exact
+        _, inv = np.unique(m, axis=0, return_inverse=True)
+        inv = inv.reshape(-1)
+    return inv.astype(np.int64)
+
+
+def byte_classes(nfa: Nfa) -> tuple[np.ndarray, int, list[list[tuple[int, int, int]]]]:
+    """Byte equivalence classes from all edge boundaries of ``nfa``: ``class_of`` int32
+    ``[256]``, the number of classes, and per NFA state its edges as
+    ``(class_lo, class_hi, target)``."""
+    cuts = {0, 256}
+    for es in nfa.edges:
+        for lo, hi, _t in es:
+            cuts.add(lo)
+            cuts.add(hi + 1)
+    bounds = sorted(cuts)
+    class_of = np.zeros(256, dtype=np.int32)
+    for ci in range(len(bounds) - 1):
+        class_of[bounds[ci]:bounds[ci + 1]] = ci
+    cl = class_of.tolist()
+    cedges = [[(cl[lo], cl[hi], t) for lo, hi, t in es] for es in nfa.edges]
+    return class_of, len(bounds) - 1, cedges
+
+
+
+def embed(nfa: Nfa, d: Dfa, s: int) -> int:
+    """Copy a call-free DFA into the NFA after state ``s``; return the end state."""
+    n = d.trans.shape[0]
+    base0 = len(nfa)
+    for _ in range(n + 1):
+        nfa.new()
+    end = base0 + n
+    nfa.eps[s].append(base0)
+    trans = d.trans
+    # run boundaries per row: positions where the target changes
+    change = np.ones((n, 257), dtype=bool)
+    change[:, 1:256] = trans[:, 1:] != trans[:, :-1]
+    rows, cols = np.nonzero(change)  # row-major: grouped by state, ascending
+    bounds = np.searchsorted(rows, np.arange(n + 1))
+    cols_l = cols.tolist()
+    for q in range(n):
+        edges = nfa.edges[base0 + q]
+        starts = cols_l[bounds[q]:bounds[q + 1]]
+        row = trans[q]
+        for k in range(len(starts) - 1):
+            lo = int(starts[k])
+            t = int(row[lo])
+            if t >= 0:
+                edges.append((lo, int(starts[k + 1]) - 1, base0 + t))
+        if d.accept[q]:
+            nfa.eps[base0 + q].append(end)
+    return end
+
+
+def product(a: Dfa, b: Dfa, op: str, max_states: int, budget: BuildBudget) -> Dfa:
+    """Product of two call-free DFAs (missing transitions = dead), explored from the
+    start pair over the joint byte classes of both automata (compiled when numba is
+    present), then trimmed and minimised."""
+    dk = budget.dfa_kernels()
+    if dk.COMPILED:
+        status, trans, acc = dk.product(_c32(a.trans), a.accept, _c32(b.trans), b.accept, op == "and",
+                                        max_states, budget.work_budget())
+        budget.kernel_status(int(status), "intersection/difference")
+        d = trim(Dfa(trans, acc, [()] * trans.shape[0]))
+        if d.trans.shape[0] > MINIMISE_SKIP_MIN and _nearly_distinct(d):
+            return d
+        return minimise(d, budget.check_time_now) if d.trans.shape[0] > MINIMISE_MIN else d
+    # joint byte classes: bytes on which every state of both automata agrees
+    joint = np.concatenate([a.trans, b.trans], axis=0)  # [na + nb, 256]
+    # equal columns by row hashing of the transpose (a structured-array unique sorts
+    # the whole matrix)
+    _u, first, cls_of = np.unique(_row_classes(joint.T), return_index=True, return_inverse=True)
+    cls_of = cls_of.reshape(-1)
+    ta = a.trans[:, first].tolist()  # [na][nclass]
+    tb = b.trans[:, first].tolist()  # [nb][nclass]
+    nclass = len(first)
+    dead_b = [-1] * nclass
+    is_and = op == "and"
+    ids: dict[tuple[int, int], int] = {(0, 0): 0}
+    order = [(0, 0)]
+    rows: list[list[int]] = []
+    limit = max_states
+    i = 0
+    while i < len(order):
+        if i & 63 == 0:
+            budget.check_time()
+        qa, qb = order[i]
+        ra = ta[qa]
+        rb = tb[qb] if qb >= 0 else dead_b
+        row = [-1] * nclass
+        for c in range(nclass):
+            pa = ra[c]
+            if pa < 0:
+                continue
+            pb = rb[c]
+            if is_and and pb < 0:
+                continue
+            key = (pa, pb)
+            j = ids.get(key)
+            if j is None:
+                j = len(order)
+                ids[key] = j
+                order.append(key)
+                if j >= limit:
+                    budget.too_many_states("intersection/difference")
+            row[c] = j
+        rows.append(row)
+        i += 1
+    trans = np.array(rows, dtype=np.int32)[:, cls_of]
+    acc_a = a.accept.tolist()
+    acc_b = b.accept.tolist()
+    acc = np.array([(acc_a[qa] and (qb >= 0 and acc_b[qb])) if is_and
+                    else (acc_a[qa] and not (qb >= 0 and acc_b[qb])) for qa, qb in order],
+                   dtype=bool)
+    d = Dfa(np.ascontiguousarray(trans), acc, [() for _ in range(len(order))])
+    d = trim(d)
+    return minimise(d, budget.check_time_now) if d.trans.shape[0] > MINIMISE_MIN else d
+
+# -- subset construction ------------------------------------------------------
+def determinise(nfa: Nfa, start: int, end: int, name: str, max_states: int,
+                budget: BuildBudget) -> Dfa:
+    """Subset construction of ``nfa`` from ``start`` (accepting where ``end`` is in the
+    subset) over its byte classes, for rule ``name`` (named by limit errors): compiled for a
+    call-free NFA, else in Python keeping call edges. Raises through ``budget`` past
+    ``max_states`` states or the deadline; the states are added to the budget's count."""
+    dk = budget.dfa_kernels()
+    if dk.COMPILED and not any(nfa.calls):
+        eo, eps, do, edges = _nfa_csr(nfa)
+        status, trans, acc = dk.determinise(eo, eps, do, edges, start, end, max_states,
+                                            budget.work_budget())
+        if status == dk.LIMIT:
+            budget.rule_too_big(name)
+        budget.kernel_status(int(status), f"rule {name!r}")
+        budget.count_states(trans.shape[0], f"rule {name!r}")
+        return Dfa(trans, acc, [()] * trans.shape[0])
+    class_of, nclass, cedges = byte_classes(nfa)
+
+    eps = nfa.eps
+    closure_memo: dict[int, frozenset[int]] = {}
+
+    def eclose(states: Iterable[int]) -> frozenset[int]:
+        seen = set()
+        stack = list(states)
+        while stack:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            stack.extend(eps[x])
+        return frozenset(seen)
+
+    def eclose1(x: int) -> frozenset[int]:
+        got = closure_memo.get(x)
+        if got is None:
+            got = eclose((x,))
+            closure_memo[x] = got
+        return got
+
+    s0 = eclose1(start)
+    ids: dict[frozenset[int], int] = {s0: 0}
+    subsets = [s0]
+    rows: list[list[int]] = []
+    calls: list[tuple[tuple[int, int], ...]] = []
+    accept: list[bool] = []
+    i = 0
+    while i < len(subsets):
+        budget.check_time()
+        S = subsets[i]
+        tgt: list[set[int] | None] = [None] * nclass
+        callt: dict[int, set[int]] = {}
+        for x in S:
+            for clo, chi, t in cedges[x]:
+                for c in range(clo, chi + 1):
+                    bucket = tgt[c]
+                    if bucket is None:
+                        tgt[c] = {t}
+                    else:
+                        bucket.add(t)
+            for r, t in nfa.calls[x]:
+                callt.setdefault(r, set()).add(t)
+        row = [-1] * nclass
+        seen_targets: dict[frozenset[int], int] = {}
+        for c in range(nclass):
+            bucket = tgt[c]
+            if bucket is None:
+                continue
+            key = frozenset(bucket)
+            j = seen_targets.get(key)
+            if j is None:
+                closed = frozenset().union(*(eclose1(t) for t in bucket))
+                j = ids.get(closed)
+                if j is None:
+                    j = len(subsets)
+                    ids[closed] = j
+                    subsets.append(closed)
+                    if len(subsets) > max_states:
+                        budget.rule_too_big(name)
+                seen_targets[key] = j
+            row[c] = j
+        crow = []
+        for r in sorted(callt):
+            closed = frozenset().union(*(eclose1(t) for t in callt[r]))
+            j = ids.get(closed)
+            if j is None:
+                j = len(subsets)
+                ids[closed] = j
+                subsets.append(closed)
+            crow.append((r, j))
+        rows.append(row)
+        calls.append(tuple(crow))
+        accept.append(end in S)
+        i += 1
+    budget.count_states(len(subsets), f"rule {name!r}")
+    ctrans = np.array(rows, dtype=np.int32).reshape(len(subsets), nclass)
+    trans = ctrans[:, class_of]
+    return Dfa(np.ascontiguousarray(trans), np.array(accept, dtype=bool), calls)
+
+
+# ---------------------------------------------------------------------------
+# DFAs given implicitly, as canonical IR nodes (for the front-ends)
+# ---------------------------------------------------------------------------
+
+
+def explore_dfa(start: Hashable, step: Callable[[Any, int], Any],
+                accepting: Callable[[Any], bool], alphabet: bytes | Sequence[bytes],
+                what: str, *, max_states: int, hint: str) -> ir.Expr:
+    """Build the DFA of an implicitly given automaton (trimmed and minimised).
+
+    ``step(state, byte)`` returns the next (hashable) state or None (reject);
+    ``accepting(state)``. ``alphabet`` is the bytes to try, or a sequence of byte
+    classes (``bytes`` objects) whose members behave alike: ``step`` then sees each
+    class's first byte only. Raises
+    :class:`~structgen.errors.CompileLimitError` (naming ``what``, then ``hint``: what the
+    user can do) beyond ``max_states`` states after minimisation, or twice that while
+    exploring. Returns :data:`~structgen.grammar.ir.NEVER` if nothing is
+    accepted.
+    """
+    classes = ([bytes([b]) for b in alphabet] if isinstance(alphabet, (bytes, bytearray))
+               else [bytes(c) for c in alphabet if c])
+    ids: dict[Hashable, int] = {start: 0}
+    states: list = [start]
+    edges: list[dict[int, int]] = []
+    i = 0
+    while i < len(states):
+        s = states[i]
+        out: dict[int, int] = {}
+        for cls in classes:
+            t = step(s, cls[0])
+            if t is None:
+                continue
+            j = ids.get(t)
+            if j is None:
+                j = len(states)
+                if j >= 2 * max_states:
+                    raise CompileLimitError(
+                        f"{what}: automaton exceeds {2 * max_states} states while being built; {hint}")
+                ids[t] = j
+                states.append(t)
+            for b in cls:
+                out[b] = j
+        edges.append(out)
+        i += 1
+    acc = [accepting(s) for s in states]
+    dfa = minimise_dfa(edges, acc, 0)
+    if dfa is None:
+        return ir.NEVER
+    if len(dfa.trans) > max_states:
+        raise CompileLimitError(
+            f"{what}: automaton has {len(dfa.trans)} states (limit {max_states}); {hint}")
+    return dfa
+
+
+_NATIVE_MIN = 48  # explored automata from this many states are minimised by the compiled kernels
+
+
+def _minimise_native(edges: Sequence[dict[int, int]], accept: Sequence[bool], start: int) -> ir.Dfa | None:
+    """:func:`minimise_dfa` by the compiled trim and Hopcroft kernels; the result is
+    renumbered in the same breadth-first order, so it is the same node."""
+    from structgen.grammar import _fsa_kernels as dk
+
+    n = len(edges)
+    if start != 0:  # the kernels start at state 0: swap the two
+        perm = list(range(n))
+        perm[0], perm[start] = start, 0
+        edges = [{b: perm[t] for b, t in edges[q].items()} for q in perm]
+        accept = [accept[q] for q in perm]
+    sizes = np.fromiter(map(len, edges), dtype=np.int64, count=n)
+    total = int(sizes.sum())
+    table = np.full((n, 256), -1, dtype=np.int32)
+    table[np.repeat(np.arange(n), sizes),
+          np.fromiter(chain.from_iterable(edges), dtype=np.int64, count=total)] = np.fromiter(
+        chain.from_iterable(d.values() for d in edges), dtype=np.int32, count=total)
+    trans, acc = dk.trim(table, np.array(accept, dtype=np.bool_))
+    if not acc.any():
+        return None
+    _status, trans, acc = dk.minimise(trans, acc, 1 << 62)
+    rows, cols = np.nonzero(trans >= 0)  # row-major: each state's edges in byte order
+    bounds = np.searchsorted(rows, np.arange(trans.shape[0] + 1)).tolist()
+    tgt = trans[rows, cols].tolist()
+    cols_l = cols.tolist()
+    return _emit_bfs(0, lambda q: zip(cols_l[bounds[q]:bounds[q + 1]], tgt[bounds[q]:bounds[q + 1]]),
+                     lambda q: bool(acc[q]))
+
+
+def _emit_bfs(start: Hashable, edges_of: Callable[[Any], Iterable[tuple[int, Any]]],
+              accepting: Callable[[Any], bool]) -> ir.Dfa:
+    """The DFA reached from ``start``, states numbered breadth-first with each state's edges
+    (``(byte, target)``, ascending bytes) in order, runs of bytes to one target merged: the
+    canonical numbering that makes equal minimal languages equal :class:`~structgen.grammar.ir.Dfa`
+    nodes."""
+    new_id = {start: 0}
+    order = [start]
+    out: list[list[tuple[int, int, int]]] = []
+    accept_out: list[int] = []
+    k = 0
+    while k < len(order):
+        q = order[k]
+        row: list[tuple[int, int, int]] = []
+        for b, t in edges_of(q):
+            tid = new_id.get(t)
+            if tid is None:
+                tid = new_id[t] = len(order)
+                order.append(t)
+            if row and row[-1][1] == b - 1 and row[-1][2] == tid:
+                row[-1] = (row[-1][0], b, tid)
+            else:
+                row.append((b, b, tid))
+        out.append(row)
+        if accepting(q):
+            accept_out.append(k)
+        k += 1
+    return ir.Dfa(0, accept_out, out)
+
+
+def minimise_dfa(edges: Sequence[dict[int, int]], accept: Sequence[bool], start: int) -> ir.Dfa | None:
+    """Trim and minimise a partial DFA (``edges[q][byte] = target``); None if empty.
+
+    Hopcroft's partition refinement; states are renumbered in breadth-first order from
+    the start state, so equal languages give equal :class:`~structgen.grammar.ir.Dfa` nodes.
+    """
+    n = len(edges)
+    if n >= _NATIVE_MIN:
+        from structgen.grammar._jit import COMPILED
+
+        if COMPILED:
+            return _minimise_native(edges, accept, start)
+    # co-reachability (live states)
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for q, out in enumerate(edges):
+        for t in out.values():
+            preds[t].append(q)
+    live = [False] * n
+    stack = [q for q in range(n) if accept[q]]
+    for q in stack:
+        live[q] = True
+    while stack:
+        q = stack.pop()
+        for p in preds[q]:
+            if not live[p]:
+                live[p] = True
+                stack.append(p)
+    if not live[start]:
+        return None
+    # reachable & live
+    keep: dict[int, int] = {start: 0}
+    order = [start]
+    k = 0
+    while k < len(order):
+        q = order[k]
+        k += 1
+        for t in edges[q].values():
+            if live[t] and t not in keep:
+                keep[t] = len(order)
+                order.append(t)
+    m = len(order)
+    sink = m
+    alphabet = sorted({b for q in order for b, t in edges[q].items() if live[t]})
+    nsym = len(alphabet)
+    sym = {b: i for i, b in enumerate(alphabet)}
+    delta = [[sink] * nsym for _ in range(m + 1)]
+    for q in order:
+        row = delta[keep[q]]
+        for b, t in edges[q].items():
+            if live[t]:
+                row[sym[b]] = keep[t]
+    # bytes with identical columns behave alike: refine over one representative each
+    reps: dict[tuple[int, ...], int] = {}
+    for a in range(nsym):
+        reps.setdefault(tuple(row[a] for row in delta), a)
+    rep_syms = list(reps.values())
+    inv: list[list[list[int]]] = [[[] for _ in range(m + 1)] for _ in rep_syms]
+    for q in range(m + 1):
+        row = delta[q]
+        for ai, a in enumerate(rep_syms):
+            inv[ai][row[a]].append(q)
+    acc_set = {keep[q] for q in order if accept[q]}
+    blocks: list[set[int]] = []
+    block_of = [0] * (m + 1)
+    for part in (acc_set, set(range(m + 1)) - acc_set):
+        if part:
+            for q in part:
+                block_of[q] = len(blocks)
+            blocks.append(set(part))
+    work = list(range(len(blocks)))
+    in_work = set(work)
+    while work:
+        bi = work.pop()
+        in_work.discard(bi)
+        splitter = list(blocks[bi])
+        for a in range(len(rep_syms)):
+            x: set[int] = set()
+            inv_a = inv[a]
+            for q in splitter:
+                x.update(inv_a[q])
+            if not x:
+                continue
+            touched: dict[int, set[int]] = {}
+            for q in x:
+                touched.setdefault(block_of[q], set()).add(q)
+            for yi, inter in touched.items():
+                y = blocks[yi]
+                if len(inter) == len(y):
+                    continue
+                y -= inter
+                ni = len(blocks)
+                blocks.append(inter)
+                for q in inter:
+                    block_of[q] = ni
+                if yi in in_work:
+                    work.append(ni)
+                    in_work.add(ni)
+                else:
+                    smaller = ni if len(inter) <= len(y) else yi
+                    work.append(smaller)
+                    in_work.add(smaller)
+    # emit in BFS order from start, dropping the sink's block (blocks stand for their states)
+    sink_block = block_of[sink]
+    rep = {block_of[0]: 0}  # a member of each block reached
+
+    def block_edges(bq: int) -> Iterator[tuple[int, int]]:
+        row = delta[rep[bq]]
+        for a, b in enumerate(alphabet):
+            tb = block_of[row[a]]
+            if tb != sink_block:
+                rep.setdefault(tb, row[a])
+                yield b, tb
+
+    return _emit_bfs(block_of[0], block_edges, lambda bq: rep[bq] in acc_set)
+
+
+def regular_expr_dfa(e: ir.Expr, *, max_nfa: int, max_dfa: int
+                     ) -> tuple[list[list[tuple[int, int, int]]], set[int]] | None:
+    """Trimmed byte DFA (start state 0) of a regular IR expression made of ByteSet, Seq,
+    Alt, Repeat and Dfa nodes, by Thompson construction and subset construction in plain
+    Python: ``(edges per state as (lo, hi, target), accepting states)``. None when ``e``
+    has other nodes (Ref, And, Diff) or needs more than ``max_nfa`` NFA or ``max_dfa`` DFA
+    states. Meant for small expressions (a front-end's analysis of one terminal); states
+    are numbered in discovery order and edges are not minimised."""
+    eps: list[list[int]] = []
+    edges: list[list[tuple[int, int, int]]] = []
+
+    def new() -> int:
+        if len(eps) >= max_nfa:
+            raise OverflowError
+        eps.append([])
+        edges.append([])
+        return len(eps) - 1
+
+    def build(x: ir.Expr, s: int) -> int:
+        if isinstance(x, ir.ByteSet):
+            t = new()
+            edges[s].extend((lo, hi, t) for lo, hi in x.ranges)
+            return t
+        if isinstance(x, ir.Seq):
+            for it in x.items:
+                s = build(it, s)
+            return s
+        if isinstance(x, ir.Alt):
+            t = new()
+            for it in x.items:
+                a = new()
+                eps[s].append(a)
+                eps[build(it, a)].append(t)
+            return t
+        if isinstance(x, ir.Repeat):
+            for _ in range(x.min):
+                s = build(x.item, s)
+            if x.max is None:
+                a = new()
+                eps[s].append(a)
+                eps[build(x.item, a)].append(a)
+                return a
+            for _ in range(x.max - x.min):
+                j = new()
+                eps[s].append(j)
+                eps[build(x.item, s)].append(j)
+                s = j
+            return s
+        if isinstance(x, ir.Dfa):
+            base = [new() for _ in x.trans]
+            t = new()
+            eps[s].append(base[x.start])
+            for q, es in enumerate(x.trans):
+                edges[base[q]].extend((lo, hi, base[r]) for lo, hi, r in es)
+                if q in x.accept:
+                    eps[base[q]].append(t)
+            return t
+        raise TypeError(type(x).__name__)
+
+    try:
+        start = new()
+        final = build(e, start)
+    except (OverflowError, TypeError):
+        return None
+
+    def close(states: set[int]) -> frozenset[int]:
+        stack, seen = list(states), set(states)
+        while stack:
+            for t in eps[stack.pop()]:
+                if t not in seen:
+                    seen.add(t)
+                    stack.append(t)
+        return frozenset(seen)
+
+    first = close({start})
+    index = {first: 0}
+    order = [first]
+    trans: list[list[tuple[int, int, int]]] = []
+    while len(trans) < len(order):
+        cur = order[len(trans)]
+        cuts = {0, 256}
+        for q in cur:
+            for lo, hi, _t in edges[q]:
+                cuts.update((lo, hi + 1))
+        bounds = sorted(cuts)
+        out: list[tuple[int, int, int]] = []
+        for lo, nxt in zip(bounds, bounds[1:]):
+            hi = nxt - 1
+            tgt = {t for q in cur for a, b, t in edges[q] if a <= lo and hi <= b}
+            if not tgt:
+                continue
+            key = close(tgt)
+            if key not in index:
+                if len(order) >= max_dfa:
+                    return None
+                index[key] = len(order)
+                order.append(key)
+            out.append((lo, hi, index[key]))
+        trans.append(out)
+    accept = {i for i, st in enumerate(order) if final in st}
+    live = set(accept)
+    changed = True
+    while changed:
+        changed = False
+        for q, out in enumerate(trans):
+            if q not in live and any(t in live for _lo, _hi, t in out):
+                live.add(q)
+                changed = True
+    return [[(lo, hi, t) for lo, hi, t in out if t in live] for out in trans], accept
