@@ -81,7 +81,8 @@ class Drafter:
         self.enabled = True
 
     def acceptance_estimate(self) -> float:
-        # Laplace-smoothed towards the prior
+        """Expected acceptance rate: the observed rate, Laplace-smoothed towards the prior
+        (weight of four proposals), so a new drafter starts at its prior."""
         return (self.accepted + 4 * self.prior) / (self.proposed + 4)
 
     def observe(self, proposed: int, accepted: int) -> None:
@@ -103,6 +104,8 @@ class Drafter:
             self.enabled = False
 
     def stats(self) -> dict[str, Any]:
+        """Counts for the run statistics: proposed, accepted, acceptance (None before any
+        proposal) and whether the drafter is still enabled."""
         rate = self.accepted / self.proposed if self.proposed else None
         return {"proposed": self.proposed, "accepted": self.accepted, "acceptance": rate,
                 "enabled": self.enabled}
@@ -156,6 +159,8 @@ class GrammarForcedDrafter(Drafter):
         self.vocab = vocab
 
     def propose(self, matcher: Matcher, output: list[int], limit: int) -> list[int]:
+        """The canonical tokens of the bytes the grammar forces next (at most ``limit``; []
+        when nothing is forced). Reads the matcher; does not advance it."""
         data = matcher.forced_bytes(limit=256)
         if not data:
             return []
@@ -263,11 +268,18 @@ class DraftModelDrafter(Drafter):
         self._dist: Any = None
 
     def reset(self) -> None:
+        """Forget the draft model's KV cache (call before a new sequence)."""
         self.lm.reset()
         self.cached = []
 
     def propose(self, matcher: Matcher, context: list[int], limit: int, *,
                 temperature: float = 0.0, generator: Any = None) -> tuple[list[int], Any]:
+        """Up to ``limit`` tokens from the draft model, masked by the grammar (on a fork of
+        ``matcher``), greedy or sampled at ``temperature`` with ``generator``.
+
+        Returns ``(tokens, probs)``: ``probs`` float32 ``[len(tokens), V]`` are the masked draft
+        distributions the tokens were drawn from (None when greedy). Side effects: extends and crops
+        the draft model's KV cache to ``context`` (only the new suffix is fed)."""
         import torch
 
         from structgen.generation.sampling import DistributionBuffers

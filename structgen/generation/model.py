@@ -65,6 +65,7 @@ class CausalLM:
         self.forward_passes = 0
 
     def reset(self) -> None:
+        """Drop the KV cache: the next :meth:`extend` starts from an empty context."""
         from transformers import DynamicCache
 
         self.cache = DynamicCache()
@@ -264,6 +265,7 @@ class BatchKV:
 
     @property
     def batch(self) -> int:
+        """Rows currently held in the batched cache."""
         return int(self.mask.shape[0])
 
     @property

@@ -57,6 +57,8 @@ class DistributionBuffers:
         self._noise = torch.empty(vocab_size, dtype=torch.float32, device=device)
 
     def point_mass(self, row: int, token: int) -> torch.Tensor:
+        """Row ``row`` of the pooled distributions set to all mass on ``token`` (in place);
+        returns that row, float32 ``[V]``."""
         p = self.probs[row]
         p.zero_()
         p[token] = 1.0

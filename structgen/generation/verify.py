@@ -200,6 +200,9 @@ class SideStream:
 
     @contextmanager
     def launch(self) -> Iterator[Any]:
+        """Context manager: work queued inside runs on the side CUDA stream (yields it; yields
+        None on the CPU, where work runs inline); an event recorded at exit lets :meth:`join` wait
+        for it."""
         if self.stream is None:
             yield None
             return
