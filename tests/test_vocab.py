@@ -550,9 +550,9 @@ def test_unknown_aliases_list_known(tmp_path, monkeypatch) -> None:
         model_store.resolve_model("no/such/dir")
     with pytest.raises(AssetError, match="no config.json"):
         model_store.resolve_model(tmp_path)
-    with pytest.raises(AssetError, match="not cached.*pull llama3"):
+    with pytest.raises(AssetError, match="not cached.*`structgen models pull llama3`"):
         model_store.tokenizer_path("llama3")
-    with pytest.raises(AssetError, match="not cached.*pull smollm2-135m"):
+    with pytest.raises(AssetError, match="not cached.*`structgen models pull smollm2-135m`"):
         model_store.model_path("smollm2-135m")
 
 
