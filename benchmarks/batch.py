@@ -80,9 +80,9 @@ def requests(n: int) -> list[dict[str, Any]]:
 def tiny_model() -> CausalLM:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from structgen.generation import assets
+    from structgen.generation import model_store
 
-    tok = assets.load_tokenizer("gpt2")
+    tok = model_store.load_tokenizer("gpt2")
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=50304, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,

@@ -425,12 +425,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.escape_variants:
         return escape_variants_main(args)
 
-    from structgen.generation import assets
+    from structgen.generation import model_store
     from structgen.json_schema import canonical_json, compile_json_schema, format_checker_for
     from structgen.masks.matcher import Matcher
     from structgen.masks.vocab import Vocabulary
 
-    toks = {a: assets.load_tokenizer(a) for a in ("llama3", "qwen2")}
+    toks = {a: model_store.load_tokenizer(a) for a in ("llama3", "qwen2")}
     vocabs = {a: Vocabulary.from_tokenizer(t) for a, t in toks.items()}
     rows = load_schemas(args.data, args.subset, args.limit, args.seed)
     if args.shard:

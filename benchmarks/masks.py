@@ -437,10 +437,10 @@ ADAPTERS: dict[str, type[Adapter]] = {
 
 
 def _load_vocab(alias: str) -> tuple[Any, Any]:
-    from structgen.generation import assets
+    from structgen.generation import model_store
     from structgen.masks.vocab import Vocabulary
 
-    tok = assets.load_tokenizer(alias)
+    tok = model_store.load_tokenizer(alias)
     return tok, Vocabulary.from_tokenizer(tok)
 
 

@@ -43,10 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from structgen.generation.assets import resolve_model
+    from structgen.generation.model_store import resolve_model
     from structgen.integrations import StructgenLogitsProcessor
 
-    path = resolve_model(args.model)  # an alias is fetched into the cache on first use
+    path = resolve_model(args.model)  # an alias must have been pulled (`structgen models pull`)
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     if tok.pad_token is None:

@@ -12,8 +12,9 @@
 #      download gigabytes of CUDA wheels.
 #   3. pip install -e '.[test,docs]' and a check that structgen, structgen.kernels and
 #      structgen.grammars import from the repository root (docs: mkdocs for scripts/test.sh).
-#   4. Tokenizer and model assets the tests and the demo use: `python -m structgen.generation.assets pull
-#      ALIAS...` (cached under ~/.cache/structgen by that module, so later runs are quick).
+#   4. Tokenizer and model assets the tests and the demo use: `python -m structgen.tools.assets pull
+#      ALIAS...` (the same job as `structgen models pull`; cached under ~/.cache/structgen, so later
+#      runs are quick).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -95,12 +96,12 @@ fi
 # 4. assets ----------------------------------------------------------------------------------
 if [ -z "$ASSETS" ]; then
     log "STRUCTGEN_ASSETS is empty: no assets pulled"
-elif [ -f structgen/generation/assets.py ]; then
-    log "assets: python -m structgen.generation.assets pull $ASSETS (cached after the first run)"
+elif [ -f structgen/tools/assets.py ]; then
+    log "assets: python -m structgen.tools.assets pull $ASSETS (cached after the first run)"
     # shellcheck disable=SC2086  # word splitting intended: one alias per word
-    "$PY" -m structgen.generation.assets pull $ASSETS || die "pulling assets ($ASSETS) failed (see above)"
+    "$PY" -m structgen.tools.assets pull $ASSETS || die "pulling assets ($ASSETS) failed (see above)"
 else
-    log "structgen/generation/assets.py does not exist yet: skipping tokenizer/model assets ($ASSETS);"
+    log "structgen/tools/assets.py does not exist yet: skipping tokenizer/model assets ($ASSETS);"
     log "tests that need them skip themselves and 'structgen demo' runs without a model"
 fi
 

@@ -41,7 +41,7 @@ except ImportError:  # hypothesis is a test extra; the non-property tests still 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     config.addinivalue_line(
-        "markers", "assets: needs a downloaded tokenizer/model (structgen.generation.assets cache)")
+        "markers", "assets: needs a downloaded tokenizer/model (`structgen models pull` cache)")
     config.addinivalue_line("markers", "model: runs a real pretrained model")
 
 
@@ -58,15 +58,17 @@ def get_tokenizer_or_skip(alias: str) -> Any:
     session; ``pytest.skip`` with the reason if it cannot be obtained."""
     if alias not in _TOKENIZERS:
         from structgen.errors import AssetError
-        from structgen.generation import assets
+        from structgen.generation import model_store
 
         try:
-            if not _fetch_allowed():
-                if alias in assets.TOKENIZERS:
-                    assets.tokenizer_path(alias, fetch=False)
-                else:
-                    assets.model_path(alias, fetch=False)
-            _TOKENIZERS[alias] = assets.load_tokenizer(alias)
+            if _fetch_allowed():  # the library never fetches: pull first, as a user would
+                from structgen.tools import assets
+
+                if alias in model_store.TOKENIZERS:
+                    assets.fetch_tokenizer(alias)
+                elif alias in model_store.MODELS:
+                    assets.fetch_model(alias)
+            _TOKENIZERS[alias] = model_store.load_tokenizer(alias)
         except AssetError as exc:
             pytest.skip(f"tokenizer asset {alias!r} unavailable: {exc}")
     return _TOKENIZERS[alias]
@@ -76,10 +78,15 @@ def get_model_dir_or_skip(alias: str) -> Path:
     """The cached Hugging Face folder of a model alias; ``pytest.skip`` if unavailable."""
     if alias not in _MODEL_DIRS:
         from structgen.errors import AssetError
-        from structgen.generation import assets
+        from structgen.generation import model_store
 
         try:
-            _MODEL_DIRS[alias] = assets.model_path(alias, fetch=_fetch_allowed())
+            if _fetch_allowed():
+                from structgen.tools import assets
+
+                _MODEL_DIRS[alias] = assets.fetch_model(alias)
+            else:
+                _MODEL_DIRS[alias] = model_store.model_path(alias)
         except AssetError as exc:
             pytest.skip(f"model asset {alias!r} unavailable: {exc}")
     return _MODEL_DIRS[alias]

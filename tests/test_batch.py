@@ -124,6 +124,76 @@ def test_sampled_batch_uses_each_sequence_seed(tiny_lm, monkeypatch) -> None:
             jsonschema.validate(json.loads(r.text), s)
 
 
+def _spy_verify(monkeypatch) -> list[list[float] | None]:
+    """Record the per-sequence temperature row of every verify call."""
+    import structgen.generation.verify as verify_mod
+
+    seen: list[list[float] | None] = []
+    real = verify_mod.verify
+
+    def spy(*args, **kw):
+        t = kw.get("temperature")
+        seen.append(None if t is None else [round(float(x), 6) for x in t])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(verify_mod, "verify", spy)
+    return seen
+
+
+def test_per_request_temperature_gives_each_request_its_own_distribution(tiny_lm, monkeypatch) -> None:
+    """Greedy and hot requests share micro-batches: each gets exactly the tokens a run alone
+    with its own temperature and seed gives (the oracle), so each has its own temperature's
+    distribution; the verifier saw both temperatures in one per-sequence tensor."""
+    monkeypatch.setattr("structgen.generation.loop.BATCH_DRAFT_CUT", False)  # whole drafts: same draws
+    prompts, schemas = _batch(2)
+    temps = [0.0, 1.5]
+    alone = []
+    for seed in (3, 8):
+        alone.append([structgen.generate(tiny_lm, schema=s, prompt=p, max_new_tokens=16,
+                                         temperature=t, seed=seed + i).tokens
+                      for i, (s, p, t) in enumerate(zip(schemas, prompts, temps))])
+    seen = _spy_verify(monkeypatch)
+    for seed, expect in zip((3, 8), alone):
+        rs = structgen.generate(tiny_lm, schema=schemas, prompt=prompts, max_new_tokens=16,
+                                temperature=temps, seed=seed, config=SpecConfig(batch_size=2))
+        assert [r.tokens for r in rs] == expect
+    assert any(t is not None and 0.0 in t and 1.5 in t for t in seen)  # one verify, both rows
+    # the greedy request is plain greedy decoding, whatever the seed
+    assert alone[0][0] == alone[1][0] == _alone_plain(tiny_lm, schemas[0], prompts[0], 16).tokens
+    # the hot request really samples: its two seeds give different outputs
+    assert alone[0][1] != alone[1][1]
+
+
+def test_per_request_top_p_and_uniform_lists(tiny_lm, monkeypatch) -> None:
+    monkeypatch.setattr("structgen.generation.loop.BATCH_DRAFT_CUT", False)
+    prompts, schemas = _batch(2)
+    tops = [1.0, 0.3]
+    rs = structgen.generate(tiny_lm, schema=schemas, prompt=prompts, max_new_tokens=12,
+                            temperature=1.0, top_p=tops, seed=4, config=SpecConfig(batch_size=2))
+    for i, (r, s, p, q) in enumerate(zip(rs, schemas, prompts, tops)):
+        assert r.tokens == structgen.generate(tiny_lm, schema=s, prompt=p, max_new_tokens=12,
+                                              temperature=1.0, top_p=q, seed=4 + i).tokens
+    # a list with one value for every request is the scalar
+    same = structgen.generate(tiny_lm, schema=schemas, prompt=prompts, max_new_tokens=12,
+                              temperature=[1.0] * 2, seed=4, config=SpecConfig(batch_size=2))
+    scalar = structgen.generate(tiny_lm, schema=schemas, prompt=prompts, max_new_tokens=12,
+                                temperature=1.0, seed=4, config=SpecConfig(batch_size=2))
+    assert [r.tokens for r in same] == [r.tokens for r in scalar]
+
+
+def test_bad_per_request_sampling_options(tiny_lm) -> None:
+    from structgen.errors import ConfigError
+
+    prompts, schemas = _batch(2)
+    with pytest.raises(ConfigError, match="request 1: .*temperature") as info:
+        structgen.generate(tiny_lm, schema=schemas, prompt=prompts, temperature=[0.5, float("nan")])
+    assert info.value.request_index == 1
+    with pytest.raises(ConfigError, match="3 temperature values for 2 prompts"):
+        structgen.generate(tiny_lm, schema=schemas, prompt=prompts, temperature=[0.5, 1.0, 0.0])
+    with pytest.raises(ConfigError, match="single request"):
+        structgen.generate(tiny_lm, schema=schemas[0], prompt=prompts[0], top_p=[0.5, 0.9])
+
+
 def test_batch_with_draft_model(tiny_lm) -> None:
     prompts, schemas = _batch(3)
     rs = structgen.generate(tiny_lm, schema=schemas, prompt=prompts, max_new_tokens=30,

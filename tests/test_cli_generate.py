@@ -316,7 +316,7 @@ def test_missing_model_folder_is_unknown_model(files: Path, capsys: pytest.Captu
 # ---------------------------------------------------------------------------------------------
 
 def test_models_list(capsys: pytest.CaptureFixture[str]) -> None:
-    from structgen.generation import assets
+    from structgen.tools import assets
 
     rc, out, _ = run(capsys, "models", "--json")
     assert rc == 0
@@ -329,7 +329,7 @@ def test_models_list(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_models_path(capsys: pytest.CaptureFixture[str]) -> None:
-    from structgen.generation import assets
+    from structgen.tools import assets
 
     cached = [r for r in assets.list_aliases() if r.cached]
     if not cached:

@@ -351,12 +351,16 @@ def test_draft7_schema_uses_draft7_semantics(tmp_path, capsys, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# the compiled grammar's verdict (stand-ins for structgen.json_schema)
+# the compiled grammar's verdict (stand-ins for the JSON Schema compiler module)
 # ---------------------------------------------------------------------------------------------
+
+COMPILER = "structgen.frontends.json_schema.compiler"
+
 
 def fake_json_schema(monkeypatch: pytest.MonkeyPatch, *, accepts: bool | None = None,
                      raises: Exception | None = None) -> list[str]:
-    """Install a stand-in structgen.json_schema; returns the list of texts the grammar saw."""
+    """Install a stand-in for the compiler module the validator and `compile` import
+    (:data:`COMPILER`); returns the list of texts the grammar saw."""
     seen: list[str] = []
 
     class Grammar:
@@ -364,18 +368,18 @@ def fake_json_schema(monkeypatch: pytest.MonkeyPatch, *, accepts: bool | None = 
             seen.append(text)
             return bool(accepts)
 
-    def compile_json_schema(schema: Any) -> Grammar:
+    def compile_json_schema(schema: Any, **options: Any) -> Grammar:
         if raises is not None:
             raise raises
         return Grammar()
 
-    def canonical_json(instance: Any, schema: Any) -> str:
+    def canonical_json(instance: Any, schema: Any, **options: Any) -> str:
         return json.dumps(instance, separators=(",", ":"), ensure_ascii=False)
 
-    mod = types.ModuleType("structgen.json_schema")
+    mod = types.ModuleType(COMPILER)
     mod.compile_json_schema = compile_json_schema  # type: ignore[attr-defined]
     mod.canonical_json = canonical_json  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "structgen.json_schema", mod)
+    monkeypatch.setitem(sys.modules, COMPILER, mod)
     return seen
 
 
@@ -408,7 +412,7 @@ def test_grammar_accepting_an_invalid_instance_is_noted(tmp_path, schema_file, c
 
 
 def test_no_grammar_check_without_compiler(tmp_path, schema_file, capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "structgen.json_schema", None)  # import fails
+    monkeypatch.setitem(sys.modules, COMPILER, None)  # import fails
     f = write(tmp_path, "ok.json", json.dumps(VALID))
     rc, out, err = run(capsys, monkeypatch, "validate", "-s", schema_file, f)
     assert (rc, out) == (0, "") and "grammar check unavailable" in err

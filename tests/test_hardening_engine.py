@@ -26,8 +26,8 @@ import structgen
 from structgen.errors import CompileLimitError, MatcherUsageError, StructgenError
 from structgen.grammar import ir
 from structgen.grammar.compiler import compile_grammar
-from structgen.masks.matcher import Matcher, bitmask_words, fill_bitmasks
 from structgen.kernels.bitmask import allocate_bitmask
+from structgen.masks.matcher import Matcher, bitmask_words, fill_bitmasks
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -550,15 +550,16 @@ def toy_asset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]
     shared ~/.cache/structgen); only the download is replaced by the local source bytes."""
     import hashlib
 
-    from structgen.generation import assets
+    from structgen.generation import model_store
+    from structgen.tools import assets
 
     data = _toy_tiktoken()
     sha = hashlib.sha256(data).hexdigest()
-    spec = assets._TokenizerSpec(
-        alias=TOY, kind="tiktoken", source=assets._Source("toy-dist", "1.0", "toy/x.tiktoken"),
+    spec = model_store.TokenizerSpec(
+        alias=TOY, kind="tiktoken", source=model_store.AssetSource("toy-dist", "1.0", "toy/x.tiktoken"),
         licence="MIT", download_mb=0.0, description="toy", base_vocab=259,
-        pattern=assets.GPT2_PATTERN, specials=(("<|end|>", True),), eos="<|end|>", sha256=sha)
-    monkeypatch.setitem(assets.TOKENIZERS, TOY, spec)
+        pattern=model_store.GPT2_PATTERN, specials=(("<|end|>", True),), eos="<|end|>", sha256=sha)
+    monkeypatch.setitem(model_store.TOKENIZERS, TOY, spec)
     monkeypatch.setenv("STRUCTGEN_CACHE", str(tmp_path / "cache"))
     fetches: list[str] = []
 
@@ -569,7 +570,7 @@ def toy_asset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]
     monkeypatch.setattr(assets, "_fetch_file", fetch)
     path = assets.pull(TOY)
     assert path == tmp_path / "cache" / "tokenizers" / TOY
-    return {"assets": assets, "path": path, "fetches": fetches}
+    return {"assets": assets, "store": model_store, "path": path, "fetches": fetches}
 
 
 def _swap_two_ids(tokenizer_json: Path) -> None:
@@ -604,16 +605,16 @@ def test_asset_manifest_lists_every_file_with_its_hash(toy_asset: dict[str, Any]
 
 
 def test_asset_warm_load_does_not_rehash(toy_asset: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    assets, path = toy_asset["assets"], toy_asset["path"]
+    store, path = toy_asset["store"], toy_asset["path"]
     hashed: list[str] = []
-    real = assets._sha256_file
-    monkeypatch.setattr(assets, "_sha256_file", lambda p: (hashed.append(Path(p).name), real(p))[1])
-    assets.tokenizer_path(TOY)  # first verified load hashes what it has not checked yet
+    real = store._sha256_file
+    monkeypatch.setattr(store, "_sha256_file", lambda p: (hashed.append(Path(p).name), real(p))[1])
+    store.tokenizer_path(TOY)  # first verified load hashes what it has not checked yet
     hashed.clear()
-    assets.tokenizer_path(TOY)
+    store.tokenizer_path(TOY)
     assert hashed == []
     os.utime(path / "tokenizer.json")  # same bytes, new stat: hashed again, still fine
-    assets.tokenizer_path(TOY)
+    store.tokenizer_path(TOY)
     assert hashed == ["tokenizer.json"]
 
 
@@ -622,8 +623,8 @@ def test_damaged_asset_is_refused_listed_verified_and_repaired(damage: str, toy_
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     from structgen.errors import AssetError
 
-    assets, path = toy_asset["assets"], toy_asset["path"]
-    tok = assets.load_tokenizer(TOY)
+    store, path = toy_asset["store"], toy_asset["path"]
+    tok = store.load_tokenizer(TOY)
     assert tok.encode("abc", add_special_tokens=False) == [257]
     target = path / "tokenizer.json"
     st = target.stat()
@@ -644,9 +645,9 @@ def test_damaged_asset_is_refused_listed_verified_and_repaired(damage: str, toy_
         problem = "added_tokens.json: unexpected file"
 
     with pytest.raises(AssetError, match=problem):
-        assets.load_tokenizer(TOY)
+        store.load_tokenizer(TOY)
     with pytest.raises(AssetError, match="models pull"):
-        assets.tokenizer_path(TOY)
+        store.tokenizer_path(TOY)
     rc, out, err = _cli(capsys, "models", "verify", TOY)
     assert rc == 1 and f"{TOY}: damaged: {problem}" in out, (out, err)
     rc, out, _ = _cli(capsys, "models", "--json")
@@ -662,7 +663,7 @@ def test_damaged_asset_is_refused_listed_verified_and_repaired(damage: str, toy_
     rc, out, _ = _cli(capsys, "models", "verify", TOY)
     assert rc == 0 and out.strip() == f"{TOY}: ok"
     assert not (path / "added_tokens.json").exists()
-    assert assets.load_tokenizer(TOY).encode("abc", add_special_tokens=False) == [257]
+    assert store.load_tokenizer(TOY).encode("abc", add_special_tokens=False) == [257]
     rc, _, _ = _cli(capsys, "models", "pull", TOY)  # intact: nothing to do
     assert toy_asset["fetches"] == ["toy-dist", "toy-dist"]
 
@@ -670,26 +671,26 @@ def test_damaged_asset_is_refused_listed_verified_and_repaired(damage: str, toy_
 def test_entry_without_file_list_is_recorded_on_first_load(toy_asset: dict[str, Any]) -> None:
     from structgen.errors import AssetError
 
-    assets, path = toy_asset["assets"], toy_asset["path"]
+    store, path = toy_asset["store"], toy_asset["path"]
     manifest = json.loads((path / "manifest.json").read_text())
     del manifest["files"]  # as written before manifests listed their files
     (path / "manifest.json").write_text(json.dumps(manifest))
     (path / ".verified.json").unlink(missing_ok=True)
-    assets.tokenizer_path(TOY)
+    store.tokenizer_path(TOY)
     recorded = json.loads((path / "manifest.json").read_text())
     assert "tokenizer.json" in recorded["files"] and "files_recorded" in recorded
     _swap_two_ids(path / "tokenizer.json")
     with pytest.raises(AssetError, match="tokenizer.json"):
-        assets.tokenizer_path(TOY)
+        store.tokenizer_path(TOY)
 
 
 def test_cli_models_verify_subprocess_on_a_copy_of_a_real_entry(tmp_path: Path) -> None:
     import shutil
 
-    from structgen.generation import assets
+    from structgen.generation import model_store
 
-    real = assets._entry_dir("tokenizer", "gpt2")
-    if not assets._is_complete(real):
+    real = model_store.entry_dir("tokenizer", "gpt2")
+    if not model_store.is_complete(real):
         pytest.skip("gpt2 tokenizer not cached")
     cache = tmp_path / "cache"
     shutil.copytree(real, cache / "tokenizers" / "gpt2", ignore=shutil.ignore_patterns(".verified.json"))

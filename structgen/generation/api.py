@@ -8,7 +8,8 @@
     r.text, r.value, r.tokens, r.finish_reason, r.stats
 
 ``model`` is a transformers causal LM (tokenizer taken from it or given), a local
-directory, or an alias the asset step can fetch (default ``smollm2-135m``). Exactly one
+directory, or the alias of a model pulled into the cache with ``structgen models pull``
+(default ``smollm2-135m``). Exactly one
 of ``schema`` (dict, JSON text or Pydantic class), ``grammar`` (Lark text) or ``regex``
 constrains the output. Greedy speculative output is token-identical to
 ``speculative=False``; sampled output has the same distribution.
@@ -141,7 +142,8 @@ def _finish(res: Any, pyd: Any, is_json: bool) -> GenerationResult:
 def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | None = None,
              regex: str | None = None, prompt: str | Sequence[str] | None = None,
              messages: list[dict] | Sequence[list[dict]] | None = None, tokenizer: Any = None,
-             max_new_tokens: int = 256, temperature: float | None = None, top_p: float | None = None,
+             max_new_tokens: int = 256, temperature: float | Sequence[float] | None = None,
+             top_p: float | Sequence[float] | None = None,
              seed: int | None = None, speculative: bool = True,
              config: SpecConfig | str | os.PathLike[str] | dict | None = None,
              draft_model: Any = None, start: str = "start") -> Any:
@@ -154,12 +156,13 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
     its own matcher, drafters and acceptance statistics, and its output is the one it gets
     alone (greedy). The list returned for a batch is a :class:`BatchResults` whose ``stats``
     sums the batch. With ``seed``, sequence ``i`` uses ``seed + i``.
+
+    ``temperature`` and ``top_p`` may also be lists in a batch (one per prompt): each sequence
+    is verified with its own values (the verify contract's per-sequence ``temperature`` /
+    ``top_p`` rows), so a greedy request and a sampled one can share a micro-batch.
     """
     from structgen.generation.loop import run_sequence
     from structgen.generation.model import check_context, load_model, vocabulary_for
-
-    cfg = _spec_config(config, temperature, top_p, draft_model)
-    opts = _generation_options(max_new_tokens, seed, speculative, start)
 
     batch = isinstance(prompt, (list, tuple)) or (
         messages is not None and len(messages) > 0 and isinstance(messages[0], (list, tuple)))
@@ -170,51 +173,88 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
     else:
         items = [prompt if prompt is not None else messages]
     n = len(items)
+    opts = _merge_options(config, n=n, batch=batch, temperature=temperature, top_p=top_p,
+                          draft_model=draft_model, max_new_tokens=max_new_tokens, seed=seed,
+                          speculative=speculative, start=start)
+    gen = opts.generation
     _check_requests(items, batch, "prompt" if prompt is not None else "messages")
     schemas = _per_request("schema", schema, n, batch)
     grammars = _per_request("grammar", grammar, n, batch)
     regexes = _per_request("regex", regex, n, batch)
     # every constraint of the call is compiled before the model loads and anything is generated
-    compiled = _compile_all(schemas, grammars, regexes, opts.start, batch)
+    compiled = _compile_all(schemas, grammars, regexes, gen.start, batch)
 
     lm = load_model(model, tokenizer)
     vocab = vocabulary_for(lm)
-    draft_lm = _load_draft(draft_model, cfg)
+    draft_lm = _load_draft(draft_model, opts.config)
 
     if not batch:
         g, pyd = compiled[0]
         item = items[0]
         ids = _prompt_ids(lm, item if isinstance(item, str) else None,
                           None if isinstance(item, str) else item)
-        check_context(lm, len(ids), opts.max_new_tokens, draft_lm=draft_lm)
-        res = run_sequence(lm, vocab, g, ids, cfg, speculative=opts.speculative,
-                           max_new_tokens=opts.max_new_tokens, draft_lm=draft_lm, seed=opts.seed)
+        check_context(lm, len(ids), gen.max_new_tokens, draft_lm=draft_lm)
+        res = run_sequence(lm, vocab, g, ids, opts.requests[0], speculative=gen.speculative,
+                           max_new_tokens=gen.max_new_tokens, draft_lm=draft_lm, seed=gen.seed)
         return _finish(res, pyd, schemas[0] is not None)
-    return _generate_batch(lm, vocab, cfg, items, schemas, compiled, speculative=opts.speculative,
-                           max_new_tokens=opts.max_new_tokens, draft_lm=draft_lm, seed=opts.seed)
+    return _generate_batch(lm, vocab, opts.requests, items, schemas, compiled,
+                           speculative=gen.speculative, max_new_tokens=gen.max_new_tokens,
+                           draft_lm=draft_lm, seed=gen.seed)
 
 
-def _spec_config(config: Any, temperature: Any, top_p: Any, draft_model: Any) -> SpecConfig:
-    """The call's SpecConfig: ``config`` with the keyword overrides (each checked by
-    SpecConfig's own validation, so ``temperature=float("nan")`` is a ConfigError)."""
+@dataclass(frozen=True)
+class _CallOptions:
+    """The options of one :func:`generate` / :func:`stream` call, merged and checked once.
+
+    config: the call's :class:`SpecConfig` (``config=`` with the scalar keyword overrides);
+    requests: one SpecConfig per request, equal to ``config`` except where a per-request
+    ``temperature`` / ``top_p`` list gives that request its own sampling values;
+    generation: the per-call :class:`~structgen.config.GenerationOptions`."""
+
+    config: SpecConfig
+    requests: list[SpecConfig]
+    generation: Any
+
+
+def _merge_options(config: Any, *, n: int, batch: bool, temperature: Any, top_p: Any,
+                   draft_model: Any, max_new_tokens: Any, seed: Any, speculative: Any,
+                   start: Any) -> _CallOptions:
+    """Merge ``config`` (a SpecConfig, dict or YAML path) with the call's keywords, the one
+    place :func:`generate` and :func:`stream` do it. Every value is checked by the dataclass
+    that owns it (``temperature=float("nan")``, ``max_new_tokens=2.5``, ``seed=2**70`` are
+    ConfigErrors); a bad value in a per-request list names its request. Reads the YAML file
+    when ``config`` is a path; loads no model."""
+    from structgen.config import GenerationOptions
+    from structgen.errors import attribute_to_request
+
     cfg = _load_config(config)
     over: dict[str, Any] = {}
-    if temperature is not None:
+    temperatures = _per_request("temperature", temperature, n, batch)
+    top_ps = _per_request("top_p", top_p, n, batch)
+    scalar_t = not isinstance(temperature, (list, tuple))
+    scalar_p = not isinstance(top_p, (list, tuple))
+    if temperature is not None and scalar_t:
         over["temperature"] = temperature
-    if top_p is not None:
+    if top_p is not None and scalar_p:
         over["top_p"] = top_p
     if draft_model is not None and isinstance(draft_model, (str, os.PathLike)):
         over["draft_model"] = str(draft_model)
-    return replace(cfg, **over) if over else cfg
-
-
-def _generation_options(max_new_tokens: Any, seed: Any, speculative: Any, start: Any) -> Any:
-    """The per-call keywords checked as :class:`~structgen.config.GenerationOptions` checks
-    them (``max_new_tokens=2.5``, ``seed=2**70``, ``speculative="no"`` are ConfigErrors)."""
-    from structgen.config import GenerationOptions
-
-    return GenerationOptions(max_new_tokens=max_new_tokens, seed=seed, speculative=speculative,
-                             start=start)
+    cfg = replace(cfg, **over) if over else cfg
+    requests = [cfg] * n
+    if not (scalar_t and scalar_p):
+        made: dict[tuple[Any, Any], SpecConfig] = {}
+        for i, (t, p) in enumerate(zip(temperatures, top_ps)):
+            key = (None if scalar_t else t, None if scalar_p else p)
+            if key not in made:
+                own = {k: v for k, v in zip(("temperature", "top_p"), key) if v is not None}
+                try:
+                    made[key] = replace(cfg, **own) if own else cfg
+                except ConfigError as e:
+                    raise attribute_to_request(e, i) from None
+            requests[i] = made[key]
+    generation = GenerationOptions(max_new_tokens=max_new_tokens, seed=seed, speculative=speculative,
+                                   start=start)
+    return _CallOptions(cfg, requests, generation)
 
 
 def _check_requests(items: list[Any], batch: bool, name: str) -> None:
@@ -303,13 +343,14 @@ class BatchResults(list):  # type: ignore[type-arg]
     stats: Any = None
 
 
-def _generate_batch(lm: Any, vocab: Any, cfg: SpecConfig, items: list[Any], schemas: list[Any],
+def _generate_batch(lm: Any, vocab: Any, cfgs: list[SpecConfig], items: list[Any], schemas: list[Any],
                     compiled: list[tuple[Any, Any]], *, speculative: bool, max_new_tokens: int,
                     draft_lm: Any, seed: int | None) -> BatchResults:
-    """Micro-batches of ``cfg.batch_size`` sequences, each run by
-    :func:`~structgen.generation.loop.run_batch` (one batched target forward per step). Every
-    prompt is encoded and checked against the context first: a bad request fails the call
-    before any micro-batch is generated."""
+    """Micro-batches of ``batch_size`` sequences, each run by
+    :func:`~structgen.generation.loop.run_batch` (one batched target forward per step);
+    ``cfgs`` holds one SpecConfig per request (they differ at most in temperature and top-p,
+    which reach the verifier per sequence). Every prompt is encoded and checked against the
+    context first: a bad request fails the call before any micro-batch is generated."""
     from structgen.errors import StructgenError, attribute_to_request
     from structgen.generation.loop import BatchStats, run_batch
     from structgen.generation.model import check_context
@@ -328,12 +369,14 @@ def _generate_batch(lm: Any, vocab: Any, cfg: SpecConfig, items: list[Any], sche
         ids.append(p)
     results = BatchResults()
     total = BatchStats()
+    cfg = cfgs[0]
     for lo in range(0, n, cfg.batch_size):
         idx = range(lo, min(n, lo + cfg.batch_size))
         outs, bst = run_batch(lm, vocab, [compiled[i][0] for i in idx], [ids[i] for i in idx], cfg,
                               speculative=speculative, max_new_tokens=max_new_tokens,
                               draft_lm=draft_lm,
-                              seeds=[None if seed is None else seed + i for i in idx])
+                              seeds=[None if seed is None else seed + i for i in idx],
+                              configs=[cfgs[i] for i in idx])
         total.add(bst)
         for i, res in zip(idx, outs):
             results.append(_finish(res, compiled[i][1], schemas[i] is not None))
@@ -352,18 +395,20 @@ def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | Non
     from structgen.generation.loop import stream_sequence
     from structgen.generation.model import check_context, load_model, vocabulary_for
 
-    cfg = _spec_config(config, temperature, top_p, None)
-    opts = _generation_options(max_new_tokens, seed, speculative, start)
     if not (prompt is None or isinstance(prompt, str)):
         raise ConfigError("stream() takes one prompt (a string); use generate() for a batch",
                           key="prompt")
-    g, _pyd = resolve_grammar(schema=schema, grammar=grammar, regex=regex, start=opts.start)
+    opts = _merge_options(config, n=1, batch=False, temperature=temperature, top_p=top_p,
+                          draft_model=draft_model, max_new_tokens=max_new_tokens, seed=seed,
+                          speculative=speculative, start=start)
+    cfg, gen = opts.config, opts.generation
+    g, _pyd = resolve_grammar(schema=schema, grammar=grammar, regex=regex, start=gen.start)
     lm = load_model(model, tokenizer)
     vocab = vocabulary_for(lm)
-    draft_lm = load_model(draft_model) if draft_model is not None else None
+    draft_lm = _load_draft(draft_model, cfg)
     ids = _prompt_ids(lm, prompt, messages)
-    check_context(lm, len(ids), opts.max_new_tokens, draft_lm=draft_lm)
-    max_new_tokens, seed, speculative = opts.max_new_tokens, opts.seed, opts.speculative
+    check_context(lm, len(ids), gen.max_new_tokens, draft_lm=draft_lm)
+    max_new_tokens, seed, speculative = gen.max_new_tokens, gen.seed, gen.speculative
     dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
     eos = set(vocab.eos_token_ids)
     for new, _seq in stream_sequence(lm, vocab, g, ids, cfg, speculative=speculative,

@@ -79,17 +79,21 @@ class GenerationStats:
 
     @property
     def tokens_per_pass(self) -> float:
+        """New tokens per target forward pass (0.0 before any pass)."""
         return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
 
     @property
     def acceptance(self) -> float | None:
+        """Accepted / drafted tokens; None when nothing was drafted."""
         return self.accepted / self.drafted if self.drafted else None
 
     @property
     def tokens_per_second(self) -> float:
+        """New tokens per second of ``time_total`` (0.0 before any time passed)."""
         return self.new_tokens / self.time_total if self.time_total else 0.0
 
     def as_dict(self) -> dict[str, Any]:
+        """Every field plus the derived rates, as a JSON-ready dict."""
         d = {k: v for k, v in self.__dict__.items()}
         d["tokens_per_pass"] = self.tokens_per_pass
         d["acceptance"] = self.acceptance
@@ -97,6 +101,7 @@ class GenerationStats:
         return d
 
     def merge(self, other: GenerationStats) -> None:
+        """Add ``other``'s counts, times and per-drafter counts into this object (in place)."""
         for k in ("forward_passes", "new_tokens", "free_tokens", "drafted", "accepted", "bonus",
                   "time_masks", "time_drafting", "time_forward", "time_verify", "time_prefill",
                   "time_total"):
@@ -110,6 +115,9 @@ class GenerationStats:
 
 @dataclass
 class SequenceResult:
+    """One finished sequence of the loop: generated token ids (EOS included if emitted), the
+    decoded text, why it stopped, and its statistics."""
+
     tokens: list[int]
     text: str
     finish_reason: str  # "stop" (EOS / grammar complete) | "length" | "error"
@@ -493,8 +501,8 @@ def _mask_worker() -> ThreadPoolExecutor:
 
 def overlap_masks_enabled(cfg: SpecConfig, device: Any) -> bool:
     """Whether a step builds its masks while the target forward runs (``SpecConfig.overlap_masks``;
-    None = on for CUDA only: on the CPU the masks cost ~0.1% of a step with a 135M model, and the
-    hand-off to the worker thread measured no gain, ``benchmarks/results/overlap-*.json``)."""
+    None = on for CUDA only: on the CPU the masks are a small part of a step and the hand-off to
+    the worker thread gains nothing; see ``benchmarks/results/overlap-*.json``)."""
     if cfg.overlap_masks is not None:
         return bool(cfg.overlap_masks)
     return torch.device(device).type == "cuda"
@@ -524,11 +532,14 @@ class _StepVerifier:
         self.pool = VerifyBufferPool()
         self.buf = self.pool.get(capacity, self.max_draft, vocab_size, torch.float32, self.device,
                                  logits=False)
+        # per-sequence sampling rows of the verify contract, fp32 [capacity] each: filled with
+        # the call's values once; rewritten (one small host-to-device copy) only in a step
+        # whose sequences bring other values (per-request temperature / top-p in a batch)
         f32 = torch.float32
-        self.temperature = (None if cfg.temperature == 0 else
-                            torch.full((capacity,), cfg.temperature, dtype=f32, device=self.device))
-        self.top_p = (torch.full((capacity,), cfg.top_p, dtype=f32, device=self.device)
-                      if self.temperature is not None and cfg.top_p < 1 else None)
+        self.temperature = torch.full((capacity,), cfg.temperature, dtype=f32, device=self.device)
+        self.top_p = torch.full((capacity,), cfg.top_p, dtype=f32, device=self.device)
+        self._written: dict[str, list[float]] = {"temperature": [cfg.temperature] * capacity,
+                                                 "top_p": [cfg.top_p] * capacity}
         self._dprobs: torch.Tensor | None = None   # float32 [capacity * max_draft, V], on first use
         self.overlap = overlap_masks_enabled(cfg, self.device)
 
@@ -574,6 +585,16 @@ class _StepVerifier:
             fut.result()                # the masks (and any error raised while building them)
         return logits, dt
 
+    def _rows(self, name: str, values: list[float]) -> torch.Tensor:
+        """The first ``len(values)`` rows of the ``name`` buffer holding ``values`` (written
+        only when they differ from what the buffer holds)."""
+        buf: torch.Tensor = getattr(self, name)
+        b = len(values)
+        if self._written[name][:b] != values:
+            buf[:b].copy_(torch.tensor(values, dtype=torch.float32))
+            self._written[name][:b] = values
+        return buf[:b]
+
     def _draft_prob_rows(self, n: int) -> torch.Tensor:
         if self._dprobs is None:
             self._dprobs = torch.zeros((self.capacity * self.max_draft, self.vocab_size),
@@ -616,9 +637,12 @@ class _StepVerifier:
         uniforms = None
         draft_probs = None
         temperature = top_p = None
-        if self.temperature is not None:
-            temperature = self.temperature[:b]
-            top_p = self.top_p[:b] if self.top_p is not None else None
+        temps = [s.cfg.temperature for s in seqs]
+        if any(t > 0 for t in temps):  # else every row is greedy: no sampling rows at all
+            temperature = self._rows("temperature", temps)                            # [B]
+            tops = [s.cfg.top_p for s in seqs]
+            if any(t > 0 and q < 1 for t, q in zip(temps, tops)):
+                top_p = self._rows("top_p", tops)                                      # [B]
             uniforms = buf.uniforms[:rows]                                             # [N+B, 2]
             row = 0
             for p in plans:
@@ -692,6 +716,8 @@ def stream_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_i
 
 def run_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
                  cfg: SpecConfig, **kw: Any) -> SequenceResult:
+    """Generate one sequence to the end (see :func:`stream_sequence` for the keywords) and
+    return its :class:`SequenceResult`."""
     seq = None
     for _new, state in stream_sequence(lm, vocab, grammar, prompt_ids, cfg, **kw):
         seq = state
@@ -827,7 +853,8 @@ def _truncate(plan: _Plan, k: int) -> None:
 
 def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts: list[list[int]],
               cfg: SpecConfig, *, speculative: bool = True, max_new_tokens: int = 256,
-              draft_lm: CausalLM | None = None, seeds: list[int | None] | None = None
+              draft_lm: CausalLM | None = None, seeds: list[int | None] | None = None,
+              configs: list[SpecConfig] | None = None
               ) -> tuple[list[SequenceResult], BatchStats]:
     """Generate for several prompts together (one micro-batch; mixed grammars allowed).
 
@@ -849,6 +876,12 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
     times, so the cuts (and so the draws) do not depend on timing: the same seeds give the same
     tokens on every run.
 
+    ``configs`` (one per prompt; default: ``cfg`` for all) give each sequence its own sampling
+    options, ``temperature`` and ``top_p``: its drafting and acceptance use them, and they reach
+    :func:`~structgen.generation.verify.verify` as that sequence's row of the per-sequence
+    ``temperature`` / ``top_p`` tensors (0: that row is greedy), so each sequence gets the
+    distribution it would get alone. Every other option is the batch's ``cfg``.
+
     Returns the per-sequence results (in prompt order) and the batch's :class:`BatchStats`.
     """
     from structgen.generation.model import BatchKV
@@ -861,20 +894,23 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
     for i, p in enumerate(prompts):  # all of them before any generation
         check_context(lm, len(p), max_new_tokens, draft_lm=draft_lm, request_index=i)
     seeds = list(seeds) if seeds is not None else [None] * n
+    cfgs = list(configs) if configs is not None else [cfg] * n
+    if len(cfgs) != n:
+        raise ValueError(f"{len(cfgs)} configs for {n} prompts")
     t_start = time.perf_counter()
     seqs = [
-        _Sequence(lm, vocab, g, p, cfg, speculative=speculative, max_new_tokens=max_new_tokens,
+        _Sequence(lm, vocab, g, p, c, speculative=speculative, max_new_tokens=max_new_tokens,
                   draft_lm=(CausalLM(draft_lm.model, draft_lm.tokenizer) if draft_lm is not None
                             else None),
                   seed=sd)
-        for g, p, sd in zip(grammars, prompts, seeds)
+        for g, p, sd, c in zip(grammars, prompts, seeds, cfgs)
     ]
     bst = BatchStats(sequences=n, micro_batches=1 if n else 0)
     if not n:
         return [], bst
     kv = BatchKV(lm)
     ver = _StepVerifier(cfg, lm.vocab_size, lm.device, n)
-    seeded = cfg.temperature > 0 and all(sd is not None for sd in seeds)
+    seeded = any(c.temperature > 0 for c in cfgs) and all(sd is not None for sd in seeds)
     cost = _StepCost(fixed=seeded)
     t0 = time.perf_counter()
     kv.prefill([s.prompt[:-1] for s in seqs])

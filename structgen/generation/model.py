@@ -65,6 +65,7 @@ class CausalLM:
         self.forward_passes = 0
 
     def reset(self) -> None:
+        """Drop the KV cache: the next :meth:`extend` starts from an empty context."""
         from transformers import DynamicCache
 
         self.cache = DynamicCache()
@@ -264,6 +265,7 @@ class BatchKV:
 
     @property
     def batch(self) -> int:
+        """Rows currently held in the batched cache."""
         return int(self.mask.shape[0])
 
     @property
@@ -494,7 +496,8 @@ def resolve_dtype(dtype: Any) -> torch.dtype:
 
 def load_model(model: Any, tokenizer: Any = None, *, dtype: Any = torch.float32) -> CausalLM:
     """A :class:`CausalLM` from a transformers model object, a local directory, or an alias
-    known to :mod:`structgen.generation.assets` (fetched and cached on first use). Loaded models are
+    of a model pulled into the cache (:mod:`structgen.generation.model_store`; an alias that is not
+    cached raises :class:`AssetError` naming ``structgen models pull ALIAS``). Loaded models are
     memoised per (path, dtype). ``dtype`` applies to paths and aliases (see
     :func:`resolve_dtype`); model objects keep their own."""
     dtype = resolve_dtype(dtype)
@@ -511,7 +514,7 @@ def load_model(model: Any, tokenizer: Any = None, *, dtype: Any = torch.float32)
         return CausalLM(model, tokenizer)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from structgen.generation.assets import resolve_model
+    from structgen.generation.model_store import resolve_model
 
     path = Path(resolve_model(model))
     key = (str(path), str(dtype))

@@ -77,6 +77,7 @@ class AtomicOutput:
                                 **({} if binary else {"encoding": encoding}))
 
     def write(self, data: Any) -> int:
+        """Write ``data`` to the temporary file; returns what the stream's ``write`` returns."""
         return self.stream.write(data)
 
     def flush(self) -> None:

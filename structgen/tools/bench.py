@@ -96,10 +96,10 @@ def tiny_model(seed: int = 0, favour: dict[str, float] | None = None) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from structgen.generation import assets
     from structgen.generation.model import CausalLM
+    from structgen.generation.model_store import load_tokenizer
 
-    tok = assets.load_tokenizer("gpt2")
+    tok = load_tokenizer("gpt2")
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=50304, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,

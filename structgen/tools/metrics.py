@@ -68,6 +68,7 @@ class Alert:
     message: str
 
     def as_dict(self) -> dict[str, Any]:
+        """The alert as a JSON-ready dict (name, value, threshold, message)."""
         return {"name": self.name, "value": self.value, "threshold": self.threshold,
                 "message": self.message}
 
@@ -187,6 +188,7 @@ class Metrics:
     # -- derived figures ----------------------------------------------------------------------
     @property
     def requests(self) -> int:
+        """Requests observed so far, of every status."""
         return sum(self.status.values())
 
     @property
@@ -197,14 +199,17 @@ class Metrics:
 
     @property
     def acceptance(self) -> float | None:
+        """Accepted / drafted tokens over the run; None when nothing was drafted."""
         return self.accepted / self.drafted if self.drafted else None
 
     @property
     def tokens_per_pass(self) -> float | None:
+        """Output tokens per target forward pass; None before any pass."""
         return self.output_tokens / self.forward_passes if self.forward_passes else None
 
     @property
     def elapsed_s(self) -> float:
+        """Seconds from the start mark to the last observation (to now while none came)."""
         end = self.last_time if self.last_time is not None else time.perf_counter()
         return max(end - self.start_time, 0.0)
 
@@ -490,9 +495,11 @@ class MetricsServer:
 
     @property
     def port(self) -> int:
+        """The TCP port the server listens on (the one chosen when 0 was asked for)."""
         return int(self._server.server_address[1])
 
     def close(self) -> None:
+        """Stop serving and close the socket; waits up to 5 s for the server thread."""
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)

@@ -302,6 +302,7 @@ class InstanceError:
     line: int
 
     def as_dict(self) -> dict[str, Any]:
+        """The error as a JSON-ready dict (path, pointer, keyword, message, line)."""
         return {"path": self.path, "pointer": self.pointer, "keyword": self.keyword,
                 "message": self.message, "line": self.line}
 
@@ -324,9 +325,11 @@ class InstanceResult:
 
     @property
     def valid(self) -> bool:
+        """True when no error was found."""
         return not self.errors
 
     def as_dict(self) -> dict[str, Any]:
+        """The verdict as a JSON-ready dict (the ``--json`` line of ``structgen validate``)."""
         return {"file": self.source, "line": self.line, "valid": self.valid,
                 "errors": [e.as_dict() for e in self.errors], "grammar": self.grammar,
                 "notes": list(self.notes)}

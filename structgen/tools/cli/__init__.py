@@ -1,0 +1,221 @@
+"""The ``structgen`` command line (also ``python -m structgen``).
+
+Subcommands:
+
+* ``validate --schema S.json FILE... | -``: check JSON / JSON Lines instances against a schema
+  (jsonschema with formats, plus the compiled grammar). Never imports torch.
+* ``compile SCHEMA``: compile a JSON Schema (or a ``.lark`` grammar) and report time, sizes and
+  unsupported keywords with their JSON pointers; ``--explain`` prints the IR grammar.
+* ``demo``: the main job: compile the example schemas, validate their samples and (once
+  ``structgen.generate`` exists) generate with the default model.
+* ``generate --model M (--schema S.json | --pydantic mod:Class | --grammar G.lark | --regex RE)
+  (--prompt TEXT | --prompts FILE.jsonl) [--config spec.yaml] [--out OUT.jsonl]
+  [--metrics-out FILE.json|.prom] [--metrics-port PORT]``: constrained (speculative) generation;
+  one JSON line per result; exit 1 when any output is invalid or incomplete.
+* ``models [list | pull [--force] ALIAS... | path ALIAS | verify [ALIAS...]]``: the model/tokenizer
+  aliases and the cache (every converted file is hashed into its manifest and checked on load).
+* ``bench ARGS...``: the benchmark suite (:func:`structgen.tools.bench.main`).
+* ``config [--example | --check FILE]``: the documented YAML configuration.
+
+Exit codes: 0 success / all valid, 1 some instance invalid (or a failed check), 2 usage error,
+unreadable input or malformed schema (one-line message on stderr), 130 interrupted (Ctrl-C).
+
+Files written (``generate --out/--values-out/--metrics-out``) go through
+:mod:`structgen.tools._atomic`: an existing file is replaced only when the run succeeded; a failed or
+interrupted run keeps what it finished in ``OUT.partial``.
+
+One module per subcommand: :mod:`.validate`, :mod:`.compile`, :mod:`.demo`, :mod:`.generate`,
+:mod:`.models`, :mod:`.config`; :mod:`._constraints` turns inputs into compiled grammars.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from structgen import __version__
+from structgen.tools.cli._common import EXIT_INVALID, EXIT_USAGE, _err, _Usage
+from structgen.tools.cli.compile import _cmd_compile
+from structgen.tools.cli.config import _cmd_config
+from structgen.tools.cli.demo import _cmd_demo
+from structgen.tools.cli.generate import _cmd_generate
+from structgen.tools.cli.models import _cmd_models
+from structgen.tools.cli.validate import _cmd_validate
+
+__all__ = ["main"]
+
+
+def _cmd_bench(argv: Sequence[str]) -> int:
+    try:
+        from structgen.tools import bench
+    except ModuleNotFoundError as e:
+        if e.name == "structgen.tools.bench":
+            _err("structgen bench", "the benchmark suite (structgen.tools.bench) is not available in this "
+                 "installation")
+            return EXIT_USAGE
+        raise
+    return int(bench.main(list(argv)))
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit 2), like every other usage error here."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {' '.join(message.split())} "
+                              f"(see `{self.prog} --help`)\n")
+
+
+def _port(text: str) -> int:
+    """argparse type: a TCP port number, 0 (any free port) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: give a number from 0 to 65535") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port {value}: give a number from 0 to 65535")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer from 1 to structgen.config.MAX_COUNT."""
+    from structgen.config import positive_int_arg
+
+    return positive_int_arg(text)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="structgen", description="Grammar-constrained generation toolkit.")
+    p.add_argument("--version", action="version", version=f"structgen {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    v = sub.add_parser("validate", help="validate JSON / JSON Lines instances against a JSON Schema",
+                       description="Validate instances with jsonschema (formats checked) and the "
+                       "compiled grammar. A file that parses as one JSON document is one instance; "
+                       "otherwise each non-blank line is one (JSON Lines). '-' reads stdin. "
+                       "Exit: 0 all valid, 1 some invalid, 2 usage error / unreadable file / "
+                       "malformed schema.")
+    v.add_argument("--schema", "-s", required=True, metavar="S.json", help="the JSON Schema")
+    v.add_argument("files", nargs="+", metavar="FILE", help="instance files; '-' for stdin")
+    v.add_argument("--json", action="store_true", help="one JSON object per instance on stdout")
+    v.add_argument("--quiet", "-q", action="store_true", help="print nothing; exit code only")
+    v.add_argument("--no-grammar", action="store_true",
+                   help="skip the compiled-grammar check (jsonschema only)")
+    v.add_argument("--remote", action="append", default=[], metavar="URI=FILE",
+                   help="let $ref use FILE as the document at URI (repeatable); no other reference "
+                   "outside the schema is ever fetched or read")
+    v.set_defaults(func=_cmd_validate)
+
+    c = sub.add_parser("compile", help="compile a JSON Schema or .lark grammar and report its size")
+    c.add_argument("input", metavar="SCHEMA.json|GRAMMAR.lark")
+    c.add_argument("--explain", action="store_true", help="print the IR grammar")
+    c.add_argument("--lenient", action="store_true",
+                   help="compile unsupported keywords as documented over-approximations (warnings)")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.add_argument("--remote", action="append", default=[], metavar="URI=FILE",
+                   help="let $ref use FILE as the document at URI (repeatable)")
+    c.set_defaults(func=_cmd_compile)
+
+    d = sub.add_parser("demo", help="the main job: compile, validate and generate for schemas/")
+    d.add_argument("--schemas", metavar="DIR", help="folder of NAME.schema.json files (default: schemas/)")
+    d.add_argument("--no-generate", action="store_true", help="skip generation")
+    d.add_argument("--max-new-tokens", type=_positive_int, default=256)
+    d.add_argument("--model", help="model alias or folder (default: structgen's default model)")
+    d.set_defaults(func=_cmd_demo)
+
+    g = sub.add_parser(
+        "generate", help="generate constrained output (JSON Lines, one result per line)",
+        description="Generate output that matches a JSON Schema, a Pydantic model, a Lark grammar or "
+        "a regex, with speculative decoding. One JSON line per result (text, value, finish_reason, "
+        "valid, errors, stats) on stdout or --out; a summary and alerts on stderr; a progress bar on "
+        "stderr when it is a terminal. Exit: 0 all outputs valid, 1 some output invalid or "
+        "incomplete, 2 usage error (missing file, bad schema, bad configuration key, unknown model).")
+    g.add_argument("--model", "-m", metavar="M",
+                   help="model alias (see `structgen models`) or Hugging Face folder "
+                   "(default: generation.model of --config, else smollm2-135m)")
+    g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"),
+                   help="weights of a model loaded by alias or folder (auto: bfloat16 where the "
+                   "hardware computes it natively). In bfloat16 on the CPU the forward is made "
+                   "row-invariant, so speculative output still equals plain decoding bit for bit")
+    what = g.add_mutually_exclusive_group()
+    what.add_argument("--schema", "-s", metavar="S.json", help="JSON Schema file")
+    what.add_argument("--pydantic", metavar="pkg.module:Class", help="a Pydantic model class")
+    what.add_argument("--grammar", "-g", metavar="G.lark", help="Lark grammar file")
+    what.add_argument("--regex", metavar="PATTERN", help="a regular expression")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", "-p", metavar="TEXT", help="one prompt")
+    src.add_argument("--prompts", metavar="FILE.jsonl",
+                     help="JSON Lines: {\"prompt\": ...} or {\"messages\": [...]}, optionally "
+                     "\"schema\" (an object, or a file relative to FILE) and \"id\"; '-' for stdin")
+    g.add_argument("--config", "-c", metavar="spec.yaml", help="YAML configuration "
+                   "(see `structgen config --example`)")
+    g.add_argument("--out", "-o", metavar="OUT.jsonl", help="write the result lines here (default stdout)")
+    g.add_argument("--values-out", metavar="VALUES.jsonl",
+                   help="also write each output alone, one per line (JSON Lines for JSON schemas: "
+                   "feed it to `structgen validate`)")
+    g.add_argument("--max-new-tokens", type=int, metavar="N")
+    g.add_argument("--temperature", type=float, metavar="T", help="0 = greedy")
+    g.add_argument("--seed", type=int, metavar="S", help="request i uses seed S + i")
+    g.add_argument("--batch-size", type=int, metavar="B", help="requests per micro-batch")
+    g.add_argument("--start", metavar="RULE", help="start rule of the Lark grammar")
+    g.add_argument("--no-speculative", action="store_true",
+                   help="plain grammar-constrained decoding (the baseline)")
+    g.add_argument("--metrics-out", metavar="FILE", help="write the run metrics: .json or .prom "
+                   "(Prometheus text format)")
+    g.add_argument("--metrics-port", type=_port, metavar="PORT",
+                   help="serve /metrics (Prometheus) and /metrics.json on 127.0.0.1:PORT while running "
+                   "(0: a free port, printed on stderr)")
+    g.set_defaults(func=_cmd_generate)
+
+    m = sub.add_parser("models", help="list model and tokenizer aliases; fetch one; show where it is",
+                       description="`structgen models` lists the aliases and whether they are cached "
+                       "(or damaged); `models pull ALIAS...` fetches into the cache and rebuilds a damaged "
+                       "entry; `models path ALIAS` prints the cached folder; `models verify [ALIAS...]` "
+                       "hashes every cached file against its manifest. Exit: 0 ok, 1 fetch failed / not "
+                       "cached / damaged, 2 unknown alias.")
+    m.add_argument("action", nargs="?", choices=("list", "pull", "path", "verify"), help="default: list")
+    m.add_argument("aliases", nargs="*", metavar="ALIAS")
+    m.add_argument("--json", action="store_true", help="list: one JSON object per alias")
+    m.add_argument("--force", action="store_true", help="pull: convert again even when cached and intact")
+    m.set_defaults(func=_cmd_models)
+
+    b = sub.add_parser("bench", help="run the benchmark suite (arguments go to structgen.tools.bench)")
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+
+    k = sub.add_parser("config", help="print the documented default YAML configuration, or check a file",
+                       description="Without options: print the documented default configuration. "
+                       "--check FILE: load FILE (exit 2 with FILE:LINE on a bad key or value) and print "
+                       "the effective settings.")
+    k.add_argument("--example", action="store_true", help="print the documented defaults (the default)")
+    k.add_argument("--check", metavar="FILE", help="validate a configuration file")
+    k.set_defaults(func=_cmd_config)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        return _cmd_bench(argv[1:])  # every further argument belongs to the benchmark suite
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse: --help/--version (0) or a usage error (2)
+        return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
+    try:
+        return int(args.func(args))
+    except _Usage as e:
+        _err(f"structgen {args.command}", str(e), e.keep_lines)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # e.g. `structgen validate ... | head`: stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_INVALID
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""How the command line turns its inputs into compiled grammars: a schema or grammar file for
+``compile``, and the constraint of every ``generate`` request (JSON Schema, Pydantic class, Lark
+grammar or regex) with the validator that checks its outputs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from structgen.errors import StructgenError
+from structgen.tools.cli._common import _text, _Usage
+
+
+@dataclass
+class _Constraint:
+    """One output constraint of `generate`: the compiled grammar and how outputs are checked."""
+
+    kind: str  # "schema" | "pydantic" | "grammar" | "regex"
+    compiled: Any
+    validator: Any = None  # SchemaValidator (jsonschema + formats) for JSON kinds
+    pydantic: Any = None
+
+    @property
+    def is_json(self) -> bool:
+        return self.kind in ("schema", "pydantic")
+
+
+def _compile_file(path: str, lenient: bool, remotes: dict[str, Any] | None = None) -> Any:
+    """Compile ``path`` (``.lark``: Lark grammar; anything else: JSON Schema, whose ``$ref`` may
+    reach ``remotes`` and nothing else outside it)."""
+    if path.endswith(".lark"):
+        import structgen
+
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise _Usage(f"cannot read {path}: {e}") from None
+        # relative %import reads beside the grammar file, never in the working folder
+        return structgen.compile_lark(text, grammar_path=path)
+    from structgen.frontends.constraint import schema_from
+
+    try:
+        schema = schema_from(Path(path))  # a command-line argument is always a file name
+    except StructgenError as e:
+        raise _Usage(_text(e)) from None
+    from structgen.config import JsonSchemaOptions
+    from structgen.frontends.json_schema.compiler import compile_json_schema
+
+    extra = {"remotes": remotes} if remotes else {}
+    if lenient:
+        return compile_json_schema(schema, options=JsonSchemaOptions(lenient=True), **extra)
+    return compile_json_schema(schema, **extra)
+
+
+def _grammar_error(path: str, e: StructgenError) -> str:
+    from structgen.errors import GrammarError, RegexError
+
+    if isinstance(e, GrammarError):
+        where = f"{path}:{e.line}:{e.column}" if e.line is not None and e.column is not None else \
+            f"{path}:{e.line}" if e.line is not None else path
+        return f"{where}: {e.message}"
+    if isinstance(e, RegexError):
+        at = f" at offset {e.position}" if e.position is not None else ""
+        return f"{path}: {e.message}{at}"
+    return f"{path}: {_text(e)}"
+
+
+def _schema_constraint(schema: Any, source: str, settings: Any, pydantic: Any = None) -> _Constraint:
+    from structgen.frontends.json_schema.compiler import compile_json_schema
+    from structgen.tools.validation import SchemaValidator
+
+    try:
+        validator = SchemaValidator(schema, use_grammar=False)
+        compiled = compile_json_schema(schema, options=settings.json_schema.for_generation(),
+                                       compile_options=settings.compile)
+    except StructgenError as e:
+        raise _Usage(f"{source}: {_text(e)}") from None
+    return _Constraint("pydantic" if pydantic is not None else "schema", compiled, validator, pydantic)
+
+
+def _import_pydantic(spec: str) -> Any:
+    import importlib
+    import os
+
+    mod_name, sep, attr = spec.partition(":")
+    if not sep or not mod_name or not attr:
+        raise _Usage(f"--pydantic wants pkg.module:Class, not {spec!r}")
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:  # `structgen` (the console script) does not put the working folder on the path
+        sys.path.insert(0, cwd)
+    try:
+        obj: Any = importlib.import_module(mod_name)
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's module
+        raise _Usage(f"--pydantic {spec}: cannot import {mod_name}: {type(e).__name__}: {e}") from None
+    finally:
+        if added:
+            sys.path.remove(cwd)
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise _Usage(f"--pydantic {spec}: {mod_name} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    from pydantic import BaseModel
+
+    if not (isinstance(obj, type) and issubclass(obj, BaseModel)):
+        raise _Usage(f"--pydantic {spec}: {attr} is not a pydantic BaseModel subclass")
+    return obj
+
+
+def _main_constraint(args: argparse.Namespace, settings: Any) -> _Constraint | None:
+    from structgen.frontends.constraint import schema_from
+
+    if args.schema:
+        try:
+            schema = schema_from(Path(args.schema))
+        except StructgenError as e:
+            raise _Usage(_text(e)) from None
+        return _schema_constraint(schema, args.schema, settings)
+    if args.pydantic:
+        cls = _import_pydantic(args.pydantic)
+        try:
+            schema = cls.model_json_schema()
+        except Exception as e:  # noqa: BLE001 - pydantic cannot describe the class
+            raise _Usage(f"--pydantic {args.pydantic}: no JSON schema: {e}") from None
+        return _schema_constraint(schema, args.pydantic, settings, pydantic=cls)
+    if args.grammar:
+        from structgen.frontends.lark import compile_lark
+
+        try:
+            text = Path(args.grammar).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise _Usage(f"cannot read {args.grammar}: {getattr(e, 'strerror', None) or e}") from None
+        start = args.start or settings.generation.start
+        try:
+            return _Constraint("grammar", compile_lark(text, start=start, compile_options=settings.compile,
+                                                       grammar_path=args.grammar))
+        except StructgenError as e:
+            raise _Usage(_grammar_error(args.grammar, e)) from None
+    if args.regex is not None:
+        from structgen.frontends.regex import compile_regex_grammar
+
+        try:
+            return _Constraint("regex", compile_regex_grammar(args.regex))
+        except StructgenError as e:
+            raise _Usage(_grammar_error("--regex", e)) from None
+    return None

@@ -1,0 +1,19 @@
+"""``structgen config``: print the documented default YAML configuration, or check a file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from structgen.tools.cli._common import EXIT_OK, _load_settings
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    from structgen.settings import dump, example
+
+    if args.check:
+        settings = _load_settings(args.check)
+        sys.stdout.write(dump(settings, comments=False))
+        return EXIT_OK
+    sys.stdout.write(example())
+    return EXIT_OK

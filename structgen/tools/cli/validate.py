@@ -1,0 +1,94 @@
+"""``structgen validate``: check JSON / JSON Lines instances against a JSON Schema (jsonschema with
+formats, plus the compiled grammar). Never imports torch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+from structgen.errors import StructgenError
+from structgen.tools.cli._common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, _err, _note, _text, _Usage
+
+
+def _remotes(specs: list[str]) -> dict[str, Any]:
+    """``--remote URI=FILE`` options -> {URI: the parsed FILE}: the only documents a ``$ref``
+    outside the schema may reach (read here, once; nothing is fetched)."""
+    from structgen.frontends.constraint import schema_from
+
+    remotes: dict[str, Any] = {}
+    for spec in specs:
+        uri, sep, name = spec.partition("=")
+        if not sep or not uri or not name:
+            raise _Usage(f"--remote wants URI=FILE, not {spec!r}")
+        try:
+            remotes[uri] = schema_from(Path(name))
+        except StructgenError as e:
+            raise _Usage(f"--remote {uri}: {_text(e)}") from None
+    return remotes
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from structgen.tools.validation import SchemaValidator, load_schema, validate_stream
+
+    prog = "structgen validate"
+    if args.files.count("-") > 1:
+        raise _Usage("stdin ('-') can be given only once")
+    try:
+        schema = load_schema(args.schema)
+    except StructgenError as e:
+        raise _Usage(_text(e)) from None
+    try:
+        validator = SchemaValidator(schema, use_grammar=not args.no_grammar,
+                                    remotes=_remotes(args.remote))
+    except StructgenError as e:
+        raise _Usage(f"{args.schema}: {_text(e)}") from None
+    if not args.quiet:
+        for note in validator.notes:
+            _note(prog, note)
+
+    counts = {"valid": 0, "invalid": 0}
+    unreadable = 0
+    out = sys.stdout
+    for name in args.files:
+        source = "<stdin>" if name == "-" else name
+        if name == "-" and sys.stdin is None:
+            raise _Usage("'-' given but there is no standard input")
+        try:
+            stream: IO[bytes] = sys.stdin.buffer if name == "-" else open(name, "rb")
+        except OSError as e:
+            _err(prog, f"cannot read {name}: {e.strerror or e}")
+            unreadable += 1
+            continue
+        try:
+            for result in validate_stream(validator, stream, source):
+                counts["valid" if result.valid else "invalid"] += 1
+                if args.quiet:
+                    continue
+                if args.json:
+                    out.write(json.dumps(result.as_dict(), ensure_ascii=False) + "\n")
+                else:
+                    for e in result.errors:
+                        where = "" if e.keyword == "json" else f"{e.path}: "
+                        out.write(f"{source}:{e.line}: {where}{e.message}\n")
+                    for n in result.notes:
+                        _note(prog, f"{source}:{result.line}: {n}")
+        except StructgenError as e:  # schema-level problem found while validating ($ref)
+            raise _Usage(f"{args.schema}: {_text(e)}") from None
+        except OSError as e:
+            _err(prog, f"cannot read {name}: {e.strerror or e}")
+            unreadable += 1
+        finally:
+            if name != "-":
+                stream.close()
+    out.flush()
+    total = counts["valid"] + counts["invalid"]
+    if not args.quiet and not args.json and not (unreadable and total == 0):  # else: the error line only
+        grammar = "jsonschema + compiled grammar" if validator.grammar_available else "jsonschema only"
+        print(f"{prog}: {total} instance(s): {counts['valid']} valid, {counts['invalid']} invalid "
+              f"({grammar})", file=sys.stderr)
+    if unreadable:
+        return EXIT_USAGE
+    return EXIT_INVALID if counts["invalid"] else EXIT_OK
