@@ -67,7 +67,7 @@ def available() -> bool:
 def _load() -> Any:
     global _kernels
     if _kernels is None:
-        from structgen import _trie_kernels  # imports numba
+        from structgen.masks import _trie_kernels  # imports numba
 
         _warm(_trie_kernels)
         _kernels = _trie_kernels
