@@ -502,13 +502,14 @@ class CompiledGrammar:
     # -- runtime ------------------------------------------------------------
     @property
     def engine(self) -> Any:
-        """The shared runtime (:class:`structgen.masks.engine.Engine`), built on first use."""
+        """The shared byte-level runtime (:class:`structgen.grammar.runtime.Runtime`), built on
+        first use; token masks hang off it (:func:`structgen.masks.engine.engine_for`)."""
         eng = self._engine
         if eng is None:
             with self._engine_lock:
                 if self._engine is None:
-                    from structgen.masks.engine import Engine
-                    self._engine = Engine(self)
+                    from structgen.grammar.runtime import Runtime
+                    self._engine = Runtime(self)
                 eng = self._engine
         return eng
 
