@@ -269,13 +269,16 @@ class StructgenAdapter(Adapter):
         return matcher.accept_token(token)
 
     def memory(self, compiled: Any, matcher: Any) -> dict[str, Any]:
-        eng = compiled.engine
+        from structgen.masks.engine import engine_for
+
+        runtime = compiled.engine
+        eng = engine_for(compiled)
         out: dict[str, Any] = {}
         for key, get in (("mask_cache_bytes", lambda: int(eng.mask_cache_bytes)),
                          ("masks_cached", lambda: len(eng.mask_cache)),
                          ("engine_bytes", lambda: int(eng.memory_bytes())),
-                         ("configurations", lambda: int(eng.num_configs)),
-                         ("rule_states", lambda: int(eng.num_rule_states)),
+                         ("configurations", lambda: int(runtime.num_configs)),
+                         ("rule_states", lambda: int(runtime.num_rule_states)),
                          ("automaton_states", lambda: int(compiled.num_states))):
             try:
                 out[key] = get()

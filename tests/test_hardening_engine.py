@@ -290,16 +290,18 @@ def test_lazy_dfa_memory_is_bounded_exactly() -> None:
 
 
 def test_memory_budget_is_configurable() -> None:
+    from structgen.grammar import runtime as runtime_mod
     from structgen.masks import engine as engine_mod
 
     with pytest.raises(StructgenError):
         engine_mod.set_memory_budget(table_bytes=-1)
-    old = (engine_mod.DEFAULT_TABLE_BYTES, engine_mod.DEFAULT_MASK_CACHE_BYTES)
+    old = (runtime_mod.DEFAULT_TABLE_BYTES, engine_mod.DEFAULT_MASK_CACHE_BYTES)
     try:
         engine_mod.set_memory_budget(table_bytes=1 << 20, mask_cache_bytes=1 << 16)
         cg = compile_grammar(ir.Grammar({"s": ir.plus(ir.lit(b"xyz"))}, "s"))
-        eng = engine_mod.Engine(cg)
-        assert eng.table_budget == 1 << 20 and eng.mask_cache.limit == 1 << 16
+        rt = runtime_mod.Runtime(cg)
+        eng = engine_mod.Engine(rt)
+        assert rt.table_budget == 1 << 20 and eng.mask_cache.limit == 1 << 16
     finally:
         engine_mod.set_memory_budget(table_bytes=old[0], mask_cache_bytes=old[1])
 

@@ -21,6 +21,7 @@ from structgen.frontends.regex import compile_regex
 from structgen.grammar import ir
 from structgen.grammar.compiler import compile_grammar
 from structgen.masks import trie as native
+from structgen.masks.engine import engine_for
 from structgen.masks.matcher import Matcher
 from structgen.masks.vocab import Vocabulary
 
@@ -69,7 +70,7 @@ def _slice_vocab(tokenizer, n: int, seed: int, must: bytes = b"") -> Vocabulary:
 
 
 # control bytes after text (and text that reads them or not) exercise the slice walks' rejection of
-# "plain text, then a control byte" tokens (structgen.grammar._pda_kernels.slice_from answering 3)
+# "plain text, then a control byte" tokens (structgen.masks._walk_kernels.slice_from answering 3)
 ATOMS = ["a", "b", "ab", "ba", "[ab]", "[a-c]", "c", "[0-9]", "x", " ", '"', ",", "[ -~]", "[ -!#-~]",
          "\\n", "[\\t-\\r -~]"]
 
@@ -154,7 +155,7 @@ def test_recursive_grammar_brute_force(tokenizer_by_alias, alias: str, engine_mo
         ir.seq(ir.lit(","), ir.ref("s"))))), ir.lit("]"))}, "s")
     cg = compile_grammar(g)
     m = Matcher(cg, vocab)
-    assert cg.engine.native == (engine_mode != "numpy" and native.available())
+    assert engine_for(cg).native == (engine_mode != "numpy" and native.available())
     prefix = b""
     for _step in range(25):
         allowed = set(m.allowed_token_ids())
@@ -238,9 +239,9 @@ def test_shared_rule_masks_match_regex_oracle(tokenizer_by_alias, alias: str, en
     doc = '{"a":"abc cab","b":"a\\"b","c":["ab","c b"],"d":{"e":"bad"}}'
     assert re_oracle.fullmatch(oracle, doc)
     _replay_against_regex(g, vocab, doc, oracle)
-    assert g.engine.stats["ci_misses"] > 0  # the split path ran
+    assert engine_for(g).stats["ci_misses"] > 0  # the split path ran
     if engine_mode == "deep-split":
-        assert any(len(k[1]) > 1 for k in g.engine.ci_cache)  # tops of more than one frame
+        assert any(len(k[1]) > 1 for k in engine_for(g).ci_cache)  # tops of more than one frame
 
 
 @pytest.mark.parametrize("alias", ["llama3", "qwen2"])
@@ -268,7 +269,7 @@ def test_counted_string_masks_match_regex_oracle(tokenizer_by_alias, alias: str,
     assert m.is_accepting() and checked > 100
     if engine_mode == "split" and native.available() and g.engine.flushes == 0:
         # walks were shared (a flush of the tables resets these counters)
-        assert any(shared > 0 for _work, shared in g.engine._hstat.values())
+        assert any(shared > 0 for _work, shared in engine_for(g)._hstat.values())
 
 
 def _quoted_viable(data: bytes) -> bool:
@@ -336,4 +337,5 @@ def test_utf8_string_body_masks_match_oracle(tokenizer_by_alias, alias: str, eng
     assert m.is_accepting() and checked >= 10
     if engine_mode == "default" and native.available():
         eng = g.engine  # the multibyte-loop check answered yes somewhere
-        assert (eng.tab.cu8[: eng.num_configs] == 1).any() or (eng.tab.gu8[: eng.num_rule_states] == 1).any()
+        assert ((eng.tab.utf8_memo[: eng.num_configs] == 1).any()
+                or (eng.tab.state_utf8_memo[: eng.num_rule_states] == 1).any())

@@ -1,4 +1,4 @@
-"""What the kernel modules (:mod:`structgen.grammar._pda_kernels`, :mod:`structgen.grammar._fsa_kernels`)
+"""What the kernel modules (:mod:`structgen.grammar._runtime_kernels`, :mod:`structgen.grammar._fsa_kernels`)
 share: ``njit`` (numba's, or a pass-through when numba is missing or ``STRUCTGEN_NATIVE=0``,
 so the kernels run as plain Python), ``COMPILED``, and the hash mixer of their tables."""
 

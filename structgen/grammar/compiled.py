@@ -88,7 +88,7 @@ class LazyRule:
         return len(self._eps)
 
     def csr(self) -> tuple[np.ndarray, ...]:
-        """The NFA as flat arrays for the compiled runtime (:mod:`structgen.grammar._pda_kernels`),
+        """The NFA as flat arrays for the compiled runtime (:mod:`structgen.grammar._runtime_kernels`),
         built once: ``(eps_off [n+1], eps, edge_off [n+1], edges [m, 3] (class_lo,
         class_hi, target), call_off [n+1], calls [k, 2] (callee, target), important [n])``,
         all int32 but ``important`` (uint8)."""
@@ -197,7 +197,7 @@ class CountedRule:
     """``item{lo,hi}`` for a call-free, prefix-free item (no accepting state of its table has
     an edge, so an item ends exactly where the table accepts, and the empty string is not an
     item), given as the item's trimmed DFA table. A state is (items read, item state): the
-    engine explores them lazily (:func:`structgen.grammar._pda_kernels._expand_counted`), so a
+    engine explores them lazily (:func:`structgen.grammar._runtime_kernels._expand_counted`), so a
     ``maxLength: 4096`` string is one small table, not 4096 unrolled copies of a character.
     :meth:`info` answers for the start state only (compile-time checks need nothing more)."""
 
@@ -418,13 +418,14 @@ class CompiledGrammar:
     # -- runtime ------------------------------------------------------------
     @property
     def engine(self) -> Any:
-        """The shared runtime (:class:`structgen.masks.engine.Engine`), built on first use."""
+        """The shared byte-level runtime (:class:`structgen.grammar.runtime.Runtime`), built on
+        first use; token masks hang off it (:func:`structgen.masks.engine.engine_for`)."""
         eng = self._engine
         if eng is None:
             with self._engine_lock:
                 if self._engine is None:
-                    from structgen.masks.engine import Engine
-                    self._engine = Engine(self)
+                    from structgen.grammar.runtime import Runtime
+                    self._engine = Runtime(self)
                 eng = self._engine
         return eng
 

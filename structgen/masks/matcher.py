@@ -15,7 +15,8 @@ are the ones speculative decoding needs:
 
 State is a list of interned configuration ids (one per accepted token), so rollback and
 fork are list operations. All heavy work (transition rows, masks) is cached in the
-grammar's shared :class:`~structgen.masks.engine.Engine`.
+grammar's shared runtime (:class:`~structgen.grammar.runtime.Runtime`) and mask engine
+(:class:`~structgen.masks.engine.Engine`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import numpy as np
 
 from structgen.errors import MatcherUsageError
 from structgen.grammar.compiled import CompiledGrammar
-from structgen.masks.engine import STALE, VocabTable
+from structgen.grammar.runtime import STALE
+from structgen.masks.engine import VocabTable, engine_for
 
 __all__ = ["Matcher", "vocab_table", "bitmask_words", "fill_bitmasks"]
 
@@ -154,8 +156,8 @@ class Matcher:
     history is trimmed beyond it.
     """
 
-    __slots__ = ("grammar", "vocab", "_eng", "_vt", "_hist", "_eos", "_max_rollback", "_tb", "_nvocab",
-                 "_epoch", "_bm_ok", "__weakref__")
+    __slots__ = ("grammar", "vocab", "_eng", "_masks", "_vt", "_hist", "_eos", "_max_rollback", "_tb",
+                 "_nvocab", "_epoch", "_bm_ok", "__weakref__")
 
     def __init__(self, grammar: CompiledGrammar, vocab: Any, *, max_rollback: int | None = None) -> None:
         if not isinstance(grammar, CompiledGrammar):
@@ -164,7 +166,8 @@ class Matcher:
             max_rollback = _whole("max_rollback", max_rollback, 0)
         self.grammar = grammar
         self.vocab = vocab
-        self._eng = grammar.engine
+        self._eng = grammar.engine  # the byte-level runtime
+        self._masks = engine_for(grammar)  # token masks over it
         self._vt = vocab_table(vocab)
         self._tb = self._vt.token_bytes
         self._nvocab = self._vt.vocab_size
@@ -300,6 +303,7 @@ class Matcher:
         m.grammar = self.grammar
         m.vocab = self.vocab
         m._eng = self._eng
+        m._masks = self._masks
         m._vt = self._vt
         m._tb = self._tb
         m._nvocab = self._nvocab
@@ -336,12 +340,12 @@ class Matcher:
         eng = self._eng
         ep = self._epoch
         if ep == eng.epoch:
-            m = eng.token_mask(cid, vt)
+            m = self._masks.token_mask(cid, vt)
             if eng.epoch == ep:
                 return m
         with eng.lock:
             self._sync()
-            return eng.token_mask(self._hist[-1], vt)
+            return self._masks.token_mask(self._hist[-1], vt)
 
     def _cached_words(self) -> np.ndarray | None:
         """The current mask's words if the engine has them cached (no walk), else None."""
@@ -352,7 +356,7 @@ class Matcher:
         ep = self._epoch
         if ep != eng.epoch:
             return None
-        m = eng.cached_mask(cid, self._vt)
+        m = self._masks.cached_mask(cid, self._vt)
         return m if eng.epoch == ep else None
 
     def get_bitmask_words(self) -> np.ndarray:

@@ -38,7 +38,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["available", "Trie", "trie_for"]
+__all__ = ["available", "Trie", "trie_for", "TextSlice", "TEXT_AUTOMATON", "SLICE_DEPTH", "SLICE_BUDGET",
+           "SLICE_WIDTH", "SLICE_NODES", "walk_trie", "walk_ids", "walk_sliced", "walk_loop_split",
+           "row_shape", "match_nodes"]
 
 DONE = -3
 
@@ -76,48 +78,49 @@ def _load() -> Any:
 
 def _warm_tables(byte: Any, depth: Any, skip: Any, lo: Any, own: Any, suf: Any, wf: Any, offs: Any, lens: Any,
                  flat: Any, ids: Any, words: Any, unc: Any, cnt: Any) -> None:
-    """Run the runtime-table kernels once on the tables of a small recursive grammar."""
-    from structgen.grammar import _pda_kernels as pk
+    """Run the runtime and walk kernels once on the tables of a small recursive grammar."""
+    from structgen.grammar import _runtime_kernels as rk
+    from structgen.grammar import _stack_kernels as sk
     from structgen.grammar import ir
     from structgen.grammar.compiler import compile_grammar
-    from structgen.masks.engine import _Tables
+    from structgen.grammar.runtime import RuntimeTables
+    from structgen.masks import _walk_kernels as wk
 
     t = ir.alt(ir.lit("b"), ir.seq(ir.lit("["), ir.ref("t"), ir.lit("]")))
     cg = compile_grammar(ir.Grammar({"s": ir.seq(ir.lit("a"), ir.star(ir.ref("t"))), "t": t}, "s"))
-    tab = _Tables(cg.rules)
-    g = int(pk.start_state(tab.T, 0))
-    pk.expand(tab.T, g)
-    s = int(pk.frame(tab.T, 0, g))
-    c = int(pk.closure_config(tab.T, s))
-    pk.closure(tab.T, s)
-    pk.fill_row(tab.T, c)
-    pk.succ(tab.T, c, 98)
-    pk.stack_of_chain(tab.T, np.array([g], dtype=np.int64), 1)
-    pk.state(tab.T, 0, np.zeros(2, dtype=np.int32), 2)
+    tab = RuntimeTables(cg.rules)
+    g = int(rk.start_state(tab.T, 0))
+    rk.expand(tab.T, g)
+    s = int(sk.frame(tab.T, 0, g))
+    c = int(sk.closure_config(tab.T, s))
+    sk.closure(tab.T, s)
+    sk.fill_row(tab.T, c)
+    sk.succ(tab.T, c, 98)
+    sk.stack_of_chain(tab.T, np.array([g], dtype=np.int64), 1)
+    rk.state(tab.T, 0, np.zeros(2, dtype=np.int32), 2)
     st, tn = np.zeros(3, np.int32), np.zeros(3, np.uint8)
     n = byte.shape[0] - 1
+    arrays = wk.TrieArrays(byte, depth, skip, lo, own, suf, wf, ids)
     for gmode in (False, True):
         for split in (False, True):
             st[0] = g if gmode else c
-            pk.walk(byte, depth, skip, lo, own, suf, wf, ids, tab.T, gmode, 1, n + 1, st, tn, split, words,
-                    unc, cnt, *_NO_SLICE)
-            pk.walk_ids(offs, lens, flat, tab.T, gmode, int(st[0]), ids, np.zeros(4, np.int64), words, split,
+            wk.walk(arrays, tab.T, gmode, 1, n + 1, st, tn, split, words, unc, cnt, _no_slice())
+            wk.walk_ids(offs, lens, flat, tab.T, gmode, int(st[0]), ids, np.zeros(4, np.int64), words, split,
                         unc, cnt)
-    from structgen.masks.engine import _TEXT_PD
-
     cnode = np.arange(byte.shape[0], dtype=np.int64)
     sps = np.zeros(ids.size + 1, dtype=np.int64)
     for gmode in (False, True):
-        pk.slice_from(tab.T, gmode, g if gmode else c, 0, _TEXT_PD, 4, 128, 16)
+        wk.slice_from(tab.T, gmode, g if gmode else c, 0, TEXT_AUTOMATON, 4, 128, 16)
         for split in (False, True):
-            pk.walk_sliced(byte, depth, skip, lo, own, suf, wf, ids, byte, depth, skip, lo, own, suf, wf, ids,
-                           cnode, byte, depth, skip, lo, own, suf, wf, ids, cnode, sps, ids, _TEXT_PD,
-                           np.array([4, 128, 16, 1], np.int64), tab.T, gmode, g if gmode else c,
-                           np.array([0, -1, 0, 0], np.int64), st, tn, np.zeros(3, np.int64), split, words,
-                           unc, cnt)
-    pk.rehash_frames(tab.fr, int(tab.meta[pk.M_NFR]), np.full(64, -1, np.int64), np.zeros(64, np.int32))
-    pk.rehash_seqs(tab.g_rule.copy(), tab.g_key, tab.gs_d, int(tab.meta[pk.M_NG]), np.full(64, -1, np.int64),
-                   np.zeros(64, np.int32))
+            text = wk.TextArgs(np.zeros(3, np.int64), TEXT_AUTOMATON, sps, ids,
+                               np.array([4, 128, 16, 1], np.int64))
+            wk.walk_sliced(arrays, arrays, cnode, arrays, cnode, text, tab.T, gmode, g if gmode else c,
+                           np.array([0, -1, 0, 0], np.int64), st, tn, split, words, unc, cnt)
+    hash_keys, hash_ids = np.full(64, -1, np.int64), np.zeros(64, np.int32)
+    rk.rehash_frames(tab.frames, int(tab.counters[rk.N_FRAMES]), hash_keys, hash_ids)
+    hash_keys[:] = -1
+    rk.rehash_seqs(tab.state_rule.copy(), tab.state_key, tab.state_key_data, int(tab.counters[rk.N_STATES]),
+                   hash_keys, hash_ids)
 
 
 def _warm(k: Any) -> None:
@@ -183,10 +186,20 @@ class Trie:
             rows = np.repeat(np.arange(len(ids), dtype=np.int64), lens)
             bits[rows, flat] = True
         self.slot_bytes = np.ascontiguousarray(np.packbits(bits, axis=1, bitorder="little").view(np.uint64))
+        self._arrays: Any = None
+
+    def arrays(self) -> Any:
+        """The node arrays as one walk argument (:data:`structgen.masks._walk_kernels.TrieArrays`)."""
+        if self._arrays is None:
+            from structgen.masks._walk_kernels import TrieArrays
+
+            self._arrays = TrieArrays(self.byte, self.depth, self.skip, self.lo, self.own, self.suf, self.wf,
+                                      self.slot_ids)
+        return self._arrays
 
 
 def _utf8() -> np.ndarray:
-    from structgen.grammar._pda_kernels import UTF8
+    from structgen.masks._walk_kernels import UTF8
 
     return UTF8
 
@@ -206,43 +219,89 @@ def trie_for(key: Any, token_bytes: list[bytes | None], vocab_size: int) -> Trie
     return t
 
 
-# the slice arguments of a walk that takes no slice (pq, pd, sps, sids, sp; see _pda_kernels.walk)
-_NO_SLICE = (np.zeros(1, dtype=np.int64), np.full((1, 256), -1, dtype=np.int8), np.zeros(1, dtype=np.int64),
-             np.zeros(0, dtype=np.int64), np.full(4, -1, dtype=np.int64))
+def _json_text_automaton() -> np.ndarray:
+    """The bytes of JSON string content without escapes: complete, well-formed UTF-8
+    characters other than ``"``, ``\\`` and the C0 controls (int8 ``[8, 256]``: state 0 =
+    between characters, -1 = no edge): UTF-8 (:data:`structgen.masks._walk_kernels.UTF8`) less
+    those ASCII bytes."""
+    from structgen.masks._walk_kernels import UTF8
+
+    pd = UTF8.copy()
+    pd[0, 0x00:0x20] = -1
+    pd[0, 0x22] = pd[0, 0x5C] = -1
+    return pd
 
 
-# -- drivers (the engine passes itself: its kernel tables and what a kernel asks for) -------
+#: The slice automaton of the text slice (see :class:`TextSlice`).
+TEXT_AUTOMATON = _json_text_automaton()
+SLICE_DEPTH = 24  # the text slice: tokens of at most this many bytes
+SLICE_BUDGET = 512  # (state, slice state) pairs one slice check may visit
+SLICE_WIDTH = 48  # ... and at one depth
+SLICE_NODES = 24  # descendants a trie node needs for a slice check
 
-def walk_trie(eng: Any, trie: Trie, start: int, gmode: bool, split: bool, words: np.ndarray) -> np.ndarray:
-    """OR into ``words`` the tokens accepted from ``start`` (a configuration of ``eng``, or
+
+class TextSlice:
+    """The text slice of a vocabulary: the tokens of at most ``depth`` bytes that are plain
+    JSON text (``pd``, :data:`TEXT_AUTOMATON`; the last character may be cut), as
+    ``sids`` in the order of the full trie's slots (``sps[k]``: how many of them precede
+    slot ``k``, so a subtree's slice tokens are one range), and ``trie``, the trie of every
+    *other* token (``cnode``: the node of each full-trie node's path in it, or -1). From a
+    state that can read every plain text of up to ``depth`` bytes
+    (:func:`structgen.masks._walk_kernels.slice_from`), a node's slice tokens are all accepted,
+    and only its subtree in ``trie`` needs a walk
+    (:func:`structgen.masks._walk_kernels.walk_sliced`); ``ktrie`` / ``knode``: the same without
+    the tokens of plain text then a control byte, for states that reject those."""
+
+    __slots__ = ("depth", "pd", "sps", "sids", "trie", "cnode", "ktrie", "knode", "size")
+
+    def __init__(self, depth: int, pd: np.ndarray, sps: np.ndarray, sids: np.ndarray, trie: Trie,
+                 cnode: np.ndarray, ktrie: Trie, knode: np.ndarray) -> None:
+        self.depth, self.pd, self.sps, self.sids, self.trie = depth, pd, sps, sids, trie
+        self.cnode, self.ktrie, self.knode, self.size = cnode, ktrie, knode, int(sids.size)
+
+
+def _no_slice() -> Any:
+    """The text-slice argument of a walk that takes no slice (see :data:`_walk_kernels.TextArgs`)."""
+    from structgen.masks._walk_kernels import TextArgs
+
+    return TextArgs(np.zeros(1, dtype=np.int64), np.full((1, 256), -1, dtype=np.int8),
+                    np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64), np.full(4, -1, dtype=np.int64))
+
+
+# -- drivers (each takes the grammar's runtime: its kernel tables, and its ``service`` that grows
+# them when a walk asks for room) ----------------------------------------------------------------
+
+def walk_trie(runtime: Any, trie: Trie, start: int, gmode: bool, split: bool,
+              words: np.ndarray) -> np.ndarray:
+    """OR into ``words`` the tokens accepted from ``start`` (a configuration of ``runtime``, or
     with ``gmode`` a rule state of a call-free rule); with ``split`` (a rooted walk), also
     return the ids of the rejected tokens that passed an accepting state first (they depend
     on the context), else an empty array."""
-    from structgen.grammar import _pda_kernels as pk
+    from structgen.masks import _walk_kernels as wk
 
     st = np.zeros(trie.max_depth + 1, dtype=np.int32)
     st[0] = start
     tn = np.zeros(trie.max_depth + 1, dtype=np.uint8)
     unc = np.empty(trie.slot_ids.size if split else 0, dtype=np.int64)  # written before read
     cnt = np.zeros(1, dtype=np.int64)
+    no_slice = _no_slice()
     i = 1
     end = trie.num_nodes + 1
     while True:
-        i, status = pk.walk(trie.byte, trie.depth, trie.skip, trie.lo, trie.own, trie.suf, trie.wf,
-                            trie.slot_ids, eng.tab.T, gmode, i, end, st, tn, split, words, unc, cnt,
-                            *_NO_SLICE)
+        i, status = wk.walk(trie.arrays(), runtime.tab.T, gmode, i, end, st, tn, split, words, unc, cnt,
+                            no_slice)
         if status == DONE:
             break
-        eng._service(int(status))
+        runtime.service(int(status))
     return unc[: int(cnt[0])]
 
 
-def walk_ids(eng: Any, trie: Trie, start: int, gmode: bool, ids: np.ndarray, words: np.ndarray,
+def walk_ids(runtime: Any, trie: Trie, start: int, gmode: bool, ids: np.ndarray, words: np.ndarray,
              split: bool = False) -> np.ndarray:
     """OR into ``words`` the tokens among ``ids`` whose bytes are consumed from ``start``
     (tokens already set in ``words`` are skipped). With ``split`` (a rooted walk), the
     rejected tokens that passed an accepting state first are returned."""
-    from structgen.grammar import _pda_kernels as pk
+    from structgen.masks import _walk_kernels as wk
 
     pos = np.zeros(4, dtype=np.int64)  # resume point: token index, byte index, state, passed
     pos[2] = start
@@ -250,20 +309,19 @@ def walk_ids(eng: Any, trie: Trie, start: int, gmode: bool, ids: np.ndarray, wor
     unc = np.empty(ids.size if split else 0, dtype=np.int64)
     cnt = np.zeros(1, dtype=np.int64)
     while True:
-        status = pk.walk_ids(trie.id_off, trie.id_len, trie.blob, eng.tab.T, gmode, start, ids, pos, words,
-                             split, unc, cnt)
+        status = wk.walk_ids(trie.id_off, trie.id_len, trie.blob, runtime.tab.T, gmode, start, ids, pos,
+                             words, split, unc, cnt)
         if status == DONE:
             return unc[: int(cnt[0])]
-        eng._service(int(status))
+        runtime.service(int(status))
 
 
-def walk_sliced(eng: Any, trie: Trie, sl: Any, start: int, gmode: bool, split: bool,
+def walk_sliced(runtime: Any, trie: Trie, sl: Any, start: int, gmode: bool, split: bool,
                 words: np.ndarray) -> np.ndarray:
     """:func:`walk_trie` over the whole vocabulary, taking the text slice ``sl`` (a
-    :class:`structgen.masks.engine._Slice`) whole where a node's state can read it (see
-    :func:`structgen.grammar._pda_kernels.walk_sliced`)."""
-    from structgen.grammar import _pda_kernels as pk
-    from structgen.masks.engine import _SLICE_BUDGET, _SLICE_NODES, _SLICE_WIDTH
+    :class:`TextSlice`) whole where a node's state can read it (see
+    :func:`structgen.masks._walk_kernels.walk_sliced`)."""
+    from structgen.masks import _walk_kernels as wk
 
     ct, kt = sl.trie, sl.ktrie
     md = max(trie.max_depth, ct.max_depth) + 1
@@ -273,16 +331,15 @@ def walk_sliced(eng: Any, trie: Trie, sl: Any, start: int, gmode: bool, split: b
     unc = np.empty(trie.slot_ids.size if split else 0, dtype=np.int64)
     cnt = np.zeros(1, dtype=np.int64)
     pos = np.array([0, -1, 0, 0], dtype=np.int64)
-    sp = np.array([sl.depth, _SLICE_BUDGET, _SLICE_WIDTH, _SLICE_NODES], dtype=np.int64)
+    sp = np.array([sl.depth, SLICE_BUDGET, SLICE_WIDTH, SLICE_NODES], dtype=np.int64)
+    text = wk.TextArgs(pq, sl.pd, sl.sps, sl.sids, sp)
+    full, rest, rest_kill = trie.arrays(), ct.arrays(), kt.arrays()
     while True:
-        status = pk.walk_sliced(trie.byte, trie.depth, trie.skip, trie.lo, trie.own, trie.suf, trie.wf,
-                                trie.slot_ids, ct.byte, ct.depth, ct.skip, ct.lo, ct.own, ct.suf, ct.wf,
-                                ct.slot_ids, sl.cnode, kt.byte, kt.depth, kt.skip, kt.lo, kt.own, kt.suf,
-                                kt.wf, kt.slot_ids, sl.knode, sl.sps, sl.sids, sl.pd, sp, eng.tab.T, gmode,
-                                start, pos, st, tn, pq, split, words, unc, cnt)
+        status = wk.walk_sliced(full, rest, sl.cnode, rest_kill, sl.knode, text, runtime.tab.T, gmode, start,
+                                pos, st, tn, split, words, unc, cnt)
         if status == DONE:
             return unc[: int(cnt[0])]
-        eng._service(int(status))
+        runtime.service(int(status))
 
 
 def row_shape(row: np.ndarray, lab: np.ndarray, tg: np.ndarray) -> int:
@@ -298,7 +355,7 @@ def match_nodes(full: Trie, sub: Trie) -> np.ndarray:
     return out
 
 
-def walk_loop_split(eng: Any, trie: Trie, start: int, gmode: bool, loops: np.ndarray, words: np.ndarray,
+def walk_loop_split(runtime: Any, trie: Trie, start: int, gmode: bool, loops: np.ndarray, words: np.ndarray,
                     split: bool = False) -> np.ndarray:
     """Tokens made only of bytes that loop on ``start`` are allowed outright; the others are
     walked byte by byte (``split`` as in :func:`walk_ids`, for a non-accepting ``start``).
@@ -307,5 +364,5 @@ def walk_loop_split(eng: Any, trie: Trie, start: int, gmode: bool, loops: np.nda
     nonloop = np.packbits(~loops, bitorder="little").view(np.uint64)
     impure = k.loop_split(trie.slot_bytes, trie.slot_ids, nonloop, words)
     if impure.size:
-        return walk_ids(eng, trie, start, gmode, impure, words, split)
+        return walk_ids(runtime, trie, start, gmode, impure, words, split)
     return np.zeros(0, dtype=np.int64)

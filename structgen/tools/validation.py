@@ -567,7 +567,7 @@ class SchemaValidator:
             remotes = self.remotes
             self._canonical = lambda instance, schema: canonical_json(instance, schema, remotes=remotes)
         # one instance at a time, possibly huge: a small table budget keeps validation's
-        # memory flat (flushing costs time, never exactness; see structgen.masks.engine)
+        # memory flat (flushing costs time, never exactness; see structgen.grammar.runtime)
         eng = getattr(self._grammar, "engine", None)
         if eng is not None and hasattr(eng, "table_budget"):
             eng.table_budget = min(eng.table_budget, VALIDATE_TABLE_BYTES)
