@@ -53,6 +53,7 @@ from structgen.frontends.json_schema.diagnostics import (
 )
 from structgen.frontends.json_schema.document import Loc, SchemaDoc, _draft_of, parse_schema_text
 from structgen.frontends.json_schema.lower import Lowering, pattern_error
+from structgen.frontends.json_schema.source import is_model_class, model_schema
 from structgen.grammar import ir
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,33 +84,17 @@ def _coerce(schema: Any) -> Any:
 
 
 def _coerce_value(schema: Any) -> Any:
+    """``schema`` as a JSON value: dicts and booleans as they are, ``str`` parsed as JSON text,
+    a model class (duck-typed: a class with ``model_json_schema()``, as Pydantic v2 models have;
+    the front-ends never import pydantic) converted by that method."""
     if isinstance(schema, (dict, bool)):
         return schema
     if isinstance(schema, str):
         return parse_schema_text(schema)
-    if isinstance(schema, type):
-        try:
-            from pydantic import BaseModel
-        except ImportError as e:  # pragma: no cover
-            raise SchemaError("pydantic is required to convert a model class") from e
-        if issubclass(schema, BaseModel):
-            return schema.model_json_schema()
+    if is_model_class(schema):
+        return model_schema(schema)
     raise SchemaError(f"a JSON schema must be a dict, a bool, JSON text or a pydantic model class, "
                       f"not {type(schema).__name__}")
-
-
-def _check_options(options: JsonSchemaOptions) -> None:
-    if options.whitespace not in ("compact", "flexible"):
-        raise ConfigError(f"whitespace must be 'compact' or 'flexible', not {options.whitespace!r}",
-                          key="whitespace")
-    if options.formats not in ("enforce", "annotation"):
-        raise ConfigError(f"formats must be 'enforce' or 'annotation', not {options.formats!r}",
-                          key="formats")
-    if options.property_order != "schema":
-        raise ConfigError(f"property_order must be 'schema', not {options.property_order!r}",
-                          key="property_order")
-    if options.max_whitespace < 0:
-        raise ConfigError("max_whitespace must be >= 0", key="max_whitespace")
 
 
 def _format_support(name: str) -> bool | None:
@@ -128,7 +113,6 @@ _UNSAT = "schema is unsatisfiable: no JSON value is valid"
 
 def _build(schema: Any, options: JsonSchemaOptions, remotes: Mapping[str, Any] | None,
            deadline: float | None = None) -> tuple[ir.Grammar, list[str], Lowering]:
-    _check_options(options)
     schema = _coerce(schema)
     try:
         doc = SchemaDoc(schema, remotes=remotes, max_depth=options.max_depth)
