@@ -276,6 +276,7 @@ class InstanceError:
     line: int
 
     def as_dict(self) -> dict[str, Any]:
+        """This error as a JSON-ready dict (the ``--json`` output's shape)."""
         return {"path": self.path, "pointer": self.pointer, "keyword": self.keyword,
                 "message": self.message, "line": self.line}
 
@@ -298,9 +299,11 @@ class InstanceResult:
 
     @property
     def valid(self) -> bool:
+        """True when no validation error was found."""
         return not self.errors
 
     def as_dict(self) -> dict[str, Any]:
+        """This verdict as a JSON-ready dict (the ``--json`` output's shape)."""
         return {"file": self.source, "line": self.line, "valid": self.valid,
                 "errors": [e.as_dict() for e in self.errors], "grammar": self.grammar,
                 "notes": list(self.notes)}

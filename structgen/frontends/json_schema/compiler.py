@@ -10,16 +10,24 @@ form (declared property names: their canonical spelling only). "Valid" means wha
 (or, with ``lenient=True``, is dropped and recorded as a warning), so the grammar never
 accepts an invalid value.
 
-How it works (see the three helper modules):
+How it works (bottom to top):
 
+* :mod:`structgen.frontends.json_schema.source` reads schema files and model classes;
 * :mod:`structgen.frontends.json_schema.document` loads and indexes the schema, resolves ``$ref`` and
   defines the canonical key order;
 * :mod:`structgen.frontends.json_schema.algebra` normalises every schema location into a
   per-JSON-type language with exact intersection, union and complement, which is what
   makes ``allOf``/``anyOf``/``oneOf``/``not``/``if``-``then``-``else``,
-  ``dependentSchemas`` and ``unevaluated*`` exact;
+  ``dependentSchemas`` and ``unevaluated*`` exact; its string and number formulas live in
+  :mod:`~structgen.frontends.json_schema.formulas`, its nodes and records in
+  :mod:`~structgen.frontends.json_schema.records`;
 * :mod:`structgen.frontends.json_schema.lower` lowers that to IR rules (one per schema node and
-  key-order context; recursive schemas give recursive rules).
+  key-order context; recursive schemas give recursive rules), with ``pattern`` languages from
+  :mod:`~structgen.frontends.json_schema.patterns`, formats from
+  :mod:`~structgen.frontends.json_schema.formats` and numbers from
+  :mod:`~structgen.frontends.json_schema.numbers`;
+* when compiling fails, :mod:`structgen.frontends.json_schema.diagnostics` names the subschema and
+  keyword (with :mod:`~structgen.frontends.json_schema.keywords`).
 
 Known limits (each raises ``UnsupportedFeatureError`` rather than over-accepting):
 ``uniqueItems`` is exact only when items come from a small finite set of scalars (or at
@@ -45,14 +53,11 @@ from typing import TYPE_CHECKING, Any
 from structgen.config import CompileOptions, JsonSchemaOptions
 from structgen.errors import CompileLimitError, ConfigError, GrammarError, SchemaError
 from structgen.frontends.json_schema.algebra import Normalizer
-from structgen.frontends.json_schema.diagnostics import (
-    explain_unsat,
-    keyword_at,  # noqa: F401 - kept importable from here
-    locate_automaton_error,
-    structural_keyword,
-)
+from structgen.frontends.json_schema.diagnostics import explain_unsat, locate_automaton_error
 from structgen.frontends.json_schema.document import Loc, SchemaDoc, _draft_of, parse_schema_text
-from structgen.frontends.json_schema.lower import Lowering, pattern_error
+from structgen.frontends.json_schema.keywords import structural_keyword
+from structgen.frontends.json_schema.lower import Lowering
+from structgen.frontends.json_schema.patterns import pattern_error
 from structgen.frontends.json_schema.source import is_model_class, model_schema
 from structgen.grammar import ir
 
