@@ -237,7 +237,7 @@ class StructgenAdapter(Adapter):
             if hasattr(obj, "clear"):
                 obj.clear()
                 cleared.append(f"{mod_name}.{attr}")
-        for mod_name, attr in (("structgen.frontends.json_schema.lower", "compile_pattern"),
+        for mod_name, attr in (("structgen.frontends.json_schema.patterns", "compile_pattern"),
                                ("structgen.frontends.json_schema.numbers", "_build")):
             fn = getattr(importlib.import_module(mod_name), attr, None)
             if hasattr(fn, "cache_clear"):

@@ -207,8 +207,7 @@ def _section(name: str, cls: type, node: Any, where: str, section_line: int) -> 
         values[key] = value
         lines[key] = _line(vnode)
     try:
-        obj = cls(**values)
-        _check_section(name, obj)
+        obj = cls(**values)  # each options class checks its own values in __post_init__
     except ConfigError as e:
         bad = e.key if e.key in lines else next((k for k in lines if k in str(e)), None)
         dotted = f"{name}.{bad or e.key}" if (bad or e.key) else name
@@ -220,14 +219,6 @@ def _section(name: str, cls: type, node: Any, where: str, section_line: int) -> 
 def _expected(allowed: tuple[type, ...]) -> str:
     words = [_TYPE_WORDS.get(t, t.__name__) for t in allowed]
     return " or ".join(words)
-
-
-def _check_section(name: str, obj: Any) -> None:
-    """Checks beyond the dataclasses' own (which check every option's type and range)."""
-    if name == "json_schema":
-        from structgen.frontends.json_schema.compiler import _check_options
-
-        _check_options(obj)
 
 
 def loads_settings(text: str, path: str = "<string>") -> Settings:

@@ -269,8 +269,8 @@ def test_automaton_timeout_names_the_rule_location_and_keyword() -> None:
 
 
 def test_structural_keyword_fallback() -> None:
-    from structgen.frontends.json_schema.diagnostics import structural_keyword
     from structgen.frontends.json_schema.document import SchemaDoc
+    from structgen.frontends.json_schema.keywords import structural_keyword
 
     big = {"properties": {f"p{i}": {"type": "integer"} for i in range(20)}}
     doc = SchemaDoc({"properties": {"a": {"type": "string"}},

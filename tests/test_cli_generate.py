@@ -20,6 +20,7 @@ import jsonschema
 import pytest
 
 import structgen
+import structgen.tools
 from structgen.tools.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -347,7 +348,7 @@ def test_bench_delegates_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = types.ModuleType("structgen.tools.bench")
     fake.main = lambda argv: seen.append(list(argv)) or 7  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "structgen.tools.bench", fake)
-    monkeypatch.setattr(structgen, "bench", fake, raising=False)
+    monkeypatch.setattr(structgen.tools, "bench", fake, raising=False)  # once imported, the attribute wins
     assert main(["bench", "--smoke", "--out", "x"]) == 7
     assert seen == [["--smoke", "--out", "x"]]
 
@@ -355,7 +356,7 @@ def test_bench_delegates_argv(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_bench_missing_module_exit_2(monkeypatch: pytest.MonkeyPatch,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "structgen.tools.bench", None)  # makes the import fail
-    monkeypatch.delattr(structgen, "bench", raising=False)
+    monkeypatch.delattr(structgen.tools, "bench", raising=False)
     rc, out, err = run(capsys, "bench", "--smoke")
     assert rc == 2 and out == "" and "structgen.tools.bench" in one_line(err)
 

@@ -78,39 +78,30 @@ def _load_config(config: SpecConfig | str | os.PathLike[str] | dict | None) -> S
     return load_spec_config(Path(config))
 
 
-def resolve_grammar(*, schema: Any = None, grammar: str | None = None, regex: str | None = None,
+def resolve_grammar(*, schema: Any = None, grammar: Any = None, regex: str | None = None,
                     start: str = "start") -> tuple[Any, Any]:
-    """(compiled grammar, pydantic class or None) from exactly one constraint.
+    """(compiled grammar, model class or None) from exactly one constraint, compiled by the
+    front door :func:`structgen.frontends.constraint.compile_constraint` for generation.
 
     ``schema`` is a dict, a bool, a Pydantic class, JSON text or a file path (a ``str`` that is
-    not JSON text, or an ``os.PathLike``), told apart by :func:`structgen.frontends.constraint.schema_from`;
-    reading that file is the only file access. ``$ref`` only reaches inside the schema.
+    not JSON text, or an ``os.PathLike``), told apart by
+    :func:`structgen.frontends.constraint.schema_from`; reading that file is the only file
+    access. ``$ref`` only reaches inside the schema. ``grammar`` is Lark text, a path of a Lark
+    file or an already compiled grammar; ``regex`` a pattern. The model class (returned second)
+    is the ``schema`` itself when it is a Pydantic class: generation validates its output with
+    it. Raises :class:`~structgen.errors.ConfigError` unless exactly one constraint is given.
     """
+    from structgen.frontends.constraint import compile_constraint, is_model_class
+
     given = [x is not None for x in (schema, grammar, regex)]
     if sum(given) != 1:
         raise ConfigError("give exactly one of schema=, grammar= or regex=")
-    from structgen.grammar.compiled import CompiledGrammar
-
-    if isinstance(grammar, CompiledGrammar):  # compiled by the caller, with its own options
-        return grammar, None
-    pyd = None
     if schema is not None:
-        from structgen.frontends.constraint import schema_from
-        from structgen.frontends.json_schema.compiler import compile_json_schema
-
-        if isinstance(schema, type):
-            pyd = schema
-        # generation writes strings in one canonical spelling (enum values, consts and
-        # property names become forced text); validation keeps accepting every spelling
-        return compile_json_schema(schema_from(schema), string_escapes="canonical"), pyd
+        model = schema if is_model_class(schema) else None
+        return compile_constraint("json", schema, strings_may_be_paths=True), model
     if grammar is not None:
-        from structgen.frontends.lark import compile_lark
-
-        return compile_lark(grammar, start=start), None
-    from structgen.frontends.regex import compile_regex_grammar
-
-    assert regex is not None
-    return compile_regex_grammar(regex), None
+        return compile_constraint("grammar", grammar, start=start), None
+    return compile_constraint("regex", regex), None
 
 
 def _prompt_ids(lm: Any, prompt: str | None, messages: list[dict] | None) -> list[int]:

@@ -44,6 +44,12 @@ from collections.abc import Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from structgen.errors import ConfigError, StructgenError
+from structgen.frontends.constraint import (
+    CONSTRAINT_KINDS,
+    compile_constraint,
+    constraint_kind,
+    is_model_class,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from structgen.config import JsonSchemaOptions
@@ -91,99 +97,15 @@ class TokenRejectedError(IntegrationError):
 # --------------------------------------------------------------------------- compiling
 
 #: request types understood by :func:`compile_constraint` (vLLM's names, lower case) and aliases
-REQUEST_TYPES = ("json", "json_object", "regex", "grammar", "lark", "choice")
-
-
-def _request_type(request_type: Any) -> str:
-    name = getattr(request_type, "name", request_type)  # enum members by name
-    if not isinstance(name, str):
-        raise ConfigError(f"request_type must be a string or an enum member, got "
-                          f"{type(request_type).__name__}", key="request_type")
-    kind = name.strip().lower()
-    if kind not in REQUEST_TYPES:
-        raise ConfigError(f"unknown request_type {name!r}; expected one of "
-                          f"{', '.join(REQUEST_TYPES)}", key="request_type")
-    return "grammar" if kind == "lark" else kind
-
-
-def _choices(spec: Any) -> list[str]:
-    if isinstance(spec, str):
-        try:
-            spec = json.loads(spec)
-        except ValueError:
-            raise ConfigError("a 'choice' spec must be a list of strings (or its JSON text)",
-                              key="choice") from None
-    if not isinstance(spec, (list, tuple)) or not spec:
-        raise ConfigError("a 'choice' spec must be a non-empty list of strings", key="choice")
-    for i, c in enumerate(spec):
-        if not isinstance(c, str):
-            raise ConfigError(f"choice {i} is {type(c).__name__}, not a string", key=f"choice[{i}]")
-    return list(spec)
-
-
-def _generation_options(json_options: JsonSchemaOptions | None) -> JsonSchemaOptions:
-    """Options for a grammar that generates: strings in their canonical spelling unless set."""
-    from structgen.config import JsonSchemaOptions
-
-    return (json_options or JsonSchemaOptions()).for_generation()
-
-
-def compile_constraint(request_type: Any, spec: Any, *, start: str = "start",
-                       json_options: JsonSchemaOptions | None = None) -> CompiledGrammar:
-    """Compile one constraint to a :class:`~structgen.grammar.compiled.CompiledGrammar`.
-
-    ``request_type`` (case-insensitive, or an enum member whose ``name`` is one of these):
-
-    * ``"json"``: ``spec`` is a JSON schema (dict, bool, JSON text, a Pydantic class, or a
-      ``pathlib.Path`` of a schema file); a ``str`` is always JSON text, never a file name
-      (serving requests hand strings over), see :mod:`structgen.frontends.constraint`;
-    * ``"json_object"``: any JSON object (``spec`` ignored);
-    * ``"regex"``: ``spec`` is a Python-syntax regular expression, matched in full;
-    * ``"grammar"`` (alias ``"lark"``): ``spec`` is Lark grammar text with rule ``start``;
-    * ``"choice"``: ``spec`` is a list of strings (or its JSON text); the output is exactly
-      one of them (raw text, not JSON-quoted).
-
-    Raises :class:`~structgen.errors.ConfigError` for an unknown type or a bad choice list,
-    and what the front-ends raise for a bad schema / grammar / regex (SchemaError,
-    GrammarError, RegexError, UnsupportedFeatureError, CompileLimitError). The front-ends
-    keep their own content-keyed caches; :class:`StructgenBackend` adds one per backend.
-    """
-    kind = _request_type(request_type)
-    if kind == "json":
-        from structgen.frontends.constraint import schema_from
-        from structgen.frontends.json_schema.compiler import compile_json_schema
-
-        # a string here may come from a serving request: JSON text only, never a file name
-        return compile_json_schema(schema_from(spec, strings_may_be_paths=False),
-                                   options=_generation_options(json_options))
-    if kind == "json_object":
-        from structgen.frontends.json_schema.compiler import compile_json_schema
-
-        return compile_json_schema({"type": "object"}, options=_generation_options(json_options))
-    if kind == "regex":
-        from structgen.frontends.regex import compile_regex_grammar
-
-        if not isinstance(spec, str):
-            raise ConfigError("a 'regex' spec must be a string", key="regex")
-        return compile_regex_grammar(spec)
-    if kind == "grammar":
-        from structgen.frontends.lark import compile_lark
-
-        if not isinstance(spec, str):
-            raise ConfigError("a 'grammar' spec must be Lark grammar text", key="grammar")
-        return compile_lark(spec, start=start)
-    from structgen.grammar import ir
-    from structgen.grammar.compiler import compile_grammar
-
-    alts = [ir.lit(c.encode("utf-8")) for c in dict.fromkeys(_choices(spec))]
-    return compile_grammar(ir.Grammar({"start": ir.alt(*alts)}, "start"))
+REQUEST_TYPES = CONSTRAINT_KINDS
 
 
 def _cache_key(kind: str, spec: Any) -> Hashable:
-    if isinstance(spec, type):  # a Pydantic class: its JSON schema is the content
-        schema = getattr(spec, "model_json_schema", None)
-        if schema is not None:
-            return (kind, "pydantic", json.dumps(schema(), sort_keys=True))
+    """A backend cache key for a constraint: its content where it is JSON (a model class: its
+    JSON schema), else its identity."""
+    if is_model_class(spec):
+        return (kind, "pydantic", json.dumps(spec.model_json_schema(), sort_keys=True))
+    if isinstance(spec, type):
         return (kind, "type", id(spec))
     try:
         return (kind, json.dumps(spec, sort_keys=True))
@@ -343,7 +265,7 @@ class StructgenBackend:
 
     def compile(self, request_type: Any, grammar_spec: Any) -> CompiledGrammar:
         """The compiled grammar of a constraint (cached; see :func:`compile_constraint`)."""
-        kind = _request_type(request_type)
+        kind = constraint_kind(request_type)
         key = _cache_key(kind, grammar_spec)
         with self._lock:
             hit = self._cache.get(key)
@@ -362,7 +284,7 @@ class StructgenBackend:
 
     def compile_grammar(self, request_type: Any, grammar_spec: Any) -> StructgenGrammar:
         """A fresh per-request :class:`StructgenGrammar` for the constraint (compiled once)."""
-        kind = _request_type(request_type)
+        kind = constraint_kind(request_type)
         return StructgenGrammar(self.compile(kind, grammar_spec), self.vocab,
                                 max_rollback=self.max_rollback, request_type=kind)
 

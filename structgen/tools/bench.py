@@ -139,10 +139,11 @@ def _grammar_text(task: dict[str, Any]) -> str | None:
 
 
 def _constraint(task: dict[str, Any]) -> dict[str, Any]:
-    from structgen.frontends.constraint import schema_from
-
+    """The task's constraint as ``generate``/``resolve_grammar`` keywords (Lark text, or the
+    schema as the task gives it); the front door,
+    :func:`structgen.frontends.constraint.compile_constraint`, compiles it."""
     g = _grammar_text(task)
-    return {"grammar": g} if g is not None else {"schema": schema_from(task["schema"])}
+    return {"grammar": g} if g is not None else {"schema": task["schema"]}
 
 
 # ---------------------------------------------------------------------------------------------

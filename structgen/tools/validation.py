@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from structgen.errors import CompileLimitError, SchemaError, StructgenError
+from structgen.frontends.json_schema.source import decode_utf8, parse_json
 
 __all__ = [
     "Document",
@@ -43,7 +44,6 @@ __all__ = [
     "format_pointer",
     "iter_documents",
     "jsonschema_validator",
-    "load_schema",
     "reference_registry",
     "validate_stream",
 ]
@@ -111,37 +111,11 @@ class Document:
     text: str | None = None
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _parse(text: str) -> tuple[Any, str | None, int, int]:
-    """(value, error, error_line, error_column); line/column are 1-based within ``text``."""
-    try:
-        return json.loads(text, parse_constant=_reject_constant), None, 0, 0
-    except json.JSONDecodeError as e:
-        return None, e.msg, e.lineno, e.colno
-    except RecursionError:
-        return None, "nested too deeply to parse (arrays/objects)", 1, 1
-    except ValueError as e:
-        return None, str(e) or type(e).__name__, 1, 1
-
-
-def _decode(raw: bytes, first: bool) -> tuple[str | None, str | None]:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return None, f"invalid UTF-8 at byte {e.start}"
-    if first and text.startswith("\ufeff"):
-        text = text[1:]
-    return text, None
-
-
 def _line_document(raw: bytes, lineno: int, first: bool) -> Document:
-    text, err = _decode(raw, first)
+    text, err = decode_utf8(raw, strip_bom=first)
     if err is not None or text is None:
         return Document(lineno, error=err)
-    value, perr, _, col = _parse(text)
+    value, perr, _, col = parse_json(text)
     if perr is not None:
         return Document(lineno, error=f"invalid JSON: {perr} (column {col})")
     return Document(lineno, value)
@@ -151,8 +125,8 @@ def _is_container_line(raw: bytes) -> bool:
     s = raw.strip()
     if not s or s[:1] not in (b"{", b"["):
         return False
-    text, err = _decode(raw, False)
-    return err is None and text is not None and _parse(text)[1] is None
+    text, err = decode_utf8(raw, strip_bom=False)
+    return err is None and text is not None and parse_json(text)[1] is None
 
 
 def iter_documents(stream: IO[bytes]) -> Iterator[Document]:
@@ -193,9 +167,9 @@ def iter_documents(stream: IO[bytes]) -> Iterator[Document]:
     # Not a one-line value: one multi-line document, or JSON Lines whose first line is broken.
     head.extend(lines)
     data = b"".join(head)
-    text, _ = _decode(data, first=True)
+    text, _ = decode_utf8(data, strip_bom=True)
     if text is not None:
-        value, perr, eline, ecol = _parse(text)
+        value, perr, eline, ecol = parse_json(text)
         if perr is None:
             yield Document(start, value, text=text)
             return
@@ -333,23 +307,6 @@ class InstanceResult:
         return {"file": self.source, "line": self.line, "valid": self.valid,
                 "errors": [e.as_dict() for e in self.errors], "grammar": self.grammar,
                 "notes": list(self.notes)}
-
-
-def load_schema(path: str) -> Any:
-    """Read a JSON Schema file. Raises :class:`~structgen.errors.SchemaError` (one-line message)
-    when it cannot be read or is not JSON, and :class:`OSError` subclasses never escape."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise SchemaError(f"cannot read schema {path}: {e.strerror or e}") from e
-    text, err = _decode(data, first=True)
-    if text is None:
-        raise SchemaError(f"schema {path} is not UTF-8: {err}")
-    value, perr, line, col = _parse(text)
-    if perr is not None:
-        raise SchemaError(f"schema {path} is not valid JSON: {perr} (line {line}, column {col})")
-    return value
 
 
 def _validator_class(schema: Any) -> tuple[type, str | None]:

@@ -24,6 +24,10 @@ evaluated; using a lower bound can only reject more, never accept an invalid ins
 Finite sets are evaluated with the validator's own semantics (``re.search`` for
 patterns, Python numeric comparison, jsonschema's ``multipleOf``, its format checker),
 so ``enum``/``const`` combined with anything else is exact.
+
+Modules: the string and number formulas are in :mod:`structgen.frontends.json_schema.formulas`,
+nodes, records and :class:`TS` in :mod:`structgen.frontends.json_schema.records`; this module
+holds the :class:`Normalizer`, which builds them from schema locations.
 """
 
 from __future__ import annotations
@@ -31,614 +35,58 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
-from fractions import Fraction
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from structgen.errors import CompileLimitError, CompileTimeoutError, SchemaError, UnsupportedFeatureError
 from structgen.frontends.json_schema.document import Loc, SchemaDoc, escape_token
+from structgen.frontends.json_schema.formulas import (
+    SF,
+    ST,
+    num_and,
+    num_c,
+    num_empty,
+    num_not,
+    num_or,
+    s_and,
+    s_empty,
+    s_lits,
+    s_member,
+    s_not,
+    s_or,
+    value_key,
+)
+from structgen.frontends.json_schema.keywords import applicator_keyword
+from structgen.frontends.json_schema.records import (
+    ARR_TOP,
+    BOTTOM,
+    FALSE,
+    OBJ_TOP,
+    TOP,
+    TRUE,
+    TS,
+    Arr,
+    Node,
+    Obj,
+    arr_canon,
+    arr_norm,
+    const_ts,
+    drop_subsumed,
+    exists_obj,
+    n_and,
+    n_not,
+    n_or,
+    obj_canon,
+    of_types,
+    only,
+)
 
 #: Deepest chain of subschemas applied in place ($ref to $ref to ..., allOf inside allOf, ...)
 #: the normaliser follows; deeper is a CompileLimitError (it recurses once per level).
 MAX_INPLACE_DEPTH = 150
 
-__all__ = ["TS", "Arr", "Obj", "Normalizer", "TRUE", "FALSE", "TOP", "BOTTOM",
-           "n_and", "n_or", "n_not", "value_key", "key_value", "s_member", "num_member",
-           "s_and", "s_or", "s_not", "lits_of"]
-
-# ---------------------------------------------------------------------------
-# Nodes: lazily normalised schema expressions (hashable tuples)
-#   ("T",) ("F",) ("ref", Loc, scope) ("const", value_key) ("and", frozenset)
-#   ("or", frozenset) ("not", node) ("ts", TS)
-# ---------------------------------------------------------------------------
-
-Node = tuple
-TRUE: Node = ("T",)
-FALSE: Node = ("F",)
-
-
-def n_and(*nodes: Node) -> Node:
-    parts: set[Node] = set()
-    for n in nodes:
-        if n == FALSE:
-            return FALSE
-        if n == TRUE:
-            continue
-        if n[0] == "and":
-            parts |= n[1]
-        else:
-            parts.add(n)
-    if not parts:
-        return TRUE
-    for p in parts:
-        if p[0] == "not" and p[1] in parts:
-            return FALSE
-    if len(parts) == 1:
-        return next(iter(parts))
-    return ("and", frozenset(parts))
-
-
-def n_or(*nodes: Node) -> Node:
-    parts: set[Node] = set()
-    for n in nodes:
-        if n == TRUE:
-            return TRUE
-        if n == FALSE:
-            continue
-        if n[0] == "or":
-            parts |= n[1]
-        else:
-            parts.add(n)
-    if not parts:
-        return FALSE
-    for p in parts:
-        if p[0] == "not" and p[1] in parts:
-            return TRUE
-    if len(parts) == 1:
-        return next(iter(parts))
-    return ("or", frozenset(parts))
-
-
-def n_not(n: Node) -> Node:
-    if n == TRUE:
-        return FALSE
-    if n == FALSE:
-        return TRUE
-    if n[0] == "not":
-        return n[1]
-    return ("not", n)
-
-
-# ---------------------------------------------------------------------------
-# JSON values as hashable keys with JSON Schema equality (1 == 1.0, true != 1,
-# object key order irrelevant)
-# ---------------------------------------------------------------------------
-
-def value_key(v: Any) -> tuple:
-    if v is None:
-        return ("z",)
-    if isinstance(v, bool):
-        return ("b", v)
-    if isinstance(v, (int, float)):
-        return ("n", v)
-    if isinstance(v, str):
-        return ("s", v)
-    if isinstance(v, list):
-        return ("a", tuple(value_key(x) for x in v))
-    if isinstance(v, dict):
-        return ("o", frozenset((k, value_key(x)) for k, x in v.items()))
-    raise SchemaError(f"not a JSON value: {type(v).__name__}")
-
-
-def key_value(k: tuple) -> Any:
-    tag = k[0]
-    if tag == "z":
-        return None
-    if tag in ("b", "n", "s"):
-        return k[1]
-    if tag == "a":
-        return [key_value(x) for x in k[1]]
-    return {name: key_value(x) for name, x in sorted(k[1], key=lambda kv: kv[0])}
-
-
-# ---------------------------------------------------------------------------
-# String-set formulas (also used for sets of property names)
-#   ("T",) ("F",) ("lits", frozenset[str]) ("c", minlen, maxlen|None, patterns, formats)
-#   ("and", frozenset) ("or", frozenset) ("not", f)
-# ---------------------------------------------------------------------------
-
-ST: tuple = ("T",)
-SF: tuple = ("F",)
-
-
-def s_lits(names: Iterable[str]) -> tuple:
-    fs = frozenset(names)
-    return ("lits", fs) if fs else SF
-
-
-def s_and(*fs: tuple) -> tuple:
-    parts: list[tuple] = []
-    for f in fs:
-        if f == SF:
-            return SF
-        if f == ST:
-            continue
-        parts.extend(f[1] if f[0] == "and" else (f,))
-    lits = [p for p in parts if p[0] == "lits"]
-    if lits:
-        base = frozenset.intersection(*(p[1] for p in lits))
-        others = [p for p in parts if p[0] != "lits"]
-        return s_lits(s for s in base if all(s_member(o, s) for o in others))
-    cs = [p for p in parts if p[0] == "c"]
-    if len(cs) > 1:
-        lo = max(c[1] for c in cs)
-        his = [c[2] for c in cs if c[2] is not None]
-        hi = min(his) if his else None
-        if hi is not None and lo > hi:
-            return SF
-        merged = ("c", lo, hi, frozenset().union(*(c[3] for c in cs)), frozenset().union(*(c[4] for c in cs)))
-        parts = [p for p in parts if p[0] != "c"] + [merged]
-    uniq = frozenset(parts)
-    if not uniq:
-        return ST
-    for p in uniq:
-        if p[0] == "not" and p[1] in uniq:
-            return SF
-    if len(uniq) == 1:
-        return next(iter(uniq))
-    return ("and", uniq)
-
-
-def s_or(*fs: tuple) -> tuple:
-    parts: list[tuple] = []
-    for f in fs:
-        if f == ST:
-            return ST
-        if f == SF:
-            continue
-        parts.extend(f[1] if f[0] == "or" else (f,))
-    lits = [p for p in parts if p[0] == "lits"]
-    if len(lits) > 1:
-        merged = s_lits(frozenset().union(*(p[1] for p in lits)))
-        parts = [p for p in parts if p[0] != "lits"] + [merged]
-    uniq = frozenset(parts)
-    if not uniq:
-        return SF
-    for p in uniq:
-        if p[0] == "not" and p[1] in uniq:
-            return ST
-    if len(uniq) == 1:
-        return next(iter(uniq))
-    return ("or", uniq)
-
-
-def s_not(f: tuple) -> tuple:
-    if f == ST:
-        return SF
-    if f == SF:
-        return ST
-    if f[0] == "not":
-        return f[1]
-    if f[0] == "c" and not f[3] and not f[4]:  # lengths only: complement the interval
-        parts = []
-        if f[1] > 0:
-            parts.append(("c", 0, f[1] - 1, frozenset(), frozenset()))
-        if f[2] is not None:
-            parts.append(("c", f[2] + 1, None, frozenset(), frozenset()))
-        return s_or(*parts)
-    return ("not", f)
-
-
-_FORMAT_CHECKER: Any = None
-
-
-def _format_ok(name: str, s: str) -> bool:
-    global _FORMAT_CHECKER
-    if _FORMAT_CHECKER is None:
-        from jsonschema import Draft202012Validator
-        _FORMAT_CHECKER = Draft202012Validator.FORMAT_CHECKER
-    return bool(_FORMAT_CHECKER.conforms(s, name))
-
-
-def s_member(f: tuple, s: str) -> bool:
-    """Does the string ``s`` belong to the formula (validator semantics)?"""
-    tag = f[0]
-    if tag == "T":
-        return True
-    if tag == "F":
-        return False
-    if tag == "lits":
-        return s in f[1]
-    if tag == "c":
-        n = len(s)
-        if n < f[1] or (f[2] is not None and n > f[2]):
-            return False
-        for p in f[3]:
-            if re.search(p, s) is None:
-                return False
-        return all(_format_ok(fm, s) for fm in f[4])
-    if tag == "and":
-        return all(s_member(x, s) for x in f[1])
-    if tag == "or":
-        return any(s_member(x, s) for x in f[1])
-    if tag == "not":
-        return not s_member(f[1], s)
-    raise AssertionError(tag)
-
-
-def s_empty(f: tuple) -> bool:
-    """Provably empty string formula (False when unknown)."""
-    if f == SF:
-        return True
-    if f[0] == "lits":
-        return not f[1]
-    if f[0] == "c":
-        return f[2] is not None and f[1] > f[2]
-    if f[0] == "or":
-        return all(s_empty(x) for x in f[1])
-    if f[0] == "and":
-        return any(s_empty(x) for x in f[1])
-    return False
-
-
-def lits_of(f: tuple) -> set[str]:
-    """Every literal string mentioned by a formula."""
-    out: set[str] = set()
-    stack = [f]
-    while stack:
-        x = stack.pop()
-        if x[0] == "lits":
-            out |= x[1]
-        elif x[0] in ("and", "or"):
-            stack.extend(x[1])
-        elif x[0] == "not":
-            stack.append(x[1])
-    return out
-
-
-def s_atoms(f: tuple, out: dict[tuple, None]) -> None:
-    """Collect the non-literal leaves ("c" atoms) of a formula."""
-    stack = [f]
-    while stack:
-        x = stack.pop()
-        if x[0] == "c":
-            out.setdefault(x, None)
-        elif x[0] in ("and", "or"):
-            stack.extend(x[1])
-        elif x[0] == "not":
-            stack.append(x[1])
-
-
-def s_eval_assign(f: tuple, assign: dict[tuple, bool]) -> bool:
-    """Evaluate a formula for a key that is none of its literals, given atom values."""
-    tag = f[0]
-    if tag == "T":
-        return True
-    if tag in ("F", "lits"):
-        return False
-    if tag == "c":
-        return assign[f]
-    if tag == "and":
-        return all(s_eval_assign(x, assign) for x in f[1])
-    if tag == "or":
-        return any(s_eval_assign(x, assign) for x in f[1])
-    return not s_eval_assign(f[1], assign)
-
-
-# ---------------------------------------------------------------------------
-# Number-set formulas
-#   ("T",) ("F",) ("lits", frozenset[number]) ("c", lo, lo_excl, hi, hi_excl, integer, multiples)
-#   ("and", ...) ("or", ...) ("not", f)
-# ---------------------------------------------------------------------------
-
-def num_c(lo: Any = None, lo_excl: bool = False, hi: Any = None, hi_excl: bool = False,
-          integer: bool = False, multiples: Iterable[Any] = ()) -> tuple:
-    return ("c", lo, lo_excl, hi, hi_excl, integer, frozenset(multiples))
-
-
-def _num_c_merge(a: tuple, b: tuple) -> tuple:
-    lo, lo_x = a[1], a[2]
-    if b[1] is not None and (lo is None or b[1] > lo or (b[1] == lo and b[2])):
-        lo, lo_x = b[1], b[2]
-    hi, hi_x = a[3], a[4]
-    if b[3] is not None and (hi is None or b[3] < hi or (b[3] == hi and b[4])):
-        hi, hi_x = b[3], b[4]
-    return ("c", lo, lo_x, hi, hi_x, a[5] or b[5], a[6] | b[6])
-
-
-def num_and(*fs: tuple) -> tuple:
-    parts: list[tuple] = []
-    for f in fs:
-        if f == SF:
-            return SF
-        if f == ST:
-            continue
-        parts.extend(f[1] if f[0] == "and" else (f,))
-    lits = [p for p in parts if p[0] == "lits"]
-    if lits:
-        base = lits[0][1]
-        for p in lits[1:]:
-            base = frozenset(x for x in base if x in p[1])
-        others = [p for p in parts if p[0] != "lits"]
-        keep = frozenset(x for x in base if all(num_member(o, x) for o in others))
-        return ("lits", keep) if keep else SF
-    cs = [p for p in parts if p[0] == "c"]
-    if len(cs) > 1:
-        m = cs[0]
-        for c in cs[1:]:
-            m = _num_c_merge(m, c)
-        parts = [p for p in parts if p[0] != "c"] + [m]
-    uniq = frozenset(parts)
-    if not uniq:
-        return ST
-    for p in uniq:
-        if p[0] == "not" and p[1] in uniq:
-            return SF
-    if any(p[0] == "c" and _num_c_empty(p) for p in uniq):
-        return SF
-    if len(uniq) == 1:
-        return next(iter(uniq))
-    return ("and", uniq)
-
-
-def num_or(*fs: tuple) -> tuple:
-    parts: list[tuple] = []
-    for f in fs:
-        if f == ST:
-            return ST
-        if f == SF:
-            continue
-        parts.extend(f[1] if f[0] == "or" else (f,))
-    lits = [p for p in parts if p[0] == "lits"]
-    if len(lits) > 1:
-        merged = ("lits", frozenset().union(*(p[1] for p in lits)))
-        parts = [p for p in parts if p[0] != "lits"] + [merged]
-    plain = [p for p in parts if p[0] == "c" and not p[5] and not p[6]]
-    if len(plain) > 1:
-        merged_iv = _merge_intervals(plain)
-        if merged_iv is None:
-            return ST
-        parts = [p for p in parts if not (p[0] == "c" and not p[5] and not p[6])] + merged_iv
-    uniq = frozenset(parts)
-    if not uniq:
-        return SF
-    for p in uniq:
-        if p[0] == "not" and p[1] in uniq:
-            return ST
-    if len(uniq) == 1:
-        return next(iter(uniq))
-    return ("or", uniq)
-
-
-def _lo_key(c: tuple) -> tuple:
-    # order lower bounds: None (-inf) first; inclusive before exclusive at the same value
-    return (0, 0, 0) if c[1] is None else (1, c[1], 1 if c[2] else 0)
-
-
-def _merge_intervals(cs: list[tuple]) -> list[tuple] | None:
-    """Union of plain interval atoms as disjoint intervals; None when it is every number."""
-    cs = sorted(cs, key=_lo_key)
-    out: list[tuple] = []
-    for c in cs:
-        if out:
-            last = out[-1]
-            hi, hi_x = last[3], last[4]
-            touch = hi is None or c[1] is None or c[1] < hi or (c[1] == hi and not (hi_x and c[2]))
-            if touch:
-                if hi is None or (c[3] is not None and (c[3] < hi or (c[3] == hi and (not hi_x or c[4])))):
-                    pass  # c inside last
-                else:
-                    last = ("c", last[1], last[2], c[3], c[4], False, frozenset())
-                out[-1] = last
-                continue
-        out.append(c)
-    if len(out) == 1 and out[0][1] is None and out[0][3] is None:
-        return None
-    return out
-
-
-def num_not(f: tuple) -> tuple:
-    """Complement; bounds are complemented exactly as intervals (no automaton difference)."""
-    if f == ST:
-        return SF
-    if f == SF:
-        return ST
-    if f[0] == "not":
-        return f[1]
-    if f[0] == "c" and not f[6]:
-        _, lo, lo_x, hi, hi_x, integer, _m = f
-        parts = []
-        if lo is not None:
-            parts.append(num_c(hi=lo, hi_excl=not lo_x))
-        if hi is not None:
-            parts.append(num_c(lo=hi, lo_excl=not hi_x))
-        if integer:
-            inside = num_c(lo, lo_x, hi, hi_x)
-            parts.append(num_and(inside, ("not", num_c(integer=True))) if inside != num_c()
-                         else ("not", num_c(integer=True)))
-        return num_or(*parts)
-    return ("not", f)
-
-
-
-
-def _is_multiple(x: Any, m: Any) -> bool:
-    """Exact decimal multipleOf (as the specification and
-    :mod:`structgen.frontends.json_schema.numbers` define it).
-
-    A float stands for the decimal of its ``repr`` (``0.1`` is 1/10). jsonschema divides
-    floats instead and can reject e.g. ``19.99`` for ``multipleOf: 0.01``; structgen
-    follows the specification there (documented deviation).
-    """
-    if isinstance(x, float) and not math.isfinite(x):
-        return False
-    return (_dec(x) / _dec(m)).denominator == 1
-
-
-def _dec(v: Any) -> Fraction:
-    return Fraction(v) if isinstance(v, int) else Fraction(repr(v))
-
-
-def num_member(f: tuple, x: Any) -> bool:
-    tag = f[0]
-    if tag == "T":
-        return True
-    if tag == "F":
-        return False
-    if tag == "lits":
-        return x in f[1]
-    if tag == "c":
-        _, lo, lo_x, hi, hi_x, integer, mults = f
-        if lo is not None and (x < lo or (lo_x and x == lo)):
-            return False
-        if hi is not None and (x > hi or (hi_x and x == hi)):
-            return False
-        if integer and not (isinstance(x, int) or (isinstance(x, float) and x.is_integer())):
-            return False
-        return all(_is_multiple(x, m) for m in mults)
-    if tag == "and":
-        return all(num_member(p, x) for p in f[1])
-    if tag == "or":
-        return any(num_member(p, x) for p in f[1])
-    return not num_member(f[1], x)
-
-
-def _num_c_empty(c: tuple) -> bool:
-    _, lo, lo_x, hi, hi_x, integer, _m = c
-    if lo is None or hi is None:
-        return False
-    if lo > hi or (lo == hi and (lo_x or hi_x)):
-        return True
-    if integer and math.isfinite(lo) and math.isfinite(hi):
-        a = math.floor(lo) + 1 if lo_x else math.ceil(lo)
-        b = math.ceil(hi) - 1 if hi_x else math.floor(hi)
-        return a > b
-    return False
-
-
-def num_empty(f: tuple) -> bool:
-    if f == SF:
-        return True
-    if f[0] == "lits":
-        return not f[1]
-    if f[0] == "c":
-        return _num_c_empty(f)
-    if f[0] == "or":
-        return all(num_empty(x) for x in f[1])
-    if f[0] == "and":
-        return any(num_empty(x) for x in f[1])
-    return False
-
-
-# ---------------------------------------------------------------------------
-# Structural records
-# ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Arr:
-    """Arrays: item ``i`` is in ``prefix[i]`` (or ``rest`` past the prefix); the length is in
-    ``[min_items, max_items]``; for each ``(C, lo, hi, start)`` in ``contains`` the number of
-    items at index >= start that are in C is in ``[lo, hi]``; ``unique`` = uniqueItems.
-
-    ``ev_prefix``/``ev_all``/``ev_nodes`` are a lower bound of the evaluated items (index
-    below ev_prefix, all items, items in one of ev_nodes) for ``unevaluatedItems``.
-    """
-
-    prefix: tuple[Node, ...] = ()
-    rest: Node = TRUE
-    min_items: int = 0
-    max_items: int | None = None
-    contains: tuple[tuple[Node, int, int | None, int], ...] = ()
-    unique: bool = False
-    ev_prefix: int = 0
-    ev_all: bool = False
-    ev_nodes: tuple[Node, ...] = ()
-
-    def item(self, i: int) -> Node:
-        return self.prefix[i] if i < len(self.prefix) else self.rest
-
-
-@dataclass(frozen=True)
-class Obj:
-    """Objects: for every ``(K, S)`` in ``props``, each present key in key set K has a
-    value in S; ``required`` keys are present; the size is in ``[min_props, max_props]``;
-    for each ``(K, S, lo, hi)`` in ``exists`` the number of keys in K whose value is in S
-    is in ``[lo, hi]``. ``ev`` is a lower bound of the evaluated key set."""
-
-    props: tuple[tuple[tuple, Node], ...] = ()
-    required: frozenset[str] = frozenset()
-    min_props: int = 0
-    max_props: int | None = None
-    exists: tuple[tuple[tuple, Node, int, int | None], ...] = ()
-    ev: tuple = SF
-
-
-ARR_TOP = Arr()
-OBJ_TOP = Obj()
-
-
-@dataclass(frozen=True)
-class TS:
-    """A schema's language split by JSON type (see module docstring)."""
-
-    null: bool = True
-    bools: frozenset[bool] = frozenset((False, True))
-    num: tuple = ST
-    str: tuple = ST
-    arr: tuple[Arr, ...] = (ARR_TOP,)
-    obj: tuple[Obj, ...] = (OBJ_TOP,)
-
-
-TOP = TS()
-BOTTOM = TS(False, frozenset(), SF, SF, (), ())
-
-
-def only(**parts: Any) -> TS:
-    """TOP except for the given parts (a keyword that constrains one type)."""
-    return replace(TOP, **parts)
-
-
-def of_types(types: Iterable[str]) -> TS:
-    ts = BOTTOM
-    for t in types:
-        if t == "null":
-            ts = replace(ts, null=True)
-        elif t == "boolean":
-            ts = replace(ts, bools=frozenset((False, True)))
-        elif t == "number":
-            ts = replace(ts, num=ST)
-        elif t == "integer":
-            ts = replace(ts, num=num_or(ts.num, num_c(integer=True)))
-        elif t == "string":
-            ts = replace(ts, str=ST)
-        elif t == "array":
-            ts = replace(ts, arr=(ARR_TOP,))
-        elif t == "object":
-            ts = replace(ts, obj=(OBJ_TOP,))
-    return ts
-
-
-def const_ts(key: tuple) -> TS:
-    tag = key[0]
-    if tag == "z":
-        return replace(BOTTOM, null=True)
-    if tag == "b":
-        return replace(BOTTOM, bools=frozenset((key[1],)))
-    if tag == "n":
-        return replace(BOTTOM, num=("lits", frozenset((key[1],))))
-    if tag == "s":
-        return replace(BOTTOM, str=("lits", frozenset((key[1],))))
-    if tag == "a":
-        items = tuple(("const", k) for k in key[1])
-        n = len(items)
-        return replace(BOTTOM, arr=(Arr(prefix=items, rest=FALSE, min_items=n, max_items=n),))
-    names = [k for k, _ in key[1]]
-    props = tuple((s_lits((k,)), ("const", v)) for k, v in sorted(key[1], key=lambda kv: kv[0]))
-    props += ((s_not(s_lits(names)), FALSE),) if names else ((ST, FALSE),)
-    return replace(BOTTOM, obj=(Obj(props=props, required=frozenset(names),
-                                    min_props=len(names), max_props=len(names)),))
-
+__all__ = ["MAX_DNF", "MAX_INPLACE_DEPTH", "Normalizer"]
 
 # ---------------------------------------------------------------------------
 # The normaliser: schema locations -> TS, with meet / join / complement
@@ -687,6 +135,7 @@ class Normalizer:
         raise UnsupportedFeatureError(message, pointer=pointer, keyword=keyword)
 
     def where(self) -> str:
+        """The JSON pointer of the schema location being normalised (``#`` at the root)."""
         return self._pos[-1]
 
     def keyword(self) -> str | None:
@@ -699,6 +148,7 @@ class Normalizer:
         self._kws.append(None)
 
     def leave(self) -> None:
+        """Pop the location entered last (pairs with :meth:`enter`)."""
         self._pos.pop()
         self._kws.pop()
 
@@ -719,6 +169,7 @@ class Normalizer:
 
     # -- node construction ------------------------------------------------------------
     def ref_node(self, loc: Loc, scope: tuple[str, ...] = ()) -> Node:
+        """The node of the schema at ``loc`` (resolved in ``scope``, for ``$dynamicRef``)."""
         node = self.doc.node(loc)
         if node is True:
             return TRUE
@@ -730,6 +181,7 @@ class Normalizer:
 
     # -- normalisation ----------------------------------------------------------------
     def normalize(self, n: Node) -> TS:
+        """The :class:`TS` language of node ``n`` (memoised per node)."""
         got = self._memo.get(n)
         if got is not None:
             return got
@@ -797,6 +249,8 @@ class Normalizer:
         return self.ts_empty(ts, depth - 1)
 
     def ts_empty(self, ts: TS, depth: int = 1) -> bool:
+        """True when ``ts`` surely accepts no value (children examined ``depth`` levels down;
+        False may still be empty: an answer for pruning, not a decision procedure)."""
         if ts.null or ts.bools or not num_empty(ts.num) or not s_empty(ts.str):
             return False
         if any(not self._arr_empty(a, depth) for a in ts.arr):
@@ -844,6 +298,7 @@ class Normalizer:
 
     # -- meet / join / complement ------------------------------------------------------
     def meet(self, a: TS, b: TS) -> TS:
+        """The intersection of languages ``a`` and ``b``."""
         if a == TOP:
             return b
         if b == TOP or a == b:
@@ -856,6 +311,7 @@ class Normalizer:
                   self._prune_arr(arr), self._prune_obj(obj))
 
     def join(self, a: TS, b: TS) -> TS:
+        """The union of languages ``a`` and ``b``."""
         if a == BOTTOM:
             return b
         if b == BOTTOM or a == b:
@@ -864,6 +320,8 @@ class Normalizer:
                   self._dnf(a.arr + b.arr), self._dnf(a.obj + b.obj))
 
     def complement(self, a: TS) -> TS:
+        """The complement of language ``a`` (object and array records become unions of
+        violation records)."""
         if a == TOP:
             return BOTTOM
         if a == BOTTOM:
@@ -887,20 +345,18 @@ class Normalizer:
             if r is None:
                 continue
             if isinstance(r, Obj):
-                r = _obj_canon(r)
+                r = obj_canon(r)
                 if self._obj_empty(r, 0):
                     continue
             else:
-                r = _arr_canon(r)
+                r = arr_canon(r)
                 if self._arr_empty(r, 0):
                     continue
             out[r] = None
             if len(out) > 16 * MAX_DNF:
                 break
-        lst = _drop_subsumed(list(out), self.check_deadline if self.deadline is not None else None)
+        lst = drop_subsumed(list(out), self.check_deadline if self.deadline is not None else None)
         if len(lst) > MAX_DNF:
-            from structgen.frontends.json_schema.diagnostics import applicator_keyword
-
             kw = self.keyword() or applicator_keyword(self.doc, self.where()) or "anyOf"
             raise UnsupportedFeatureError(
                 f"combination of applicators needs more than {MAX_DNF} alternatives (keyword {kw!r} "
@@ -920,7 +376,7 @@ class Normalizer:
             return a
         n = max(len(a.prefix), len(b.prefix))
         his = [h for h in (a.max_items, b.max_items) if h is not None]
-        return _arr_norm(Arr(tuple(n_and(a.item(i), b.item(i)) for i in range(n)), n_and(a.rest, b.rest),
+        return arr_norm(Arr(tuple(n_and(a.item(i), b.item(i)) for i in range(n)), n_and(a.rest, b.rest),
                              max(a.min_items, b.min_items), min(his) if his else None,
                              tuple(dict.fromkeys(a.contains + b.contains)), a.unique or b.unique,
                              max(a.ev_prefix, b.ev_prefix), a.ev_all or b.ev_all,
@@ -980,9 +436,9 @@ class Normalizer:
                 out.append(Obj(exists=((k, n_not(s), 1, None),)))
         for k, s, lo, hi in r.exists:
             if lo > 0:
-                out.append(_exists_obj(k, s, 0, lo - 1))
+                out.append(exists_obj(k, s, 0, lo - 1))
             if hi is not None:
-                out.append(_exists_obj(k, s, hi + 1, None))
+                out.append(exists_obj(k, s, hi + 1, None))
         return out
 
     # -- keywords -> TS ----------------------------------------------------------------
@@ -1285,7 +741,7 @@ class Normalizer:
         rec = Arr(prefix, rest, lo, hi, contains, unique, ev_prefix, ev_all, ev_nodes)
         if rec == ARR_TOP:
             return None
-        return _arr_norm(rec) or Arr(min_items=1, max_items=0)
+        return arr_norm(rec) or Arr(min_items=1, max_items=0)
 
     def _obj_kw(self, node: dict, ptr: str, child: Any, ts: TS) -> TS:
         props: list[tuple[tuple, Node]] = []
@@ -1369,7 +825,7 @@ class Normalizer:
             extra = n_or(u, *r.ev_nodes)
             n = max(len(r.prefix), r.ev_prefix)
             prefix = tuple(r.item(i) if i < r.ev_prefix else n_and(r.item(i), extra) for i in range(n))
-            rec = _arr_norm(replace(r, prefix=prefix, rest=n_and(r.rest, extra), ev_all=True))
+            rec = arr_norm(replace(r, prefix=prefix, rest=n_and(r.rest, extra), ev_all=True))
             if rec is not None:
                 out.append(rec)
         return replace(ts, arr=self._prune_arr(tuple(dict.fromkeys(out))))
@@ -1384,130 +840,3 @@ class Normalizer:
                 continue
             out.append(replace(r, props=r.props + ((s_not(r.ev), u),), ev=ST))
         return replace(ts, obj=tuple(dict.fromkeys(out)))
-
-
-def _exists_obj(k: tuple, s: Node, lo: int, hi: int | None) -> Obj:
-    if lo == 0 and hi == 0:
-        return Obj(props=((k, n_not(s)),))
-    if lo == 0 and hi is None:
-        return OBJ_TOP
-    return Obj(exists=((k, s, lo, hi),))
-
-
-def _arr_norm(r: Arr) -> Arr | None:
-    """Canonicalise an array record (FALSE items bound the length); None if empty."""
-    prefix, rest, hi = r.prefix, r.rest, r.max_items
-    if rest == FALSE:
-        hi = len(prefix) if hi is None else min(hi, len(prefix))
-    for i, p in enumerate(prefix):
-        if p == FALSE:
-            hi = i if hi is None else min(hi, i)
-            break
-    if hi is not None:
-        prefix = prefix[:hi]
-    while prefix and prefix[-1] == rest:
-        prefix = prefix[:-1]
-    if hi is not None and r.min_items > hi:
-        return None
-    return replace(r, prefix=prefix, rest=rest, max_items=hi)
-
-
-def _obj_canon(o: Obj) -> Obj:
-    merged: dict[tuple, Node] = {}
-    for k, v in o.props:
-        merged[k] = n_and(merged[k], v) if k in merged else v
-    props = tuple(sorted(((k, v) for k, v in merged.items() if v != TRUE), key=repr))
-    exists = tuple(sorted(set(o.exists), key=repr))
-    if props == o.props and exists == o.exists:
-        return o
-    return replace(o, props=props, exists=exists)
-
-
-def _arr_canon(a: Arr) -> Arr:
-    contains = tuple(sorted(set(a.contains), key=repr))
-    ev_nodes = tuple(sorted(set(a.ev_nodes), key=repr))
-    if contains == a.contains and ev_nodes == a.ev_nodes:
-        return a
-    return replace(a, contains=contains, ev_nodes=ev_nodes)
-
-
-def _implies(sa: Node, sb: Node) -> bool:
-    """Syntactically, does node ``sa`` imply node ``sb``?"""
-    return sb == TRUE or sa == sb or sa == FALSE or (sa[0] == "and" and (sb in sa[1] or (
-        sb[0] == "and" and sb[1] <= sa[1])))
-
-
-def _obj_le(a: Obj, b: Obj) -> bool:
-    """Syntactically, is every object of ``a`` one of ``b``?"""
-    return _obj_le_facts(_obj_facts(a), _obj_facts(b))
-
-
-def _arr_le(a: Arr, b: Arr) -> bool:
-    if b.min_items > a.min_items:
-        return False
-    if b.max_items is not None and (a.max_items is None or a.max_items > b.max_items):
-        return False
-    if (b.unique and not a.unique) or not set(b.contains) <= set(a.contains):
-        return False
-    if a.ev_prefix > b.ev_prefix or (a.ev_all and not b.ev_all) or not set(a.ev_nodes) <= set(b.ev_nodes):
-        return False
-    n = max(len(a.prefix), len(b.prefix))
-    return all(_implies(a.item(i), b.item(i)) for i in range(n)) and _implies(a.rest, b.rest)
-
-
-def _obj_facts(a: Obj) -> tuple[Any, ...]:
-    """What :func:`_obj_le` reads of ``a``, in the shapes it compares (built once per record)."""
-    return (a.required, a.min_props, a.max_props, a.ev, frozenset(a.exists), dict(a.props), a.props)
-
-
-def _obj_le_facts(fa: tuple[Any, ...], fb: tuple[Any, ...]) -> bool:
-    """:func:`_obj_le` on :func:`_obj_facts`."""
-    if not (fb[0] <= fa[0] and fb[1] <= fa[1]):
-        return False
-    if fb[2] is not None and (fa[2] is None or fa[2] > fb[2]):
-        return False
-    if not (fb[3] == ST or fa[3] == SF or fa[3] == fb[3]):
-        return False
-    if not fb[4] <= fa[4]:
-        return False
-    ap = fa[5]
-    for k, v in fb[6]:
-        va = ap.get(k)
-        if va is None or not _implies(va, v):
-            return False
-    return True
-
-
-def _drop_subsumed(recs: list[Any], check: Callable[[], None] | None = None) -> list[Any]:
-    n = len(recs)
-    if n < 2 or n > 3000:
-        return recs
-    if isinstance(recs[0], Obj):
-        facts = [_obj_facts(r) for r in recs]
-        le: Callable[[Any, Any], bool] = _obj_le_facts
-        # ``a <= b`` needs b's required keys, exists terms and property key sets among a's: one bit per
-        # such item, so a pair is compared only when ``sig[b] & ~sig[a] == 0`` (cheap integer test).
-        bit: dict[Any, int] = {}
-        sig = []
-        for f in facts:
-            m = 0
-            for x in f[0]:
-                m |= 1 << bit.setdefault(("r", x), len(bit))
-            for x in f[4]:
-                m |= 1 << bit.setdefault(("e", x), len(bit))
-            for k, _v in f[6]:
-                m |= 1 << bit.setdefault(("p", k), len(bit))
-            sig.append(m)
-    else:
-        facts, le = recs, _arr_le
-        sig = [0] * n
-    keep: list[Any] = []
-    for i, r in enumerate(facts):
-        if check is not None and i & 63 == 63:
-            check()  # quadratic in the number of records: a deadline check now and then
-        na = ~sig[i]
-        if any(le(r, facts[j]) and not (j > i and le(facts[j], r))
-               for j in [j for j, s in enumerate(sig) if not s & na and j != i]):
-            continue
-        keep.append(recs[i])
-    return keep

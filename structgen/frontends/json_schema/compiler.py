@@ -10,16 +10,24 @@ form (declared property names: their canonical spelling only). "Valid" means wha
 (or, with ``lenient=True``, is dropped and recorded as a warning), so the grammar never
 accepts an invalid value.
 
-How it works (see the three helper modules):
+How it works (bottom to top):
 
+* :mod:`structgen.frontends.json_schema.source` reads schema files and model classes;
 * :mod:`structgen.frontends.json_schema.document` loads and indexes the schema, resolves ``$ref`` and
   defines the canonical key order;
 * :mod:`structgen.frontends.json_schema.algebra` normalises every schema location into a
   per-JSON-type language with exact intersection, union and complement, which is what
   makes ``allOf``/``anyOf``/``oneOf``/``not``/``if``-``then``-``else``,
-  ``dependentSchemas`` and ``unevaluated*`` exact;
+  ``dependentSchemas`` and ``unevaluated*`` exact; its string and number formulas live in
+  :mod:`~structgen.frontends.json_schema.formulas`, its nodes and records in
+  :mod:`~structgen.frontends.json_schema.records`;
 * :mod:`structgen.frontends.json_schema.lower` lowers that to IR rules (one per schema node and
-  key-order context; recursive schemas give recursive rules).
+  key-order context; recursive schemas give recursive rules), with ``pattern`` languages from
+  :mod:`~structgen.frontends.json_schema.patterns`, formats from
+  :mod:`~structgen.frontends.json_schema.formats` and numbers from
+  :mod:`~structgen.frontends.json_schema.numbers`;
+* when compiling fails, :mod:`structgen.frontends.json_schema.diagnostics` names the subschema and
+  keyword (with :mod:`~structgen.frontends.json_schema.keywords`).
 
 Known limits (each raises ``UnsupportedFeatureError`` rather than over-accepting):
 ``uniqueItems`` is exact only when items come from a small finite set of scalars (or at
@@ -45,14 +53,12 @@ from typing import TYPE_CHECKING, Any
 from structgen.config import CompileOptions, JsonSchemaOptions
 from structgen.errors import CompileLimitError, ConfigError, GrammarError, SchemaError
 from structgen.frontends.json_schema.algebra import Normalizer
-from structgen.frontends.json_schema.diagnostics import (
-    explain_unsat,
-    keyword_at,  # noqa: F401 - kept importable from here
-    locate_automaton_error,
-    structural_keyword,
-)
+from structgen.frontends.json_schema.diagnostics import explain_unsat, locate_automaton_error
 from structgen.frontends.json_schema.document import Loc, SchemaDoc, _draft_of, parse_schema_text
-from structgen.frontends.json_schema.lower import Lowering, pattern_error
+from structgen.frontends.json_schema.keywords import structural_keyword
+from structgen.frontends.json_schema.lower import Lowering
+from structgen.frontends.json_schema.patterns import pattern_error
+from structgen.frontends.json_schema.source import is_model_class, model_schema
 from structgen.grammar import ir
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,33 +89,17 @@ def _coerce(schema: Any) -> Any:
 
 
 def _coerce_value(schema: Any) -> Any:
+    """``schema`` as a JSON value: dicts and booleans as they are, ``str`` parsed as JSON text,
+    a model class (duck-typed: a class with ``model_json_schema()``, as Pydantic v2 models have;
+    the front-ends never import pydantic) converted by that method."""
     if isinstance(schema, (dict, bool)):
         return schema
     if isinstance(schema, str):
         return parse_schema_text(schema)
-    if isinstance(schema, type):
-        try:
-            from pydantic import BaseModel
-        except ImportError as e:  # pragma: no cover
-            raise SchemaError("pydantic is required to convert a model class") from e
-        if issubclass(schema, BaseModel):
-            return schema.model_json_schema()
+    if is_model_class(schema):
+        return model_schema(schema)
     raise SchemaError(f"a JSON schema must be a dict, a bool, JSON text or a pydantic model class, "
                       f"not {type(schema).__name__}")
-
-
-def _check_options(options: JsonSchemaOptions) -> None:
-    if options.whitespace not in ("compact", "flexible"):
-        raise ConfigError(f"whitespace must be 'compact' or 'flexible', not {options.whitespace!r}",
-                          key="whitespace")
-    if options.formats not in ("enforce", "annotation"):
-        raise ConfigError(f"formats must be 'enforce' or 'annotation', not {options.formats!r}",
-                          key="formats")
-    if options.property_order != "schema":
-        raise ConfigError(f"property_order must be 'schema', not {options.property_order!r}",
-                          key="property_order")
-    if options.max_whitespace < 0:
-        raise ConfigError("max_whitespace must be >= 0", key="max_whitespace")
 
 
 def _format_support(name: str) -> bool | None:
@@ -128,7 +118,6 @@ _UNSAT = "schema is unsatisfiable: no JSON value is valid"
 
 def _build(schema: Any, options: JsonSchemaOptions, remotes: Mapping[str, Any] | None,
            deadline: float | None = None) -> tuple[ir.Grammar, list[str], Lowering]:
-    _check_options(options)
     schema = _coerce(schema)
     try:
         doc = SchemaDoc(schema, remotes=remotes, max_depth=options.max_depth)

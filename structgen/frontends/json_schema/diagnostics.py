@@ -14,23 +14,28 @@ answer). Three questions:
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from structgen.errors import CompileLimitError, CompileTimeoutError, StructgenError
-from structgen.frontends.json_schema.algebra import FALSE, TRUE, Normalizer
+from structgen.frontends.json_schema.algebra import Normalizer
 from structgen.frontends.json_schema.document import Loc, SchemaDoc, escape_token
+from structgen.frontends.json_schema.keywords import (
+    OLD_DRAFTS,
+    keyword_at,
+    node_at,
+    structural_keyword,
+)
+from structgen.frontends.json_schema.records import FALSE, TRUE
 from structgen.grammar import ir
 
-__all__ = ["DIAGNOSIS_BUDGET_S", "explain_unsat", "locate_automaton_error", "structural_keyword",
-           "loc_of"]
+__all__ = ["DIAGNOSIS_BUDGET_S", "explain_unsat", "locate_automaton_error"]
 
 DIAGNOSIS_BUDGET_S = 2.0
 """Seconds a diagnosis may take (on top of the failed compilation)."""
 
-# keywords in the order the normaliser applies them (json_schema_algebra.Normalizer._schema)
+# keywords in the order the normaliser applies them (algebra.Normalizer._schema)
 _APPLY_ORDER = (
     "type", "enum", "const",
     "minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum", "multipleOf",
@@ -43,116 +48,9 @@ _APPLY_ORDER = (
     "unevaluatedItems", "unevaluatedProperties",
 )
 
-# keywords holding subschemas, for naming the keyword that makes a location large
-_STRUCTURAL = (
-    "properties", "patternProperties", "additionalProperties", "items", "prefixItems",
-    "additionalItems", "contains", "anyOf", "oneOf", "allOf", "not", "if", "then", "else",
-    "dependentSchemas", "dependencies", "propertyNames", "unevaluatedProperties",
-    "unevaluatedItems", "$ref", "$dynamicRef", "definitions", "$defs",
-)
-_CONSTRAINTS = (
-    "pattern", "format", "maxLength", "minLength", "enum", "const", "multipleOf", "maximum",
-    "minimum", "exclusiveMaximum", "exclusiveMinimum", "maxItems", "minItems", "uniqueItems",
-    "maxProperties", "minProperties", "required", "type",
-)
-_OLD = ("3", "4", "6", "7")
-
 
 class _Timeout(Exception):
     pass
-
-
-def loc_of(doc: SchemaDoc, pointer: str) -> Loc | None:
-    """The location a user-facing pointer (``#/a/b`` or ``uri#/a/b``) names, or None."""
-    uri, sep, frag = pointer.partition("#")
-    if not sep:
-        return None
-    if not uri:
-        return Loc(0, frag)
-    root = doc.resources.get(uri)
-    return Loc(root.doc, frag) if root is not None and root.ptr == "" else None
-
-
-def _node(doc: SchemaDoc, loc: Loc) -> Any:
-    try:
-        return doc.node(loc)
-    except StructgenError:
-        return None
-
-
-def _json_size(v: Any) -> int:
-    try:
-        return len(json.dumps(v, default=str))
-    except (TypeError, ValueError, RecursionError):
-        return 0
-
-
-def structural_keyword(doc: SchemaDoc | None, pointer: str | None) -> str | None:
-    """The keyword of the schema at ``pointer`` whose value is largest among those holding
-    subschemas (``$ref`` counts its target); failing that its first constraint keyword;
-    failing that the innermost keyword on the pointer (:func:`keyword_at`)."""
-    if not pointer:
-        return None
-    node = None
-    loc = loc_of(doc, pointer) if doc is not None else None
-    if loc is not None:
-        node = _node(doc, loc)  # type: ignore[arg-type]
-    if isinstance(node, dict) and node:
-        if "$ref" in node and doc is not None and doc.draft(loc) in _OLD:  # type: ignore[arg-type]
-            return "$ref"  # draft <= 7: the siblings of $ref are ignored
-        best, size = None, -1
-        for kw in _STRUCTURAL:
-            if kw not in node or kw in ("definitions", "$defs"):
-                continue
-            v = node[kw]
-            if kw in ("$ref", "$dynamicRef") and doc is not None:
-                try:
-                    v = doc.node(doc.resolve(v, loc))  # type: ignore[arg-type]
-                except StructgenError:
-                    pass
-            n = _json_size(v)
-            if n > size:
-                best, size = kw, n
-        if best is not None:
-            return best
-        for kw in _CONSTRAINTS:
-            if kw in node:
-                return kw
-    return keyword_at(pointer)
-
-
-_APPLICATORS = ("oneOf", "anyOf", "allOf", "not", "if", "then", "else", "$ref", "dependentSchemas",
-                "dependencies")
-
-
-def applicator_keyword(doc: SchemaDoc | None, pointer: str | None) -> str | None:
-    """The applicator keyword (``oneOf``, ``anyOf``, ``allOf``, ``not``, ``if``, ``$ref``...)
-    of the schema at ``pointer`` with the largest value, else :func:`structural_keyword`."""
-    loc = loc_of(doc, pointer) if doc is not None and pointer else None
-    node = _node(doc, loc) if loc is not None else None  # type: ignore[arg-type]
-    if isinstance(node, dict):
-        present = [kw for kw in _APPLICATORS if kw in node]
-        if present:
-            return max(present, key=lambda kw: _json_size(node[kw]))
-    return structural_keyword(doc, pointer)
-
-
-def keyword_at(pointer: str) -> str | None:
-    """The innermost schema keyword on a JSON pointer (``#/properties/a/anyOf/2`` ->
-    ``anyOf``; a property or definition name is skipped), or None at the root."""
-    parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer.partition("#")[2].split("/") if p]
-    kw = None
-    i = 0
-    while i < len(parts):
-        p = parts[i]
-        kw = p
-        # keywords whose next segment is a name or an index, not a keyword
-        i += 2 if p in _NAMED_CHILDREN or (i + 1 < len(parts) and parts[i + 1].isdigit()) else 1
-    return kw
-
-
-_NAMED_CHILDREN = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
-                             "dependencies", "dependentRequired"})
 
 
 # ---------------------------------------------------------------------------
@@ -198,7 +96,7 @@ def _must_children(doc: SchemaDoc, loc: Loc) -> list[Loc]:
     """Subschemas that every valid instance of ``loc`` must also satisfy (so one that is
     empty makes ``loc`` empty): ``$ref``, ``allOf``, a single ``anyOf``/``oneOf`` branch,
     required properties, the first ``minItems`` items."""
-    node = _node(doc, loc)
+    node = node_at(doc, loc)
     if not isinstance(node, dict):
         return []
     out: list[Loc] = []
@@ -207,7 +105,7 @@ def _must_children(doc: SchemaDoc, loc: Loc) -> list[Loc]:
             out.append(doc.resolve(node["$ref"], loc))
         except StructgenError:
             pass
-        if doc.draft(loc) in _OLD:
+        if doc.draft(loc) in OLD_DRAFTS:
             return out
     for kw in ("allOf", "anyOf", "oneOf"):
         subs = node.get(kw)
@@ -244,10 +142,10 @@ def _unsat_keyword(doc: SchemaDoc, norm: Normalizer, loc: Loc, deadline: float) 
     """The keyword that makes the (empty) schema at ``loc`` empty: the last one, in the
     order keywords are applied, whose removal makes it satisfiable; else the first one at
     which the keywords applied so far leave nothing."""
-    node = _node(doc, loc)
+    node = node_at(doc, loc)
     if not isinstance(node, dict):
         return None
-    if "$ref" in node and doc.draft(loc) in _OLD:
+    if "$ref" in node and doc.draft(loc) in OLD_DRAFTS:
         return "$ref"
     present = [k for k in _APPLY_ORDER if k in node]
     for k in reversed(present):
@@ -290,7 +188,7 @@ def explain_unsat(doc: SchemaDoc, norm: Normalizer, budget_s: float = DIAGNOSIS_
     except _Timeout:
         kw = None
     if kw is None:
-        node = _node(doc, loc)
+        node = node_at(doc, loc)
         kw = structural_keyword(doc, ptr) if isinstance(node, dict) else keyword_at(ptr)
     return ptr, kw
 

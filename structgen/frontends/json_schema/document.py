@@ -138,6 +138,8 @@ class SchemaDoc:
         return idx
 
     def draft(self, loc: Loc) -> str:
+        """The draft the document holding ``loc`` is read as (``"3"`` .. ``"7"``, ``"2019-09"``,
+        ``"2020-12"``)."""
         return self.drafts[loc.doc]
 
     def _index(self, doc: int, schema: Any, base: str, draft: str) -> None:
@@ -207,6 +209,8 @@ class SchemaDoc:
         return cur
 
     def base_of(self, loc: Loc) -> str:
+        """The base URI in force at ``loc``: that of the innermost enclosing ``$id``, else
+        the default base."""
         ptr = loc.ptr
         while True:
             got = self.bases.get(Loc(loc.doc, ptr))
@@ -217,6 +221,7 @@ class SchemaDoc:
             ptr = ptr.rsplit("/", 1)[0]
 
     def resource_uri(self, loc: Loc) -> str:
+        """The URI of the resource ``loc`` belongs to (its base URI)."""
         return self.base_of(loc)
 
     def pointer(self, loc: Loc) -> str:

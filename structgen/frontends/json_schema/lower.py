@@ -30,29 +30,18 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Hashable, Iterable
-from functools import lru_cache
 from itertools import product
 from typing import Any
 
 from structgen.config import JsonSchemaOptions
 from structgen.errors import CompileLimitError, CompileTimeoutError, SchemaError
 from structgen.frontends import json_escape
-from structgen.frontends.json_schema.algebra import (
-    ARR_TOP,
-    BOTTOM,
-    FALSE,
-    OBJ_TOP,
+from structgen.frontends.json_schema.algebra import Normalizer
+from structgen.frontends.json_schema.document import Loc, SchemaDoc
+from structgen.frontends.json_schema.formulas import (
     SF,
     ST,
-    TOP,
-    TRUE,
-    TS,
-    Arr,
-    Normalizer,
-    Obj,
     lits_of,
-    n_and,
-    n_not,
     s_and,
     s_atoms,
     s_eval_assign,
@@ -61,11 +50,24 @@ from structgen.frontends.json_schema.algebra import (
     s_not,
     s_or,
 )
-from structgen.frontends.json_schema.document import Loc, SchemaDoc
+from structgen.frontends.json_schema.patterns import CONTENT_ENCODING, compile_pattern
+from structgen.frontends.json_schema.records import (
+    ARR_TOP,
+    BOTTOM,
+    FALSE,
+    OBJ_TOP,
+    TOP,
+    TRUE,
+    TS,
+    Arr,
+    Obj,
+    n_and,
+    n_not,
+)
 from structgen.grammar import ir
 from structgen.grammar.graphs import reachable
 
-__all__ = ["Lowering", "number_spellings", "compile_pattern", "pattern_error"]
+__all__ = ["Lowering", "number_spellings"]
 
 MAX_DP_STATES = 4000
 MAX_KEY_ATOMS = 8
@@ -134,10 +136,6 @@ def _trie(seqs: Iterable[tuple[Hashable, ...]], leaf: Callable[[Any], ir.Expr]) 
     return result[id(root)]
 
 
-# regex encodings of JSON string content, per escape mode
-_ENCODING = {"all": "json", "canonical": "json-canonical"}
-
-
 class Lowering:
     """Builds the IR grammar for one schema document."""
 
@@ -171,16 +169,19 @@ class Lowering:
 
     # -- shared leaf languages -------------------------------------------------------
     def any_char(self) -> ir.Expr:
+        """One string character in any spelling ``escapes`` allows (cached)."""
         e = self._cache.get("char")
         if e is None:
-            e = self._cache["char"] = _regex().any_char_expr(_ENCODING[self.escapes])
+            e = self._cache["char"] = _regex().any_char_expr(CONTENT_ENCODING[self.escapes])
         return e
 
     def str_content_any(self, capped: bool) -> ir.Expr:
+        """Any string content; at most ``max_string_length`` characters when ``capped``."""
         cap = self.opt.max_string_length if capped else None
         return ir.rep(self.any_char(), 0, cap)
 
     def number_all(self) -> ir.Expr:
+        """Every JSON number (cached)."""
         e = self._cache.get("num")
         if e is None:
             e = self._cache["num"] = _numeric().number_expr()
@@ -202,6 +203,7 @@ class Lowering:
         return e
 
     def any_value(self) -> ir.Expr:
+        """A reference to rule ``any``: every JSON value (the rules are made on first use)."""
         if "any" not in self.rules:
             ws, comma = self.ws, self.comma
             string = ir.seq(ir.lit('"'), self.str_content_any(True), ir.lit('"'))
@@ -237,6 +239,8 @@ class Lowering:
         return None
 
     def check_deadline(self, keyword: str | None = None) -> None:
+        """Raise CompileTimeoutError past the deadline, naming the schema location and
+        ``keyword`` (else the normaliser's) being lowered."""
         if self.deadline is not None and time.monotonic() > self.deadline:
             where = self.norm.where()
             kw = keyword or self.norm.keyword()
@@ -248,6 +252,8 @@ class Lowering:
 
     # -- driver -------------------------------------------------------------------------
     def new_rule(self, hint: str = "s") -> str:
+        """A fresh rule name (``hint`` + a counter) tied to the current schema location.
+        Raises CompileLimitError past 200,000 rules."""
         self._count += 1
         if self._count > 200_000:
             raise CompileLimitError("JSON schema lowering produced more than 200000 rules",
@@ -257,6 +263,7 @@ class Lowering:
         return name
 
     def node_ref(self, node: Any, ctx: Ctx) -> ir.Expr:
+        """A reference to the rule of ``node`` in context ``ctx`` (made and queued once)."""
         if node == TRUE:
             return self.any_value()
         if node == FALSE:
@@ -273,6 +280,8 @@ class Lowering:
         return ir.ref(name)
 
     def build(self, root: Any, ctx: Ctx) -> ir.Grammar:
+        """The grammar of the schema whose root node is ``root``: lowers every queued rule,
+        then drops rules the root cannot reach. Raises SchemaError for a root that accepts nothing."""
         ts = self.norm.normalize(root)
         if self.norm.ts_empty(ts, 2):
             raise SchemaError("schema is unsatisfiable: no JSON value is valid", pointer="#")
@@ -292,6 +301,7 @@ class Lowering:
 
     # -- typed sets -------------------------------------------------------------------------
     def lower_ts(self, ts: TS, ctx: Ctx) -> ir.Expr:
+        """The IR of language ``ts`` in context ``ctx``: one alternative per JSON type present."""
         self.check_deadline()
         if ts == TOP:
             return self.any_value()
@@ -314,6 +324,7 @@ class Lowering:
 
     # -- strings ------------------------------------------------------------------------------
     def str_lit(self, s: str) -> ir.Expr:
+        """String ``s`` as JSON string content in the spellings ``escapes`` allows."""
         return json_escape.json_literal(s, self.escapes)
 
     def lower_str(self, f: tuple, pos: bool) -> ir.Expr:
@@ -385,9 +396,11 @@ class Lowering:
         return f_lo >= lo and (hi is None or (f_hi is not None and f_hi <= hi))
 
     def pattern(self, p: str) -> ir.Expr:
+        """The content language of ``pattern`` ``p`` (``re.search`` semantics)."""
         return compile_pattern(p, self.escapes)
 
     def format(self, name: str) -> ir.Expr:
+        """The content language of format ``name`` in the spellings ``escapes`` allows."""
         from structgen.frontends.json_schema import formats
         e = formats.format_expr(name, self.doc.drafts[0])
         if e is None:  # pragma: no cover - filtered by the normaliser
@@ -459,10 +472,12 @@ class Lowering:
                                                                      ir.star(ir.byte_range(0x30, 0x39)))))
 
     def not_safe(self) -> ir.Expr:
+        """Numbers outside :meth:`safe_number` (exponents, long fractions)."""
         return ir.diff(self.number_all(), self.safe_number())
 
     # -- literal values (uniqueItems domains) ------------------------------------------------------
     def value_lit(self, key: tuple) -> ir.Expr:
+        """The canonical JSON text of the value with :func:`value_key` key ``key``."""
         tag = key[0]
         if tag == "z":
             return ir.lit("null")
@@ -476,6 +491,7 @@ class Lowering:
 
     # -- arrays ---------------------------------------------------------------------------------
     def lower_arr(self, r: Arr, ctx: Ctx) -> ir.Expr:
+        """The IR of the arrays of record ``r`` in context ``ctx``."""
         if r == ARR_TOP:
             self.any_value()
             return ir.ref("any_arr")
@@ -577,6 +593,8 @@ class Lowering:
         return out
 
     def lower_unique(self, r: Arr, ctx: Ctx) -> ir.Expr:
+        """The IR of the arrays of record ``r`` with ``uniqueItems``: exact when the items
+        come from a small finite set of scalars, else UnsupportedFeatureError."""
         ws, comma = self.ws, self.comma
         if r.contains:
             self.norm.unsupported("uniqueItems", self.norm.where(),
@@ -612,6 +630,8 @@ class Lowering:
 
     # -- objects ------------------------------------------------------------------------------------
     def lower_obj(self, r: Obj, ctx: Ctx) -> ir.Expr:
+        """The IR of the objects of record ``r`` in context ``ctx``: declared keys in
+        canonical order, then the other keys."""
         if r == OBJ_TOP:
             self.any_value()
             return ir.ref("any_obj")
@@ -902,21 +922,25 @@ class Lowering:
         return expr[start]
 
     # -- cached document queries ---------------------------------------------------------------------
-    def doc_declared(self, ctx: Ctx) -> list[str]:
-        key = ("decl", ctx)
+    def _doc_query(self, tag: str, query: Callable[..., Any], *args: Any) -> Any:
+        """``query(*args)`` (a :class:`SchemaDoc` method), cached by ``(tag, *args)``."""
+        key = (tag, *args)
         got = self._cache.get(key)
         if got is None:
-            got = self._cache[key] = self.doc.declared_names(ctx)
+            got = self._cache[key] = query(*args)
         return got
+
+    def doc_declared(self, ctx: Ctx) -> list[str]:
+        """The property names declared in key-order context ``ctx``, in canonical order (cached)."""
+        return self._doc_query("decl", self.doc.declared_names, ctx)
 
     def doc_patterns(self, ctx: Ctx) -> list[str]:
-        key = ("pats", ctx)
-        got = self._cache.get(key)
-        if got is None:
-            got = self._cache[key] = self.doc.ctx_patterns(ctx)
-        return got
+        """The ``patternProperties`` patterns that apply in context ``ctx`` (cached)."""
+        return self._doc_query("pats", self.doc.ctx_patterns, ctx)
 
     def doc_child_ctx(self, ctx: Ctx, name: str | None, bits: tuple[bool, ...] | None) -> Ctx:
+        """The context of the value of key ``name`` (None: an undeclared key whose matches
+        against :meth:`doc_patterns` are ``bits``) in context ``ctx`` (cached)."""
         key = ("child", ctx, name, bits)
         got = self._cache.get(key)
         if got is None:
@@ -927,35 +951,12 @@ class Lowering:
         return got
 
     def doc_item_ctx(self, ctx: Ctx, i: int) -> Ctx:
-        key = ("item", ctx, i)
-        got = self._cache.get(key)
-        if got is None:
-            got = self._cache[key] = self.doc.item_ctx(ctx, i)
-        return got
+        """The context of array item ``i`` in context ``ctx`` (cached)."""
+        return self._doc_query("item", self.doc.item_ctx, ctx, i)
 
     def doc_prefix_len(self, ctx: Ctx) -> int:
-        key = ("plen", ctx)
-        got = self._cache.get(key)
-        if got is None:
-            got = self._cache[key] = self.doc.prefix_len(ctx)
-        return got
-
-
-@lru_cache(maxsize=1024)
-def compile_pattern(p: str, escapes: str = "all") -> ir.Expr:
-    """A JSON Schema ``pattern`` (Python ``re.search`` semantics) over JSON string content
-    spelled with ``escapes`` (see :mod:`structgen.frontends.json_escape`)."""
-    return _regex().compile_regex(p, dialect="python", search=True, encoding=_ENCODING[escapes])
-
-
-def pattern_error(p: str) -> str | None:
-    """Why ``p`` cannot be compiled (None if it can)."""
-    from structgen.errors import RegexError
-    try:
-        compile_pattern(p)
-    except RegexError as e:
-        return str(e)
-    return None
+        """How many array items context ``ctx`` gives their own context (cached)."""
+        return self._doc_query("plen", self.doc.prefix_len, ctx)
 
 
 def _finite(v: Any) -> bool:

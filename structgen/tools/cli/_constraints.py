@@ -29,30 +29,24 @@ class _Constraint:
 
 
 def _compile_file(path: str, lenient: bool, remotes: dict[str, Any] | None = None) -> Any:
-    """Compile ``path`` (``.lark``: Lark grammar; anything else: JSON Schema, whose ``$ref`` may
-    reach ``remotes`` and nothing else outside it)."""
+    """Compile ``path`` (``.lark``: Lark grammar, whose relative ``%import`` reads beside it;
+    anything else: JSON Schema, whose ``$ref`` may reach ``remotes`` and nothing else outside
+    it) into the grammar validation uses (every JSON spelling accepted)."""
+    from structgen.config import JsonSchemaOptions
+    from structgen.frontends.constraint import compile_constraint, read_grammar_file, schema_from
+
     if path.endswith(".lark"):
-        import structgen
-
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise _Usage(f"cannot read {path}: {e}") from None
-        # relative %import reads beside the grammar file, never in the working folder
-        return structgen.compile_lark(text, grammar_path=path)
-    from structgen.frontends.constraint import schema_from
-
+            text = read_grammar_file(path)
+        except StructgenError as e:
+            raise _Usage(_text(e)) from None
+        return compile_constraint("grammar", text, grammar_path=path)
     try:
         schema = schema_from(Path(path))  # a command-line argument is always a file name
     except StructgenError as e:
         raise _Usage(_text(e)) from None
-    from structgen.config import JsonSchemaOptions
-    from structgen.frontends.json_schema.compiler import compile_json_schema
-
-    extra = {"remotes": remotes} if remotes else {}
-    if lenient:
-        return compile_json_schema(schema, options=JsonSchemaOptions(lenient=True), **extra)
-    return compile_json_schema(schema, **extra)
+    return compile_constraint("json", schema, json_options=JsonSchemaOptions(lenient=lenient),
+                              remotes=remotes, for_generation=False)
 
 
 def _grammar_error(path: str, e: StructgenError) -> str:
@@ -69,13 +63,15 @@ def _grammar_error(path: str, e: StructgenError) -> str:
 
 
 def _schema_constraint(schema: Any, source: str, settings: Any, pydantic: Any = None) -> _Constraint:
-    from structgen.frontends.json_schema.compiler import compile_json_schema
+    """The constraint of a schema value: its generation grammar (from the front door, with the
+    settings' options) and a validator for the outputs."""
+    from structgen.frontends.constraint import compile_constraint
     from structgen.tools.validation import SchemaValidator
 
     try:
         validator = SchemaValidator(schema, use_grammar=False)
-        compiled = compile_json_schema(schema, options=settings.json_schema.for_generation(),
-                                       compile_options=settings.compile)
+        compiled = compile_constraint("json", schema, json_options=settings.json_schema,
+                                      compile_options=settings.compile)
     except StructgenError as e:
         raise _Usage(f"{source}: {_text(e)}") from None
     return _Constraint("pydantic" if pydantic is not None else "schema", compiled, validator, pydantic)
@@ -111,7 +107,10 @@ def _import_pydantic(spec: str) -> Any:
 
 
 def _main_constraint(args: argparse.Namespace, settings: Any) -> _Constraint | None:
-    from structgen.frontends.constraint import schema_from
+    """The constraint the command line gives (--schema, --pydantic, --grammar or --regex; None
+    when the prompts file names one per line), compiled by the front door. File arguments go in
+    as paths, never as text."""
+    from structgen.frontends.constraint import compile_constraint, read_grammar_file, schema_from
 
     if args.schema:
         try:
@@ -122,28 +121,25 @@ def _main_constraint(args: argparse.Namespace, settings: Any) -> _Constraint | N
     if args.pydantic:
         cls = _import_pydantic(args.pydantic)
         try:
-            schema = cls.model_json_schema()
-        except Exception as e:  # noqa: BLE001 - pydantic cannot describe the class
-            raise _Usage(f"--pydantic {args.pydantic}: no JSON schema: {e}") from None
+            schema = schema_from(cls)
+        except StructgenError as e:  # pydantic cannot describe the class
+            raise _Usage(f"--pydantic {args.pydantic}: {_text(e)}") from None
         return _schema_constraint(schema, args.pydantic, settings, pydantic=cls)
     if args.grammar:
-        from structgen.frontends.lark import compile_lark
-
         try:
-            text = Path(args.grammar).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise _Usage(f"cannot read {args.grammar}: {getattr(e, 'strerror', None) or e}") from None
+            text = read_grammar_file(args.grammar)
+        except StructgenError as e:
+            raise _Usage(_text(e)) from None
         start = args.start or settings.generation.start
         try:
-            return _Constraint("grammar", compile_lark(text, start=start, compile_options=settings.compile,
-                                                       grammar_path=args.grammar))
+            return _Constraint("grammar", compile_constraint("grammar", text, start=start,
+                                                             compile_options=settings.compile,
+                                                             grammar_path=args.grammar))
         except StructgenError as e:
             raise _Usage(_grammar_error(args.grammar, e)) from None
     if args.regex is not None:
-        from structgen.frontends.regex import compile_regex_grammar
-
         try:
-            return _Constraint("regex", compile_regex_grammar(args.regex))
+            return _Constraint("regex", compile_constraint("regex", args.regex))
         except StructgenError as e:
             raise _Usage(_grammar_error("--regex", e)) from None
     return None

@@ -42,7 +42,8 @@ def _demo_sets(root: Path) -> list[tuple[str, Path, list[Path], list[Path]]]:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     import structgen
-    from structgen.tools.validation import SchemaValidator, iter_documents, load_schema
+    from structgen.frontends.json_schema.source import read_schema_file
+    from structgen.tools.validation import SchemaValidator, iter_documents
 
     prog = "structgen demo"
     root = Path(args.schemas) if args.schemas else _default_schemas_dir()
@@ -56,7 +57,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     print(f"structgen {__version__}: {len(sets)} example schema(s) in {root}")
     for name, schema_path, valid, invalid in sets:
         try:
-            schema = load_schema(str(schema_path))
+            schema = read_schema_file(schema_path)
             t0 = time.perf_counter()
             validator = SchemaValidator(schema)
             ms = (time.perf_counter() - t0) * 1000

@@ -31,13 +31,14 @@ def _remotes(specs: list[str]) -> dict[str, Any]:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from structgen.tools.validation import SchemaValidator, load_schema, validate_stream
+    from structgen.frontends.json_schema.source import read_schema_file
+    from structgen.tools.validation import SchemaValidator, validate_stream
 
     prog = "structgen validate"
     if args.files.count("-") > 1:
         raise _Usage("stdin ('-') can be given only once")
     try:
-        schema = load_schema(args.schema)
+        schema = read_schema_file(args.schema)
     except StructgenError as e:
         raise _Usage(_text(e)) from None
     try:

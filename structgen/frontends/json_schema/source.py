@@ -1,0 +1,99 @@
+"""Where a JSON Schema comes from: a file, JSON text, or a model class.
+
+The lowest module of the JSON Schema front-end that touches input: it reads and parses schema
+files (:func:`read_schema_file`), parses JSON text strictly (:func:`parse_json`: ``NaN`` and
+``Infinity`` are not JSON), and recognises model classes (:func:`is_model_class`,
+:func:`model_schema`) by duck typing, so that no front-end imports pydantic.
+
+Used by the constraint front door (:mod:`structgen.frontends.constraint`), the compiler and
+the validation tool (:mod:`structgen.tools.validation`), which reads instance files with the
+same two JSON helpers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from structgen.errors import SchemaError, StructgenError
+
+__all__ = ["decode_utf8", "is_model_class", "model_schema", "parse_json", "read_schema_file"]
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(text: str) -> tuple[Any, str | None, int, int]:
+    """Parse strict JSON text: ``(value, error, error_line, error_column)``.
+
+    ``error`` is None on success; otherwise a one-line reason, with the 1-based line and
+    column the parser stopped at (1, 1 when it gives none). ``NaN``/``Infinity`` and nesting
+    deeper than the interpreter's recursion limit are errors, never exceptions.
+    """
+    try:
+        return json.loads(text, parse_constant=_reject_constant), None, 0, 0
+    except json.JSONDecodeError as e:
+        return None, e.msg, e.lineno, e.colno
+    except RecursionError:
+        return None, "nested too deeply to parse (arrays/objects)", 1, 1
+    except ValueError as e:
+        return None, str(e) or type(e).__name__, 1, 1
+
+
+def decode_utf8(raw: bytes, strip_bom: bool) -> tuple[str | None, str | None]:
+    """``(text, None)`` for UTF-8 ``raw`` (a leading byte order mark dropped when
+    ``strip_bom``: the start of a file), or ``(None, reason)`` naming the first bad byte."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, f"invalid UTF-8 at byte {e.start}"
+    if strip_bom and text.startswith("\ufeff"):
+        text = text[1:]
+    return text, None
+
+
+def read_schema_file(path: str | os.PathLike[str]) -> Any:
+    """Parse the JSON file at ``path`` (any JSON value; the caller checks it is a schema).
+
+    Side effect: reads that one file, whole. Raises :class:`~structgen.errors.SchemaError`
+    with a one-line message naming the file when it cannot be read, is not UTF-8 or is not
+    JSON; no :class:`OSError` escapes.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise SchemaError(f"cannot read schema {path}: {e.strerror or e}") from e
+    except ValueError as e:  # an embedded NUL in the name
+        raise SchemaError(f"cannot read schema {path!r}: {e}") from None
+    text, err = decode_utf8(data, strip_bom=True)
+    if text is None:
+        raise SchemaError(f"schema {path} is not UTF-8: {err}")
+    value, perr, line, col = parse_json(text)
+    if perr is not None:
+        raise SchemaError(f"schema {path} is not valid JSON: {perr} (line {line}, column {col})")
+    return value
+
+
+def is_model_class(obj: Any) -> bool:
+    """True for a class with a callable ``model_json_schema`` (a Pydantic v2 model, or any
+    class that describes itself the same way)."""
+    return isinstance(obj, type) and callable(getattr(obj, "model_json_schema", None))
+
+
+def model_schema(cls: type) -> Any:
+    """The JSON Schema of model class ``cls``, from its ``model_json_schema()``.
+
+    Cost: whatever that method costs (Pydantic builds and caches the schema). Any exception
+    it raises becomes a :class:`~structgen.errors.SchemaError` naming the class.
+    """
+    try:
+        return cls.model_json_schema()  # type: ignore[attr-defined]
+    except StructgenError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's class cannot describe itself
+        raise SchemaError(f"model class {cls.__qualname__} has no JSON schema: "
+                          f"{type(e).__name__}: {e}") from None
