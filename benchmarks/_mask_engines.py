@@ -9,6 +9,7 @@ with its measurements (:class:`_Replayer`). See ``benchmarks/masks.py`` for what
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import multiprocessing as mp
 import signal
@@ -54,6 +55,7 @@ class Adapter:
     """
 
     name = ""
+    module = "structgen"  # the engine's top-level module: checked before the vocabulary is loaded
 
     def __init__(self, tokenizer: Any, vocab: Any, opts: dict[str, Any]) -> None:
         self.tok = tokenizer
@@ -169,6 +171,7 @@ class StructgenAdapter(Adapter):
 
 class XgrammarAdapter(Adapter):
     name = "xgrammar"
+    module = "xgrammar"
 
     def __init__(self, tokenizer: Any, vocab: Any, opts: dict[str, Any]) -> None:
         super().__init__(tokenizer, vocab, opts)
@@ -221,6 +224,7 @@ class XgrammarAdapter(Adapter):
 
 class LlguidanceAdapter(Adapter):
     name = "llguidance"
+    module = "llguidance"
 
     def __init__(self, tokenizer: Any, vocab: Any, opts: dict[str, Any]) -> None:
         super().__init__(tokenizer, vocab, opts)
@@ -266,6 +270,7 @@ class LlguidanceAdapter(Adapter):
 
 class OutlinesCoreAdapter(Adapter):
     name = "outlines-core"
+    module = "outlines_core"
 
     def __init__(self, tokenizer: Any, vocab: Any, opts: dict[str, Any]) -> None:
         super().__init__(tokenizer, vocab, opts)
@@ -407,6 +412,8 @@ def _worker(engine: str, tok_alias: str, opts: dict[str, Any], conn: Any) -> Non
     """Worker process main loop: build the adapter, warm it up, then run cases on request."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
+        # a missing engine is reported before the tokenizer is loaded (seconds)
+        importlib.import_module(ADAPTERS[engine].module)
         tok, vocab = load_vocab(tok_alias)
         adapter = ADAPTERS[engine](tok, vocab, opts)
         rep = _Replayer(adapter, vocab)
