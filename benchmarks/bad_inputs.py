@@ -14,8 +14,8 @@ canary file's secret appearing in the output, or its access time moving). ``wron
 cases that ran without a crash but not as they should (a result where a typed error is due, or
 an error without the location it must name).
 
-Writes ``benchmarks/results/bad-inputs.json`` (commit, date, machine, command, the table and
-every case) and prints the table as markdown: categories as rows, outcome classes as columns.
+Writes ``benchmarks/results/bad-inputs.json`` (the shared envelope of ``benchmarks/_envelope.py``,
+the table and every case) and prints the table as markdown: categories as rows, outcome classes as columns.
 Cases reproducing issue 26's items carry ``issue_item``.
 Side effects: temporary folders (removed), a temporary asset cache, two local sockets.
 """
@@ -23,16 +23,13 @@ Side effects: temporary folders (removed), a temporary asset cache, two local so
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import hashlib
 import http.server
 import json
 import os
-import platform
 import random
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _envelope  # noqa: E402
 from sandbox import Case, Outcome, Sandbox, known_cause  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -777,14 +775,6 @@ def markdown(rows: dict[str, dict[str, int]]) -> str:
     return "\n".join(lines)
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def _smoke(inputs: list[BadInput], per_category: int = 2) -> list[BadInput]:
     """A few fast inputs per category (no model, no issue reproduction that may take long;
     one asset input: each loads a tokenizer)."""
@@ -807,6 +797,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=float, default=20.0, help="default per-input time limit")
     ap.add_argument("--only", default=None, help="comma-separated categories")
     args = ap.parse_args(argv)
+    envelope = _envelope.capture(argv, __file__)
 
     inputs = (schema_inputs() + grammar_inputs() + regex_inputs() + config_inputs() + cli_inputs()
               + asset_inputs())
@@ -861,10 +852,6 @@ def main(argv: list[str] | None = None) -> int:
             watchers.close()
     rows = table_of(records)
     report = {
-        "commit": _commit(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpu(s), Python "
-                   f"{platform.python_version()}",
-        "command": "python benchmarks/bad_inputs.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "mode": "smoke" if args.smoke else "full", "table": rows, "skipped": skipped,
         "issue_items": {str(i): [r["label"] + ": " + ",".join(r["flags"]) for r in records
                                  if r["issue_item"] == i] for i in range(1, 12)},
@@ -875,8 +862,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped {len(skipped)} input(s): " + "; ".join(skipped), file=sys.stderr)
     out = args.out or (None if args.smoke else ROOT / "benchmarks" / "results" / "bad-inputs.json")
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        _envelope.write(out, envelope, report)
         out.with_suffix(".md").write_text(markdown(rows) + "\n", encoding="utf-8")
     failures = sum(rows["total"][k] for k in ("crash", "hang", "memory", "data_loss", "network",
                                                "file_access"))

@@ -22,9 +22,10 @@ oracle). Speed ratios are against ``single-plain`` and ``single-spec``.
 
     python benchmarks/batch.py                                   # smollm2-135m, 32 requests
     python benchmarks/batch.py --model qwen2.5-coder-0.5b
-    python benchmarks/batch.py --smoke                           # tiny random model, 6 requests (CI)
+    python benchmarks/batch.py --smoke                           # tiny random model, 4 requests (CI)
 
-The full mode writes ``benchmarks/results/batch-<model>-<device>.json``.
+The full mode writes ``benchmarks/results/batch-<model>-<device>.json`` (``--out``; the smoke writes
+only with ``--out``), with the shared envelope of ``benchmarks/_envelope.py``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import _envelope  # noqa: E402
 import jsonschema  # noqa: E402
 import torch  # noqa: E402
 from tasks.extraction import TASKS, messages  # noqa: E402
@@ -75,19 +76,6 @@ def requests(n: int) -> list[dict[str, Any]]:
                 out.append({"name": f"{t['name']}<-{u['name']}", "schema": t["schema"],
                             "messages": msgs[:-1] + [{"role": msgs[-1]["role"], "content": body}]})
     return out[:n]
-
-
-def tiny_model() -> CausalLM:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from structgen.generation import model_store
-
-    tok = model_store.load_tokenizer("gpt2")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=50304, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                      eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id)
-    return CausalLM(LlamaForCausalLM(cfg).eval(), tok)
 
 
 def _valid(schema: dict[str, Any], r: Any) -> bool:
@@ -149,10 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     ap.add_argument("--repeats", type=int, default=1, help="interleaved runs per engine (median wall time)")
-    ap.add_argument("--smoke", action="store_true", help="tiny random model, 6 requests, no file")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny random model, 4 requests of 16 new tokens (CI); writes only with --out")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--overlap", action="store_true", help="overlap mask building with the forward")
     args = ap.parse_args(argv)
+    envelope = _envelope.capture(argv, __file__)
     global OVERLAP
     OVERLAP = args.overlap
     torch.set_num_threads(args.threads)
@@ -161,8 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown engines {sorted(unknown)}; choose from {ENGINES}")
     if args.smoke:
+        from structgen.tools.bench import tiny_model
+
         lm = tiny_model()
-        args.requests, args.max_new_tokens, args.batch_size = 6, 24, 4
+        args.requests, args.max_new_tokens, args.batch_size = 4, 16, 2
     else:
         lm = load_model(args.model)
     reqs = requests(args.requests)
@@ -208,15 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"model": "tiny-random" if args.smoke else args.model, "requests": len(reqs),
             "request_names": [q["name"] for q in reqs], "batch_size": args.batch_size,
             "max_new_tokens": args.max_new_tokens, "greedy": True, "threads": args.threads,
-            "device": str(lm.device), "torch": torch.__version__, "platform": platform.platform(),
-            "processor": platform.processor(), "cpu_count": os.cpu_count(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "device": str(lm.device)}
     out = args.out
     if out is None and not args.smoke:
         out = ROOT / "benchmarks" / "results" / f"batch-{args.model}-{lm.device.type}.json"
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"meta": meta, "summary": summary, "results": results}, indent=1))
+        _envelope.write(out, envelope, {"meta": meta, "summary": summary, "results": results})
         print(f"wrote {out}", file=sys.stderr)
     bad = [e for e, s in summary.items() if str(s.get("identical_to_single_plain", "x/x")).split("/")[0]
            != str(len(reqs)) and "identical_to_single_plain" in s]

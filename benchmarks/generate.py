@@ -20,6 +20,9 @@ the peers. Also checks that greedy ``spec`` output is token-identical to ``plain
 
     python benchmarks/generate.py --model qwen2.5-coder-0.5b --out benchmarks/results/generate.json
     python benchmarks/generate.py --smoke        # tiny random model, 2 tasks (CI)
+
+``--out`` writes the figures and every task's result with the shared envelope of
+``benchmarks/_envelope.py``.
 """
 
 from __future__ import annotations
@@ -27,10 +30,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import _envelope  # noqa: E402
 import torch  # noqa: E402
 from tasks.extraction import TASKS, messages  # noqa: E402
 
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    envelope = _envelope.capture(argv, __file__)
     torch.set_num_threads(args.threads)
     engines = args.engines.split(",")
     if args.smoke:
@@ -162,15 +165,14 @@ def main(argv: list[str] | None = None) -> int:
             if e != "spec":
                 summary["spec"][f"speedup_vs_{e}"] = summary[e]["wall_s"] / summary["spec"]["wall_s"]
     summary["identical_greedy_outputs"] = f"{identical}/{len(tasks)}"
-    meta = {"date": time.strftime("%Y-%m-%d"), "machine": platform.platform(),
-            "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
+    _envelope.add_peers(envelope, [e for e, rs in results.items() if rs and e in ("xgrammar", "outlines")])
+    meta = {"cpu_threads": torch.get_num_threads(),
             "model": "tiny-random" if args.smoke else args.model, "dtype": str(lm.model.dtype),
             "draft_model": args.draft_model,
             "max_new_tokens": args.max_new_tokens}
     print(json.dumps({"meta": meta, "summary": summary}, indent=1))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"meta": meta, "summary": summary, "results": results}, indent=1))
+        _envelope.write(args.out, envelope, {"meta": meta, "summary": summary, "results": results})
     if "plain" in summary and "spec" in summary and identical != len(tasks):
         print("ERROR: speculative greedy output differs from plain", file=sys.stderr)
         return 1

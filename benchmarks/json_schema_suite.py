@@ -23,6 +23,11 @@ Usage::
     python benchmarks/json_schema_suite.py --update   # rewrite the ratchet file
     python benchmarks/json_schema_suite.py --smoke    # a few files only (CI)
     python benchmarks/json_schema_suite.py --show false_negative   # list instances by status
+    python benchmarks/json_schema_suite.py --out results.json       # counts with the envelope
+
+The ratchet file (``tests/data/json_schema_suite_ratchet.json``) is the tests' oracle and holds
+every instance's status; ``--out`` writes a results file instead: per section the counts, the
+time and the regressions, with the shared envelope of ``benchmarks/_envelope.py``.
 """
 
 from __future__ import annotations
@@ -44,6 +49,10 @@ SMOKE_FILES = ("type.json", "properties.json", "ref.json", "anyOf.json")
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+if str(ROOT / "benchmarks") not in sys.path:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import _envelope  # noqa: E402
 
 
 def load_remotes() -> dict[str, Any]:
@@ -162,7 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--show", choices=STATUSES, action="append", default=[],
                     help="list the instances with this status")
     ap.add_argument("-v", "--verbose", action="store_true", help="per-schema timing and errors")
+    ap.add_argument("--out", type=Path, default=None, help="write the counts as a results file")
     args = ap.parse_args(argv)
+    envelope = _envelope.capture(argv, __file__)
+    figures: dict[str, Any] = {"mode": "smoke" if args.smoke else "full", "sections": {}}
     sections = ("required", "format") if args.section == "both" else (args.section,)
     ratchet = load_ratchet()
     new = dict(ratchet)
@@ -187,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
             for r in regs[:50]:
                 print("  " + r)
         new[section] = {"counts": c, "results": dict(sorted(res.items()))}
+        figures["sections"][section] = {"counts": c, "seconds": round(dt, 2), "regressions": regs}
+    if args.out is not None:
+        _envelope.write(args.out, envelope, figures, ensure_ascii=False)
     if args.update and not args.smoke:
         RATCHET.write_text(json.dumps(new, indent=1, sort_keys=True, ensure_ascii=False) + "\n", "utf-8")
         print(f"wrote {RATCHET.relative_to(ROOT)}")

@@ -12,8 +12,9 @@ For every schema of the benchmark (``--data``, default ``../shared/data/jsonsche
    Qwen2 tokenizers, must be accepted token by token (zero false rejections). Instances that
    ``jsonschema`` itself rejects are skipped.
 
-Writes a JSON report (``--out``) and prints a table per subset. ``--smoke`` runs a few
-schemas per subset (CI). Example::
+Writes a JSON report (``--out``, with the shared envelope of ``benchmarks/_envelope.py``) and
+prints a table per subset. ``--smoke`` (CI) runs three of the repository's ``schemas/`` (no data
+set needed), one walk and one instance each, with the Llama-3 tokenizer only. Example::
 
     python benchmarks/jsonschemabench.py --limit 200 --out benchmarks/results/jsonschemabench.json
 
@@ -50,14 +51,41 @@ from typing import Any
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+if str(ROOT / "benchmarks") not in sys.path:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import _envelope  # noqa: E402
 import jsonschema  # noqa: E402
 
 from structgen.config import CompileOptions  # noqa: E402
 from structgen.errors import StructgenError  # noqa: E402
 from structgen.tools.validation import jsonschema_validator  # noqa: E402
 
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "jsonschemabench"
+# masks.py --smoke: a schema of each of three small subsets
+SMOKE_SUBSETS = ("Glaiveai2K", "Github_trivial", "Github_easy")
+
+
+def default_data() -> Path:
+    """``/work/shared/data/jsonschemabench`` if present, else ``../shared/...`` of the repo."""
+    for p in (Path("/work/shared/data/jsonschemabench"),
+              ROOT.parent / "shared" / "data" / "jsonschemabench"):
+        if p.is_dir():
+            return p
+    return ROOT.parent / "shared" / "data" / "jsonschemabench"
+
+
+def repo_schemas() -> list[dict[str, Any]]:
+    """The repository's example schemas (``schemas/NAME.schema.json``) with their valid samples
+    (``NAME.valid.json``, as ``instances``), in the rows format of :func:`load_schemas`."""
+    rows = []
+    for f in sorted((ROOT / "schemas").glob("*.schema.json")):
+        name = f.name[: -len(".schema.json")]
+        valid = f.with_name(f"{name}.valid.json")
+        row: dict[str, Any] = {"id": name, "subset": "repo", "schema": json.loads(f.read_text())}
+        if valid.exists():
+            row["instances"] = [json.loads(valid.read_text())]
+        rows.append(row)
+    return rows
 
 
 class _Timeout(Exception):
@@ -295,14 +323,24 @@ def string_mutations(value: Any, limit: int = 6) -> list[Any]:
     return out
 
 
-def escape_variants_main(args: argparse.Namespace) -> int:
-    """The ``--escape-variants`` run (see the module docstring); returns the exit status."""
-    from structgen.json_schema import canonical_json, compile_json_schema, format_checker_for
-
-    rows = load_schemas(args.data, args.subset, args.limit, args.seed)
+def selected_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The schemas a run covers: ``--limit`` per subset of ``--data`` (``--smoke``: the first three
+    of the repository's schemas), then ``--shard``'s share."""
+    if not args.smoke:
+        rows = load_schemas(args.data, args.subset, args.limit, args.seed)
+    else:
+        rows = repo_schemas()[:3]
     if args.shard:
         k, n = (int(x) for x in args.shard.split("/"))
         rows = rows[k::n]
+    return rows
+
+
+def escape_variants_main(args: argparse.Namespace, envelope: dict[str, Any]) -> int:
+    """The ``--escape-variants`` run (see the module docstring); returns the exit status."""
+    from structgen.json_schema import canonical_json, compile_json_schema, format_checker_for
+
+    rows = selected_rows(args)
     copts = CompileOptions(timeout_s=args.timeout)
     total: Counter[str] = Counter()
     failures: list[dict[str, Any]] = []
@@ -383,14 +421,13 @@ def escape_variants_main(args: argparse.Namespace) -> int:
                 "invalid_variant_accepted", "invalid_canonical_accepted", "crash"):
         print(f"{key:28} {total[key]}")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1))
+        _envelope.write(args.out, envelope, report)
     return 1 if total["valid_variant_rejected"] or total["invalid_variant_accepted"] or total["crash"] else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--data", type=Path, default=default_data())
     ap.add_argument("--subset", action="append", help="only these subsets (repeatable)")
     ap.add_argument("--limit", type=int, default=None, help="schemas per subset")
     ap.add_argument("--walks", type=int, default=3)
@@ -400,7 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--walk-tokenizer", action="append", choices=("llama3", "qwen2"),
                     help="vocabularies for the random walks (repeatable; default llama3)")
-    ap.add_argument("--smoke", action="store_true", help="3 schemas per subset, 1 walk, 1 instance")
+    ap.add_argument("--smoke", action="store_true",
+                    help="3 of the repository's schemas (no data set needed), 1 walk, 1 instance, "
+                         "the Llama-3 tokenizer only (CI)")
     ap.add_argument("--no-instances", action="store_true")
     ap.add_argument("--shard", default=None, help="I/N: only every N-th schema starting at I (0-based)")
     ap.add_argument("--merge", type=Path, nargs="+", default=None,
@@ -409,33 +448,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--escape-variants", action="store_true",
                     help="check escape variants of valid and invalid instances (no walks)")
     args = ap.parse_args(argv)
+    envelope = _envelope.capture(argv, __file__)
     if args.merge:
         reports = [json.loads(p.read_text()) for p in args.merge]
         merged = merge_reports(reports)
         print_report(merged)
         if args.out:
-            args.out.write_text(json.dumps(merged, indent=1))
+            _envelope.write(args.out, envelope, merged)
         return 0
     if args.smoke:
-        args.limit, args.walks, args.instances = 3, 1, 1
+        args.walks, args.instances = 1, 1
     walk_toks = args.walk_tokenizer or ["llama3"]
-    if not args.data.exists():
+    if not args.data.exists() and not args.smoke:
         print(f"data folder {args.data} not found (pass --data)", file=sys.stderr)
         return 2
     if args.escape_variants:
-        return escape_variants_main(args)
+        return escape_variants_main(args, envelope)
 
     from structgen.generation import model_store
     from structgen.json_schema import canonical_json, compile_json_schema, format_checker_for
     from structgen.masks.matcher import Matcher
     from structgen.masks.vocab import Vocabulary
 
-    toks = {a: model_store.load_tokenizer(a) for a in ("llama3", "qwen2")}
+    toks = {a: model_store.load_tokenizer(a) for a in (("llama3",) if args.smoke else ("llama3", "qwen2"))}
     vocabs = {a: Vocabulary.from_tokenizer(t) for a, t in toks.items()}
-    rows = load_schemas(args.data, args.subset, args.limit, args.seed)
-    if args.shard:
-        k, n = (int(x) for x in args.shard.split("/"))
-        rows = rows[k::n]
+    rows = selected_rows(args)
     copts = CompileOptions(timeout_s=args.timeout)
     per: dict[str, Counter[str]] = defaultdict(Counter)
     errors: Counter[str] = Counter()
@@ -531,11 +568,11 @@ def main(argv: list[str] | None = None) -> int:
     report = {"per_subset": {k: dict(v) for k, v in per.items()}, "total": dict(total),
               "errors": dict(errors), "failures": failures[:500], "unlocated_errors": unlocated[:500],
               "compile_times_s": [round(t, 5) for t in compile_times],
-              "args": {k: str(v) for k, v in vars(args).items()}}
+              "args": {k: str(v) for k, v in vars(args).items()},
+              "schema_source": "repository schemas/" if args.smoke else str(args.data)}
     print_report(report)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1))
+        _envelope.write(args.out, envelope, report)
     bad = (total["walk_invalid"] + total["false_reject_llama3"] + total["false_reject_qwen2"]
            + total["crash"])
     return 1 if bad else 0
@@ -546,7 +583,8 @@ def merge_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
     per: dict[str, Counter[str]] = defaultdict(Counter)
     errors: Counter[str] = Counter()
     out: dict[str, Any] = {"failures": [], "unlocated_errors": [], "compile_times_s": [],
-                           "args": [r.get("args") for r in reports]}
+                           "args": [r.get("args") for r in reports],
+                           "shard_envelopes": [r.get("envelope") for r in reports]}
     for r in reports:
         for sub, c in r["per_subset"].items():
             per[sub].update(c)

@@ -7,6 +7,10 @@ the case passes when the token sequences are identical and a completed output va
 with ``jsonschema``.
 
     python benchmarks/lossless.py --model smollm2-135m --cases 50
+    python benchmarks/lossless.py --smoke        # tiny random model, 2 cases (CI)
+
+``--out`` writes the summary and every case with the shared envelope of
+``benchmarks/_envelope.py``. Exit status 1 when a case differs or a completed output is invalid.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import _envelope  # noqa: E402
 import jsonschema  # noqa: E402
 import torch  # noqa: E402
 from tasks.extraction import TASKS  # noqa: E402
@@ -47,6 +52,11 @@ def cases(n: int) -> list[tuple[str, dict[str, Any], str]]:
     return out[:n]
 
 
+# --smoke: one extraction task (the tiny model runs it to the length limit) and one example schema
+# the tiny model completes, so that a completed output is validated too
+SMOKE_CASES = ("person", "config.schema")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="smollm2-135m")
@@ -54,14 +64,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--dtype", default="float32", help="model weights: float32, bfloat16, auto")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny random model biased towards short outputs, 2 cases, 32 new tokens (CI)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    envelope = _envelope.capture(argv, __file__)
     torch.set_num_threads(args.threads)
-    lm = load_model(args.model, dtype=args.dtype)
+    if args.smoke:
+        from structgen.tools import bench
+
+        lm = bench.tiny_model(favour=bench.SMOKE_FAVOUR)
+        args.model, args.max_new_tokens = "tiny-random", 32
+    else:
+        lm = load_model(args.model, dtype=args.dtype)
+    todo = ([c for c in cases(len(TASKS) ** 2 + 10) if c[0] in SMOKE_CASES] if args.smoke
+            else cases(args.cases))
     rows = []
     ok = 0
     t0 = time.time()
-    for name, schema, text in cases(args.cases):
+    for name, schema, text in todo:
         msgs = [{"role": "user", "content": f"Return JSON for this schema: "
                  f"{json.dumps(schema, separators=(',', ':'))}\n\nText: {text}"}]
         plain = structgen.generate(lm, schema=schema, messages=msgs, max_new_tokens=args.max_new_tokens,
@@ -79,11 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:28} identical={same} valid={valid} finish={plain.finish_reason} "
               f"tokens={len(plain.tokens)} passes {plain.stats.forward_passes}->{spec.stats.forward_passes}",
               file=sys.stderr)
-    print(json.dumps({"model": args.model, "dtype": str(lm.model.dtype), "threads": args.threads,
-                      "cases": len(rows), "passed": ok,
-                      "seconds": round(time.time() - t0, 1)}))
+    summary = {"model": args.model, "dtype": str(lm.model.dtype), "threads": args.threads,
+               "max_new_tokens": args.max_new_tokens, "cases": len(rows), "passed": ok,
+               "seconds": round(time.time() - t0, 1)}
+    print(json.dumps(summary))
     if args.out:
-        args.out.write_text(json.dumps(rows, indent=1))
+        _envelope.write(args.out, envelope, {"summary": summary, "cases": rows})
     return 0 if ok == len(rows) else 1
 
 

@@ -25,8 +25,9 @@ a side stream, against the serial order. Results go to
 ``benchmarks/results/verify-<device>.json`` (and a PNG when matplotlib is installed).
 
 ``--smoke`` (CI, CPU): tiny shapes through the same code paths, the Triton kernels under
-``TRITON_INTERPRET=1``; checks reference == triton and prints a few timings. Exit status 1 on
-any mismatch. Examples::
+``TRITON_INTERPRET=1``; checks reference == triton and prints a few timings (written with
+``--out``). Exit status 1 on any mismatch. Results files carry the shared envelope of
+``benchmarks/_envelope.py``. Examples::
 
     python benchmarks/verify.py --smoke
     python benchmarks/verify.py                      # on a GPU; about 2-4 minutes
@@ -35,9 +36,7 @@ any mismatch. Examples::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import re
 import statistics
 import sys
@@ -48,6 +47,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+if str(ROOT / "benchmarks") not in sys.path:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import _envelope  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 
 # Peak DRAM bandwidth in TB/s by device-name substring (first match wins; most specific first).
@@ -403,36 +407,42 @@ def measure_overlap(device: Any, batch: int, k: int, vocab: int, dtype: Any, hid
 # ---------------------------------------------------------------------------------------------
 # modes
 
-def smoke() -> int:
+def smoke(out: Path | None = None, envelope: dict[str, Any] | None = None) -> int:
+    """Tiny shapes on the CPU, the Triton kernels under the interpreter; writes ``out`` (with
+    ``envelope``) when given. Returns the exit status: 1 on any mismatch."""
     import torch
 
     from structgen.generation.verify import verify
 
     device = torch.device("cpu")
     ok = True
+    cases: list[dict[str, Any]] = []
     print("smoke: reference vs triton (interpreter) on tiny shapes")
+    # each mode once, each with another dtype and shape (tests/test_verify_triton.py covers the
+    # full matrix); the interpreter takes seconds per call
     shapes = ((1, 3, 1000, torch.bfloat16), (3, 2, 4133, torch.float16), (2, 4, 777, torch.float32))
-    for batch, k, vocab, dtype in shapes:
-        for mode in MODES:
-            inp = make_inputs(batch, k, vocab, dtype, device, mode, seed=batch)
-            outs = []
-            times = []
-            for backend in ("torch", "triton"):
-                t0 = time.perf_counter()
-                outs.append(verify(**inp, backend=backend))
-                times.append(time.perf_counter() - t0)
-            meta = unfused_meta(inp, batch, k)
+    for (batch, k, vocab, dtype), mode in zip(shapes, MODES):
+        inp = make_inputs(batch, k, vocab, dtype, device, mode, seed=batch)
+        outs = []
+        times = []
+        for backend in ("torch", "triton"):
             t0 = time.perf_counter()
-            unf_tokens, unf_acc = unfused_pipeline(inp, meta)
-            t_unf = time.perf_counter() - t0
-            check = same_output(outs[0], outs[1])
-            if mode == "greedy":   # the unfused greedy pipeline is exact too
-                check["unfused_equal"] = bool(torch.equal(unf_tokens.int(), outs[0].output_token_ids))
-            good = check["tokens_equal"] and check["accepted_equal"] and check.get("unfused_equal", True)
-            ok &= good
-            print(f"  B={batch} k={k} V={vocab} {str(dtype)[6:]:8s} {mode:12s} "
-                  f"{'OK ' if good else 'MISMATCH'} reference {times[0] * 1e3:7.1f} ms  "
-                  f"triton-interpret {times[1] * 1e3:7.1f} ms  unfused {t_unf * 1e3:6.1f} ms")
+            outs.append(verify(**inp, backend=backend))
+            times.append(time.perf_counter() - t0)
+        meta = unfused_meta(inp, batch, k)
+        t0 = time.perf_counter()
+        unf_tokens, unf_acc = unfused_pipeline(inp, meta)
+        t_unf = time.perf_counter() - t0
+        check = same_output(outs[0], outs[1])
+        if mode == "greedy":   # the unfused greedy pipeline is exact too
+            check["unfused_equal"] = bool(torch.equal(unf_tokens.int(), outs[0].output_token_ids))
+        good = check["tokens_equal"] and check["accepted_equal"] and check.get("unfused_equal", True)
+        ok &= good
+        cases.append(dict(batch=batch, k=k, vocab=vocab, dtype=str(dtype)[6:], mode=mode, ok=good,
+                          reference_s=times[0], triton_interpreter_s=times[1], unfused_s=t_unf))
+        print(f"  B={batch} k={k} V={vocab} {str(dtype)[6:]:8s} {mode:12s} "
+              f"{'OK ' if good else 'MISMATCH'} reference {times[0] * 1e3:7.1f} ms  "
+              f"triton-interpret {times[1] * 1e3:7.1f} ms  unfused {t_unf * 1e3:6.1f} ms")
     r = run_case(2, 3, 1000, torch.bfloat16, device, "sample", reps=2, config=None, ref_reps=2)
     print(f"  run_case: fused {r['fused_s'] * 1e3:.1f} ms (interpreter), tokens equal: {r['tokens_equal']}")
     ok &= r["tokens_equal"]
@@ -440,10 +450,15 @@ def smoke() -> int:
     print(f"  overlap helpers (CPU: no real overlap): serial {ov['serial_step_s'] * 1e3:.1f} ms, "
           f"overlapped {ov['overlapped_step_s'] * 1e3:.1f} ms")
     print("smoke:", "OK" if ok else "FAILED")
+    if out is not None:
+        _envelope.write(out, envelope or _envelope.capture(), dict(
+            mode="smoke", device="cpu (triton interpreter)", ok=ok, cases=cases,
+            run_case={k: v for k, v in r.items() if isinstance(v, (int, float, str, bool))},
+            overlap=ov))
     return 0 if ok else 1
 
 
-def full(args: argparse.Namespace) -> int:
+def full(args: argparse.Namespace, envelope: dict[str, Any]) -> int:
     import torch
 
     if not torch.cuda.is_available():
@@ -498,18 +513,14 @@ def full(args: argparse.Namespace) -> int:
                                                                 and c["stress"]["counters_zero"])
                                       for c in cases if c["mode"] == "greedy"),
     }
-    import triton
-
-    result = dict(device=name, peak_tbps=peak, torch=torch.__version__, triton=triton.__version__,
-                  python=platform.python_version(), vocab=args.vocab, dtype=args.dtype,
+    _envelope.add_peers(envelope, ["triton"])
+    result = dict(device=name, peak_tbps=peak, vocab=args.vocab, dtype=args.dtype,
                   rows_per_sequence=args.rows_per_seq, best_config=config, sweep=sweep, cases=cases,
                   shifted_vocab_case=shifted,
-                  overlap=overlap, targets=targets,
-                  timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+                  overlap=overlap, targets=targets)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")
     out = Path(args.out) if args.out else RESULTS / f"verify-{slug}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    _envelope.write(out, envelope, result)
     print("targets:", targets)
     print("wrote", out)
     plot(result, out.with_suffix(".png"))
@@ -553,15 +564,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="graph replays of the fused kernel checked against the reference per case")
     ap.add_argument("--peak-tbps", type=float, default=None, help="override the device peak bandwidth")
     ap.add_argument("--out", default=None,
-                    help="results JSON (default benchmarks/results/verify-<device>.json)")
+                    help="results JSON (default benchmarks/results/verify-<device>.json; --smoke: "
+                         "written only when given)")
     args = ap.parse_args(argv)
+    envelope = _envelope.capture(argv, __file__)
     if args.smoke:
         # CPU tensors: the interpreter must be on before triton is first imported (torch does
         # not import triton, so setting it here is early enough)
         os.environ["TRITON_INTERPRET"] = "1"
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        return smoke()
-    return full(args)
+        envelope = _envelope.add_peers(envelope, ["triton"])
+        return smoke(Path(args.out) if args.out else None, envelope)
+    return full(args, envelope)
 
 
 if __name__ == "__main__":

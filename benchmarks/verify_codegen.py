@@ -22,7 +22,10 @@ Examples::
 
     python benchmarks/verify_codegen.py                       # sm_80 + sm_90, full matrix
     python benchmarks/verify_codegen.py --arch 90 --vocab 151936,50257 --dtypes bf16,fp32 \\
-        --modes greedy,sample+probs --json out.json
+        --modes greedy,sample+probs --out out.json
+    python benchmarks/verify_codegen.py --smoke               # sm_90, V = 50,257 bf16 greedy (CI)
+
+``--out`` (or ``--json``) writes the report with the shared envelope of ``benchmarks/_envelope.py``.
 
 Exit status 1 when a check fails. It patches Triton's process-wide driver, so run it in a
 process of its own (the test does). Needs ``triton`` (3.x) with its bundled ptxas.
@@ -32,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import re
 import subprocess
 import sys
@@ -43,6 +45,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+if str(ROOT / "benchmarks") not in sys.path:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import _envelope  # noqa: E402
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 MODES = ("greedy", "sample", "sample+probs")
@@ -554,16 +560,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", default="32000,50257,128256,151936")
     ap.add_argument("--dtypes", default="fp32,fp16,bf16")
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--json", default=None, help="write the report here")
+    ap.add_argument("--out", "--json", dest="out", default=None, help="write the report here")
+    ap.add_argument("--smoke", action="store_true",
+                    help="one configuration: sm_90, V = 50,257 (rows not 16-aligned), bf16, greedy (CI)")
     args = ap.parse_args(argv)
+    envelope = _envelope.capture(argv, __file__)
+    if args.smoke:
+        args.arch, args.vocab, args.dtypes, args.modes = "90", "50257", "bf16", "greedy"
     archs = [int(a) for a in args.arch.split(",")]
     vocabs = [int(v) for v in args.vocab.split(",")]
     dtypes = args.dtypes.split(",")
     modes = args.modes.split(",")
     report: dict[str, Any] = {"configs": [], "recompile": []}
     try:
-        import triton
-        report["triton"] = triton.__version__
+        import triton  # noqa: F401
+        _envelope.add_peers(envelope, ["triton"])
     except ImportError:
         print("triton is not installed", file=sys.stderr)
         return 2
@@ -609,10 +620,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sm_{arch} shape changes: {rc['distinct_kernels']} distinct compiled kernels "
               f"({'OK' if rc['ok'] else 'RECOMPILES'})")
     report["ok"] = ok
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
-        print("wrote", args.json)
+    if args.out:
+        _envelope.write(args.out, envelope, report)
+        print("wrote", args.out)
     print("codegen:", "OK" if ok else "FAILED")
     return 0 if ok else 1
 

@@ -23,12 +23,14 @@ Two sources of rows:
   vocabulary)::
 
       python benchmarks/verify_race_skip.py --logits real --model qwen2.5-coder-0.5b
+
+``--smoke`` (CI): the synthetic rows at batch 2 x 7 rows x V = 16,384, a few seconds. ``--out``
+writes the figures with the shared envelope of ``benchmarks/_envelope.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -42,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import _envelope  # noqa: E402
 from verify import make_inputs  # noqa: E402
 
 from structgen.generation.verify import load_kernels  # noqa: E402
@@ -91,13 +94,14 @@ def summary(stats: list[tuple[int, int, int]]) -> dict[str, Any]:
             "exact": sum(s[2] for s in stats) / max(total, 1)}
 
 
-def synthetic(splits: int) -> dict[str, Any]:
-    V = 151936
-    inp = make_inputs(32, 6, V, torch.bfloat16, "cpu", "sample")
+def synthetic(splits: int, batch: int = 32, V: int = 151936) -> dict[str, Any]:
+    """The race's figures on ``benchmarks/verify.py``'s inputs: ``batch`` sequences x 7 rows x
+    ``V`` bfloat16 logits (the default is the benchmark's shape)."""
+    inp = make_inputs(batch, 6, V, torch.bfloat16, "cpu", "sample")
     logits = inp["target_logits"].float()
     allowed = ref.unpack_bitmask(inp["bitmask"], V)
     vm = torch.where(allowed, logits, float("-inf"))
-    return {"source": "synthetic (benchmarks/verify.py inputs)", "vocab": V, "splits": splits,
+    return {"source": "synthetic (benchmarks/verify.py inputs)", "vocab": V, "batch": batch, "splits": splits,
             "all": summary(replay(vm, inp["uniforms"][:, 1], splits))}
 
 
@@ -175,16 +179,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=80)
     ap.add_argument("--splits", type=int, default=2, help="vocabulary chunks per row (the plan's S)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="synthetic rows, batch 2, V = 16,384 (CI)")
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
     args = ap.parse_args(argv)
-    if args.logits == "synthetic":
+    envelope = _envelope.capture(argv, __file__)
+    if args.smoke:
+        res = synthetic(args.splits, batch=2, V=16384)
+    elif args.logits == "synthetic":
         res = synthetic(args.splits)
     else:
         res = real(args.model, args.temperature, args.tasks, args.max_new_tokens, args.seed,
                    args.splits)
     show(res)
     if args.out is not None:
-        args.out.write_text(json.dumps(res, indent=1) + "\n")
+        _envelope.write(args.out, envelope, res)
     return 0
 
 

@@ -1,6 +1,6 @@
-"""The one front door: any constraint -> :class:`~structgen.grammar.automaton.CompiledGrammar`.
+"""The one front door: any constraint -> :class:`~structgen.grammar.compiled.CompiledGrammar`.
 
-Every caller that turns a user's constraint into a grammar -- :func:`structgen.resolve_grammar`
+Every caller that turns a user's constraint into a grammar -- :func:`structgen.generation.api.resolve_grammar`
 (and so :func:`structgen.generate`), :mod:`structgen.integrations`, the CLI and the benchmark
 suite -- calls :func:`compile_constraint` here, so the same constraint gives the same grammar
 (the same :attr:`CompiledGrammar.key`) whichever way it came in.
@@ -50,7 +50,7 @@ from structgen.frontends.json_schema.source import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from structgen.config import CompileOptions, JsonSchemaOptions
-    from structgen.grammar.automaton import CompiledGrammar
+    from structgen.grammar.compiled import CompiledGrammar
 
 __all__ = ["CONSTRAINT_KINDS", "compile_constraint", "constraint_kind", "is_model_class",
            "read_grammar_file", "read_schema_file", "schema_from"]
@@ -169,7 +169,7 @@ def compile_constraint(kind: Any, spec: Any = None, *, start: str = "start",
                        import_paths: Sequence[str | os.PathLike[str]] = (),
                        grammar_path: str | os.PathLike[str] | None = None) -> CompiledGrammar:
     """Compile one constraint of kind ``kind`` (see :data:`CONSTRAINT_KINDS` and
-    :func:`constraint_kind`) to a :class:`~structgen.grammar.automaton.CompiledGrammar`.
+    :func:`constraint_kind`) to a :class:`~structgen.grammar.compiled.CompiledGrammar`.
 
     ``spec``: for ``"json"`` whatever :func:`schema_from` accepts (a ``str`` is JSON text
     only, unless ``strings_may_be_paths``); for ``"grammar"`` Lark text with rule ``start``, or
@@ -194,7 +194,7 @@ def compile_constraint(kind: Any, spec: Any = None, *, start: str = "start",
     the front-ends raise for a bad schema, grammar or regex (SchemaError, GrammarError,
     RegexError, UnsupportedFeatureError, CompileLimitError).
     """
-    from structgen.grammar.automaton import CompiledGrammar
+    from structgen.grammar.compiled import CompiledGrammar
 
     kind = constraint_kind(kind)
     if kind in ("json", "grammar") and isinstance(spec, CompiledGrammar):
@@ -220,7 +220,7 @@ def compile_constraint(kind: Any, spec: Any = None, *, start: str = "start",
         return compile_lark(spec, start=start, compile_options=compile_options,
                             import_paths=import_paths, grammar_path=grammar_path)
     from structgen.grammar import ir
-    from structgen.grammar.automaton import compile_grammar
+    from structgen.grammar.compiler import compile_grammar
 
     if kind == "regex":
         from structgen.frontends.regex import compile_regex

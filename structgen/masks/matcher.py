@@ -142,7 +142,7 @@ def vocab_table(vocab: Any) -> VocabTable:
 
 
 def _content_key(vocab: Any) -> str:
-    d = hashlib.sha256(b"structgen.masks.vocab-like.v1\0")
+    d = hashlib.sha256(b"structgen.vocab-like.v1\0")
     d.update(repr((int(vocab.vocab_size), sorted(int(e) for e in vocab.eos_token_ids))).encode())
     for b in vocab.token_bytes:
         d.update(b"\xff" if b is None else len(b).to_bytes(4, "little") + bytes(b))

@@ -355,7 +355,7 @@ class Vocabulary:
         if h is None:
             marks = np.fromiter((-1 if b is None else len(b) for b in self._token_bytes),
                                 dtype="<i4", count=self._size)
-            d = hashlib.sha256(b"structgen.masks.vocab.v1\0")
+            d = hashlib.sha256(b"structgen.vocab.v1\0")
             d.update(np.array([self._size, len(self._eos)], dtype="<i8").tobytes())
             d.update(marks.tobytes())
             d.update(self.flat_bytes.tobytes())

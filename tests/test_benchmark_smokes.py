@@ -1,0 +1,336 @@
+"""Every benchmark script's ``--smoke`` mode, as CI runs it: a subprocess per script, exit status 0,
+and the results file it writes (``--out`` in ``tmp_path``) has the shared envelope
+(``benchmarks/_envelope.py``) and the figures the script promises.
+
+The oracles are independent of the code under test where a smoke produces outputs: ``jsonschema``
+validates replayed and generated instances, Lark's own Earley parser the Lark samples, the
+tokenizer's own encoding the replayed token sequences; greedy speculative output must be token-
+identical to plain decoding, and the Triton interpreter's verify results equal the torch reference.
+
+The scripts run concurrently, at most two at a time (the machines CI uses have two cores and
+every smoke is single-threaded): the first test to need a script's run starts all of them, and
+each test waits for its own.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+PEER_MODULES = {"xgrammar": "xgrammar", "llguidance": "llguidance", "outlines-core": "outlines_core"}
+# helper modules of the scripts (not benchmarks, no --smoke): sandbox.py and every _*.py
+HELPERS = {"sandbox.py"}
+ENVELOPE_KEYS = {"commit", "date", "machine", "versions", "command"}
+
+# script -> (extra arguments after --smoke and --out, needs triton, tokenizer aliases it loads)
+SMOKES: dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]] = {
+    "bad_inputs": ((), False, ()),
+    "batch": ((), False, ("gpt2",)),
+    "generate": ((), False, ("gpt2",)),
+    "json_schema_suite": ((), False, ()),
+    "jsonschemabench": ((), False, ("llama3",)),
+    "lossless": ((), False, ("gpt2",)),
+    "masks": ((), False, ("llama3",)),
+    "verify": ((), True, ()),
+    "verify_codegen": ((), True, ()),
+    "verify_race_skip": ((), False, ()),
+}
+
+
+class _Runs:
+    """All smoke runs of this module, started together on first use, two at a time."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.pool = ThreadPoolExecutor(max_workers=2)
+        self.futures: dict[str, Future[subprocess.CompletedProcess[str]]] = {}
+        self.lock = threading.Lock()
+
+    def out(self, script: str) -> Path:
+        return self.folder / f"{script}.json"
+
+    def _run(self, script: str) -> subprocess.CompletedProcess[str]:
+        extra, _, _ = SMOKES[script]
+        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        cmd = [sys.executable, str(BENCH / f"{script}.py"), "--smoke", "--out", str(self.out(script)), *extra]
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+    def start(self, scripts: list[str]) -> None:
+        with self.lock:
+            for s in scripts:
+                if s not in self.futures:
+                    self.futures[s] = self.pool.submit(self._run, s)
+
+    def result(self, script: str) -> subprocess.CompletedProcess[str]:
+        self.start([script])
+        return self.futures[script].result()
+
+
+def _runnable() -> list[str]:
+    """The scripts whose prerequisites are here (triton; cached tokenizers: no fetching)."""
+    from structgen.errors import AssetError
+    from structgen.generation import model_store
+
+    out = []
+    for script, (_, needs_triton, toks) in SMOKES.items():
+        if needs_triton and not HAVE_TRITON:
+            continue
+        try:
+            for alias in toks:
+                model_store.tokenizer_path(alias)
+        except AssetError:
+            continue
+        out.append(script)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Runs]:
+    r = _Runs(tmp_path_factory.mktemp("smokes"))
+    r.start(_runnable())
+    yield r
+    r.pool.shutdown(wait=True)
+
+
+def _smoke(runs: _Runs, script: str, ok_rc: tuple[int, ...] = (0,)) -> tuple[str, dict[str, Any]]:
+    """Run (or wait for) ``script --smoke``; returns its stdout and its results file, with the
+    envelope checked."""
+    _, needs_triton, toks = SMOKES[script]
+    if needs_triton and not HAVE_TRITON:
+        pytest.skip("triton is not installed")
+    if script not in _runnable():
+        pytest.skip(f"tokenizer assets {toks} are not cached")
+    proc = runs.result(script)
+    assert proc.returncode in ok_rc, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(runs.out(script).read_text(encoding="utf-8"))
+    _check_envelope(report, script, runs.out(script))
+    return proc.stdout, report
+
+
+def _check_envelope(report: dict[str, Any], script: str, out: Path) -> None:
+    env = report["envelope"]
+    assert set(env) == ENVELOPE_KEYS
+    assert isinstance(env["commit"], str) and env["commit"]
+    assert dt.datetime.fromisoformat(env["date"]).tzinfo is not None
+    m = env["machine"]
+    assert m["cpu"] and m["cores"] == os.cpu_count() and m["memory_gib"] > 0
+    assert len(m["load_average"]) == 3 and all(x >= 0 for x in m["load_average"])
+    v = env["versions"]
+    assert {"python", "torch", "transformers", "numpy", "numba", "structgen"} <= set(v)
+    import numpy
+    import torch
+
+    import structgen
+
+    assert v["numpy"] == numpy.__version__ and v["torch"] == torch.__version__
+    assert v["structgen"] == structgen.__version__
+    extra, _, _ = SMOKES[script]
+    assert env["command"][1:] == [f"benchmarks/{script}.py", "--smoke", "--out", str(out), *extra]
+
+
+def test_every_benchmark_script_has_a_smoke() -> None:
+    scripts = {p.name for p in BENCH.glob("*.py") if not p.name.startswith("_")} - HELPERS
+    assert scripts == {f"{s}.py" for s in SMOKES}
+    for s in SMOKES:
+        assert "--smoke" in (BENCH / f"{s}.py").read_text(encoding="utf-8"), s
+
+
+def test_envelope_refuses_a_second_envelope(tmp_path: Path) -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _envelope
+    finally:
+        sys.path.remove(str(BENCH))
+    env = _envelope.capture(["--x"], str(BENCH / "masks.py"))
+    assert env["command"] == ["python", "benchmarks/masks.py", "--x"]
+    out = _envelope.write(tmp_path / "a" / "r.json", _envelope.add_peers(env, ["no-such-peer"]), {"n": 1})
+    doc = json.loads(out.read_text())
+    assert doc["n"] == 1 and doc["envelope"]["versions"]["no-such-peer"] is None
+    with pytest.raises(ValueError):
+        _envelope.results(env, {"envelope": 1})
+
+
+# ---------------------------------------------------------------------------------------------
+# one test per script
+
+BAD_INPUT_FAILURES = ("crash", "hang", "memory", "data_loss", "network", "file_access")
+
+
+def test_bad_inputs(runs: _Runs) -> None:
+    stdout, report = _smoke(runs, "bad_inputs", ok_rc=(0, 1))
+    assert {"mode", "table", "cases", "skipped"} <= set(report) and report["mode"] == "smoke"
+    table = report["table"]
+    assert set(table) == {"schema", "grammar", "regex", "config", "cli", "generation", "asset", "total"}
+    assert table["total"]["inputs"] == len(report["cases"]) >= 10
+    assert sum(table["total"][k] for k in ("ok", "typed", "crash", "hang", "memory")) == \
+        table["total"]["inputs"]
+    failed = [c for c in report["cases"] if set(c["flags"]) & set(BAD_INPUT_FAILURES)]
+    assert not failed, json.dumps(failed, indent=1)
+    assert "| category |" in stdout and runs.out("bad_inputs").with_suffix(".md").is_file()
+
+
+def test_batch(runs: _Runs) -> None:
+    _, report = _smoke(runs, "batch")
+    assert report["meta"]["model"] == "tiny-random" and report["meta"]["requests"] == 4
+    summary = report["summary"]
+    assert set(summary) == {"batch-spec", "batch-plain", "single-spec", "single-plain"}
+    for engine, s in summary.items():
+        assert s["requests"] == 4 and s["output_tokens"] > 0
+        if engine != "single-plain":  # greedy: every engine token-identical to the oracle
+            assert s["identical_to_single_plain"] == "4/4", (engine, s)
+
+
+def test_generate(runs: _Runs) -> None:
+    _, report = _smoke(runs, "generate")
+    s = report["summary"]
+    assert set(s) == {"plain", "spec", "identical_greedy_outputs"}
+    assert s["identical_greedy_outputs"] == "2/2"
+    for e in ("plain", "spec"):
+        assert s[e]["tasks"] == 2 and s[e]["new_tokens"] > 0
+    assert s["spec"]["forward_passes"] <= s["plain"]["forward_passes"]
+    for r in report["results"]["spec"]:
+        assert r["tokens"] == next(p["tokens"] for p in report["results"]["plain"] if p["task"] == r["task"])
+
+
+def test_json_schema_suite(runs: _Runs) -> None:
+    stdout, report = _smoke(runs, "json_schema_suite")
+    assert report["mode"] == "smoke" and set(report["sections"]) == {"required", "format"}
+    for name, sec in report["sections"].items():
+        c = sec["counts"]
+        assert c["total"] == sum(c[k] for k in ("pass", "unsupported", "false_negative", "false_positive",
+                                                "error")) > 0
+        assert sec["regressions"] == [] and c["error"] == 0, (name, sec)
+    assert report["sections"]["required"]["counts"]["false_positive"] == 0
+    assert "[required]" in stdout and "[format]" in stdout
+
+
+def test_jsonschemabench(runs: _Runs) -> None:
+    _, report = _smoke(runs, "jsonschemabench")
+    total = report["total"]
+    assert report["per_subset"]["repo"]["schemas"] == total["schemas"] == 3 and total["compiled"] == 3
+    assert total.get("crash", 0) == 0 and total.get("walk_invalid", 0) == 0
+    assert total.get("false_reject_llama3", 0) == 0
+    assert total["walks"] >= 1 and total["instances"] >= 1 and report["failures"] == []
+
+
+def test_lossless(runs: _Runs) -> None:
+    _, report = _smoke(runs, "lossless")
+    s = report["summary"]
+    assert s["model"] == "tiny-random" and s["cases"] == s["passed"] == 2
+    assert [c["case"] for c in report["cases"]] == ["person", "config.schema"]
+    assert all(c["identical"] and c["valid"] for c in report["cases"])
+    assert any(c["finish"] == "stop" for c in report["cases"])  # validity checked on a completed output
+
+
+def _schema_of(report: dict[str, Any], name: str) -> Any:
+    subset, ident = name.split("/", 1)
+    if subset == "repo":
+        return json.loads((ROOT / "schemas" / f"{ident}.schema.json").read_text())
+    data = Path(report["prep"]["schema_source"])
+    for line in (data / f"{subset}.jsonl").open(encoding="utf-8"):
+        row = json.loads(line)
+        if row.get("id") == ident:
+            return row["schema"]
+    raise AssertionError(f"schema {name} not found in {data}")
+
+
+MASK_STEP_FIELDS = ("steps", "step_median_us", "step_mean_us", "step_p99_us")
+MASK_ENGINE_FIELDS = ("cases", "ok", "compile_median_ms", "ttfm_median_ms", "ttfm_p90_ms",
+                      "allowed_per_step_mean", "rejections", *MASK_STEP_FIELDS)
+
+
+def test_masks(runs: _Runs, tokenizer_by_alias) -> None:
+    """3 schemas and 1 Lark case replayed token by token: structgen falsely rejects nothing and
+    never crashes; peers run when installed (the ``bench`` extra), outlines-core reports the
+    Lark case as n/a (it is regular-expression only)."""
+    stdout, report = _smoke(runs, "masks")
+    tok = tokenizer_by_alias("llama3")
+    assert "JSON-schema cases" in stdout and "Lark cases" in stdout
+    installed = [e for e, mod in PEER_MODULES.items() if importlib.util.find_spec(mod) is not None]
+    engines = [e for e, info in report["engines"].items() if info["available"]]
+    assert engines[0] == "structgen" and set(engines[1:]) <= set(installed)
+    assert report["tokenizer"] == "llama3" and report["vocab_size"] == len(tok)
+    kinds = [c["kind"] for c in report["cases"]]
+    assert kinds.count("schema") == 3 and kinds.count("lark") == 1
+    for kind in ("schema", "lark"):
+        for e in engines:
+            s = report["summary"][kind][e]
+            if kind == "lark" and e == "outlines-core":
+                assert s["n/a"] == 1
+                continue
+            for f in MASK_ENGINE_FIELDS:
+                assert f in s, (kind, e, f)
+        for e in engines[1:]:
+            assert set(report["ratios"][kind][e]) >= {"step_median", "step_mean", "step_p99", "ttfm_median"}
+    sg = report["structgen"]
+    assert sg["false_rejections"] == 0, sg["false_rejection_cases"]
+    assert sg["crashes"] == []
+    assert sg["ttfm_median_ms"] > 0 and sg["ttfm_p90_ms"] >= sg["ttfm_median_ms"]
+    assert sg["mask_cache_median_mb"] is not None
+    replayed = 0
+    for c in report["cases"]:
+        r = c["engines"]["structgen"]
+        if r["status"] != "ok" or not c["tokens"]:
+            continue
+        text = c["text"]
+        # the oracles: the replayed text is valid (jsonschema / Lark's parser) and is exactly
+        # what the tokenizer's own encoding spells; every token was one step
+        if c["kind"] == "schema":
+            jsonschema.validate(json.loads(text), _schema_of(report, c["name"]))
+        else:
+            import lark
+
+            from structgen.frontends.lark import builtin_grammar
+
+            grammar = c["name"].split("/", 1)[1].split("#")[0]
+            lark.Lark(builtin_grammar(grammar), parser="earley", lexer="dynamic_complete").parse(text)
+        assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+        assert r["steps"] == c["tokens"] and r["reject"] is None and r["eos_ok"] is True
+        assert r["allowed_mean"] >= 1 and r["ttfm_ms"] >= r["compile_ms"] > 0
+        replayed += 1
+    assert replayed >= 2
+    if set(engines) - {"structgen"}:
+        assert set(report["envelope"]["versions"]) >= set(engines) - {"structgen"}
+
+
+def test_verify(runs: _Runs) -> None:
+    stdout, report = _smoke(runs, "verify")
+    assert report["ok"] is True and "smoke: OK" in stdout
+    assert len(report["cases"]) == 3 and all(c["ok"] for c in report["cases"])
+    assert {c["mode"] for c in report["cases"]} == {"greedy", "sample", "sample+probs"}
+    assert report["envelope"]["versions"]["triton"]
+
+
+def test_verify_codegen(runs: _Runs) -> None:
+    stdout, report = _smoke(runs, "verify_codegen")
+    assert report["ok"] is True and "codegen: OK" in stdout
+    (cfg,) = report["configs"]
+    assert (cfg["arch"], cfg["vocab"], cfg["dtype"], cfg["mode"]) == (90, 50257, "bf16", "greedy")
+    assert cfg["problems"] == [] and set(cfg["kernels"]) == {"_row_pass_kernel"}
+    assert cfg["stream_loads_no_mask"].get("16", 0) >= 4     # the logits: 16-byte loads
+    assert all(r["ok"] for r in report["recompile"])
+
+
+def test_verify_race_skip(runs: _Runs) -> None:
+    stdout, report = _smoke(runs, "verify_race_skip")
+    a = report["all"]
+    assert (report["vocab"], report["batch"]) == (16384, 2)
+    assert a["rows"] == 2 * 7 and a["blocks"] == a["rows"] * 16384 // 2048
+    assert 0 < a["exact"] <= a["hashed"] <= 1
+    assert "exact keys" in stdout
