@@ -24,20 +24,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "structgen"
 # Modules whose public names are still being documented by the restructuring of issue 27 (their
 # failures are reported as expected failures, xfail). Empty this as the modules get docstrings;
 # a module listed here that is complete, or no longer exists, simply passes.
-NOT_YET_DOCUMENTED: frozenset[str] = frozenset({
-    "structgen.frontends.json_schema.algebra",
-    "structgen.frontends.json_schema.document",
-    "structgen.frontends.json_schema.lower",
-    "structgen.frontends.regex",
-    "structgen.frontends.unicode_data",
-    "structgen.generation.loop",
-    "structgen.generation.model",
-    "structgen.grammar.automaton",
-    "structgen.grammar.ir",
-    "structgen.masks.engine",
-    "structgen.tools.metrics",
-    "structgen.tools.validation",
-})
+NOT_YET_DOCUMENTED: frozenset[str] = frozenset()
 
 
 def _public_modules() -> list[tuple[str, Path]]:

@@ -90,11 +90,13 @@ class CharSet(RegexNode):
 
 @dataclass(frozen=True)
 class Concat(RegexNode):
+    """Items matched one after another."""
     items: tuple[RegexNode, ...]
 
 
 @dataclass(frozen=True)
 class Alternation(RegexNode):
+    """Any one of the items (``a|b``)."""
     items: tuple[RegexNode, ...]
 
 
@@ -110,6 +112,7 @@ class Quantified(RegexNode):
 
 @dataclass(frozen=True)
 class Group(RegexNode):
+    """A parenthesised group: capturing or not, optionally named."""
     item: RegexNode
     name: str | None = None
     capturing: bool = True

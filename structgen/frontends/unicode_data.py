@@ -51,6 +51,7 @@ def normalize(ranges: Iterable[tuple[int, int]]) -> RangeSet:
 
 
 def union(*sets: Iterable[tuple[int, int]]) -> RangeSet:
+    """The union of code point range sets, normalised."""
     return normalize(itertools.chain.from_iterable(sets))
 
 
@@ -68,6 +69,7 @@ def complement(rs: RangeSet) -> RangeSet:
 
 
 def intersect(a: RangeSet, b: RangeSet) -> RangeSet:
+    """The code points in both ``a`` and ``b``."""
     out: list[tuple[int, int]] = []
     i = j = 0
     while i < len(a) and j < len(b):
@@ -83,15 +85,18 @@ def intersect(a: RangeSet, b: RangeSet) -> RangeSet:
 
 
 def subtract(a: RangeSet, b: RangeSet) -> RangeSet:
+    """The code points of ``a`` not in ``b``."""
     return intersect(a, complement(b))
 
 
 def contains(rs: RangeSet, cp: int) -> bool:
+    """Is code point ``cp`` in ``rs``? (binary search)"""
     i = bisect.bisect_right(rs, (cp, MAX_CODE_POINT + 1)) - 1
     return i >= 0 and rs[i][0] <= cp <= rs[i][1]
 
 
 def size(rs: RangeSet) -> int:
+    """The number of code points in ``rs``."""
     return sum(hi - lo + 1 for lo, hi in rs)
 
 

@@ -149,6 +149,7 @@ class ByteSet(Expr):
         return (self.ranges,)
 
     def contains(self, b: int) -> bool:
+        """Is byte ``b`` in the set?"""
         return any(lo <= b <= hi for lo, hi in self.ranges)
 
     def __repr__(self) -> str:
@@ -316,6 +317,7 @@ class Dfa(Expr):
         return (self.start, tuple(sorted(self.accept)), self.trans)
 
     def step(self, q: int, b: int) -> int:
+        """The state after byte ``b`` from state ``q`` (-1: no transition)."""
         for lo, hi, t in self.trans[q]:
             if lo <= b <= hi:
                 return t
@@ -365,6 +367,7 @@ def byteset(ranges: Iterable[tuple[int, int]] | Iterable[int]) -> Expr:
 
 
 def byte_range(lo: int, hi: int) -> Expr:
+    """One byte from ``lo`` to ``hi`` inclusive."""
     return byteset([(lo, hi)])
 
 
@@ -379,6 +382,7 @@ def lit(data: bytes | str) -> Expr:
 
 
 def seq(*items: Expr) -> Expr:
+    """The concatenation of ``items``, flattened (a NEVER item makes it NEVER)."""
     out: list[Expr] = []
     for it in items:
         if isinstance(it, Seq):
@@ -393,6 +397,8 @@ def seq(*items: Expr) -> Expr:
 
 
 def alt(*items: Expr) -> Expr:
+    """The alternation of ``items``, flattened and deduplicated, single-byte
+    alternatives merged into one byte set."""
     out: list[Expr] = []
     seen: set[Expr] = set()
     for it in items:
@@ -437,22 +443,27 @@ def rep(item: Expr, min: int = 0, max: int | None = None) -> Expr:
 
 
 def opt(item: Expr) -> Expr:
+    """``item`` or nothing."""
     return rep(item, 0, 1)
 
 
 def star(item: Expr) -> Expr:
+    """``item`` repeated zero or more times."""
     return rep(item, 0, None)
 
 
 def plus(item: Expr) -> Expr:
+    """``item`` repeated one or more times."""
     return rep(item, 1, None)
 
 
 def ref(name: str) -> Expr:
+    """A reference to the rule ``name``."""
     return Ref(name)
 
 
 def and_(left: Expr, right: Expr) -> Expr:
+    """The intersection of the two languages."""
     if left == NEVER or right == NEVER:
         return NEVER
     if left == right:
@@ -461,6 +472,7 @@ def and_(left: Expr, right: Expr) -> Expr:
 
 
 def diff(left: Expr, right: Expr) -> Expr:
+    """``left``'s language minus ``right``'s."""
     if left == NEVER:
         return NEVER
     if right == NEVER:
