@@ -52,7 +52,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from structgen.grammar.compiled import CompiledGrammar
 
 __all__ = ["Runtime", "RuntimeTables", "DEAD", "UNKNOWN", "STALE", "ROOT", "NEED_GROW", "COUNTED", "ACCEPT",
-           "set_table_budget", "check_budget", "env_bytes", "DEFAULT_TABLE_BYTES", "PROCESS_TABLE_BYTES"]
+           "set_table_budget", "check_budget", "env_bytes", "warm_kernels", "DEFAULT_TABLE_BYTES",
+           "PROCESS_TABLE_BYTES"]
 
 DEAD = K.DEAD
 UNKNOWN = K.UNKNOWN
@@ -646,6 +647,29 @@ class Runtime:
     def memory_bytes(self) -> int:
         """Bytes held by the runtime's tables."""
         return int(self.tab.nbytes())
+
+
+def warm_kernels(tab: RuntimeTables) -> tuple[int, int]:
+    """Run every runtime kernel once on ``tab`` (the fresh tables of a small grammar whose root
+    rule is rule 0 and reads byte ``b``), so that loading them from numba's disk cache (or
+    compiling them, the first time ever) happens here and not inside the first step that needs
+    each. Returns (the root rule's start state, its start configuration), for warming the
+    kernels built on top (the token walks)."""
+    g = int(K.start_state(tab.T, 0))
+    K.expand(tab.T, g)
+    s = int(S.frame(tab.T, 0, g))
+    c = int(S.closure_config(tab.T, s))
+    S.closure(tab.T, s)
+    S.fill_row(tab.T, c)
+    S.succ(tab.T, c, 98)
+    S.stack_of_chain(tab.T, np.array([g], dtype=np.int64), 1)
+    K.state(tab.T, 0, np.zeros(2, dtype=np.int32), 2)
+    hash_keys, hash_ids = np.full(64, -1, np.int64), np.zeros(64, np.int32)
+    K.rehash_frames(tab.frames, int(tab.counters[K.N_FRAMES]), hash_keys, hash_ids)
+    hash_keys[:] = -1
+    K.rehash_seqs(tab.state_rule.copy(), tab.state_key, tab.state_key_data, int(tab.counters[K.N_STATES]),
+                  hash_keys, hash_ids)
+    return g, c
 
 
 def _account_release(acct: list[int]) -> None:

@@ -79,25 +79,15 @@ def _load() -> Any:
 def _warm_tables(byte: Any, depth: Any, skip: Any, lo: Any, own: Any, suf: Any, wf: Any, offs: Any, lens: Any,
                  flat: Any, ids: Any, words: Any, unc: Any, cnt: Any) -> None:
     """Run the runtime and walk kernels once on the tables of a small recursive grammar."""
-    from structgen.grammar import _runtime_kernels as rk
-    from structgen.grammar import _stack_kernels as sk
     from structgen.grammar import ir
     from structgen.grammar.compiler import compile_grammar
-    from structgen.grammar.runtime import RuntimeTables
+    from structgen.grammar.runtime import RuntimeTables, warm_kernels
     from structgen.masks import _walk_kernels as wk
 
     t = ir.alt(ir.lit("b"), ir.seq(ir.lit("["), ir.ref("t"), ir.lit("]")))
     cg = compile_grammar(ir.Grammar({"s": ir.seq(ir.lit("a"), ir.star(ir.ref("t"))), "t": t}, "s"))
     tab = RuntimeTables(cg.rules)
-    g = int(rk.start_state(tab.T, 0))
-    rk.expand(tab.T, g)
-    s = int(sk.frame(tab.T, 0, g))
-    c = int(sk.closure_config(tab.T, s))
-    sk.closure(tab.T, s)
-    sk.fill_row(tab.T, c)
-    sk.succ(tab.T, c, 98)
-    sk.stack_of_chain(tab.T, np.array([g], dtype=np.int64), 1)
-    rk.state(tab.T, 0, np.zeros(2, dtype=np.int32), 2)
+    g, c = warm_kernels(tab)
     st, tn = np.zeros(3, np.int32), np.zeros(3, np.uint8)
     n = byte.shape[0] - 1
     arrays = wk.TrieArrays(byte, depth, skip, lo, own, suf, wf, ids)
@@ -116,11 +106,6 @@ def _warm_tables(byte: Any, depth: Any, skip: Any, lo: Any, own: Any, suf: Any, 
                                np.array([4, 128, 16, 1], np.int64))
             wk.walk_sliced(arrays, arrays, cnode, arrays, cnode, text, tab.T, gmode, g if gmode else c,
                            np.array([0, -1, 0, 0], np.int64), st, tn, split, words, unc, cnt)
-    hash_keys, hash_ids = np.full(64, -1, np.int64), np.zeros(64, np.int32)
-    rk.rehash_frames(tab.frames, int(tab.counters[rk.N_FRAMES]), hash_keys, hash_ids)
-    hash_keys[:] = -1
-    rk.rehash_seqs(tab.state_rule.copy(), tab.state_key, tab.state_key_data, int(tab.counters[rk.N_STATES]),
-                   hash_keys, hash_ids)
 
 
 def _warm(k: Any) -> None:
