@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import importlib.util
 import json
 import multiprocessing as mp
 import signal
@@ -111,8 +112,6 @@ class StructgenAdapter(Adapter):
         patterns, numeric expressions), so the next compile is cold for that grammar. Tables
         that do not depend on the grammar (Unicode data, formats, the vocabulary table) stay
         warm, as in a long-running server."""
-        import importlib
-
         cleared = []
         for mod_name, attr in (("structgen.json_schema", "_CACHE"), ("structgen.json_schema", "_DOC_CACHE"),
                                ("structgen.grammar.compiler", "_CACHE"),
@@ -462,6 +461,11 @@ class EngineProc:
         self.ready = False
 
     def start(self) -> None:
+        """Spawn the worker; an engine whose module is not installed gets none (``unavailable``)."""
+        module = ADAPTERS[self.engine].module
+        if importlib.util.find_spec(module) is None:
+            self.unavailable = f"not importable: no module named {module!r}"
+            return
         parent, child = self.ctx.Pipe()
         self.proc = self.ctx.Process(target=_worker, args=(self.engine, self.tok_alias, self.opts, child),
                                      daemon=True, name=f"masks-{self.engine}")
@@ -472,6 +476,8 @@ class EngineProc:
     def wait_ready(self, timeout: float = 600.0) -> bool:
         if self.conn is None:
             self.start()
+        if self.conn is None:
+            return False
         try:
             if not self.conn.poll(timeout):
                 self.kill()

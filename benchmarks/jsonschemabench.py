@@ -61,9 +61,6 @@ from structgen.config import CompileOptions  # noqa: E402
 from structgen.errors import StructgenError  # noqa: E402
 from structgen.tools.validation import jsonschema_validator  # noqa: E402
 
-# masks.py --smoke: a schema of each of three small subsets
-SMOKE_SUBSETS = ("Glaiveai2K", "Github_trivial", "Github_easy")
-
 
 def default_data() -> Path:
     """``/work/shared/data/jsonschemabench`` if present, else ``../shared/...`` of the repo."""

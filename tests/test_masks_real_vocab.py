@@ -55,9 +55,21 @@ def engine_mode(request, monkeypatch) -> str:
     return request.param
 
 
+_FULL_VOCABS: dict[int, tuple[object, Vocabulary]] = {}
+
+
+def _full_vocab(tokenizer) -> Vocabulary:
+    """``Vocabulary.from_tokenizer(tokenizer)``, built once per tokenizer (the tests only read it;
+    a 128k-token table takes about half a second, and the property tests slice it per example)."""
+    got = _FULL_VOCABS.get(id(tokenizer))
+    if got is None:
+        got = _FULL_VOCABS[id(tokenizer)] = (tokenizer, Vocabulary.from_tokenizer(tokenizer))
+    return got[1]
+
+
 def _slice_vocab(tokenizer, n: int, seed: int, must: bytes = b"") -> Vocabulary:
     """A vocabulary with a random slice of the real token table (other ids -> None)."""
-    full = Vocabulary.from_tokenizer(tokenizer)
+    full = _full_vocab(tokenizer)
     rng = random.Random(seed)
     ids = [i for i, b in enumerate(full.token_bytes) if b is not None]
     keep = set(rng.sample(ids, min(n, len(ids))))
@@ -144,7 +156,7 @@ def _nested_viable(p: bytes) -> bool:
 @pytest.mark.parametrize("alias", ["llama3", "qwen2"])
 def test_recursive_grammar_brute_force(tokenizer_by_alias, alias: str, engine_mode: str) -> None:
     tok = tokenizer_by_alias(alias)
-    full = Vocabulary.from_tokenizer(tok)
+    full = _full_vocab(tok)
     # every token made only of brackets and commas, plus a random slice of the rest
     rng = random.Random(0)
     keep = {i for i, b in enumerate(full.token_bytes) if b and set(b) <= set(b"[],")}
