@@ -208,7 +208,7 @@ def _terminating_digits(x: Fraction) -> tuple[str, str]:
 
 
 @dataclass(frozen=True)
-class _Th:
+class _Bound:
     """One bound: ``v <= T`` (upper) or ``v >= T``, strict or not.
 
     It applies to int literals (``on_int``), plain float literals with a fraction and
@@ -230,7 +230,7 @@ class _Th:
 
     @staticmethod
     def make(value: Fraction, *, on_int: bool, on_frac: bool, on_exp: bool, upper: bool,
-             strict: bool) -> _Th:
+             strict: bool) -> _Bound:
         a = abs(value)
         xi, xf = _terminating_digits(a)
         if xi:
@@ -242,7 +242,7 @@ class _Th:
             xm = xf.lstrip("0")
         else:
             xe, xm = 0, ""
-        return _Th(on_int, on_frac, on_exp, upper, strict, value < 0, value == 0, xi, xf, xm, xe)
+        return _Bound(on_int, on_frac, on_exp, upper, strict, value < 0, value == 0, xi, xf, xm, xe)
 
     def ok(self, c: int) -> bool:
         if self.upper:
@@ -293,7 +293,7 @@ class _Mod:
 
 @dataclass(frozen=True)
 class _Spec:
-    ths: tuple[_Th, ...]
+    ths: tuple[_Bound, ...]
     mod: _Mod | None
     allow_frac: bool
     allow_exp: bool
@@ -319,7 +319,9 @@ def _sgn(a: int, b: int) -> int:
     return (a > b) - (a < b)
 
 
-def _pc_int(st: tuple, d: int, xi: str) -> tuple:
+def _step_int_comparison(st: tuple, d: int, xi: str) -> tuple:
+    """The comparison of an integer part with the bound's integer digits ``xi`` after one more
+    digit ``d``: ``("r", sign)`` once resolved, else the digits seen so far and the pending sign."""
     if st[0] == "r":
         return st
     _, k, c = st
@@ -367,7 +369,9 @@ def _pc_res(st: tuple, xi: str, xf: str) -> int:
     return -1 if st[1] < len(xf) else 0
 
 
-def _lx(st: int | tuple, d: int, xs: str) -> int | tuple:
+def _step_digit_comparison(st: int | tuple, d: int, xs: str) -> int | tuple:
+    """The lexicographic comparison of a digit string with ``xs`` after one more digit ``d``:
+    the number of digits matched so far, or ``("r", sign)`` once they differ."""
     if isinstance(st, tuple):
         return st
     xd = ord(xs[st]) - 48 if st < len(xs) else 0
@@ -422,7 +426,7 @@ class _NumberDfa:
         self.mod = spec.mod
 
     @staticmethod
-    def _sat(th: _Th) -> tuple:
+    def _sat(th: _Bound) -> tuple:
         return ("x", -1 if th.upper else 1)
 
     def _init(self, neg: bool) -> tuple:
@@ -569,19 +573,20 @@ class _NumberDfa:
                 if cnt > spec.max_exp:
                     return None
             if clo is not None:
-                clo = _pc_int(clo, d, _int_str(lo))  # type: ignore[arg-type]
+                clo = _step_int_comparison(clo, d, _int_str(lo))  # type: ignore[arg-type]
             if chi is not None:
-                chi = _pc_int(chi, d, _int_str(hi))  # type: ignore[arg-type]
+                chi = _step_int_comparison(chi, d, _int_str(hi))  # type: ignore[arg-type]
             return self._canon_exp("E", lo, hi, eneg, clo, chi, cnt)
         return None
 
     def _int_digit(self, st: tuple, d: int) -> tuple | None:
         _, neg, cs, mk, ms, md, cnt = st
-        ncs = tuple(None if c is None else (c if c[0] == "x" else _pc_int(c, d, th.xi))
+        ncs = tuple(None if c is None else (c if c[0] == "x" else _step_int_comparison(c, d, th.xi))
                     for th, c in zip(self.ths, cs))
         nmk = ("z" if d == 0 else "n") if st[0] == "-" else "o"
         if nmk == "n":
-            nms = tuple(None if m is None else _lx(m, d, th.xm) for th, m in zip(self.ths, ms))
+            nms = tuple(None if m is None else _step_digit_comparison(m, d, th.xm)
+                        for th, m in zip(self.ths, ms))
         else:
             nms = (None,) * len(ms)
         if md is not None:
@@ -599,7 +604,8 @@ class _NumberDfa:
                     for th, c in zip(self.ths, cs))
         if mk == "n":
             nmk = "n"
-            nms = tuple(None if m is None else _lx(m, d, th.xm) for th, m in zip(self.ths, ms))
+            nms = tuple(None if m is None else _step_digit_comparison(m, d, th.xm)
+                        for th, m in zip(self.ths, ms))
         elif mk == "z" and d == 0:
             nmk, nms = "z", ms
         else:
@@ -828,14 +834,14 @@ Cap = tuple[Fraction, bool]
 
 def _thresholds(minimum: Number | None, maximum: Number | None, excl_min: bool, excl_max: bool,
                 *, floats: bool, frac_cap: Cap | None = None, exp_cap: Cap | None = None
-                ) -> tuple[_Th, ...]:
+                ) -> tuple[_Bound, ...]:
     """The comparison thresholds for int literals and (with ``floats``) float literals.
 
     A float literal's bound is the tighter of the exact decimal bound and the bound
     that Python's comparison of the parsed ``float`` implies; ``frac_cap``/``exp_cap``
     (value, strict) additionally bound ``|v|`` for plain float / exponent literals.
     """
-    out: list[_Th] = []
+    out: list[_Bound] = []
     lo_i = hi_i = None
     lo_f: Cap | None = None
     hi_f: Cap | None = None
@@ -849,10 +855,10 @@ def _thresholds(minimum: Number | None, maximum: Number | None, excl_min: bool, 
         hi_i = min(_int_upper(dec, excl_max), _int_upper(py, excl_max))
         hi_f = _tighter_upper((dec, excl_max), _float_upper(py, excl_max))
     if lo_i is not None:
-        out.append(_Th.make(lo_i, on_int=True, on_frac=False, on_exp=False, upper=False,
+        out.append(_Bound.make(lo_i, on_int=True, on_frac=False, on_exp=False, upper=False,
                             strict=False))
     if hi_i is not None:
-        out.append(_Th.make(hi_i, on_int=True, on_frac=False, on_exp=False, upper=True,
+        out.append(_Bound.make(hi_i, on_int=True, on_frac=False, on_exp=False, upper=True,
                             strict=False))
     if not floats:
         return tuple(out)
@@ -869,14 +875,14 @@ def _thresholds(minimum: Number | None, maximum: Number | None, excl_min: bool, 
         bf = capped(b, frac_cap, upper)
         be = capped(b, exp_cap, upper)
         if bf is not None and bf == be:
-            out.append(_Th.make(bf[0], on_int=False, on_frac=True, on_exp=True, upper=upper,
+            out.append(_Bound.make(bf[0], on_int=False, on_frac=True, on_exp=True, upper=upper,
                                 strict=bf[1]))
             continue
         if bf is not None:
-            out.append(_Th.make(bf[0], on_int=False, on_frac=True, on_exp=False, upper=upper,
+            out.append(_Bound.make(bf[0], on_int=False, on_frac=True, on_exp=False, upper=upper,
                                 strict=bf[1]))
         if be is not None:
-            out.append(_Th.make(be[0], on_int=False, on_frac=False, on_exp=True, upper=upper,
+            out.append(_Bound.make(be[0], on_int=False, on_frac=False, on_exp=True, upper=upper,
                                 strict=be[1]))
     return tuple(out)
 
