@@ -454,7 +454,9 @@ def main(argv: list[str] | None = None) -> int:
             _envelope.write(args.out, envelope, merged)
         return 0
     if args.smoke:
-        args.walks, args.instances = 1, 1
+        # the compile time limit is wall-clock: on a loaded CI machine the first compile of a
+        # process (warm-up included) can take seconds, and the smoke checks results, not speed
+        args.walks, args.instances, args.timeout = 1, 1, max(args.timeout, 120.0)
     walk_toks = args.walk_tokenizer or ["llama3"]
     if not args.data.exists() and not args.smoke:
         print(f"data folder {args.data} not found (pass --data)", file=sys.stderr)

@@ -107,9 +107,11 @@ def _runnable() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Runs]:
+def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Runs]:
+    """The smoke runs; those of the selected tests (``test_<script>``) start at once."""
+    selected = {item.name.removeprefix("test_") for item in request.session.items}
     r = _Runs(tmp_path_factory.mktemp("smokes"))
-    r.start(_runnable())
+    r.start([s for s in _runnable() if s in selected])
     yield r
     r.pool.shutdown(wait=True)
 
