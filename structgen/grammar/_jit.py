@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover - exercised only without numba
     # does); run as plain Python, numpy scalars warn on each wrap. Only those warnings, only
     # from the kernel modules, are silenced.
     warnings.filterwarnings("ignore", message="overflow encountered", category=RuntimeWarning,
-                            module=r"structgen\.(grammar|masks)\._(jit|pda_kernels|fsa_kernels|trie_kernels)$")
+                            module=r"structgen\.(grammar|masks)\._(jit|fsa_kernels|runtime_kernels|stack_kernels|trie_kernels|walk_kernels)$")
 
     def njit(*args, **kwargs):  # type: ignore[no-redef]
         if args and callable(args[0]):
