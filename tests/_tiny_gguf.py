@@ -193,3 +193,20 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_layer: int
     w.write_tensors_to_file()
     w.close()
     return Path(path)
+
+
+def quantize_gguf(src: Path, dst: Path, ftype: str = "q4_k_m") -> Path:
+    """Quantize a GGUF with llama.cpp itself (``llama_model_quantize``; needs llama-cpp-python):
+    ``ftype`` ``"q4_k_m"`` (Q4_K with Q6_K for some tensors, the usual CPU download) or
+    ``"q8_0"``. K-quants need every matrix's input width to be a multiple of 256 (write the
+    source with ``n_embd=256, n_ff=512``); other widths fall back to simpler types."""
+    import llama_cpp
+
+    codes = {"q4_k_m": 15, "q8_0": 7}  # llama.cpp's LLAMA_FTYPE_MOSTLY_*
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = codes[ftype]
+    params.nthread = 1
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize failed with code {rc}")
+    return Path(dst)

@@ -222,7 +222,8 @@ class _Context:
     every sequence go through one graph); sequence id ``n_seq`` is the scratch sequence of
     the row-invariant padding. Logits are requested for every fed position unless told."""
 
-    def __init__(self, model: _GGUFModel, *, n_cells: int, n_seq: int, n_threads: int | None) -> None:
+    def __init__(self, model: _GGUFModel, *, n_cells: int, n_seq: int, n_threads: int | None,
+                 flash_attn: bool = True) -> None:
         lib = model.lib
         self.lib = lib
         self.model = model
@@ -235,7 +236,7 @@ class _Context:
         params.n_threads = threads
         params.n_threads_batch = threads
         params.kv_unified = True
-        params.flash_attn_type = 1  # LLAMA_FLASH_ATTN_TYPE_ENABLED
+        params.flash_attn_type = 1 if flash_attn else 0  # LLAMA_FLASH_ATTN_TYPE_ENABLED / _DISABLED
         params.no_perf = True
         ptr = lib.llama_init_from_model(model.ptr, params)
         if not ptr:
@@ -306,7 +307,7 @@ class LlamaCppLM:
     """
 
     def __init__(self, model: _GGUFModel, *, n_ctx: int | None = None, n_threads: int | None = None,
-                 row_invariant: bool = True) -> None:
+                 row_invariant: bool = True, flash_attn: bool = True) -> None:
         self.gguf = model
         self.model = model  # what `lm.model` names for transformers models: the weights
         self.tokenizer = model.tokenizer
@@ -316,6 +317,7 @@ class LlamaCppLM:
         self.max_positions = int(n_ctx) if n_ctx else min(limit, _DEFAULT_CTX)
         self.n_threads = n_threads
         self.row_invariant = bool(row_invariant)
+        self.flash_attn = bool(flash_attn)
         self._ctx: _Context | None = None
         self._batch_ctx: _Context | None = None
         self.length = 0
@@ -329,7 +331,8 @@ class LlamaCppLM:
     @property
     def ctx(self) -> _Context:
         if self._ctx is None:
-            self._ctx = _Context(self.gguf, n_cells=self.max_positions + 8, n_seq=1, n_threads=self.n_threads)
+            self._ctx = _Context(self.gguf, n_cells=self.max_positions + 8, n_seq=1, n_threads=self.n_threads,
+                                 flash_attn=self.flash_attn)
         return self._ctx
 
     def vocabulary(self) -> Any:
@@ -392,7 +395,8 @@ class LlamaCppLM:
         ctx = self._batch_ctx
         if ctx is None or ctx.n_seq < n_seq or ctx.n_cells < n_cells:
             self._batch_ctx = None
-            ctx = _Context(self.gguf, n_cells=n_cells, n_seq=n_seq, n_threads=self.n_threads)
+            ctx = _Context(self.gguf, n_cells=n_cells, n_seq=n_seq, n_threads=self.n_threads,
+                           flash_attn=self.flash_attn)
             self._batch_ctx = ctx
         ctx.clear()
         return ctx
@@ -490,7 +494,7 @@ class LlamaCppBatchKV:
 
 
 def load_gguf(path: str | os.PathLike[str], *, n_ctx: int | None = None, n_threads: int | None = None,
-              row_invariant: bool = True, repack: bool = False) -> LlamaCppLM:
+              row_invariant: bool = True, repack: bool = False, flash_attn: bool = True) -> LlamaCppLM:
     """A :class:`LlamaCppLM` for the GGUF file at ``path`` (weights loaded once per file and
     ``repack`` setting, memory-mapped). ``repack`` lets llama.cpp repack quantized weights
     for its faster CPU kernels, whose results depend on the number of positions per pass
@@ -506,4 +510,5 @@ def load_gguf(path: str | os.PathLike[str], *, n_ctx: int | None = None, n_threa
         model = _GGUFModel(p, repack=repack)
         with _LOCK:
             model = _MODELS.setdefault(key, model)
-    return LlamaCppLM(model, n_ctx=n_ctx, n_threads=n_threads, row_invariant=row_invariant)
+    return LlamaCppLM(model, n_ctx=n_ctx, n_threads=n_threads, row_invariant=row_invariant,
+                      flash_attn=flash_attn)
