@@ -109,14 +109,13 @@ if [ "${STRUCTGEN_LLAMACPP:-0}" = 1 ]; then
         # libllama + libggml only: no examples/tools/tests/server, no multimodal library, no
         # curl/openssl; OpenMP off (ggml's own thread pool); -march=native (GGML_NATIVE) suits a
         # wheel built for this machine (the cached wheel must not move to another CPU).
-        # build.targets=llama builds the library and what it links, not llama.cpp's common/
-        # helpers (which llama-cpp-python's CMakeLists forces on). Installed on its own, not as
-        # `-e '.[llamacpp]'`: the -C build setting would reach structgen's own build too; keep
-        # the version in step with pyproject.toml's llamacpp extra.
+        # llama.cpp's common/ helpers are built too: llama-cpp-python's CMakeLists forces them on
+        # and llama.cpp's install step installs them (limiting the build to the llama target
+        # fails at that step). Keep the version in step with pyproject.toml's llamacpp extra.
         t0=$(date +%s)
         CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
         CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_OPENMP=OFF -DGGML_NATIVE=ON -DGGML_CCACHE=OFF ${CMAKE_ARGS:-}" \
-            pip_install -q -c "$pin" -C build.targets=llama "llama-cpp-python==$LLAMACPP_VERSION" "gguf>=0.10" \
+            pip_install -q -c "$pin" "llama-cpp-python==$LLAMACPP_VERSION" "gguf>=0.10" \
             || { rm -f "$pin"; die "installing the llama.cpp backend failed (see above); set STRUCTGEN_LLAMACPP=0 to skip it"; }
         rm -f "$pin"
         "$PY" -c 'import llama_cpp' || die "llama_cpp does not import after its install"
