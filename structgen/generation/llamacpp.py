@@ -19,7 +19,15 @@ two or more columns (llamafile's tiled GEMM), so a one-position pass rounds diff
 scratch position (a copy of the token at position 0 of a scratch sequence, removed after the
 pass), so every product has at least two columns; flash attention (on) processes each query
 row on its own and skips masked cache cells, so rows of other sequences do not change a row's
-attention either. See ``tests/test_llamacpp.py`` for what is checked.
+attention either. ggml's tiled K-quant kernel (8+ columns) is switched off for the process
+(``GGML_CPU_TILED_MM=0``, unless set) and weight repacking is off by default (``repack``) for
+the same reason. See ``tests/test_llamacpp.py`` for what is checked.
+
+Batched rows share one unified cache (one ``llama_decode`` per step needs it). llama.cpp
+refills freed cells (rejected drafts) from the start of the cache once enough are free, so a
+row's later tokens can sit in cells before its earlier ones; flash attention then accumulates
+that row in another order than the row alone does (float rounding). Whether batched greedy
+output stays identical to one-at-a-time output is checked by the tests, not guaranteed.
 
 llama-cpp-python is imported only when a GGUF model is loaded (``pip install
 'structgen[llamacpp]'``); everything else in structgen works without it.
@@ -80,6 +88,13 @@ def _lib() -> Any:
                          + INSTALL_HINT) from e
     with _LOCK:
         if not _BACKEND_READY:
+            # ggml's tiled K-quant matrix kernel serves products of 8 or more columns and the
+            # dot-product kernel fewer: a verify pass of 8+ positions would round differently
+            # from one-position passes on Q4_K/Q6_K weights. ggml reads this switch once per
+            # process (it affects every llama.cpp model of the process; prompts of K-quant
+            # models prefill somewhat slower); a value the user set is kept.
+            os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+
             @llama_cpp.llama_log_callback
             def _quiet(level: int, text: bytes, user_data: Any) -> None:  # llama.cpp's load chatter
                 return None
