@@ -102,7 +102,7 @@ if [ "${STRUCTGEN_LLAMACPP:-0}" = 1 ]; then
         log "llama-cpp-python $have already installed"
     else
         log "llama.cpp backend (the [llamacpp] extra): llama-cpp-python $LLAMACPP_VERSION builds from"
-        log "source when pip's wheel cache does not hold it: 20-40 minutes on 2 busy cores, seconds after)"
+        log "source when pip's wheel cache does not hold it: up to an hour on 2 busy cores, seconds after)"
         # torch stays the version step 2 installed (the extra does not need torch; the pin guards it)
         pin=$(mktemp)
         "$PY" -c 'import torch; print("torch==" + torch.__version__)' > "$pin" 2>/dev/null || : > "$pin"
