@@ -49,7 +49,7 @@ from structgen.errors import AssetError, ConfigError
 __all__ = ["GGUFTokenizer", "LlamaCppBatchKV", "LlamaCppLM", "is_gguf_path", "load_gguf"]
 
 INSTALL_HINT = ("install the llama.cpp backend with `pip install 'structgen[llamacpp]'` (builds "
-                "llama-cpp-python from source: several minutes on 2 cores; scripts/setup.sh does it "
+                "llama-cpp-python from source: up to an hour on 2 cores; scripts/setup.sh does it "
                 "with STRUCTGEN_LLAMACPP=1)")
 
 _GGUF_MAGIC = b"GGUF"
