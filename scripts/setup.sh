@@ -4,6 +4,7 @@
 #   bash scripts/setup.sh            # .venv + editable install with test and docs extras + assets
 #   SETUP_FORCE=1 bash scripts/setup.sh   # redo the pip steps even if the stamp says done
 #   STRUCTGEN_ASSETS="llama3" bash scripts/setup.sh   # choose which assets to pull ("" = none)
+#   STRUCTGEN_LLAMACPP=1 bash scripts/setup.sh  # also the llama.cpp backend (builds llama-cpp-python)
 #
 # Steps:
 #   1. .venv (python3 -m venv) unless it exists; python >= 3.10 required.
@@ -12,7 +13,13 @@
 #      download gigabytes of CUDA wheels.
 #   3. pip install -e '.[test,docs]' and a check that structgen, structgen.kernels and
 #      structgen.grammars import from the repository root (docs: mkdocs for scripts/test.sh).
-#   4. Tokenizer and model assets the tests and the demo use: `python -m structgen.tools.assets pull
+#   4. With STRUCTGEN_LLAMACPP=1: the llama.cpp backend (`.[llamacpp]`): llama-cpp-python has no
+#      wheel on PyPI, so pip builds it from source (CPU only, no examples, tools, tests, server or
+#      multimodal library: the shared libllama/libggml only). The first build takes many minutes
+#      on 2 cores; pip's wheel cache (~/.cache/pip) makes later set-ups quick. The cache key is
+#      the package version, not these CMake options: `pip cache remove llama_cpp_python` forces
+#      a rebuild after changing them.
+#   5. Tokenizer and model assets the tests and the demo use: `python -m structgen.tools.assets pull
 #      ALIAS...` (the same job as `structgen models pull`; cached under ~/.cache/structgen, so later
 #      runs are quick).
 set -euo pipefail
@@ -93,7 +100,36 @@ else
     echo "$want" > "$STAMP"
 fi
 
-# 4. assets ----------------------------------------------------------------------------------
+# 4. llama.cpp backend (opt-in) ---------------------------------------------------------------
+LLAMACPP_VERSION=0.3.36
+if [ "${STRUCTGEN_LLAMACPP:-0}" = 1 ]; then
+    have=$("$PY" -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null || true)
+    if [ "$have" = "$LLAMACPP_VERSION" ] && [ "${SETUP_FORCE:-0}" != 1 ]; then
+        log "llama-cpp-python $have already installed"
+    else
+        log "llama.cpp backend (the [llamacpp] extra): llama-cpp-python $LLAMACPP_VERSION builds from"
+        log "source when pip's wheel cache does not hold it: up to an hour on 2 busy cores, seconds after)"
+        # torch stays the version step 2 installed (the extra does not need torch; the pin guards it)
+        pin=$(mktemp)
+        "$PY" -c 'import torch; print("torch==" + torch.__version__)' > "$pin" 2>/dev/null || : > "$pin"
+        # libllama + libggml only: no examples/tools/tests/server, no multimodal library, no
+        # curl/openssl; OpenMP off (ggml's own thread pool); -march=native (GGML_NATIVE) suits a
+        # wheel built for this machine (the cached wheel must not move to another CPU).
+        # llama.cpp's common/ helpers are built too: llama-cpp-python's CMakeLists forces them on
+        # and llama.cpp's install step installs them (limiting the build to the llama target
+        # fails at that step). Keep the version in step with pyproject.toml's llamacpp extra.
+        t0=$(date +%s)
+        CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
+        CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_OPENMP=OFF -DGGML_NATIVE=ON -DGGML_CCACHE=OFF ${CMAKE_ARGS:-}" \
+            pip_install -q -c "$pin" "llama-cpp-python==$LLAMACPP_VERSION" "gguf>=0.10" \
+            || { rm -f "$pin"; die "installing the llama.cpp backend failed (see above); set STRUCTGEN_LLAMACPP=0 to skip it"; }
+        rm -f "$pin"
+        "$PY" -c 'import llama_cpp' || die "llama_cpp does not import after its install"
+        log "llama.cpp backend installed in $(( $(date +%s) - t0 )) s"
+    fi
+fi
+
+# 5. assets ----------------------------------------------------------------------------------
 if [ -z "$ASSETS" ]; then
     log "STRUCTGEN_ASSETS is empty: no assets pulled"
 elif [ -f structgen/tools/assets.py ]; then

@@ -48,6 +48,15 @@ class CausalLM:
     (:func:`make_row_invariant`); ``False`` leaves the model untouched.
     """
 
+    def __new__(cls, model: Any, *args: Any, **kwargs: Any) -> Any:
+        # The weights of a GGUF model (``LlamaCppLM.model``) get a llama.cpp model with its own
+        # cache, as a transformers model gets a CausalLM (a draft model's own copy, say).
+        if getattr(model, "is_gguf_model", False):
+            from structgen.generation.llamacpp import LlamaCppLM
+
+            return LlamaCppLM(model)
+        return super().__new__(cls)
+
     def __init__(self, model: Any, tokenizer: Any, *, row_invariant: bool | None = None) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -238,8 +247,15 @@ class BatchKV:
     :meth:`select` drops finished rows; :meth:`compact` squeezes the holes out (exact: the
     attended keys/values and their positions do not change).
 
-    The model's own (single-sequence) cache in ``lm`` is not touched.
+    The model's own (single-sequence) cache in ``lm`` is not touched. A model that brings its
+    own batched cache (``lm.new_batch_cache()``, the llama.cpp backend's) gets that instead.
     """
+
+    def __new__(cls, lm: Any) -> Any:
+        own = getattr(lm, "new_batch_cache", None)
+        if own is not None:
+            return own()
+        return super().__new__(cls)
 
     def __init__(self, lm: CausalLM) -> None:
         from transformers import DynamicCache
@@ -499,10 +515,17 @@ def load_model(model: Any, tokenizer: Any = None, *, dtype: Any = torch.float32)
     of a model pulled into the cache (:mod:`structgen.generation.model_store`; an alias that is not
     cached raises :class:`AssetError` naming ``structgen models pull ALIAS``). Loaded models are
     memoised per (path, dtype). ``dtype`` applies to paths and aliases (see
-    :func:`resolve_dtype`); model objects keep their own."""
+    :func:`resolve_dtype`); model objects keep their own. A ``.gguf`` file gives a
+    :class:`~structgen.generation.llamacpp.LlamaCppLM` (llama.cpp backend, ``structgen[llamacpp]``)."""
     dtype = resolve_dtype(dtype)
     if isinstance(model, CausalLM):
         return model
+    from structgen.generation.llamacpp import LlamaCppLM, is_gguf_path, load_gguf
+
+    if isinstance(model, LlamaCppLM):
+        return model
+    if is_gguf_path(model):  # llama.cpp backend (needs structgen[llamacpp]); dtype is the file's
+        return load_gguf(model)
     if not isinstance(model, (str, os.PathLike)):
         if tokenizer is None:
             name = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
@@ -535,6 +558,9 @@ _VOCABS: dict[int, Any] = {}
 def vocabulary_for(lm: CausalLM) -> Any:
     """The grammar-side :class:`~structgen.masks.vocab.Vocabulary` of ``lm`` (cached per tokenizer),
     with the model's logits width as vocab size and the generation config's EOS ids."""
+    own = getattr(lm, "vocabulary", None)
+    if callable(own):  # a backend that knows its vocabulary (llama.cpp: from the GGUF)
+        return own()
     key = id(lm.tokenizer)
     v = _VOCABS.get(key)
     if v is None:
@@ -567,6 +593,9 @@ def context_length(lm: CausalLM) -> int | None:
     the tokenizer's ``model_max_length`` is used only when the configuration gives nothing,
     because a tokenizer saved for another model may report a different (or a sentinel)
     limit."""
+    own = getattr(lm, "max_positions", None)
+    if isinstance(own, int):  # a backend with a fixed-size cache (llama.cpp)
+        return own
     config = getattr(lm.model, "config", None)
     if config is not None and hasattr(config, "get_text_config"):
         try:

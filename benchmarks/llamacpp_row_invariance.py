@@ -1,0 +1,54 @@
+"""Do llama.cpp's logits for a position depend on how many positions a pass computes?
+
+Writes the tiny GGUF models of ``tests/_tiny_gguf.py`` (f32, f16, q8_0, q4_0 at hidden 64; f32
+and a llama.cpp-quantized Q4_K_M at hidden 256) to a temporary folder and prints, per weights
+type and setting (``row_invariant`` scratch position, flash attention, weight repacking), the
+largest absolute difference between the logits of an 8-position pass and those of one-position
+passes (and of 2-position passes) over the same tokens. One thread. Needs llama-cpp-python.
+
+    python benchmarks/llamacpp_row_invariance.py          # GGML_CPU_TILED_MM=0 (the backend's default)
+    GGML_CPU_TILED_MM=1 python benchmarks/llamacpp_row_invariance.py
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from _tiny_gguf import quantize_gguf, write_tiny_gguf  # noqa: E402
+
+from structgen.generation.llamacpp import load_gguf  # noqa: E402
+
+
+def main() -> None:
+    folder = Path(tempfile.mkdtemp(prefix="gguf-inv-"))
+    paths = {w: write_tiny_gguf(folder / f"tiny-{w}.gguf", weights=w) for w in ("f32", "f16", "q8_0", "q4_0")}
+    big = write_tiny_gguf(folder / "tiny256-f32.gguf", n_embd=256, n_ff=512, n_head=8, n_head_kv=2)
+    paths["f32(256)"] = big
+    paths["q4_k_m(256)"] = quantize_gguf(big, folder / "tiny256-q4km.gguf")
+    for name, p in paths.items():
+        for ri, fa, rp in itertools.product((False, True), (True, False), (False, True)):
+            lm = load_gguf(p, n_threads=1, n_ctx=512, row_invariant=ri, flash_attn=fa, repack=rp)
+            ids = lm.tokenizer.encode('Extract: {"name": "Bob", "age": 41, "tags": ["a", "b"]} and more text')
+            prefix, tail = ids[:10], ids[10:18]
+            lm.reset()
+            lm.extend(prefix, all_logits=False)
+            alone = torch.cat([lm.extend([t]) for t in tail])
+            lm.reset()
+            lm.extend(prefix, all_logits=False)
+            together = lm.extend(tail)
+            lm.reset()
+            lm.extend(prefix, all_logits=False)
+            pairs = torch.cat([lm.extend(tail[i:i + 2]) for i in range(0, 8, 2)])
+            print(f"{name:12s} row_invariant={ri!s:5} flash_attn={fa!s:5} repack={rp!s:5} | "
+                  f"8 vs 1: {(together - alone).abs().max().item():.3g}  "
+                  f"8 vs 2: {(together - pairs).abs().max().item():.3g}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

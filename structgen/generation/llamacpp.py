@@ -1,0 +1,529 @@
+"""llama.cpp model backend: GGUF models run by llama-cpp-python's low-level C API.
+
+:func:`load_gguf` returns a :class:`LlamaCppLM`, which has the contract the generation loop
+(:mod:`structgen.generation.loop`) uses for :class:`~structgen.generation.model.CausalLM`:
+``extend`` feeds tokens after the cached prefix and returns the logits of every fed position
+(one ``llama_decode`` call, a verify pass), ``crop`` drops rejected positions
+(``llama_memory_seq_rm``), ``reset`` empties the cache; ``tokenizer`` encodes with llama.cpp's
+own tokenizer and renders the GGUF's chat template; :meth:`LlamaCppLM.vocabulary` builds the
+grammar-side :class:`~structgen.masks.vocab.Vocabulary` from the GGUF's tokens (the bytes
+llama.cpp itself outputs for each id), so token masks match llama.cpp's tokenisation.
+:class:`LlamaCppBatchKV` runs several sequences in one ``llama_decode`` per step, one llama.cpp
+sequence id per row (no padding: a step feeds only the rows' real positions).
+
+Exactness: a position's logits must not depend on how many positions a pass computes, or
+greedy speculative output could differ from plain one-token decoding. ggml's CPU matrix
+products take a different kernel for a one-column product (a dot product per output) than for
+two or more columns (llamafile's tiled GEMM), so a one-position pass rounds differently. With
+``row_invariant`` (the default) a pass that would compute one position also computes a
+scratch position (a copy of the token at position 0 of a scratch sequence, removed after the
+pass), so every product has at least two columns; flash attention (on) processes each query
+row on its own and skips masked cache cells, so rows of other sequences do not change a row's
+attention either. ggml's tiled K-quant kernel (8+ columns) is switched off for the process
+(``GGML_CPU_TILED_MM=0``, unless set) and weight repacking is off by default (``repack``) for
+the same reason. See ``tests/test_llamacpp.py`` for what is checked.
+
+Batched rows share one unified cache (one ``llama_decode`` per step needs it). llama.cpp
+refills freed cells (rejected drafts) from the start of the cache once enough are free, so a
+row's later tokens can sit in cells before its earlier ones; flash attention then accumulates
+that row in another order than the row alone does (float rounding). Whether batched greedy
+output stays identical to one-at-a-time output is checked by the tests, not guaranteed.
+
+llama-cpp-python is imported only when a GGUF model is loaded (``pip install
+'structgen[llamacpp]'``); everything else in structgen works without it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from structgen.errors import AssetError, ConfigError
+
+__all__ = ["GGUFTokenizer", "LlamaCppBatchKV", "LlamaCppLM", "is_gguf_path", "load_gguf"]
+
+INSTALL_HINT = ("install the llama.cpp backend with `pip install 'structgen[llamacpp]'` (builds "
+                "llama-cpp-python from source: up to an hour on 2 cores; scripts/setup.sh does it "
+                "with STRUCTGEN_LLAMACPP=1)")
+
+_GGUF_MAGIC = b"GGUF"
+_DEFAULT_CTX = 4096        # positions per sequence when the caller gives none (and the model allows)
+_CHUNK = 512               # positions per llama_decode call when prefilling a long prompt
+_BATCH_ROOM = 1024         # generated positions reserved per sequence of a batched cache
+
+_LOCK = threading.Lock()
+_MODELS: dict[tuple[str, bool], _GGUFModel] = {}
+_BACKEND_READY = False
+_LOG_CALLBACK: Any = None  # keeps the ctypes callback alive while llama.cpp holds it
+
+
+def is_gguf_path(model: Any) -> bool:
+    """Whether ``model`` is a path (``str`` or ``os.PathLike``) naming a ``.gguf`` file or a
+    file that starts with the GGUF magic bytes. Reads at most 4 bytes of an existing file."""
+    if not isinstance(model, (str, os.PathLike)):
+        return False
+    path = Path(os.fspath(model)).expanduser()
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == _GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def _lib() -> Any:
+    """The ``llama_cpp`` module, its backend initialised and its log output silenced once."""
+    global _BACKEND_READY, _LOG_CALLBACK
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise AssetError("a GGUF model needs llama-cpp-python, which is not installed: "
+                         + INSTALL_HINT) from e
+    with _LOCK:
+        if not _BACKEND_READY:
+            # ggml's tiled K-quant matrix kernel serves products of 8 or more columns and the
+            # dot-product kernel fewer: a verify pass of 8+ positions would round differently
+            # from one-position passes on Q4_K/Q6_K weights. ggml reads this switch once per
+            # process (it affects every llama.cpp model of the process; prompts of K-quant
+            # models prefill somewhat slower); a value the user set is kept.
+            os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+
+            @llama_cpp.llama_log_callback
+            def _quiet(level: int, text: bytes, user_data: Any) -> None:  # llama.cpp's load chatter
+                return None
+
+            _LOG_CALLBACK = _quiet
+            llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _BACKEND_READY = True
+    return llama_cpp
+
+
+class _GGUFModel:
+    """A loaded ``llama_model`` (the weights) shared by every :class:`LlamaCppLM` of the file;
+    freed when the last reference goes."""
+
+    is_gguf_model = True  # CausalLM(model, tokenizer) on these weights gives a LlamaCppLM
+
+    def __init__(self, path: Path, *, repack: bool) -> None:
+        lib = _lib()
+        self.lib = lib
+        self.path = path
+        params = lib.llama_model_default_params()
+        params.n_gpu_layers = 0 if not lib.llama_supports_gpu_offload() else -1
+        params.use_extra_bufts = bool(repack)
+        ptr = lib.llama_model_load_from_file(os.fsencode(path), params)
+        if not ptr:
+            raise AssetError(f"llama.cpp could not load {path} (not a GGUF model it supports, or damaged)")
+        self.ptr = ptr
+        self.vocab = lib.llama_model_get_vocab(ptr)
+        self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
+        self.n_ctx_train = int(lib.llama_model_n_ctx_train(ptr))
+        self._vocabulary: Any = None
+        self.tokenizer = GGUFTokenizer(self)
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as text, or None when the key is absent."""
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = self.lib.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes llama.cpp outputs for ``token`` (control tokens: empty unless ``special``)."""
+        buf = ctypes.create_string_buffer(64)
+        n = self.lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self.lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def vocabulary(self) -> Any:
+        """The grammar-side vocabulary (built once, a few milliseconds per thousand tokens):
+        per id the bytes llama.cpp outputs for it; control tokens and other tokens that output
+        no text are None; EOS ids are the GGUF's EOS first, then every other end-of-generation
+        token llama.cpp knows (``<|im_end|>``, ``<|eot_id|>``, ...)."""
+        if self._vocabulary is None:
+            from structgen.masks.vocab import Vocabulary
+
+            lib, vocab = self.lib, self.vocab
+            table: list[bytes | None] = []
+            special: list[int] = []
+            eog: list[int] = []
+            for i in range(self.n_vocab):
+                if lib.llama_vocab_is_eog(vocab, i):
+                    eog.append(i)
+                if lib.llama_vocab_is_control(vocab, i):
+                    special.append(i)
+                    table.append(None)
+                    continue
+                table.append(self.piece(i) or None)
+            eos = int(lib.llama_vocab_eos(vocab))
+            order = ([eos] if 0 <= eos < self.n_vocab else []) + eog
+            self._vocabulary = Vocabulary(table, order, self.n_vocab, special)
+        return self._vocabulary
+
+    def __del__(self) -> None:
+        ptr, self.ptr = getattr(self, "ptr", None), None
+        if ptr:
+            self.lib.llama_model_free(ptr)
+
+
+class GGUFTokenizer:
+    """The part of a Hugging Face tokenizer's interface structgen uses, on llama.cpp's own
+    tokenizer: :meth:`encode`, :meth:`decode`, ``chat_template`` / :meth:`apply_chat_template`
+    (the GGUF's Jinja template, rendered in a sandbox as transformers renders it),
+    ``eos_token_id``, ``bos_token_id``."""
+
+    def __init__(self, model: _GGUFModel) -> None:
+        self._model = model
+        lib, vocab = model.lib, model.vocab
+        eos, bos = int(lib.llama_vocab_eos(vocab)), int(lib.llama_vocab_bos(vocab))
+        self.eos_token_id: int | None = eos if eos >= 0 else None
+        self.bos_token_id: int | None = bos if bos >= 0 else None
+        self.eos_token = model.piece(eos, special=True).decode("utf-8", "replace") if eos >= 0 else ""
+        self.bos_token = model.piece(bos, special=True).decode("utf-8", "replace") if bos >= 0 else ""
+        self.chat_template: str | None = model.meta("tokenizer.chat_template")
+        self.name_or_path = str(model.path)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text`` as llama.cpp tokenizes it; special-token text (e.g.
+        ``<|im_start|>``) becomes the special token, as a Hugging Face tokenizer does.
+        ``add_special_tokens`` adds BOS/EOS where the GGUF asks for them."""
+        lib = self._model.lib
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (lib.llama_token * cap)()
+        n = lib.llama_tokenize(self._model.vocab, data, len(data), buf, cap, add_special_tokens, True)
+        if n < 0:
+            cap = -n
+            buf = (lib.llama_token * cap)()
+            n = lib.llama_tokenize(self._model.vocab, data, len(data), buf, cap, add_special_tokens, True)
+        return list(buf[:n])
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """The text of ``ids`` (special tokens as their text unless ``skip_special_tokens``)."""
+        data = b"".join(self._model.piece(int(i), special=not skip_special_tokens) for i in ids)
+        return data.decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tokenize: bool = False, **kwargs: Any) -> Any:
+        """Render the GGUF's chat template for ``messages``; token ids when ``tokenize``."""
+        if not self.chat_template:
+            raise ConfigError(f"{self.name_or_path} has no chat template: give prompt= instead of messages=")
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise ConfigError(f"the model's chat template refused the messages: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        text = env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=self.bos_token,
+            eos_token=self.eos_token, **kwargs)
+        return self.encode(text, add_special_tokens=False) if tokenize else text
+
+
+class _Context:
+    """One ``llama_context`` (KV cache plus compute buffers) and a reusable ``llama_batch``.
+
+    ``n_seq`` sequence ids share ``n_cells`` cache cells (a unified cache: a step's tokens of
+    every sequence go through one graph); sequence id ``n_seq`` is the scratch sequence of
+    the row-invariant padding. Logits are requested for every fed position unless told."""
+
+    def __init__(self, model: _GGUFModel, *, n_cells: int, n_seq: int, n_threads: int | None,
+                 flash_attn: bool = True) -> None:
+        lib = model.lib
+        self.lib = lib
+        self.model = model
+        params = lib.llama_context_default_params()
+        params.n_ctx = n_cells
+        params.n_batch = _CHUNK
+        params.n_ubatch = _CHUNK
+        params.n_seq_max = n_seq + 1
+        threads = n_threads or max(1, min(os.cpu_count() or 1, 8))
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.kv_unified = True
+        params.flash_attn_type = 1 if flash_attn else 0  # LLAMA_FLASH_ATTN_TYPE_ENABLED / _DISABLED
+        params.no_perf = True
+        ptr = lib.llama_init_from_model(model.ptr, params)
+        if not ptr:
+            raise AssetError(f"llama.cpp could not create a context of {n_cells} cells for {model.path}")
+        self.ptr = ptr
+        self.n_cells = int(lib.llama_n_ctx(ptr))
+        self.n_seq = n_seq
+        self.scratch_seq = n_seq
+        self.mem = lib.llama_get_memory(ptr)
+        self._cap = _CHUNK
+        self.batch = lib.llama_batch_init(self._cap, 0, 1)
+
+    def clear(self) -> None:
+        self.lib.llama_memory_clear(self.mem, True)
+
+    def remove(self, seq: int, start: int, stop: int = -1) -> None:
+        """Drop positions ``start <= p < stop`` (``stop=-1``: to the end) of sequence ``seq``."""
+        self.lib.llama_memory_seq_rm(self.mem, seq, start, stop)
+
+    def decode(self, tokens: list[tuple[int, int, int, bool]]) -> np.ndarray:
+        """Run ``(token, position, sequence, wants_logits)`` entries in ONE ``llama_decode``;
+        returns float32 logits ``[n_wanted, n_vocab]`` in entry order (a copy)."""
+        n = len(tokens)
+        if n > self._cap:
+            raise ValueError(f"{n} positions in one pass: at most {self._cap}")
+        b = self.batch
+        for i, (tok, pos, seq, want) in enumerate(tokens):
+            b.token[i] = tok
+            b.pos[i] = pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = want
+        b.n_tokens = n
+        rc = self.lib.llama_decode(self.ptr, b)
+        if rc != 0:
+            if rc == 1:
+                raise RuntimeError(f"llama.cpp's cache of {self.n_cells} cells is full (decode returned 1): "
+                                   "load the model with a larger n_ctx")
+            raise RuntimeError(f"llama_decode failed with code {rc}")
+        wanted = sum(1 for t in tokens if t[3])
+        if not wanted:
+            return np.zeros((0, self.model.n_vocab), dtype=np.float32)
+        ptr = self.lib.llama_get_logits(self.ptr)
+        return np.ctypeslib.as_array(ptr, shape=(wanted, self.model.n_vocab)).copy()
+
+    def __del__(self) -> None:
+        lib = getattr(self, "lib", None)
+        if lib is None:
+            return
+        if getattr(self, "batch", None) is not None:
+            lib.llama_batch_free(self.batch)
+            self.batch = None
+        ptr, self.ptr = getattr(self, "ptr", None), None
+        if ptr:
+            lib.llama_free(ptr)
+
+
+class LlamaCppLM:
+    """A GGUF model with one rollback-able sequence cache: the llama.cpp counterpart of
+    :class:`~structgen.generation.model.CausalLM` (same attributes and methods the generation
+    loop uses).
+
+    ``n_ctx``: positions of the sequence cache (default: the model's training context, at most
+    4096). ``n_threads``: llama.cpp's threads (default: the CPU count, at most 8).
+    ``row_invariant`` (default True): one-position passes compute a scratch position too, so
+    that every pass takes the same matrix kernels (see the module docstring); False runs
+    exactly the positions given. ``vocab_size`` is the logits' width (the GGUF's token count).
+    """
+
+    def __init__(self, model: _GGUFModel, *, n_ctx: int | None = None, n_threads: int | None = None,
+                 row_invariant: bool = True, flash_attn: bool = True) -> None:
+        self.gguf = model
+        self.model = model  # what `lm.model` names for transformers models: the weights
+        self.tokenizer = model.tokenizer
+        self.vocab_size = model.n_vocab
+        self.device = torch.device("cpu")
+        limit = model.n_ctx_train if model.n_ctx_train > 0 else _DEFAULT_CTX
+        self.max_positions = int(n_ctx) if n_ctx else min(limit, _DEFAULT_CTX)
+        self.n_threads = n_threads
+        self.row_invariant = bool(row_invariant)
+        self.flash_attn = bool(flash_attn)
+        self._ctx: _Context | None = None
+        self._batch_ctx: _Context | None = None
+        self.length = 0
+        self.forward_passes = 0
+
+    @property
+    def cache(self) -> _Context | None:
+        """The sequence cache's llama.cpp context (None until first used)."""
+        return self._ctx
+
+    @property
+    def ctx(self) -> _Context:
+        if self._ctx is None:
+            self._ctx = _Context(self.gguf, n_cells=self.max_positions + 8, n_seq=1, n_threads=self.n_threads,
+                                 flash_attn=self.flash_attn)
+        return self._ctx
+
+    def vocabulary(self) -> Any:
+        """The grammar-side :class:`~structgen.masks.vocab.Vocabulary` of the GGUF (cached)."""
+        return self.gguf.vocabulary()
+
+    def reset(self) -> None:
+        """Empty the sequence cache."""
+        self.ctx.clear()
+        self.length = 0
+
+    def extend(self, token_ids: list[int], *, all_logits: bool = True, float32: bool = True) -> torch.Tensor:
+        """Feed ``token_ids`` after the cached prefix; return float32 logits
+        ``[len(token_ids), vocab_size]`` (``all_logits=False``: ``[1, vocab_size]``, the last
+        position's). Long inputs run in chunks of 512 positions; ``float32`` is accepted for
+        the CausalLM signature (llama.cpp's logits are float32)."""
+        ids = [int(t) for t in token_ids]
+        if not ids:
+            raise ValueError("extend needs at least one token")
+        if self.length + len(ids) > self.max_positions:
+            raise RuntimeError(f"{self.length + len(ids)} positions exceed the cache of {self.max_positions} "
+                               "(load the GGUF with a larger n_ctx)")
+        ctx = self.ctx
+        out: list[np.ndarray] = []
+        for lo in range(0, len(ids), _CHUNK - 1):
+            part = ids[lo: lo + _CHUNK - 1]
+            last = lo + len(part) == len(ids)
+            entries = [(t, self.length + j, 0, all_logits or (last and j == len(part) - 1))
+                       for j, t in enumerate(part)]
+            out.append(self._run(ctx, entries, [0]))
+            self.length += len(part)
+        self.forward_passes += 1
+        logits = out[0] if len(out) == 1 else np.concatenate(out)
+        return torch.from_numpy(logits)
+
+    def _run(self, ctx: _Context, entries: list[tuple[int, int, int, bool]], seqs: list[int]) -> np.ndarray:
+        """One decode; with ``row_invariant`` a single-position pass gets a scratch position
+        (sequence ``ctx.scratch_seq``, removed right after) so that no product has one column."""
+        pad = self.row_invariant and len(entries) == 1
+        if pad:
+            tok = entries[0][0]
+            entries = entries + [(tok, 0, ctx.scratch_seq, True)]
+        logits = ctx.decode(entries)
+        if pad:
+            ctx.remove(ctx.scratch_seq, 0)
+            logits = logits[:1] if entries[0][3] else logits[:0]
+        return logits
+
+    def crop(self, length: int) -> None:
+        """Keep only the first ``length`` cached positions."""
+        if length < 0 or length > self.length:
+            raise ValueError(f"cannot crop a cache of {self.length} tokens to {length}")
+        if length < self.length:
+            self.ctx.remove(0, length)
+            self.length = length
+
+    def batch_context(self, n_seq: int, n_cells: int) -> _Context:
+        """A context for :class:`LlamaCppBatchKV` with room for ``n_seq`` sequences and
+        ``n_cells`` cells (reused while large enough)."""
+        ctx = self._batch_ctx
+        if ctx is None or ctx.n_seq < n_seq or ctx.n_cells < n_cells:
+            self._batch_ctx = None
+            ctx = _Context(self.gguf, n_cells=n_cells, n_seq=n_seq, n_threads=self.n_threads,
+                           flash_attn=self.flash_attn)
+            self._batch_ctx = ctx
+        ctx.clear()
+        return ctx
+
+    def new_batch_cache(self) -> LlamaCppBatchKV:
+        """The batched cache :func:`structgen.generation.loop.run_batch` steps (what
+        :class:`~structgen.generation.model.BatchKV` is for transformers models)."""
+        return LlamaCppBatchKV(self)
+
+
+class LlamaCppBatchKV:
+    """Several sequences of a :class:`LlamaCppLM` stepped together: the llama.cpp counterpart of
+    :class:`~structgen.generation.model.BatchKV` (same methods and counters).
+
+    Row ``r`` of the batch is llama.cpp sequence ``seq[r]``; a step feeds every row its tokens
+    at its own positions in ONE ``llama_decode`` (no padding positions), :meth:`commit`
+    removes each row's rejected positions, :meth:`select` drops finished rows (their cells are
+    freed) and reorders the rest without moving any data. Prompts are prefilled one after
+    another, each as the single-sequence path prefills it."""
+
+    def __init__(self, lm: LlamaCppLM) -> None:
+        self.lm = lm
+        self.ctx: _Context | None = None
+        self.seq: list[int] = []
+        self.pos: list[int] = []
+        self.forward_passes = 0
+        self.real_positions = 0
+        self.padded_positions = 0
+        self._fed: list[int] = []
+
+    @property
+    def batch(self) -> int:
+        return len(self.seq)
+
+    @property
+    def length(self) -> int:
+        """The longest row (positions held)."""
+        return max(self.pos, default=0)
+
+    def prefill(self, prompts: list[list[int]]) -> None:
+        """Start a fresh cache holding the given token lists (each may be empty)."""
+        n = len(prompts)
+        cells = sum(len(p) for p in prompts) + n * (_BATCH_ROOM + 1) + 8
+        self.ctx = self.lm.batch_context(max(n, 1), cells)
+        self.seq = list(range(n))
+        self.pos = [len(p) for p in prompts]
+        for s, p in enumerate(prompts):
+            for lo in range(0, len(p), _CHUNK - 1):
+                part = p[lo: lo + _CHUNK - 1]
+                entries = [(int(t), lo + j, s, False) for j, t in enumerate(part)]
+                self.ctx.decode(entries)
+                self.forward_passes += 1
+            self.real_positions += len(p)
+
+    def extend(self, rows: list[list[int]], *, float32: bool = True) -> torch.Tensor:
+        """Feed every row its tokens (``len(rows) == batch``, each non-empty) in ONE decode.
+        Returns float32 logits ``[sum(len(r)), vocab_size]``: row 0's positions, then row 1's,
+        ... (the flattened layout of :func:`structgen.generation.verify.verify`)."""
+        if len(rows) != self.batch or any(not r for r in rows):
+            raise ValueError(f"extend needs {self.batch} non-empty token lists, got {[len(r) for r in rows]}")
+        assert self.ctx is not None
+        entries = [(int(t), self.pos[r] + j, self.seq[r], True)
+                   for r, row in enumerate(rows) for j, t in enumerate(row)]
+        logits = self.lm._run(self.ctx, entries, self.seq)
+        self._fed = [len(r) for r in rows]
+        for r, k in enumerate(self._fed):
+            self.pos[r] += k
+        self.forward_passes += 1
+        self.real_positions += len(entries)
+        return torch.from_numpy(logits)
+
+    def commit(self, keep: list[int]) -> None:
+        """After :meth:`extend`: row ``r`` keeps the first ``keep[r]`` positions it was fed."""
+        if len(keep) != len(self._fed) or any(not 0 <= k <= f for k, f in zip(keep, self._fed)):
+            raise ValueError(f"keep {keep} must be within the fed lengths {self._fed}")
+        assert self.ctx is not None
+        for r, (k, f) in enumerate(zip(keep, self._fed)):
+            if k < f:
+                self.pos[r] -= f - k
+                self.ctx.remove(self.seq[r], self.pos[r])
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only the given rows (in that order); the other rows' cells are freed."""
+        assert self.ctx is not None
+        kept = set(rows)
+        for r, s in enumerate(self.seq):
+            if r not in kept:
+                self.ctx.remove(s, 0)
+        self.seq = [self.seq[r] for r in rows]
+        self.pos = [self.pos[r] for r in rows]
+
+    def compact(self, min_holes: float = 0.5) -> bool:
+        """Nothing to squeeze: rejected positions are removed from the cache, not masked."""
+        return False
+
+
+def load_gguf(path: str | os.PathLike[str], *, n_ctx: int | None = None, n_threads: int | None = None,
+              row_invariant: bool = True, repack: bool = False, flash_attn: bool = True) -> LlamaCppLM:
+    """A :class:`LlamaCppLM` for the GGUF file at ``path`` (weights loaded once per file and
+    ``repack`` setting, memory-mapped). ``repack`` lets llama.cpp repack quantized weights
+    for its faster CPU kernels, whose results depend on the number of positions per pass
+    (off by default: exactness first). Raises :class:`AssetError` when the file is missing
+    or not loadable, or when llama-cpp-python is not installed."""
+    p = Path(os.fspath(path)).expanduser()
+    if not p.is_file():
+        raise AssetError(f"GGUF model file {p} does not exist")
+    key = (str(p.resolve()), bool(repack))
+    with _LOCK:
+        model = _MODELS.get(key)
+    if model is None:
+        model = _GGUFModel(p, repack=repack)
+        with _LOCK:
+            model = _MODELS.setdefault(key, model)
+    return LlamaCppLM(model, n_ctx=n_ctx, n_threads=n_threads, row_invariant=row_invariant,
+                      flash_attn=flash_attn)

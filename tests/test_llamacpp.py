@@ -1,0 +1,190 @@
+"""The llama.cpp backend (structgen/generation/llamacpp.py) on a tiny GGUF the tests write.
+
+Oracles: plain one-token constrained decoding on the same backend (``speculative=False``) for
+greedy exactness, ``jsonschema`` for validity, one-position passes for the logits of a
+several-position verify pass, the sequence's output run alone for a batched run, and the
+GGUF's own token strings for the vocabulary. Needs llama-cpp-python (``structgen[llamacpp]``);
+without it every test but the missing-package error is skipped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+from _tiny_gguf import CONTROL_TOKENS, byte_to_unicode, tiny_vocab, write_tiny_gguf
+
+import structgen
+from structgen.errors import AssetError
+from structgen.generation.model import load_model
+
+HAVE_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
+needs_llama_cpp = pytest.mark.skipif(
+    not HAVE_LLAMA_CPP,
+    reason="llama-cpp-python is not installed (the structgen[llamacpp] extra; "
+           "scripts/setup.sh with STRUCTGEN_LLAMACPP=1)")
+
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                      "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+     "required": ["name", "age"], "additionalProperties": False},
+    {"type": "object", "properties": {"status": {"enum": ["open", "closed", "pending"]},
+                                      "tags": {"type": "array", "items": {"type": "string", "maxLength": 5},
+                                               "maxItems": 3}},
+     "required": ["status", "tags"], "additionalProperties": False},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "number"},
+                                      "child": {"type": ["null", "object"],
+                                                "properties": {"x": {"type": "integer"}},
+                                                "required": ["x"], "additionalProperties": False}},
+     "required": ["ok", "n", "child"], "additionalProperties": False},
+    {"type": "array", "items": {"type": "integer", "minimum": -5, "maximum": 500}, "maxItems": 6},
+]
+
+PROMPTS = [
+    'Extract the name and the age: Alice is 30. JSON: {"name": "Alice", "age": 30}',
+    'The ticket is "open" with tags a, b. Output: {"status": "open", "tags": ["a", "b"]}',
+    "Give a JSON object with ok true, n 1.5 and child null:",
+]
+
+
+@pytest.fixture(scope="module")
+def gguf_paths(tmp_path_factory) -> dict[str, str]:
+    folder = tmp_path_factory.mktemp("gguf")
+    return {w: str(write_tiny_gguf(folder / f"tiny-{w}.gguf", weights=w)) for w in ("f32", "f16", "q8_0")}
+
+
+@pytest.fixture(scope="module")
+def lm(gguf_paths):
+    from structgen.generation.llamacpp import load_gguf
+
+    return load_gguf(gguf_paths["f32"], n_threads=1, n_ctx=1024)
+
+
+def test_missing_llama_cpp_is_a_clear_error(tmp_path, monkeypatch) -> None:
+    """Without llama-cpp-python a GGUF path is an AssetError that says how to install it."""
+    path = write_tiny_gguf(tmp_path / "m.gguf")
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp -> ImportError
+    from structgen.generation import llamacpp
+
+    monkeypatch.setattr(llamacpp, "_MODELS", {})
+    with pytest.raises(AssetError, match=r"structgen\[llamacpp\]"):
+        load_model(str(path))
+
+
+def test_missing_file_is_an_asset_error(tmp_path) -> None:
+    with pytest.raises(AssetError, match="does not exist"):
+        load_model(str(tmp_path / "absent.gguf"))
+
+
+@needs_llama_cpp
+def test_vocabulary_from_the_gguf(lm) -> None:
+    """Per id the bytes of the GGUF's token string (byte-level spelling decoded); control tokens
+    None; EOS = the GGUF's EOS (the only end-of-generation token of the tiny model)."""
+    tokens, types, _merges = tiny_vocab()
+    u2b = {u: b for b, u in byte_to_unicode().items()}
+    vocab = lm.vocabulary()
+    assert vocab.vocab_size == len(tokens) == lm.vocab_size
+    for i, (tok, ty) in enumerate(zip(tokens, types)):
+        want = None if ty == 3 else bytes(u2b[c] for c in tok)
+        assert vocab.token_bytes[i] == want, (i, tok)
+    assert vocab.eos_token_ids[0] == 0 and set(vocab.special_ids) == set(range(len(CONTROL_TOKENS)))
+
+
+@needs_llama_cpp
+def test_tokenizer_round_trip_and_chat_template(lm) -> None:
+    from structgen.generation.model import vocabulary_for
+
+    vocab = vocabulary_for(lm)
+    tok = lm.tokenizer
+    for text in ['{"name": "Alice", "age": 30}', "héllo wörld ✓ 1234", "  spaces\n\nand\ttabs "]:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert vocab.decode_bytes(ids) == text.encode("utf-8")
+        assert tok.decode(ids) == text
+    assert len(tok.encode('{"name":')) < len(b'{"name":')  # merges apply
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert ids[0] == 1 and ids.count(2) == 1  # <|im_start|> and <|im_end|> parsed as special tokens
+
+
+def _logits_one_by_one(lm, prefix: list[int], tokens: list[int]) -> torch.Tensor:
+    lm.reset()
+    lm.extend(prefix, all_logits=False)
+    return torch.cat([lm.extend([t]) for t in tokens])
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("weights", ["f32", "f16", "q8_0"])
+def test_verify_pass_logits_equal_one_position_passes(gguf_paths, weights: str) -> None:
+    """Row invariance: the logits of each position of an 8-position pass equal, bit for bit,
+    those of one-position passes (and after a crop the cache holds what it held before)."""
+    from structgen.generation.llamacpp import load_gguf
+
+    lm = load_gguf(gguf_paths[weights], n_threads=1, n_ctx=1024)
+    ids = lm.tokenizer.encode('Extract: {"name": "Bob", "age": 41, "tags": ["a", "b"]} and more text')
+    prefix, tail = ids[:10], ids[10:18]
+    alone = _logits_one_by_one(lm, prefix, tail)
+    lm.reset()
+    lm.extend(prefix, all_logits=False)
+    together = lm.extend(tail)  # [8, V]
+    assert together.shape == (8, lm.vocab_size)
+    assert torch.equal(together, alone)
+    # crop back and feed again: the same logits (the cache lost exactly the cropped positions)
+    lm.crop(len(prefix) + 3)
+    again = lm.extend(tail[3:])
+    assert torch.equal(again, alone[3:])
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("case", range(len(SCHEMAS)))
+def test_greedy_speculative_equals_plain(lm, case: int) -> None:
+    schema = SCHEMAS[case]
+    for prompt in PROMPTS:
+        plain = structgen.generate(lm, schema=schema, prompt=prompt, max_new_tokens=60, speculative=False)
+        spec = structgen.generate(lm, schema=schema, prompt=prompt, max_new_tokens=60)
+        assert spec.tokens == plain.tokens, (case, prompt)
+        if plain.finish_reason == "stop":
+            jsonschema.validate(json.loads(spec.text), schema)
+        assert spec.stats.forward_passes <= plain.stats.forward_passes
+
+
+@needs_llama_cpp
+def test_outputs_finish_and_validate(lm) -> None:
+    """The biased tiny model ends its outputs: every (schema, prompt) pair gives a complete,
+    valid document within 60 tokens."""
+    for schema in SCHEMAS:
+        for prompt in PROMPTS:
+            r = structgen.generate(lm, schema=schema, prompt=prompt, max_new_tokens=60)
+            assert r.finish_reason == "stop", (schema, prompt, r.text)
+            jsonschema.validate(json.loads(r.text), schema)
+
+
+@needs_llama_cpp
+def test_batch_equals_one_at_a_time(lm) -> None:
+    """Eight mixed-schema requests in one call: each output equals its run alone (greedy)."""
+    prompts = [PROMPTS[i % len(PROMPTS)] + " more" * i for i in range(8)]
+    schemas = [SCHEMAS[i % len(SCHEMAS)] for i in range(8)]
+    batch = structgen.generate(lm, schema=schemas, prompt=prompts, max_new_tokens=60)
+    assert batch.stats.forward_passes < sum(r.stats.forward_passes for r in batch)
+    for p, s, got in zip(prompts, schemas, batch):
+        alone = structgen.generate(lm, schema=s, prompt=p, max_new_tokens=60, speculative=False)
+        assert got.tokens == alone.tokens, (p, s)
+
+
+@needs_llama_cpp
+def test_messages_use_the_gguf_chat_template(lm) -> None:
+    msgs = [{"role": "user", "content": "Give me a person as JSON."}]
+    r = structgen.generate(lm, schema=SCHEMAS[0], messages=msgs, max_new_tokens=60)
+    jsonschema.validate(json.loads(r.text), SCHEMAS[0])
+
+
+def test_gguf_writer_is_deterministic(tmp_path) -> None:
+    a = write_tiny_gguf(tmp_path / "a.gguf", weights="f16").read_bytes()
+    b = write_tiny_gguf(tmp_path / "b.gguf", weights="f16").read_bytes()
+    assert a == b and a[:4] == b"GGUF"
+    assert np.frombuffer(a[4:8], dtype="<u4")[0] == 3  # GGUF version
