@@ -345,6 +345,7 @@ class LlamaCppLM:
 
     @property
     def ctx(self) -> _Context:
+        """The llama.cpp context of one-at-a-time generation, created on first use."""
         if self._ctx is None:
             self._ctx = _Context(self.gguf, n_cells=self.max_positions + 8, n_seq=1, n_threads=self.n_threads,
                                  flash_attn=self.flash_attn)
@@ -444,6 +445,7 @@ class LlamaCppBatchKV:
 
     @property
     def batch(self) -> int:
+        """The number of sequences (rows) in the batch."""
         return len(self.seq)
 
     @property
