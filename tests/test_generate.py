@@ -12,6 +12,7 @@ import json
 import jsonschema
 import pytest
 import torch
+from _schemas import NESTED, PERSON, STATUS_TAGS
 
 import structgen
 from structgen.config import SpecConfig
@@ -19,18 +20,7 @@ from structgen.config import SpecConfig
 pytestmark = pytest.mark.assets
 
 SCHEMAS = [
-    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                      "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-     "required": ["name", "age"], "additionalProperties": False},
-    {"type": "object", "properties": {"status": {"enum": ["open", "closed", "pending"]},
-                                      "tags": {"type": "array", "items": {"type": "string", "maxLength": 5},
-                                               "maxItems": 3}},
-     "required": ["status", "tags"], "additionalProperties": False},
-    {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "number"},
-                                      "child": {"type": ["null", "object"],
-                                                "properties": {"x": {"type": "integer"}},
-                                                "required": ["x"], "additionalProperties": False}},
-     "required": ["ok", "n", "child"], "additionalProperties": False},
+    PERSON, STATUS_TAGS, NESTED,
 ]
 
 PROMPTS = [

@@ -16,6 +16,7 @@ import jsonschema
 import numpy as np
 import pytest
 import torch
+from _schemas import PERSON, STATUS_TAGS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,13 +36,7 @@ from structgen.masks.matcher import Matcher
 from structgen.masks.vocab import Vocabulary
 
 SCHEMAS = [
-    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                      "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-     "required": ["name", "age"], "additionalProperties": False},
-    {"type": "object", "properties": {"status": {"enum": ["open", "closed", "pending"]},
-                                      "tags": {"type": "array", "items": {"type": "string", "maxLength": 5},
-                                               "maxItems": 3}},
-     "required": ["status", "tags"], "additionalProperties": False},
+    PERSON, STATUS_TAGS,
     {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 4},
 ]
 

@@ -17,6 +17,7 @@ import jsonschema
 import numpy as np
 import pytest
 import torch
+from _schemas import NESTED, PERSON, STATUS_TAGS
 from _tiny_gguf import CONTROL_TOKENS, byte_to_unicode, tiny_vocab, write_tiny_gguf
 
 import structgen
@@ -30,18 +31,7 @@ needs_llama_cpp = pytest.mark.skipif(
            "scripts/setup.sh with STRUCTGEN_LLAMACPP=1)")
 
 SCHEMAS = [
-    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                      "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-     "required": ["name", "age"], "additionalProperties": False},
-    {"type": "object", "properties": {"status": {"enum": ["open", "closed", "pending"]},
-                                      "tags": {"type": "array", "items": {"type": "string", "maxLength": 5},
-                                               "maxItems": 3}},
-     "required": ["status", "tags"], "additionalProperties": False},
-    {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "number"},
-                                      "child": {"type": ["null", "object"],
-                                                "properties": {"x": {"type": "integer"}},
-                                                "required": ["x"], "additionalProperties": False}},
-     "required": ["ok", "n", "child"], "additionalProperties": False},
+    PERSON, STATUS_TAGS, NESTED,
     {"type": "array", "items": {"type": "integer", "minimum": -5, "maximum": 500}, "maxItems": 6},
 ]
 
