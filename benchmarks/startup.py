@@ -21,7 +21,7 @@ Reported per command and state: the median wall and CPU seconds over ``--repeats
 or over ``--repeats`` fresh copies (cold).
 
     python benchmarks/startup.py                  # writes benchmarks/results/startup.json
-    python benchmarks/startup.py --smoke          # warm only, one repeat, two commands, no file
+    python benchmarks/startup.py --smoke          # warm only, one repeat, two commands (file: --out)
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import shutil
 import statistics
@@ -39,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import _envelope
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -130,13 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None,
                     help="results JSON (default benchmarks/results/startup.json; --smoke: none)")
     args = ap.parse_args(argv)
+    envelope = _envelope.capture(argv)
     commands = [c.strip() for c in args.commands.split(",") if c.strip()]
     unknown = sorted(set(commands) - set(COMMANDS))
     if unknown or args.repeats < 1:
         ap.error(f"unknown commands {unknown}" if unknown else "--repeats must be at least 1")
     if args.smoke:
         commands, args.repeats = ["import", "compile"], 1
-    load = os.getloadavg()
     figures: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="structgen-startup-") as tmp:
         parent = Path(tmp)
@@ -153,18 +154,11 @@ def main(argv: list[str] | None = None) -> int:
             states = ", ".join(f"{state} {v['wall_s']:.2f} s wall / {v['cpu_s']:.2f} s CPU"
                                for state, v in row.items())
             print(f"{command:13s} {states}", flush=True)
-    result = {
-        "benchmark": "startup", "command": [sys.executable, *sys.argv],
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "load_average_at_start": [round(x, 2) for x in load]},
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "repeats": args.repeats, "schema": SCHEMA, "figures": figures,
-    }
+    figures_doc = {"mode": "smoke" if args.smoke else "full", "repeats": args.repeats, "schema": SCHEMA,
+                   "figures": figures}
     out = args.out or (None if args.smoke else ROOT / "benchmarks" / "results" / "startup.json")
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        _envelope.write(out, envelope, figures_doc)
         print(f"wrote {out}")
     return 0
 

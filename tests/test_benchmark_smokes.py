@@ -49,12 +49,17 @@ SMOKES: dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]] = {
     "verify": ((), True, ()),
     "verify_codegen": ((), True, ()),
     "verify_race_skip": ((), False, ()),
+    "startup": ((), False, ()),
+    "llamacpp_row_invariance": ((), False, ()),
 }
+# scripts that need an optional package beyond triton: skipped without it
+NEEDS_MODULE = {"llamacpp_row_invariance": "llama_cpp"}
 
 
 # the longest smokes first, so that the two concurrent runs finish close together
 START_ORDER = ("masks", "jsonschemabench", "bad_inputs", "batch", "generate", "lossless", "verify",
-               "verify_codegen", "verify_race_skip", "json_schema_suite")
+               "verify_codegen", "verify_race_skip", "json_schema_suite", "startup",
+               "llamacpp_row_invariance")
 
 
 class _Runs:
@@ -97,6 +102,8 @@ def _runnable() -> list[str]:
         _, needs_triton, toks = SMOKES[script]
         if needs_triton and not HAVE_TRITON:
             continue
+        if script in NEEDS_MODULE and importlib.util.find_spec(NEEDS_MODULE[script]) is None:
+            continue
         try:
             for alias in toks:
                 model_store.tokenizer_path(alias)
@@ -122,6 +129,8 @@ def _smoke(runs: _Runs, script: str, ok_rc: tuple[int, ...] = (0,)) -> tuple[str
     _, needs_triton, toks = SMOKES[script]
     if needs_triton and not HAVE_TRITON:
         pytest.skip("triton is not installed")
+    if script in NEEDS_MODULE and importlib.util.find_spec(NEEDS_MODULE[script]) is None:
+        pytest.skip(f"{NEEDS_MODULE[script]} is not installed")
     if script not in _runnable():
         pytest.skip(f"tokenizer assets {toks} are not cached")
     proc = runs.result(script)
@@ -342,3 +351,20 @@ def test_verify_race_skip(runs: _Runs) -> None:
     assert a["rows"] == 2 * 7 and a["blocks"] == a["rows"] * 16384 // 2048
     assert 0 < a["exact"] <= a["hashed"] <= 1
     assert "exact keys" in stdout
+
+
+def test_startup(runs: _Runs) -> None:
+    _, report = _smoke(runs, "startup")
+    figures = report["figures"]
+    assert set(figures) == {"import", "compile"}
+    for row in figures.values():
+        warm = row["warm"]
+        assert warm["wall_s"] > 0 and warm["cpu_s"] >= 0 and len(warm["runs"]) == 1
+
+
+def test_llamacpp_row_invariance(runs: _Runs) -> None:
+    _, report = _smoke(runs, "llamacpp_row_invariance")
+    rows = report["rows"]
+    assert {r["weights"] for r in rows} == {"f32", "q8_0"}
+    # the backend's defaults make a position's logits independent of the pass size
+    assert all(r["max_abs_diff_8_vs_1"] == 0 and r["max_abs_diff_8_vs_2"] == 0 for r in rows)
