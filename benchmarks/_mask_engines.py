@@ -153,19 +153,12 @@ class StructgenAdapter(Adapter):
         return matcher.accept_token(token)
 
     def memory(self, compiled: Any, matcher: Any) -> dict[str, Any]:
-        eng = compiled.engine
-        out: dict[str, Any] = {}
-        for key, get in (("mask_cache_bytes", lambda: int(eng.mask_cache_bytes)),
-                         ("masks_cached", lambda: len(eng.mask_cache)),
-                         ("engine_bytes", lambda: int(eng.memory_bytes())),
-                         ("configurations", lambda: int(eng.num_configs)),
-                         ("rule_states", lambda: int(eng.num_rule_states)),
-                         ("automaton_states", lambda: int(compiled.num_states))):
-            try:
-                out[key] = get()
-            except Exception:  # noqa: BLE001 - the engine's internals may change; report what exists
-                pass
-        return out
+        from structgen.masks.engine import engine_for
+
+        eng = engine_for(compiled)  # the grammar's token-mask engine over its byte runtime
+        return {"mask_cache_bytes": int(eng.mask_cache_bytes), "masks_cached": len(eng.mask_cache),
+                "engine_bytes": int(eng.memory_bytes()), "configurations": eng.runtime.num_configs,
+                "rule_states": eng.runtime.num_rule_states, "automaton_states": int(compiled.num_states)}
 
 
 class XgrammarAdapter(Adapter):

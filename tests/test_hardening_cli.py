@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import time
 from dataclasses import fields
@@ -239,14 +240,21 @@ def test_interrupted_run_keeps_original_and_finished_results(files: Path, model_
     (files / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"Ticket {i}:"}) + "\n"
                                                  for i in range(n)))
     stop = threading.Event()
+    handler = signal.getsignal(signal.SIGINT)
+    assert handler is signal.default_int_handler, f"SIGINT handler changed by an earlier test: {handler!r}"
+    fired: list[object] = []  # what the watcher did: the size it saw, or the error that stopped it
 
     def interrupt_after_first_results() -> None:
-        while not stop.is_set():
-            tmp = [p for p in files.iterdir() if p.name.startswith(".out.jsonl.")]
-            if tmp and tmp[0].stat().st_size > 0:
-                _thread.interrupt_main()
-                return
-            time.sleep(0.01)
+        try:
+            while not stop.is_set():
+                sizes = [p.stat().st_size for p in files.iterdir() if p.name.startswith(".out.jsonl.")]
+                if sizes and sizes[0] > 0:
+                    fired.append(sizes[0])
+                    _thread.interrupt_main()
+                    return
+                time.sleep(0.01)
+        except OSError as e:  # a file vanished between listing and stat: report, do not hang
+            fired.append(e)
 
     watcher = threading.Thread(target=interrupt_after_first_results, daemon=True)
     watcher.start()
@@ -256,7 +264,7 @@ def test_interrupted_run_keeps_original_and_finished_results(files: Path, model_
     finally:
         stop.set()
         watcher.join()
-    assert rc == 130, err
+    assert rc == 130, (fired, signal.getsignal(signal.SIGINT), err)
     assert (files / "out.jsonl").read_text() == ORIGINAL
     partial = files / "out.jsonl.partial"
     done = [json.loads(x) for x in partial.read_text().splitlines()]
