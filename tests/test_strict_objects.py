@@ -300,6 +300,19 @@ def test_closing_that_would_empty_the_schema_compiles_it_open() -> None:
         strict({"type": "object", "properties": {"a": False}, "required": ["a"]})
 
 
+def test_a_schema_strict_mode_cannot_compile_is_compiled_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    from structgen.frontends.json_schema import strict as strict_module
+
+    def refuse(self: Any, node: Any) -> Any:
+        raise UnsupportedFeatureError("too hard when closed", pointer="#", keyword="anyOf")
+
+    monkeypatch.setattr(strict_module.Closer, "language", refuse)
+    schema = {"type": "object", "properties": {"k": {"type": "integer"}}, "title": "fallback"}
+    cg = strict(schema)
+    assert any("does not compile" in w for w in schema_warnings(cg))
+    assert cg.accepts('{"k":1,"zz":2}')
+
+
 def test_generation_defaults_to_strict_validation_does_not() -> None:
     schema = CASES[0][1]
     person = '{"name":"Bob","languages":[17,18,19]}'

@@ -550,13 +550,18 @@ class Normalizer:
         acc = BOTTOM
         if self.annotations and 1 < len(parts) <= 5:
             # every subset of matching branches contributes its annotations together
-            for mask in range(1, 1 << len(parts)):
-                term = TOP
-                for i, p in enumerate(parts):
-                    if mask >> i & 1:
-                        term = self.meet(term, p)
-                acc = self.join(acc, term)
-            return acc
+            try:
+                for mask in range(1, 1 << len(parts)):
+                    term = TOP
+                    for i, p in enumerate(parts):
+                        if mask >> i & 1:
+                            term = self.meet(term, p)
+                    acc = self.join(acc, term)
+                return acc
+            except UnsupportedFeatureError:
+                if self.doc.uses_unevaluated:
+                    raise
+                acc = BOTTOM  # only strict mode wanted them: fewer annotations, a stricter language
         for p in parts:
             acc = self.join(acc, p)
         return acc

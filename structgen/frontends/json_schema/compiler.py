@@ -27,7 +27,9 @@ How it works (bottom to top):
   :mod:`~structgen.frontends.json_schema.formats` and numbers from
   :mod:`~structgen.frontends.json_schema.numbers`;
 * when compiling fails, :mod:`structgen.frontends.json_schema.diagnostics` names the subschema and
-  keyword (with :mod:`~structgen.frontends.json_schema.keywords`).
+  keyword (with :mod:`~structgen.frontends.json_schema.keywords`);
+* with ``strict`` (generation's default), :mod:`structgen.frontends.json_schema.strict` closes the
+  language the lowering gets at each instance position to the declared keys and prefix items.
 
 Known limits (each raises ``UnsupportedFeatureError`` rather than over-accepting):
 ``uniqueItems`` is exact only when items come from a small finite set of scalars (or at
@@ -51,7 +53,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from structgen.config import CompileOptions, JsonSchemaOptions
-from structgen.errors import CompileLimitError, ConfigError, GrammarError, SchemaError
+from structgen.errors import (
+    CompileLimitError,
+    CompileTimeoutError,
+    ConfigError,
+    GrammarError,
+    SchemaError,
+    UnsupportedFeatureError,
+)
 from structgen.frontends.json_schema.algebra import Normalizer
 from structgen.frontends.json_schema.diagnostics import explain_unsat, locate_automaton_error
 from structgen.frontends.json_schema.document import Loc, SchemaDoc, _draft_of, parse_schema_text
@@ -228,15 +237,19 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
     deadline = time.monotonic() + copts.timeout_s  # lowering and automaton share the budget
     try:
         cg, warnings = _compile(schema, options, copts, remotes, deadline)
-    except SchemaError as e:
-        if not (options.strict and e.message.startswith(_UNSAT)):
+    except (SchemaError, UnsupportedFeatureError, CompileLimitError) as e:
+        unsat = isinstance(e, SchemaError) and e.message.startswith(_UNSAT)
+        too_hard = isinstance(e, (UnsupportedFeatureError, CompileLimitError)) and \
+            not isinstance(e, CompileTimeoutError)  # no time left to try again
+        if not (options.strict and (unsat or too_hard)):
             raise
-        # strict mode never turns a satisfiable schema into an unsatisfiable one: its per-object
-        # checks are conservative, and this catches what they miss (the error stands otherwise)
+        # strict mode never turns a satisfiable schema into an unsatisfiable one (its per-object
+        # checks are conservative, and this catches what they miss), nor a schema that compiles
+        # into one that does not; when the open schema fails too, its error stands
         cg, warnings = _compile(schema, dataclasses.replace(options, strict=False), copts, remotes,
                                 deadline)
-        warnings.append("strict: the schema is compiled open: closing its objects and arrays "
-                        "would leave no valid value")
+        why = "would leave no valid value" if unsat else f"does not compile ({type(e).__name__}: {e})"
+        warnings.append(f"strict: the schema is compiled open: closing its objects and arrays {why}")
     meta = getattr(cg, "metadata", None)
     if isinstance(meta, dict):
         meta["warnings"] = warnings
