@@ -44,6 +44,10 @@ def open_(schema: Any) -> Any:
     return compile_json_schema(schema)
 
 
+CAT = {"properties": {"kind": {"const": "cat"}, "meow": {"type": "string"}}, "required": ["kind"]}
+DOG = {"properties": {"kind": {"const": "dog"}, "bark": {"type": "integer"}}, "required": ["kind"]}
+X_STRINGS = {"^x_": {"type": "string"}}
+
 # (name, schema, closed twin, values the strict grammar must accept, values it must reject)
 CASES: list[tuple[str, Any, Any, list[Any], list[Any]]] = [
     ("properties",
@@ -69,11 +73,8 @@ CASES: list[tuple[str, Any, Any, list[Any], list[Any]]] = [
      # b is only declared by the branch that fails here: not evaluated, not allowed
      [{"a": 1, "b": 2}, {"a": 1, "zz": 1}]),
     ("oneOf discriminated",
-     {"oneOf": [{"properties": {"kind": {"const": "cat"}, "meow": {"type": "string"}}, "required": ["kind"]},
-                {"properties": {"kind": {"const": "dog"}, "bark": {"type": "integer"}}, "required": ["kind"]}]},
-     {"oneOf": [{"properties": {"kind": {"const": "cat"}, "meow": {"type": "string"}}, "required": ["kind"]},
-                {"properties": {"kind": {"const": "dog"}, "bark": {"type": "integer"}}, "required": ["kind"]}],
-      "unevaluatedProperties": False},
+     {"oneOf": [CAT, DOG]},
+     {"oneOf": [CAT, DOG], "unevaluatedProperties": False},
      [{"kind": "cat", "meow": "a"}, {"kind": "dog", "bark": 1}],
      [{"kind": "cat", "bark": 1}, {"kind": "dog", "meow": "a"}]),
     ("$ref and nesting",
@@ -115,8 +116,8 @@ CASES: list[tuple[str, Any, Any, list[Any], list[Any]]] = [
      [{"card": "c", "billing": "b"}, {}],
      [{"billing": "b"}, {"card": "c", "billing": "b", "zz": 1}]),
     ("patternProperties",
-     {"type": "object", "properties": {"id": {"type": "integer"}}, "patternProperties": {"^x_": {"type": "string"}}},
-     {"type": "object", "properties": {"id": {"type": "integer"}}, "patternProperties": {"^x_": {"type": "string"}},
+     {"type": "object", "properties": {"id": {"type": "integer"}}, "patternProperties": X_STRINGS},
+     {"type": "object", "properties": {"id": {"type": "integer"}}, "patternProperties": X_STRINGS,
       "additionalProperties": False},
      [{"id": 1, "x_1": "a"}],
      [{"id": 1, "zz": "a"}]),
@@ -331,6 +332,40 @@ def test_generation_defaults_to_strict_validation_does_not() -> None:
         JsonSchemaOptions(strict="yes")  # type: ignore[arg-type]
 
 
+def test_pydantic_models_are_closed_through_refs_optionals_and_unions() -> None:
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    class Addr(BaseModel):
+        city: str
+
+    class Cat(BaseModel):
+        kind: Literal["cat"]
+        meow: str
+
+    class Dog(BaseModel):
+        kind: Literal["dog"]
+        bark: int
+
+    class Person(BaseModel):
+        name: str
+        addr: Addr | None = None
+        pet: Cat | Dog
+
+    schema = Person.model_json_schema()
+    cg = compile_constraint("json", Person)
+    good = [{"name": "a", "addr": {"city": "x"}, "pet": {"kind": "cat", "meow": "m"}},
+            {"name": "a", "pet": {"kind": "dog", "bark": 1}}]
+    bad = [{"name": "a", "addr": {"city": "x", "zip": 1}, "pet": {"kind": "cat", "meow": "m"}},
+           {"name": "a", "addr": None, "pet": {"kind": "cat", "meow": "m", "bark": 1}},
+           {"name": "a", "pet": {"kind": "dog", "bark": 1}, "x": 1}]
+    for x in good + bad:
+        assert _valid(schema, x)  # pydantic's schema leaves every object open
+    assert all(cg.accepts(_serialise(x, schema)) for x in good)
+    assert not any(cg.accepts(_serialise(x, schema)) for x in bad)
+
+
 def test_compile_cache_keeps_strict_and_open_apart() -> None:
     schema = {"type": "object", "properties": {"k": {"type": "integer"}}}
     a, b = strict(schema), open_(schema)
@@ -349,8 +384,8 @@ def test_forced_text_after_the_last_declared_key() -> None:
     assert m.forced_bytes() == b'"ok":'
     m.accept_tokens(list(b'"ok":true'))
     assert m.forced_bytes() == b"}"
-    loose = structgen.Matcher(compile_constraint("json", schema, json_options=JsonSchemaOptions(strict=False)),
-                              vocab)
+    loose_grammar = compile_constraint("json", schema, json_options=JsonSchemaOptions(strict=False))
+    loose = structgen.Matcher(loose_grammar, vocab)
     loose.accept_tokens(list(prefix + b'"ok":true'))
     assert loose.forced_bytes() == b""  # "," and another key, or "}"
 
