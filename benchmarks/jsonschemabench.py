@@ -444,6 +444,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--escape-variants", action="store_true",
                     help="check escape variants of valid and invalid instances (no walks)")
+    ap.add_argument("--strict", action="store_true",
+                    help="compile in strict mode (generation's default: objects closed to their declared "
+                         "keys); the walks check that strict output still validates, and valid instances "
+                         "are not checked (those with undeclared keys are rejected by design)")
     args = ap.parse_args(argv)
     envelope = _envelope.capture(argv, __file__)
     if args.merge:
@@ -465,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         return escape_variants_main(args, envelope)
 
     from structgen.generation import model_store
-    from structgen.json_schema import canonical_json, compile_json_schema, format_checker_for
+    from structgen.json_schema import canonical_json, compile_json_schema, format_checker_for, schema_warnings
     from structgen.masks.matcher import Matcher
     from structgen.masks.vocab import Vocabulary
 
@@ -486,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         c["schemas"] += 1
         t0 = time.perf_counter()
         try:
-            g = compile_json_schema(schema, compile_options=copts)
+            g = compile_json_schema(schema, compile_options=copts, strict=args.strict)
         except StructgenError as e:
             c["compile_error"] += 1
             errors[keyword_of(e)] += 1
@@ -510,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         compile_times.append(time.perf_counter() - t0)
         c["compiled"] += 1
+        if any(w.startswith("strict:") for w in schema_warnings(g)):
+            c["strict_left_open"] += 1
         try:
             cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
             # formats as structgen enforces them: the 2020-12 definitions of the formats the
@@ -541,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "doc": data[:300].decode("utf-8", "replace"),
                                  "error": f"{list(err.absolute_path)}: {err.message[:200]}"})
         # completeness
-        if not args.no_instances and validator is not None:
+        if not args.no_instances and not args.strict and validator is not None:
             for inst in valid_instances(schema, args.instances, args.seed, 5.0):
                 try:
                     if not validator.is_valid(inst):
@@ -611,6 +617,8 @@ def print_report(report: dict[str, Any]) -> None:
               f"{c['false_reject_qwen2']:7d} {c['crash']:5d}")
     print("compile errors by type/keyword:", dict(Counter(report["errors"]).most_common(20)))
     print(f"compile errors naming no keyword or no JSON pointer: {len(report['unlocated_errors'])}")
+    if total["strict_left_open"]:
+        print(f"strict mode left something open (a warning) in {total['strict_left_open']} schemas")
     ct = sorted(report.get("compile_times_s") or [])
     if ct:
         med, p90 = ct[len(ct) // 2], ct[int(len(ct) * 0.9)]

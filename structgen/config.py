@@ -149,6 +149,16 @@ class JsonSchemaOptions:
         and control characters escaped) -- what generation uses when this is None, so that
         enum values, consts and property names are forced text and a model cannot wander
         into escapes. A narrowing: every canonical output is valid under "all".
+    strict: close objects and arrays that leave their extent open. When true, an object
+        whose schema declares property names (``properties``, ``patternProperties``,
+        ``required``, through ``allOf``/``anyOf``/``oneOf``/``$ref``/``if``/``dependentSchemas``
+        as ``unevaluatedProperties`` counts them) but gives neither ``additionalProperties`` nor
+        ``unevaluatedProperties`` gets only those names, and an array with ``prefixItems``
+        (or array-form ``items``) but no ``items``/``additionalItems``/``unevaluatedItems``
+        gets no items past the prefix -- unless closing it would leave no valid value, where
+        it stays open (a warning on the compiled grammar says so). None: true for generation
+        (:meth:`for_generation`), false for validation and :func:`compile_json_schema`. A
+        narrowing: every strict output is valid under the schema.
     """
 
     whitespace: str = "compact"
@@ -160,6 +170,7 @@ class JsonSchemaOptions:
     max_depth: int = 128
     max_enum: int = 5_000
     string_escapes: str | None = None
+    strict: bool | None = None
 
     def __post_init__(self) -> None:
         _check_choice(self, "whitespace", ("compact", "flexible"))
@@ -172,12 +183,27 @@ class JsonSchemaOptions:
         _check_int(self, "max_enum", 1)
         if self.string_escapes is not None:
             _check_choice(self, "string_escapes", ("all", "canonical"))
+        _check_bool(self, "strict", optional=True)
 
     def for_generation(self) -> JsonSchemaOptions:
-        """These options with ``string_escapes`` resolved for generation ("canonical" unless set)."""
-        if self.string_escapes is not None:
-            return self
-        return dataclasses.replace(self, string_escapes="canonical")
+        """These options resolved for generation: ``string_escapes`` "canonical" and ``strict``
+        true, unless set."""
+        resolved: dict[str, Any] = {}
+        if self.string_escapes is None:
+            resolved["string_escapes"] = "canonical"
+        if self.strict is None:
+            resolved["strict"] = True
+        return dataclasses.replace(self, **resolved) if resolved else self
+
+    def for_validation(self) -> JsonSchemaOptions:
+        """These options resolved for validation: ``string_escapes`` "all" and ``strict``
+        false, unless set."""
+        resolved: dict[str, Any] = {}
+        if self.string_escapes is None:
+            resolved["string_escapes"] = "all"
+        if self.strict is None:
+            resolved["strict"] = False
+        return dataclasses.replace(self, **resolved) if resolved else self
 
 
 @dataclass(frozen=True)

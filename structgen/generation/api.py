@@ -79,7 +79,7 @@ def _load_config(config: SpecConfig | str | os.PathLike[str] | dict | None) -> S
 
 
 def resolve_grammar(*, schema: Any = None, grammar: Any = None, regex: str | None = None,
-                    start: str = "start") -> tuple[Any, Any]:
+                    start: str = "start", strict: bool = True) -> tuple[Any, Any]:
     """(compiled grammar, model class or None) from exactly one constraint, compiled by the
     front door :func:`structgen.frontends.constraint.compile_constraint` for generation.
 
@@ -89,8 +89,11 @@ def resolve_grammar(*, schema: Any = None, grammar: Any = None, regex: str | Non
     access. ``$ref`` only reaches inside the schema. ``grammar`` is Lark text, a path of a Lark
     file or an already compiled grammar; ``regex`` a pattern. The model class (returned second)
     is the ``schema`` itself when it is a Pydantic class: generation validates its output with
-    it. Raises :class:`~structgen.errors.ConfigError` unless exactly one constraint is given.
+    it. ``strict`` (:attr:`~structgen.config.JsonSchemaOptions.strict`): objects get only their
+    declared keys and prefix arrays no extra items; False generates the schema's open language.
+    Raises :class:`~structgen.errors.ConfigError` unless exactly one constraint is given.
     """
+    from structgen.config import JsonSchemaOptions
     from structgen.frontends.constraint import compile_constraint, is_model_class
 
     given = [x is not None for x in (schema, grammar, regex)]
@@ -98,7 +101,8 @@ def resolve_grammar(*, schema: Any = None, grammar: Any = None, regex: str | Non
         raise ConfigError("give exactly one of schema=, grammar= or regex=")
     if schema is not None:
         model = schema if is_model_class(schema) else None
-        return compile_constraint("json", schema, strings_may_be_paths=True), model
+        return compile_constraint("json", schema, json_options=JsonSchemaOptions(strict=strict),
+                                  strings_may_be_paths=True), model
     if grammar is not None:
         return compile_constraint("grammar", grammar, start=start), None
     return compile_constraint("regex", regex), None
@@ -137,7 +141,7 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
              top_p: float | Sequence[float] | None = None,
              seed: int | None = None, speculative: bool = True,
              config: SpecConfig | str | os.PathLike[str] | dict | None = None,
-             draft_model: Any = None, start: str = "start") -> Any:
+             draft_model: Any = None, start: str = "start", strict: bool = True) -> Any:
     """Generate constrained output. Returns a :class:`GenerationResult`, or a list of them
     when ``prompt`` is a list of strings or ``messages`` a list of conversations.
 
@@ -151,6 +155,11 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
     ``temperature`` and ``top_p`` may also be lists in a batch (one per prompt): each sequence
     is verified with its own values (the verify contract's per-sequence ``temperature`` /
     ``top_p`` rows), so a greedy request and a sampled one can share a micro-batch.
+
+    ``strict`` (default True; see :attr:`~structgen.config.JsonSchemaOptions.strict`): an object
+    schema that declares properties but not ``additionalProperties`` gets only its declared
+    keys, and ``prefixItems`` without ``items`` no further items (a narrowing: outputs stay
+    valid). ``strict=False`` generates every value the schema allows.
     """
     from structgen.generation.loop import run_sequence
     from structgen.generation.model import check_context, load_model, vocabulary_for
@@ -173,7 +182,7 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
     grammars = _per_request("grammar", grammar, n, batch)
     regexes = _per_request("regex", regex, n, batch)
     # every constraint of the call is compiled before the model loads and anything is generated
-    compiled = _compile_all(schemas, grammars, regexes, gen.start, batch)
+    compiled = _compile_all(schemas, grammars, regexes, gen.start, batch, strict)
 
     lm = load_model(model, tokenizer)
     vocab = vocabulary_for(lm)
@@ -291,7 +300,7 @@ def _per_request(name: str, value: Any, n: int, batch: bool) -> list[Any]:
 
 
 def _compile_all(schemas: list[Any], grammars: list[Any], regexes: list[Any], start: str,
-                 batch: bool) -> list[tuple[Any, Any]]:
+                 batch: bool, strict: bool = True) -> list[tuple[Any, Any]]:
     """Compile every request's constraint (a constraint shared by several requests once); in a
     batch an error names its request (``request 1: ...``, ``error.request_index``)."""
     from structgen.errors import StructgenError, attribute_to_request
@@ -302,7 +311,7 @@ def _compile_all(schemas: list[Any], grammars: list[Any], regexes: list[Any], st
         key = (id(s), id(g), id(r))
         if key not in done:
             try:
-                done[key] = resolve_grammar(schema=s, grammar=g, regex=r, start=start)
+                done[key] = resolve_grammar(schema=s, grammar=g, regex=r, start=start, strict=strict)
             except StructgenError as e:
                 if batch:
                     raise attribute_to_request(e, i) from None
@@ -380,9 +389,10 @@ def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | Non
            tokenizer: Any = None, max_new_tokens: int = 256, temperature: float | None = None,
            top_p: float | None = None, seed: int | None = None, speculative: bool = True,
            config: SpecConfig | str | os.PathLike[str] | dict | None = None,
-           draft_model: Any = None, start: str = "start") -> Iterator[str]:
+           draft_model: Any = None, start: str = "start", strict: bool = True) -> Iterator[str]:
     """Yield text increments as each verify step commits them (never text a later
-    rollback could take back). Same arguments as :func:`generate`, one prompt."""
+    rollback could take back). Same arguments as :func:`generate` (``strict`` included), one
+    prompt."""
     from structgen.generation.loop import stream_sequence
     from structgen.generation.model import check_context, load_model, vocabulary_for
 
@@ -393,7 +403,8 @@ def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | Non
                           draft_model=draft_model, max_new_tokens=max_new_tokens, seed=seed,
                           speculative=speculative, start=start)
     cfg, gen = opts.config, opts.generation
-    g, _pyd = resolve_grammar(schema=schema, grammar=grammar, regex=regex, start=gen.start)
+    g, _pyd = resolve_grammar(schema=schema, grammar=grammar, regex=regex, start=gen.start,
+                              strict=strict)
     lm = load_model(model, tokenizer)
     vocab = vocabulary_for(lm)
     draft_lm = _load_draft(draft_model, cfg)

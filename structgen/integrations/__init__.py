@@ -238,12 +238,15 @@ class StructgenBackend:
     Compiled grammars are kept in an LRU of ``cache_size`` entries keyed by (request type,
     spec content); a compiled grammar is immutable and shared by all its requests and
     threads. ``max_rollback`` bounds each request's rollback history (None: unbounded).
+    ``json_options`` are resolved for generation (canonical strings, strict objects);
+    ``strict=False`` (overriding ``json_options.strict``) generates the schemas' open
+    language, where undeclared keys are allowed (:attr:`~structgen.config.JsonSchemaOptions.strict`).
     """
 
     def __init__(self, tokenizer: Any = None, vocab_size: int | None = None, *,
                  vocab: Vocabulary | None = None, eos_token_ids: int | Iterable[int] | None = None,
                  max_rollback: int | None = None, json_options: JsonSchemaOptions | None = None,
-                 cache_size: int = 128) -> None:
+                 cache_size: int = 128, strict: bool | None = None) -> None:
         if vocab is None:
             if tokenizer is None:
                 raise ConfigError("StructgenBackend needs tokenizer= or vocab=", key="tokenizer")
@@ -256,7 +259,7 @@ class StructgenBackend:
         self.vocab = vocab
         self.vocab_size = vocab.vocab_size
         self.max_rollback = max_rollback
-        self.json_options = json_options
+        self.json_options = _with_strict(json_options, strict)
         self._cache: OrderedDict[Hashable, CompiledGrammar] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -301,6 +304,17 @@ class StructgenBackend:
             self._cache.clear()
 
 
+def _with_strict(json_options: JsonSchemaOptions | None, strict: bool | None) -> JsonSchemaOptions | None:
+    """``json_options`` with ``strict`` set, when it is given (None keeps the options' own)."""
+    if strict is None:
+        return json_options
+    from dataclasses import replace
+
+    from structgen.config import JsonSchemaOptions
+
+    return replace(json_options or JsonSchemaOptions(), strict=strict)
+
+
 # --------------------------------------------------------------------------- transformers
 
 class _LogitsProcessorImpl:
@@ -321,6 +335,8 @@ class _LogitsProcessorImpl:
     tokenizer's EOS); pass ``model.generation_config.eos_token_id`` when it differs, since EOS
     is allowed exactly when the output so far is complete. ``pad_token_id`` (default: the
     tokenizer's) lets a row that some other stopping criterion ended be fed padding.
+    ``strict=False`` (or ``json_options.strict``) lets schemas' objects take undeclared keys,
+    as :func:`structgen.generate` does with ``strict=False``.
 
     Batch size and prompt length are discovered from ``input_ids`` on the first call; each
     later call accepts the newest token of every row. A call that does not continue the
@@ -345,7 +361,7 @@ class _LogitsProcessorImpl:
                  grammar: str | None = None, regex: str | None = None, start: str = "start",
                  vocab: Vocabulary | None = None, eos_token_ids: int | Iterable[int] | None = None,
                  pad_token_id: int | None = None,
-                 json_options: JsonSchemaOptions | None = None) -> None:
+                 json_options: JsonSchemaOptions | None = None, strict: bool | None = None) -> None:
         given = [x is not None for x in (grammar_or_schema, grammar, regex)]
         if sum(given) != 1:
             raise ConfigError("give exactly one of grammar_or_schema, grammar= or regex=",
@@ -365,7 +381,8 @@ class _LogitsProcessorImpl:
                 items = [items]
             if not items:
                 raise ConfigError("an empty list of grammars/schemas", key="grammar_or_schema")
-            constraints = [self._compile(x, json_options) for x in items]
+            options = _with_strict(json_options, strict)
+            constraints = [self._compile(x, options) for x in items]
         self.grammars: list[CompiledGrammar] = constraints
         self.tokenizer = tokenizer
         self._vocab = vocab

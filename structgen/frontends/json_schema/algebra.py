@@ -108,8 +108,11 @@ class Normalizer:
 
     def __init__(self, doc: SchemaDoc, *, formats: str = "enforce", lenient: bool = False,
                  max_enum: int = 5000, format_supported: Any = None,
-                 pattern_check: Any = None) -> None:
+                 pattern_check: Any = None, annotations: bool = False) -> None:
         self.doc = doc
+        # track evaluation annotations precisely (anyOf branch subsets, a lone "if"): needed by
+        # unevaluated* and by strict mode (which closes objects to their evaluated keys)
+        self.annotations = annotations or doc.uses_unevaluated
         self.formats = formats
         self.lenient = lenient
         self.max_enum = max_enum
@@ -528,7 +531,7 @@ class Normalizer:
             els = self.normalize(child("else")) if "else" in node else TOP
             if then != TOP or els != TOP:
                 ts = self.meet(ts, self.join(self.meet(cond, then), self.meet(self.complement(cond), els)))
-            elif doc.uses_unevaluated:
+            elif self.annotations:
                 # no assertion, but a successful "if" still contributes annotations
                 try:
                     ts = self.meet(ts, self.join(cond, self.complement(cond)))
@@ -545,15 +548,20 @@ class Normalizer:
 
     def _any_of(self, parts: list[TS]) -> TS:
         acc = BOTTOM
-        if self.doc.uses_unevaluated and 1 < len(parts) <= 5:
+        if self.annotations and 1 < len(parts) <= 5:
             # every subset of matching branches contributes its annotations together
-            for mask in range(1, 1 << len(parts)):
-                term = TOP
-                for i, p in enumerate(parts):
-                    if mask >> i & 1:
-                        term = self.meet(term, p)
-                acc = self.join(acc, term)
-            return acc
+            try:
+                for mask in range(1, 1 << len(parts)):
+                    term = TOP
+                    for i, p in enumerate(parts):
+                        if mask >> i & 1:
+                            term = self.meet(term, p)
+                    acc = self.join(acc, term)
+                return acc
+            except UnsupportedFeatureError:
+                if self.doc.uses_unevaluated:
+                    raise
+                acc = BOTTOM  # only strict mode wanted them: fewer annotations, a stricter language
         for p in parts:
             acc = self.join(acc, p)
         return acc

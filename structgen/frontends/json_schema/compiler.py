@@ -27,7 +27,9 @@ How it works (bottom to top):
   :mod:`~structgen.frontends.json_schema.formats` and numbers from
   :mod:`~structgen.frontends.json_schema.numbers`;
 * when compiling fails, :mod:`structgen.frontends.json_schema.diagnostics` names the subschema and
-  keyword (with :mod:`~structgen.frontends.json_schema.keywords`).
+  keyword (with :mod:`~structgen.frontends.json_schema.keywords`);
+* with ``strict`` (generation's default), :mod:`structgen.frontends.json_schema.strict` closes the
+  language the lowering gets at each instance position to the declared keys and prefix items.
 
 Known limits (each raises ``UnsupportedFeatureError`` rather than over-accepting):
 ``uniqueItems`` is exact only when items come from a small finite set of scalars (or at
@@ -51,7 +53,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from structgen.config import CompileOptions, JsonSchemaOptions
-from structgen.errors import CompileLimitError, ConfigError, GrammarError, SchemaError
+from structgen.errors import (
+    CompileLimitError,
+    CompileTimeoutError,
+    ConfigError,
+    GrammarError,
+    SchemaError,
+    UnsupportedFeatureError,
+)
 from structgen.frontends.json_schema.algebra import Normalizer
 from structgen.frontends.json_schema.diagnostics import explain_unsat, locate_automaton_error
 from structgen.frontends.json_schema.document import Loc, SchemaDoc, _draft_of, parse_schema_text
@@ -125,7 +134,8 @@ def _build(schema: Any, options: JsonSchemaOptions, remotes: Mapping[str, Any] |
         _locate_limit_error(e, None)
         raise
     norm = Normalizer(doc, formats=options.formats, lenient=options.lenient, max_enum=options.max_enum,
-                      format_supported=_format_support, pattern_check=pattern_error)
+                      format_supported=_format_support, pattern_check=pattern_error,
+                      annotations=bool(options.strict))
     low = Lowering(norm, doc, options, deadline=deadline)
     root = Loc(0, "")
     try:
@@ -200,17 +210,13 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
     when the object allows it. Grammars are shared by content, so two schemas with the
     same grammar share one object (and its metadata).
     """
-    from structgen.grammar.compiler import compile_grammar
-    from structgen.grammar.gcpause import gc_paused
-
     options = options or JsonSchemaOptions()
     if option_overrides:
         try:
             options = dataclasses.replace(options, **option_overrides)
         except TypeError as e:
             raise ConfigError(f"unknown JSON schema option: {e}") from None
-    if options.string_escapes is None:  # validation's language unless the caller narrows it
-        options = dataclasses.replace(options, string_escapes="all")
+    options = options.for_validation()  # validation's language unless the caller narrows it
     schema = _coerce(schema)
     copts = compile_options or CompileOptions()
     try:
@@ -229,17 +235,21 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
             _CACHE.move_to_end(key)
             return hit[0]
     deadline = time.monotonic() + copts.timeout_s  # lowering and automaton share the budget
-    with gc_paused():
-        grammar, warnings, low = _build_guarded(schema, options, remotes, deadline)
     try:
-        cg = compile_grammar(grammar, copts, deadline=deadline)
-    except GrammarError as e:
-        if "accepts no string" in str(e):
-            raise _unsat_error(low) from None
-        raise
-    except CompileLimitError as e:
-        _locate_limit_error(e, low, grammar)
-        raise
+        cg, warnings = _compile(schema, options, copts, remotes, deadline)
+    except (SchemaError, UnsupportedFeatureError, CompileLimitError) as e:
+        unsat = isinstance(e, SchemaError) and e.message.startswith(_UNSAT)
+        too_hard = isinstance(e, (UnsupportedFeatureError, CompileLimitError)) and \
+            not isinstance(e, CompileTimeoutError)  # no time left to try again
+        if not (options.strict and (unsat or too_hard)):
+            raise
+        # strict mode never turns a satisfiable schema into an unsatisfiable one (its per-object
+        # checks are conservative, and this catches what they miss), nor a schema that compiles
+        # into one that does not; when the open schema fails too, its error stands
+        cg, warnings = _compile(schema, dataclasses.replace(options, strict=False), copts, remotes,
+                                deadline)
+        why = "would leave no valid value" if unsat else f"does not compile ({type(e).__name__}: {e})"
+        warnings.append(f"strict: the schema is compiled open: closing its objects and arrays {why}")
     meta = getattr(cg, "metadata", None)
     if isinstance(meta, dict):
         meta["warnings"] = warnings
@@ -256,6 +266,26 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
             old, _w = _CACHE.popitem(last=False)[1]
             _WARNINGS.pop(id(old), None)
     return cg
+
+
+def _compile(schema: Any, options: JsonSchemaOptions, copts: CompileOptions,
+             remotes: Mapping[str, Any] | None, deadline: float) -> tuple[CompiledGrammar, list[str]]:
+    """The compiled grammar of a coerced schema, and the warnings of its lowering."""
+    from structgen.grammar.compiler import compile_grammar
+    from structgen.grammar.gcpause import gc_paused
+
+    with gc_paused():
+        grammar, warnings, low = _build_guarded(schema, options, remotes, deadline)
+    try:
+        cg = compile_grammar(grammar, copts, deadline=deadline)
+    except GrammarError as e:
+        if "accepts no string" in str(e):
+            raise _unsat_error(low) from None
+        raise
+    except CompileLimitError as e:
+        _locate_limit_error(e, low, grammar)
+        raise
+    return cg, warnings
 
 
 _RULE_IN_MESSAGE = re.compile(r"rule '([^']+)'")

@@ -64,6 +64,7 @@ from structgen.frontends.json_schema.records import (
     n_and,
     n_not,
 )
+from structgen.frontends.json_schema.strict import Closer
 from structgen.grammar import ir
 from structgen.grammar.graphs import reachable
 
@@ -148,6 +149,8 @@ class Lowering:
         self.deadline = deadline  # time.monotonic() value; CompileTimeoutError past it
         self.opt_timeout = (deadline - time.monotonic()) if deadline is not None else 0.0
         norm.deadline, norm.time_limit = deadline, self.opt_timeout  # normalising counts too
+        # the language lowered at each instance position (strict mode closes it: strict.py)
+        self.language = Closer(norm).language if options.strict else norm.normalize
         self.rules: dict[str, ir.Expr] = {}
         self._memo: dict[tuple[Any, Ctx], str] = {}
         self._queue: list[tuple[str, Any, Ctx]] = []
@@ -282,7 +285,7 @@ class Lowering:
     def build(self, root: Any, ctx: Ctx) -> ir.Grammar:
         """The grammar of the schema whose root node is ``root``: lowers every queued rule,
         then drops rules the root cannot reach. Raises SchemaError for a root that accepts nothing."""
-        ts = self.norm.normalize(root)
+        ts = self.language(root)
         if self.norm.ts_empty(ts, 2):
             raise SchemaError("schema is unsatisfiable: no JSON value is valid", pointer="#")
         body = self.lower_ts(ts, ctx)
@@ -293,7 +296,7 @@ class Lowering:
             name, node, cctx = self._queue.pop()
             self.norm.enter(self.rule_where[name])
             try:
-                self.rules[name] = self.lower_ts(self.norm.normalize(node), cctx)
+                self.rules[name] = self.lower_ts(self.language(node), cctx)
             finally:
                 self.norm.leave()
         # drop rules the root cannot reach (dead branches)

@@ -161,6 +161,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--start", metavar="RULE", help="start rule of the Lark grammar")
     g.add_argument("--no-speculative", action="store_true",
                    help="plain grammar-constrained decoding (the baseline)")
+    g.add_argument("--strict", action=argparse.BooleanOptionalAction, default=None,
+                   help="JSON objects get only their declared keys and prefixItems arrays no extra "
+                   "items (default: on, or json_schema.strict of --config); --no-strict generates "
+                   "every value the schema allows")
     g.add_argument("--metrics-out", metavar="FILE", help="write the run metrics: .json or .prom "
                    "(Prometheus text format)")
     g.add_argument("--metrics-port", type=_port, metavar="PORT",

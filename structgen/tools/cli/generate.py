@@ -204,6 +204,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             gen = replace(gen, max_new_tokens=args.max_new_tokens)
         if args.seed is not None:
             gen = replace(gen, seed=args.seed)
+        if args.strict is not None:
+            settings = replace(settings, json_schema=replace(settings.json_schema, strict=args.strict))
     except ConfigError as e:
         raise _Usage(f"--{(e.key or '').replace('_', '-')}: {e}") from None
     speculative = gen.speculative and not args.no_speculative
