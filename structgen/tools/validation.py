@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from structgen.errors import CompileLimitError, SchemaError, StructgenError
+from structgen.frontends.json_schema.jsonschema_import import import_jsonschema
 from structgen.frontends.json_schema.source import decode_utf8, parse_json
 
 __all__ = [
@@ -311,7 +312,7 @@ class InstanceResult:
 
 def _validator_class(schema: Any) -> tuple[type, str | None]:
     """jsonschema validator class for ``schema``'s ``$schema`` (2020-12 default), and a note."""
-    import jsonschema
+    jsonschema = import_jsonschema()
 
     default = jsonschema.Draft202012Validator
     if not isinstance(schema, dict) or "$schema" not in schema:
@@ -459,7 +460,7 @@ class SchemaValidator:
 
     def __init__(self, schema: Any, *, use_grammar: bool = True,
                  remotes: Mapping[str, Any] | None = None) -> None:
-        import jsonschema
+        jsonschema = import_jsonschema()
 
         self.schema = schema
         self.remotes = dict(remotes or {})

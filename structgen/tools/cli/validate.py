@@ -12,6 +12,36 @@ from typing import IO, Any
 from structgen.errors import StructgenError
 from structgen.tools.cli._common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, _err, _note, _text, _Usage
 
+#: Inputs up to this many bytes (regular files only) are checked with the grammar kernels run as
+#: plain Python: loading numba and its compiled kernels costs about half a second of CPU per
+#: process even from numba's disk cache, more than plain Python spends on this much JSON.
+PLAIN_KERNELS_MAX_BYTES = 256 << 10
+
+
+def choose_kernels(files: list[str]) -> None:
+    """Before anything imports the grammar kernels: run them as plain Python in this process
+    (``STRUCTGEN_NATIVE=0``) when every input is a regular file and together they hold at most
+    :data:`PLAIN_KERNELS_MAX_BYTES`. Same verdicts either way (the same kernel code runs); only
+    start-up time changes. A ``STRUCTGEN_NATIVE`` the user set, stdin, or kernels already loaded
+    leave everything as it is. For :func:`structgen.tools.cli.main` running as the program: it
+    decides for the whole process."""
+    import os
+    import stat
+
+    if "STRUCTGEN_NATIVE" in os.environ or "structgen.grammar._jit" in sys.modules:
+        return
+    total = 0
+    for name in files:
+        try:
+            st = os.stat(name) if name != "-" else None
+        except OSError:
+            continue  # reported as unreadable later
+        if st is None or not stat.S_ISREG(st.st_mode):
+            return
+        total += st.st_size
+    if total <= PLAIN_KERNELS_MAX_BYTES:
+        os.environ["STRUCTGEN_NATIVE"] = "0"
+
 
 def _remotes(specs: list[str]) -> dict[str, Any]:
     """``--remote URI=FILE`` options -> {URI: the parsed FILE}: the only documents a ``$ref``
