@@ -73,7 +73,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         raise _Usage(_text(e)) from None
     try:
         validator = SchemaValidator(schema, use_grammar=not args.no_grammar,
-                                    remotes=_remotes(args.remote))
+                                    remotes=_remotes(args.remote), grammar_cache=True)
     except StructgenError as e:
         raise _Usage(f"{args.schema}: {_text(e)}") from None
     if not args.quiet:
