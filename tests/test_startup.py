@@ -63,16 +63,26 @@ def _probe(*args: Any, env: dict[str, str] | None = None) -> dict[str, Any]:
 
 
 def test_validate_loads_no_torch_numba_or_iri_parser(tmp_path: Path) -> None:
+    """First run: compiles (numba allowed), stores the grammar; second run: loads it and checks
+    the instance without numba. Never torch, transformers, pydantic or the iri parser."""
     schema, inst = tmp_path / "s.json", tmp_path / "i.json"
     schema.write_text(json.dumps(SMALL))
     inst.write_text(json.dumps({"name": "Ada", "age": 36, "active": True}))
-    for _ in range(2):  # compiled, then loaded from the grammar cache
-        got = _probe("validate", "--schema", schema, inst)
+    env = {"STRUCTGEN_GRAMMAR_CACHE": str(tmp_path / "gc")}
+    for run in ("compiles", "loads"):
+        got = _probe("validate", "--schema", schema, inst, env=env)
         assert got["rc"] == 0
-        heavy = [m for m in got["modules"] if m.split(".")[0] in ("torch", "transformers", "numba",
-                                                                  "pydantic", "rfc3987_syntax", "lark")]
-        assert heavy == []
+        never = ("torch", "transformers", "pydantic", "rfc3987_syntax", "lark")
+        assert [m for m in got["modules"] if m.split(".")[0] in never] == []
         assert "structgen.generation" not in got["modules"] and "structgen.masks" not in got["modules"]
+        assert ("numba" in got["modules"]) == (run == "compiles" and _has_numba())
+    assert len(list((tmp_path / "gc").glob("*.npz"))) == 1
+
+
+def _has_numba() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("numba") is not None
 
 
 def test_validate_large_input_uses_native_kernels(tmp_path: Path) -> None:
@@ -83,9 +93,11 @@ def test_validate_large_input_uses_native_kernels(tmp_path: Path) -> None:
     schema.write_text(json.dumps(SMALL))
     line = json.dumps({"name": "Ada", "age": 36, "active": True}) + "\n"
     inst.write_text(line * (PLAIN_KERNELS_MAX_BYTES // len(line) + 1))
-    got = _probe("validate", "-q", "--schema", schema, inst)
-    assert got["rc"] == 0 and "numba" in got["modules"]
-    got = _probe("validate", "-q", "--schema", schema, inst, env={"STRUCTGEN_NATIVE": "0"})
+    env = {"STRUCTGEN_GRAMMAR_CACHE": str(tmp_path / "gc")}
+    for _ in range(2):  # compiled and stored, then loaded: a large input keeps numba either way
+        got = _probe("validate", "-q", "--schema", schema, inst, env=env)
+        assert got["rc"] == 0 and "numba" in got["modules"]
+    got = _probe("validate", "-q", "--schema", schema, inst, env={**env, "STRUCTGEN_NATIVE": "0"})
     assert got["rc"] == 0 and "numba" not in got["modules"]
 
 

@@ -25,14 +25,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cache_folder", "code_stamp", "compile_json_schema_cached", "grammar_store"]
+__all__ = ["cache_folder", "cached_grammar", "code_stamp", "compile_json_schema_cached", "grammar_store"]
 
 _OFF = ("0", "off", "no", "false")
 _STAMP: str | None = None
+_LOADED: OrderedDict[str, Any] = OrderedDict()  # cache key -> grammar loaded from disk (last few)
+_LOADED_MAX = 16
 
 
 def cache_folder() -> Path | None:
@@ -50,7 +53,10 @@ def grammar_store() -> Any:
     """The :class:`~structgen.grammar.store.GrammarStore` at :func:`cache_folder`, or None."""
     from structgen.grammar.store import GrammarStore
 
-    folder = cache_folder()
+    try:
+        folder = cache_folder()
+    except (RuntimeError, OSError):  # no home folder to put it in
+        return None
     if folder is None:
         return None
     try:
@@ -92,6 +98,31 @@ def _cache_key(schema: Any, remotes: Mapping[str, Any] | None, options: Any,
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def cached_grammar(schema: Any, *, remotes: Mapping[str, Any] | None = None, options: Any = None,
+                   compile_options: Any = None) -> Any:
+    """The grammar :func:`compile_json_schema_cached` would load from disk for these arguments,
+    or None (no disk cache, nothing stored, a damaged file). Loads once per process: a second
+    call, or the compile that follows, gets the same object."""
+    store = grammar_store()
+    key = None if store is None else _cache_key(schema, remotes, options, compile_options)
+    if store is None or key is None:
+        return None
+    got = _LOADED.get(key)
+    if got is not None:
+        return got
+    loaded = store.get(key)
+    if loaded is None:
+        return None
+    cg, meta = loaded
+    warnings = [str(w) for w in meta.get("warnings", [])]
+    cg.metadata.update({"warnings": warnings, "schema": schema})
+    cg.warnings, cg.schema = warnings, schema  # as compile_json_schema sets them
+    _LOADED[key] = cg
+    while len(_LOADED) > _LOADED_MAX:
+        _LOADED.popitem(last=False)
+    return cg
+
+
 def compile_json_schema_cached(schema: Any, *, remotes: Mapping[str, Any] | None = None,
                                options: Any = None, compile_options: Any = None) -> Any:
     """:func:`structgen.frontends.json_schema.compiler.compile_json_schema` of ``schema`` (a JSON
@@ -100,18 +131,13 @@ def compile_json_schema_cached(schema: Any, *, remotes: Mapping[str, Any] | None
     ``"schema"`` as a compiled one's does (it has no IR ``source``)."""
     from structgen.frontends.json_schema.compiler import compile_json_schema
 
+    got = cached_grammar(schema, remotes=remotes, options=options, compile_options=compile_options)
+    if got is not None:
+        return got
     extra = {"remotes": remotes} if remotes else {}
+    cg = compile_json_schema(schema, options=options, compile_options=compile_options, **extra)
     store = grammar_store()
     key = None if store is None else _cache_key(schema, remotes, options, compile_options)
-    if store is None or key is None:
-        return compile_json_schema(schema, options=options, compile_options=compile_options, **extra)
-    got = store.get(key)
-    if got is not None:
-        cg, meta = got
-        warnings = [str(w) for w in meta.get("warnings", [])]
-        cg.metadata.update({"warnings": warnings, "schema": schema})
-        cg.warnings, cg.schema = warnings, schema  # type: ignore[attr-defined]
-        return cg
-    cg = compile_json_schema(schema, options=options, compile_options=compile_options, **extra)
-    store.put(key, cg, {"warnings": [str(w) for w in cg.metadata.get("warnings", [])]})
+    if store is not None and key is not None:
+        store.put(key, cg, {"warnings": [str(w) for w in cg.metadata.get("warnings", [])]})
     return cg

@@ -204,10 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse: --help/--version (0) or a usage error (2)
         return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
-    if program and args.command == "validate":
-        from structgen.tools.cli.validate import choose_kernels
-
-        choose_kernels(args.files)
+    args.process_wide = program  # may a subcommand make process-wide choices (validate's kernels)?
     try:
         return int(args.func(args))
     except _Usage as e:
