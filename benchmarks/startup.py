@@ -162,11 +162,26 @@ def _build(spec: str) -> tuple[str, Path]:
     return (name if sep else path.name), package
 
 
-def markdown(doc: dict[str, Any]) -> str:
-    """A short table of the medians (CPU / wall seconds) per build, command and state."""
+def markdown(doc: dict[str, Any], envelope: dict[str, Any]) -> str:
+    """A short table of the medians (CPU / wall seconds) per build, command and state, with the
+    machine's load and each build's set-up step."""
     builds = list(doc["builds"])
-    lines = ["| command | state | " + " | ".join(f"{b} CPU s | {b} wall s" for b in builds) + " |",
-             "|---|---|" + "---|---|" * len(builds)]
+    machine = envelope.get("machine", {})
+    loads = [r["load_1m"] for b in builds for row in doc["figures_by_build"][b].values()
+             for v in row.values() for r in v["runs"] if "load_1m" in r]
+    lines = [f"# Start-up ({envelope.get('date', '?')}, commit {envelope.get('commit', '?')})", "",
+             f"Machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores; load "
+             f"average at the start {machine.get('load_average')}, at the end {doc['load_average_end']}; "
+             f"1-minute load during the runs {min(loads, default=0):.1f} to {max(loads, default=0):.1f}.",
+             "Medians of fresh processes (CPU = user + system of the child); see benchmarks/startup.py "
+             "for the states.", ""]
+    for b in builds:
+        step = doc["setup_step"].get(b)
+        lines.append(f"* {b}: {doc['builds'][b]}; set-up step: " + (
+            "none" if step is None else f"python -m structgen.tools.warm, {step['wall_s']:.1f} s wall / "
+            f"{step['cpu_s']:.1f} s CPU"))
+    lines += ["", "| command | state | " + " | ".join(f"{b} CPU s | {b} wall s" for b in builds) + " |",
+              "|---|---|" + "---|---|" * len(builds)]
     first = doc["figures_by_build"][builds[0]]
     for command, row in first.items():
         for state in row:
@@ -248,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or (None if args.smoke else ROOT / "benchmarks" / "results" / "startup.json")
     if out is not None:
         _envelope.write(out, envelope, figures_doc)
-        out.with_suffix(".md").write_text(markdown(figures_doc))
+        out.with_suffix(".md").write_text(markdown(figures_doc, envelope))
         print(f"wrote {out}")
     return 0
 
