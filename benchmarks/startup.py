@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="warm only, one repeat, import and compile; no file")
     ap.add_argument("--out", type=Path, default=None,
                     help="results JSON (default benchmarks/results/startup.json; --smoke: none); "
-                    "a .md table beside it")
+                    "a full run also writes a .md table beside it")
     args = ap.parse_args(argv)
     envelope = _envelope.capture(argv)
     commands = [c.strip() for c in args.commands.split(",") if c.strip()]
@@ -263,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or (None if args.smoke else ROOT / "benchmarks" / "results" / "startup.json")
     if out is not None:
         _envelope.write(out, envelope, figures_doc)
-        out.with_suffix(".md").write_text(markdown(figures_doc, envelope))
+        if not args.smoke:
+            out.with_suffix(".md").write_text(markdown(figures_doc, envelope))
         print(f"wrote {out}")
     return 0
 
