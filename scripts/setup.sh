@@ -13,6 +13,10 @@
 #      download gigabytes of CUDA wheels.
 #   3. pip install -e '.[test,docs]' and a check that structgen, structgen.kernels and
 #      structgen.grammars import from the repository root (docs: mkdocs for scripts/test.sh).
+#   3b. The native grammar/mask kernels compiled into numba's disk cache
+#      (`python -m structgen.tools.warm`): about a minute of CPU once, so that the first compile
+#      or token mask a user asks for does not pay for it (seconds when already cached; numba
+#      recompiles a kernel whose source changed). STRUCTGEN_WARM=0 skips it.
 #   4. With STRUCTGEN_LLAMACPP=1: the llama.cpp backend (`.[llamacpp]`): llama-cpp-python has no
 #      wheel on PyPI, so pip builds it from source (CPU only, no examples, tools, tests, server or
 #      multimodal library: the shared libllama/libggml only). The first build takes many minutes
@@ -98,6 +102,14 @@ else
     fi
     check_import || die "structgen (with structgen.kernels, structgen.grammars) does not import from the repository root after the editable install"
     echo "$want" > "$STAMP"
+fi
+
+# 3b. native kernels into numba's disk cache ------------------------------------------------
+if [ "${STRUCTGEN_WARM:-1}" = 0 ]; then
+    log "STRUCTGEN_WARM=0: native kernels not compiled now (the first compile or mask does it)"
+else
+    log "compiling the native grammar/mask kernels into numba's disk cache (about a minute the first time)"
+    "$PY" -m structgen.tools.warm || log "warning: compiling the native kernels failed (see above): the first compile or mask will compile them"
 fi
 
 # 4. llama.cpp backend (opt-in) ---------------------------------------------------------------

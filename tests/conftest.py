@@ -14,7 +14,10 @@ per test session and skip (not fail) when the asset is unavailable. Set
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,12 @@ import pytest
 # Two-core CI machines: competing OpenMP threads slow model tests down many-fold.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# The command line's disk cache of compiled grammars (structgen.tools.grammar_cache): a fresh,
+# empty folder per test session (subprocesses inherit it), never the user's cache.
+if "STRUCTGEN_GRAMMAR_CACHE" not in os.environ:
+    os.environ["STRUCTGEN_GRAMMAR_CACHE"] = tempfile.mkdtemp(prefix="structgen-test-grammars-")
+    atexit.register(shutil.rmtree, os.environ["STRUCTGEN_GRAMMAR_CACHE"], True)
 
 # CI runs a fixed (derandomised) hypothesis search so that a red run is reproducible and a new
 # counterexample surfaces in development runs, not as a random CI failure. `scripts/test.sh`

@@ -387,3 +387,50 @@ def test_readme_flow_generate_then_validate(model_dir: Path, files: Path, tmp_pa
     jsonschema.validate(json.loads(text), SCHEMA)
     rc, _out, err = run(capsys, "validate", "--schema", files / "s.json", values)
     assert rc == 0, err
+
+
+@pytest.mark.assets
+@pytest.mark.model
+def test_ctrl_c_keeps_finished_results_and_exits_130(model_dir: Path, files: Path, tmp_path: Path) -> None:
+    """SIGINT to a real `structgen generate` process in the middle of a many-request run: exit 130,
+    a stderr line saying how many requests finished and where their lines are, the destinations
+    untouched, and every finished request's lines whole in OUT.partial and VALUES.partial."""
+    import os
+    import signal
+    import time
+
+    n = 400
+    prompts = tmp_path / "many.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Ticket {i}:"}) + "\n" for i in range(n)))
+    out, values = tmp_path / "out.jsonl", tmp_path / "values.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "structgen", "generate", "--model", str(model_dir), "--schema",
+         str(files / "s.json"), "--prompts", str(prompts), "--out", str(out), "--values-out", str(values),
+         "--batch-size", "1", "--max-new-tokens", "24"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={k: v for k, v in os.environ.items() if k != "STRUCTGEN_NATIVE"})
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:  # wait for finished requests
+            temps = list(tmp_path.glob(".out.jsonl.*.tmp"))
+            if temps and temps[0].read_text().count("\n") >= 2:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        _stdout, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert not out.exists() and not values.exists()
+    partial = Path(f"{out}.partial")
+    res = lines_of(partial.read_text())
+    done = len(res)
+    assert 2 <= done < n
+    assert [r["index"] for r in res] == list(range(done))
+    assert len(Path(f"{values}.partial").read_text().splitlines()) == done
+    assert f"interrupted: {done} of {n} request(s) finished; their result lines are in {partial}" in err
+    assert f"the output written so far is in {values}.partial" in err
+    assert "Traceback" not in err

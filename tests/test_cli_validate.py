@@ -380,6 +380,7 @@ def fake_json_schema(monkeypatch: pytest.MonkeyPatch, *, accepts: bool | None = 
     mod.compile_json_schema = compile_json_schema  # type: ignore[attr-defined]
     mod.canonical_json = canonical_json  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, COMPILER, mod)
+    monkeypatch.setenv("STRUCTGEN_GRAMMAR_CACHE", "0")  # a stored grammar would bypass the stand-in
     return seen
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from structgen.errors import CompileLimitError, SchemaError, StructgenError
+from structgen.frontends.json_schema.jsonschema_import import import_jsonschema
 from structgen.frontends.json_schema.source import decode_utf8, parse_json
 
 __all__ = [
@@ -311,7 +312,7 @@ class InstanceResult:
 
 def _validator_class(schema: Any) -> tuple[type, str | None]:
     """jsonschema validator class for ``schema``'s ``$schema`` (2020-12 default), and a note."""
-    import jsonschema
+    jsonschema = import_jsonschema()
 
     default = jsonschema.Draft202012Validator
     if not isinstance(schema, dict) or "$schema" not in schema:
@@ -454,12 +455,14 @@ class SchemaValidator:
     malformed, or when a ``$ref`` points outside the schema and ``remotes`` (a mapping of
     absolute URIs to schema documents the caller hands over): nothing is ever fetched from the
     network or read from a file. With ``use_grammar`` the schema is also compiled, once; compile
-    failures become entries of :attr:`notes` and turn the grammar check off.
+    failures become entries of :attr:`notes` and turn the grammar check off. With
+    ``grammar_cache`` the compiled grammar comes from (and goes to) the disk cache of
+    :mod:`structgen.tools.grammar_cache` (the command line's choice).
     """
 
     def __init__(self, schema: Any, *, use_grammar: bool = True,
-                 remotes: Mapping[str, Any] | None = None) -> None:
-        import jsonschema
+                 remotes: Mapping[str, Any] | None = None, grammar_cache: bool = False) -> None:
+        jsonschema = import_jsonschema()
 
         self.schema = schema
         self.remotes = dict(remotes or {})
@@ -487,6 +490,7 @@ class SchemaValidator:
                                                format_checker=cls.FORMAT_CHECKER)
         self._grammar: Any = None
         self._canonical: Any = None
+        self._grammar_cache = grammar_cache
         if use_grammar:
             self._compile()
 
@@ -505,8 +509,13 @@ class SchemaValidator:
                               "only jsonschema's verdict counts")
             return
         try:
-            extra = {"remotes": self.remotes} if self.remotes else {}
-            self._grammar = compile_json_schema(self.schema, **extra)
+            if self._grammar_cache:
+                from structgen.tools.grammar_cache import compile_json_schema_cached
+
+                self._grammar = compile_json_schema_cached(self.schema, remotes=self.remotes)
+            else:
+                extra = {"remotes": self.remotes} if self.remotes else {}
+                self._grammar = compile_json_schema(self.schema, **extra)
         except UnsupportedFeatureError as e:
             self.notes.append(f"grammar check off: the schema uses a feature structgen cannot "
                               f"compile exactly ({_one_line(str(e))}); only jsonschema's verdict counts")

@@ -332,11 +332,10 @@ def format_checker_for(schema: Any) -> Any:
     defines (a name its draft does not define is an annotation there). For oracles."""
     import copy
 
-    from jsonschema import Draft202012Validator
-
     from structgen.frontends.json_schema.algebra import _DRAFT_FORMATS
+    from structgen.frontends.json_schema.jsonschema_import import import_jsonschema
 
-    fc = copy.copy(Draft202012Validator.FORMAT_CHECKER)
+    fc = copy.copy(import_jsonschema().Draft202012Validator.FORMAT_CHECKER)
     known = _DRAFT_FORMATS.get(_draft_of(schema, "2020-12"))
     if known is not None:
         fc.checkers = {k: v for k, v in fc.checkers.items() if k in known}

@@ -165,8 +165,9 @@ _FORMAT_CHECKER: Any = None
 def _format_ok(name: str, s: str) -> bool:
     global _FORMAT_CHECKER
     if _FORMAT_CHECKER is None:
-        from jsonschema import Draft202012Validator
-        _FORMAT_CHECKER = Draft202012Validator.FORMAT_CHECKER
+        from structgen.frontends.json_schema.jsonschema_import import import_jsonschema
+
+        _FORMAT_CHECKER = import_jsonschema().Draft202012Validator.FORMAT_CHECKER
     return bool(_FORMAT_CHECKER.conforms(s, name))
 
 

@@ -199,6 +199,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
+    program = argv is None  # this process is the `structgen` program: process-wide choices are ours
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         return _cmd_bench(argv[1:])  # every further argument belongs to the benchmark suite
@@ -207,6 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse: --help/--version (0) or a usage error (2)
         return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
+    args.process_wide = program  # may a subcommand make process-wide choices (validate's kernels)?
     try:
         return int(args.func(args))
     except _Usage as e:

@@ -3,7 +3,9 @@ of prompts; one JSON line per result, exit 1 when any output is invalid or incom
 
 Files written (``--out``/``--values-out``/``--metrics-out``) go through
 :mod:`structgen.tools._atomic`: an existing file is replaced only when the run succeeded; a failed or
-interrupted run keeps what it finished in ``OUT.partial``."""
+interrupted run keeps what it finished in ``OUT.partial``. Ctrl-C never cuts a micro-batch's result
+lines short: the run stops, says how many requests finished and where their results are, and exits
+130."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -235,6 +239,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise _Usage(str(e)) from None
 
     opened: list[AtomicOutput] = []
+    finished = [0]  # requests whose lines are written, for the Ctrl-C message
     try:
         files: dict[str, AtomicOutput] = {}
         for flag, path in outputs:  # opened now: an unwritable folder fails before any work
@@ -256,14 +261,42 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             raise _Usage(f"cannot load model {model_name}: {type(e).__name__}: {e}") from None
         _check_contexts(lm, requests, gen.max_new_tokens)
         rc = _generate_all(args, prog, lm, requests, cfg, gen.max_new_tokens, gen.seed, speculative,
-                           settings, files)
+                           settings, files, finished)
         for o in opened:
             o.commit()
         return rc
-    except BaseException:
-        for note in abort_all(opened):
+    except BaseException as e:
+        notes = abort_all(opened)
+        if isinstance(e, KeyboardInterrupt):
+            where = "" if not finished[0] else \
+                "; their result lines are on stdout" if "--out" not in files else \
+                f"; their result lines are in {files['--out'].partial_path or args.out}"
+            print(f"{prog}: interrupted: {finished[0]} of {len(requests)} request(s) finished{where}",
+                  file=sys.stderr)
+        for note in notes:
             _note(prog, note)
         raise
+
+
+@contextmanager
+def _interrupt_deferred() -> Iterator[None]:
+    """Ctrl-C (SIGINT) during the block takes effect at its end, so the block finishes whole. Only
+    where Python's own SIGINT handler is in place, in the main thread; elsewhere, no change."""
+    import signal
+    import threading
+
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def _check_contexts(lm: Any, requests: list[_Request], max_new_tokens: int) -> None:
@@ -289,10 +322,12 @@ def _default_model() -> str:
 
 def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_Request], cfg: Any,
                   max_new_tokens: int, seed: int | None, speculative: bool, settings: Any,
-                  files: dict[str, Any]) -> int:
+                  files: dict[str, Any], finished: list[int]) -> int:
     """Generate every request, writing each micro-batch's result lines as soon as it is done
     to ``files["--out"]`` (an AtomicOutput; stdout without one) and ``files["--values-out"]``,
-    and the run metrics to ``files["--metrics-out"]`` at the end (the caller commits them)."""
+    and the run metrics to ``files["--metrics-out"]`` at the end (the caller commits them).
+    ``finished[0]`` counts the requests whose lines are written (Ctrl-C waits for a micro-batch's
+    lines to be written whole)."""
     import structgen
     from structgen.tools.metrics import Metrics, serve_metrics
 
@@ -323,26 +358,28 @@ def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_
             except StructgenError as e:
                 where = chunk[e.request_index].where if e.request_index is not None else None
                 raise _Usage(f"{where}: {_text(e)}" if where else _text(e)) from None
-            for req, res in zip(chunk, results):
-                valid, value, errors = _check_output(req, res)
-                metrics.observe(res, valid=valid)
-                failed += not valid
-                line: dict[str, Any] = {"index": req.index}
-                if req.id is not None:
-                    line["id"] = req.id
-                line.update({"text": res.text, "value": value, "finish_reason": res.finish_reason,
-                             "valid": valid, "errors": errors, "num_tokens": len(res.tokens),
-                             "stats": res.stats.as_dict() if hasattr(res.stats, "as_dict") else None})
-                out.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
+            with _interrupt_deferred():
+                for req, res in zip(chunk, results):
+                    valid, value, errors = _check_output(req, res)
+                    metrics.observe(res, valid=valid)
+                    failed += not valid
+                    line: dict[str, Any] = {"index": req.index}
+                    if req.id is not None:
+                        line["id"] = req.id
+                    line.update({"text": res.text, "value": value, "finish_reason": res.finish_reason,
+                                 "valid": valid, "errors": errors, "num_tokens": len(res.tokens),
+                                 "stats": res.stats.as_dict() if hasattr(res.stats, "as_dict") else None})
+                    out.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
+                    if values_out is not None:
+                        # the output text itself (compact JSON is one line); a cut-short output is
+                        # written as is, so that a validator reports it
+                        values_out.write(res.text.replace("\n", " ") + "\n")
+                    tokens += len(res.tokens)
+                out.flush()  # a crash keeps the finished micro-batches (in OUT.partial)
                 if values_out is not None:
-                    # the output text itself (compact JSON is one line); a cut-short output is
-                    # written as is, so that a validator reports it
-                    values_out.write(res.text.replace("\n", " ") + "\n")
-                tokens += len(res.tokens)
-            out.flush()  # a crash keeps the finished micro-batches (in OUT.partial)
-            if values_out is not None:
-                values_out.flush()
-            done += len(chunk)
+                    values_out.flush()
+                done += len(chunk)
+                finished[0] = done
             progress.update(done, tokens)
     finally:
         progress.close()

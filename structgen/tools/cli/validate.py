@@ -12,6 +12,38 @@ from typing import IO, Any
 from structgen.errors import StructgenError
 from structgen.tools.cli._common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, _err, _note, _text, _Usage
 
+#: When the schema's grammar comes from the disk cache, inputs up to this many bytes (regular
+#: files only) are checked with the grammar kernels run as plain Python: loading numba and its
+#: compiled kernels costs about half a second of CPU per process even from numba's disk cache,
+#: more than plain Python spends on this much JSON.
+PLAIN_KERNELS_MAX_BYTES = 256 << 10
+
+
+def choose_kernels(files: list[str]) -> None:
+    """Before anything imports the grammar kernels: run them as plain Python in this process
+    (``STRUCTGEN_NATIVE=0``) when every input is a regular file and together they hold at most
+    :data:`PLAIN_KERNELS_MAX_BYTES`. Same verdicts either way (the same kernel code runs); only
+    start-up time changes. A ``STRUCTGEN_NATIVE`` the user set, stdin, or kernels already loaded
+    leave everything as it is. Only for a grammar that needs no compiling (compiling keeps the
+    compiled kernels, and with them its time limits), and only when the process is the
+    ``structgen`` program: it decides for the whole process."""
+    import os
+    import stat
+
+    if "STRUCTGEN_NATIVE" in os.environ or "structgen.grammar._jit" in sys.modules:
+        return
+    total = 0
+    for name in files:
+        try:
+            st = os.stat(name) if name != "-" else None
+        except OSError:
+            continue  # reported as unreadable later
+        if st is None or not stat.S_ISREG(st.st_mode):
+            return
+        total += st.st_size
+    if total <= PLAIN_KERNELS_MAX_BYTES:
+        os.environ["STRUCTGEN_NATIVE"] = "0"
+
 
 def _remotes(specs: list[str]) -> dict[str, Any]:
     """``--remote URI=FILE`` options -> {URI: the parsed FILE}: the only documents a ``$ref``
@@ -41,9 +73,15 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         schema = read_schema_file(args.schema)
     except StructgenError as e:
         raise _Usage(_text(e)) from None
+    remotes = _remotes(args.remote)
+    if getattr(args, "process_wide", False) and not args.no_grammar:
+        from structgen.tools.grammar_cache import cached_grammar
+
+        if cached_grammar(schema, remotes=remotes) is not None:
+            choose_kernels(args.files)
     try:
-        validator = SchemaValidator(schema, use_grammar=not args.no_grammar,
-                                    remotes=_remotes(args.remote))
+        validator = SchemaValidator(schema, use_grammar=not args.no_grammar, remotes=remotes,
+                                    grammar_cache=True)
     except StructgenError as e:
         raise _Usage(f"{args.schema}: {_text(e)}") from None
     if not args.quiet:

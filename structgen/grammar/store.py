@@ -1,0 +1,258 @@
+"""Compiled grammars on disk: a safe file format and a size-bounded, content-keyed folder.
+
+A :class:`~structgen.grammar.compiled.CompiledGrammar` is stored as one ``.npz`` file (numpy's
+zip of ``.npy`` arrays, read with ``allow_pickle=False``: loading never runs code from the file)
+holding the rules' tables as integer arrays plus a JSON header (as a byte array): the format
+version, the cache key the caller filed it under, the grammar's content key, its root, each
+rule's kind and name, the caller's metadata (JSON), and a SHA-256 over every array's dtype, shape
+and bytes. :func:`load_grammar` checks all of it and answers None for anything it does not
+recognise (another version, another key, a changed byte, a truncated or foreign file); it never
+raises for a bad file. The lazily built parts of a grammar (DFA states built while matching) are
+not stored: a loaded grammar starts as a freshly compiled one does.
+
+:class:`GrammarStore` is a folder of such files named by their cache key (a hex digest the
+caller computes from everything the compile depends on). Writes go through a temporary file
+renamed into place; a hit refreshes the file's modification time, and after each write the
+least recently used files go once the folder holds more than ``max_bytes``. A corrupt entry is
+deleted when found; the caller compiles again and stores the new result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from structgen.grammar.compiled import CompiledGrammar, CountedRule, DfaRule, LazyRule, ProductRule
+
+__all__ = ["FORMAT_VERSION", "GrammarStore", "load_grammar", "save_grammar"]
+
+#: Bumped whenever the file layout or the meaning of a stored table changes.
+FORMAT_VERSION = 1
+_SUFFIX = ".npz"
+
+
+def _csr(lists: tuple[tuple[Any, ...], ...], width: int) -> tuple[np.ndarray, np.ndarray]:
+    off = np.zeros(len(lists) + 1, dtype=np.int64)
+    off[1:] = np.cumsum([len(x) for x in lists], dtype=np.int64)
+    flat = [v for x in lists for e in x for v in (e if width > 1 else (e,))]
+    data = np.array(flat, dtype=np.int64)
+    return off, data.reshape(-1, width) if width > 1 else data
+
+
+def _uncsr(off: np.ndarray, data: np.ndarray) -> tuple[tuple[Any, ...], ...]:
+    items = data.tolist()
+    bounds = off.tolist()
+    if data.ndim == 1:
+        return tuple(tuple(items[a:b]) for a, b in zip(bounds, bounds[1:]))
+    return tuple(tuple(tuple(e) for e in items[a:b]) for a, b in zip(bounds, bounds[1:]))
+
+
+def _digest(arrays: Mapping[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _encode(cg: CompiledGrammar) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+    rules: list[dict[str, Any]] = []
+    arrays: dict[str, np.ndarray] = {}
+    for i, rule in enumerate(cg.rules):
+        st = rule.__getstate__()
+        p = f"r{i}_"
+        if isinstance(rule, LazyRule):
+            arrays[p + "eps_off"], arrays[p + "eps"] = _csr(st["eps"], 1)
+            arrays[p + "edge_off"], arrays[p + "edges"] = _csr(st["edges"], 3)
+            arrays[p + "call_off"], arrays[p + "calls"] = _csr(st["calls"], 2)
+            arrays[p + "class_of"] = np.asarray(st["class_of"])
+            rules.append({"kind": "lazy", "name": st["name"], "end": int(st["end"]),
+                          "nclass": int(st["nclass"])})
+        elif isinstance(rule, CountedRule):
+            arrays[p + "trans"], arrays[p + "accept"] = np.asarray(st["trans"]), np.asarray(st["accept"])
+            rules.append({"kind": "counted", "name": st["name"], "lo": st["lo"], "hi": st["hi"]})
+        elif isinstance(rule, DfaRule):
+            arrays[p + "trans"], arrays[p + "accept"] = np.asarray(st["trans"]), np.asarray(st["accept"])
+            rules.append({"kind": "dfa", "name": st["name"]})
+        elif isinstance(rule, ProductRule):
+            for side in ("a", "b"):
+                arrays[p + side + "_trans"] = np.asarray(st[side].trans)
+                arrays[p + side + "_accept"] = np.asarray(st[side].accept)
+            rules.append({"kind": "product", "name": st["name"]})
+        else:  # pragma: no cover - a new rule kind must be taught to this module
+            raise TypeError(f"cannot store a {type(rule).__name__}")
+    return rules, arrays
+
+
+def _check(ok: bool) -> None:
+    if not ok:
+        raise ValueError("inconsistent grammar tables")
+
+
+def _table(arrays: Mapping[str, np.ndarray], prefix: str) -> tuple[np.ndarray, np.ndarray]:
+    """A DFA table and its accept flags, checked: every target a state of the table or -1.
+    (The native kernels index with these numbers unchecked.)"""
+    trans, accept = arrays[prefix + "trans"], arrays[prefix + "accept"]
+    n = trans.shape[0] if trans.ndim == 2 else -1
+    _check(trans.dtype == np.int32 and trans.shape == (n, 256) and accept.dtype == np.bool_
+           and accept.shape == (n,) and bool(((trans >= -1) & (trans < n)).all()))
+    return trans, accept
+
+
+def _decode(rules: list[dict[str, Any]], arrays: Mapping[str, np.ndarray]) -> tuple[Any, ...]:
+    from structgen.grammar.fsa import Dfa
+
+    out: list[Any] = []
+    for i, r in enumerate(rules):
+        p = f"r{i}_"
+        kind, name = r["kind"], str(r["name"])
+        if kind == "lazy":
+            class_of, nclass, end = arrays[p + "class_of"], int(r["nclass"]), int(r["end"])
+            eps_off, eps = arrays[p + "eps_off"], arrays[p + "eps"]
+            edge_off, edges = arrays[p + "edge_off"], arrays[p + "edges"]
+            call_off, calls = arrays[p + "call_off"], arrays[p + "calls"]
+            n = eps_off.shape[0] - 1
+            _check(class_of.dtype == np.int32 and class_of.shape == (256,)
+                   and bool(((class_of >= 0) & (class_of < nclass)).all()) and 0 <= end < n)
+            for off, data, width in ((eps_off, eps, 1), (edge_off, edges, 3), (call_off, calls, 2)):
+                _check(off.shape == (n + 1,) and off[0] == 0 and bool((np.diff(off) >= 0).all())
+                       and data.shape[0] == off[-1]
+                       and (data.ndim == 1 if width == 1 else data.shape[1:] == (width,)))
+            _check(bool(((eps >= 0) & (eps < n)).all()))
+            _check(bool(((edges[:, 0] >= 0) & (edges[:, 0] <= edges[:, 1]) & (edges[:, 1] < nclass)
+                         & (edges[:, 2] >= 0) & (edges[:, 2] < n)).all()))
+            _check(bool(((calls[:, 0] >= 0) & (calls[:, 0] < len(rules)) & (calls[:, 1] >= 0)
+                         & (calls[:, 1] < n)).all()))
+            out.append(LazyRule(name, _uncsr(eps_off, eps), _uncsr(edge_off, edges), _uncsr(call_off, calls),
+                                end, class_of, nclass))
+        elif kind == "counted":
+            trans, accept = _table(arrays, p)
+            lo, hi = int(r["lo"]), int(r["hi"])
+            _check(0 <= lo <= hi)
+            out.append(CountedRule(name, trans, accept, lo, hi))
+        elif kind == "dfa":
+            out.append(DfaRule(name, *_table(arrays, p)))
+        elif kind == "product":
+            a, b = (Dfa(*_table(arrays, p + s + "_"), [()] * arrays[p + s + "_trans"].shape[0])
+                    for s in ("a", "b"))
+            out.append(ProductRule(name, a, b))
+        else:
+            raise ValueError(f"unknown rule kind {kind!r}")
+    return tuple(out)
+
+
+def save_grammar(path: str | os.PathLike[str], cg: CompiledGrammar, cache_key: str,
+                 metadata: Mapping[str, Any] | None = None) -> None:
+    """Write ``cg`` to ``path`` (through a temporary file renamed into place), filed under
+    ``cache_key``, with ``metadata`` (JSON-serialisable) to hand back on load."""
+    rules, arrays = _encode(cg)
+    header = {"format": FORMAT_VERSION, "cache_key": cache_key, "key": cg.key, "root": cg.root,
+              "rules": rules, "metadata": dict(metadata or {}), "digest": _digest(arrays)}
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    folder = os.path.dirname(os.fspath(path)) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".grammar.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def load_grammar(path: str | os.PathLike[str],
+                 cache_key: str) -> tuple[CompiledGrammar, dict[str, Any]] | None:
+    """The grammar stored at ``path`` under ``cache_key`` and its metadata, or None when the file
+    is missing, damaged, of another format version, filed under another key, or fails its
+    checksum. Never unpickles anything, never raises for a bad file."""
+    try:
+        with open(path, "rb") as fh:
+            z = np.load(fh, allow_pickle=False)
+            if not isinstance(z, np.lib.npyio.NpzFile):
+                return None
+            with z:
+                arrays = {name: z[name] for name in z.files}
+        header = json.loads(arrays.pop("header").tobytes().decode())
+        if (not isinstance(header, dict) or header.get("format") != FORMAT_VERSION
+                or header.get("cache_key") != cache_key or header.get("digest") != _digest(arrays)):
+            return None
+        rules = _decode(header["rules"], arrays)
+        root = int(header["root"])
+        if not 0 <= root < len(rules) or not isinstance(header["key"], str):
+            return None
+        metadata = header.get("metadata")
+        return CompiledGrammar(rules, root, header["key"]), (dict(metadata) if isinstance(metadata, dict)
+                                                              else {})
+    except Exception:  # noqa: BLE001 - any unreadable file is a cache miss
+        return None
+
+
+class GrammarStore:
+    """A folder of stored grammars, one file per cache key, at most ``max_bytes`` in all (least
+    recently used files go first). Every method answers quietly when the folder cannot be used
+    (read-only, missing permissions): the cache is an optimisation, never a failure."""
+
+    def __init__(self, folder: str | os.PathLike[str], max_bytes: int = 64 << 20) -> None:
+        self.folder = Path(folder)
+        self.max_bytes = int(max_bytes)
+
+    def path(self, cache_key: str) -> Path:
+        """Where the grammar filed under ``cache_key`` (a hex digest) lives."""
+        if not cache_key or not all(c in "0123456789abcdef" for c in cache_key):
+            raise ValueError("a cache key is a lowercase hex digest")
+        return self.folder / (cache_key + _SUFFIX)
+
+    def get(self, cache_key: str) -> tuple[CompiledGrammar, dict[str, Any]] | None:
+        """The stored grammar and metadata, or None (missing; a damaged file is deleted)."""
+        path = self.path(cache_key)
+        if not path.is_file():
+            return None
+        got = load_grammar(path, cache_key)
+        try:
+            if got is None:
+                path.unlink()
+            else:
+                os.utime(path)  # recently used: kept longest
+        except OSError:
+            pass
+        return got
+
+    def put(self, cache_key: str, cg: CompiledGrammar, metadata: Mapping[str, Any] | None = None) -> bool:
+        """Store ``cg``; True when written. Trims the folder to ``max_bytes`` afterwards."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            save_grammar(self.path(cache_key), cg, cache_key, metadata)
+        except Exception:  # noqa: BLE001 - unwritable folder, full disk, an unstorable object
+            return False
+        self.trim()
+        return True
+
+    def trim(self) -> None:
+        """Delete the least recently used files until the folder holds at most ``max_bytes``."""
+        try:
+            entries = []
+            for p in self.folder.glob("*" + _SUFFIX):
+                st = p.stat()
+                entries.append((st.st_mtime, st.st_size, p))
+        except OSError:
+            return
+        total = sum(size for _, size, _ in entries)
+        for _, size, p in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            try:
+                p.unlink()
+                total -= size
+            except OSError:
+                pass
