@@ -466,6 +466,17 @@ class Matcher:
         shortest completion after it, tokenized greedily, plus EOS fits in ``budget - 1``."""
         return self._budget_words(budget)
 
+    def budget_narrows(self, budget: int) -> bool:
+        """Whether the budget rule with ``budget`` tokens left removes a token the grammar
+        allows here (the second item of :meth:`budget_mask_words`, without building the mask)."""
+        eng = self._eng
+        with eng.lock:
+            self._sync()
+            cid = self._hist[-1]
+            if cid == _TERMINATED:
+                return False
+            return self._masks.budget_table(self._vt).narrows(cid, int(budget))
+
     def tokens_to_finish(self) -> int:
         """Tokens the budget rule needs to end from here, EOS included: the greedy
         tokenization of the first shortest completion, plus one (0 once terminated;

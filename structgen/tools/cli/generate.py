@@ -122,7 +122,7 @@ def _check_output(req: _Request, res: Any) -> tuple[bool, Any, list[str]]:
     """(valid, parsed value, errors) of one result, by an oracle other than the grammar where
     there is one: jsonschema (with formats) and pydantic for JSON; the compiled grammar for
     Lark grammars and regexes."""
-    if res.finish_reason != "stop":
+    if res.finish_reason not in ("stop", "budget_close"):
         return False, None, [f"incomplete: finish_reason={res.finish_reason} (max_new_tokens reached)"]
     c = req.constraint
     if not c.is_json:
@@ -202,6 +202,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             cfg = replace(cfg, batch_size=args.batch_size)
         if args.max_new_tokens is not None:
             gen = replace(gen, max_new_tokens=args.max_new_tokens)
+        if args.on_budget is not None:
+            gen = replace(gen, on_budget=args.on_budget)
         if args.seed is not None:
             gen = replace(gen, seed=args.seed)
     except ConfigError as e:
@@ -254,7 +256,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             raise _Usage(f"cannot load model {model_name}: {type(e).__name__}: {e}") from None
         _check_contexts(lm, requests, gen.max_new_tokens)
         rc = _generate_all(args, prog, lm, requests, cfg, gen.max_new_tokens, gen.seed, speculative,
-                           settings, files)
+                           settings, files, on_budget=gen.on_budget)
         for o in opened:
             o.commit()
         return rc
@@ -287,7 +289,7 @@ def _default_model() -> str:
 
 def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_Request], cfg: Any,
                   max_new_tokens: int, seed: int | None, speculative: bool, settings: Any,
-                  files: dict[str, Any]) -> int:
+                  files: dict[str, Any], on_budget: str = "close") -> int:
     """Generate every request, writing each micro-batch's result lines as soon as it is done
     to ``files["--out"]`` (an AtomicOutput; stdout without one) and ``files["--values-out"]``,
     and the run metrics to ``files["--metrics-out"]`` at the end (the caller commits them)."""
@@ -311,6 +313,7 @@ def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_
         for chunk in _chunks(requests, cfg.batch_size):
             kw: dict[str, Any] = {"grammar": [r.constraint.compiled for r in chunk],
                                   "max_new_tokens": max_new_tokens, "speculative": speculative,
+                                  "on_budget": on_budget,
                                   "config": cfg, "seed": None if seed is None else seed + chunk[0].index}
             if chunk[0].prompt is not None:
                 kw["prompt"] = [r.prompt for r in chunk]
