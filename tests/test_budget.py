@@ -106,7 +106,7 @@ def test_token_need_bounds_the_true_minimum(kind, spec):
     g = compile_constraint(kind, spec)
     vocab = _vocab(2)
     rng = random.Random(3)
-    for trial in range(8):
+    for _trial in range(8):
         m = Matcher(g, vocab)
         _random_prefix(m, rng, rng.randrange(0, 6))
         need = m.tokens_to_finish()
@@ -137,7 +137,7 @@ def test_random_walks_under_the_rule_always_finish(kind, spec):
     eos = vocab.eos_token_ids[0]
     rng = random.Random(7)
     start_need = Matcher(g, vocab).tokens_to_finish()
-    for trial in range(30):
+    for _trial in range(30):
         budget = start_need + rng.randrange(0, 12)
         m = Matcher(g, vocab)
         out = []

@@ -203,7 +203,7 @@ def test_generate_grammar_regex_messages_pydantic(model_dir: Path, files: Path, 
 @pytest.mark.model
 def test_incomplete_output_exit_1(model_dir: Path, files: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = run(capsys, "generate", "--model", model_dir, "--schema", files / "s.json",
-                       "--prompt", "x", "--max-new-tokens", 2)
+                       "--prompt", "x", "--max-new-tokens", 2, "--on-budget", "cut")
     assert rc == 1
     (r,) = lines_of(out)
     assert r["finish_reason"] == "length" and not r["valid"] and r["value"] is None

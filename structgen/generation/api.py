@@ -370,11 +370,15 @@ def _generate_batch(lm: Any, vocab: Any, cfgs: list[SpecConfig], items: list[Any
             if not p:
                 raise ConfigError("the prompt encodes to no tokens")
             check_context(lm, len(p), max_new_tokens, draft_lm=draft_lm)
-            if on_budget == "close":
-                check_budget(Matcher(compiled[i][0], vocab), max_new_tokens)
         except StructgenError as e:
             raise attribute_to_request(e, i) from None
         ids.append(p)
+    if on_budget == "close":  # after every context check: a bad prompt is named first
+        for i in range(n):
+            try:
+                check_budget(Matcher(compiled[i][0], vocab), max_new_tokens)
+            except StructgenError as e:
+                raise attribute_to_request(e, i) from None
     results = BatchResults()
     total = BatchStats()
     cfg = cfgs[0]

@@ -239,13 +239,15 @@ class CompletionLengths:
                 rt.fill_row(c)
                 row = rt.tab.trans[c]
                 live = np.nonzero(row >= 0)[0]
-                targets = row[live]
-                nxt = -1
-                for b, t in zip(live.tolist(), targets.tolist()):
-                    if self.distance(t) == k - 1:
-                        nxt = b
-                        c2 = t
-                        break
+                # each distinct successor once, with the smallest byte leading to it
+                targets, first = np.unique(row[live], return_index=True)
+                nxt, c2 = 256, -1
+                for t, i in zip(targets.tolist(), first.tolist()):
+                    b = int(live[i])
+                    if b < nxt and self.distance(t) == k - 1:
+                        nxt, c2 = b, t
+                if c2 < 0:
+                    nxt = -1
                 if nxt < 0:  # pragma: no cover - D is exact; a failure here is a bug
                     raise RuntimeError(f"no byte shortens the completion of configuration {c}")
                 path.append(c)

@@ -26,6 +26,8 @@ distinct end. Everything is keyed by configuration ids and dropped with the runt
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +48,29 @@ _NEXT_KEPT = 64  # per-token need arrays kept (one per configuration, vocabulary
 _MASKS_KEPT = 256  # narrowed masks kept, per (configuration, threshold)
 
 
+_VOCAB_PARTS: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+_VOCAB_LOCK = threading.Lock()
+
+
+def _vocab_part(vt: VocabTable, compiled: bool) -> tuple[Any, ...]:
+    """What a budget table needs of a vocabulary, built once per vocabulary: the tokens by
+    their bytes (EOS left out) for greedy tokenization, the longest token's length, the
+    walk's token slots (ids, and which are EOS) and the trie (None without compiled walks)."""
+    with _VOCAB_LOCK:
+        got = _VOCAB_PARTS.get(vt)
+        if got is None or (got[4] is None) == compiled:
+            eos = set(int(e) for e in vt.eos_ids.tolist())
+            by_bytes: dict[bytes, int] = {}
+            for tid, b in enumerate(vt.token_bytes[: vt.vocab_size]):
+                if b and tid not in eos and b not in by_bytes:
+                    by_bytes[bytes(b)] = tid
+            top = max((len(b) for b in by_bytes), default=0)
+            trie = vt.trie() if compiled else None
+            slots = np.asarray(trie.slot_ids if trie is not None else vt.flat_ids, dtype=np.int64)
+            got = _VOCAB_PARTS[vt] = (by_bytes, top, slots, np.isin(slots, vt.eos_ids), trie)
+        return got
+
+
 class BudgetTable:
     """The budget rule's numbers for one (grammar, vocabulary): see the module docstring.
     Build it with :meth:`structgen.masks.engine.Engine.budget_table`; call it holding the
@@ -55,16 +80,8 @@ class BudgetTable:
         self.runtime = engine.runtime
         self.vt = vt
         self.lengths = completion_lengths(self.runtime)
-        eos = set(int(e) for e in vt.eos_ids.tolist())
-        self._by_bytes: dict[bytes, int] = {}
-        for tid, b in enumerate(vt.token_bytes[: vt.vocab_size]):
-            if b and tid not in eos and b not in self._by_bytes:
-                self._by_bytes[bytes(b)] = tid
-        self._max_len = max((len(b) for b in self._by_bytes), default=0)
-        self._trie = vt.trie() if engine.native else None
-        slots = self._trie.slot_ids if self._trie is not None else vt.flat_ids
-        self._slot_ids = np.asarray(slots, dtype=np.int64)
-        self._slot_eos = np.isin(self._slot_ids, vt.eos_ids)
+        part = _vocab_part(vt, engine.native)
+        self._by_bytes, self._max_len, self._slot_ids, self._slot_eos, self._trie = part
         self._need: dict[int, int] = {}
         self._worst: dict[int, int] = {}
         self._next: OrderedDict[int, np.ndarray] = OrderedDict()

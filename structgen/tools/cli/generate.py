@@ -254,7 +254,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             lm = load_model(str(model_path), dtype=getattr(args, "dtype", "float32"))
         except Exception as e:  # noqa: BLE001 - transformers' many load errors
             raise _Usage(f"cannot load model {model_name}: {type(e).__name__}: {e}") from None
-        _check_contexts(lm, requests, gen.max_new_tokens)
+        _check_contexts(lm, requests, gen.max_new_tokens, gen.on_budget)
         rc = _generate_all(args, prog, lm, requests, cfg, gen.max_new_tokens, gen.seed, speculative,
                            settings, files, on_budget=gen.on_budget)
         for o in opened:
@@ -266,17 +266,23 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise
 
 
-def _check_contexts(lm: Any, requests: list[_Request], max_new_tokens: int) -> None:
-    """Every request's prompt plus ``max_new_tokens`` within the model's context, checked before
-    anything is generated (an error names the request's FILE:LINE)."""
+def _check_contexts(lm: Any, requests: list[_Request], max_new_tokens: int, on_budget: str = "close") -> None:
+    """Every request's prompt plus ``max_new_tokens`` within the model's context, and (with
+    ``on_budget="close"``) ``max_new_tokens`` at least its constraint's shortest output, checked
+    before anything is generated (an error names the request's FILE:LINE)."""
     from structgen.errors import StructgenError
     from structgen.generation.api import _prompt_ids
-    from structgen.generation.model import check_context
+    from structgen.generation.loop import check_budget
+    from structgen.generation.model import check_context, vocabulary_for
+    from structgen.masks.matcher import Matcher
 
+    vocab = vocabulary_for(lm) if on_budget == "close" else None
     for req in requests:
         try:
             ids = _prompt_ids(lm, req.prompt, req.messages)
             check_context(lm, len(ids), max_new_tokens)
+            if vocab is not None:
+                check_budget(Matcher(req.constraint.compiled, vocab), max_new_tokens)
         except StructgenError as e:
             raise _Usage(f"{req.where}: {_text(e)}") from None
 
