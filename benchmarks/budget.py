@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                      "finish": plain.finish_reason, "narrowed_steps": plain.stats.budget_narrowed,
                      "plain_s": round(t1 - t0, 2), "spec_s": round(t2 - t1, 2),
                      "plain_passes": plain.stats.forward_passes, "spec_passes": spec.stats.forward_passes,
-                     "text": plain.text[:300]})
+                     "text": plain.text})
         print(f"{name:28} ok={ok} identical={identical} valid={error is None} finish={plain.finish_reason} "
               f"tokens={len(plain.tokens)}/{budget} narrowed={plain.stats.budget_narrowed}"
               + (f" error={error}" if error else ""), file=sys.stderr)
