@@ -187,3 +187,34 @@ def test_budget_survives_a_flush():
     m._eng.flush()
     assert m.tokens_to_finish() == before
     assert m.allowed_token_ids(budget=before)
+
+
+@pytest.mark.assets
+@pytest.mark.parametrize("alias", ["llama3", "mistral", "smollm2-135m"])
+def test_random_walks_on_real_vocabularies(alias, tokenizer_by_alias):
+    """Uniformly random tokens under the rule, on real vocabularies (byte-level BPE, and
+    SentencePiece with byte fallback): every walk ends with EOS within its budget on a
+    document that jsonschema accepts."""
+    import json
+
+    import jsonschema
+
+    from structgen.masks.vocab import Vocabulary
+
+    vocab = Vocabulary.from_tokenizer(tokenizer_by_alias(alias))
+    eos = set(vocab.eos_token_ids)
+    rng = random.Random(11)
+    for schema in (_schemas.PERSON, _schemas.STATUS_TAGS):
+        g = compile_constraint("json", schema)
+        need = Matcher(g, vocab).tokens_to_finish()
+        for k in (0, 1, 4, 9):
+            m = Matcher(g, vocab)
+            out = []
+            while not m.is_terminated():
+                left = need + k - len(out)
+                assert left >= 1
+                t = rng.choice(m.allowed_token_ids(budget=left))
+                assert m.accept_token(t)
+                out.append(t)
+            assert len(out) <= need + k and out[-1] in eos
+            jsonschema.validate(json.loads(vocab.decode_bytes(out[:-1])), schema)

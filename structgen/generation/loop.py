@@ -470,7 +470,7 @@ def check_budget(matcher: Matcher, max_new_tokens: int, *, request_index: int | 
         from structgen.errors import TokenBudgetError
 
         what = (f"needs at least {need} tokens (its shortest output, tokenized greedily, plus EOS)"
-                if need < (1 << 30) else "has no output this vocabulary can spell")
+                if need < (1 << 30) else "has no shortest output this vocabulary spells token by token")
         raise TokenBudgetError(f"max_new_tokens={max_new_tokens} is too small: the constraint {what}; "
                                "raise max_new_tokens, or pass on_budget='cut' to allow cut-short outputs",
                                needed=need, max_new_tokens=max_new_tokens, request_index=request_index)
