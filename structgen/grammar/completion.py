@@ -127,8 +127,9 @@ class CompletionLengths:
                 continue
             if tab.state_flags[g] & K.ACCEPT:
                 fixed[g] = 0
-            row = tab.state_trans[g]
-            for t in np.unique(row[row >= 0]).tolist():
+            for t in set(tab.state_trans[g].tolist()):
+                if t < 0:
+                    continue
                 byte_src.append(g)
                 byte_dst.append(t)
                 work.append(t)

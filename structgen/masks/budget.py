@@ -64,10 +64,14 @@ def _vocab_part(vt: VocabTable, compiled: bool) -> tuple[Any, ...]:
             for tid, b in enumerate(vt.token_bytes[: vt.vocab_size]):
                 if b and tid not in eos and b not in by_bytes:
                     by_bytes[bytes(b)] = tid
-            top = max((len(b) for b in by_bytes), default=0)
+            # per first byte, the lengths of the tokens starting with it, longest first
+            lens: list[set[int]] = [set() for _ in range(256)]
+            for b in by_bytes:
+                lens[b[0]].add(len(b))
+            by_first = [sorted(x, reverse=True) for x in lens]
             trie = vt.trie() if compiled else None
             slots = np.asarray(trie.slot_ids if trie is not None else vt.flat_ids, dtype=np.int64)
-            got = _VOCAB_PARTS[vt] = (by_bytes, top, slots, np.isin(slots, vt.eos_ids), trie)
+            got = _VOCAB_PARTS[vt] = (by_bytes, by_first, slots, np.isin(slots, vt.eos_ids), trie)
         return got
 
 
@@ -81,7 +85,7 @@ class BudgetTable:
         self.vt = vt
         self.lengths = completion_lengths(self.runtime)
         part = _vocab_part(vt, engine.native)
-        self._by_bytes, self._max_len, self._slot_ids, self._slot_eos, self._trie = part
+        self._by_bytes, self._by_first, self._slot_ids, self._slot_eos, self._trie = part
         self._need: dict[int, int] = {}
         self._worst: dict[int, int] = {}
         self._next: OrderedDict[int, np.ndarray] = OrderedDict()
@@ -94,31 +98,54 @@ class BudgetTable:
         self._next.clear()
         self._masks.clear()
 
-    def _greedy_count(self, data: bytes) -> int:
-        """Tokens of the greedy longest-match tokenization of ``data`` (UNREACHABLE when a
-        byte cannot be spelled)."""
-        by, top = self._by_bytes, self._max_len
-        i = n = 0
-        end = len(data)
-        while i < end:
-            for ln in range(min(end - i, top), 0, -1):
-                if data[i:i + ln] in by:
-                    break
-            else:
-                return UNREACHABLE
-            i += ln
-            n += 1
-        return n
+    def _longest(self, data: bytes, i: int) -> int:
+        """Length of the longest token spelling a prefix of ``data[i:]`` (0: none)."""
+        rest = len(data) - i
+        by = self._by_bytes
+        for ln in self._by_first[data[i]]:
+            if ln <= rest and data[i:i + ln] in by:
+                return ln
+        return 0
 
     def tokens_needed(self, cid: int) -> int:
         """``U(cid)``: tokens of the greedy tokenization of the first shortest completion
-        (0 when ``cid`` accepts; UNREACHABLE when none exists or cannot be spelled)."""
-        got = self._need.get(cid)
-        if got is None:
-            w = self.lengths.completion(cid) if cid >= 0 else None
-            got = UNREACHABLE if w is None else self._greedy_count(w)
-            self._need[cid] = got
-        return got
+        (0 when ``cid`` accepts; UNREACHABLE when none exists or cannot be spelled).
+
+        Memoised at every token boundary of that tokenization too: the configuration after
+        its first ``j`` tokens has the rest of the completion as its own first shortest
+        completion, and the rest of the tokenization as that one's."""
+        need = self._need
+        got = need.get(cid)
+        if got is not None:
+            return got
+        w = self.lengths.completion(cid) if cid >= 0 else None
+        if w is None:
+            need[cid] = UNREACHABLE
+            return UNREACHABLE
+        rt = self.runtime
+        seen: list[tuple[int, int]] = []  # (configuration at a token boundary, tokens before it)
+        c, i, n = cid, 0, 0
+        total = -1
+        while i < len(w):
+            known = need.get(c)
+            if known is not None:
+                total = n + known
+                break
+            seen.append((c, n))
+            ln = self._longest(w, i)
+            if not ln:
+                total = UNREACHABLE
+                break
+            for b in w[i:i + ln]:
+                c = rt.step(c, b)
+            i += ln
+            n += 1
+        if total < 0:
+            total = n
+        for x, before in seen:
+            need[x] = total if total >= UNREACHABLE else total - before
+        need.setdefault(cid, total)  # an accepting cid (empty completion) is not in ``seen``
+        return need[cid]
 
     def _ends(self, cid: int) -> np.ndarray:
         """Per token slot, the configuration its bytes lead to from ``cid`` (-1: rejected)."""
