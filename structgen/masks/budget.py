@@ -44,7 +44,7 @@ __all__ = ["BudgetTable", "UNREACHABLE"]
 #: Tokens needed from a configuration that cannot reach acceptance (or whose shortest
 #: completion has a byte no token spells).
 UNREACHABLE = 1 << 30
-_NEXT_KEPT = 64  # per-token need arrays kept (one per configuration, vocabulary-sized)
+_NEXT_KEPT = 16  # per-token need arrays kept (one per configuration, int32, vocabulary-sized)
 _MASKS_KEPT = 256  # narrowed masks kept, per (configuration, threshold)
 
 
@@ -172,11 +172,12 @@ class BudgetTable:
             return got
         ends = self._ends(cid)
         ends[self._slot_eos] = -1
-        need = np.full(ends.size, UNREACHABLE, dtype=np.int64)
+        need = np.full(ends.size, UNREACHABLE, dtype=np.int32)
         live = ends >= 0
         if live.any():
             uniq, inv = np.unique(ends[live], return_inverse=True)
-            per = np.array([self.tokens_needed(int(c)) for c in uniq.tolist()], dtype=np.int64)
+            per = np.array([min(self.tokens_needed(int(c)), UNREACHABLE) for c in uniq.tolist()],
+                           dtype=np.int32)
             need[live] = per[inv.reshape(-1)]
         self._next[cid] = need
         if len(self._next) > _NEXT_KEPT:
