@@ -175,10 +175,12 @@ class BudgetTable:
         need = np.full(ends.size, UNREACHABLE, dtype=np.int32)
         live = ends >= 0
         if live.any():
-            uniq, inv = np.unique(ends[live], return_inverse=True)
-            per = np.array([min(self.tokens_needed(int(c)), UNREACHABLE) for c in uniq.tolist()],
-                           dtype=np.int32)
-            need[live] = per[inv.reshape(-1)]
+            at = ends[live]
+            # the distinct end configurations (small ids: a count table, no sort)
+            uniq = np.flatnonzero(np.bincount(at))
+            per = np.zeros(int(uniq[-1]) + 1, dtype=np.int32)
+            per[uniq] = [min(self.tokens_needed(int(c)), UNREACHABLE) for c in uniq.tolist()]
+            need[live] = per[at]
         self._next[cid] = need
         if len(self._next) > _NEXT_KEPT:
             self._next.popitem(last=False)
