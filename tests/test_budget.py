@@ -218,3 +218,14 @@ def test_random_walks_on_real_vocabularies(alias, tokenizer_by_alias):
                 out.append(t)
             assert len(out) <= need + k and out[-1] in eos
             jsonschema.validate(json.loads(vocab.decode_bytes(out[:-1])), schema)
+
+
+def test_on_budget_option_is_checked():
+    from structgen.config import GenerationOptions
+    from structgen.errors import ConfigError
+
+    assert GenerationOptions().on_budget == "close"
+    assert GenerationOptions(on_budget="cut").on_budget == "cut"
+    with pytest.raises(ConfigError) as info:
+        GenerationOptions(on_budget="stretch")
+    assert info.value.key == "on_budget"
