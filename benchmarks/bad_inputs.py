@@ -508,6 +508,9 @@ def generation_inputs(model: str) -> list[BadInput]:
         schema=[s, {"type": "nope"}, s], prompt=["a", "b", "c"])
     api("NaN temperature", "typed", 6, schema=s, prompt="x", temperature=float("nan"))
     api("fractional max_new_tokens", "typed", 6, schema=s, prompt="x", max_new_tokens=2.5)
+    api("max_new_tokens below the shortest output", "typed", None, message_has="max_new_tokens", schema=s,
+        prompt="x", max_new_tokens=2)
+    api("unknown on_budget", "typed", None, schema=s, prompt="x", on_budget="stretch")
     api("seed 2**70", "typed", 6, schema=s, prompt="x", seed=2**70)
     api("negative top_p", "typed", None, schema=s, prompt="x", top_p=-1.0)
     api("no constraint", "typed", None, prompt="x")

@@ -79,7 +79,7 @@ def requests(n: int) -> list[dict[str, Any]]:
 
 
 def _valid(schema: dict[str, Any], r: Any) -> bool:
-    if r.finish_reason != "stop":
+    if not r.complete:
         return False
     try:
         return jsonschema_validator(schema, jsonschema.Draft202012Validator).is_valid(json.loads(r.text))
@@ -96,7 +96,7 @@ def run_engine(lm: CausalLM, engine: str, reqs: list[dict[str, Any]], max_new: i
     if engine.startswith("batch"):
         rs = structgen.generate(lm, schema=[q["schema"] for q in reqs],
                                 messages=[q["messages"] for q in reqs], max_new_tokens=max_new,
-                                speculative=speculative, config=cfg)
+                                speculative=speculative, config=cfg, on_budget="cut")
         passes = rs.stats.forward_passes
         extra = {"row_forward_passes": rs.stats.row_forward_passes,
                  "real_positions": rs.stats.real_positions,
@@ -109,7 +109,8 @@ def run_engine(lm: CausalLM, engine: str, reqs: list[dict[str, Any]], max_new: i
                  "drafters": rs.stats.drafters}
     else:
         rs = [structgen.generate(lm, schema=q["schema"], messages=q["messages"],
-                                 max_new_tokens=max_new, speculative=speculative, config=cfg)
+                                 max_new_tokens=max_new, speculative=speculative, config=cfg,
+                                 on_budget="cut")
               for q in reqs]
         passes = sum(r.stats.forward_passes for r in rs)
         extra = {"drafted": sum(r.stats.drafted for r in rs),
@@ -160,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     reqs = requests(args.requests)
     # warm-up: grammar compilation (cached per schema) and first-call costs outside the timing
     structgen.generate(lm, schema=[q["schema"] for q in reqs], messages=[q["messages"] for q in reqs],
-                       max_new_tokens=2, speculative=False, config=SpecConfig(batch_size=args.batch_size))
+                       max_new_tokens=2, speculative=False, config=SpecConfig(batch_size=args.batch_size),
+                       on_budget="cut")
     results: dict[str, dict[str, Any]] = {}
     walls: dict[str, list[float]] = {e: [] for e in engines}
     for rep in range(max(1, args.repeats)):

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     s = r.stats
     print(f"finish={r.finish_reason} tokens={s.new_tokens} tokens/pass={s.tokens_per_pass:.2f}",
           file=sys.stderr)
-    return 0 if r.finish_reason == "stop" else 1
+    return 0 if r.complete else 1
 
 
 if __name__ == "__main__":

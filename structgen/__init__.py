@@ -21,6 +21,7 @@ from structgen.errors import (
     RegexError,
     SchemaError,
     StructgenError,
+    TokenBudgetError,
     UnsupportedFeatureError,
     VocabularyError,
 )
@@ -53,7 +54,7 @@ __all__ = [
     "__version__",
     "AssetError", "CompileLimitError", "CompileTimeoutError", "ConfigError", "ContextLengthError",
     "GrammarError", "GrammarSyntaxError", "MatcherUsageError", "RegexError", "SchemaError",
-    "StructgenError",
+    "StructgenError", "TokenBudgetError",
     "UnsupportedFeatureError", "VocabularyError",
     *sorted(_LAZY),
 ]

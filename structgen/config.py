@@ -286,8 +286,14 @@ class GenerationOptions:
 
     model: model alias (see ``structgen models``) or local Hugging Face folder; None = the
         default model (``smollm2-135m``).
-    max_new_tokens: generated tokens per request before it stops with
-        ``finish_reason="length"`` (an incomplete output).
+    max_new_tokens: generated tokens per request (EOS included).
+    on_budget: what ``max_new_tokens`` does to an output. ``"close"`` (the default): as the
+        budget runs low, only tokens after which the shortest completion (tokenized greedily)
+        plus EOS still fits are allowed, so every output is complete and valid;
+        ``finish_reason`` is ``"budget_close"`` where that rule removed a token the grammar
+        allowed, and a budget below the shortest output is a ``TokenBudgetError`` before any
+        generation. ``"cut"``: generation stops at the budget wherever the output is
+        (``finish_reason="length"``, an incomplete output).
     seed: base random seed (request ``i`` uses ``seed + i``); None = random.
     speculative: False runs plain grammar-constrained decoding (no drafts), the baseline.
     start: start rule of a Lark grammar.
@@ -295,6 +301,7 @@ class GenerationOptions:
 
     model: str | None = None
     max_new_tokens: int = 256
+    on_budget: str = "close"
     seed: int | None = None
     speculative: bool = True
     start: str = "start"
@@ -302,6 +309,7 @@ class GenerationOptions:
     def __post_init__(self) -> None:
         _check_text(self, "model", optional=True)
         _check_int(self, "max_new_tokens", 1)
+        _check_choice(self, "on_budget", ("close", "cut"))
         _check_int(self, "seed", 0, MAX_SEED, optional=True)
         _check_bool(self, "speculative")
         _check_text(self, "start")

@@ -20,6 +20,7 @@ __all__ = [
     "VocabularyError",
     "AssetError",
     "ContextLengthError",
+    "TokenBudgetError",
     "MatcherUsageError",
     "StructgenWarning",
     "attribute_to_request",
@@ -178,6 +179,26 @@ class ContextLengthError(StructgenError, ValueError):
         self.prompt_tokens = prompt_tokens
         self.max_new_tokens = max_new_tokens
         self.context_length = context_length
+        super().__init__(message)
+        if request_index is not None:
+            attribute_to_request(self, request_index)
+
+
+class TokenBudgetError(StructgenError, ValueError):
+    """``max_new_tokens`` is below the shortest output the constraint allows, with
+    ``on_budget="close"`` (every output must then be complete within the budget).
+
+    Raised before any generation. ``needed`` is the fewest tokens the budget rule needs (the
+    greedy tokenization of the shortest completion, plus EOS), ``max_new_tokens`` the budget
+    given, ``request_index`` the request of the batch (None for a single prompt).
+    """
+
+    key = "max_new_tokens"
+
+    def __init__(self, message: str, *, needed: int, max_new_tokens: int,
+                 request_index: int | None = None) -> None:
+        self.needed = needed
+        self.max_new_tokens = max_new_tokens
         super().__init__(message)
         if request_index is not None:
             attribute_to_request(self, request_index)

@@ -318,7 +318,7 @@ CONFIG_KEYS = {
                              "top_p", "verify_threshold", "batch_size", "grammar_drafts",
                              "prompt_lookup", "ngram_max", "ngram_min", "draft_model", "adaptive",
                              "min_acceptance", "warmup_proposals", "backend", "overlap_masks"],
-    "generation": ["max_new_tokens", "seed", "model", "speculative", "start"],
+    "generation": ["max_new_tokens", "on_budget", "seed", "model", "speculative", "start"],
     "json_schema": ["whitespace", "max_whitespace", "property_order", "formats", "lenient",
                     "max_string_length", "max_depth", "max_enum"],
     "compile": ["max_states", "timeout_s", "max_rules"],

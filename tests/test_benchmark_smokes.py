@@ -41,6 +41,7 @@ ENVELOPE_KEYS = {"commit", "date", "machine", "versions", "command"}
 SMOKES: dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]] = {
     "bad_inputs": ((), False, ()),
     "batch": ((), False, ("gpt2",)),
+    "budget": ((), False, ("gpt2",)),
     "generate": ((), False, ("gpt2",)),
     "json_schema_suite": ((), False, ()),
     "jsonschemabench": ((), False, ("llama3",)),
@@ -57,7 +58,7 @@ NEEDS_MODULE = {"llamacpp_row_invariance": "llama_cpp"}
 
 
 # the longest smokes first, so that the two concurrent runs finish close together
-START_ORDER = ("masks", "jsonschemabench", "bad_inputs", "batch", "generate", "lossless", "verify",
+START_ORDER = ("masks", "jsonschemabench", "bad_inputs", "batch", "budget", "generate", "lossless", "verify",
                "verify_codegen", "verify_race_skip", "json_schema_suite", "startup",
                "llamacpp_row_invariance")
 
@@ -211,6 +212,28 @@ def test_batch(runs: _Runs) -> None:
         assert s["requests"] == 4 and s["output_tokens"] > 0
         if engine != "single-plain":  # greedy: every engine token-identical to the oracle
             assert s["identical_to_single_plain"] == "4/4", (engine, s)
+
+
+def test_budget(runs: _Runs) -> None:
+    _, report = _smoke(runs, "budget")
+    s = report["summary"]
+    assert s["model"] == "tiny-random" and s["cases"] == s["passed"] == s["identical"] == s["valid"] == 3
+    assert s["budget_close"] >= 1  # the unbiased tiny model runs long: the rule closed it
+    for c in report["cases"]:
+        assert c["tokens"] <= c["budget"] == c["shortest"] + 4 and c["finish"] in ("stop", "budget_close")
+        schema = next(t for t in _smoke_schemas() if t[0] == c["case"])[1]
+        jsonschema.validate(json.loads(c["text"]), schema)
+    for kind in ("cold", "warm"):
+        assert {"plain_mask", "rule_in_zone", "rule_out_of_zone"} <= set(s["mask_cost"][kind])
+
+
+def _smoke_schemas() -> list[tuple[str, Any]]:
+    sys.path.insert(0, str(BENCH))
+    from tasks.extraction import TASKS
+
+    out = [(t["name"], t["schema"]) for t in TASKS]
+    out += [(p.stem, json.loads(p.read_text())) for p in sorted((ROOT / "schemas").glob("*.schema.json"))]
+    return out
 
 
 def test_generate(runs: _Runs) -> None:

@@ -203,11 +203,26 @@ def test_generate_grammar_regex_messages_pydantic(model_dir: Path, files: Path, 
 @pytest.mark.model
 def test_incomplete_output_exit_1(model_dir: Path, files: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = run(capsys, "generate", "--model", model_dir, "--schema", files / "s.json",
-                       "--prompt", "x", "--max-new-tokens", 2)
+                       "--prompt", "x", "--max-new-tokens", 2, "--on-budget", "cut")
     assert rc == 1
     (r,) = lines_of(out)
     assert r["finish_reason"] == "length" and not r["valid"] and r["value"] is None
     assert "1 incomplete" in err
+
+
+@pytest.mark.assets
+@pytest.mark.model
+def test_budget_below_the_shortest_output_is_a_usage_error(model_dir: Path, files: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "generate", "--model", model_dir, "--schema", files / "s.json",
+                       "--prompts", files / "prompts.jsonl", "--max-new-tokens", 3)
+    assert rc == 2 and out == ""
+    assert "prompts.jsonl:1" in err and "max_new_tokens=3 is too small" in err
+    # closing (the default) within a small budget that fits: complete and valid
+    rc, out, err = run(capsys, "generate", "--model", model_dir, "--schema", files / "s.json",
+                       "--prompt", "x", "--max-new-tokens", 16)
+    (r,) = lines_of(out)
+    assert rc == 0 and r["valid"] and r["finish_reason"] in ("stop", "budget_close") and r["num_tokens"] <= 16
 
 
 @pytest.mark.assets

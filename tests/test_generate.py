@@ -57,23 +57,28 @@ def test_greedy_speculative_equals_plain(tiny_lm, case: int) -> None:
                                   speculative=True)
         assert spec.tokens == plain.tokens
         assert spec.finish_reason == plain.finish_reason
-        if plain.finish_reason == "stop":
-            jsonschema.validate(json.loads(plain.text), schema)
-            assert spec.value == json.loads(plain.text)
-        else:
-            assert plain.finish_reason == "length" and len(plain.tokens) == 80
+        # on_budget="close" (the default): every output is complete within the budget
+        assert plain.finish_reason in ("stop", "budget_close") and len(plain.tokens) <= 80
+        jsonschema.validate(json.loads(plain.text), schema)
+        assert spec.value == json.loads(plain.text)
         assert spec.stats.forward_passes <= plain.stats.forward_passes
 
 
 def test_length_limit_and_stream(tiny_lm) -> None:
     schema = {"type": "array", "items": {"type": "integer"}}
-    r = structgen.generate(tiny_lm, schema=schema, prompt="numbers:", max_new_tokens=7)
+    r = structgen.generate(tiny_lm, schema=schema, prompt="numbers:", max_new_tokens=7, on_budget="cut")
     assert len(r.tokens) <= 7
     assert r.finish_reason in ("length", "stop")
     if r.finish_reason == "length":
         assert len(r.tokens) == 7 and r.value is None
-    pieces = list(structgen.stream(tiny_lm, schema=schema, prompt="numbers:", max_new_tokens=7))
+    pieces = list(structgen.stream(tiny_lm, schema=schema, prompt="numbers:", max_new_tokens=7,
+                                   on_budget="cut"))
     assert "".join(pieces) == r.text
+    closed = structgen.generate(tiny_lm, schema=schema, prompt="numbers:", max_new_tokens=7)
+    assert len(closed.tokens) <= 7 and closed.complete
+    jsonschema.validate(closed.value, schema)
+    pieces = list(structgen.stream(tiny_lm, schema=schema, prompt="numbers:", max_new_tokens=7))
+    assert "".join(pieces) == closed.text
 
 
 def test_batch_mixed_schemas(tiny_lm) -> None:
@@ -85,7 +90,7 @@ def test_batch_mixed_schemas(tiny_lm) -> None:
     for r, s, p in zip(rs, schemas, prompts):
         single = structgen.generate(tiny_lm, schema=s, prompt=p, max_new_tokens=60)
         assert r.tokens == single.tokens
-        if r.finish_reason == "stop":
+        if r.complete:
             jsonschema.validate(json.loads(r.text), s)
 
 
@@ -110,7 +115,7 @@ def test_pydantic_model_instance(tiny_lm) -> None:
         y: int
 
     r = structgen.generate(tiny_lm, schema=Point, prompt="point:", max_new_tokens=40)
-    if r.finish_reason == "stop":
+    if r.complete:
         assert isinstance(r.value, Point)
 
 
@@ -121,5 +126,5 @@ def test_sampling_is_seeded(tiny_lm) -> None:
     b = structgen.generate(tiny_lm, schema=s, prompt=PROMPTS[0], temperature=1.0, seed=3,
                            max_new_tokens=40)
     assert a.tokens == b.tokens
-    if a.finish_reason == "stop":
+    if a.complete:
         jsonschema.validate(json.loads(a.text), s)

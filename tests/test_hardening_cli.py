@@ -311,7 +311,7 @@ def test_prompt_plus_budget_beyond_context_is_a_typed_error(small_ctx_llama: Any
         assert info.value.request_index == 1 and str(info.value).startswith("request 1: ")
         assert calls == []
         # what fits runs
-        r = structgen.generate(lm, schema=SCHEMA, prompt=LONG, max_new_tokens=4)
+        r = structgen.generate(lm, schema=SCHEMA, prompt=LONG, max_new_tokens=4, on_budget="cut")
         assert len(r.tokens) <= 4
     finally:
         hook.remove()

@@ -107,7 +107,7 @@ def _sample(lm, vocab, grammar, prompt, *, speculative: bool, draft_lm=None) -> 
     drafted = 0
     for i in range(N):
         r = run_sequence(lm, vocab, grammar, prompt, cfg, speculative=speculative,
-                         max_new_tokens=8, draft_lm=draft_lm, seed=10_000 + i)
+                         max_new_tokens=8, draft_lm=draft_lm, seed=10_000 + i, on_budget="cut")
         assert r.finish_reason == "stop"
         counts[tuple(t for t in r.tokens if t not in vocab.eos_token_ids)] += 1
         drafted += r.stats.drafted

@@ -27,6 +27,7 @@ from typing import Any
 
 from structgen.config import SpecConfig
 from structgen.errors import ConfigError
+from structgen.generation.results import is_complete
 
 __all__ = ["BatchResults", "GenerationResult", "generate", "stream", "generate_model", "DEFAULT_MODEL",
            "resolve_grammar"]
@@ -40,8 +41,9 @@ class GenerationResult:
 
     text: the generated text (EOS excluded); value: the parsed JSON value (or the Pydantic
     instance when a Pydantic class was the schema), None when the output is incomplete;
-    tokens: generated token ids (EOS included if emitted); finish_reason: "stop" or "length";
-    stats: :class:`~structgen.generation.loop.GenerationStats`.
+    tokens: generated token ids (EOS included if emitted); finish_reason: "stop" (complete),
+    "budget_close" (complete, steered to fit ``max_new_tokens``) or "length" (cut short, with
+    ``on_budget="cut"``); stats: :class:`~structgen.generation.loop.GenerationStats`.
     """
 
     text: str
@@ -51,6 +53,11 @@ class GenerationResult:
     stats: Any
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """Whether the output is complete (``finish_reason`` "stop" or "budget_close")."""
+        return is_complete(self.finish_reason)
 
 
 def _load_config(config: SpecConfig | str | os.PathLike[str] | dict | None) -> SpecConfig:
@@ -124,7 +131,7 @@ def _prompt_ids(lm: Any, prompt: str | None, messages: list[dict] | None) -> lis
 def _finish(res: Any, pyd: Any, is_json: bool) -> GenerationResult:
     value = None
     error = None
-    if res.finish_reason == "stop" and is_json:
+    if is_complete(res.finish_reason) and is_json:
         try:
             value = json.loads(res.text)
             if pyd is not None:
@@ -141,7 +148,8 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
              top_p: float | Sequence[float] | None = None,
              seed: int | None = None, speculative: bool = True,
              config: SpecConfig | str | os.PathLike[str] | dict | None = None,
-             draft_model: Any = None, start: str = "start", strict: bool = True) -> Any:
+             draft_model: Any = None, start: str = "start", strict: bool = True,
+             on_budget: str = "close") -> Any:
     """Generate constrained output. Returns a :class:`GenerationResult`, or a list of them
     when ``prompt`` is a list of strings or ``messages`` a list of conversations.
 
@@ -160,6 +168,11 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
     schema that declares properties but not ``additionalProperties`` gets only its declared
     keys, and ``prefixItems`` without ``items`` no further items (a narrowing: outputs stay
     valid). ``strict=False`` generates every value the schema allows.
+    ``on_budget`` (see :class:`~structgen.config.GenerationOptions`): ``"close"`` (the default)
+    steers every output to end complete within ``max_new_tokens`` (``finish_reason``
+    ``"stop"``, or ``"budget_close"`` where the budget had to steer it; a budget below the
+    shortest output raises :class:`~structgen.errors.TokenBudgetError` before generating);
+    ``"cut"`` stops at the budget (``finish_reason="length"``, incomplete).
     """
     from structgen.generation.loop import run_sequence
     from structgen.generation.model import check_context, load_model, vocabulary_for
@@ -175,7 +188,7 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
     n = len(items)
     opts = _merge_options(config, n=n, batch=batch, temperature=temperature, top_p=top_p,
                           draft_model=draft_model, max_new_tokens=max_new_tokens, seed=seed,
-                          speculative=speculative, start=start)
+                          speculative=speculative, start=start, on_budget=on_budget)
     gen = opts.generation
     _check_requests(items, batch, "prompt" if prompt is not None else "messages")
     schemas = _per_request("schema", schema, n, batch)
@@ -195,11 +208,12 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
                           None if isinstance(item, str) else item)
         check_context(lm, len(ids), gen.max_new_tokens, draft_lm=draft_lm)
         res = run_sequence(lm, vocab, g, ids, opts.requests[0], speculative=gen.speculative,
-                           max_new_tokens=gen.max_new_tokens, draft_lm=draft_lm, seed=gen.seed)
+                           max_new_tokens=gen.max_new_tokens, draft_lm=draft_lm, seed=gen.seed,
+                           on_budget=gen.on_budget)
         return _finish(res, pyd, schemas[0] is not None)
     return _generate_batch(lm, vocab, opts.requests, items, schemas, compiled,
                            speculative=gen.speculative, max_new_tokens=gen.max_new_tokens,
-                           draft_lm=draft_lm, seed=gen.seed)
+                           draft_lm=draft_lm, seed=gen.seed, on_budget=gen.on_budget)
 
 
 @dataclass(frozen=True)
@@ -218,7 +232,7 @@ class _CallOptions:
 
 def _merge_options(config: Any, *, n: int, batch: bool, temperature: Any, top_p: Any,
                    draft_model: Any, max_new_tokens: Any, seed: Any, speculative: Any,
-                   start: Any) -> _CallOptions:
+                   start: Any, on_budget: Any = "close") -> _CallOptions:
     """Merge ``config`` (a SpecConfig, dict or YAML path) with the call's keywords, the one
     place :func:`generate` and :func:`stream` do it. Every value is checked by the dataclass
     that owns it (``temperature=float("nan")``, ``max_new_tokens=2.5``, ``seed=2**70`` are
@@ -253,7 +267,7 @@ def _merge_options(config: Any, *, n: int, batch: bool, temperature: Any, top_p:
                     raise attribute_to_request(e, i) from None
             requests[i] = made[key]
     generation = GenerationOptions(max_new_tokens=max_new_tokens, seed=seed, speculative=speculative,
-                                   start=start)
+                                   start=start, on_budget=on_budget)
     return _CallOptions(cfg, requests, generation)
 
 
@@ -345,15 +359,16 @@ class BatchResults(list):  # type: ignore[type-arg]
 
 def _generate_batch(lm: Any, vocab: Any, cfgs: list[SpecConfig], items: list[Any], schemas: list[Any],
                     compiled: list[tuple[Any, Any]], *, speculative: bool, max_new_tokens: int,
-                    draft_lm: Any, seed: int | None) -> BatchResults:
+                    draft_lm: Any, seed: int | None, on_budget: str = "close") -> BatchResults:
     """Micro-batches of ``batch_size`` sequences, each run by
     :func:`~structgen.generation.loop.run_batch` (one batched target forward per step);
     ``cfgs`` holds one SpecConfig per request (they differ at most in temperature and top-p,
     which reach the verifier per sequence). Every prompt is encoded and checked against the
     context first: a bad request fails the call before any micro-batch is generated."""
     from structgen.errors import StructgenError, attribute_to_request
-    from structgen.generation.loop import BatchStats, run_batch
+    from structgen.generation.loop import BatchStats, check_budget, run_batch
     from structgen.generation.model import check_context
+    from structgen.masks.matcher import Matcher
 
     n = len(items)
     ids: list[list[int]] = []
@@ -367,6 +382,12 @@ def _generate_batch(lm: Any, vocab: Any, cfgs: list[SpecConfig], items: list[Any
         except StructgenError as e:
             raise attribute_to_request(e, i) from None
         ids.append(p)
+    if on_budget == "close":  # after every context check: a bad prompt is named first
+        for i in range(n):
+            try:
+                check_budget(Matcher(compiled[i][0], vocab), max_new_tokens)
+            except StructgenError as e:
+                raise attribute_to_request(e, i) from None
     results = BatchResults()
     total = BatchStats()
     cfg = cfgs[0]
@@ -376,7 +397,7 @@ def _generate_batch(lm: Any, vocab: Any, cfgs: list[SpecConfig], items: list[Any
                               speculative=speculative, max_new_tokens=max_new_tokens,
                               draft_lm=draft_lm,
                               seeds=[None if seed is None else seed + i for i in idx],
-                              configs=[cfgs[i] for i in idx])
+                              configs=[cfgs[i] for i in idx], on_budget=on_budget)
         total.add(bst)
         for i, res in zip(idx, outs):
             results.append(_finish(res, compiled[i][1], schemas[i] is not None))
@@ -389,7 +410,8 @@ def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | Non
            tokenizer: Any = None, max_new_tokens: int = 256, temperature: float | None = None,
            top_p: float | None = None, seed: int | None = None, speculative: bool = True,
            config: SpecConfig | str | os.PathLike[str] | dict | None = None,
-           draft_model: Any = None, start: str = "start", strict: bool = True) -> Iterator[str]:
+           draft_model: Any = None, start: str = "start", strict: bool = True,
+           on_budget: str = "close") -> Iterator[str]:
     """Yield text increments as each verify step commits them (never text a later
     rollback could take back). Same arguments as :func:`generate` (``strict`` included), one
     prompt."""
@@ -401,7 +423,7 @@ def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | Non
                           key="prompt")
     opts = _merge_options(config, n=1, batch=False, temperature=temperature, top_p=top_p,
                           draft_model=draft_model, max_new_tokens=max_new_tokens, seed=seed,
-                          speculative=speculative, start=start)
+                          speculative=speculative, start=start, on_budget=on_budget)
     cfg, gen = opts.config, opts.generation
     g, _pyd = resolve_grammar(schema=schema, grammar=grammar, regex=regex, start=gen.start,
                               strict=strict)
@@ -414,7 +436,8 @@ def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | Non
     dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
     eos = set(vocab.eos_token_ids)
     for new, _seq in stream_sequence(lm, vocab, g, ids, cfg, speculative=speculative,
-                                     max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed):
+                                     max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed,
+                                     on_budget=gen.on_budget):
         data = vocab.decode_bytes([t for t in new if t not in eos])
         text = dec.decode(data)
         if text:

@@ -274,14 +274,16 @@ class DraftModelDrafter(Drafter):
         self.cached = []
 
     def propose(self, matcher: Matcher, context: list[int], limit: int, *,
-                temperature: float = 0.0, generator: Any = None) -> tuple[list[int], Any]:
+                temperature: float = 0.0, generator: Any = None,
+                budget: int | None = None) -> tuple[list[int], Any]:
         """Up to ``limit`` tokens drafted after ``context`` under the grammar mask, greedily at
         ``temperature`` 0, else sampled with ``generator``; and the float32 ``[n, V]`` rows of the
         distributions they were drawn from (None with no tokens). The rows live in this
         drafter's own buffers and stay valid until its next proposal. Runs one draft-model
         forward per token the grammar leaves a choice for (forced tokens need none); reuses the
         KV cache for the prefix ``context`` shares with the previous call. ``matcher`` is
-        forked, not advanced."""
+        forked, not advanced. ``budget``: tokens left at the first drafted position; each
+        position is then masked by the budget rule as the target's will be (None: off)."""
         import torch
 
         from structgen.generation.sampling import DistributionBuffers
@@ -311,7 +313,7 @@ class DraftModelDrafter(Drafter):
         toks: list[int] = []
         pending: list[int] = []  # drafted tokens not fed to the draft model yet
         for step in range(limit):
-            m.fill_bitmask(bm, 0)
+            m.fill_bitmask(bm, 0, budget=None if budget is None else budget - step)
             only = _single_allowed(bm[0])
             if only is not None:
                 # the grammar leaves one token: the masked distribution is a point mass on it

@@ -47,81 +47,17 @@ from structgen.generation.drafters import (
     PromptLookupDrafter,
 )
 from structgen.generation.model import CausalLM, check_context
+from structgen.generation.results import (
+    BUDGET_CLOSE,
+    ON_BUDGET_CHOICES,
+    GenerationStats,
+    SequenceResult,
+)
 from structgen.grammar.compiled import CompiledGrammar
 from structgen.masks.matcher import Matcher, bitmask_words
 
-__all__ = ["BatchStats", "GenerationStats", "SequenceResult", "run_batch", "run_sequence",
+__all__ = ["BatchStats", "GenerationStats", "SequenceResult", "check_budget", "run_batch", "run_sequence",
            "stream_sequence"]
-
-
-@dataclass
-class GenerationStats:
-    """Counters for one call (or summed over a batch).
-
-    acceptance per drafter = accepted / proposed draft tokens (pre-validated tokens that
-    were sent to the target). ``tokens_per_pass`` = generated tokens / target forward passes.
-    """
-
-    forward_passes: int = 0
-    new_tokens: int = 0
-    free_tokens: int = 0  # tokens committed without a forward pass (grammar allowed only one)
-    drafted: int = 0
-    accepted: int = 0
-    bonus: int = 0  # recovered or bonus tokens emitted by verification
-    drafters: dict[str, dict[str, Any]] = field(default_factory=dict)
-    time_masks: float = 0.0
-    time_drafting: float = 0.0
-    time_forward: float = 0.0
-    time_verify: float = 0.0
-    time_prefill: float = 0.0
-    time_total: float = 0.0
-    time_to_first_token: float | None = None
-
-    @property
-    def tokens_per_pass(self) -> float:
-        """New tokens per target forward pass (0.0 before any pass)."""
-        return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
-
-    @property
-    def acceptance(self) -> float | None:
-        """Accepted / drafted tokens; None when nothing was drafted."""
-        return self.accepted / self.drafted if self.drafted else None
-
-    @property
-    def tokens_per_second(self) -> float:
-        """New tokens per second of ``time_total`` (0.0 before any time passed)."""
-        return self.new_tokens / self.time_total if self.time_total else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        """Every field plus the derived rates, as a JSON-ready dict."""
-        d = {k: v for k, v in self.__dict__.items()}
-        d["tokens_per_pass"] = self.tokens_per_pass
-        d["acceptance"] = self.acceptance
-        d["tokens_per_second"] = self.tokens_per_second
-        return d
-
-    def merge(self, other: GenerationStats) -> None:
-        """Add ``other``'s counts, times and per-drafter counts into this object (in place)."""
-        for k in ("forward_passes", "new_tokens", "free_tokens", "drafted", "accepted", "bonus",
-                  "time_masks", "time_drafting", "time_forward", "time_verify", "time_prefill",
-                  "time_total"):
-            setattr(self, k, getattr(self, k) + getattr(other, k))
-        for name, st in other.drafters.items():
-            mine = self.drafters.setdefault(name, {"proposed": 0, "accepted": 0})
-            mine["proposed"] += st["proposed"]
-            mine["accepted"] += st["accepted"]
-            mine["acceptance"] = mine["accepted"] / mine["proposed"] if mine["proposed"] else None
-
-
-@dataclass
-class SequenceResult:
-    """One finished sequence of the loop: generated token ids (EOS included if emitted), the
-    decoded text, why it stopped, and its statistics."""
-
-    tokens: list[int]
-    text: str
-    finish_reason: str  # "stop" (EOS / grammar complete) | "length" | "error"
-    stats: GenerationStats
 
 
 @dataclass
@@ -132,6 +68,7 @@ class _Plan:
     cand: Candidate | None      # the candidate they came from (drafter segments, probs)
     uniforms: torch.Tensor      # float64 [k+1, 2]: the sequence's own draws for verification
     budget: int                 # tokens the sequence may still emit
+    narrowed: list[bool] = field(default_factory=list)  # per mask row: the budget rule removed a token
     bitmask: torch.Tensor | None = None  # int32 [k+1, W]: one mask per draft position plus the
                                          # bonus row (rows of the step's pooled host buffer)
 
@@ -141,7 +78,9 @@ class _Sequence:
 
     def __init__(self, lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
                  cfg: SpecConfig, *, speculative: bool, max_new_tokens: int,
-                 draft_lm: CausalLM | None, seed: int | None) -> None:
+                 draft_lm: CausalLM | None, seed: int | None, on_budget: str = "close") -> None:
+        if on_budget not in ON_BUDGET_CHOICES:
+            raise ValueError(f"on_budget must be one of {ON_BUDGET_CHOICES}, not {on_budget!r}")
         self.lm = lm
         self.vocab = vocab
         self.cfg = cfg
@@ -150,6 +89,11 @@ class _Sequence:
         self.output: list[int] = []
         self.speculative = speculative
         self.max_new = max_new_tokens
+        # on_budget="close": every mask obeys the budget rule (structgen.masks.budget), so the
+        # output ends complete within max_new_tokens; ``closed``: the rule removed a token
+        # the grammar allowed at a committed position
+        self.close = on_budget == "close"
+        self.closed = False
         self.stats = GenerationStats()
         self.finish: str | None = None
         self.eos = set(vocab.eos_token_ids)
@@ -169,6 +113,15 @@ class _Sequence:
         self._forced_at: list[tuple[int, bytes]] = []  # (output byte offset, forced text)
         self._out_bytes = 0
         self._out_ends: list[int] = [0]  # output byte offset after each output token
+
+    def check_budget(self, request_index: int | None = None) -> None:
+        """See :func:`check_budget` (with this sequence's matcher, budget and ``on_budget``)."""
+        if self.close:
+            check_budget(self.matcher, self.max_new, request_index=request_index)
+
+    def _rule_budget(self) -> int | None:
+        """Tokens left for the budget rule at the next position (None: the rule is off)."""
+        return self.max_new - len(self.output) if self.close else None
 
     # -- drafting ---------------------------------------------------------------------------
     def _text_tokens(self, parts: list[tuple[Any, bytes]], limit: int) -> Candidate | None:
@@ -202,7 +155,7 @@ class _Sequence:
         if pending:
             toks += canonical_tokens(self.lm.tokenizer, self.vocab, self.output + toks, pending)
         toks = toks[:limit]
-        toks = toks[: self.matcher.validate_tokens(toks)]
+        toks = toks[: self.matcher.validate_tokens(toks, budget=self._rule_budget())]
         if not toks:
             return None
         bounds = []
@@ -273,7 +226,7 @@ class _Sequence:
             # sink every model token after it.
             toks, probs = self.model_d.propose(
                 m.fork(), self.prompt + self.output, min(self.model_d.length, limit),
-                temperature=self.cfg.temperature, generator=self.generator)
+                temperature=self.cfg.temperature, generator=self.generator, budget=self._rule_budget())
             if toks:
                 cand = Candidate(list(toks), [(self.model_d, len(toks))])  # type: ignore[list-item]
                 if self.cfg.temperature > 0 and probs is not None:
@@ -293,7 +246,8 @@ class _Sequence:
         best_score = 0.0
         m = self.matcher
         for c in cands[: max(1, self.cfg.draft_num) + 2]:
-            n = m.validate_tokens(c.tokens)  # pre-validation: longest grammar-valid prefix
+            # pre-validation: longest grammar-valid prefix (under the budget rule, if on)
+            n = m.validate_tokens(c.tokens, budget=self._rule_budget())
             if n < len(c.tokens):
                 c.truncate(n)
             if not c.tokens:
@@ -318,15 +272,19 @@ class _Sequence:
         # a position where the grammar allows exactly one token (EOS after a complete
         # document) needs no model: plain constrained decoding could emit nothing else
         t0 = time.perf_counter()
-        allowed = m.allowed_token_ids() if m.is_accepting() else None
+        rule = budget if self.close else None
+        allowed = m.allowed_token_ids(budget=rule) if m.is_accepting() else None
         st.time_masks += time.perf_counter() - t0
         if allowed is not None and len(allowed) == 1 and allowed[0] in self.eos:
             tok = allowed[0]
+            if rule is not None and m.budget_narrows(rule):
+                self.closed = True
+                st.budget_narrowed += 1
             m.accept_token(tok)
             self.output.append(tok)
             st.new_tokens += 1
             st.free_tokens += 1
-            self.finish = "stop"
+            self._stop()
             return [tok]
 
         # drafting + pre-validation
@@ -351,8 +309,14 @@ class _Sequence:
         m = self.matcher
         draft = plan.draft
         k = len(draft)
+        plan.narrowed = []
         for i in range(k + 1):
-            m.fill_bitmask(bm, i)
+            if self.close:  # each position under the rule at its own remaining budget
+                left = plan.budget - i
+                m.fill_bitmask(bm, i, budget=left)
+                plan.narrowed.append(m.budget_narrows(left))
+            else:
+                m.fill_bitmask(bm, i)
             if i < k:
                 ok = m.accept_token(draft[i])
                 assert ok, "pre-validated draft rejected"
@@ -404,23 +368,31 @@ class _Sequence:
 
         emitted = emitted[: plan.budget]
         committed: list[int] = []
-        for t in emitted:
+        for j, t in enumerate(emitted):
             if not m.accept_token(t):
                 raise RuntimeError(f"verified token {t} rejected by the grammar")
             committed.append(t)
+            if j < len(plan.narrowed) and plan.narrowed[j]:
+                self.closed = True
+                st.budget_narrowed += 1
             if t in self.eos:
-                self.finish = "stop"
+                self._stop()
                 break
         st.bonus += int(len(committed) > n_acc)  # the verifier's own token (not cut by a drafted EOS)
         self.output.extend(committed)
         self._learn_splits(committed)
         st.new_tokens += len(committed)
         if self.finish is None and len(committed) < len(emitted):
-            self.finish = "stop"
+            self._stop()
         self.pending = committed[-1] if committed else self.pending
         if self.finish is None and len(self.output) >= self.max_new:
             self.finish = "length"
         return committed
+
+    def _stop(self) -> None:
+        """The sequence ended with EOS: ``"budget_close"`` where the budget rule steered it."""
+        self.finish = BUDGET_CLOSE if self.closed else "stop"
+        self.stats.budget_closes += int(self.closed)
 
     def _learn_splits(self, committed: list[int]) -> None:
         """Record how the model tokenized grammar-forced text: when the output now covers a
@@ -487,6 +459,21 @@ class _Sequence:
 
 _MASK_WORKER: ThreadPoolExecutor | None = None
 _MASK_WORKER_LOCK = threading.Lock()
+
+
+def check_budget(matcher: Matcher, max_new_tokens: int, *, request_index: int | None = None) -> None:
+    """Raise :class:`~structgen.errors.TokenBudgetError` when ``max_new_tokens`` is below what
+    the budget rule (``on_budget="close"``) needs from ``matcher``'s state: the greedy
+    tokenization of the shortest completion, plus EOS."""
+    need = matcher.tokens_to_finish()
+    if need > max_new_tokens:
+        from structgen.errors import TokenBudgetError
+
+        what = (f"needs at least {need} tokens (its shortest output, tokenized greedily, plus EOS)"
+                if need < (1 << 30) else "has no shortest output this vocabulary spells token by token")
+        raise TokenBudgetError(f"max_new_tokens={max_new_tokens} is too small: the constraint {what}; "
+                               "raise max_new_tokens, or pass on_budget='cut' to allow cut-short outputs",
+                               needed=need, max_new_tokens=max_new_tokens, request_index=request_index)
 
 
 def _mask_worker() -> ThreadPoolExecutor:
@@ -693,14 +680,18 @@ class _StepVerifier:
 
 def stream_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
                     cfg: SpecConfig, *, speculative: bool = True, max_new_tokens: int = 256,
-                    draft_lm: CausalLM | None = None, seed: int | None = None
+                    draft_lm: CausalLM | None = None, seed: int | None = None, on_budget: str = "close"
                     ) -> Iterator[tuple[list[int], _Sequence]]:
-    """Yield ``(committed_tokens, state)`` after every verify step."""
+    """Yield ``(committed_tokens, state)`` after every verify step. ``on_budget``: ``"close"``
+    keeps every output complete within ``max_new_tokens`` (raises
+    :class:`~structgen.errors.TokenBudgetError` up front when it cannot be); ``"cut"`` stops
+    at the budget wherever the output is (``finish_reason="length"``)."""
     if not prompt_ids:
         raise ValueError("the prompt must contain at least one token")
     check_context(lm, len(prompt_ids), max_new_tokens, draft_lm=draft_lm)
     seq = _Sequence(lm, vocab, grammar, prompt_ids, cfg, speculative=speculative,
-                    max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed)
+                    max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed, on_budget=on_budget)
+    seq.check_budget()
     seq.verifier = _StepVerifier(cfg, lm.vocab_size, lm.device, 1)
     t_start = time.perf_counter()
     seq.prefill()
@@ -852,9 +843,9 @@ def _truncate(plan: _Plan, k: int) -> None:
 
 
 def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts: list[list[int]],
-              cfg: SpecConfig, *, speculative: bool = True, max_new_tokens: int = 256,
+              cfg: SpecConfig, *, speculative: bool = True, max_new_tokens: int | list[int] = 256,
               draft_lm: CausalLM | None = None, seeds: list[int | None] | None = None,
-              configs: list[SpecConfig] | None = None
+              configs: list[SpecConfig] | None = None, on_budget: str = "close"
               ) -> tuple[list[SequenceResult], BatchStats]:
     """Generate for several prompts together (one micro-batch; mixed grammars allowed).
 
@@ -882,6 +873,10 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
     ``temperature`` / ``top_p`` tensors (0: that row is greedy), so each sequence gets the
     distribution it would get alone. Every other option is the batch's ``cfg``.
 
+    ``max_new_tokens`` may be a list (one budget per prompt); ``on_budget`` as in
+    :func:`stream_sequence`, each sequence under the rule at its own remaining budget (every
+    budget is checked before anything is generated).
+
     Returns the per-sequence results (in prompt order) and the batch's :class:`BatchStats`.
     """
     from structgen.generation.model import BatchKV
@@ -891,20 +886,25 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
         raise ValueError(f"{len(grammars)} grammars for {n} prompts")
     if any(not p for p in prompts):
         raise ValueError("every prompt must contain at least one token")
+    budgets = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * n
+    if len(budgets) != n:
+        raise ValueError(f"{len(budgets)} max_new_tokens values for {n} prompts")
     for i, p in enumerate(prompts):  # all of them before any generation
-        check_context(lm, len(p), max_new_tokens, draft_lm=draft_lm, request_index=i)
+        check_context(lm, len(p), budgets[i], draft_lm=draft_lm, request_index=i)
     seeds = list(seeds) if seeds is not None else [None] * n
     cfgs = list(configs) if configs is not None else [cfg] * n
     if len(cfgs) != n:
         raise ValueError(f"{len(cfgs)} configs for {n} prompts")
     t_start = time.perf_counter()
     seqs = [
-        _Sequence(lm, vocab, g, p, c, speculative=speculative, max_new_tokens=max_new_tokens,
+        _Sequence(lm, vocab, g, p, c, speculative=speculative, max_new_tokens=b,
                   draft_lm=(CausalLM(draft_lm.model, draft_lm.tokenizer) if draft_lm is not None
                             else None),
-                  seed=sd)
-        for g, p, sd, c in zip(grammars, prompts, seeds, cfgs)
+                  seed=sd, on_budget=on_budget)
+        for g, p, sd, c, b in zip(grammars, prompts, seeds, cfgs, budgets)
     ]
+    for i, s in enumerate(seqs):
+        s.check_budget(request_index=i if n > 1 else None)
     bst = BatchStats(sequences=n, micro_batches=1 if n else 0)
     if not n:
         return [], bst

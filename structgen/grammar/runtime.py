@@ -329,6 +329,8 @@ class Runtime:
         self._described: dict[int, dict[int, Any]] = {}
         self.masks: Any = None  # the token-mask engine of this grammar, set by structgen.masks
         self.on_flush: list[Callable[[], None]] = []
+        #: shortest-completion lengths, set by :func:`structgen.grammar.completion.completion_lengths`
+        self.completion_lengths: Any = None
         with self.lock:
             g0 = self.run_kernel(K.start_state, grammar.root)
             self.start = self.closure_config(self.frame(ROOT, g0))

@@ -562,3 +562,32 @@ def walk_sliced(full, rest, rest_node, rest_kill, rest_kill_node, text, T, gmode
         pos[1] = c + 1
         pos[2] = rest_kill.skip[c] if kl else rest.skip[c]
         pos[3] = 1 if kl else 0
+
+
+@njit(cache=True, nogil=True)
+def walk_ends(trie, T, i, end, st, out):  # type: ignore[no-untyped-def]
+    """The configuration each token leads to: a depth-first walk of nodes ``[i, end)`` of
+    ``trie`` from configuration ``st[0]`` that writes, for every token slot ``q`` whose bytes
+    stay alive, the configuration after them into ``out[q]`` (slots of dead tokens are left
+    as they are). No subtree is taken whole: every live node is visited (the budget rule of
+    :mod:`structgen.masks.budget` needs each token's end, not only whether it is allowed).
+    Returns ``(i, status)``: DONE, or NEED_GROW (call again from node ``i`` once the runtime
+    has grown its tables)."""
+    byte, depth, skip, lo, own = trie.byte, trie.depth, trie.skip, trie.lo, trie.own
+    trans = T.trans
+    while i < end:
+        d = depth[i]
+        s = st[d - 1]
+        t = trans[s, byte[i]]
+        if t == UNKNOWN:
+            t = succ_row(T, s, byte[i])
+            if t == NEED_GROW:
+                return i, NEED_GROW
+        if t < 0:
+            i = skip[i]
+            continue
+        for q in range(lo[i], lo[i] + own[i]):
+            out[q] = t
+        st[d] = t
+        i += 1
+    return i, DONE

@@ -120,12 +120,15 @@ class Engine:
         # rooted split walks per (vocab, top frames, exact): packed words of the tokens
         # accepted whatever lies below, and the ids of the tokens that depend on it
         self.ci_cache = _ByteLru(mask_cache_bytes // 2)
+        self._budget: dict[Any, Any] = {}  # vocab key -> BudgetTable (structgen.masks.budget)
         runtime.on_flush.append(self._forget)
 
     def _forget(self) -> None:
         """Drop everything keyed by table ids (the runtime flushed its tables)."""
         self.mask_cache.clear()
         self.ci_cache.clear()
+        for table in self._budget.values():
+            table.forget()
         for memo in (self._hshape, self._hstat, self._hrep_of, self._hpair, self._hfail, self._nullable):
             memo.clear()
 
@@ -154,6 +157,19 @@ class Engine:
                     _set_bits(m, vt.eos_ids)
             self.mask_cache.put(key, m, m.nbytes)
         return m
+
+    def budget_table(self, vt: VocabTable) -> Any:
+        """The :class:`~structgen.masks.budget.BudgetTable` of this grammar and vocabulary ``vt``
+        (built on first use)."""
+        got = self._budget.get(vt.key)
+        if got is None:
+            from structgen.masks.budget import BudgetTable
+
+            with self.lock:
+                got = self._budget.get(vt.key)
+                if got is None:
+                    got = self._budget[vt.key] = BudgetTable(self, vt)
+        return got
 
     def cached_mask(self, cid: int, vt: VocabTable) -> np.ndarray | None:
         """The mask of configuration ``cid`` if cached (counted as a hit), else None."""

@@ -259,10 +259,16 @@ class Matcher:
             n += 1
         return n
 
-    def validate_tokens(self, token_ids: Any) -> int:
-        """How many leading tokens of ``token_ids`` would be accepted; the state is unchanged."""
+    def validate_tokens(self, token_ids: Any, *, budget: int | None = None) -> int:
+        """How many leading tokens of ``token_ids`` would be accepted; the state is unchanged.
+        With ``budget`` (tokens left, the first of ``token_ids`` included), a token must also
+        keep the budget rule (:mod:`structgen.masks.budget`) at its position."""
         ids = [self._token_id(t) for t in token_ids]
         eng = self._eng
+        if budget is not None:
+            with eng.lock:
+                self._sync()
+                return self._count_within(self._hist[-1], ids, int(budget))
         ep = self._epoch
         if ep == eng.epoch:
             n = self._count_valid(self._hist[-1], ids)
@@ -282,6 +288,36 @@ class Matcher:
                 return -1
             if cid == -1:
                 break
+            n += 1
+        return n
+
+    def _count_within(self, cid: int, ids: list[int], budget: int) -> int:
+        """:meth:`_count_valid` under the budget rule (hold the engine lock; steps never
+        flush)."""
+        eng = self._eng
+        bt = self._masks.budget_table(self._vt)
+        n = 0
+        for t in ids:
+            left = budget - n
+            if cid == _TERMINATED or left <= 0:
+                break
+            if t in self._eos:
+                if not eng.is_accepting(cid):
+                    break
+                cid = _TERMINATED
+                n += 1
+                continue
+            data = self._tb[t] if 0 <= t < len(self._tb) else None
+            if not data:
+                break
+            nxt = cid
+            for b in data:
+                nxt = eng.step(nxt, b)
+                if nxt < 0:
+                    break
+            if nxt < 0 or not bt.allows(cid, nxt, left):
+                break
+            cid = nxt
             n += 1
         return n
 
@@ -363,9 +399,10 @@ class Matcher:
         """The current mask as packed uint32 words ``[ceil(vocab_size/32)]`` (read-only view)."""
         return self._mask_words()
 
-    def fill_bitmask(self, bitmask: Any, row: int = 0) -> None:
+    def fill_bitmask(self, bitmask: Any, row: int = 0, *, budget: int | None = None) -> None:
         """Write the current mask into ``bitmask[row]`` (int32 ``[rows, W]``, torch or numpy,
-        ``W >= ceil(vocab_size/32)``).
+        ``W >= ceil(vocab_size/32)``). With ``budget`` (tokens left, this position included)
+        the mask is narrowed by the budget rule (:meth:`budget_mask_words`).
 
         After termination only EOS is allowed. The tensor may be on any device; CPU
         tensors and numpy arrays are written without a copy through a numpy view. Columns
@@ -382,7 +419,7 @@ class Matcher:
         _, is_numpy, rows, wide = ok
         if type(row) is not int or not 0 <= row < rows:
             row = _row_index(row, rows)
-        words = self._mask_words().view(np.int32)
+        words = (self._mask_words() if budget is None else self._budget_words(budget)[0]).view(np.int32)
         if is_numpy:
             _write_row(bitmask[row], words, nw, wide)
             return
@@ -394,12 +431,63 @@ class Matcher:
             if wide:
                 bitmask[row, nw:].zero_()
 
-    def allowed_token_ids(self) -> list[int]:
-        """All token ids allowed now (EOS included when accepting), ascending."""
-        words = self._mask_words()
+    def allowed_token_ids(self, *, budget: int | None = None) -> list[int]:
+        """All token ids allowed now (EOS included when accepting), ascending; with
+        ``budget``, under the budget rule (:meth:`budget_mask_words`)."""
+        words = self._mask_words() if budget is None else self._budget_words(budget)[0]
         bits = np.unpackbits(words.view(np.uint8), bitorder="little")
         ids = np.nonzero(bits)[0]
         return ids[ids < self._vt.vocab_size].tolist()
+
+    # -- token budget (structgen.masks.budget) ---------------------------------------------
+    def _budget_words(self, budget: int) -> tuple[np.ndarray, bool]:
+        """(the mask under the budget rule with ``budget`` tokens left, whether the rule
+        removed a token the grammar allows)."""
+        eng = self._eng
+        vt = self._vt
+        with eng.lock:
+            self._sync()
+            cid = self._hist[-1]
+            if cid == _TERMINATED:
+                return self._mask_words(), False
+            words = self._masks.token_mask(cid, vt)
+            if self._epoch != eng.epoch:  # the mask flushed the tables first
+                self._sync()
+                cid = self._hist[-1]
+                words = self._masks.token_mask(cid, vt)
+            bt = self._masks.budget_table(vt)
+            budget = int(budget)
+            return bt.mask(cid, words, budget), bt.narrows(cid, budget)
+
+    def budget_mask_words(self, budget: int) -> tuple[np.ndarray, bool]:
+        """The current mask under the budget rule (:mod:`structgen.masks.budget`) with
+        ``budget`` tokens left, this position included, as packed uint32 words; and whether
+        the rule removed a token the grammar allows here. A token is kept when the first
+        shortest completion after it, tokenized greedily, plus EOS fits in ``budget - 1``."""
+        return self._budget_words(budget)
+
+    def budget_narrows(self, budget: int) -> bool:
+        """Whether the budget rule with ``budget`` tokens left removes a token the grammar
+        allows here (the second item of :meth:`budget_mask_words`, without building the mask)."""
+        eng = self._eng
+        with eng.lock:
+            self._sync()
+            cid = self._hist[-1]
+            if cid == _TERMINATED:
+                return False
+            return self._masks.budget_table(self._vt).narrows(cid, int(budget))
+
+    def tokens_to_finish(self) -> int:
+        """Tokens the budget rule needs to end from here, EOS included: the greedy
+        tokenization of the first shortest completion, plus one (0 once terminated;
+        :data:`~structgen.masks.budget.UNREACHABLE` + 1 when no completion can be spelled)."""
+        eng = self._eng
+        with eng.lock:
+            self._sync()
+            cid = self._hist[-1]
+            if cid == _TERMINATED:
+                return 0
+            return self._masks.budget_table(self._vt).tokens_needed(cid) + 1
 
     def is_token_allowed(self, token_id: int) -> bool:
         """Whether the grammar allows ``token_id`` now (state unchanged); out-of-vocabulary

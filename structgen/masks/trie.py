@@ -97,6 +97,8 @@ def _warm_tables(byte: Any, depth: Any, skip: Any, lo: Any, own: Any, suf: Any, 
             wk.walk(arrays, tab.T, gmode, 1, n + 1, st, tn, split, words, unc, cnt, _no_slice())
             wk.walk_ids(offs, lens, flat, tab.T, gmode, int(st[0]), ids, np.zeros(4, np.int64), words, split,
                         unc, cnt)
+    st[0] = c
+    wk.walk_ends(arrays, tab.T, 1, n + 1, st, np.full(ids.size, -1, np.int32))
     cnode = np.arange(byte.shape[0], dtype=np.int64)
     sps = np.zeros(ids.size + 1, dtype=np.int64)
     for gmode in (False, True):
@@ -298,6 +300,24 @@ def walk_ids(runtime: Any, trie: Trie, start: int, gmode: bool, ids: np.ndarray,
                              words, split, unc, cnt)
         if status == DONE:
             return unc[: int(cnt[0])]
+        runtime.service(int(status))
+
+
+def walk_ends(runtime: Any, trie: Trie, start: int) -> np.ndarray:
+    """Per token slot of ``trie`` (``trie.slot_ids[q]`` is slot ``q``'s token id), the
+    configuration of ``runtime`` its bytes lead to from configuration ``start``; -1 where they
+    are rejected (int32 ``[slots]``)."""
+    from structgen.masks import _walk_kernels as wk
+
+    out = np.full(trie.slot_ids.size, -1, dtype=np.int32)
+    st = np.zeros(trie.max_depth + 1, dtype=np.int32)
+    st[0] = start
+    i = 1
+    end = trie.num_nodes + 1
+    while True:
+        i, status = wk.walk_ends(trie.arrays(), runtime.tab.T, i, end, st, out)
+        if status == DONE:
+            return out
         runtime.service(int(status))
 
 

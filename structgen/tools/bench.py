@@ -156,12 +156,13 @@ def run_structgen(lm: Any, task: dict[str, Any], *, speculative: bool, max_new: 
 
     prompt = prompt if prompt is not None else prompt_text(lm, task["messages"])
     t0 = time.perf_counter()
+    # on_budget="cut": the peer engines stop at max_new_tokens wherever the output is
     r = generate(lm, prompt=prompt, max_new_tokens=max_new, speculative=speculative, config=cfg,
-                 draft_model=draft if speculative else None, **_constraint(task))
+                 draft_model=draft if speculative else None, on_budget="cut", **_constraint(task))
     wall = time.perf_counter() - t0
     st = r.stats
     return {"text": r.text, "tokens": list(r.tokens), "wall_s": wall, "new_tokens": st.new_tokens,
-            "complete": r.finish_reason == "stop", "finish_reason": r.finish_reason,
+            "complete": r.complete, "finish_reason": r.finish_reason,
             "forward_passes": st.forward_passes, "drafted": st.drafted, "accepted": st.accepted,
             "drafters": {k: {"proposed": int(v["proposed"]), "accepted": int(v["accepted"])}
                          for k, v in st.drafters.items()},

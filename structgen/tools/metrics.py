@@ -152,11 +152,12 @@ class Metrics:
         result: a :class:`~structgen.generation.api.GenerationResult` or
             :class:`~structgen.generation.loop.SequenceResult` (``tokens``, ``finish_reason``,
             ``stats``). valid: the caller's verdict on the output (None: not checked). An
-            output cut short (``finish_reason != "stop"``) counts as ``incomplete`` whatever
-            ``valid`` says. latency_s: end-to-end latency; default the loop's ``time_total``.
+            output cut short (``finish_reason`` neither "stop" nor "budget_close") counts as
+            ``incomplete`` whatever ``valid`` says. latency_s: end-to-end latency; default the
+            loop's ``time_total``.
         """
         st = result.stats
-        if result.finish_reason != "stop":
+        if result.finish_reason not in ("stop", "budget_close"):
             status = "incomplete"
         elif valid is None:
             status = "unchecked"

@@ -155,6 +155,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="also write each output alone, one per line (JSON Lines for JSON schemas: "
                    "feed it to `structgen validate`)")
     g.add_argument("--max-new-tokens", type=int, metavar="N")
+    g.add_argument("--on-budget", choices=("close", "cut"), default=None,
+                   help="close (default): every output ends complete within --max-new-tokens; "
+                   "cut: stop at the budget wherever the output is")
     g.add_argument("--temperature", type=float, metavar="T", help="0 = greedy")
     g.add_argument("--seed", type=int, metavar="S", help="request i uses seed S + i")
     g.add_argument("--batch-size", type=int, metavar="B", help="requests per micro-batch")

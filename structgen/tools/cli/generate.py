@@ -126,7 +126,7 @@ def _check_output(req: _Request, res: Any) -> tuple[bool, Any, list[str]]:
     """(valid, parsed value, errors) of one result, by an oracle other than the grammar where
     there is one: jsonschema (with formats) and pydantic for JSON; the compiled grammar for
     Lark grammars and regexes."""
-    if res.finish_reason != "stop":
+    if res.finish_reason not in ("stop", "budget_close"):
         return False, None, [f"incomplete: finish_reason={res.finish_reason} (max_new_tokens reached)"]
     c = req.constraint
     if not c.is_json:
@@ -206,6 +206,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             cfg = replace(cfg, batch_size=args.batch_size)
         if args.max_new_tokens is not None:
             gen = replace(gen, max_new_tokens=args.max_new_tokens)
+        if args.on_budget is not None:
+            gen = replace(gen, on_budget=args.on_budget)
         if args.seed is not None:
             gen = replace(gen, seed=args.seed)
         if args.strict is not None:
@@ -259,9 +261,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             lm = load_model(str(model_path), dtype=getattr(args, "dtype", "float32"))
         except Exception as e:  # noqa: BLE001 - transformers' many load errors
             raise _Usage(f"cannot load model {model_name}: {type(e).__name__}: {e}") from None
-        _check_contexts(lm, requests, gen.max_new_tokens)
+        _check_contexts(lm, requests, gen.max_new_tokens, gen.on_budget)
         rc = _generate_all(args, prog, lm, requests, cfg, gen.max_new_tokens, gen.seed, speculative,
-                           settings, files, finished)
+                           settings, files, finished, on_budget=gen.on_budget)
         for o in opened:
             o.commit()
         return rc
@@ -299,17 +301,23 @@ def _interrupt_deferred() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def _check_contexts(lm: Any, requests: list[_Request], max_new_tokens: int) -> None:
-    """Every request's prompt plus ``max_new_tokens`` within the model's context, checked before
-    anything is generated (an error names the request's FILE:LINE)."""
+def _check_contexts(lm: Any, requests: list[_Request], max_new_tokens: int, on_budget: str = "close") -> None:
+    """Every request's prompt plus ``max_new_tokens`` within the model's context, and (with
+    ``on_budget="close"``) ``max_new_tokens`` at least its constraint's shortest output, checked
+    before anything is generated (an error names the request's FILE:LINE)."""
     from structgen.errors import StructgenError
     from structgen.generation.api import _prompt_ids
-    from structgen.generation.model import check_context
+    from structgen.generation.loop import check_budget
+    from structgen.generation.model import check_context, vocabulary_for
+    from structgen.masks.matcher import Matcher
 
+    vocab = vocabulary_for(lm) if on_budget == "close" else None
     for req in requests:
         try:
             ids = _prompt_ids(lm, req.prompt, req.messages)
             check_context(lm, len(ids), max_new_tokens)
+            if vocab is not None:
+                check_budget(Matcher(req.constraint.compiled, vocab), max_new_tokens)
         except StructgenError as e:
             raise _Usage(f"{req.where}: {_text(e)}") from None
 
@@ -322,7 +330,7 @@ def _default_model() -> str:
 
 def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_Request], cfg: Any,
                   max_new_tokens: int, seed: int | None, speculative: bool, settings: Any,
-                  files: dict[str, Any], finished: list[int]) -> int:
+                  files: dict[str, Any], finished: list[int], on_budget: str = "close") -> int:
     """Generate every request, writing each micro-batch's result lines as soon as it is done
     to ``files["--out"]`` (an AtomicOutput; stdout without one) and ``files["--values-out"]``,
     and the run metrics to ``files["--metrics-out"]`` at the end (the caller commits them).
@@ -348,6 +356,7 @@ def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_
         for chunk in _chunks(requests, cfg.batch_size):
             kw: dict[str, Any] = {"grammar": [r.constraint.compiled for r in chunk],
                                   "max_new_tokens": max_new_tokens, "speculative": speculative,
+                                  "on_budget": on_budget,
                                   "config": cfg, "seed": None if seed is None else seed + chunk[0].index}
             if chunk[0].prompt is not None:
                 kw["prompt"] = [r.prompt for r in chunk]
