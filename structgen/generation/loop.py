@@ -44,9 +44,18 @@ from structgen.generation.drafters import (
     Candidate,
     DraftModelDrafter,
     GrammarForcedDrafter,
+    NgramDrafter,
     PromptLookupDrafter,
 )
 from structgen.generation.model import CausalLM, check_context
+from structgen.generation.pacing import (
+    SequencePacer,
+    StepCost,
+    best_draft_length,
+    expected_accepts,
+    pacing_prior,
+    shared_step_cost,
+)
 from structgen.grammar.compiled import CompiledGrammar
 from structgen.masks.matcher import Matcher, bitmask_words
 
@@ -68,6 +77,7 @@ class GenerationStats:
     drafted: int = 0
     accepted: int = 0
     bonus: int = 0  # recovered or bonus tokens emitted by verification
+    draft_cut: int = 0  # pre-validated draft tokens not sent: a longer pass would not pay (pacing)
     drafters: dict[str, dict[str, Any]] = field(default_factory=dict)
     time_masks: float = 0.0
     time_drafting: float = 0.0
@@ -102,7 +112,7 @@ class GenerationStats:
 
     def merge(self, other: GenerationStats) -> None:
         """Add ``other``'s counts, times and per-drafter counts into this object (in place)."""
-        for k in ("forward_passes", "new_tokens", "free_tokens", "drafted", "accepted", "bonus",
+        for k in ("forward_passes", "new_tokens", "free_tokens", "drafted", "accepted", "bonus", "draft_cut",
                   "time_masks", "time_drafting", "time_forward", "time_verify", "time_prefill",
                   "time_total"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
@@ -157,11 +167,13 @@ class _Sequence:
                                                        int(torch.randint(0, 2**62, (1,))))
         self.grammar_d = GrammarForcedDrafter(cfg, lm.tokenizer, vocab) if cfg.grammar_drafts else None
         self.lookup_d = PromptLookupDrafter(cfg) if cfg.prompt_lookup else None
+        self.ngram_d = NgramDrafter(cfg) if cfg.prompt_lookup else None
         self.model_d = DraftModelDrafter(cfg, draft_lm, vocab) if draft_lm is not None else None
         if self.model_d is not None:
             self.model_d.reset()
         self.words = bitmask_words(lm.vocab_size)
         self.verifier: _StepVerifier | None = None   # set by stream_sequence (run_batch has its own)
+        self.pacer: SequencePacer | None = None      # set by stream_sequence (run_batch cuts its own)
         self.pending: int | None = None
         self._prompt_text: bytes | None = None
         # forced text -> the token split the model itself produced for it (learned online)
@@ -227,6 +239,10 @@ class _Sequence:
 
         cands: list[Candidate] = []
         m = self.matcher
+        if self.ngram_d is not None:  # first: _choose looks at the first few candidates only
+            toks = self.ngram_d.propose(self.prompt + self.output, limit)
+            if toks:
+                cands.append(Candidate(toks, [(self.ngram_d, len(toks))]))  # type: ignore[list-item]
         forced = b""
         if self.grammar_d is not None and self.grammar_d.enabled:
             forced = m.forced_bytes(limit=256)
@@ -367,10 +383,17 @@ class _Sequence:
         if not isinstance(plan, _Plan):
             return plan
         st = self.stats
+        pacer = self.pacer
+        if pacer is not None and plan.draft:
+            keep = pacer.length(plan.cand, len(plan.draft))
+            if keep < len(plan.draft):
+                st.draft_cut += len(plan.draft) - keep
+                _truncate(plan, keep)
         k = len(plan.draft)
         ver = self.verifier
         assert ver is not None and self.pending is not None
         feed = [self.pending] + plan.draft
+        t_step = time.perf_counter()
         # one target forward over [pending] + draft, the masks built meanwhile
         logits, dt = ver.forward_with_masks(lambda: self.lm.extend(feed, float32=False),  # [k+1, V]
                                             [self], [plan])
@@ -382,6 +405,8 @@ class _Sequence:
         st.time_verify += time.perf_counter() - t0
         # crop the KV cache to pending + accepted drafts
         self.lm.crop(self.lm.length - (k - n_acc))
+        if pacer is not None:
+            pacer.observe(k + 1, time.perf_counter() - t_step, n_acc)
         return self.commit(plan, n_acc, emitted)
 
     def commit(self, plan: _Plan, n_acc: int, emitted: list[int]) -> list[int]:
@@ -395,9 +420,11 @@ class _Sequence:
         # bookkeeping per drafter
         if cand is not None:
             left = n_acc
+            judged = True  # segments after a rejected one were never judged by the target
             for d, n in cand.segments:
                 took = min(n, left)
-                d.observe(n, took)
+                d.observe(n, took, judged=judged)
+                judged = judged and took == n
                 left -= took
             st.drafted += k
             st.accepted += n_acc
@@ -480,7 +507,7 @@ class _Sequence:
         self.stats.time_prefill += time.perf_counter() - t0
 
     def finalize_stats(self) -> None:
-        for d in (self.grammar_d, self.lookup_d, self.model_d):
+        for d in (self.grammar_d, self.lookup_d, self.ngram_d, self.model_d):
             if d is not None:
                 self.stats.drafters[d.name] = d.stats()
 
@@ -702,6 +729,9 @@ def stream_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_i
     seq = _Sequence(lm, vocab, grammar, prompt_ids, cfg, speculative=speculative,
                     max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed)
     seq.verifier = _StepVerifier(cfg, lm.vocab_size, lm.device, 1)
+    if speculative and SEQUENCE_PACING and (cfg.temperature <= 0 or seed is None):
+        # (seeded sampling keeps whole drafts: its draws then never depend on measured times)
+        seq.pacer = SequencePacer(shared_step_cost(lm, pacing_prior(lm.device)))
     t_start = time.perf_counter()
     seq.prefill()
     while seq.finish is None:
@@ -726,8 +756,11 @@ def run_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids:
 
 
 # run_batch cuts the drafts of a step to the common length with the best expected tokens per
-# unit of forward time (see _StepCost); False feeds every pre-validated draft whole
+# unit of forward time (see structgen.generation.pacing); False feeds every pre-validated draft whole
 BATCH_DRAFT_CUT = True
+# one-at-a-time generation cuts each step's draft likewise (SequencePacer: greedy, or sampling
+# without a seed); False sends every pre-validated draft whole
+SEQUENCE_PACING = True
 
 
 def _sequence_result(seq: _Sequence) -> SequenceResult:
@@ -766,73 +799,15 @@ class BatchStats(GenerationStats):
             self.time_to_first_token = other.time_to_first_token
 
 
-class _StepCost:
-    """Online model of a batched target forward's time, ``t = fixed + per_position * positions``
-    (least squares over this batch's steps; a prior until the fed sizes vary), used to cut
-    drafts so that the squared-up batch (every row padded to the longest draft) feeds only
-    positions worth their compute: on a compute-bound device a padded or unlikely position
-    costs as much as a certain one."""
-
-    def __init__(self, prior_fixed_positions: float = 12.0, *, fixed: bool = False) -> None:
-        self.obs: list[tuple[float, float]] = []
-        self.prior = prior_fixed_positions
-        self.fixed = fixed  # keep the prior: cuts that do not depend on measured times
-
-    def add(self, positions: int, seconds: float) -> None:
-        if self.fixed:
-            return
-        self.obs.append((float(positions), seconds))
-        del self.obs[:-64]
-
-    def fixed_positions(self) -> float:
-        """The fixed cost of a forward, in units of one fed position."""
-        xs = [x for x, _ in self.obs]
-        if len(self.obs) < 4 or max(xs) - min(xs) < 4:
-            return self.prior
-        n = len(xs)
-        mx = sum(xs) / n
-        my = sum(y for _, y in self.obs) / n
-        sxx = sum((x - mx) ** 2 for x in xs)
-        slope = sum((x - mx) * (y - my) for x, y in self.obs) / sxx
-        if slope <= 0:
-            return self.prior
-        return min(max((my - slope * mx) / slope, 0.0), 4 * self.prior + 64)
-
-
-def _expected_accepts(plan: _Plan) -> list[float]:
-    """Probability, under each drafter's running acceptance, that draft positions 0..j are all
-    accepted (the terms of :meth:`Candidate.score`)."""
-    out: list[float] = []
-    p = 1.0
-    if plan.cand is not None:
-        for drafter, n in plan.cand.segments:
-            r = drafter.acceptance_estimate()
-            for _ in range(n):
-                p *= r
-                out.append(p)
-    return out[: len(plan.draft)]
-
-
-def _cut_drafts(plans: list[_Plan], cost: _StepCost) -> None:
+def _cut_drafts(plans: list[_Plan], cost: StepCost) -> None:
     """Cut every draft to the common length that maximises expected tokens per unit of forward
-    time (pre-validated prefixes stay valid, so this is lossless for greedy decoding and keeps
-    sampling exact)."""
-    ks = [len(p.draft) for p in plans]
-    top = max(ks)
+    time (:func:`~structgen.generation.pacing.best_draft_length`; pre-validated prefixes stay
+    valid, so this is lossless for greedy decoding and keeps sampling exact)."""
+    top = max(len(p.draft) for p in plans)
     if top == 0 or len(plans) < 2:
         return
-    probs = [_expected_accepts(p) for p in plans]
-    fixed = cost.fixed_positions()
-    b = len(plans)
-    best_k, best = top, -1.0
-    gain = float(b)  # every row emits its recovered / bonus token
-    for k in range(top + 1):
-        if k:
-            gain += sum(pr[k - 1] for pr in probs if len(pr) >= k)
-        fed = b * (k + 1)  # padded to the longest draft
-        rate = gain / (fixed + fed)
-        if rate > best:
-            best_k, best = k, rate
+    best_k = best_draft_length([expected_accepts(p.cand, len(p.draft)) for p in plans],
+                               cost.fixed_positions())
     if best_k >= top:
         return
     for p in plans:
@@ -911,7 +886,7 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
     kv = BatchKV(lm)
     ver = _StepVerifier(cfg, lm.vocab_size, lm.device, n)
     seeded = any(c.temperature > 0 for c in cfgs) and all(sd is not None for sd in seeds)
-    cost = _StepCost(fixed=seeded)
+    cost = StepCost(fixed=seeded)
     t0 = time.perf_counter()
     kv.prefill([s.prompt[:-1] for s in seqs])
     dt = time.perf_counter() - t0
@@ -941,7 +916,10 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
             if not live:
                 break
         if speculative and BATCH_DRAFT_CUT:
+            before = [len(plans[i].draft) for i in live]
             _cut_drafts([plans[i] for i in live], cost)
+            for i, k in zip(live, before):
+                seqs[i].stats.draft_cut += k - len(plans[i].draft)
         feed = [[seqs[i].pending] + plans[i].draft for i in live]  # type: ignore[operator]
         step_seqs, step_plans = [seqs[i] for i in live], [plans[i] for i in live]
         logits, dt_f = ver.forward_with_masks(functools.partial(kv.extend, feed, float32=False),
