@@ -4,9 +4,11 @@ Each step of a sequence (:func:`run_sequence`; :func:`run_batch` runs the steps 
 sequences together, see below):
 
 1. drafters propose candidates (grammar-forced text in canonical tokenization, prompt
-   lookup continuations, a grammar-masked draft model), composed as forced + continuation;
+   lookup continuations, output n-grams, a grammar-masked draft model), composed as forced +
+   continuation;
 2. pre-validation cuts every candidate to its longest grammar-valid prefix on the CPU and
-   picks the one with the best expected acceptance; the matcher builds one mask per draft
+   picks the one with the best expected acceptance; pacing (:mod:`structgen.generation.pacing`)
+   cuts it to the length worth a longer pass; the matcher builds one mask per draft
    position plus the bonus position (fill -> accept -> ... -> rollback);
 3. the target model runs once over ``[pending] + draft`` with its KV cache;
 4. :func:`structgen.generation.verify.verify` accepts the longest prefix the target agrees with
