@@ -141,7 +141,7 @@ class _Drafter:
     def __init__(self, r: float) -> None:
         self.r = r
 
-    def acceptance_estimate(self) -> float:
+    def position_estimate(self, i: int) -> float:
         return self.r
 
 

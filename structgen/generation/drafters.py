@@ -63,9 +63,8 @@ class Candidate:
         total = 0.0
         p = 1.0
         for drafter, n in self.segments:
-            r = drafter.acceptance_estimate()
-            for _ in range(n):
-                p *= r
+            for i in range(n):
+                p *= drafter.position_estimate(i)
                 total += p
         return total
 
@@ -96,6 +95,10 @@ class Drafter:
         self.calls = 0
         self.hits = 0.0
         self.trials = 0.0
+        # the same per position of a drafter's segment: a copied value is often right whole or
+        # wrong at its first token, so the chance of the next token is not the same everywhere
+        self.pos_hits = [0.0] * cfg.max_draft_tokens
+        self.pos_trials = [0.0] * cfg.max_draft_tokens
         self.enabled = True
 
     def acceptance_estimate(self) -> float:
@@ -103,6 +106,15 @@ class Drafter:
         tokens before it were: the observed rate over judged tokens, Laplace-smoothed towards
         the class's ``prior`` (worth 4 tokens of evidence)."""
         return (self.hits + 4 * self.prior) / (self.trials + 4)
+
+    def position_estimate(self, i: int) -> float:
+        """Probability that token ``i`` of this drafter's segment is accepted given that the
+        tokens before it were: the judged tokens at that position, with
+        :meth:`acceptance_estimate` worth 4 tokens of evidence."""
+        base = self.acceptance_estimate()
+        if i >= len(self.pos_trials):
+            return base
+        return (self.pos_hits[i] + 4 * base) / (self.pos_trials[i] + 4)
 
     def observe(self, proposed: int, accepted: int, *, judged: bool = True) -> None:
         """Record that ``accepted`` of ``proposed`` tokens of this drafter were accepted;
@@ -116,6 +128,13 @@ class Drafter:
         if judged:
             self.hits = self.hits * ESTIMATE_DECAY + accepted
             self.trials = self.trials * ESTIMATE_DECAY + accepted + (accepted < proposed)
+            ph, pt = self.pos_hits, self.pos_trials
+            for i in range(len(pt)):
+                ph[i] *= ESTIMATE_DECAY
+                pt[i] *= ESTIMATE_DECAY
+            for i in range(min(accepted + 1, proposed, len(pt))):
+                pt[i] += 1.0
+                ph[i] += float(i < accepted)
         cfg = self.cfg
         if cfg.adaptive:
             if accepted >= proposed:

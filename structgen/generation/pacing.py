@@ -10,7 +10,8 @@ is then slower than plain decoding. So every step cuts its pre-validated draft t
     rate(k) = (1 + sum_{j<k} P(drafts 0..j all accepted)) / (fixed + k + 1)
 
 with the acceptance probabilities from each drafter's running estimate
-(:meth:`structgen.generation.drafters.Drafter.acceptance_estimate`) and ``fixed`` the cost of a
+(:meth:`structgen.generation.drafters.Drafter.position_estimate`: per position of its
+segment, a copied value being often right whole or wrong at its first token) and ``fixed`` the cost of a
 pass that does not depend on the number of positions, in units of one position's cost, fitted
 online to the measured step times (:class:`StepCost`). Cutting a pre-validated draft is lossless
 for greedy decoding and keeps sampling exact (what is verified is a prefix of what was drafted,
@@ -110,9 +111,8 @@ def expected_accepts(cand: Any, k: int) -> list[float]:
     p = 1.0
     if cand is not None:
         for drafter, n in cand.segments:
-            r = drafter.acceptance_estimate()
-            for _ in range(n):
-                p *= r
+            for i in range(n):
+                p *= drafter.position_estimate(i)
                 out.append(p)
     return out[:k]
 
