@@ -15,6 +15,13 @@ same requests greedily on the same model, interleaved per repeat so machine nois
   overlaps (on the CPU overlap is opt-in: a worker thread builds the masks). ``--repeats N``
   runs the engines N times, interleaved, and reports the median wall time.
 
+``--interleave`` runs the one-at-a-time engines request by request (request 1 with every
+single engine, then request 2, the engine order rotated per request) instead of each engine over
+all requests in turn: on a shared machine whose load drifts over minutes, a whole-engine run
+catches another load than the next one, and the ratio of two such runs can be off by 1.5x
+(seen: ``single-spec`` at 0.54x and 0.86x ``single-plain`` in separate runs, 1.6x with the
+same requests alternated). The batch engines still run whole.
+
 Reported per engine: wall time, output tokens, throughput (output tokens / s, prefill included),
 target forward passes (batched passes for the batch engines), valid outputs (``jsonschema``),
 finish reasons, and whether each output is token-identical to ``single-plain`` (the exactness
@@ -87,6 +94,33 @@ def _valid(schema: dict[str, Any], r: Any) -> bool:
         return False
 
 
+def _single(lm: CausalLM, engine: str, q: dict[str, Any], max_new: int, cfg: SpecConfig) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    r = structgen.generate(lm, schema=q["schema"], messages=q["messages"], max_new_tokens=max_new,
+                           speculative="spec" in engine, config=cfg)
+    return r, time.perf_counter() - t0
+
+
+def run_singles_interleaved(lm: CausalLM, engines: list[str], reqs: list[dict[str, Any]], max_new: int,
+                            batch_size: int) -> dict[str, dict[str, Any]]:
+    """The one-at-a-time ``engines`` request by request, the engine order rotated per request;
+    one result per engine as :func:`run_engine` gives it (wall time = the sum of its calls)."""
+    cfg = SpecConfig(batch_size=batch_size, overlap_masks=True if OVERLAP else None)
+    got: dict[str, list[Any]] = {e: [] for e in engines}
+    wall = {e: 0.0 for e in engines}
+    for i, q in enumerate(reqs):
+        order = engines[i % len(engines):] + engines[: i % len(engines)]
+        for e in order:
+            r, dt = _single(lm, e, q, max_new, cfg)
+            got[e].append(r)
+            wall[e] += dt
+    return {e: _summarise(e, reqs, got[e], wall[e], sum(r.stats.forward_passes for r in got[e]),
+                          {"drafted": sum(r.stats.drafted for r in got[e]),
+                           "accepted": sum(r.stats.accepted for r in got[e]),
+                           "draft_cut": sum(getattr(r.stats, "draft_cut", 0) for r in got[e])})
+            for e in engines}
+
+
 def run_engine(lm: CausalLM, engine: str, reqs: list[dict[str, Any]], max_new: int,
                batch_size: int) -> dict[str, Any]:
     speculative = "spec" in engine
@@ -115,7 +149,11 @@ def run_engine(lm: CausalLM, engine: str, reqs: list[dict[str, Any]], max_new: i
         passes = sum(r.stats.forward_passes for r in rs)
         extra = {"drafted": sum(r.stats.drafted for r in rs),
                  "accepted": sum(r.stats.accepted for r in rs)}
-    wall = time.perf_counter() - t0
+    return _summarise(engine, reqs, rs, time.perf_counter() - t0, passes, extra)
+
+
+def _summarise(engine: str, reqs: list[dict[str, Any]], rs: Any, wall: float, passes: int,
+               extra: dict[str, Any]) -> dict[str, Any]:
     tokens = sum(len(r.tokens) for r in rs)
     valid = [_valid(q["schema"], r) for q, r in zip(reqs, rs)]
     finish: dict[str, int] = {}
@@ -142,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="tiny random model, 4 requests of 16 new tokens (CI); writes only with --out")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--overlap", action="store_true", help="overlap mask building with the forward")
+    ap.add_argument("--interleave", action="store_true",
+                    help="one-at-a-time engines request by request, alternated (see the module doc)")
     args = ap.parse_args(argv)
     envelope = _envelope.capture(argv, __file__)
     global OVERLAP
@@ -165,9 +205,12 @@ def main(argv: list[str] | None = None) -> int:
                        on_budget="cut")
     results: dict[str, dict[str, Any]] = {}
     walls: dict[str, list[float]] = {e: [] for e in engines}
+    singles = [e for e in engines if e.startswith("single")] if args.interleave else []
     for rep in range(max(1, args.repeats)):
+        pre = (run_singles_interleaved(lm, singles, reqs, args.max_new_tokens, args.batch_size)
+               if singles else {})
         for e in engines:
-            r = run_engine(lm, e, reqs, args.max_new_tokens, args.batch_size)
+            r = pre[e] if e in pre else run_engine(lm, e, reqs, args.max_new_tokens, args.batch_size)
             walls[e].append(r["wall_s"])
             if e in results and results[e]["outputs"] != r["outputs"]:
                 print(f"NOTE: {e} repeat {rep} gave other outputs", file=sys.stderr)
@@ -202,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"model": "tiny-random" if args.smoke else args.model, "requests": len(reqs),
             "request_names": [q["name"] for q in reqs], "batch_size": args.batch_size,
             "max_new_tokens": args.max_new_tokens, "greedy": True, "threads": args.threads,
+            "interleave": args.interleave,
             "device": str(lm.device)}
     out = args.out
     if out is None and not args.smoke:

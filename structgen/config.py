@@ -221,12 +221,15 @@ class SpecConfig:
         this probability relative to the target's top token. Changes the output distribution.
     batch_size: prompts processed per micro-batch when a list of prompts is given.
     grammar_drafts: propose the grammar-forced continuation (canonically tokenized).
-    prompt_lookup: propose continuations found by n-gram match in prompt and output.
-    ngram_max / ngram_min: n-gram sizes tried by prompt lookup, longest first.
+    prompt_lookup: propose continuations found by text match in prompt and output, and by token
+        n-gram match over prompt and output (which continues an output repeating itself).
+    ngram_max / ngram_min: token n-gram sizes tried by the n-gram lookup, longest first.
     draft_model: alias or path of a smaller causal LM with the same tokenizer (None = off).
     adaptive: adapt each drafter's draft length to its observed acceptance.
     min_acceptance: a drafter whose acceptance (accepted / proposed tokens) stays below this
-        after ``warmup_proposals`` proposals is switched off for the rest of the request.
+        after ``warmup_proposals`` proposals is switched off for the rest of the request (text
+        lookup and draft model; the grammar-forced and n-gram drafters cost next to nothing and
+        stay on: the pacing decides whether their drafts are worth a longer pass).
     warmup_proposals: proposals (drafts, not tokens) before a drafter can be switched off.
     backend: verify backend, ``"auto"`` | ``"torch"`` | ``"triton"``.
     overlap_masks: build a step's grammar masks while the target forward runs (CUDA: after the

@@ -55,3 +55,26 @@ def save_tiny_model(folder: Path, tok: Any, kind: str = "biased") -> Path:
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+def build_cycle_llama(tok: Any, cycle: list[str], seed: int = 0) -> Any:
+    """A 2-layer ``LlamaForCausalLM`` (hidden 64) that is a bigram model: its attention and MLP
+    outputs are zeroed, so a position's logits depend on its own token only, and token
+    ``cycle[i]`` strongly predicts ``cycle[i + 1]`` (the last predicts the first). Greedy
+    decoding after a token of the cycle repeats the cycle for ever (``121212...``), whatever
+    the context: the setting of a model stuck in a loop."""
+    model = build_tiny_llama(tok, "random", seed)
+    ids = [tok.convert_tokens_to_ids(t) for t in cycle]
+    if len(set(ids)) != len(ids) or tok.unk_token_id in ids:
+        raise ValueError(f"cycle tokens must be distinct tokens of the vocabulary: {cycle}")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        emb = model.model.embed_tokens.weight
+        head = model.lm_head.weight
+        for i, t in enumerate(ids):
+            emb[t] = 0.0
+            emb[t, i] = 10.0          # after the final RMSNorm: about 8 in coordinate i
+            head[ids[(i + 1) % len(ids)], i] = 5.0   # logit about 40 for the next cycle token
+    return model

@@ -6,13 +6,17 @@ grammar-valid prefix (pre-validation) and then verified exactly against the targ
 * :class:`GrammarForcedDrafter` -- what the grammar alone determines (keys, punctuation,
   closing brackets), turned into the tokens the model itself would produce by
   tokenizing the forced text canonically in the context of the last committed tokens.
-* :class:`PromptLookupDrafter` -- continuations found by n-gram match in the prompt and
+* :class:`PromptLookupDrafter` -- continuations found by text match in the prompt and
   the output so far (values copied from the input in extraction tasks).
+* :class:`NgramDrafter` -- token n-grams of the prompt and the output so far, the tokens that
+  followed their latest occurrence (an output repeating itself).
 * :class:`DraftModelDrafter` -- a smaller causal LM with the same tokenizer, masked by the
   grammar at every step; proposes with probabilities, so sampling stays exact.
 
 Each drafter adapts its draft length to its observed acceptance (``observe``) and is
-switched off when its acceptance stays below ``SpecConfig.min_acceptance``.
+switched off when its acceptance stays below ``SpecConfig.min_acceptance`` (except the
+grammar-forced and n-gram drafters, which cost next to nothing: whether their drafts are worth
+a longer target pass is decided per step, see :mod:`structgen.generation.pacing`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 from structgen.config import SpecConfig
 from structgen.masks.matcher import Matcher
 
-__all__ = ["Candidate", "Drafter", "GrammarForcedDrafter", "PromptLookupDrafter",
+__all__ = ["Candidate", "Drafter", "GrammarForcedDrafter", "PromptLookupDrafter", "NgramDrafter",
            "DraftModelDrafter", "canonical_tokens", "cut_value"]
 
 
@@ -59,15 +63,26 @@ class Candidate:
         total = 0.0
         p = 1.0
         for drafter, n in self.segments:
-            r = drafter.acceptance_estimate()
-            for _ in range(n):
-                p *= r
+            for i in range(n):
+                p *= drafter.position_estimate(i)
                 total += p
         return total
 
 
 class Drafter:
-    """Base class: adaptive length and acceptance bookkeeping."""
+    """Base class: adaptive length and acceptance bookkeeping.
+
+    Two sets of counts: ``proposed`` / ``accepted`` (every draft token sent to the target and
+    how many were accepted: the reported acceptance) and the estimator's ``hits`` / ``trials``
+    (a token counts as a trial only when the target actually judged it: the tokens after the
+    first rejection of a draft, or after an earlier drafter's rejected segment, were never
+    judged). ``hits / trials`` estimates the chance that one more drafted token is accepted
+    given that the ones before it were; ``accepted / proposed`` underestimates it for long
+    drafts (a draft accepted up to its middle counts its whole tail as failures), which made
+    the expected acceptance of long drafts collapse. The estimator's counts decay
+    (:data:`ESTIMATE_DECAY` per observation) so that it follows a change of regime, such as an
+    output that starts repeating itself.
+    """
 
     name = "drafter"
     prior = 0.5
@@ -78,20 +93,48 @@ class Drafter:
         self.proposed = 0
         self.accepted = 0
         self.calls = 0
+        self.hits = 0.0
+        self.trials = 0.0
+        # the same per position of a drafter's segment: a copied value is often right whole or
+        # wrong at its first token, so the chance of the next token is not the same everywhere
+        self.pos_hits = [0.0] * cfg.max_draft_tokens
+        self.pos_trials = [0.0] * cfg.max_draft_tokens
         self.enabled = True
 
     def acceptance_estimate(self) -> float:
-        """Expected probability that one more drafted token is accepted: the observed rate,
-        Laplace-smoothed towards the class's ``prior`` (worth 4 tokens of evidence)."""
-        return (self.accepted + 4 * self.prior) / (self.proposed + 4)
+        """Expected probability that one more drafted token is accepted given that the drafted
+        tokens before it were: the observed rate over judged tokens, Laplace-smoothed towards
+        the class's ``prior`` (worth 4 tokens of evidence)."""
+        return (self.hits + 4 * self.prior) / (self.trials + 4)
 
-    def observe(self, proposed: int, accepted: int) -> None:
-        """Record that ``accepted`` of ``proposed`` tokens of this drafter were accepted."""
+    def position_estimate(self, i: int) -> float:
+        """Probability that token ``i`` of this drafter's segment is accepted given that the
+        tokens before it were: the judged tokens at that position, with
+        :meth:`acceptance_estimate` worth 4 tokens of evidence."""
+        base = self.acceptance_estimate()
+        if i >= len(self.pos_trials):
+            return base
+        return (self.pos_hits[i] + 4 * base) / (self.pos_trials[i] + 4)
+
+    def observe(self, proposed: int, accepted: int, *, judged: bool = True) -> None:
+        """Record that ``accepted`` of ``proposed`` tokens of this drafter were accepted;
+        ``judged=False``: the target never reached them (an earlier segment of the same draft
+        was rejected), so they count in the reported totals but not in the estimate."""
         if proposed <= 0:
             return
         self.proposed += proposed
         self.accepted += accepted
         self.calls += 1
+        if judged:
+            self.hits = self.hits * ESTIMATE_DECAY + accepted
+            self.trials = self.trials * ESTIMATE_DECAY + accepted + (accepted < proposed)
+            ph, pt = self.pos_hits, self.pos_trials
+            for i in range(len(pt)):
+                ph[i] *= ESTIMATE_DECAY
+                pt[i] *= ESTIMATE_DECAY
+            for i in range(min(accepted + 1, proposed, len(pt))):
+                pt[i] += 1.0
+                ph[i] += float(i < accepted)
         cfg = self.cfg
         if cfg.adaptive:
             if accepted >= proposed:
@@ -100,7 +143,7 @@ class Drafter:
                 self.length = max(cfg.min_draft_tokens, min(self.length, accepted + 2))
         if (self.calls >= cfg.warmup_proposals
                 and self.accepted / self.proposed < cfg.min_acceptance
-                and self.name != "grammar"):
+                and self.name not in ("grammar", "ngram")):
             self.enabled = False
 
     def stats(self) -> dict[str, Any]:
@@ -109,6 +152,11 @@ class Drafter:
         rate = self.accepted / self.proposed if self.proposed else None
         return {"proposed": self.proposed, "accepted": self.accepted, "acceptance": rate,
                 "enabled": self.enabled}
+
+
+# weight kept by the acceptance estimator's counts at every observation (about the last 20
+# drafts matter)
+ESTIMATE_DECAY = 0.95
 
 
 def canonical_tokens(tokenizer: Any, vocab: Any, committed: list[int], data: bytes,
@@ -241,6 +289,95 @@ class PromptLookupDrafter(Drafter):
                 out.append(cont)
             end = j
         return out
+
+
+class NgramDrafter(Drafter):
+    """Token-level n-gram lookup over the prompt and the output so far: the last ``n`` token
+    ids (``SpecConfig.ngram_max`` down to ``ngram_min``) are looked up among the earlier
+    positions, and the tokens that followed their most recent occurrence are proposed.
+
+    The copy may overlap itself (it reads the tokens it has just proposed), so a repeating
+    output (``121212...``, ``[[10,10],[10,10],...``, ``"A-Z-A-Z-..."``) gets a draft of any
+    length from a match one period back; the text-level :class:`PromptLookupDrafter` looks up
+    only the text since the last quote and the trailing word, which inside a repetition is the
+    whole repeated run and occurs nowhere else. Token ids make the proposal the model's own
+    tokenization of the repeated text.
+
+    How far the match reaches back (the tokens before the n-gram that also agree, up to
+    :attr:`REACH`) says how reliable it is: a match extending over a whole period of a loop is
+    nearly always right, a one-token match often not. The acceptance estimate is kept per reach
+    class (1, 2-3, 4-7, 8-15, 16+ tokens), each smoothed towards the drafter's overall estimate.
+    """
+
+    name = "ngram"
+    prior = 0.5
+    REACH = 32
+    _CLASSES = (1, 2, 4, 8, 16)
+
+    def __init__(self, cfg: SpecConfig) -> None:
+        super().__init__(cfg)
+        self.sizes = list(range(cfg.ngram_max, cfg.ngram_min - 1, -1))
+        self._index: dict[tuple[int, ...], int] = {}  # n-gram -> end of its latest occurrence
+        self._indexed = 0                               # n-grams ending before this are indexed
+        self._class_hits = [0.0] * len(self._CLASSES)
+        self._class_trials = [0.0] * len(self._CLASSES)
+        self._class = 0                                 # reach class of the latest proposal
+
+    def _reach_class(self, reach: int) -> int:
+        c = 0
+        for i, lo in enumerate(self._CLASSES):
+            if reach >= lo:
+                c = i
+        return c
+
+    def acceptance_estimate(self) -> float:
+        """The drafter's estimate (see :meth:`Drafter.acceptance_estimate`) refined by the reach
+        class of the latest proposal: that class's judged tokens, with the overall estimate
+        worth 4 tokens of evidence."""
+        overall = super().acceptance_estimate()
+        c = self._class
+        return (self._class_hits[c] + 4 * overall) / (self._class_trials[c] + 4)
+
+    def observe(self, proposed: int, accepted: int, *, judged: bool = True) -> None:
+        """As :meth:`Drafter.observe`, also counted for the latest proposal's reach class."""
+        super().observe(proposed, accepted, judged=judged)
+        if judged and proposed > 0:
+            c = self._class
+            self._class_hits[c] = self._class_hits[c] * ESTIMATE_DECAY + accepted
+            self._class_trials[c] = (self._class_trials[c] * ESTIMATE_DECAY + accepted
+                                     + (accepted < proposed))
+
+    def propose(self, history: list[int], limit: int) -> list[int]:
+        """At most ``limit`` tokens continuing ``history`` (prompt + output token ids, which
+        only ever grow between calls of one sequence) after the latest earlier occurrence of
+        its longest matching tail n-gram; [] when no tail n-gram occurred before."""
+        n_hist = len(history)
+        if limit <= 0 or n_hist < 2:
+            return []
+        index = self._index
+        # index every n-gram ending before the current end (the tail itself must not match)
+        for end in range(max(self._indexed, 1), n_hist):
+            for n in self.sizes:
+                if n <= end:
+                    index[tuple(history[end - n:end])] = end
+        self._indexed = max(self._indexed, n_hist)
+        for n in self.sizes:
+            if n > n_hist - 1:
+                continue
+            end = index.get(tuple(history[n_hist - n:]))
+            if end is None:
+                continue
+            reach = n
+            while (reach < self.REACH and end - reach - 1 >= 0
+                   and history[end - reach - 1] == history[n_hist - reach - 1]):
+                reach += 1
+            self._class = self._reach_class(reach)
+            out: list[int] = []
+            for i in range(limit):  # overlapping copy: may read the tokens just proposed
+                j = end + i
+                out.append(history[j] if j < n_hist else out[j - n_hist])
+            return out
+        return []
 
 
 def cut_value(cont: bytes) -> tuple[bytes, bool]:

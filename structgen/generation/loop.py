@@ -4,9 +4,11 @@ Each step of a sequence (:func:`run_sequence`; :func:`run_batch` runs the steps 
 sequences together, see below):
 
 1. drafters propose candidates (grammar-forced text in canonical tokenization, prompt
-   lookup continuations, a grammar-masked draft model), composed as forced + continuation;
+   lookup continuations, output n-grams, a grammar-masked draft model), composed as forced +
+   continuation;
 2. pre-validation cuts every candidate to its longest grammar-valid prefix on the CPU and
-   picks the one with the best expected acceptance; the matcher builds one mask per draft
+   picks the one with the best expected acceptance; pacing (:mod:`structgen.generation.pacing`)
+   cuts it to the length worth a longer pass; the matcher builds one mask per draft
    position plus the bonus position (fill -> accept -> ... -> rollback);
 3. the target model runs once over ``[pending] + draft`` with its KV cache;
 4. :func:`structgen.generation.verify.verify` accepts the longest prefix the target agrees with
@@ -44,9 +46,18 @@ from structgen.generation.drafters import (
     Candidate,
     DraftModelDrafter,
     GrammarForcedDrafter,
+    NgramDrafter,
     PromptLookupDrafter,
 )
 from structgen.generation.model import CausalLM, check_context
+from structgen.generation.pacing import (
+    SequencePacer,
+    StepCost,
+    best_draft_length,
+    expected_accepts,
+    pacing_prior,
+    shared_step_cost,
+)
 from structgen.generation.results import (
     BUDGET_CLOSE,
     ON_BUDGET_CHOICES,
@@ -101,11 +112,13 @@ class _Sequence:
                                                        int(torch.randint(0, 2**62, (1,))))
         self.grammar_d = GrammarForcedDrafter(cfg, lm.tokenizer, vocab) if cfg.grammar_drafts else None
         self.lookup_d = PromptLookupDrafter(cfg) if cfg.prompt_lookup else None
+        self.ngram_d = NgramDrafter(cfg) if cfg.prompt_lookup else None
         self.model_d = DraftModelDrafter(cfg, draft_lm, vocab) if draft_lm is not None else None
         if self.model_d is not None:
             self.model_d.reset()
         self.words = bitmask_words(lm.vocab_size)
         self.verifier: _StepVerifier | None = None   # set by stream_sequence (run_batch has its own)
+        self.pacer: SequencePacer | None = None      # set by stream_sequence (run_batch cuts its own)
         self.pending: int | None = None
         self._prompt_text: bytes | None = None
         # forced text -> the token split the model itself produced for it (learned online)
@@ -180,6 +193,10 @@ class _Sequence:
 
         cands: list[Candidate] = []
         m = self.matcher
+        if self.ngram_d is not None:  # first: _choose looks at the first few candidates only
+            toks = self.ngram_d.propose(self.prompt + self.output, limit)
+            if toks:
+                cands.append(Candidate(toks, [(self.ngram_d, len(toks))]))  # type: ignore[list-item]
         forced = b""
         if self.grammar_d is not None and self.grammar_d.enabled:
             forced = m.forced_bytes(limit=256)
@@ -331,10 +348,17 @@ class _Sequence:
         if not isinstance(plan, _Plan):
             return plan
         st = self.stats
+        pacer = self.pacer
+        if pacer is not None and plan.draft:
+            keep = pacer.length(plan.cand, len(plan.draft))
+            if keep < len(plan.draft):
+                st.draft_cut += len(plan.draft) - keep
+                _truncate(plan, keep)
         k = len(plan.draft)
         ver = self.verifier
         assert ver is not None and self.pending is not None
         feed = [self.pending] + plan.draft
+        t_step = time.perf_counter()
         # one target forward over [pending] + draft, the masks built meanwhile
         logits, dt = ver.forward_with_masks(lambda: self.lm.extend(feed, float32=False),  # [k+1, V]
                                             [self], [plan])
@@ -346,6 +370,8 @@ class _Sequence:
         st.time_verify += time.perf_counter() - t0
         # crop the KV cache to pending + accepted drafts
         self.lm.crop(self.lm.length - (k - n_acc))
+        if pacer is not None:
+            pacer.observe(k + 1, time.perf_counter() - t_step, n_acc)
         return self.commit(plan, n_acc, emitted)
 
     def commit(self, plan: _Plan, n_acc: int, emitted: list[int]) -> list[int]:
@@ -359,9 +385,11 @@ class _Sequence:
         # bookkeeping per drafter
         if cand is not None:
             left = n_acc
+            judged = True  # segments after a rejected one were never judged by the target
             for d, n in cand.segments:
                 took = min(n, left)
-                d.observe(n, took)
+                d.observe(n, took, judged=judged)
+                judged = judged and took == n
                 left -= took
             st.drafted += k
             st.accepted += n_acc
@@ -452,7 +480,7 @@ class _Sequence:
         self.stats.time_prefill += time.perf_counter() - t0
 
     def finalize_stats(self) -> None:
-        for d in (self.grammar_d, self.lookup_d, self.model_d):
+        for d in (self.grammar_d, self.lookup_d, self.ngram_d, self.model_d):
             if d is not None:
                 self.stats.drafters[d.name] = d.stats()
 
@@ -693,6 +721,9 @@ def stream_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_i
                     max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed, on_budget=on_budget)
     seq.check_budget()
     seq.verifier = _StepVerifier(cfg, lm.vocab_size, lm.device, 1)
+    if speculative and SEQUENCE_PACING and (cfg.temperature <= 0 or seed is None):
+        # (seeded sampling keeps whole drafts: its draws then never depend on measured times)
+        seq.pacer = SequencePacer(shared_step_cost(lm, pacing_prior(lm.device)))
     t_start = time.perf_counter()
     seq.prefill()
     while seq.finish is None:
@@ -717,8 +748,11 @@ def run_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids:
 
 
 # run_batch cuts the drafts of a step to the common length with the best expected tokens per
-# unit of forward time (see _StepCost); False feeds every pre-validated draft whole
+# unit of forward time (see structgen.generation.pacing); False feeds every pre-validated draft whole
 BATCH_DRAFT_CUT = True
+# one-at-a-time generation cuts each step's draft likewise (SequencePacer: greedy, or sampling
+# without a seed); False sends every pre-validated draft whole
+SEQUENCE_PACING = True
 
 
 def _sequence_result(seq: _Sequence) -> SequenceResult:
@@ -757,73 +791,15 @@ class BatchStats(GenerationStats):
             self.time_to_first_token = other.time_to_first_token
 
 
-class _StepCost:
-    """Online model of a batched target forward's time, ``t = fixed + per_position * positions``
-    (least squares over this batch's steps; a prior until the fed sizes vary), used to cut
-    drafts so that the squared-up batch (every row padded to the longest draft) feeds only
-    positions worth their compute: on a compute-bound device a padded or unlikely position
-    costs as much as a certain one."""
-
-    def __init__(self, prior_fixed_positions: float = 12.0, *, fixed: bool = False) -> None:
-        self.obs: list[tuple[float, float]] = []
-        self.prior = prior_fixed_positions
-        self.fixed = fixed  # keep the prior: cuts that do not depend on measured times
-
-    def add(self, positions: int, seconds: float) -> None:
-        if self.fixed:
-            return
-        self.obs.append((float(positions), seconds))
-        del self.obs[:-64]
-
-    def fixed_positions(self) -> float:
-        """The fixed cost of a forward, in units of one fed position."""
-        xs = [x for x, _ in self.obs]
-        if len(self.obs) < 4 or max(xs) - min(xs) < 4:
-            return self.prior
-        n = len(xs)
-        mx = sum(xs) / n
-        my = sum(y for _, y in self.obs) / n
-        sxx = sum((x - mx) ** 2 for x in xs)
-        slope = sum((x - mx) * (y - my) for x, y in self.obs) / sxx
-        if slope <= 0:
-            return self.prior
-        return min(max((my - slope * mx) / slope, 0.0), 4 * self.prior + 64)
-
-
-def _expected_accepts(plan: _Plan) -> list[float]:
-    """Probability, under each drafter's running acceptance, that draft positions 0..j are all
-    accepted (the terms of :meth:`Candidate.score`)."""
-    out: list[float] = []
-    p = 1.0
-    if plan.cand is not None:
-        for drafter, n in plan.cand.segments:
-            r = drafter.acceptance_estimate()
-            for _ in range(n):
-                p *= r
-                out.append(p)
-    return out[: len(plan.draft)]
-
-
-def _cut_drafts(plans: list[_Plan], cost: _StepCost) -> None:
+def _cut_drafts(plans: list[_Plan], cost: StepCost) -> None:
     """Cut every draft to the common length that maximises expected tokens per unit of forward
-    time (pre-validated prefixes stay valid, so this is lossless for greedy decoding and keeps
-    sampling exact)."""
-    ks = [len(p.draft) for p in plans]
-    top = max(ks)
+    time (:func:`~structgen.generation.pacing.best_draft_length`; pre-validated prefixes stay
+    valid, so this is lossless for greedy decoding and keeps sampling exact)."""
+    top = max(len(p.draft) for p in plans)
     if top == 0 or len(plans) < 2:
         return
-    probs = [_expected_accepts(p) for p in plans]
-    fixed = cost.fixed_positions()
-    b = len(plans)
-    best_k, best = top, -1.0
-    gain = float(b)  # every row emits its recovered / bonus token
-    for k in range(top + 1):
-        if k:
-            gain += sum(pr[k - 1] for pr in probs if len(pr) >= k)
-        fed = b * (k + 1)  # padded to the longest draft
-        rate = gain / (fixed + fed)
-        if rate > best:
-            best_k, best = k, rate
+    best_k = best_draft_length([expected_accepts(p.cand, len(p.draft)) for p in plans],
+                               cost.fixed_positions())
     if best_k >= top:
         return
     for p in plans:
@@ -911,7 +887,7 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
     kv = BatchKV(lm)
     ver = _StepVerifier(cfg, lm.vocab_size, lm.device, n)
     seeded = any(c.temperature > 0 for c in cfgs) and all(sd is not None for sd in seeds)
-    cost = _StepCost(fixed=seeded)
+    cost = StepCost(fixed=seeded)
     t0 = time.perf_counter()
     kv.prefill([s.prompt[:-1] for s in seqs])
     dt = time.perf_counter() - t0
@@ -941,7 +917,10 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
             if not live:
                 break
         if speculative and BATCH_DRAFT_CUT:
+            before = [len(plans[i].draft) for i in live]
             _cut_drafts([plans[i] for i in live], cost)
+            for i, k in zip(live, before):
+                seqs[i].stats.draft_cut += k - len(plans[i].draft)
         feed = [[seqs[i].pending] + plans[i].draft for i in live]  # type: ignore[operator]
         step_seqs, step_plans = [seqs[i] for i in live], [plans[i] for i in live]
         logits, dt_f = ver.forward_with_masks(functools.partial(kv.extend, feed, float32=False),

@@ -46,6 +46,7 @@ class GenerationStats:
     drafted: int = 0
     accepted: int = 0
     bonus: int = 0  # recovered or bonus tokens emitted by verification
+    draft_cut: int = 0  # pre-validated draft tokens not sent: a longer pass would not pay (pacing)
     drafters: dict[str, dict[str, Any]] = field(default_factory=dict)
     time_masks: float = 0.0
     time_drafting: float = 0.0
@@ -82,7 +83,7 @@ class GenerationStats:
 
     def merge(self, other: GenerationStats) -> None:
         """Add ``other``'s counts, times and per-drafter counts into this object (in place)."""
-        for k in ("forward_passes", "new_tokens", "free_tokens", "drafted", "accepted", "bonus",
+        for k in ("forward_passes", "new_tokens", "free_tokens", "drafted", "accepted", "bonus", "draft_cut",
                   "budget_closes", "budget_narrowed",
                   "time_masks", "time_drafting", "time_forward", "time_verify", "time_prefill",
                   "time_total"):

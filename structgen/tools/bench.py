@@ -68,6 +68,7 @@ __all__ = ["main", "bleu", "check_output", "tiny_model", "prompt_text", "run_str
 HEADLINE: dict[str, tuple[float, float]] = {"json": (3.8, 0.891), "code": (3.0, 0.623),
                                              "prose": (1.8, 0.176)}
 TYPES = ("json", "code", "prose")
+DRAFTERS = ("grammar", "lookup", "ngram", "draft_model")  # columns of the per-drafter table
 ENGINES = ("plain", "spec", "xgrammar", "outlines")
 PEERS = ("xgrammar", "outlines")
 
@@ -560,14 +561,14 @@ def render_markdown(doc: dict[str, Any]) -> str:
     L.append("")
     L.append("Draft acceptance per drafter (accepted / proposed draft tokens):")
     L.append("")
-    L.append("| type | " + " | ".join(("grammar", "lookup", "draft_model")) + " |")
-    L.append("|---|---|---|---|")
+    L.append("| type | " + " | ".join(DRAFTERS) + " |")
+    L.append("|" + "---|" * (len(DRAFTERS) + 1))
     for t in (*TYPES, "all"):
         spec = summary.get(t, {}).get("engines", {}).get("spec")
         if not spec:
             continue
         cells = []
-        for d in ("grammar", "lookup", "draft_model"):
+        for d in DRAFTERS:
             x = spec.get("drafters", {}).get(d)
             cells.append(f"{_pct(x['acceptance'])} ({x['accepted']}/{x['proposed']})" if x else "-")
         L.append(f"| {t} | " + " | ".join(cells) + " |")

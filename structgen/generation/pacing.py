@@ -1,0 +1,195 @@
+"""Pacing speculation: how many drafted tokens a step sends to the target model.
+
+A target pass over ``k + 1`` positions costs more than a one-token pass, by how much depends on
+the device and the model: a memory-bound GPU pass costs about the same for 1 or 16 positions, a
+float32 CPU pass of a small model costs about twice as much for 6 positions as for 1
+(``benchmarks/results/pacing-*.json``). Sending a long draft whose tail will likely be rejected
+is then slower than plain decoding. So every step cuts its pre-validated draft to the length
+``k`` with the best expected tokens per unit of step time::
+
+    rate(k) = (1 + sum_{j<k} P(drafts 0..j all accepted)) / (fixed + k + 1)
+
+with the acceptance probabilities from each drafter's running estimate
+(:meth:`structgen.generation.drafters.Drafter.position_estimate`: per position of its
+segment, a copied value being often right whole or wrong at its first token) and ``fixed`` the cost of a
+pass that does not depend on the number of positions, in units of one position's cost, fitted
+online to the measured step times (:class:`StepCost`). Cutting a pre-validated draft is lossless
+for greedy decoding and keeps sampling exact (what is verified is a prefix of what was drafted,
+its length chosen from the drafters' past record, not from the drafted tokens).
+
+Where speculation does not pay (``k = 0`` is best), a sequence runs plain one-token steps and
+sends a short probe draft now and then (:class:`SequencePacer`), so that it notices when drafts
+start to pay (an output that starts repeating itself); the probes back off while they fail.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+__all__ = ["SequencePacer", "StepCost", "best_draft_length", "expected_accepts", "pacing_prior",
+           "shared_step_cost"]
+
+
+class StepCost:
+    """Online model of a target pass's time, ``t = a + b * positions``, as ``fixed = a / b``:
+    the position-independent part in units of one position.
+
+    Every observation updates a running mean of the time for its number of positions (the
+    latest observations weigh most, so load changes fade out); the line is a least-squares fit
+    to those means. Until the means span at least :attr:`MIN_SPREAD` positions, or when the fit
+    is not increasing, the prior ``prior_fixed_positions`` is used. ``fixed=True`` keeps the
+    prior whatever is observed: cuts that do not depend on measured times (seeded sampling
+    reproduces its draws exactly)."""
+
+    MIN_SPREAD = 3
+    MAX_SIZES = 48    # distinct position counts remembered (the least recently seen go first)
+    WEIGHT_CAP = 8.0  # a mean's weight in the fit: its observation count, capped
+
+    def __init__(self, prior_fixed_positions: float = 12.0, *, fixed: bool = False) -> None:
+        self.prior = float(prior_fixed_positions)
+        self.fixed = fixed
+        self.means: dict[int, list[float]] = {}  # positions -> [running mean seconds, weight]
+        self._lock = threading.Lock()
+
+    def add(self, positions: int, seconds: float) -> None:
+        """Record that a pass over ``positions`` positions took ``seconds``."""
+        if self.fixed or positions <= 0 or not seconds > 0:
+            return
+        with self._lock:
+            entry = self.means.pop(positions, None)
+            if entry is None:
+                entry = [seconds, 0.0]
+            w = min(entry[1] + 1.0, self.WEIGHT_CAP)
+            entry[0] += (seconds - entry[0]) / w
+            entry[1] = w
+            self.means[positions] = entry   # re-inserted: the dict keeps the most recent last
+            while len(self.means) > self.MAX_SIZES:
+                del self.means[next(iter(self.means))]
+
+    def fixed_positions(self) -> float:
+        """The position-independent cost of a pass, in units of one position's cost."""
+        with self._lock:
+            pts = [(float(x), m, w) for x, (m, w) in self.means.items()]
+        if len(pts) < 2 or max(x for x, _, _ in pts) - min(x for x, _, _ in pts) < self.MIN_SPREAD:
+            return self.prior
+        sw = sum(w for _, _, w in pts)
+        mx = sum(w * x for x, _, w in pts) / sw
+        my = sum(w * y for _, y, w in pts) / sw
+        sxx = sum(w * (x - mx) ** 2 for x, _, w in pts)
+        slope = sum(w * (x - mx) * (y - my) for x, y, w in pts) / sxx
+        if slope <= 0:
+            return self.prior
+        return min(max((my - slope * mx) / slope, 0.0), 4 * self.prior + 64)
+
+
+_SHARED: weakref.WeakKeyDictionary[Any, StepCost] = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_step_cost(lm: Any, prior_fixed_positions: float) -> StepCost:
+    """The one-sequence step-cost model of ``lm``'s weights, shared by every call on them in
+    this process (a request's first steps then know what earlier requests measured); a fresh
+    model when the weights cannot be weakly referenced."""
+    key = getattr(lm, "model", None)
+    with _SHARED_LOCK:
+        try:
+            cost = _SHARED.get(key)
+            if cost is None:
+                cost = _SHARED[key] = StepCost(prior_fixed_positions)
+        except TypeError:
+            cost = StepCost(prior_fixed_positions)
+    return cost
+
+
+def expected_accepts(cand: Any, k: int) -> list[float]:
+    """Probability, under each drafter's running acceptance, that positions 0..j of the first
+    ``k`` tokens of the candidate ``cand`` are all accepted (the terms of
+    :meth:`~structgen.generation.drafters.Candidate.score`); [] for no candidate."""
+    out: list[float] = []
+    p = 1.0
+    if cand is not None:
+        for drafter, n in cand.segments:
+            for i in range(n):
+                p *= drafter.position_estimate(i)
+                out.append(p)
+    return out[:k]
+
+
+def best_draft_length(curves: list[list[float]], fixed: float) -> int:
+    """The common draft length (every row padded to it) with the best expected tokens per unit
+    of pass time for rows whose drafts have the acceptance ``curves`` (one list per row, see
+    :func:`expected_accepts`; a row's draft is as long as its curve), ``fixed`` the
+    position-independent cost of a pass in positions. Ties go to the shorter draft."""
+    b = len(curves)
+    top = max((len(c) for c in curves), default=0)
+    best_k, best = 0, -1.0
+    gain = float(b)  # every row emits its recovered / bonus token
+    for k in range(top + 1):
+        if k:
+            gain += sum(c[k - 1] for c in curves if len(c) >= k)
+        rate = gain / (fixed + b * (k + 1))
+        if rate > best * (1 + 1e-9):
+            best_k, best = k, rate
+    return best_k
+
+
+class SequencePacer:
+    """Per-sequence draft cuts for one-at-a-time generation (see the module docstring).
+
+    :meth:`length` gives the number of draft tokens to send this step: the best length under
+    the model's :class:`StepCost`, or, where that is 0, a probe of :attr:`PROBE` tokens every
+    ``interval`` such steps; the interval doubles after every probe with nothing accepted (up
+    to :attr:`MAX_INTERVAL`) and resets when drafts pay again. :meth:`observe` feeds the step
+    time to the cost model and the probe's outcome to the back-off.
+    """
+
+    PROBE = 2
+    MIN_INTERVAL = 8
+    MAX_INTERVAL = 128
+
+    def __init__(self, cost: StepCost) -> None:
+        self.cost = cost
+        self.interval = self.MIN_INTERVAL
+        self.skipped = 0
+        self.probing = False
+        self.off_steps = 0   # steps whose draft was cut to nothing (for statistics)
+        self.probes = 0
+
+    def length(self, cand: Any, k: int) -> int:
+        """Draft tokens to send of the candidate ``cand``'s pre-validated ``k``."""
+        self.probing = False
+        if k <= 0:
+            return 0
+        best = best_draft_length([expected_accepts(cand, k)], self.cost.fixed_positions())
+        if best > 0:
+            self.interval = self.MIN_INTERVAL
+            self.skipped = 0
+            return best
+        self.skipped += 1
+        if self.skipped < self.interval:
+            self.off_steps += 1
+            return 0
+        self.skipped = 0
+        self.probing = True
+        self.probes += 1
+        return min(self.PROBE, k)
+
+    def observe(self, positions: int, seconds: float, accepted: int) -> None:
+        """Record a step's pass over ``positions`` positions taking ``seconds`` (the parts that
+        grow with the draft: masks, forward, verification) and its ``accepted`` drafts."""
+        self.cost.add(positions, seconds)
+        if self.probing:
+            self.interval = (self.MIN_INTERVAL if accepted
+                             else min(2 * self.interval, self.MAX_INTERVAL))
+
+
+def pacing_prior(device: Any) -> float:
+    """The cost model's prior ``fixed`` (in positions) before any pass was timed: large on
+    CUDA, where a pass is memory-bound and extra positions are nearly free; moderate on the
+    CPU, where a float32 pass grows with its positions from a few upwards (bfloat16 passes of
+    larger models much less: the fit takes over after a few steps)."""
+    import torch
+
+    return 32.0 if torch.device(device).type == "cuda" else 8.0
