@@ -10,6 +10,7 @@ equality, and the scraped Prometheus counters for the metrics.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import types
@@ -404,6 +405,14 @@ def test_readme_flow_generate_then_validate(model_dir: Path, files: Path, tmp_pa
     assert rc == 0, err
 
 
+def _sigint_at_default() -> None:
+    """In the child before exec: SIGINT back at its default. A shell starts background jobs
+    with SIGINT ignored and children inherit that; Python turns SIGINT into KeyboardInterrupt
+    only where it starts at the default, so without this a CI runner started with ``&`` would
+    make the child deaf to Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.assets
 @pytest.mark.model
 def test_ctrl_c_keeps_finished_results_and_exits_130(model_dir: Path, files: Path, tmp_path: Path) -> None:
@@ -411,7 +420,6 @@ def test_ctrl_c_keeps_finished_results_and_exits_130(model_dir: Path, files: Pat
     a stderr line saying how many requests finished and where their lines are, the destinations
     untouched, and every finished request's lines whole in OUT.partial and VALUES.partial."""
     import os
-    import signal
     import time
 
     n = 400
@@ -423,7 +431,8 @@ def test_ctrl_c_keeps_finished_results_and_exits_130(model_dir: Path, files: Pat
          str(files / "s.json"), "--prompts", str(prompts), "--out", str(out), "--values-out", str(values),
          "--batch-size", "1", "--max-new-tokens", "24"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={k: v for k, v in os.environ.items() if k != "STRUCTGEN_NATIVE"})
+        env={k: v for k, v in os.environ.items() if k != "STRUCTGEN_NATIVE"},
+        preexec_fn=_sigint_at_default)
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:  # wait for finished requests
