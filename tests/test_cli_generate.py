@@ -458,3 +458,39 @@ def test_ctrl_c_keeps_finished_results_and_exits_130(model_dir: Path, files: Pat
     assert f"interrupted: {done} of {n} request(s) finished; their result lines are in {partial}" in err
     assert f"the output written so far is in {values}.partial" in err
     assert "Traceback" not in err
+
+
+def _demo_folder(root: Path) -> Path:
+    d = root / "demo-schemas"
+    d.mkdir(exist_ok=True)
+    (d / "ticket.schema.json").write_text(json.dumps(SCHEMA))
+    (d / "ticket.valid.json").write_text(json.dumps({"status": "open", "ok": True}))
+    (d / "ticket.invalid.json").write_text(json.dumps({"status": "lost", "ok": True}))
+    return d
+
+
+@pytest.mark.assets
+@pytest.mark.model
+def test_demo_reports_rates_and_every_output_is_complete_and_valid(
+        tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo prints each generation's speed and tokens per target pass; with the default
+    budget rule even a tight --max-new-tokens gives a complete, valid value (exit 0)."""
+    rc, out, err = run(capsys, "demo", "--schemas", _demo_folder(tmp_path), "--model", model_dir,
+                       "--max-new-tokens", 24)
+    assert rc == 0, out + err
+    line = next(x for x in out.splitlines() if "generated in" in x)
+    assert "(valid" in line and "tokens/s" in line and "tokens per target pass" in line, line
+    value = json.loads(line.split("): ", 1)[1])
+    assert jsonschema.Draft202012Validator(SCHEMA).is_valid(value)
+
+
+def test_demo_fails_on_an_incomplete_output(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """An output cut at the budget (on_budget="cut" behaviour) is a failed check: exit 1."""
+    from structgen.generation.results import GenerationStats
+
+    cut = types.SimpleNamespace(text='{"status":"op', finish_reason="length", stats=GenerationStats())
+    monkeypatch.setattr(structgen, "generate", lambda **kw: cut)
+    rc, out, err = run(capsys, "demo", "--schemas", _demo_folder(tmp_path), "--max-new-tokens", 24)
+    assert rc == 1, out + err
+    assert "FAILED: incomplete" in out and "1 check(s) failed" in err

@@ -124,11 +124,14 @@ def _demo_generate(structgen: Any, name: str, schema: Any, validator: Any,
     seconds = time.perf_counter() - t0
     text = out if isinstance(out, str) else str(getattr(out, "text", out))
     finish = getattr(out, "finish_reason", "?")
+    stats = getattr(out, "stats", None)
+    rates = (f"{stats.tokens_per_second:.1f} tokens/s, {stats.tokens_per_pass:.2f} tokens per target pass"
+             if stats is not None else "no statistics")
     shown = text if len(text) <= 200 else text[:197] + "..."
-    if finish == "length":
-        print(f"    generated {seconds:.1f} s: stopped at --max-new-tokens before the value was "
-              f"complete (not a failure of the grammar): {shown}")
-        return 0
+    if finish == "length":  # only with on_budget="cut": the default closes within the budget
+        print(f"    generate: FAILED: incomplete, stopped at --max-new-tokens ({seconds:.1f} s, {rates}): "
+              f"{shown}")
+        return 1
     try:
         value = json.loads(text)
     except ValueError as e:
@@ -136,5 +139,6 @@ def _demo_generate(structgen: Any, name: str, schema: Any, validator: Any,
         return 1
     result = validator.validate(Document(1, value), "<generated>")
     verdict = "valid" if result.valid else "INVALID: " + "; ".join(e.message for e in result.errors)
-    print(f"    generated in {seconds:.1f} s ({verdict}): {shown}")
+    closed = ", closed within the token budget" if finish == "budget_close" else ""
+    print(f"    generated in {seconds:.1f} s ({verdict}{closed}; {rates}): {shown}")
     return 0 if result.valid else 1
