@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from structgen.errors import AssetError, ConfigError
+from structgen.generation.model_store import is_gguf_path
 
 __all__ = ["GGUFTokenizer", "LlamaCppBatchKV", "LlamaCppLM", "is_gguf_path", "load_gguf"]
 
@@ -52,7 +53,6 @@ INSTALL_HINT = ("install the llama.cpp backend with `pip install 'structgen[llam
                 "llama-cpp-python from source: up to an hour on 2 cores; scripts/setup.sh does it "
                 "with STRUCTGEN_LLAMACPP=1)")
 
-_GGUF_MAGIC = b"GGUF"
 _DEFAULT_CTX = 4096        # positions per sequence when the caller gives none (and the model allows)
 _CHUNK = 512               # positions per llama_decode call when prefilling a long prompt
 _BATCH_ROOM = 1024         # generated positions reserved per sequence of a batched cache
@@ -61,21 +61,6 @@ _LOCK = threading.Lock()
 _MODELS: dict[tuple[str, bool], _GGUFModel] = {}
 _BACKEND_READY = False
 _LOG_CALLBACK: Any = None  # keeps the ctypes callback alive while llama.cpp holds it
-
-
-def is_gguf_path(model: Any) -> bool:
-    """Whether ``model`` is a path (``str`` or ``os.PathLike``) naming a ``.gguf`` file or a
-    file that starts with the GGUF magic bytes. Reads at most 4 bytes of an existing file."""
-    if not isinstance(model, (str, os.PathLike)):
-        return False
-    path = Path(os.fspath(model)).expanduser()
-    if path.suffix.lower() == ".gguf":
-        return True
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == _GGUF_MAGIC
-    except OSError:
-        return False
 
 
 def _lib() -> Any:

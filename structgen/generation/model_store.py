@@ -57,6 +57,7 @@ __all__ = [
     "tokenizer_path",
     "model_path",
     "resolve_model",
+    "is_gguf_path",
     "load_tokenizer",
     "eos_token_ids",
 ]
@@ -517,23 +518,44 @@ def model_path(alias: str) -> Path:
     return path
 
 
+def is_gguf_path(model: Any) -> bool:
+    """Whether ``model`` is a path (``str`` or ``os.PathLike``) naming a ``.gguf`` file or a
+    file that starts with the GGUF magic bytes. Reads at most 4 bytes of an existing file."""
+    if not isinstance(model, (str, os.PathLike)):
+        return False
+    path = Path(os.fspath(model)).expanduser()
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
 def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
-    """A cached model alias or a local Hugging Face model folder -> its path.
+    """A cached model alias, a local Hugging Face model folder or a local GGUF file (the
+    llama.cpp backend) -> its path.
 
     Raises :class:`AssetError` when ``name_or_path`` is an alias that is not cached (or is
-    damaged), or neither a known alias nor a folder containing ``config.json``.
+    damaged), a GGUF path that names no file, or neither a known alias nor a folder containing
+    ``config.json`` nor a GGUF file.
     """
     name = os.fspath(name_or_path)
     if name in MODELS:
         return model_path(name)
     path = Path(name).expanduser()
+    if not path.is_dir() and is_gguf_path(path):
+        if not path.is_file():
+            raise AssetError(f"GGUF model {path} does not exist")
+        return path
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise AssetError(f"{path} is a folder but has no config.json (not a Hugging Face "
                              "model folder)")
         return path
     raise AssetError(f"unknown model {name!r}: not a model alias "
-                     f"({', '.join(sorted(MODELS))}) and not a local folder")
+                     f"({', '.join(sorted(MODELS))}) and not a local model folder or .gguf file")
 
 
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
