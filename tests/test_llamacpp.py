@@ -178,3 +178,31 @@ def test_gguf_writer_is_deterministic(tmp_path) -> None:
     b = write_tiny_gguf(tmp_path / "b.gguf", weights="f16").read_bytes()
     assert a == b and a[:4] == b"GGUF"
     assert np.frombuffer(a[4:8], dtype="<u4")[0] == 3  # GGUF version
+
+
+def test_cli_names_a_missing_gguf_file(tmp_path, capsys) -> None:
+    """`structgen generate --model X.gguf` with no such file: exit 2, one line naming it."""
+    from structgen.tools.cli import main
+
+    (tmp_path / "s.json").write_text(json.dumps(PERSON))
+    rc = main(["generate", "--model", str(tmp_path / "absent.gguf"), "--schema", str(tmp_path / "s.json"),
+               "--prompt", "x"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "absent.gguf does not exist" in err, err
+
+
+@needs_llama_cpp
+def test_cli_generates_with_a_gguf_file(gguf_paths, tmp_path, capsys) -> None:
+    """`structgen generate --model X.gguf` runs the llama.cpp backend: a complete value that
+    validates (jsonschema), equal to what the Python API gives for the same file."""
+    from structgen.tools.cli import main
+
+    (tmp_path / "s.json").write_text(json.dumps(PERSON))
+    rc = main(["generate", "--model", gguf_paths["f32"], "--schema", str(tmp_path / "s.json"),
+               "--prompt", PROMPTS[0], "--max-new-tokens", "40"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    line = json.loads(out.splitlines()[0])
+    assert line["valid"] and jsonschema.Draft202012Validator(PERSON).is_valid(line["value"])
+    api = structgen.generate(gguf_paths["f32"], schema=PERSON, prompt=PROMPTS[0], max_new_tokens=40)
+    assert api.text == line["text"]
