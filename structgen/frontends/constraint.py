@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING, Any
 
 from structgen.errors import ConfigError, GrammarError, SchemaError
 from structgen.frontends.json_schema.source import (
-    decode_utf8,
     is_model_class,
     model_schema,
     parse_json,
     read_schema_file,
+    read_utf8_file,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -132,18 +132,7 @@ def read_grammar_file(path: str | os.PathLike[str]) -> str:
     """The text of the Lark grammar file at ``path``. Side effect: reads that one file.
     Raises :class:`~structgen.errors.GrammarError` (one line, naming the file) when it cannot
     be read or is not UTF-8."""
-    name = os.fspath(path)
-    try:
-        with open(name, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise GrammarError(f"cannot read {name}: {e.strerror or e}") from None
-    except ValueError as e:  # an embedded NUL in the name
-        raise GrammarError(f"cannot read {name!r}: {e}") from None
-    text, err = decode_utf8(raw, strip_bom=False)
-    if text is None:
-        raise GrammarError(f"cannot read {name}: {err}")
-    return text
+    return read_utf8_file(path, GrammarError)
 
 
 def _choices(spec: Any) -> list[str]:

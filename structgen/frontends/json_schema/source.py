@@ -18,7 +18,8 @@ from typing import Any
 
 from structgen.errors import SchemaError, StructgenError
 
-__all__ = ["decode_utf8", "is_model_class", "model_schema", "parse_json", "read_schema_file"]
+__all__ = ["decode_utf8", "is_model_class", "model_schema", "parse_json", "read_schema_file",
+           "read_utf8_file"]
 
 
 def _reject_constant(name: str) -> Any:
@@ -54,6 +55,27 @@ def decode_utf8(raw: bytes, strip_bom: bool) -> tuple[str | None, str | None]:
     return text, None
 
 
+def read_utf8_file(path: str | os.PathLike[str], error: type[StructgenError], what: str = "", *,
+                   strip_bom: bool = False) -> str:
+    """The text of the UTF-8 file at ``path``. Side effect: reads that one file, whole.
+
+    Raises ``error`` with a one-line message naming the file (``what`` comes before its name,
+    e.g. ``"schema "``) when it cannot be read or is not UTF-8; no :class:`OSError` escapes.
+    """
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise error(f"cannot read {what}{name}: {e.strerror or e}") from None
+    except ValueError as e:  # an embedded NUL in the name
+        raise error(f"cannot read {what}{name!r}: {e}") from None
+    text, err = decode_utf8(data, strip_bom=strip_bom)
+    if text is None:
+        raise error(f"{what}{name} is not UTF-8: {err}")
+    return text
+
+
 def read_schema_file(path: str | os.PathLike[str]) -> Any:
     """Parse the JSON file at ``path`` (any JSON value; the caller checks it is a schema).
 
@@ -62,16 +84,7 @@ def read_schema_file(path: str | os.PathLike[str]) -> Any:
     JSON; no :class:`OSError` escapes.
     """
     path = os.fspath(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise SchemaError(f"cannot read schema {path}: {e.strerror or e}") from e
-    except ValueError as e:  # an embedded NUL in the name
-        raise SchemaError(f"cannot read schema {path!r}: {e}") from None
-    text, err = decode_utf8(data, strip_bom=True)
-    if text is None:
-        raise SchemaError(f"schema {path} is not UTF-8: {err}")
+    text = read_utf8_file(path, SchemaError, "schema ", strip_bom=True)
     value, perr, line, col = parse_json(text)
     if perr is not None:
         raise SchemaError(f"schema {path} is not valid JSON: {perr} (line {line}, column {col})")
