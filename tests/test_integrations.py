@@ -383,6 +383,47 @@ def test_processor_greedy_equals_plain_constrained_decoding(tiny_models, kind: s
 
 @pytest.mark.assets
 @pytest.mark.model
+@pytest.mark.parametrize("kind", ["random", "biased"])
+def test_processor_closes_within_max_new_tokens(tiny_models, kind: str) -> None:
+    """With max_new_tokens the processor applies generate's budget rule: every row ends on
+    EOS with a document that validates, and greedy output equals structgen.generate's."""
+    lm = tiny_models[kind]
+    tok = lm.tokenizer
+    eos = tok.eos_token_id
+    input_ids, mask = _left_padded(tok, PROMPTS)
+    budget = 24
+    proc = StructgenLogitsProcessor(SCHEMAS, tok, max_new_tokens=budget)
+    out = lm.model.generate(input_ids=input_ids, attention_mask=mask, logits_processor=[proc],
+                            do_sample=False, max_new_tokens=budget, pad_token_id=eos)
+    new = out[:, input_ids.shape[1]:].tolist()
+    for row, (prompt, schema) in enumerate(zip(PROMPTS, SCHEMAS)):
+        got = _generated(new[row], eos)
+        assert got[-1] == eos and len(got) <= budget, (row, tok.decode(got))
+        jsonschema.validate(json.loads(tok.decode(got[:-1])), schema)
+        ref = structgen.generate(lm, schema=schema, prompt=prompt, max_new_tokens=budget,
+                                 speculative=False)
+        assert got == ref.tokens, (row, tok.decode(got), ref.text)
+
+
+@pytest.mark.assets
+@pytest.mark.model
+def test_processor_budget_below_shortest_output_is_typed(tiny_models) -> None:
+    from structgen.errors import TokenBudgetError
+
+    lm = tiny_models["biased"]
+    tok = lm.tokenizer
+    input_ids, mask = _left_padded(tok, PROMPTS[:2])
+    proc = StructgenLogitsProcessor([SCHEMAS[0], PERSON], tok, max_new_tokens=3)
+    with pytest.raises(TokenBudgetError) as err:
+        lm.model.generate(input_ids=input_ids, attention_mask=mask, logits_processor=[proc],
+                          do_sample=False, max_new_tokens=3, pad_token_id=tok.eos_token_id)
+    assert err.value.request_index in (0, 1)
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        StructgenLogitsProcessor(SCHEMAS[0], tok, max_new_tokens=0)
+
+
+@pytest.mark.assets
+@pytest.mark.model
 def test_processor_sampling_outputs_are_valid(tiny_models) -> None:
     lm = tiny_models["biased"]
     tok = lm.tokenizer

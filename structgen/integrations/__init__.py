@@ -338,6 +338,13 @@ class _LogitsProcessorImpl:
     ``strict=False`` (or ``json_options.strict``) lets schemas' objects take undeclared keys,
     as :func:`structgen.generate` does with ``strict=False``.
 
+    ``max_new_tokens``: pass the same number as to ``generate`` to close every output within
+    it, as :func:`structgen.generate` does by default (``on_budget="close"``): near the end the
+    allowed set shrinks to tokens after which the shortest completion, plus EOS, still fits
+    (:mod:`structgen.masks.budget`), so every row ends on EOS with a complete document. A
+    budget below a row's shortest output raises :class:`~structgen.errors.TokenBudgetError`
+    on the first call, naming the row. Without it (the default) an output may be cut short.
+
     Batch size and prompt length are discovered from ``input_ids`` on the first call; each
     later call accepts the newest token of every row. A call that does not continue the
     previous one starts a new generation, so one processor can serve several ``generate``
@@ -361,13 +368,19 @@ class _LogitsProcessorImpl:
                  grammar: str | None = None, regex: str | None = None, start: str = "start",
                  vocab: Vocabulary | None = None, eos_token_ids: int | Iterable[int] | None = None,
                  pad_token_id: int | None = None,
-                 json_options: JsonSchemaOptions | None = None, strict: bool | None = None) -> None:
+                 json_options: JsonSchemaOptions | None = None, strict: bool | None = None,
+                 max_new_tokens: int | None = None) -> None:
         given = [x is not None for x in (grammar_or_schema, grammar, regex)]
         if sum(given) != 1:
             raise ConfigError("give exactly one of grammar_or_schema, grammar= or regex=",
                               key="grammar_or_schema")
         if vocab is None and tokenizer is None:
             raise ConfigError("StructgenLogitsProcessor needs tokenizer= or vocab=", key="tokenizer")
+        if max_new_tokens is not None and (isinstance(max_new_tokens, bool)
+                                           or not isinstance(max_new_tokens, int) or max_new_tokens < 1):
+            raise ConfigError(f"max_new_tokens must be a positive integer, not {max_new_tokens!r}",
+                              key="max_new_tokens")
+        self.max_new_tokens = max_new_tokens
         if grammar is not None:
             constraints: list[Any] = [compile_constraint("grammar", grammar, start=start)]
             self._per_row = False
@@ -454,7 +467,13 @@ class _LogitsProcessorImpl:
             raise ConfigError(f"{len(self.grammars)} grammars/schemas given for a batch of "
                               f"{batch} rows", key="grammar_or_schema")
         gs = self.grammars if self._per_row else self.grammars * batch
-        self.matchers = [Matcher(g, vocab) for g in gs]
+        matchers = [Matcher(g, vocab) for g in gs]
+        if self.max_new_tokens is not None:
+            from structgen.generation.loop import check_budget
+
+            for row, m in enumerate(matchers):
+                check_budget(m, self.max_new_tokens, request_index=row)
+        self.matchers = matchers
         self._stopped = [False] * batch
         self.prompt_length = int(ids.shape[1])
 
@@ -530,7 +549,17 @@ class _LogitsProcessorImpl:
             bm = torch.empty((batch, words), dtype=torch.int32)
             self._bitmask = bm
         bm = bm[:batch]
-        fill_bitmasks([None if self._stopped[i] else m for i, m in enumerate(self.matchers)], bm)
+        rows = [None if self._stopped[i] else m for i, m in enumerate(self.matchers)]
+        if self.max_new_tokens is None:
+            fill_bitmasks(rows, bm)
+        else:
+            # tokens left, this position included (the prompt length is the same for every row)
+            left = self.max_new_tokens - (int(ids.shape[1]) - int(self.prompt_length or 0))
+            for i, m in enumerate(rows):
+                if m is None:
+                    bm[i].fill_(-1)
+                else:
+                    m.fill_bitmask(bm, i, budget=max(left, 1))
         allowed = unpack_bitmask(bm.to(scores.device, non_blocking=True), width)  # [B, V] bool
         return scores.masked_fill(~allowed, float("-inf"))
 

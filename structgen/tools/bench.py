@@ -151,15 +151,17 @@ def _constraint(task: dict[str, Any]) -> dict[str, Any]:
 # engines
 
 def run_structgen(lm: Any, task: dict[str, Any], *, speculative: bool, max_new: int, cfg: Any,
-                  draft: Any = None, prompt: str | None = None) -> dict[str, Any]:
-    """One greedy ``structgen.generate`` call, timed; returns text, tokens and statistics."""
+                  draft: Any = None, prompt: str | None = None, on_budget: str = "cut") -> dict[str, Any]:
+    """One greedy ``structgen.generate`` call, timed; returns text, tokens and statistics.
+
+    ``on_budget="cut"`` by default: the peer engines stop at ``max_new_tokens`` wherever the
+    output is, so the comparison does the same; ``"close"`` measures structgen's own default."""
     from structgen.generation.api import generate
 
     prompt = prompt if prompt is not None else prompt_text(lm, task["messages"])
     t0 = time.perf_counter()
-    # on_budget="cut": the peer engines stop at max_new_tokens wherever the output is
     r = generate(lm, prompt=prompt, max_new_tokens=max_new, speculative=speculative, config=cfg,
-                 draft_model=draft if speculative else None, on_budget="cut", **_constraint(task))
+                 draft_model=draft if speculative else None, on_budget=on_budget, **_constraint(task))
     wall = time.perf_counter() - t0
     st = r.stats
     return {"text": r.text, "tokens": list(r.tokens), "wall_s": wall, "new_tokens": st.new_tokens,
@@ -510,7 +512,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
     L.append(f"* machine: {meta['machine']}, {meta['cpu_count']} CPUs, torch threads {meta['torch_threads']}"
              + (f", GPU {meta['gpu']}" if meta.get("gpu") else ""))
     L.append("* versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()))
-    L.append(f"* settings: greedy, batch 1, max_new_tokens {meta['max_new_tokens']}, "
+    L.append(f"* settings: greedy, batch 1, max_new_tokens {meta['max_new_tokens']} "
+             f"(structgen at the budget: {meta.get('on_budget', 'cut')}), "
              f"repeats {meta['repeats']} (median per task), engines {', '.join(engines)}"
              + (f", draft model {meta['draft_model']}" if meta.get("draft_model") else "")
              + "; grammars compiled in an untimed warm-up for every engine; wall time includes "
@@ -755,6 +758,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "(default all; --smoke: plain,spec)")
     ap.add_argument("--max-new-tokens", type=_positive_int, default=None,
                     help="default 400 (--smoke: 96)")
+    ap.add_argument("--on-budget", default="cut", choices=("cut", "close"),
+                    help="structgen engines at max_new_tokens: cut (default, as the peers do) or close "
+                         "(structgen's own default: steer every output to end complete within the budget)")
     ap.add_argument("--repeats", type=_positive_int, default=1,
                     help="timed runs per task and engine (median)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
@@ -905,7 +911,7 @@ def _run(args: argparse.Namespace, types: list[str], engines: list[str]) -> int:
                 try:
                     if e in ("plain", "spec"):
                         r = run_structgen(lm, task, speculative=e == "spec", max_new=max_new, cfg=cfg,
-                                          draft=draft, prompt=prompt)
+                                          draft=draft, prompt=prompt, on_budget=args.on_budget)
                     elif e == "xgrammar":
                         r = run_xgrammar(lm, task, max_new, peer_state[e], prompt=prompt)
                     else:
@@ -941,7 +947,8 @@ def _run(args: argparse.Namespace, types: list[str], engines: list[str]) -> int:
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "dtype": str(getattr(lm.model, "dtype", "")),
         "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
-        "versions": _versions(), "engines": engines, "max_new_tokens": max_new, "repeats": args.repeats,
+        "versions": _versions(), "engines": engines, "max_new_tokens": max_new, "on_budget": args.on_budget,
+        "repeats": args.repeats,
         "smoke": args.smoke, "warmup_s": warm_s, "skipped": skipped,
         "load_average": {"start": load_start, "end": list(os.getloadavg())},
         "headline": {t: {"speedup": sp, "acceptance": acc} for t, (sp, acc) in HEADLINE.items()},
