@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         enc = tok(PROMPTS, return_tensors="pt", padding=True)
 
     eos = model.generation_config.eos_token_id  # EOS is allowed exactly when the JSON is complete
-    proc = StructgenLogitsProcessor(SCHEMA, tok, eos_token_ids=eos)
+    # max_new_tokens: every row closes its JSON within the budget instead of being cut short
+    proc = StructgenLogitsProcessor(SCHEMA, tok, eos_token_ids=eos, max_new_tokens=args.max_new_tokens)
     sampling = dict(do_sample=True, temperature=0.7, top_p=0.95) if args.sample else dict(do_sample=False)
     torch.manual_seed(0)
     out = model.generate(**enc, logits_processor=[proc], max_new_tokens=args.max_new_tokens,
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         if not eos_ids & set(new[row].tolist()):  # EOS was allowed only once complete
             failed += 1
-            print(f"row {row}: cut short by --max-new-tokens", file=sys.stderr)
+            print(f"row {row}: no EOS within --max-new-tokens", file=sys.stderr)
         else:
             json.loads(text)  # a finished row is a complete document
     return 1 if failed else 0
