@@ -32,7 +32,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
-ASSETS=${STRUCTGEN_ASSETS-llama3 qwen2 gpt2 mistral smollm2-135m}
+ASSETS=${STRUCTGEN_ASSETS-llama3 qwen2 gpt2 mistral smollm2-135m qwen2.5-coder-0.5b}
 TORCH_CPU_VERSION=2.13.0
 
 log() { printf '[setup] %s\n' "$*"; }

@@ -288,7 +288,7 @@ class GenerationOptions:
     ``structgen generate`` flags of the same names override them).
 
     model: model alias (see ``structgen models``) or local Hugging Face folder; None = the
-        default model (``smollm2-135m``).
+        default model (``qwen2.5-coder-0.5b``).
     max_new_tokens: generated tokens per request (EOS included).
     on_budget: what ``max_new_tokens`` does to an output. ``"close"`` (the default): as the
         budget runs low, only tokens after which the shortest completion (tokenized greedily)

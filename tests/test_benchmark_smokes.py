@@ -52,6 +52,7 @@ SMOKES: dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]] = {
     "verify_race_skip": ((), False, ()),
     "startup": ((), False, ()),
     "llamacpp_row_invariance": ((), False, ()),
+    "default_model": ((), False, ()),
 }
 # scripts that need an optional package beyond triton: skipped without it
 NEEDS_MODULE = {"llamacpp_row_invariance": "llama_cpp"}
@@ -60,7 +61,7 @@ NEEDS_MODULE = {"llamacpp_row_invariance": "llama_cpp"}
 # the longest smokes first, so that the two concurrent runs finish close together
 START_ORDER = ("masks", "jsonschemabench", "bad_inputs", "batch", "budget", "generate", "lossless", "verify",
                "verify_codegen", "verify_race_skip", "json_schema_suite", "startup",
-               "llamacpp_row_invariance")
+               "llamacpp_row_invariance", "default_model")
 
 
 class _Runs:
@@ -391,3 +392,16 @@ def test_llamacpp_row_invariance(runs: _Runs) -> None:
     assert {r["weights"] for r in rows} == {"f32", "q8_0"}
     # the backend's defaults make a position's logits independent of the pass size
     assert all(r["max_abs_diff_8_vs_1"] == 0 and r["max_abs_diff_8_vs_2"] == 0 for r in rows)
+
+
+def test_default_model(runs: _Runs) -> None:
+    """The stated rule, applied to the stored measurements, picks structgen's DEFAULT_MODEL
+    (the script exits 1 otherwise), and every candidate has a verdict."""
+    from structgen.generation.api import DEFAULT_MODEL
+    from structgen.generation.model_store import MODELS
+
+    _, report = _smoke(runs, "default_model")
+    assert report["chosen"] == report["default_model"] == DEFAULT_MODEL and report["default_follows_rule"]
+    assert {v["alias"] for v in report["verdicts"]} == {a for a, s in MODELS.items() if not s.gguf_only}
+    chosen = next(m for m in report["models"] if m["alias"] == DEFAULT_MODEL)["suite"]
+    assert chosen["complete_and_valid"] == chosen["tasks"] and chosen["demo"]["returncode"] == 0

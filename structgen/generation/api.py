@@ -9,7 +9,7 @@
 
 ``model`` is a transformers causal LM (tokenizer taken from it or given), a local
 directory, or the alias of a model pulled into the cache with ``structgen models pull``
-(default ``smollm2-135m``). Exactly one
+(default ``qwen2.5-coder-0.5b``). Exactly one
 of ``schema`` (dict, JSON text or Pydantic class), ``grammar`` (Lark text) or ``regex``
 constrains the output. Greedy speculative output is token-identical to
 ``speculative=False``; sampled output has the same distribution.
@@ -32,7 +32,7 @@ from structgen.generation.results import is_complete
 __all__ = ["BatchResults", "GenerationResult", "generate", "stream", "generate_model", "DEFAULT_MODEL",
            "resolve_grammar"]
 
-DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"  # chosen by benchmarks/default_model.py's rule
 
 
 @dataclass

@@ -66,7 +66,7 @@ __all__ = [
 FORMAT_VERSION = 2
 
 #: Alias of the default model (small, Apache-2.0, chat template).
-DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"  # chosen by benchmarks/default_model.py's rule
 
 # --------------------------------------------------------------------------- specs
 

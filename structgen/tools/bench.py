@@ -33,7 +33,7 @@ Writes ``suite-<model>-<device>.json`` and ``.md`` (date, machine, versions, tab
 design's headline figures set against the measured ones) and two PNG plots (speedup against
 acceptance; speedup by task type) into ``--out`` (default ``benchmarks/results``).
 
-    structgen bench                                  # smollm2-135m, every task
+    structgen bench                                  # the default model, every task
     structgen bench --model qwen2.5-coder-0.5b --types json,code --tasks-per-type 4
     structgen bench --smoke --out /tmp/b             # tiny random model, 1 task per type
     python -m structgen.tools.bench ...                    # the same
@@ -748,7 +748,7 @@ class _Parser(argparse.ArgumentParser):
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = _Parser(prog="structgen bench", description=__doc__,
                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="model alias or path (default smollm2-135m)")
+    ap.add_argument("--model", default=None, help="model alias or path (default: the default model)")
     ap.add_argument("--draft-model", default=None, help="draft LM alias/path for the spec engine")
     ap.add_argument("--types", default="json,code,prose", help="task types, comma separated")
     ap.add_argument("--tasks-per-type", type=_positive_int, default=None, help="first N tasks of each type")

@@ -133,7 +133,7 @@ def _parser() -> argparse.ArgumentParser:
         "incomplete, 2 usage error (missing file, bad schema, bad configuration key, unknown model).")
     g.add_argument("--model", "-m", metavar="M",
                    help="model alias (see `structgen models`) or Hugging Face folder "
-                   "(default: generation.model of --config, else smollm2-135m)")
+                   "(default: generation.model of --config, else qwen2.5-coder-0.5b)")
     g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"),
                    help="weights of a model loaded by alias or folder (auto: bfloat16 where the "
                    "hardware computes it natively). In bfloat16 on the CPU the forward is made "
