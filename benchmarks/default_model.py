@@ -148,7 +148,7 @@ def render(doc: dict[str, Any]) -> str:
          "`structgen demo` passes within 180 s of CPU; then the highest JSON field accuracy "
          "(within 2 points: the fastest)", "",
          "| model | download | suite complete+valid | budget closes | JSON field accuracy | "
-         "JSON median s | tokens/s | demo CPU s (wall s) | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+         "JSON median s | tokens/s | demo CPU s (wall s) | verdict |", "|---" * 9 + "|"]
     by = {v["alias"]: v for v in doc["verdicts"]}
     for m in doc["models"]:
         s = m.get("suite")
@@ -160,7 +160,8 @@ def render(doc: dict[str, Any]) -> str:
             continue
         L.append(f"| {m['alias']} | {m['download_mb']:.0f} MB | {s['complete_and_valid']}/{s['tasks']} | "
                  f"{s['budget_closes']} | {s['json_field_accuracy']:.1f}% | {s['json_median_s']:.1f} | "
-                 f"{s['tokens_per_s']:.1f} | {s['demo']['cpu_s']:.0f} ({s['demo']['wall_s']:.0f}) | {verdict} |")
+                 f"{s['tokens_per_s']:.1f} | {s['demo']['cpu_s']:.0f} ({s['demo']['wall_s']:.0f}) | "
+                 f"{verdict} |")
     return "\n".join(L) + "\n"
 
 
