@@ -33,8 +33,9 @@ GRAMMARS = [
 ]
 
 
-def _vocab(seed: int) -> ToyVocab:
-    """Every single byte plus some random multi-byte tokens over JSON-ish text; EOS last."""
+def _vocab(seed: int, missing: bytes = b"") -> ToyVocab:
+    """Every single byte (but ``missing``) plus some random multi-byte tokens over JSON-ish
+    text; EOS last."""
     rng = random.Random(seed)
     pieces = set()
     alphabet = b'abcdx0123456789{}[]":,() +-ntrueflsgmoiphd'
@@ -43,7 +44,7 @@ def _vocab(seed: int) -> ToyVocab:
         pieces.add(bytes(rng.choice(alphabet) for _ in range(n)))
     for frag in (b'{"', b'":', b'",', b'"}', b'"]', b'name', b'age', b'status', b'tags', b'open'):
         pieces.add(frag)
-    tokens: list[bytes | None] = [bytes([b]) for b in range(256)] + sorted(pieces)
+    tokens: list[bytes | None] = [bytes([b]) for b in range(256) if b not in missing] + sorted(pieces)
     tokens.append(None)
     return ToyVocab(tokens, (len(tokens) - 1,), len(tokens))
 
@@ -158,9 +159,12 @@ def test_random_walks_under_the_rule_always_finish(kind, spec):
         assert m.is_terminated()
 
 
-def test_rule_rejects_exactly_the_tokens_that_no_longer_fit():
+# b"z" and the bytes >= 0x80: not every byte is a token, so the rule cannot bound a token's need
+# by its byte distance and computes it exactly everywhere
+@pytest.mark.parametrize("missing", [b"", b"z" + bytes(range(0x80, 0x100))])
+def test_rule_rejects_exactly_the_tokens_that_no_longer_fit(missing):
     g = compile_constraint("json", _schemas.PERSON)
-    vocab = _vocab(9)
+    vocab = _vocab(9, missing)
     m = Matcher(g, vocab)
     m.accept_tokens([vocab.token_bytes.index(b'{"'), vocab.token_bytes.index(b"name")])
     need = m.tokens_to_finish()
@@ -172,6 +176,8 @@ def test_rule_rejects_exactly_the_tokens_that_no_longer_fit():
             h.accept_token(t)
             fits = t == vocab.eos_token_ids[0] or h.tokens_to_finish() <= left - 1
             assert (t in kept) == fits
+            # a draft token is checked by the same rule
+            assert (m.validate_tokens([t], budget=left) == 1) == fits
         assert narrowed == (kept != set(m.allowed_token_ids()))
     # far from the end nothing is removed
     words, narrowed = m.budget_mask_words(need + 500)

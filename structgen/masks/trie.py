@@ -303,13 +303,16 @@ def walk_ids(runtime: Any, trie: Trie, start: int, gmode: bool, ids: np.ndarray,
         runtime.service(int(status))
 
 
-def walk_ends(runtime: Any, trie: Trie, start: int) -> np.ndarray:
+def walk_ends(runtime: Any, trie: Trie, start: int, *, out: np.ndarray | None = None) -> np.ndarray:
     """Per token slot of ``trie`` (``trie.slot_ids[q]`` is slot ``q``'s token id), the
     configuration of ``runtime`` its bytes lead to from configuration ``start``; -1 where they
-    are rejected (int32 ``[slots]``)."""
+    are rejected (int32 ``[slots]``; written into ``out`` when given)."""
     from structgen.masks import _walk_kernels as wk
 
-    out = np.full(trie.slot_ids.size, -1, dtype=np.int32)
+    if out is None:
+        out = np.full(trie.slot_ids.size, -1, dtype=np.int32)
+    else:
+        out.fill(-1)
     st = np.zeros(trie.max_depth + 1, dtype=np.int32)
     st[0] = start
     i = 1
