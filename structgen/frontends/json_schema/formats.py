@@ -58,7 +58,8 @@ import functools
 from structgen.frontends.json_schema.numbers import explore_dfa
 from structgen.grammar import ir
 
-__all__ = ["FORMATS", "format_expr", "format_length_bounds", "length_bounds"]
+__all__ = ["FORMATS", "checked_format", "format_expr", "format_length_bounds", "formats_imply_length",
+           "length_bounds"]
 
 
 def _cls(chars: str) -> ir.Expr:
@@ -245,7 +246,8 @@ def _hostname(allow_rldh: bool = False) -> ir.Expr:
 _ATEXT_BYTES = _ALNUM_BYTES + b"!#$%&'*+-/=?^_`{|}~"
 
 
-def _email() -> ir.Expr:
+@functools.lru_cache(maxsize=None)
+def _email(allow_rldh: bool = True) -> ir.Expr:
     # dot-atom local part of at most 64 bytes: state (n, last byte was a dot)
     def step(st: tuple[int, bool], b: int) -> tuple[int, bool] | None:
         n, dot = st
@@ -257,7 +259,7 @@ def _email() -> ir.Expr:
 
     local = explore_dfa((0, False), step, lambda st: st[0] >= 1 and not st[1],
                         [_ATEXT_BYTES, b"."], "email local part")
-    domain = ir.alt(_hostname(allow_rldh=True),
+    domain = ir.alt(_hostname(allow_rldh=allow_rldh),
                     ir.seq(_lit("["), _ipv4(), _lit("]")),
                     ir.seq(_lit("[IPv6:"), _ipv6(), _lit("]")))
     return ir.seq(local, _lit("@"), domain)
@@ -324,6 +326,9 @@ _BUILDERS = {
     "uuid": _uuid,
     "uri": lambda: _uri_parts()["uri"],
     "uri-reference": lambda: _uri_parts()["uri-reference"],
+    # the safe subsets (see the module docstring); validation checks the superset per value
+    "idn-hostname": lambda: _hostname(allow_rldh=False),
+    "idn-email": lambda: _email(allow_rldh=False),
 }
 
 #: The format names :func:`format_expr` knows.
@@ -440,6 +445,25 @@ def format_length_bounds(name: str) -> tuple[int, int | None] | None:
     return None if e is None else length_bounds(e)
 
 
+def formats_imply_length(names: frozenset[str], lo: int, hi: int | None) -> bool:
+    """Do the formats ``names`` alone keep every string's length within [lo, hi]?
+
+    Then a length counter is redundant and can be left out: intersecting a format's
+    automaton with a counter can multiply its size (``email`` with ``maxLength: 1024``).
+    Format languages are ASCII, so their byte lengths are code-point lengths.
+    """
+    if not names:
+        return False
+    f_lo, f_hi = 0, None
+    for name in names:
+        b = format_length_bounds(name)
+        if b is None:
+            return False
+        f_lo = max(f_lo, b[0])
+        f_hi = b[1] if f_hi is None else (f_hi if b[1] is None else min(f_hi, b[1]))
+    return f_lo >= lo and (hi is None or (f_hi is not None and f_hi <= hi))
+
+
 _LDH_HOSTNAME_DRAFTS = frozenset({"3", "4", "6"})
 """Drafts whose ``hostname`` is plain LDH syntax (RFC 1034/1123), A-labels unchecked."""
 
@@ -457,3 +481,22 @@ def format_expr(name: str, draft: str | None = None) -> ir.Expr | None:
         return _hostname(allow_rldh=True)
     build = _BUILDERS.get(name)
     return build() if build is not None else None
+
+
+def checked_format(name: str, draft: str | None = None) -> tuple[ir.Expr | None, int] | None:
+    """How validation checks format ``name`` under ``draft`` per value, or None when the
+    automaton of :func:`format_expr` is already exact.
+
+    Returns ``(superset, marker)``: ``superset`` is the IR of a language containing every
+    valid value (None: any string), and ``marker`` the value check
+    (:mod:`structgen.frontends.json_schema.idn`) that decides each string of it.
+    """
+    from structgen.frontends.json_schema import idn
+
+    if name == "hostname" and draft not in _LDH_HOSTNAME_DRAFTS:
+        return _hostname(allow_rldh=True), idn.HOSTNAME_CHECK
+    if name == "idn-hostname":
+        return None, idn.IDN_HOSTNAME_CHECK
+    if name == "idn-email":
+        return None, idn.IDN_EMAIL_CHECK
+    return None
