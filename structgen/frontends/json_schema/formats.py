@@ -34,16 +34,21 @@ The languages follow the RFCs that JSON Schema names, narrowed where the checker
     label with ``--`` in its 3rd and 4th positions (an R-LDH label) valid only as an
     A-label, i.e. ``xn--`` followed by Punycode that decodes to a valid U-label (IDNA2008
     code points, contextual and bidi rules). That check is beyond a finite automaton (the
-    decoded code points depend on arithmetic over the whole label), so R-LDH labels,
-    valid A-labels included, are rejected: a narrowing, never an acceptance of an
-    invalid label such as ``xn--X``. Other labels with ``--`` (``a--b``) are accepted.
+    decoded code points depend on arithmetic over the whole label), so :func:`format_expr`
+    rejects R-LDH labels, valid A-labels included: the safe subset generation uses.
+    Validation uses :func:`checked_format`: every LDH label, with each R-LDH label checked
+    per value (:mod:`structgen.frontends.json_schema.idn`). Other labels with ``--``
+    (``a--b``) are accepted by both.
 
   Both: dot separated, no trailing dot, at most 253 bytes in all. Label lengths are
   narrowed to keep the automaton small (about 2,000 states instead of 24,038 for the
   exact language): the first label, and a label starting at a multiple of 32 bytes, may
   have up to 63 bytes; any other label has at least 32 and at most 63 available, exactly
   ``63 - (start mod 32)``. The LDH variant is also used for ``email`` domains.
-  ``idn-hostname`` and ``idn-email`` (U-labels) have no grammar: they are unsupported.
+* ``idn-hostname`` / ``idn-email``: :func:`format_expr` gives the safe ASCII subsets
+  (``hostname`` without R-LDH labels; ``email`` with such a domain), every string of which
+  is valid; validation checks any string per value (:func:`checked_format`, RFC 5890-5893
+  and 6531, see :mod:`structgen.frontends.json_schema.idn`).
 * ``ipv4``: dotted quad, each 0-255 without leading zeros.
 * ``ipv6``: every RFC 4291 text form (``::`` compression, embedded IPv4), no zone id.
 * ``uuid``: 8-4-4-4-12 hex digits, either case.
