@@ -11,7 +11,7 @@ builds see the same machine load. Workers:
 * ``after-all``: this tree with ``string_escapes="all"`` (validation's language), unless
   ``--no-all``;
 * ``before``: the tree at ``--baseline`` (a checkout of an earlier commit), imported in its
-  worker with that tree first on ``sys.path`` and run through *its own* ``benchmarks/masks.py``
+  worker with that tree first on ``sys.path`` and run through *its own* masks.py worker,
   adapter and replayer (so an older module layout works).
 
 Reported per worker over the cases every worker compiled and replayed without a rejection:
@@ -60,7 +60,9 @@ def _worker_main(kind: str, baseline: str | None, tok_alias: str, opts: dict[str
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        mod._worker("structgen", tok_alias, opts, conn)
+        # older trees keep the worker in masks.py, newer ones in _mask_engines.py
+        worker = getattr(mod, "_worker", None) or importlib.import_module("_mask_engines")._worker
+        worker("structgen", tok_alias, opts, conn)
         return
     if kind == "after-all":
         base = _mask_engines.StructgenAdapter
@@ -144,13 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile-timeout", type=float, default=30.0)
     ap.add_argument("--replay-timeout", type=float, default=120.0)
     ap.add_argument("--rounds", type=int, default=1, help="passes over the cases")
-    ap.add_argument("--smoke", action="store_true", help="3 repository schemas, no baseline needed")
+    ap.add_argument("--smoke", action="store_true",
+                    help="3 repository schemas; without --baseline this tree is its own baseline")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     envelope = _envelope.capture(argv, __file__)
     args.no_schemas, args.no_lark, args.grammar = False, True, None
-    if args.smoke:
+    if args.smoke:  # this tree against itself: exercises the baseline worker too
         args.candidates = 0
+        args.baseline = args.baseline or ROOT
     kinds = ["after"] + ([] if args.no_all else ["after-all"]) + (["before"] if args.baseline else [])
     baseline = str(args.baseline.resolve()) if args.baseline else None
     opts = {"compile_timeout": args.compile_timeout, "threads": 1}
