@@ -283,3 +283,23 @@ def test_invalid_a_labels(tail, rng: random.Random):
     assert accepts("email", "2020-12", "a@" + label + ".example") == ldh
     if not valid:
         assert not accepts("hostname", "7", label), label
+
+
+def test_value_checks_survive_the_disk_cache(tmp_path):
+    # a fresh process that loads the grammar from disk has never imported the module that
+    # registers the predicates: loading it must bring them
+    import subprocess
+    import sys
+
+    code = ("import sys; from structgen.tools.grammar_cache import {f}; "
+            "g = {f}({{'type': 'string', 'format': 'hostname'}}); "
+            "print(g is not None and g.accepts('\"xn--bcher-kva.example\"'), "
+            "g is not None and g.accepts('\"xn--X\"'), "
+            "'structgen.frontends.json_schema.lower' in sys.modules)")
+    env = {**__import__("os").environ, "STRUCTGEN_GRAMMAR_CACHE": str(tmp_path)}
+    first = subprocess.run([sys.executable, "-c", code.format(f="compile_json_schema_cached")], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert first.stdout.split() == ["True", "False", "True"], first.stderr[-2000:]
+    again = subprocess.run([sys.executable, "-c", code.format(f="cached_grammar")], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.stdout.split() == ["True", "False", "False"], again.stderr[-2000:]
