@@ -488,6 +488,9 @@ def format_expr(name: str, draft: str | None = None) -> ir.Expr | None:
     return build() if build is not None else None
 
 
+_CHECKED = frozenset({"hostname", "idn-hostname", "idn-email"})
+
+
 def checked_format(name: str, draft: str | None = None) -> tuple[ir.Expr | None, int] | None:
     """How validation checks format ``name`` under ``draft`` per value, or None when the
     automaton of :func:`format_expr` is already exact.
@@ -496,9 +499,11 @@ def checked_format(name: str, draft: str | None = None) -> tuple[ir.Expr | None,
     valid value (None: any string), and ``marker`` the value check
     (:mod:`structgen.frontends.json_schema.idn`) that decides each string of it.
     """
-    from structgen.frontends.json_schema import idn
+    if name not in _CHECKED or (name == "hostname" and draft in _LDH_HOSTNAME_DRAFTS):
+        return None
+    from structgen.frontends.json_schema import idn  # imports idna: only when a schema needs it
 
-    if name == "hostname" and draft not in _LDH_HOSTNAME_DRAFTS:
+    if name == "hostname":
         return _hostname(allow_rldh=True), idn.HOSTNAME_CHECK
     if name == "idn-hostname":
         return None, idn.IDN_HOSTNAME_CHECK
