@@ -113,16 +113,16 @@ class StructgenAdapter(Adapter):
         that do not depend on the grammar (Unicode data, formats, the vocabulary table) stay
         warm, as in a long-running server."""
         cleared = []
-        for mod_name, attr in (("structgen.json_schema", "_CACHE"), ("structgen.json_schema", "_DOC_CACHE"),
+        js = "structgen.frontends.json_schema"
+        for mod_name, attr in ((f"{js}.compiler", "_CACHE"), (f"{js}.compiler", "_DOC_CACHE"),
                                ("structgen.grammar.compiler", "_CACHE"),
                                ("structgen.frontends.lark", "_LRU"),
-                               ("structgen.json_schema", "_WARNINGS")):
+                               (f"{js}.compiler", "_WARNINGS")):
             obj = getattr(importlib.import_module(mod_name), attr, None)
             if hasattr(obj, "clear"):
                 obj.clear()
                 cleared.append(f"{mod_name}.{attr}")
-        for mod_name, attr in (("structgen.frontends.json_schema.lower", "compile_pattern"),
-                               ("structgen.frontends.json_schema.numbers", "_build")):
+        for mod_name, attr in ((f"{js}.patterns", "compile_pattern"), (f"{js}.numbers", "_build")):
             fn = getattr(importlib.import_module(mod_name), attr, None)
             if hasattr(fn, "cache_clear"):
                 fn.cache_clear()

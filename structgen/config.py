@@ -149,6 +149,13 @@ class JsonSchemaOptions:
         and control characters escaped) -- what generation uses when this is None, so that
         enum values, consts and property names are forced text and a model cannot wander
         into escapes. A narrowing: every canonical output is valid under "all".
+    value_checks: check string values an automaton cannot (``hostname`` A-labels under
+        draft-07 and later, ``idn-hostname``, ``idn-email``; see docs/formats.md). True: the
+        grammar accepts the format's superset and checks each such string when it completes
+        (:mod:`structgen.grammar.checks`) -- exact for validation, but such a grammar drives
+        no token masks. False: the format's safe subset, every string of which is valid (a
+        narrowing), and no checks. None: true for validation and :func:`compile_json_schema`,
+        false for generation (:meth:`for_generation`).
     strict: close objects and arrays that leave their extent open. When true, an object
         whose schema declares property names (``properties``, ``patternProperties``,
         ``required``, through ``allOf``/``anyOf``/``oneOf``/``$ref``/``if``/``dependentSchemas``
@@ -171,6 +178,7 @@ class JsonSchemaOptions:
     max_enum: int = 5_000
     string_escapes: str | None = None
     strict: bool | None = None
+    value_checks: bool | None = None
 
     def __post_init__(self) -> None:
         _check_choice(self, "whitespace", ("compact", "flexible"))
@@ -184,25 +192,30 @@ class JsonSchemaOptions:
         if self.string_escapes is not None:
             _check_choice(self, "string_escapes", ("all", "canonical"))
         _check_bool(self, "strict", optional=True)
+        _check_bool(self, "value_checks", optional=True)
 
     def for_generation(self) -> JsonSchemaOptions:
-        """These options resolved for generation: ``string_escapes`` "canonical" and ``strict``
-        true, unless set."""
+        """These options resolved for generation: ``string_escapes`` "canonical", ``strict``
+        true and ``value_checks`` false, unless set."""
         resolved: dict[str, Any] = {}
         if self.string_escapes is None:
             resolved["string_escapes"] = "canonical"
         if self.strict is None:
             resolved["strict"] = True
+        if self.value_checks is None:
+            resolved["value_checks"] = False
         return dataclasses.replace(self, **resolved) if resolved else self
 
     def for_validation(self) -> JsonSchemaOptions:
-        """These options resolved for validation: ``string_escapes`` "all" and ``strict``
-        false, unless set."""
+        """These options resolved for validation: ``string_escapes`` "all", ``strict`` false
+        and ``value_checks`` true, unless set."""
         resolved: dict[str, Any] = {}
         if self.string_escapes is None:
             resolved["string_escapes"] = "all"
         if self.strict is None:
             resolved["strict"] = False
+        if self.value_checks is None:
+            resolved["value_checks"] = True
         return dataclasses.replace(self, **resolved) if resolved else self
 
 

@@ -47,6 +47,7 @@ SMOKES: dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]] = {
     "jsonschemabench": ((), False, ("llama3",)),
     "lossless": ((), False, ("gpt2",)),
     "masks": ((), False, ("llama3",)),
+    "masks_builds": ((), False, ("llama3",)),
     "verify": ((), True, ()),
     "verify_codegen": ((), True, ()),
     "verify_race_skip": ((), False, ()),
@@ -59,8 +60,8 @@ NEEDS_MODULE = {"llamacpp_row_invariance": "llama_cpp"}
 
 
 # the longest smokes first, so that the two concurrent runs finish close together
-START_ORDER = ("masks", "jsonschemabench", "bad_inputs", "batch", "budget", "generate", "lossless", "verify",
-               "verify_codegen", "verify_race_skip", "json_schema_suite", "startup",
+START_ORDER = ("masks", "masks_builds", "jsonschemabench", "bad_inputs", "batch", "budget", "generate",
+               "lossless", "verify", "verify_codegen", "verify_race_skip", "json_schema_suite", "startup",
                "llamacpp_row_invariance", "default_model")
 
 
@@ -348,6 +349,19 @@ def test_masks(runs: _Runs, tokenizer_by_alias) -> None:
     assert replayed >= 2
     if set(engines) - {"structgen"}:
         assert set(report["envelope"]["versions"]) >= set(engines) - {"structgen"}
+
+
+def test_masks_builds(runs: _Runs) -> None:
+    """This tree against itself as the baseline: every worker replays the 3 repository schemas
+    without a rejection, and the ratios to the baseline are reported."""
+    _, report = _smoke(runs, "masks_builds")
+    (rnd,) = report["rounds"]
+    assert len(rnd["cases_compared"]) == 3 and not rnd["cases_excluded"]
+    for k in ("after", "after-all", "before"):
+        assert rnd[k]["steps"] > 0 and rnd[k]["compile_mean_ms"] > 0, k
+    assert rnd["after"]["steps"] == rnd["before"]["steps"]
+    assert set(rnd["after/before"]) == {"compile_mean_ms", "compile_median_ms", "step_mean_us",
+                                        "step_median_us"}
 
 
 def test_verify(runs: _Runs) -> None:

@@ -56,7 +56,7 @@ def checker_ok(s: str, fmt: str) -> bool:
 
 def test_registry():
     assert FORMATS == {"date", "time", "date-time", "duration", "email", "hostname", "ipv4",
-                       "ipv6", "uuid", "uri", "uri-reference"}
+                       "ipv6", "uuid", "uri", "uri-reference", "idn-hostname", "idn-email"}
     assert format_expr("regex") is None
     assert format_expr("no-such-format") is None
     for name in FORMATS:

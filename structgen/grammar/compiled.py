@@ -361,6 +361,7 @@ class CompiledGrammar:
         self._engine: Any = None
         self._engine_lock = threading.Lock()
         self.metadata: dict[str, Any] = {}
+        self._value_checks: bool | None = None
 
     # -- identity ---------------------------------------------------------
     @property
@@ -429,17 +430,48 @@ class CompiledGrammar:
                 eng = self._engine
         return eng
 
-    def accepts(self, data: bytes | str) -> bool:
-        """Is ``data`` (bytes, or str encoded as UTF-8) a complete sentence of the grammar?"""
+    @property
+    def has_value_checks(self) -> bool:
+        """Does the grammar carry value checks (:mod:`structgen.grammar.checks`)? Then it checks
+        text (:meth:`accepts`) but does not drive token masks. Computed once, from the rules'
+        edges on the marker bytes."""
+        got = self._value_checks
+        if got is None:
+            got = self._value_checks = any(_uses_markers(r) for r in self._rules)
+        return got
+
+    def _run(self, data: bytes | str) -> tuple[bool, bool]:
         if isinstance(data, str):
             data = data.encode("utf-8")
-        return self.engine.run_from_start(data)[1]
+        if self.has_value_checks:
+            from structgen.grammar.checks import run_checked
+            return run_checked(self.engine, data)
+        return self.engine.run_from_start(data)
+
+    def accepts(self, data: bytes | str) -> bool:
+        """Is ``data`` (bytes, or str encoded as UTF-8) a complete sentence of the grammar?
+        Value checks, where the grammar has them, run on each JSON string they mark."""
+        return self._run(data)[1]
 
     def accepts_prefix(self, data: bytes | str) -> bool:
         """Can ``data`` be extended to a sentence of the grammar (a viable prefix)?"""
-        if isinstance(data, str):
-            data = data.encode("utf-8")
-        return self.engine.run_from_start(data)[0]
+        return self._run(data)[0]
+
+
+def _uses_markers(rule: Any) -> bool:
+    """Has ``rule`` an edge on a value-check marker byte (0xF8-0xFF)?"""
+    lo = 0xF8
+    if isinstance(rule, LazyRule):
+        edges = rule.csr()[3]  # [m, 3]: (class_lo, class_hi, target); the runtime builds it anyway
+        if not len(edges):
+            return False
+        marks = np.unique(rule._class_of[lo:])
+        hit = (edges[:, 0:1] <= marks[None, :]) & (marks[None, :] <= edges[:, 1:2])
+        return bool(hit.any())
+    if isinstance(rule, ProductRule):
+        return bool((rule._a.trans[:, lo:] >= 0).any())
+    trans = getattr(rule, "_trans", None)
+    return trans is not None and bool((trans[:, lo:] >= 0).any())
 
 
 

@@ -162,6 +162,13 @@ class Matcher:
     def __init__(self, grammar: CompiledGrammar, vocab: Any, *, max_rollback: int | None = None) -> None:
         if not isinstance(grammar, CompiledGrammar):
             raise MatcherUsageError(f"Matcher needs a CompiledGrammar, not {type(grammar).__name__}")
+        if grammar.has_value_checks:
+            # its string checks run on whole values (structgen.grammar.checks): token masks
+            # cannot apply them, so masks over it would not be exact
+            raise MatcherUsageError(
+                "this grammar checks values it cannot mask (it was compiled for validation, e.g. "
+                "hostname A-labels or idn-* formats); compile it for generation "
+                "(compile_constraint, or JsonSchemaOptions(value_checks=False))")
         if max_rollback is not None:
             max_rollback = _whole("max_rollback", max_rollback, 0)
         self.grammar = grammar

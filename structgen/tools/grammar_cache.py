@@ -114,6 +114,8 @@ def cached_grammar(schema: Any, *, remotes: Mapping[str, Any] | None = None, opt
     if loaded is None:
         return None
     cg, meta = loaded
+    if cg.has_value_checks:  # its predicates are registered by the module that defines them
+        import structgen.frontends.json_schema.idn  # noqa: F401
     warnings = [str(w) for w in meta.get("warnings", [])]
     cg.metadata.update({"warnings": warnings, "schema": schema})
     cg.warnings, cg.schema = warnings, schema  # as compile_json_schema sets them

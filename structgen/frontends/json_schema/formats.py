@@ -34,16 +34,21 @@ The languages follow the RFCs that JSON Schema names, narrowed where the checker
     label with ``--`` in its 3rd and 4th positions (an R-LDH label) valid only as an
     A-label, i.e. ``xn--`` followed by Punycode that decodes to a valid U-label (IDNA2008
     code points, contextual and bidi rules). That check is beyond a finite automaton (the
-    decoded code points depend on arithmetic over the whole label), so R-LDH labels,
-    valid A-labels included, are rejected: a narrowing, never an acceptance of an
-    invalid label such as ``xn--X``. Other labels with ``--`` (``a--b``) are accepted.
+    decoded code points depend on arithmetic over the whole label), so :func:`format_expr`
+    rejects R-LDH labels, valid A-labels included: the safe subset generation uses.
+    Validation uses :func:`checked_format`: every LDH label, with each R-LDH label checked
+    per value (:mod:`structgen.frontends.json_schema.idn`). Other labels with ``--``
+    (``a--b``) are accepted by both.
 
   Both: dot separated, no trailing dot, at most 253 bytes in all. Label lengths are
   narrowed to keep the automaton small (about 2,000 states instead of 24,038 for the
   exact language): the first label, and a label starting at a multiple of 32 bytes, may
   have up to 63 bytes; any other label has at least 32 and at most 63 available, exactly
   ``63 - (start mod 32)``. The LDH variant is also used for ``email`` domains.
-  ``idn-hostname`` and ``idn-email`` (U-labels) have no grammar: they are unsupported.
+* ``idn-hostname`` / ``idn-email``: :func:`format_expr` gives the safe ASCII subsets
+  (``hostname`` without R-LDH labels; ``email`` with such a domain), every string of which
+  is valid; validation checks any string per value (:func:`checked_format`, RFC 5890-5893
+  and 6531, see :mod:`structgen.frontends.json_schema.idn`).
 * ``ipv4``: dotted quad, each 0-255 without leading zeros.
 * ``ipv6``: every RFC 4291 text form (``::`` compression, embedded IPv4), no zone id.
 * ``uuid``: 8-4-4-4-12 hex digits, either case.
@@ -58,7 +63,8 @@ import functools
 from structgen.frontends.json_schema.numbers import explore_dfa
 from structgen.grammar import ir
 
-__all__ = ["FORMATS", "format_expr", "format_length_bounds", "length_bounds"]
+__all__ = ["FORMATS", "checked_format", "format_expr", "format_length_bounds", "formats_imply_length",
+           "length_bounds"]
 
 
 def _cls(chars: str) -> ir.Expr:
@@ -245,7 +251,8 @@ def _hostname(allow_rldh: bool = False) -> ir.Expr:
 _ATEXT_BYTES = _ALNUM_BYTES + b"!#$%&'*+-/=?^_`{|}~"
 
 
-def _email() -> ir.Expr:
+@functools.lru_cache(maxsize=None)
+def _email(allow_rldh: bool = True) -> ir.Expr:
     # dot-atom local part of at most 64 bytes: state (n, last byte was a dot)
     def step(st: tuple[int, bool], b: int) -> tuple[int, bool] | None:
         n, dot = st
@@ -257,7 +264,7 @@ def _email() -> ir.Expr:
 
     local = explore_dfa((0, False), step, lambda st: st[0] >= 1 and not st[1],
                         [_ATEXT_BYTES, b"."], "email local part")
-    domain = ir.alt(_hostname(allow_rldh=True),
+    domain = ir.alt(_hostname(allow_rldh=allow_rldh),
                     ir.seq(_lit("["), _ipv4(), _lit("]")),
                     ir.seq(_lit("[IPv6:"), _ipv6(), _lit("]")))
     return ir.seq(local, _lit("@"), domain)
@@ -324,6 +331,9 @@ _BUILDERS = {
     "uuid": _uuid,
     "uri": lambda: _uri_parts()["uri"],
     "uri-reference": lambda: _uri_parts()["uri-reference"],
+    # the safe subsets (see the module docstring); validation checks the superset per value
+    "idn-hostname": lambda: _hostname(allow_rldh=False),
+    "idn-email": lambda: _email(allow_rldh=False),
 }
 
 #: The format names :func:`format_expr` knows.
@@ -440,6 +450,25 @@ def format_length_bounds(name: str) -> tuple[int, int | None] | None:
     return None if e is None else length_bounds(e)
 
 
+def formats_imply_length(names: frozenset[str], lo: int, hi: int | None) -> bool:
+    """Do the formats ``names`` alone keep every string's length within [lo, hi]?
+
+    Then a length counter is redundant and can be left out: intersecting a format's
+    automaton with a counter can multiply its size (``email`` with ``maxLength: 1024``).
+    Format languages are ASCII, so their byte lengths are code-point lengths.
+    """
+    if not names:
+        return False
+    f_lo, f_hi = 0, None
+    for name in names:
+        b = format_length_bounds(name)
+        if b is None:
+            return False
+        f_lo = max(f_lo, b[0])
+        f_hi = b[1] if f_hi is None else (f_hi if b[1] is None else min(f_hi, b[1]))
+    return f_lo >= lo and (hi is None or (f_hi is not None and f_hi <= hi))
+
+
 _LDH_HOSTNAME_DRAFTS = frozenset({"3", "4", "6"})
 """Drafts whose ``hostname`` is plain LDH syntax (RFC 1034/1123), A-labels unchecked."""
 
@@ -457,3 +486,27 @@ def format_expr(name: str, draft: str | None = None) -> ir.Expr | None:
         return _hostname(allow_rldh=True)
     build = _BUILDERS.get(name)
     return build() if build is not None else None
+
+
+_CHECKED = frozenset({"hostname", "idn-hostname", "idn-email"})
+
+
+def checked_format(name: str, draft: str | None = None) -> tuple[ir.Expr | None, int] | None:
+    """How validation checks format ``name`` under ``draft`` per value, or None when the
+    automaton of :func:`format_expr` is already exact.
+
+    Returns ``(superset, marker)``: ``superset`` is the IR of a language containing every
+    valid value (None: any string), and ``marker`` the value check
+    (:mod:`structgen.frontends.json_schema.idn`) that decides each string of it.
+    """
+    if name not in _CHECKED or (name == "hostname" and draft in _LDH_HOSTNAME_DRAFTS):
+        return None
+    from structgen.frontends.json_schema import idn  # imports idna: only when a schema needs it
+
+    if name == "hostname":
+        return _hostname(allow_rldh=True), idn.HOSTNAME_CHECK
+    if name == "idn-hostname":
+        return None, idn.IDN_HOSTNAME_CHECK
+    if name == "idn-email":
+        return None, idn.IDN_EMAIL_CHECK
+    return None

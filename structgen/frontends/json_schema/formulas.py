@@ -168,7 +168,18 @@ def _format_ok(name: str, s: str) -> bool:
         from structgen.frontends.json_schema.jsonschema_import import import_jsonschema
 
         _FORMAT_CHECKER = import_jsonschema().Draft202012Validator.FORMAT_CHECKER
-    return bool(_FORMAT_CHECKER.conforms(s, name))
+    if not _FORMAT_CHECKER.conforms(s, name):
+        return False
+    if name not in ("hostname", "idn-hostname", "idn-email"):
+        return True
+    # jsonschema leaves A-labels and most of idn-email unchecked; the grammar's value checks do not
+    from structgen.frontends.json_schema import idn
+
+    check = {"hostname": idn.hostname_ok, "idn-hostname": idn.idn_hostname_ok, "idn-email": idn.idn_email_ok}
+    try:
+        return check[name](s)
+    except (ValueError, UnicodeError):
+        return False
 
 
 def s_member(f: tuple, s: str) -> bool:

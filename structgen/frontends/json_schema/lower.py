@@ -65,7 +65,7 @@ from structgen.frontends.json_schema.records import (
     n_not,
 )
 from structgen.frontends.json_schema.strict import Closer
-from structgen.grammar import ir
+from structgen.grammar import checks, ir
 from structgen.grammar.graphs import reachable
 
 __all__ = ["Lowering", "number_spellings"]
@@ -146,6 +146,8 @@ class Lowering:
         self.doc = doc
         self.opt = options
         self.escapes = options.string_escapes or "all"  # JSON spellings of string characters
+        # formats an automaton cannot decide are checked per value (validation) or narrowed
+        self.value_checks = options.value_checks is not False
         self.deadline = deadline  # time.monotonic() value; CompileTimeoutError past it
         self.opt_timeout = (deadline - time.monotonic()) if deadline is not None else 0.0
         norm.deadline, norm.time_limit = deadline, self.opt_timeout  # normalising counts too
@@ -332,7 +334,7 @@ class Lowering:
 
     def lower_str(self, f: tuple, pos: bool) -> ir.Expr:
         """String content (between the quotes). ``pos``: subset (True) / superset (False)."""
-        key = ("str", f, pos)
+        key = ("str", f, pos, self.value_checks)
         got = self._cache.get(key)
         if got is not None:
             return got
@@ -357,9 +359,11 @@ class Lowering:
                                        "maxLength" if f[2] is not None else "minLength"))
             for p in sorted(pats):
                 parts.append(self.note(self.pattern(p), "pattern"))
-            if pos:
-                for fm in sorted(fmts):
-                    parts.append(self.note(self.format(fm), "format"))
+            markers: list[int] = []
+            for fm in sorted(fmts) if pos else ():
+                content, marker = self.format(fm)
+                parts += [self.note(content, "format")] if content is not None else []
+                markers += [marker] if marker is not None else []
             if not parts:
                 e = self.str_content_any(pos)
             else:
@@ -367,8 +371,17 @@ class Lowering:
                 for p in parts[1:]:
                     # an intersection is named after what is intersected (pattern, format)
                     e = self.note(ir.and_(e, p), self.expr_kw.get(p, "pattern"))
+            if markers:
+                # the string's value is checked when it completes (structgen.grammar.checks)
+                e = self.note(checks.checked(e, tuple(sorted(markers))), "format")
         elif tag == "and":
-            items = [self.lower_str(x, pos) for x in sorted(f[1], key=repr)]
+            # markers must end the whole string: the branches of an intersection get the
+            # formats' safe subsets instead (a narrowing, never an over-acceptance)
+            outer, self.value_checks = self.value_checks, False
+            try:
+                items = [self.lower_str(x, pos) for x in sorted(f[1], key=repr)]
+            finally:
+                self.value_checks = outer
             e = items[0]
             for x in items[1:]:
                 e = self.note(ir.and_(e, x), self.expr_kw.get(x, "allOf"))
@@ -380,35 +393,29 @@ class Lowering:
         return e
 
     def formats_imply_length(self, fmts: frozenset, lo: int, hi: int | None) -> bool:
-        """Do the formats alone keep every string's length within [lo, hi]?
-
-        Then the length counter is redundant and left out: intersecting a format's
-        automaton with a counter can multiply its size (``email`` with ``maxLength: 1024``).
-        Format languages are ASCII, so their byte lengths are code-point lengths.
-        """
-        if not fmts:
-            return False
+        """Do the formats alone keep every string's length within [lo, hi]
+        (:func:`formats.formats_imply_length`)? Never for a format checked per value: its
+        superset may be longer than its safe subset."""
         from structgen.frontends.json_schema import formats
-        f_lo, f_hi = 0, None
-        for name in fmts:
-            b = formats.format_length_bounds(name)
-            if b is None:
-                return False
-            f_lo = max(f_lo, b[0])
-            f_hi = b[1] if f_hi is None else (f_hi if b[1] is None else min(f_hi, b[1]))
-        return f_lo >= lo and (hi is None or (f_hi is not None and f_hi <= hi))
+        return not (self.value_checks and any(formats.checked_format(n, self.doc.drafts[0]) for n in fmts)) \
+            and formats.formats_imply_length(fmts, lo, hi)
 
     def pattern(self, p: str) -> ir.Expr:
         """The content language of ``pattern`` ``p`` (``re.search`` semantics)."""
         return compile_pattern(p, self.escapes)
 
-    def format(self, name: str) -> ir.Expr:
-        """The content language of format ``name`` in the spellings ``escapes`` allows."""
+    def format(self, name: str) -> tuple[ir.Expr | None, int | None]:
+        """Format ``name``'s content language in the spellings ``escapes`` allows (None: any
+        string) and the marker of its value check (None: the automaton is exact). Value
+        checks off, a format that needs one gets its safe subset (:func:`formats.checked_format`)."""
         from structgen.frontends.json_schema import formats
-        e = formats.format_expr(name, self.doc.drafts[0])
-        if e is None:  # pragma: no cover - filtered by the normaliser
+        checked = formats.checked_format(name, self.doc.drafts[0]) if self.value_checks else None
+        e = formats.format_expr(name, self.doc.drafts[0]) if checked is None else checked[0]
+        if e is None and checked is None:  # pragma: no cover - filtered by the normaliser
             raise SchemaError(f"format {name!r} has no grammar", keyword="format")
-        return json_escape.json_content(e, self.escapes)  # format languages describe decoded values
+        # format languages describe decoded values
+        content = None if e is None else json_escape.json_content(e, self.escapes)
+        return content, None if checked is None else checked[1]
 
     # -- numbers ------------------------------------------------------------------------------
     def lower_num(self, f: tuple, pos: bool) -> ir.Expr:
