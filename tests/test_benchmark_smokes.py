@@ -52,15 +52,16 @@ SMOKES: dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]] = {
     "verify_race_skip": ((), False, ()),
     "startup": ((), False, ()),
     "llamacpp_row_invariance": ((), False, ()),
+    "serve": ((), False, ("gpt2",)),
 }
 # scripts that need an optional package beyond triton: skipped without it
-NEEDS_MODULE = {"llamacpp_row_invariance": "llama_cpp"}
+NEEDS_MODULE = {"llamacpp_row_invariance": "llama_cpp", "serve": "fastapi"}
 
 
 # the longest smokes first, so that the two concurrent runs finish close together
 START_ORDER = ("masks", "jsonschemabench", "bad_inputs", "batch", "budget", "generate", "lossless", "verify",
                "verify_codegen", "verify_race_skip", "json_schema_suite", "startup",
-               "llamacpp_row_invariance")
+               "llamacpp_row_invariance", "serve")
 
 
 class _Runs:
@@ -391,3 +392,14 @@ def test_llamacpp_row_invariance(runs: _Runs) -> None:
     assert {r["weights"] for r in rows} == {"f32", "q8_0"}
     # the backend's defaults make a position's logits independent of the pass size
     assert all(r["max_abs_diff_8_vs_1"] == 0 and r["max_abs_diff_8_vs_2"] == 0 for r in rows)
+
+
+def test_serve(runs: _Runs) -> None:
+    _, report = _smoke(runs, "serve")
+    assert report["meta"]["mode"] == "smoke" and report["meta"]["levels"] == [1, 4]
+    for engine in ("spec", "plain"):
+        rows = report["results"][engine]
+        assert [r["concurrency"] for r in rows] == [1, 4]
+        for r in rows:  # every request answered, every output valid (jsonschema / Lark's parser)
+            assert r["ok"] == r["requests"] and r["valid"] == f"{r['ok']}/{r['ok']}", r
+            assert r["output_tokens"] > 0 and r["ttft_p50_s"] > 0
