@@ -11,7 +11,8 @@
 #   2. Without a working CUDA GPU (no nvidia-smi, or it fails): torch==2.13.0 first. On these
 #      machines that resolves to the CPU wheel on local disk; any other torch request would
 #      download gigabytes of CUDA wheels.
-#   3. pip install -e '.[test,docs]' and a check that structgen, structgen.kernels and
+#   3. pip install -e '.[test,docs]' (the test extra brings the serve extra: FastAPI, uvicorn,
+#      httpx, and the openai client the server tests use) and a check that structgen, structgen.kernels and
 #      structgen.grammars import from the repository root (docs: mkdocs for scripts/test.sh).
 #   3b. The native grammar/mask kernels compiled into numba's disk cache
 #      (`python -m structgen.tools.warm`): about a minute of CPU once, so that the first compile
