@@ -264,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                 results[n].append(r)
                 print(f"{n:6s} c={c:2d}: {r['output_tokens_per_s']:7.1f} tok/s  "
                       f"{r['requests_per_s']:.2f} req/s  "
-                      f"TTFT p50 {r['ttft_p50_s']} p99 {r['ttft_p99_s']} steady p50 {r['ttft_steady_p50_s']}  "
+                      f"TTFT p50 {r['ttft_p50_s']} p99 {r['ttft_p99_s']} "
+                      f"steady p50 {r['ttft_steady_p50_s']}  "
                       f"ITL p50 {r['itl_p50_s']}  "
                       f"valid {r['valid']}", flush=True)
     finally:
