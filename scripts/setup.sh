@@ -145,10 +145,10 @@ fi
 
 # 4b. Ray (opt-in): the Ray Serve deployment and the Ray Data extractor (structgen/serving/ray_serve.py)
 if [ "${STRUCTGEN_RAY:-0}" = 1 ]; then
-    if "$PY" -c 'import ray.serve' 2>/dev/null && [ "${SETUP_FORCE:-0}" != 1 ]; then
+    if "$PY" -c 'import ray.serve, ray.data' 2>/dev/null && [ "${SETUP_FORCE:-0}" != 1 ]; then
         log "ray[serve] already installed"
     else
-        log "installing the [ray] extra (ray[serve])"
+        log "installing the [ray] extra (ray[serve,data])"
         pin=$(mktemp)
         "$PY" -c 'import torch; print("torch==" + torch.__version__)' > "$pin" 2>/dev/null || : > "$pin"
         pip_install -q -c "$pin" -e '.[ray]' || { rm -f "$pin"; die "installing ray[serve] failed (see above)"; }

@@ -69,6 +69,7 @@ def test_two_replicas_serve_32_requests(local_ray) -> None:
 
 
 def test_ray_data_map_batches(local_ray) -> None:
+    pytest.importorskip("ray.data")  # needs pandas and pyarrow: ray[data]
     from structgen.serving.ray_serve import Extractor
 
     ds = ray.data.from_items([{"prompt": f"Record {i}: name and n as JSON:"} for i in range(12)])
