@@ -5,13 +5,15 @@
 #   SETUP_FORCE=1 bash scripts/setup.sh   # redo the pip steps even if the stamp says done
 #   STRUCTGEN_ASSETS="llama3" bash scripts/setup.sh   # choose which assets to pull ("" = none)
 #   STRUCTGEN_LLAMACPP=1 bash scripts/setup.sh  # also the llama.cpp backend (builds llama-cpp-python)
+#   STRUCTGEN_RAY=1 bash scripts/setup.sh   # also Ray Serve / Ray Data (the [ray] extra; large)
 #
 # Steps:
 #   1. .venv (python3 -m venv) unless it exists; python >= 3.10 required.
 #   2. Without a working CUDA GPU (no nvidia-smi, or it fails): torch==2.13.0 first. On these
 #      machines that resolves to the CPU wheel on local disk; any other torch request would
 #      download gigabytes of CUDA wheels.
-#   3. pip install -e '.[test,docs]' and a check that structgen, structgen.kernels and
+#   3. pip install -e '.[test,docs]' (the test extra brings the serve extra: FastAPI, uvicorn,
+#      httpx, and the openai client the server tests use) and a check that structgen, structgen.kernels and
 #      structgen.grammars import from the repository root (docs: mkdocs for scripts/test.sh).
 #   3b. The native grammar/mask kernels compiled into numba's disk cache
 #      (`python -m structgen.tools.warm`): about a minute of CPU once, so that the first compile
@@ -138,6 +140,19 @@ if [ "${STRUCTGEN_LLAMACPP:-0}" = 1 ]; then
         rm -f "$pin"
         "$PY" -c 'import llama_cpp' || die "llama_cpp does not import after its install"
         log "llama.cpp backend installed in $(( $(date +%s) - t0 )) s"
+    fi
+fi
+
+# 4b. Ray (opt-in): the Ray Serve deployment and the Ray Data extractor (structgen/serving/ray_serve.py)
+if [ "${STRUCTGEN_RAY:-0}" = 1 ]; then
+    if "$PY" -c 'import ray.serve, ray.data' 2>/dev/null && [ "${SETUP_FORCE:-0}" != 1 ]; then
+        log "ray[serve] already installed"
+    else
+        log "installing the [ray] extra (ray[serve,data])"
+        pin=$(mktemp)
+        "$PY" -c 'import torch; print("torch==" + torch.__version__)' > "$pin" 2>/dev/null || : > "$pin"
+        pip_install -q -c "$pin" -e '.[ray]' || { rm -f "$pin"; die "installing ray[serve] failed (see above)"; }
+        rm -f "$pin"
     fi
 fi
 

@@ -54,15 +54,16 @@ SMOKES: dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]] = {
     "startup": ((), False, ()),
     "llamacpp_row_invariance": ((), False, ()),
     "default_model": ((), False, ()),
+    "serve": ((), False, ("gpt2",)),
 }
 # scripts that need an optional package beyond triton: skipped without it
-NEEDS_MODULE = {"llamacpp_row_invariance": "llama_cpp"}
+NEEDS_MODULE = {"llamacpp_row_invariance": "llama_cpp", "serve": "fastapi"}
 
 
 # the longest smokes first, so that the two concurrent runs finish close together
 START_ORDER = ("masks", "masks_builds", "jsonschemabench", "bad_inputs", "batch", "budget", "generate",
-               "lossless", "verify", "verify_codegen", "verify_race_skip", "json_schema_suite", "startup",
-               "llamacpp_row_invariance", "default_model")
+               "lossless", "verify", "verify_codegen", "verify_race_skip", "json_schema_suite",
+               "startup", "llamacpp_row_invariance", "default_model", "serve")
 
 
 class _Runs:
@@ -419,3 +420,14 @@ def test_default_model(runs: _Runs) -> None:
     assert {v["alias"] for v in report["verdicts"]} == {a for a, s in MODELS.items() if not s.gguf_only}
     chosen = next(m for m in report["models"] if m["alias"] == DEFAULT_MODEL)["suite"]
     assert chosen["complete_and_valid"] == chosen["tasks"] and chosen["demo"]["returncode"] == 0
+
+
+def test_serve(runs: _Runs) -> None:
+    _, report = _smoke(runs, "serve")
+    assert report["meta"]["mode"] == "smoke" and report["meta"]["levels"] == [1, 4]
+    for engine in ("spec", "plain"):
+        rows = report["results"][engine]
+        assert [r["concurrency"] for r in rows] == [1, 4]
+        for r in rows:  # every request answered, every output valid (jsonschema / Lark's parser)
+            assert r["ok"] == r["requests"] and r["valid"] == f"{r['ok']}/{r['ok']}", r
+            assert r["output_tokens"] > 0 and r["ttft_p50_s"] > 0

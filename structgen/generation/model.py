@@ -433,6 +433,58 @@ class BatchKV:
         self.pos = self.pos[idx]
         self.compact(min_holes=0.0 if not rows else 0.5)
 
+    @torch.inference_mode()
+    def join(self, prompts: list[list[int]]) -> bool:
+        """Add one row per new sequence (its token list, which may be empty) after the rows
+        already held, between two steps: continuous batching. The new rows are prefilled on
+        their own (:meth:`prefill` of a fresh cache) and both caches are left-padded to the
+        longer one (padding slots hold zeros and are masked; position ids are explicit, so no
+        row's attention changes). Returns False, with nothing done, when the held cache is not
+        made of plain dynamic layers (the caller then waits for the batch to empty)."""
+        from transformers import DynamicCache
+
+        if not prompts:
+            return True
+        if self.batch == 0:
+            self.prefill(prompts)
+            return True
+        old_layers = self._layers() if self.length else []
+        if old_layers is None:
+            return False
+        new = BatchKV(self.lm)
+        new.prefill(prompts)
+        new_layers = new._layers() if new.length else []
+        if new_layers is None:
+            return False
+        width = max(self.length, new.length)
+        b_old, b_new = self.batch, new.batch
+        if width:
+            template = old_layers or new_layers
+            merged = DynamicCache()
+            for li, ref in enumerate(template):
+                parts = []
+                for name in ("keys", "values"):
+                    t = getattr(ref, name)  # [B, heads, L, D]
+                    out = t.new_zeros((b_old + b_new, t.shape[1], width, t.shape[3]))
+                    if old_layers:
+                        src = getattr(old_layers[li], name)
+                        out[:b_old, :, width - src.shape[2]:] = src
+                    if new_layers:
+                        src = getattr(new_layers[li], name)
+                        out[b_old:, :, width - src.shape[2]:] = src
+                    parts.append(out)
+                merged.update(parts[0], parts[1], li)
+            self.cache = merged
+        mask = torch.zeros((b_old + b_new, width), dtype=torch.bool)
+        mask[:b_old, width - self.length:] = self.mask
+        mask[b_old:, width - new.length:] = new.mask
+        self.mask = mask
+        self.pos = torch.cat([self.pos, new.pos])
+        self.forward_passes += new.forward_passes
+        self.real_positions += new.real_positions
+        self.padded_positions += new.padded_positions
+        return True
+
     def _layers(self) -> list[Any] | None:
         """The cache's per-layer tensors holders, when they are plain dynamic layers."""
         from transformers.cache_utils import DynamicLayer

@@ -16,6 +16,8 @@ Subcommands:
   aliases and the cache (every converted file is hashed into its manifest and checked on load).
 * ``bench ARGS...``: the benchmark suite (:func:`structgen.tools.bench.main`).
 * ``config [--example | --check FILE]``: the documented YAML configuration.
+* ``serve --model ALIAS|PATH [--config spec.yaml] [--host 127.0.0.1] [--port 8000]``: the
+  OpenAI-compatible HTTP server with continuous batching (:mod:`structgen.serving`).
 
 Exit codes: 0 success / all valid, 1 some instance invalid (or a failed check), 2 usage error,
 unreadable input or malformed schema (one-line message on stderr), 130 interrupted (Ctrl-C).
@@ -25,7 +27,8 @@ Files written (``generate --out/--values-out/--metrics-out``) go through
 interrupted run keeps what it finished in ``OUT.partial``.
 
 One module per subcommand: :mod:`.validate`, :mod:`.compile`, :mod:`.demo`, :mod:`.generate`,
-:mod:`.models`, :mod:`.config`; :mod:`._constraints` turns inputs into compiled grammars.
+:mod:`.models`, :mod:`.config`, :mod:`.serve`; :mod:`._constraints` turns inputs into compiled
+grammars.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from structgen.tools.cli.config import _cmd_config
 from structgen.tools.cli.demo import _cmd_demo
 from structgen.tools.cli.generate import _cmd_generate
 from structgen.tools.cli.models import _cmd_models
+from structgen.tools.cli.serve import add_parser as _add_serve_parser
 from structgen.tools.cli.validate import _cmd_validate
 
 __all__ = ["main"]
@@ -197,6 +201,8 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--example", action="store_true", help="print the documented defaults (the default)")
     k.add_argument("--check", metavar="FILE", help="validate a configuration file")
     k.set_defaults(func=_cmd_config)
+
+    _add_serve_parser(sub, _port, _positive_int)
     return p
 
 

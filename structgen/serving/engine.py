@@ -1,0 +1,625 @@
+"""The continuous-batching engine behind ``structgen serve``.
+
+One scheduler thread owns the model. Between two steps it lets waiting sequences join the
+running batch (their prompts are prefilled on their own and appended as new rows of the
+batched KV cache, :meth:`~structgen.generation.model.BatchKV.join`) and drops the rows of
+sequences that finished, were cancelled (the client went away) or ran past their deadline; a
+step is then the generation loop's batched step (drafts, ONE target forward for every live
+row, ONE verify call), each sequence with its own matcher, drafters and sampling options, so
+a batch mixes schemas, grammars and greedy and sampled requests. Nobody waits for the slowest
+sequence of a micro-batch: a row freed at step ``t`` is refilled at step ``t + 1``.
+
+Everything that can be slow and does not need the model runs off the scheduler thread, in a
+small thread pool: compiling the constraint (the front-ends' content-keyed caches make a
+repeated schema free), rendering the chat template, tokenising, checking the context and the
+token budget, building the matchers. A slow compile therefore delays only its own request.
+
+Admission control: at most ``max_running`` sequences in the batch, at most ``max_queued``
+sequences compiling or waiting for a row (beyond that :class:`ServerBusyError`, HTTP 429),
+and a per-request deadline (``request_timeout_s``) after which a sequence ends with
+``finish_reason="length"``. :meth:`Engine.close` drains: no new requests, running and
+waiting ones finish.
+
+Greedy output of a request is the output :func:`structgen.generate` gives it alone: the
+batched step computes each row as that sequence alone (see :func:`~structgen.generation.loop.run_batch`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from structgen.config import CompileOptions, JsonSchemaOptions, SpecConfig
+from structgen.errors import ConfigError, StructgenError
+from structgen.generation.results import GenerationStats, is_complete
+
+__all__ = ["ChoiceResult", "Constraint", "Engine", "EngineClosedError", "EngineRequest", "Event",
+           "RequestHandle", "ServerBusyError", "TEXT"]
+
+
+class ServerBusyError(StructgenError):
+    """The engine's queue is full (``max_queued``): try again later (HTTP 429)."""
+
+
+class EngineClosedError(StructgenError):
+    """The engine is shutting down and takes no new requests (HTTP 503)."""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What a request's output must match: a constraint kind of
+    :func:`structgen.frontends.constraint.compile_constraint` (``"json"``, ``"json_object"``,
+    ``"grammar"``, ``"regex"``) and its spec; ``start`` is a Lark grammar's start rule and
+    ``strict`` the JSON Schema option (:attr:`~structgen.config.JsonSchemaOptions.strict`)."""
+
+    kind: str
+    spec: Any = None
+    start: str = "start"
+    strict: bool = True
+
+    @property
+    def unconstrained(self) -> bool:
+        """Whether this is :data:`TEXT` (any text: plain chat, no ``response_format``)."""
+        return self == TEXT
+
+
+#: Any text at all: the constraint of a request without ``response_format``.
+TEXT = Constraint("regex", r"[\s\S]*")
+
+
+@dataclass
+class EngineRequest:
+    """One request: a prompt (text) or messages (a chat template renders them), its
+    constraint and options. ``None`` options take the engine's defaults: ``max_tokens`` the
+    engine's ``default_max_tokens`` (or what the context leaves), ``temperature`` / ``top_p``
+    the engine's :class:`~structgen.config.SpecConfig`, ``on_budget`` ``"close"`` for a
+    constraint and ``"cut"`` for :data:`TEXT`. ``n`` sequences are generated (choice ``i``
+    seeded ``seed + i``); generation of a choice stops at the first of ``stop``'s strings
+    (which is not part of its text)."""
+
+    constraint: Constraint = TEXT
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    on_budget: str | None = None
+    timeout_s: float | None = None
+
+
+@dataclass
+class ChoiceResult:
+    """One finished sequence of a request. ``finish_reason`` is OpenAI's (``"stop"``:
+    complete or a stop string; ``"length"``: cut at ``max_tokens`` or at the deadline;
+    ``"cancelled"``: the client went away); ``reason`` the engine's own (the loop's
+    ``stop`` / ``budget_close`` / ``length``, or ``stop_string``, ``timeout``, ``cancelled``,
+    ``error``); ``complete``: the output matches its constraint in full."""
+
+    index: int
+    text: str
+    tokens: list[int]
+    finish_reason: str
+    reason: str
+    stats: GenerationStats
+    error: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Whether the output ended complete (its constraint matched in full)."""
+        return is_complete(self.reason)
+
+
+@dataclass
+class Event:
+    """What a :class:`RequestHandle` yields: ``kind`` ``"delta"`` (``text`` newly committed to
+    choice ``index``, never taken back) or ``"done"`` (choice ``index`` finished: ``result``)."""
+
+    kind: str
+    index: int
+    text: str = ""
+    result: ChoiceResult | None = None
+
+
+class RequestHandle:
+    """A submitted request: iterate :meth:`events` (or await :meth:`results`); :meth:`cancel`
+    frees its batch rows at the next step boundary. ``prompt_tokens`` is the prompt's length
+    in tokens, ``created`` the submission time (``time.time()``)."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, n: int, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.id = next(self._ids)
+        self.n = n
+        self.prompt_tokens = 0
+        self.created = time.time()
+        self.submitted = time.perf_counter()
+        self.cancelled = False
+        self._loop = loop
+        self._queue: asyncio.Queue[Event] | None = asyncio.Queue() if loop is not None else None
+        self._sync: deque[Event] = deque()
+        self._sync_ready = threading.Condition()
+        self._done = 0
+
+    def cancel(self) -> None:
+        """Stop generating for this request (its rows leave the batch at the next step)."""
+        self.cancelled = True
+
+    def _push(self, event: Event) -> None:
+        if self._loop is None:
+            with self._sync_ready:
+                self._sync.append(event)
+                self._sync_ready.notify_all()
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)  # type: ignore[union-attr]
+        except RuntimeError:  # the event loop is closed: nobody listens any more
+            self.cancelled = True
+
+    async def events(self) -> AsyncIterator[Event]:
+        """The request's events in order, until every choice is done."""
+        assert self._queue is not None, "a handle submitted with submit_sync has no async events"
+        done = 0
+        while done < self.n:
+            ev = await self._queue.get()
+            done += ev.kind == "done"
+            yield ev
+
+    async def results(self) -> list[ChoiceResult]:
+        """Wait for every choice; the results in choice order."""
+        out: list[ChoiceResult] = []
+        async for ev in self.events():
+            if ev.kind == "done" and ev.result is not None:
+                out.append(ev.result)
+        return sorted(out, key=lambda r: r.index)
+
+    def wait(self, timeout: float | None = None) -> list[ChoiceResult]:
+        """Blocking :meth:`results` for a handle from :meth:`Engine.submit_sync`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out: list[ChoiceResult] = []
+        with self._sync_ready:
+            while len(out) < self.n:
+                while not self._sync:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise TimeoutError(f"request {self.id} did not finish in {timeout} s")
+                    self._sync_ready.wait(left)
+                ev = self._sync.popleft()
+                if ev.kind == "done" and ev.result is not None:
+                    out.append(ev.result)
+        return sorted(out, key=lambda r: r.index)
+
+
+class _Slot:
+    """One sequence of a request inside the engine: its loop state and its text so far."""
+
+    def __init__(self, handle: RequestHandle, index: int, seq: Any, stop: tuple[str, ...],
+                 deadline: float | None) -> None:
+        self.handle = handle
+        self.index = index
+        self.seq = seq
+        self.stop = stop
+        self.deadline = deadline
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""
+        self.sent = 0          # characters of ``text`` already sent as deltas
+        self.ended: str | None = None  # an end the loop does not know: stop_string, timeout, ...
+
+
+def _stop_at(text: str, start: int, stops: tuple[str, ...]) -> int | None:
+    """Earliest index >= ``start`` where one of ``stops`` begins in ``text``."""
+    found = [i for i in (text.find(s, start) for s in stops if s) if i >= 0]
+    return min(found) if found else None
+
+
+def _held_back(text: str, start: int, stops: tuple[str, ...]) -> int:
+    """Characters at the end of ``text`` (after ``start``) that could begin a stop string: they
+    are not sent until the next tokens show whether the stop string follows."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text) - start), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+def _openai_finish(reason: str) -> str:
+    if reason in ("stop", "budget_close", "stop_string"):
+        return "stop"
+    if reason in ("length", "timeout"):
+        return "length"
+    return reason
+
+
+@dataclass
+class EngineCounters:
+    """The engine's own counters and gauges (exported on ``/metrics``)."""
+
+    running: int = 0
+    queued: int = 0
+    requests: dict[str, int] = field(default_factory=dict)  # finished sequences by reason
+    rejected: int = 0          # requests refused with ServerBusyError
+    steps: int = 0             # batched target forwards
+    step_rows: int = 0         # sum over steps of the rows in the batch
+    output_tokens: int = 0
+    joins: int = 0             # join operations (new rows added between steps)
+
+
+class Engine:
+    """Continuous batching over one model (see the module docstring).
+
+    ``lm``: a loaded :class:`~structgen.generation.model.CausalLM`; ``cfg``: the speculative
+    decoding options; ``speculative=False`` serves plain constrained decoding (the baseline).
+    ``json_options`` / ``compile_options``: how constraints compile (``strict`` comes with each
+    request). ``on_result`` is called on the scheduler thread with every finished
+    :class:`ChoiceResult` (metrics). Call :meth:`start` before submitting, :meth:`close` at
+    the end.
+    """
+
+    def __init__(self, lm: Any, *, cfg: SpecConfig | None = None, speculative: bool = True,
+                 max_running: int = 16, max_queued: int = 64, default_max_tokens: int = 256,
+                 request_timeout_s: float | None = 600.0, compile_workers: int = 2,
+                 json_options: JsonSchemaOptions | None = None,
+                 compile_options: CompileOptions | None = None, draft_lm: Any = None,
+                 on_result: Callable[[ChoiceResult], None] | None = None) -> None:
+        from structgen.generation.model import vocabulary_for
+
+        if max_running < 1 or max_queued < 1 or default_max_tokens < 1:
+            raise ConfigError("max_running, max_queued and default_max_tokens must be at least 1")
+        self.lm = lm
+        self.vocab = vocabulary_for(lm)
+        self.cfg = cfg or SpecConfig()
+        self.speculative = speculative
+        self.max_running = max_running
+        self.max_queued = max_queued
+        self.default_max_tokens = default_max_tokens
+        self.request_timeout_s = request_timeout_s
+        self.json_options = json_options or JsonSchemaOptions()
+        self.compile_options = compile_options
+        self.draft_lm = draft_lm
+        self.on_result = on_result
+        self.counters = EngineCounters()
+        self._eos = set(self.vocab.eos_token_ids)
+        self._pool = ThreadPoolExecutor(max_workers=max(1, compile_workers),
+                                        thread_name_prefix="structgen-compile")
+        self._cond = threading.Condition()
+        self._waiting: deque[_Slot] = deque()
+        self._pending = 0       # sequences admitted and not yet in the batch (compiling or waiting)
+        self._live: list[_Slot] = []   # row r of the batched cache holds _live[r]
+        self._kv: Any = None
+        self._verifier: Any = None
+        self._cost: Any = None
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self.failure: BaseException | None = None
+
+    # -- life cycle -----------------------------------------------------------------------------
+    def start(self) -> Engine:
+        """Start the scheduler thread (once)."""
+        from structgen.generation.loop import _StepVerifier
+        from structgen.generation.pacing import StepCost
+
+        if self._thread is None:
+            self._verifier = _StepVerifier(self.cfg, self.lm.vocab_size, self.lm.device, self.max_running)
+            self._cost = StepCost()
+            self._thread = threading.Thread(target=self._run, name="structgen-scheduler", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self, *, drain: bool = True, timeout: float | None = 30.0) -> None:
+        """Take no new requests; with ``drain`` let running and waiting sequences finish (at
+        most ``timeout`` seconds, then cancel them), without it cancel them at once."""
+        with self._cond:
+            self._closing = True
+            if not drain:
+                for s in list(self._waiting) + self._live:
+                    s.handle.cancel()
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                with self._cond:
+                    for s in list(self._waiting) + self._live:
+                        s.handle.cancel()
+                    self._cond.notify_all()
+                self._thread.join(5.0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def running(self) -> int:
+        """Sequences in the batch now."""
+        return len(self._live)
+
+    @property
+    def queued(self) -> int:
+        """Sequences compiling or waiting for a batch row."""
+        return self._pending
+
+    # -- submission -----------------------------------------------------------------------------
+    def _admit(self, n: int) -> None:
+        with self._cond:
+            if self._closing or self._thread is None:
+                raise EngineClosedError("the server is shutting down" if self._closing
+                                        else "the engine is not started")
+            if self.failure is not None:
+                raise EngineClosedError(f"the engine stopped after an internal error: {self.failure}")
+            if self._pending + n > self.max_queued:
+                self.counters.rejected += 1
+                raise ServerBusyError(f"the server is busy: {self._pending} sequences are already "
+                                      f"queued (max {self.max_queued}); retry later")
+            self._pending += n
+            self.counters.queued = self._pending
+
+    def _unadmit(self, n: int) -> None:
+        with self._cond:
+            self._pending -= n
+            self.counters.queued = self._pending
+
+    async def submit(self, request: EngineRequest) -> RequestHandle:
+        """Admit ``request``, prepare it off the scheduler thread (compile, tokenise, checks)
+        and queue its sequences for the batch. Raises :class:`ServerBusyError`,
+        :class:`EngineClosedError`, or the typed error of a bad request (a bad schema, a
+        prompt too long for the context, a budget too small for the constraint)."""
+        loop = asyncio.get_running_loop()
+        handle = RequestHandle(request.n, loop)
+        self._admit(request.n)
+        try:
+            slots = await loop.run_in_executor(self._pool, self._prepare, request, handle)
+        except BaseException:
+            self._unadmit(request.n)
+            raise
+        self._enqueue(slots)
+        return handle
+
+    def submit_sync(self, request: EngineRequest) -> RequestHandle:
+        """:meth:`submit` for callers without an event loop (prepares on the calling thread);
+        wait with :meth:`RequestHandle.wait`."""
+        handle = RequestHandle(request.n, None)
+        self._admit(request.n)
+        try:
+            slots = self._prepare(request, handle)
+        except BaseException:
+            self._unadmit(request.n)
+            raise
+        self._enqueue(slots)
+        return handle
+
+    def _enqueue(self, slots: list[_Slot]) -> None:
+        with self._cond:
+            self._waiting.extend(slots)
+            self._cond.notify_all()
+
+    def compile(self, constraint: Constraint) -> Any:
+        """The compiled grammar of ``constraint`` (the front-ends cache it by content)."""
+        from structgen.frontends.constraint import compile_constraint
+
+        options = replace(self.json_options, strict=constraint.strict)
+        return compile_constraint(constraint.kind, constraint.spec, start=constraint.start,
+                                  json_options=options, compile_options=self.compile_options)
+
+    def _prepare(self, req: EngineRequest, handle: RequestHandle) -> list[_Slot]:
+        """Everything before the batch, on a pool thread: compile, tokenise, check."""
+        from structgen.generation.api import _prompt_ids
+        from structgen.generation.loop import _Sequence
+        from structgen.generation.model import CausalLM, check_context, context_length
+
+        if req.n < 1:
+            raise ConfigError("n must be at least 1", key="n")
+        grammar = self.compile(req.constraint)
+        ids = _prompt_ids(self.lm, req.prompt, req.messages)
+        if not ids:
+            raise ConfigError("the prompt encodes to no tokens", key="prompt")
+        max_tokens = req.max_tokens
+        if max_tokens is None:
+            ctx = context_length(self.lm)
+            max_tokens = self.default_max_tokens if ctx is None else \
+                max(1, min(self.default_max_tokens, ctx - len(ids)))
+        check_context(self.lm, len(ids), max_tokens, draft_lm=self.draft_lm)
+        on_budget = req.on_budget or ("cut" if req.constraint.unconstrained else "close")
+        over = {k: v for k, v in (("temperature", req.temperature), ("top_p", req.top_p)) if v is not None}
+        cfg = replace(self.cfg, **over) if over else self.cfg
+        handle.prompt_tokens = len(ids)
+        timeout = req.timeout_s if req.timeout_s is not None else self.request_timeout_s
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        slots = []
+        for i in range(req.n):
+            draft = (CausalLM(self.draft_lm.model, self.draft_lm.tokenizer)
+                     if self.draft_lm is not None else None)
+            seq = _Sequence(self.lm, self.vocab, grammar, ids, cfg, speculative=self.speculative,
+                            max_new_tokens=max_tokens, draft_lm=draft,
+                            seed=None if req.seed is None else req.seed + i, on_budget=on_budget)
+            if i == 0:
+                seq.check_budget()
+            slots.append(_Slot(handle, i, seq, tuple(s for s in req.stop if s), deadline))
+        return slots
+
+    # -- the scheduler thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._waiting and not self._live and not self._closing:
+                        self._cond.wait()
+                    if self._closing and not self._waiting and not self._live:
+                        return
+                    joining: list[_Slot] = []
+                    room = self.max_running - len(self._live)
+                    while self._waiting and len(joining) < room:
+                        joining.append(self._waiting.popleft())
+                    self._pending -= len(joining)
+                    self.counters.queued = self._pending
+                gone = [s for s in joining if s.handle.cancelled]
+                for s in gone:
+                    self._finish(s, "cancelled")
+                self._join([s for s in joining if not s.handle.cancelled])
+                self._reap()
+                if self._live:
+                    self._step()
+                elif not self._waiting:
+                    time.sleep(0)  # nothing to do this round: let the submitters run
+        except BaseException as e:  # noqa: BLE001 - every request gets told, then the engine stops
+            self.failure = e
+            with self._cond:
+                victims = list(self._waiting) + self._live
+                self._waiting.clear()
+                self._live = []
+                self._pending = 0
+            for s in victims:
+                self._finish(s, "error", error=f"{type(e).__name__}: {e}")
+            raise
+
+    def _join(self, slots: list[_Slot]) -> None:
+        from structgen.generation.model import BatchKV
+
+        if not slots:
+            return
+        if self._kv is None or not self._live:
+            self._kv = BatchKV(self.lm)
+            self._kv.prefill([s.seq.prompt[:-1] for s in slots])
+        else:
+            join = getattr(self._kv, "join", None)
+            if join is None or not join([s.seq.prompt[:-1] for s in slots]):
+                with self._cond:  # this cache cannot take rows mid-flight: wait for the batch to empty
+                    self._waiting.extendleft(reversed(slots))
+                    self._pending += len(slots)
+                return
+        t = time.perf_counter()
+        for s in slots:
+            s.seq.pending = s.seq.prompt[-1]
+            s.seq.stats.time_prefill = t - s.handle.submitted
+        self._live.extend(slots)
+        self.counters.joins += 1
+        self.counters.running = len(self._live)
+
+    def _drop_rows(self, keep: list[int]) -> None:
+        if len(keep) == len(self._live):
+            return
+        self._live = [self._live[r] for r in keep]
+        if self._live:
+            self._kv.select(keep)
+        else:
+            self._kv = None  # the next request starts a fresh cache
+        self.counters.running = len(self._live)
+
+    def _reap(self) -> None:
+        """Drop rows whose client went away or whose deadline passed."""
+        now = time.perf_counter()
+        keep = []
+        for r, s in enumerate(self._live):
+            if s.handle.cancelled:
+                self._finish(s, "cancelled")
+            elif s.deadline is not None and now > s.deadline:
+                self._finish(s, "timeout")
+            else:
+                keep.append(r)
+        self._drop_rows(keep)
+
+    def _step(self) -> None:
+        """One batched step of every live row (the body of :func:`~structgen.generation.loop.run_batch`)."""
+        import functools
+
+        from structgen.generation.loop import BATCH_DRAFT_CUT, _cut_drafts, _Plan
+
+        plans: dict[int, Any] = {}  # id(slot) -> its plan
+        for s in self._live:
+            p = s.seq.prepare()
+            if isinstance(p, _Plan):
+                plans[id(s)] = p
+            else:  # committed without a forward pass (and finished)
+                self._committed(s, p)
+        self._settle()  # rows that finished in prepare leave before the forward
+        live = self._live
+        if not live:
+            return
+        plans_l = [plans[id(s)] for s in live]
+        if self.speculative and BATCH_DRAFT_CUT:
+            before = [len(p.draft) for p in plans_l]
+            _cut_drafts(plans_l, self._cost)
+            for s, k, p in zip(live, before, plans_l):
+                s.seq.stats.draft_cut += k - len(p.draft)
+        seqs = [s.seq for s in live]
+        feed = [[q.pending] + p.draft for q, p in zip(seqs, plans_l)]
+        ver = self._verifier
+        logits, dt_f = ver.forward_with_masks(functools.partial(self._kv.extend, feed, float32=False),
+                                              seqs, plans_l)
+        self._cost.add(len(live) * max(len(p.draft) + 1 for p in plans_l), dt_f)
+        t0 = time.perf_counter()
+        results = ver.run(seqs, plans_l, logits)
+        self._kv.commit([1 + n_acc for n_acc, _ in results])
+        dt_v = time.perf_counter() - t0
+        self.counters.steps += 1
+        self.counters.step_rows += len(live)
+        for s, p, (n_acc, emitted) in zip(live, plans_l, results):
+            st = s.seq.stats
+            st.forward_passes += 1
+            st.time_forward += dt_f
+            st.time_verify += dt_v
+            self._committed(s, s.seq.commit(p, n_acc, emitted))
+        if not self._settle():
+            self._kv.compact(0.5)
+
+    def _settle(self) -> bool:
+        """Finish and drop the rows that ended; whether any did."""
+        keep = []
+        for r, s in enumerate(self._live):
+            if s.ended is not None or s.seq.finish is not None:
+                self._finish(s, s.ended or s.seq.finish)
+            else:
+                keep.append(r)
+        changed = len(keep) < len(self._live)
+        self._drop_rows(keep)
+        return changed
+
+    def _committed(self, s: _Slot, new: list[int]) -> None:
+        """Decode newly committed tokens, cut at a stop string, send what is final."""
+        if not new:
+            return
+        st = s.seq.stats
+        now = time.perf_counter() - s.handle.submitted
+        if st.time_to_first_token is None:
+            st.time_to_first_token = now
+        st.time_total = now
+        self.counters.output_tokens += len(new)
+        data = self.vocab.decode_bytes([t for t in new if t not in self._eos])
+        s.text += s.decoder.decode(data)
+        finished = s.seq.finish is not None
+        if finished:
+            s.text += s.decoder.decode(b"", final=True)
+        cut = _stop_at(s.text, s.sent, s.stop) if s.stop else None
+        if cut is not None:
+            s.text = s.text[:cut]
+            s.ended = "stop_string"
+            upto = cut
+        else:
+            upto = len(s.text) - (0 if finished or not s.stop else _held_back(s.text, s.sent, s.stop))
+        if upto > s.sent:
+            s.handle._push(Event("delta", s.index, s.text[s.sent:upto]))
+            s.sent = upto
+
+    def _finish(self, s: _Slot, reason: str, error: str | None = None) -> None:
+        seq = s.seq
+        seq.finalize_stats()
+        seq.stats.time_total = time.perf_counter() - s.handle.submitted
+        if s.sent < len(s.text) and reason != "cancelled":
+            s.handle._push(Event("delta", s.index, s.text[s.sent:]))
+            s.sent = len(s.text)
+        res = ChoiceResult(s.index, s.text, list(seq.output), _openai_finish(reason), reason, seq.stats,
+                           error)
+        self.counters.requests[reason] = self.counters.requests.get(reason, 0) + 1
+        s.handle._push(Event("done", s.index, result=res))
+        if self.on_result is not None:
+            try:
+                self.on_result(res)
+            except Exception:  # noqa: BLE001 - metrics never stop the engine
+                pass

@@ -1,0 +1,213 @@
+"""The OpenAI-compatible request and response models of ``structgen serve`` (Pydantic).
+
+Requests follow OpenAI's Chat Completions and (legacy) Completions APIs. ``response_format``
+takes OpenAI's ``{"type": "text"}``, ``{"type": "json_object"}`` and ``{"type": "json_schema",
+"json_schema": {"name", "schema", "strict"}}``, plus two structgen extensions:
+``{"type": "grammar", "grammar": LARK_TEXT, "start": "start"}`` and ``{"type": "regex",
+"regex": PATTERN}``. Fields OpenAI defines that structgen does not implement are refused with a
+400 naming the field when they ask for something (``logprobs: true``, ``logit_bias``, ...),
+and ignored when they are at their neutral value; unknown fields are ignored, as OpenAI's
+own server does with fields newer than it. ``tools`` / ``functions`` are refused until tool
+calling lands (the fields are modelled, so only the refusal has to go).
+
+Responses carry ``usage`` with a ``structgen`` extension: speculative statistics per request
+(target forward passes, tokens per pass, drafted and accepted tokens, acceptance).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from structgen.errors import ConfigError
+from structgen.serving.engine import TEXT, ChoiceResult, Constraint
+
+__all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "JsonSchemaFormat",
+           "ResponseFormat", "UNSUPPORTED_FIELDS", "constraint_of", "speculative_usage"]
+
+#: Request fields structgen refuses when they ask for something (value -> neutral test).
+UNSUPPORTED_FIELDS: dict[str, Any] = {
+    "logprobs": lambda v: v in (None, False, 0),
+    "top_logprobs": lambda v: v in (None, 0),
+    "logit_bias": lambda v: not v,
+    "presence_penalty": lambda v: v in (None, 0, 0.0),
+    "frequency_penalty": lambda v: v in (None, 0, 0.0),
+    "best_of": lambda v: v in (None, 1),
+    "echo": lambda v: v in (None, False),
+    "suffix": lambda v: v in (None, ""),
+    "audio": lambda v: v is None,
+    "modalities": lambda v: v in (None, ["text"]),
+    "prediction": lambda v: v is None,
+}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class JsonSchemaFormat(_Model):
+    """``response_format.json_schema``: ``schema`` is the JSON Schema; ``strict`` (default
+    true) gives objects only their declared keys (``strict: false``: every value the schema
+    allows; structgen's output always matches the schema either way)."""
+
+    name: str = "output"
+    description: str | None = None
+    schema_: dict[str, Any] | bool = Field(default=True, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Model):
+    """``response_format``: ``type`` is ``text``, ``json_object``, ``json_schema`` (with
+    ``json_schema``), or the extensions ``grammar`` (Lark text in ``grammar``, start rule
+    ``start``) and ``regex`` (a pattern in ``regex``)."""
+
+    type: Literal["text", "json_object", "json_schema", "grammar", "regex"]
+    json_schema: JsonSchemaFormat | None = None
+    grammar: str | None = None
+    start: str = "start"
+    regex: str | None = None
+
+
+class ChatMessage(_Model):
+    """One message: ``content`` a string or a list of ``{"type": "text", "text": ...}`` parts."""
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The message's text (text parts joined); other part types are refused."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        out = []
+        for i, part in enumerate(self.content):
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ConfigError(f"messages: content part {i} has type {part.get('type')!r}: only text "
+                                  "parts are supported", key="messages")
+            out.append(part["text"])
+        return "".join(out)
+
+
+class _Common(_Model):
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1, le=16)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+    user: str | None = None
+
+    def stops(self) -> tuple[str, ...]:
+        """``stop`` as a tuple of strings (at most 4, as OpenAI allows)."""
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > 4:
+            raise ConfigError("stop: at most 4 stop strings", key="stop")
+        return tuple(s for s in stops if s)
+
+    def include_usage(self) -> bool:
+        """Whether a streamed response ends with a usage chunk (``stream_options``)."""
+        return bool((self.stream_options or {}).get("include_usage"))
+
+    def refuse_unsupported(self) -> None:
+        """A 400 (ConfigError naming the field) for a field structgen does not implement."""
+        extra = self.model_extra or {}
+        for name, neutral in UNSUPPORTED_FIELDS.items():
+            if name in extra and not neutral(extra[name]):
+                raise ConfigError(f"{name}: not supported by structgen serve", key=name)
+
+
+class ChatCompletionRequest(_Common):
+    """``POST /v1/chat/completions``. ``max_completion_tokens`` is the newer name of
+    ``max_tokens`` (either may be given). ``tools`` / ``tool_choice`` /
+    ``parallel_tool_calls`` are modelled for tool calling, refused for now."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+
+    def budget(self) -> int | None:
+        """The output token limit (``max_completion_tokens``, else ``max_tokens``)."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def refuse_unsupported(self) -> None:
+        """Also refuses ``tools`` / ``functions`` (tool calling is not available yet)."""
+        super().refuse_unsupported()
+        for name in ("tools", "functions"):
+            if getattr(self, name):
+                raise ConfigError(f"{name}: tool calling not available in this version of structgen serve "
+                                  "(use response_format json_schema for structured output)", key=name)
+        if self.tool_choice not in (None, "none"):
+            raise ConfigError("tool_choice: tool calling not available in this version of structgen serve",
+                              key="tool_choice")
+
+    def message_dicts(self) -> list[dict[str, str]]:
+        """The messages as ``{"role", "content"}`` dicts for the chat template."""
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+class CompletionRequest(_Common):
+    """``POST /v1/completions``: ``prompt`` is a string (or a list of one string)."""
+
+    prompt: str | list[str]
+
+    def prompt_text(self) -> str:
+        """The one prompt of the request."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        if len(self.prompt) != 1:
+            raise ConfigError("prompt: give one prompt string (a list of several is not supported)",
+                              key="prompt")
+        return self.prompt[0]
+
+
+def constraint_of(fmt: ResponseFormat | None) -> Constraint:
+    """The engine constraint of a ``response_format`` (None or ``text``: any text)."""
+    if fmt is None or fmt.type == "text":
+        return TEXT
+    if fmt.type == "json_object":
+        return Constraint("json_object")
+    if fmt.type == "json_schema":
+        if fmt.json_schema is None:
+            raise ConfigError("response_format: type json_schema needs a json_schema object with a "
+                              "schema", key="response_format.json_schema")
+        js = fmt.json_schema
+        return Constraint("json", js.schema_, strict=True if js.strict is None else js.strict)
+    if fmt.type == "grammar":
+        if not fmt.grammar:
+            raise ConfigError("response_format: type grammar needs the Lark grammar text in 'grammar'",
+                              key="response_format.grammar")
+        return Constraint("grammar", fmt.grammar, start=fmt.start)
+    if not fmt.regex:
+        raise ConfigError("response_format: type regex needs the pattern in 'regex'",
+                          key="response_format.regex")
+    return Constraint("regex", fmt.regex)
+
+
+def speculative_usage(results: list[ChoiceResult]) -> dict[str, Any]:
+    """The ``usage.structgen`` extension: the request's speculative statistics."""
+    passes = sum(r.stats.forward_passes for r in results)
+    tokens = sum(len(r.tokens) for r in results)
+    drafted = sum(r.stats.drafted for r in results)
+    accepted = sum(r.stats.accepted for r in results)
+    ttft = [r.stats.time_to_first_token for r in results if r.stats.time_to_first_token is not None]
+    return {
+        "forward_passes": passes,
+        "tokens_per_pass": round(tokens / passes, 4) if passes else None,
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
+        "acceptance": round(accepted / drafted, 4) if drafted else None,
+        "free_tokens": sum(r.stats.free_tokens for r in results),
+        "time_to_first_token_s": round(min(ttft), 6) if ttft else None,
+        "finish": [r.reason for r in results],
+    }

@@ -1,0 +1,124 @@
+"""``structgen serve``: the OpenAI-compatible HTTP server (:mod:`structgen.serving`).
+
+Loads the model (alias or folder), builds the continuous-batching engine from the YAML
+configuration (``speculative_decoding``, ``generation``: ``max_new_tokens`` is the default
+``max_tokens``, ``speculative``; ``json_schema`` and ``compile`` limits) and serves it with
+uvicorn on ``--host:--port`` (loopback by default) until SIGINT / SIGTERM, then drains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
+
+from structgen.errors import AssetError, ConfigError
+from structgen.tools.cli._common import EXIT_OK, _load_settings, _Usage
+
+#: Environment variable read for the API key when ``--api-key`` is not given.
+API_KEY_ENV = "STRUCTGEN_API_KEY"
+
+
+def _observer(metrics: Any) -> Any:
+    """Feed every finished (not cancelled) sequence to the run metrics."""
+
+    def observe(res: Any) -> None:
+        if res.reason in ("cancelled", "error"):
+            return
+        metrics.observe(SimpleNamespace(tokens=res.tokens, stats=res.stats, finish_reason=res.reason))
+
+    return observe
+
+
+def build_app(args: argparse.Namespace) -> Any:
+    """The FastAPI app for parsed ``structgen serve`` arguments (model loaded, engine built)."""
+    from structgen.serving.app import create_app
+    from structgen.serving.engine import Engine
+    from structgen.tools.metrics import process_metrics
+
+    settings = _load_settings(args.config)
+    gen = settings.generation
+    cfg = settings.speculative_decoding
+    try:
+        if args.temperature is not None:
+            cfg = replace(cfg, temperature=args.temperature)
+    except ConfigError as e:
+        raise _Usage(f"--temperature: {e}") from None
+    from structgen.generation.model_store import resolve_model
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from structgen.generation.api import DEFAULT_MODEL
+
+    model_name = args.model or gen.model or DEFAULT_MODEL
+    try:
+        model_path = resolve_model(model_name)
+    except AssetError as e:
+        raise _Usage(str(e)) from None
+    from transformers.utils import logging as hf_logging
+
+    from structgen.generation.model import load_model
+
+    hf_logging.disable_progress_bar()
+    try:
+        lm = load_model(str(model_path), dtype=args.dtype)
+    except Exception as e:  # noqa: BLE001 - transformers' many load errors
+        raise _Usage(f"cannot load model {model_name}: {type(e).__name__}: {e}") from None
+    metrics = process_metrics()
+    engine = Engine(lm, cfg=cfg, speculative=gen.speculative and not args.no_speculative,
+                    max_running=args.max_running, max_queued=args.max_queued,
+                    default_max_tokens=gen.max_new_tokens, request_timeout_s=args.request_timeout,
+                    json_options=settings.json_schema, compile_options=settings.compile,
+                    on_result=_observer(metrics))
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    name = args.served_model_name or model_name
+    return create_app(engine, model_name=name, api_key=api_key, max_body_bytes=args.max_body_bytes,
+                      metrics=metrics)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from structgen.serving.app import run_server
+
+    app = build_app(args)
+    where = f"http://{'[' + args.host + ']' if ':' in args.host else args.host}:{args.port}"
+    print(f"structgen serve: model {app.state.engine.lm.model.name_or_path or args.model} on {where}/v1 "
+          f"({'API key required' if args.api_key or os.environ.get(API_KEY_ENV) else 'no API key'})",
+          file=sys.stderr, flush=True)
+    run_server(app, host=args.host, port=args.port, log_level=args.log_level)
+    return EXIT_OK
+
+
+def add_parser(sub: Any, port_type: Any, positive_int: Any) -> None:
+    """Register ``serve`` on the CLI's subparsers."""
+    s = sub.add_parser(
+        "serve", help="serve an OpenAI-compatible HTTP API with continuous batching",
+        description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics "
+        "(OpenAI-compatible; response_format json_schema / json_object, plus grammar and regex "
+        "extensions). Requests join one continuously refilled batch. Loopback only unless --host "
+        "says otherwise. Stops (draining running requests) on Ctrl-C / SIGTERM.")
+    s.add_argument("--model", "-m", metavar="ALIAS|PATH",
+                   help="model alias (see `structgen models`) or Hugging Face folder (default: "
+                   "generation.model of --config, else smollm2-135m)")
+    s.add_argument("--config", "-c", metavar="spec.yaml", help="YAML configuration (see `structgen config`)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    s.add_argument("--port", type=port_type, default=8000, help="TCP port (default 8000)")
+    s.add_argument("--api-key", metavar="KEY", help=f"require 'Authorization: Bearer KEY' on every route "
+                   f"but /health (default: ${API_KEY_ENV}; unset: no key)")
+    s.add_argument("--served-model-name", metavar="NAME", help="model id in /v1/models (default: --model)")
+    s.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"))
+    s.add_argument("--temperature", type=float, metavar="T",
+                   help="default temperature of requests that give none (default 0: greedy)")
+    s.add_argument("--no-speculative", action="store_true", help="plain constrained decoding (baseline)")
+    s.add_argument("--max-running", type=positive_int, default=16, metavar="N",
+                   help="sequences in the running batch (default 16)")
+    s.add_argument("--max-queued", type=positive_int, default=256, metavar="N",
+                   help="sequences compiling or waiting for the batch; beyond: 429 (default 256)")
+    s.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
+                   help="seconds a request may run before it ends with finish_reason length (default 600)")
+    s.add_argument("--max-body-bytes", type=positive_int, default=4 << 20, metavar="N",
+                   help="largest request body; beyond: 413 (default 4 MiB)")
+    s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    s.set_defaults(func=_cmd_serve)

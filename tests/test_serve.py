@@ -1,0 +1,367 @@
+"""``structgen serve``: a real uvicorn server on 127.0.0.1 (a free port) and the official
+``openai`` client, unchanged.
+
+Oracles: ``jsonschema`` (with formats) for validity; :func:`structgen.generate` on the same
+model, alone, for the greedy text of each request served in a shared batch; the non-streamed
+response for the joined stream; the HTTP status codes the OpenAI API documents. The model is
+a tiny randomly initialised Llama over GPT-2's tokenizer (tests/_tiny_lm.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import jsonschema
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+import structgen  # noqa: E402
+
+pytestmark = pytest.mark.assets
+
+KEY = "test-key"
+ROOT = Path(__file__).resolve().parents[1]
+
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                      "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+     "required": ["name", "age"], "additionalProperties": False},
+    {"type": "object", "properties": {"status": {"enum": ["open", "closed", "pending"]},
+                                      "tags": {"type": "array", "items": {"type": "string", "maxLength": 8},
+                                               "maxItems": 3}},
+     "required": ["status", "tags"]},
+    {"type": "object", "properties": {"when": {"type": "string", "format": "date"},
+                                      "mail": {"type": "string", "format": "email"},
+                                      "ok": {"type": "boolean"}},
+     "required": ["when", "mail", "ok"]},
+    {"type": "array", "items": {"type": "number"}, "minItems": 1, "maxItems": 4},
+]
+PROMPTS = ["Extract: Bob is 42. JSON:", "Ticket open, tags db. JSON:", "Meeting on 2024-05-01, bob@x.org",
+           "Numbers: 1, 2.5, 3"]
+GRAMMAR = 'start: "SELECT " COL ("," COL)* " FROM t"\nCOL: /[a-z]{1,6}/\n'
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tokenizer_by_alias):
+    import uvicorn
+    from _tiny_lm import build_tiny_llama
+
+    from structgen.generation.model import CausalLM
+    from structgen.serving.app import create_app
+    from structgen.serving.engine import Engine
+
+    tok = tokenizer_by_alias("gpt2")
+    lm = CausalLM(build_tiny_llama(tok, "random"), tok)
+    engine = Engine(lm, max_running=4, max_queued=16, default_max_tokens=40, compile_workers=2)
+    app = create_app(engine, model_name="tiny", api_key=KEY, max_body_bytes=100_000)
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    deadline = time.monotonic() + 60
+    while not srv.started:
+        assert time.monotonic() < deadline and th.is_alive(), "server did not start"
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{port}"
+    yield SimpleNamespace(url=url, engine=engine, lm=lm,
+                          client=openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120))
+    srv.should_exit = True
+    th.join(60)
+
+
+def _fmt(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "out", "schema": schema, "strict": True}}
+
+
+def _chat(client, prompt: str, **kw):
+    return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}], **kw)
+
+
+def _gauges(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r"^structgen_serve_(running_sequences|queued_sequences) (\S+)$", text, re.M)}
+
+
+def _wait_idle(url: str, timeout: float = 60.0) -> dict[str, float]:
+    deadline = time.monotonic() + timeout
+    while True:
+        g = _gauges(url)
+        if g["running_sequences"] == 0 and g["queued_sequences"] == 0 or time.monotonic() > deadline:
+            return g
+        time.sleep(0.1)
+
+
+def test_json_schema_responses_validate_and_equal_generate_alone(server) -> None:
+    cases = [(SCHEMAS[i % len(SCHEMAS)], PROMPTS[i % len(PROMPTS)] + " x" * i) for i in range(10)]
+    with ThreadPoolExecutor(10) as pool:  # concurrent: they share the running batch
+        responses = list(pool.map(lambda c: _chat(server.client, c[1], response_format=_fmt(c[0]),
+                                                  max_tokens=60), cases))
+    checker = jsonschema.FormatChecker()
+    for (schema, prompt), r in zip(cases, responses):
+        text = r.choices[0].message.content
+        jsonschema.validate(json.loads(text), schema, format_checker=checker)
+        assert r.choices[0].finish_reason == "stop"
+        alone = structgen.generate(server.lm, schema=schema, messages=[{"role": "user", "content": prompt}],
+                                   max_new_tokens=60)
+        assert text == alone.text
+        assert r.usage.completion_tokens == len(alone.tokens)
+        ext = r.usage.model_extra["structgen"]
+        assert ext["forward_passes"] >= 1 and ext["tokens_per_pass"] > 0
+    assert server.engine.counters.joins > 1  # requests joined a running batch
+
+
+def test_stream_joined_equals_non_streamed(server) -> None:
+    for fmt, prompt in [(_fmt(SCHEMAS[1]), PROMPTS[1]), ({"type": "grammar", "grammar": GRAMMAR}, "SQL:"),
+                        ({"type": "regex", "regex": r"[0-9]{3}-[a-z]{2,5}"}, "Code:"), (None, "Hello")]:
+        kw = {"response_format": fmt} if fmt else {}
+        full = _chat(server.client, prompt, max_tokens=40, **kw)
+        chunks = list(_chat(server.client, prompt, max_tokens=40, stream=True,
+                            stream_options={"include_usage": True}, **kw))
+        joined = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert joined == full.choices[0].message.content
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert finishes == [full.choices[0].finish_reason]
+        assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    sql = _chat(server.client, "SQL:", max_tokens=40, response_format={"type": "grammar", "grammar": GRAMMAR})
+    assert re.fullmatch(r"SELECT [a-z]{1,6}(,[a-z]{1,6})* FROM t", sql.choices[0].message.content)
+    comp = server.client.completions.create(model="tiny", prompt="Code:", max_tokens=20,
+                                            extra_body={"response_format": {"type": "regex",
+                                                                            "regex": r"[0-9]{3}-[a-z]{2,5}"}})
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2,5}", comp.choices[0].text)
+    streamed = server.client.completions.create(model="tiny", prompt="Hi", max_tokens=15, stream=True)
+    plain = server.client.completions.create(model="tiny", prompt="Hi", max_tokens=15)
+    assert "".join(c.choices[0].text for c in streamed) == plain.choices[0].text
+    assert plain.choices[0].finish_reason in ("stop", "length")
+
+
+def test_stop_strings_n_and_models(server) -> None:
+    full = _chat(server.client, "Hello", max_tokens=30).choices[0].message.content
+    if len(full) > 6:
+        stop = full[3:5]
+        cut = _chat(server.client, "Hello", max_tokens=30, stop=[stop]).choices[0]
+        assert cut.message.content == full[: full.index(stop)] and cut.finish_reason == "stop"
+        joined = "".join(c.choices[0].delta.content or "" for c in
+                         _chat(server.client, "Hello", max_tokens=30, stop=stop, stream=True) if c.choices)
+        assert joined == cut.message.content
+    two = _chat(server.client, PROMPTS[0], max_tokens=60, n=2, response_format=_fmt(SCHEMAS[0]))
+    assert [c.index for c in two.choices] == [0, 1]
+    assert two.choices[0].message.content == two.choices[1].message.content  # greedy
+    sampled = _chat(server.client, PROMPTS[0], max_tokens=60, n=3, temperature=1.0, seed=7,
+                    response_format=_fmt(SCHEMAS[0]))
+    for c in sampled.choices:
+        jsonschema.validate(json.loads(c.message.content), SCHEMAS[0])
+    assert [m.id for m in server.client.models.list().data] == ["tiny"]
+
+
+def _post(url: str, body: bytes | dict, key: str | None = KEY, path: str = "/v1/chat/completions"):
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(url + path, content=content, headers=headers, timeout=60)
+
+
+def test_error_status_codes(server) -> None:
+    msgs = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as bad:
+        bad_type = {"type": "object", "properties": {"a": {"type": "strin"}}}
+        _chat(server.client, "x", response_format=_fmt(bad_type))
+    err = bad.value.body
+    assert err["keyword"] == "type" and err["pointer"] == "#/properties/a" and err["code"] == "invalid_schema"
+    lookahead = {"type": "string", "pattern": "(?=a)b"}
+    r = _post(server.url, {"messages": msgs, "response_format": _fmt(lookahead)})
+    assert r.status_code == 400
+    e = r.json()["error"]
+    assert e["code"] == "unsupported_keyword" and e["keyword"] == "pattern" and e["pointer"] == "#"
+    assert _post(server.url, b'{"messages": [').status_code == 400            # malformed JSON
+    assert _post(server.url, {"messages": "hi"}).status_code == 400           # wrong type
+    assert _post(server.url, {"messages": msgs, "max_tokens": 0}).status_code == 400
+    r = _post(server.url, {"messages": msgs, "tools": [{"type": "function", "function": {"name": "f"}}]})
+    assert r.status_code == 400 and "tool calling not available" in r.json()["error"]["message"]
+    assert _post(server.url, {"messages": msgs, "logprobs": True}).status_code == 400
+    r = _post(server.url, {"messages": msgs, "max_tokens": 2, "response_format": _fmt(SCHEMAS[0])})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "max_tokens_too_small"
+    big = {"messages": [{"role": "user", "content": "x" * 200_000}]}
+    assert _post(server.url, big).status_code == 413
+    assert _post(server.url, {"messages": msgs}, key=None).status_code == 401
+    assert _post(server.url, {"messages": msgs}, key="wrong").status_code == 401
+    assert httpx.get(server.url + "/health").status_code == 200               # no key needed
+    assert httpx.get(server.url + "/v1/models").status_code == 401
+    assert _post(server.url, {"messages": msgs}, path="/v1/nothing").status_code == 404
+
+
+def test_compile_past_its_limit_is_422(server) -> None:
+    from structgen.config import CompileOptions
+
+    engine = server.engine
+    old = engine.compile_options
+    engine.compile_options = CompileOptions(max_states=50)
+    try:
+        r = _post(server.url, {"messages": [{"role": "user", "content": "x"}],
+                               "response_format": _fmt(SCHEMAS[2])})
+    finally:
+        engine.compile_options = old
+    assert r.status_code == 422 and r.json()["error"]["code"] == "compile_limit"
+
+
+def test_full_queue_gets_429_and_server_recovers(server) -> None:
+    body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 40}
+
+    async def burst() -> list[int]:
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as c:
+            rs = await asyncio.gather(*(c.post(server.url + "/v1/chat/completions", json=body)
+                                        for _ in range(40)))
+            return [r.status_code for r in rs]
+
+    codes = asyncio.run(burst())
+    assert set(codes) <= {200, 429} and codes.count(429) > 0 and codes.count(200) >= 4
+    assert _wait_idle(server.url) == {"running_sequences": 0, "queued_sequences": 0}
+    assert _chat(server.client, "hi", max_tokens=5).choices[0].finish_reason in ("stop", "length")
+
+
+def test_clients_that_disconnect_free_their_rows(server) -> None:
+    rng = random.Random(0)
+    plans = [(rng.random() < 0.6, rng.randint(0, 12), rng.uniform(0.0, 0.3)) for _ in range(100)]
+
+    def client(plan) -> None:
+        stream, after_chunks, after_s = plan
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 60,
+                "stream": stream, "response_format": _fmt(SCHEMAS[plan[1] % len(SCHEMAS)])}
+        headers = {"Authorization": f"Bearer {KEY}"}
+        try:
+            if stream:
+                with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, headers=headers,
+                                  timeout=60) as r:
+                    for i, _line in enumerate(r.iter_lines()):
+                        if i >= after_chunks:
+                            break  # closes the connection mid-stream
+            else:
+                httpx.post(server.url + "/v1/chat/completions", json=body, headers=headers,
+                           timeout=max(after_s, 0.01))
+        except httpx.TimeoutException:
+            pass  # the client gave up: that is the disconnect
+
+    with ThreadPoolExecutor(12) as pool:
+        list(pool.map(client, plans))
+    assert _wait_idle(server.url) == {"running_sequences": 0, "queued_sequences": 0}
+    assert server.engine.counters.requests.get("cancelled", 0) > 0
+    assert server.engine.failure is None
+    r = _chat(server.client, PROMPTS[0], max_tokens=60, response_format=_fmt(SCHEMAS[0]))
+    jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMAS[0])
+
+
+def test_slow_compile_does_not_stall_other_requests(server) -> None:
+    """A request whose compile is held back finishes after one that arrived later."""
+    from structgen.serving.engine import Constraint, EngineRequest
+
+    engine = server.engine
+    gate = threading.Event()
+    slow = {"type": "object", "properties": {"held": {"type": "boolean"}}, "required": ["held"]}
+    original = engine.compile
+
+    def compile_(c):
+        if c.spec == slow:
+            assert gate.wait(60)
+        return original(c)
+
+    async def main() -> list[str]:
+        order: list[str] = []
+
+        async def one(name: str, schema: dict) -> None:
+            h = await engine.submit(EngineRequest(Constraint("json", schema), prompt="x", max_tokens=40))
+            await h.results()
+            order.append(name)
+            if name == "fast":
+                gate.set()
+
+        await asyncio.gather(one("slow", slow), one("fast", SCHEMAS[0]))
+        return order
+
+    engine.compile = compile_
+    try:
+        assert asyncio.run(main()) == ["fast", "slow"]
+    finally:
+        engine.compile = original
+
+
+def _start(folder: Path, port: int) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "STRUCTGEN_API_KEY": KEY}
+    return subprocess.Popen([sys.executable, "-m", "structgen", "serve", "--model", str(folder), "--port",
+                             str(port), "--log-level", "warning"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _wait_health(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "server exited"
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("server did not become healthy")
+
+
+def test_server_killed_mid_run_restarts(tmp_path, tokenizer_by_alias) -> None:
+    from _tiny_lm import save_tiny_model
+
+    folder = save_tiny_model(tmp_path / "model", tokenizer_by_alias("gpt2"), "biased")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+    proc = _start(folder, port)
+    try:
+        _wait_health(url, proc)
+        first = _chat(client, PROMPTS[0], max_tokens=40, response_format=_fmt(SCHEMAS[0]))
+        stream = _chat(client, "go", max_tokens=200, stream=True)
+        next(iter(stream))
+        proc.send_signal(signal.SIGKILL)  # mid-run: a stream is open
+        proc.wait(30)
+        with pytest.raises(Exception):  # noqa: B017 - whatever the client raises for a dead server
+            list(stream)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    proc = _start(folder, port)
+    try:
+        _wait_health(url, proc)
+        again = _chat(client, PROMPTS[0], max_tokens=40, response_format=_fmt(SCHEMAS[0]))
+        assert again.choices[0].message.content == first.choices[0].message.content
+        stream = _chat(client, "go", max_tokens=100, stream=True)
+        chunks = [next(iter(stream))]
+        proc.send_signal(signal.SIGTERM)  # graceful: the open stream is served to its end
+        chunks += list(stream)
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+        assert proc.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after draining
+        assert "structgen serve: stopped" in proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
