@@ -214,3 +214,29 @@ def test_generate_with_tools_tiny_model(tokenizer_by_alias) -> None:
                            schema={"type": "object", "properties": {"x": {"type": "integer"}},
                                    "required": ["x"]})
     assert r.complete and r.reasoning is not None and isinstance(r.value["x"], (int, float))
+
+
+@pytest.mark.assets
+def test_thinking_budget_tiny_model(tokenizer_by_alias) -> None:
+    from _tiny_lm import build_tiny_llama
+
+    import structgen
+    from structgen.generation.model import CausalLM
+
+    tok = tokenizer_by_alias("gpt2")
+    lm = CausalLM(build_tiny_llama(tok, "random"), tok)
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    kw = dict(prompt="Think, then answer:", reasoning=True, thinking_budget=6, schema=schema,
+              max_new_tokens=60)
+    plain = structgen.generate(lm, speculative=False, **kw)
+    spec = structgen.generate(lm, **kw)
+    assert spec.tokens == plain.tokens and spec.complete and spec.error is None
+    # the marker is forced right after the budget: it ends within the next few tokens
+    opened = tok.decode(spec.tokens).index("<think>\n") + len("<think>\n")
+    n_open = next(i for i in range(len(spec.tokens) + 1) if len(tok.decode(spec.tokens[:i])) >= opened)
+    text = spec.extra["raw_text"]
+    before = tok.decode(spec.tokens[:n_open + 6])  # the reasoning tokens the budget allows
+    end = text.index("</think>") + len("</think>")
+    assert len(before) <= end and "</think>".endswith(text[len(before):end]), text
+    with pytest.raises(ConfigError):
+        structgen.generate(lm, prompt="x", thinking_budget=-1, reasoning=True)

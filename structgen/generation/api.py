@@ -159,7 +159,7 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
              draft_model: Any = None, start: str = "start", strict: bool = True,
              on_budget: str = "close", tools: Any = None, tool_choice: Any = "auto",
              parallel_tool_calls: bool = True, tool_format: Any = None,
-             reasoning: bool = False) -> Any:
+             reasoning: bool = False, thinking_budget: int | None = None) -> Any:
     """Generate constrained output. Returns a :class:`GenerationResult`, or a list of them
     when ``prompt`` is a list of strings or ``messages`` a list of conversations.
 
@@ -192,7 +192,8 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
     call of that tool); ``parallel_tool_calls=False`` allows at most one call. Every call's
     arguments are canonical JSON valid against its tool's schema. ``reasoning=True``: free
     text inside ``<think>...</think>`` first, then the answer (the constraint, the tool calls,
-    or any text). See :class:`GenerationResult` for where the parts go.
+    or any text); ``thinking_budget``: tokens of reasoning after which ``</think>`` is forced.
+    See :class:`GenerationResult` for where the parts go.
     """
     from structgen.generation.loop import run_sequence
     from structgen.generation.model import check_context, load_model, vocabulary_for
@@ -210,13 +211,14 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
                           draft_model=draft_model, max_new_tokens=max_new_tokens, seed=seed,
                           speculative=speculative, start=start, on_budget=on_budget)
     gen = opts.generation
-    if tools is not None or reasoning:
+    if tools is not None or reasoning or thinking_budget is not None:
         if batch:
             raise ConfigError("tools= and reasoning= take one prompt or conversation", key="tools")
         return _generate_structured(model, tokenizer, items[0], opts, draft_model, tools=tools,
                                     tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
                                     tool_format=tool_format, reasoning=reasoning, schema=schema,
-                                    grammar=grammar, regex=regex, strict=strict)
+                                    grammar=grammar, regex=regex, strict=strict,
+                                    thinking_budget=thinking_budget)
     _check_requests(items, batch, "prompt" if prompt is not None else "messages")
     schemas = _per_request("schema", schema, n, batch)
     grammars = _per_request("grammar", grammar, n, batch)
@@ -246,7 +248,7 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
 def _generate_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_model: Any, *,
                          tools: Any, tool_choice: Any, parallel_tool_calls: bool, tool_format: Any,
                          reasoning: bool, schema: Any, grammar: Any, regex: Any,
-                         strict: bool) -> GenerationResult:
+                         strict: bool, thinking_budget: int | None) -> GenerationResult:
     """:func:`generate` with tools and/or reasoning: one triggered grammar
     (:func:`~structgen.generation.tool_calls.plan_output`), the output split into its parts."""
     from structgen.frontends.constraint import is_model_class
@@ -266,11 +268,12 @@ def _generate_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft
     plan = plan_output(tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
                        tool_format=tool_format, chat_template=getattr(lm.tokenizer, "chat_template", None),
                        reasoning=reasoning, prompt_text=tail,
-                       schema=schema, grammar=grammar, regex=regex, start=gen.start, strict=strict)
+                       schema=schema, grammar=grammar, regex=regex, start=gen.start, strict=strict,
+                       thinking_budget=thinking_budget)
     check_context(lm, len(ids), gen.max_new_tokens, draft_lm=draft_lm)
     res = run_sequence(lm, vocab, plan.grammar, ids, opts.requests[0], speculative=gen.speculative,
                        max_new_tokens=gen.max_new_tokens, draft_lm=draft_lm, seed=gen.seed,
-                       on_budget=gen.on_budget)
+                       on_budget=gen.on_budget, new_matcher=plan.new_matcher)
     out = GenerationResult(res.text, None, res.tokens, res.finish_reason, res.stats)
     out.extra["raw_text"] = res.text
     if not is_complete(res.finish_reason):

@@ -49,7 +49,9 @@ class OutputPlan:
     """What :func:`plan_output` decided: the compiled ``grammar``, the tool ``format`` and
     ``tools`` (None without tools), whether the output starts inside reasoning
     (``reasoning``, and ``think_prefix`` written by the grammar), and the tools as the chat
-    template's ``tools=`` list (``template_tools``)."""
+    template's ``tools=`` list (``template_tools``); ``new_matcher``: the matcher factory the
+    generation loop uses (a :class:`~structgen.masks.capped.CappedMatcher` under a thinking
+    budget, else None)."""
 
     grammar: Any
     tools: list[Any] = field(default_factory=list)
@@ -57,6 +59,7 @@ class OutputPlan:
     reasoning: bool = False
     think_prefix: str = ""
     template_tools: list[dict[str, Any]] | None = None
+    new_matcher: Any = None
 
     def split(self, text: str) -> tuple[str | None, str, list[ToolCall], list[str]]:
         """(reasoning or None, answer text, tool calls, errors) of a complete output."""
@@ -101,11 +104,14 @@ def _validation_error(value: Any, schema: Any) -> str | None:
 def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_calls: bool = True,
                 tool_format: Any = None, chat_template: str | None = None, reasoning: bool = False,
                 prompt_text: str = "", schema: Any = None, grammar: Any = None, regex: Any = None,
-                start: str = "start", strict: bool = True) -> OutputPlan:
+                start: str = "start", strict: bool = True,
+                thinking_budget: int | None = None) -> OutputPlan:
     """The grammar and reading of one output (see the module docstring). ``tool_format``:
     a registered name or :class:`~structgen.frontends.tools.ToolFormat` (default: implied by
     ``chat_template``, else Hermes). ``prompt_text``: the prompt, to tell whether the template
-    already opened the thinking block. Raises :class:`~structgen.errors.ConfigError` for
+    already opened the thinking block. ``thinking_budget`` (with ``reasoning``): once that many
+    tokens of reasoning (after the opening marker) have been generated without ``</think>``,
+    the output must write ``</think>`` next. Raises :class:`~structgen.errors.ConfigError` for
     ``tools`` together with a schema/grammar/regex, a bad ``tool_choice`` or tool spec."""
     from structgen.config import JsonSchemaOptions
     from structgen.frontends.tools import format_for_template, normalize_tools, tool_choice_name
@@ -120,6 +126,11 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
         raise ConfigError("give tools= or one of schema=/grammar=/regex=, not both", key="tools")
     if constraints > 1:
         raise ConfigError("give at most one of schema=, grammar= or regex=")
+    tb = thinking_budget
+    if tb is not None and (isinstance(tb, bool) or not isinstance(tb, int) or tb < 0):
+        raise ConfigError("thinking_budget must be an integer >= 0", key="thinking_budget")
+    if thinking_budget is not None and not reasoning:
+        raise ConfigError("thinking_budget needs reasoning=True", key="thinking_budget")
     if not isinstance(parallel_tool_calls, bool):
         raise ConfigError("parallel_tool_calls must be true or false", key="parallel_tool_calls")
     options = JsonSchemaOptions(strict=strict)
@@ -150,5 +161,13 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
     rules["after_think"] = ir.seq(ir.rep(ir.byteset(b" \n"), 0, 4), ir.ref("a." + answer.start))
     region = Region(THINK_END, ir.Grammar(rules, "after_think"), "")
     spec = TriggeredGrammar((region,), 1, 1, stop_after=True, prefix=prefix)
+    new_matcher = None
+    if thinking_budget is not None:
+        from functools import partial
+
+        from structgen.masks.capped import CappedMatcher
+
+        new_matcher = partial(CappedMatcher, marker=THINK_END, cap=thinking_budget,
+                              count_after=None if opened else prefix)
     return OutputPlan(compile_triggered(spec), tool_list, fmt, True, THINK_START if opened else "",
-                      template_tools)
+                      template_tools, new_matcher)
