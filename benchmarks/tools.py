@@ -19,7 +19,7 @@ pays); and inside the arguments, the triggered grammar against the tool's JSON S
 
 ::
 
-    python benchmarks/tools.py --model qwen2.5-coder-0.5b --out benchmarks/results/tools-qwen2.5-coder-0.5b-cpu.json
+    python benchmarks/tools.py --model qwen2.5-coder-0.5b --out benchmarks/results/tools-qwen0.5b-cpu.json
     python benchmarks/tools.py --masks --out benchmarks/results/tools-masks-llama3.json
     python benchmarks/tools.py --smoke --out /tmp/tools.json   # tiny random model, 3 cases + masks (CI)
 """
@@ -52,8 +52,10 @@ TOOLS = [
     _fn("get_weather", "Get the current weather in a city",
         {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}, ["city"]),
     _fn("add", "Add two integers", {"a": {"type": "integer"}, "b": {"type": "integer"}}, ["a", "b"]),
-    _fn("get_time", "Get the current time in an IANA time zone", {"timezone": {"type": "string"}}, ["timezone"]),
-    _fn("send_email", "Send an email", {"to": {"type": "string"}, "subject": {"type": "string"}}, ["to", "subject"]),
+    _fn("get_time", "Get the current time in an IANA time zone", {"timezone": {"type": "string"}},
+        ["timezone"]),
+    _fn("send_email", "Send an email", {"to": {"type": "string"}, "subject": {"type": "string"}},
+        ["to", "subject"]),
     _fn("book_hotel", "Book a hotel room", {
         "guest": {"type": "object", "properties": {"name": {"type": "string"},
                                                    "vip": {"type": "boolean"}}, "required": ["name"]},
@@ -76,9 +78,11 @@ for a, b in [(2, 3), (17, 25), (100, 250), (7, 8)]:
 for tz in ["Europe/London", "Asia/Tokyo", "America/New_York", "Australia/Sydney"]:
     CASES.append(("single", f"What time is it in the {tz} time zone?", [(T, {"timezone": tz})]))
 for c1, c2 in [("Paris", "Tokyo"), ("Berlin", "Oslo"), ("Lima", "Cairo"), ("Madrid", "Seoul")]:
-    CASES.append(("parallel", f"What's the weather in {c1} and in {c2}?", [(W, {"city": c1}), (W, {"city": c2})]))
+    CASES.append(("parallel", f"What's the weather in {c1} and in {c2}?",
+                  [(W, {"city": c1}), (W, {"city": c2})]))
 for (a, b), (c_, d) in [((1, 2), (3, 4)), ((10, 20), (30, 40)), ((5, 6), (7, 8)), ((11, 12), (13, 14))]:
-    CASES.append(("parallel", f"Compute {a} + {b} and also {c_} + {d}.", [(A, {"a": a, "b": b}), (A, {"a": c_, "b": d})]))
+    CASES.append(("parallel", f"Compute {a} + {b} and also {c_} + {d}.",
+                  [(A, {"a": a, "b": b}), (A, {"a": c_, "b": d})]))
 for q in ["Hi! How are you today?", "Tell me a short joke about cats.", "What is the capital of Italy?",
           "Write one sentence about the sea.", "Thanks, that is all.", "Who wrote Hamlet?",
           "Translate 'good morning' to French.", "What colour is the sky on a clear day?"]:
@@ -175,7 +179,8 @@ def run_cases(lm: Any, todo: list[int], max_new_tokens: int) -> tuple[list[dict[
                     calls = hermes.parse(raw).calls if res.error else calls
             dt = time.perf_counter() - t0
             n, valid = _validate(calls)
-            row[mode] = {"tokens": res.tokens, "text": res.text if mode == "free" else res.extra.get("raw_text"),
+            text = res.text if mode == "free" else res.extra.get("raw_text")
+            row[mode] = {"tokens": res.tokens, "text": text,
                          "complete": complete, "calls": calls, "n_calls": n, "valid_calls": valid,
                          "called": bool(calls), "right_decision": bool(calls) == bool(want),
                          "right_calls": _same_calls(calls, want) if complete or not want else False,
@@ -186,10 +191,12 @@ def run_cases(lm: Any, todo: list[int], max_new_tokens: int) -> tuple[list[dict[
             del row[mode]["tokens"]
         rows.append(row)
         print(f"{i:3} {kind:8} identical={row['identical']} "
-              + " ".join(f"{m}:calls={row[m]['n_calls']}/{row[m]['valid_calls']} right={row[m]['right_calls']} "
-                         f"{row[m]['seconds']:.1f}s" for m in ("spec", "plain", "free")), file=sys.stderr)
-    summary: dict[str, Any] = {"cases": len(rows), "kinds": {k: sum(r["kind"] == k for r in rows)
-                                                             for k in ("single", "parallel", "no_call", "nested")},
+              + " ".join(f"{m}:calls={row[m]['n_calls']}/{row[m]['valid_calls']} "
+                         f"right={row[m]['right_calls']} {row[m]['seconds']:.1f}s"
+                         for m in ("spec", "plain", "free")), file=sys.stderr)
+    kinds = ("single", "parallel", "no_call", "nested")
+    summary: dict[str, Any] = {"cases": len(rows),
+                               "kinds": {k: sum(r["kind"] == k for r in rows) for k in kinds},
                                "identical": sum(r["identical"] for r in rows)}
     for mode in ("spec", "plain", "free"):
         calls = sum(r[mode]["n_calls"] for r in rows)
@@ -198,7 +205,8 @@ def run_cases(lm: Any, todo: list[int], max_new_tokens: int) -> tuple[list[dict[
         secs = sum(r[mode]["seconds"] for r in rows)
         passes = sum(r[mode]["passes"] for r in rows)
         summary[mode] = {
-            "calls": calls, "calls_valid": valid, "calls_valid_pct": round(100 * valid / calls, 1) if calls else None,
+            "calls": calls, "calls_valid": valid,
+            "calls_valid_pct": round(100 * valid / calls, 1) if calls else None,
             "decision_accuracy_pct": round(100 * sum(r[mode]["right_decision"] for r in rows) / len(rows), 1),
             "argument_accuracy_pct": round(100 * sum(r[mode]["right_calls"] for r in rows) / len(rows), 1),
             "by_kind_right": {k: sum(r[mode]["right_calls"] for r in rows if r["kind"] == k)
@@ -210,8 +218,8 @@ def run_cases(lm: Any, todo: list[int], max_new_tokens: int) -> tuple[list[dict[
 
 
 def _us(xs: list[float]) -> dict[str, float]:
-    return {"mean_us": round(1e6 * statistics.fmean(xs), 2), "median_us": round(1e6 * statistics.median(xs), 2),
-            "n": len(xs)}
+    return {"mean_us": round(1e6 * statistics.fmean(xs), 2),
+            "median_us": round(1e6 * statistics.median(xs), 2), "n": len(xs)}
 
 
 def mask_costs(repeats: int) -> dict[str, Any]:
@@ -288,7 +296,8 @@ def mask_costs(repeats: int) -> dict[str, Any]:
     out = {k: _us(v) for k, v in costs.items()}
     out["cold_first_request"] = {"seconds": round(cold_s, 3), "steps": len(cold_free)}
     out["ratio_free_text_vs_noop"] = round(out["free_text"]["mean_us"] / out["noop"]["mean_us"], 2)
-    out["ratio_free_text_vs_apply_mask"] = round(out["free_text"]["mean_us"] / out["apply_mask"]["mean_us"], 3)
+    out["ratio_free_text_vs_apply_mask"] = round(out["free_text"]["mean_us"]
+                                                 / out["apply_mask"]["mean_us"], 3)
     out["ratio_region_vs_schema_alone"] = round(out["region_triggered"]["mean_us"]
                                                 / out["region_schema_alone"]["mean_us"], 3)
     return out
