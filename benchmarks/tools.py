@@ -7,7 +7,9 @@ nested arguments) against six tools. Each case runs three ways with greedy decod
 * ``plain``: the same without speculation (the oracle for exactness: greedy output must be
   token-identical, and the tokens per target pass are compared);
 * ``free``: unconstrained decoding of the same chat-template prompt (any bytes), parsed with
-  the template's format (Hermes for Qwen2.5) and validated with ``jsonschema``.
+  the template's format (Hermes for Qwen2.5) and validated with ``jsonschema``;
+* ``required``: ``tool_choice="required"`` with speculation, on the cases that expect calls
+  (the decision given, this measures the arguments a forced call gets).
 
 Figures: the share of emitted calls that parse and validate, call/no-call accuracy, exact
 argument accuracy (strings compared case-insensitively), tokens per pass and tokens/s.
@@ -139,7 +141,12 @@ def _validate(calls: list[tuple[str, Any]]) -> tuple[int, int]:
     return len(calls), ok
 
 
-def run_cases(lm: Any, todo: list[int], max_new_tokens: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+MODES = ("spec", "plain", "free", "required")
+
+
+def run_cases(lm: Any, todo: list[int], max_new_tokens: int,
+              progress: Any = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run the cases ``todo``; ``progress(rows, summary)`` is called after each one."""
     import structgen
     from structgen.config import SpecConfig
     from structgen.frontends.tools import tool_format
@@ -157,7 +164,9 @@ def run_cases(lm: Any, todo: list[int], max_new_tokens: int) -> tuple[list[dict[
         kind, user, want = CASES[i]
         msgs = [{"role": "user", "content": user}]
         row: dict[str, Any] = {"case": i, "kind": kind, "user": user, "want": want}
-        for mode in ("spec", "plain", "free"):
+        for mode in MODES:
+            if mode == "required" and not want:
+                continue
             t0 = time.perf_counter()
             if mode == "free":
                 ids = _prompt_ids(lm, None, msgs, TOOLS)
@@ -167,8 +176,9 @@ def run_cases(lm: Any, todo: list[int], max_new_tokens: int) -> tuple[list[dict[
                 calls = parsed.calls
                 complete = res.finish_reason == "stop"
             else:
-                res = structgen.generate(lm, messages=msgs, tools=TOOLS, tool_choice="auto",
-                                         speculative=mode == "spec", max_new_tokens=max_new_tokens,
+                res = structgen.generate(lm, messages=msgs, tools=TOOLS,
+                                         tool_choice="required" if mode == "required" else "auto",
+                                         speculative=mode != "plain", max_new_tokens=max_new_tokens,
                                          on_budget="cut", tool_format="hermes")
                 calls = [(c.name, c.arguments) for c in res.tool_calls]
                 if res.complete and res.error is None:
@@ -187,34 +197,45 @@ def run_cases(lm: Any, todo: list[int], max_new_tokens: int) -> tuple[list[dict[
                          "seconds": round(dt, 3), "passes": res.stats.forward_passes,
                          "new_tokens": len(res.tokens)}
         row["identical"] = row["spec"]["tokens"] == row["plain"]["tokens"]
-        for mode in ("spec", "plain", "free"):
-            del row[mode]["tokens"]
+        for mode in MODES:
+            if mode in row:
+                del row[mode]["tokens"]
         rows.append(row)
         print(f"{i:3} {kind:8} identical={row['identical']} "
               + " ".join(f"{m}:calls={row[m]['n_calls']}/{row[m]['valid_calls']} "
                          f"right={row[m]['right_calls']} {row[m]['seconds']:.1f}s"
-                         for m in ("spec", "plain", "free")), file=sys.stderr)
+                         for m in MODES if m in row), file=sys.stderr)
+        if progress is not None:
+            progress(rows, _summary(rows))
+    return rows, _summary(rows)
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     kinds = ("single", "parallel", "no_call", "nested")
     summary: dict[str, Any] = {"cases": len(rows),
                                "kinds": {k: sum(r["kind"] == k for r in rows) for k in kinds},
                                "identical": sum(r["identical"] for r in rows)}
-    for mode in ("spec", "plain", "free"):
-        calls = sum(r[mode]["n_calls"] for r in rows)
-        valid = sum(r[mode]["valid_calls"] for r in rows)
-        toks = sum(r[mode]["new_tokens"] for r in rows)
-        secs = sum(r[mode]["seconds"] for r in rows)
-        passes = sum(r[mode]["passes"] for r in rows)
+    for mode in MODES:
+        mrows = [r for r in rows if mode in r]
+        if not mrows:
+            continue
+        calls = sum(r[mode]["n_calls"] for r in mrows)
+        valid = sum(r[mode]["valid_calls"] for r in mrows)
+        toks = sum(r[mode]["new_tokens"] for r in mrows)
+        secs = sum(r[mode]["seconds"] for r in mrows)
+        passes = sum(r[mode]["passes"] for r in mrows)
         summary[mode] = {
             "calls": calls, "calls_valid": valid,
             "calls_valid_pct": round(100 * valid / calls, 1) if calls else None,
-            "decision_accuracy_pct": round(100 * sum(r[mode]["right_decision"] for r in rows) / len(rows), 1),
-            "argument_accuracy_pct": round(100 * sum(r[mode]["right_calls"] for r in rows) / len(rows), 1),
-            "by_kind_right": {k: sum(r[mode]["right_calls"] for r in rows if r["kind"] == k)
+            "decision_accuracy_pct": round(100 * sum(r[mode]["right_decision"] for r in mrows)
+                                           / len(mrows), 1),
+            "argument_accuracy_pct": round(100 * sum(r[mode]["right_calls"] for r in mrows) / len(mrows), 1),
+            "by_kind_right": {k: sum(r[mode]["right_calls"] for r in mrows if r["kind"] == k)
                               for k in ("single", "parallel", "no_call", "nested")},
-            "complete": sum(r[mode]["complete"] for r in rows),
+            "cases": len(mrows), "complete": sum(r[mode]["complete"] for r in mrows),
             "tokens": toks, "passes": passes, "tokens_per_pass": round(toks / passes, 3) if passes else None,
             "tokens_per_s": round(toks / secs, 2) if secs else None, "seconds": round(secs, 1)}
-    return rows, summary
+    return summary
 
 
 def _us(xs: list[float]) -> dict[str, float]:
@@ -337,7 +358,14 @@ def main(argv: list[str] | None = None) -> int:
             order = sorted(range(len(CASES)), key=lambda i: (i % 8, i))
             todo, max_new = order[: args.cases], args.max_new_tokens
         t0 = time.time()
-        rows, summary = run_cases(lm, todo, max_new)
+        meta = {"model": args.model, "threads": args.threads, "max_new_tokens": max_new}
+
+        def progress(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+            if args.out:  # a run cut short still leaves its figures
+                summary.update(meta, seconds=round(time.time() - t0, 1), partial=True)
+                _envelope.write(args.out, envelope, {**figures, "summary": summary, "cases": rows})
+
+        rows, summary = run_cases(lm, todo, max_new, progress)
         summary.update({"model": args.model, "threads": args.threads, "max_new_tokens": max_new,
                         "seconds": round(time.time() - t0, 1)})
         figures.update({"summary": summary, "cases": rows})
