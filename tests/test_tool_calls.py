@@ -240,3 +240,19 @@ def test_thinking_budget_tiny_model(tokenizer_by_alias) -> None:
     assert len(before) <= end and "</think>".endswith(text[len(before):end]), text
     with pytest.raises(ConfigError):
         structgen.generate(lm, prompt="x", thinking_budget=-1, reasoning=True)
+
+
+def test_special_control_token_writes_its_marker() -> None:
+    class Tok:  # the tokenizer's view of the special ids
+        def convert_ids_to_tokens(self, i: int) -> str:
+            return {0: "[TOOL_CALLS]", 1: "<s>"}[i]
+
+    toks = [None, None] + _TOKENS
+    vocab = Vocabulary(toks + [None], [len(toks)], special_ids=[0, 1])
+    plan = plan_output(tools=TOOLS, tool_choice="required", tool_format="mistral")
+    given = plan.vocabulary(vocab, Tok())
+    assert given.token_bytes[0] == b"[TOOL_CALLS]" and given.token_bytes[1] is None
+    m = Matcher(plan.grammar, given)
+    body = [2 + _TOKENS.index(bytes([b])) for b in b'[{"name": "add", "arguments": {"a":1,"b":2}}]']
+    assert m.accept_tokens([0] + body) == len(body) + 1 and m.is_accepting()
+    assert plan.split(given.decode_bytes([0] + body).decode())[2][0].arguments == {"a": 1, "b": 2}

@@ -186,3 +186,18 @@ def test_verbs_rollback_fork_forced() -> None:
     assert f.forced_bytes() == b"bab>"
     assert f.validate_tokens(_tokenize(b"bab>", True) + [EOS]) == 3
     assert f.validate_tokens(_tokenize(b"bab>a", True)) == 1  # stop_after: nothing after
+
+
+def test_special_token_as_trigger() -> None:
+    # id 0 is a special token (no text) until the vocabulary gives it the trigger's text
+    toks = [b"<T>", b"a", b"<", b"T", b">", b"b"]
+    vocab = Vocabulary(toks + [None], [len(toks)], special_ids=[0])
+    region = Region("<T>", body_grammar("regex", "b+"))
+    g = compile_triggered(TriggeredGrammar((region,), 1, 1, stop_after=True))
+    assert Matcher(g, vocab).accept_tokens([1, 0]) == 1  # a special token writes nothing
+    given = vocab.with_token_text({0: "<T>"})
+    m = Matcher(g, given)
+    assert m.accept_tokens([1, 0, 5]) == 3 and m.is_accepting()
+    assert given.decode_bytes([1, 0, 5]) == b"a<T>b"
+    m.reset()  # the text spelled by ordinary tokens opens the region too
+    assert m.accept_tokens([2, 3, 4, 5]) == 4 and m.is_accepting()

@@ -224,6 +224,9 @@ class ToolFormat:
     name: str = ""
     #: the envelope's key for the arguments
     arguments_key: str = "arguments"
+    #: the marker texts the format writes (a special token whose text is inside one of them is
+    #: given that text, so the model's own control token can open a call)
+    markers: tuple[str, ...] = ()
 
     def call_body(self, tools: Sequence[Tool], json_options: JsonSchemaOptions | None = None) -> ir.Grammar:
         """The grammar of one call: ``{"name": "<tool>", "<arguments_key>": <arguments>}``
@@ -274,6 +277,7 @@ class TaggedFormat(ToolFormat):
         self.end = end
         self.separator = separator
         self.arguments_key = arguments_key
+        self.markers = (begin, end)
 
     def grammar(self, tools: Sequence[Tool], choice: str, parallel: bool,
                 json_options: JsonSchemaOptions | None = None) -> ir.Grammar:
@@ -363,6 +367,7 @@ class MistralFormat(ToolFormat):
 
     name = "mistral"
     marker = "[TOOL_CALLS]"
+    markers = (marker,)
 
     def grammar(self, tools: Sequence[Tool], choice: str, parallel: bool,
                 json_options: JsonSchemaOptions | None = None) -> ir.Grammar:

@@ -271,6 +271,7 @@ def _generate_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft
                        schema=schema, grammar=grammar, regex=regex, start=gen.start, strict=strict,
                        thinking_budget=thinking_budget)
     check_context(lm, len(ids), gen.max_new_tokens, draft_lm=draft_lm)
+    vocab = plan.vocabulary(vocab, lm.tokenizer)  # special tokens that write a marker
     res = run_sequence(lm, vocab, plan.grammar, ids, opts.requests[0], speculative=gen.speculative,
                        max_new_tokens=gen.max_new_tokens, draft_lm=draft_lm, seed=gen.seed,
                        on_budget=gen.on_budget, new_matcher=plan.new_matcher)

@@ -61,6 +61,31 @@ class OutputPlan:
     template_tools: list[dict[str, Any]] | None = None
     new_matcher: Any = None
 
+    def markers(self) -> list[str]:
+        """The marker texts of the output (the format's, the thinking markers)."""
+        out = list(self.format.markers) if self.format is not None else []
+        return out + ([THINK_START, THINK_END] if self.reasoning else [])
+
+    def vocabulary(self, vocab: Any, tokenizer: Any) -> Any:
+        """``vocab``, with every special token whose text lies inside one of :meth:`markers`
+        given that text (:meth:`~structgen.masks.vocab.Vocabulary.with_token_text`), so the
+        model's own control token (Mistral's ``[TOOL_CALLS]``, a special ``<think>``) can write
+        the marker; ``vocab`` itself when there is none."""
+        markers = [m for m in self.markers() if m]
+        specials = getattr(vocab, "special_ids", frozenset())
+        if not markers or not specials or not hasattr(vocab, "with_token_text"):
+            return vocab
+        eos = set(vocab.eos_token_ids)
+        texts = {}
+        for i in sorted(specials - eos):
+            try:
+                content = tokenizer.convert_ids_to_tokens(int(i))
+            except Exception:  # noqa: BLE001 - a tokenizer without that id
+                continue
+            if isinstance(content, str) and content and any(content in m for m in markers):
+                texts[int(i)] = content
+        return vocab.with_token_text(texts) if texts else vocab
+
     def split(self, text: str) -> tuple[str | None, str, list[ToolCall], list[str]]:
         """(reasoning or None, answer text, tool calls, errors) of a complete output."""
         reasoning = None
