@@ -261,10 +261,10 @@ def mask_costs(repeats: int) -> dict[str, Any]:
     args_text = json.dumps(args, separators=(",", ":"))
     free = ("Sure! I can help with that. Let me look up the hotels for you; one moment please, "
             "I will check the availability in Paris for three nights and book the best one. ") * 3
-    call = '<tool_call>\n{"name": "book_hotel", "arguments": ' + args_text + '}\n</tool_call>'
     free_ids = tok.encode(free, add_special_tokens=False)
-    call_ids = tok.encode(call, add_special_tokens=False)
+    head = tok.encode('<tool_call>\n{"name": "book_hotel", "arguments": ', add_special_tokens=False)
     arg_ids = tok.encode(args_text, add_special_tokens=False)
+    tail = tok.encode('}\n</tool_call>', add_special_tokens=False)
     schema = TOOLS[4]["function"]["parameters"]
     alone = compile_constraint("json", schema)
     bm = np.zeros((1, bitmask_words(len(vocab.token_bytes))), dtype=np.int32)
@@ -291,14 +291,13 @@ def mask_costs(repeats: int) -> dict[str, Any]:
     # cold: the first request on a fresh grammar (masks of the free-text states not cached yet)
     cold_free: list[float] = []
     t0 = time.perf_counter()
-    steps(Matcher(plan.grammar, vocab), free_ids + call_ids, cold_free)
+    steps(Matcher(plan.grammar, vocab), free_ids + head + arg_ids + tail, cold_free)
     cold_s = time.perf_counter() - t0
     costs: dict[str, list[float]] = {k: [] for k in ("noop", "apply_mask", "free_text", "region_triggered",
                                                       "region_schema_alone")}
     Matcher(alone, vocab).accept_tokens(arg_ids)  # warm the schema-alone masks the same way
     m0 = Matcher(alone, vocab)
     steps(m0, arg_ids, [])
-    head = tok.encode('<tool_call>\n{"name": "book_hotel", "arguments": ', add_special_tokens=False)
     for _ in range(repeats):  # interleaved
         for _t in free_ids:
             t0 = time.perf_counter()
