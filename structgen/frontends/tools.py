@@ -17,7 +17,8 @@ keys), so every call the grammar admits validates.
 Built in (:data:`TOOL_FORMATS`):
 
 * ``"hermes"`` (Qwen2.5, Qwen3, Hermes, and the default): ``<tool_call>\\n{"name": ...,
-  "arguments": {...}}\\n</tool_call>``, one block per call, free text around them;
+  "arguments": {...}}\\n</tool_call>``, one block per call, free text around them (the
+  region opens at ``<tool_call>``);
 * ``"llama3"`` (Llama 3.1+ JSON tool calls): the whole reply is ``{"name": ...,
   "parameters": {...}}`` (calls joined by ``"; "``), or text that does not start with ``{``;
 * ``"mistral"``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``.
@@ -266,15 +267,17 @@ def _decode_call(raw: str, arguments_key: str) -> tuple[str, Any]:
 
 
 class TaggedFormat(ToolFormat):
-    """Calls in blocks ``begin`` + call JSON + ``end`` amid free text (Hermes/Qwen shape):
-    each block is a triggered region; parallel calls are consecutive blocks (``separator``
-    between them when the output holds only calls)."""
+    """Calls in blocks ``begin`` + ``padding`` + call JSON + ``padding`` + ``end`` amid free
+    text (Hermes/Qwen shape): each block is a triggered region opened by ``begin`` itself (so
+    ``"none"`` bans the tag whatever follows it); parallel calls are consecutive blocks
+    (``separator`` between them when the output holds only calls)."""
 
-    def __init__(self, name: str, begin: str, end: str, *, separator: str = "\n",
+    def __init__(self, name: str, begin: str, end: str, *, padding: str = "", separator: str = "\n",
                  arguments_key: str = "arguments") -> None:
         self.name = name
         self.begin = begin
         self.end = end
+        self.padding = padding
         self.separator = separator
         self.arguments_key = arguments_key
         self.markers = (begin, end)
@@ -283,7 +286,12 @@ class TaggedFormat(ToolFormat):
                 json_options: JsonSchemaOptions | None = None) -> ir.Grammar:
         """See :meth:`ToolFormat.grammar`: "auto" free text with calls, "required" calls only,
         "none" free text in which the begin marker never occurs."""
-        region = Region(self.begin, self.call_body(tools, json_options), self.end)
+        body = self.call_body(tools, json_options)
+        if self.padding:
+            rules = dict(body.rules)
+            rules["padded"] = ir.seq(ir.lit(self.padding), ir.ref(body.start), ir.lit(self.padding))
+            body = ir.Grammar(rules, "padded")
+        region = Region(self.begin, body, self.end)
         at_most = None if parallel else 1
         if choice == "required":
             spec = TriggeredGrammar((region,), 1, at_most, regions_only=True, separator=self.separator)
@@ -294,7 +302,10 @@ class TaggedFormat(ToolFormat):
         return triggered_to_grammar(spec)
 
     def parse(self, text: str) -> ParsedCalls:
-        """Blocks between the first ``begin`` and the next ``end``; the rest is text."""
+        """Each block: ``begin``, the call's JSON value read as JSON (so an argument string may
+        hold the end marker), then ``end`` after optional whitespace; a block whose JSON does
+        not parse (unconstrained output) is an error and ends at the next ``end``. The rest
+        is text."""
         calls: list[tuple[str, Any]] = []
         errors: list[str] = []
         parts: list[str] = []
@@ -305,12 +316,21 @@ class TaggedFormat(ToolFormat):
                 parts.append(text[pos:])
                 break
             parts.append(text[pos:i])
-            j = text.find(self.end, i + len(self.begin)) if self.end else -1
-            raw = text[i + len(self.begin): j if j >= 0 else len(text)]
+            start = i + len(self.begin)
+            while start < len(text) and text[start].isspace():
+                start += 1
             try:
-                calls.append(_decode_call(raw.strip(), self.arguments_key))
+                value, j = _DECODER.raw_decode(text, start)
+                while j < len(text) and text[j].isspace():
+                    j += 1
+                if self.end and not text.startswith(self.end, j):
+                    raise ValueError(f"the call is not followed by {self.end!r}")
+                calls.append(_decode_call(json.dumps(value), self.arguments_key))
+                pos = j + len(self.end)
+                continue
             except (ValueError, TypeError) as e:
                 errors.append(f"{type(e).__name__}: {e}")
+            j = text.find(self.end, start) if self.end else -1
             if j < 0:
                 break
             pos = j + len(self.end)
@@ -414,7 +434,7 @@ def register_tool_format(fmt: ToolFormat, *, aliases: Sequence[str] = ()) -> Too
     return fmt
 
 
-register_tool_format(TaggedFormat("hermes", "<tool_call>\n", "\n</tool_call>"),
+register_tool_format(TaggedFormat("hermes", "<tool_call>", "</tool_call>", padding="\n"),
                      aliases=("qwen", "qwen2.5", "qwen3"))
 register_tool_format(Llama3JsonFormat(), aliases=("llama3.1", "llama3_json"))
 register_tool_format(MistralFormat())
