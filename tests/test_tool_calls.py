@@ -77,6 +77,10 @@ def test_tool_specs() -> None:
      [("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})]),
     ("mistral", '[TOOL_CALLS][{"name": "add", "arguments": {"a":1,"b":2}}]', [("add", {"a": 1, "b": 2})]),
     ("hermes", "no call here", []),
+    ("llama3", ' {"name": "add", "parameters": {"a":1,"b":2}}', []),  # not at the start: text
+    ("hermes", 'x <tool_call>\n{"name": "add", "arguments": {"a":1,"b":2}}\n</tool_call> y '
+               '<tool_call>\n{"name": "add", "arguments": {"a":3,"b":4}}\n</tool_call>',
+     [("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})]),
 ])
 def test_formats_accept_and_parse(fmt: str, text: str, calls: list) -> None:
     f = tool_format(fmt)

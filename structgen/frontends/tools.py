@@ -356,8 +356,9 @@ class Llama3JsonFormat(ToolFormat):
         return ir.Grammar(rules, "reply")
 
     def parse(self, text: str) -> ParsedCalls:
-        """Calls when the reply starts with ``{`` (after an optional ``<|python_tag|>``)."""
-        body = text.strip()
+        """Calls when the reply starts with ``{`` (after an optional ``<|python_tag|>``), as
+        the grammar has it: a reply starting with anything else (a space included) is text."""
+        body = text.rstrip()
         if body.startswith("<|python_tag|>"):
             body = body[len("<|python_tag|>"):].lstrip()
         if not body.startswith("{"):
