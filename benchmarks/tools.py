@@ -9,7 +9,9 @@ nested arguments) against six tools. Each case runs three ways with greedy decod
 * ``free``: unconstrained decoding of the same chat-template prompt (any bytes), parsed with
   the template's format (Hermes for Qwen2.5) and validated with ``jsonschema``;
 * ``required``: ``tool_choice="required"`` with speculation, on the cases that expect calls
-  (the decision given, this measures the arguments a forced call gets).
+  (the decision given, this measures the arguments a forced call gets);
+* ``xgrammar`` (``--modes xgrammar``, the peer): transformers' greedy ``generate`` with
+  XGrammar's structural tags (trigger ``<tool_call>``, one tag per tool), parsed like ``free``.
 
 Figures: the share of emitted calls that parse and validate, call/no-call accuracy, exact
 argument accuracy (strings compared case-insensitively), tokens per pass and tokens/s.
@@ -141,11 +143,32 @@ def _validate(calls: list[tuple[str, Any]]) -> tuple[int, int]:
     return len(calls), ok
 
 
-MODES = ("spec", "plain", "free", "required")
+MODES = ("spec", "plain", "free", "required", "xgrammar")
+DEFAULT_MODES = ("spec", "plain", "free", "required")
 
 
-def run_cases(lm: Any, todo: list[int], max_new_tokens: int,
-              progress: Any = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _xgrammar_processor(lm: Any) -> Any:
+    """A fresh transformers logits processor with XGrammar's structural tags for the tools."""
+    import xgrammar as xgr
+    from xgrammar.contrib.hf import LogitsProcessor
+
+    key = id(lm)
+    compiled = _XGR.get(key)
+    if compiled is None:
+        info = xgr.TokenizerInfo.from_huggingface(lm.tokenizer, vocab_size=lm.vocab_size)
+        head = '<tool_call>\n{"name": "%s", "arguments": '
+        tags = [xgr.StructuralTagItem(begin=head % t["function"]["name"], schema=t["function"]["parameters"],
+                                      end="}\n</tool_call>") for t in TOOLS]
+        compiled = xgr.GrammarCompiler(info).compile_structural_tag(tags, ["<tool_call>"])
+        _XGR[key] = compiled
+    return LogitsProcessor(compiled)
+
+
+_XGR: dict[int, Any] = {}
+
+
+def run_cases(lm: Any, todo: list[int], max_new_tokens: int, progress: Any = None,
+              modes: tuple[str, ...] = DEFAULT_MODES) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run the cases ``todo``; ``progress(rows, summary)`` is called after each one."""
     import structgen
     from structgen.config import SpecConfig
@@ -164,11 +187,25 @@ def run_cases(lm: Any, todo: list[int], max_new_tokens: int,
         kind, user, want = CASES[i]
         msgs = [{"role": "user", "content": user}]
         row: dict[str, Any] = {"case": i, "kind": kind, "user": user, "want": want}
-        for mode in MODES:
+        for mode in modes:
             if mode == "required" and not want:
                 continue
             t0 = time.perf_counter()
-            if mode == "free":
+            if mode == "xgrammar":
+                import torch
+
+                ids = _prompt_ids(lm, None, msgs, TOOLS)
+                with torch.no_grad():
+                    out = lm.model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens,
+                                            do_sample=False, logits_processor=[_xgrammar_processor(lm)],
+                                            pad_token_id=lm.tokenizer.eos_token_id)
+                new = out[0, len(ids):].tolist()
+                eos = set(vocab.eos_token_ids)
+                text = lm.tokenizer.decode([t for t in new if t not in eos])
+                calls = hermes.parse(text).calls
+                complete = any(t in eos for t in new)
+                res = _PeerResult(new, text, len(new))
+            elif mode == "free":
                 ids = _prompt_ids(lm, None, msgs, TOOLS)
                 res = run_sequence(lm, vocab, any_text, ids, SpecConfig(), speculative=False,
                                    max_new_tokens=max_new_tokens, on_budget="cut")
@@ -196,7 +233,7 @@ def run_cases(lm: Any, todo: list[int], max_new_tokens: int,
                          "right_calls": _same_calls(calls, want) if complete or not want else False,
                          "seconds": round(dt, 3), "passes": res.stats.forward_passes,
                          "new_tokens": len(res.tokens)}
-        row["identical"] = row["spec"]["tokens"] == row["plain"]["tokens"]
+        row["identical"] = "spec" not in row or row["spec"]["tokens"] == row["plain"]["tokens"]
         for mode in MODES:
             if mode in row:
                 del row[mode]["tokens"]
@@ -208,6 +245,18 @@ def run_cases(lm: Any, todo: list[int], max_new_tokens: int,
         if progress is not None:
             progress(rows, _summary(rows))
     return rows, _summary(rows)
+
+
+class _PeerResult:
+    """What the summary reads of a peer's output (no speculation: one pass per token)."""
+
+    def __init__(self, tokens: list[int], text: str, passes: int) -> None:
+        self.tokens, self.text, self.extra = tokens, text, {"raw_text": text}
+
+        class _Stats:
+            forward_passes = passes
+
+        self.stats = _Stats()
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -331,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     ap.add_argument("--masks", action="store_true", help="only the mask-cost figures")
     ap.add_argument("--repeats", type=int, default=20, help="mask-cost passes")
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                    help=f"comma-separated, of {', '.join(MODES)} (xgrammar: the peer)")
     ap.add_argument("--smoke", action="store_true", help="tiny random model, 3 cases, 2 mask passes (CI)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -364,12 +415,20 @@ def main(argv: list[str] | None = None) -> int:
                 summary.update(meta, seconds=round(time.time() - t0, 1), partial=True)
                 _envelope.write(args.out, envelope, {**figures, "summary": summary, "cases": rows})
 
-        rows, summary = run_cases(lm, todo, max_new, progress)
+        modes = tuple(m for m in args.modes.split(",") if m)
+        bad = [m for m in modes if m not in MODES]
+        if bad:
+            ap.error(f"--modes: unknown {', '.join(bad)}")
+        if "xgrammar" in modes:
+            _envelope.add_peers(envelope, ["xgrammar"])
+        rows, summary = run_cases(lm, todo, max_new, progress, modes)
         summary.update({"model": args.model, "threads": args.threads, "max_new_tokens": max_new,
                         "seconds": round(time.time() - t0, 1)})
         figures.update({"summary": summary, "cases": rows})
         print(json.dumps(summary), file=sys.stderr)
-        ok = summary["identical"] == len(rows) and summary["spec"]["calls"] == summary["spec"]["calls_valid"]
+        ok = summary["identical"] == len(rows) and all(
+            summary[m]["calls"] == summary[m]["calls_valid"]
+            for m in ("spec", "plain", "required") if m in summary)
     if args.out:
         _envelope.write(args.out, envelope, figures)
     return 0 if ok else 1
