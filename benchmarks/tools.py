@@ -376,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--cases", type=int, default=len(CASES))
+    ap.add_argument("--offset", type=int, default=0, help="skip the first OFFSET cases of the run order "
+                    "(to split a run over processes; --merge joins the files)")
+    ap.add_argument("--merge", nargs="+", type=Path, help="join the case rows of these results files")
     ap.add_argument("--max-new-tokens", type=int, default=80)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     ap.add_argument("--masks", action="store_true", help="only the mask-cost figures")
@@ -391,6 +394,17 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     figures: dict[str, Any] = {}
     ok = True
+    if args.merge:
+        parts = [json.loads(p.read_text(encoding="utf-8")) for p in args.merge]
+        rows = list({r["case"]: r for part in parts for r in part["cases"]}.values())
+        summary = _summary(rows)
+        first = parts[0]["summary"]
+        summary.update(model=first["model"], max_new_tokens=first["max_new_tokens"],
+                       merged=[str(p) for p in args.merge], envelopes=[part["envelope"] for part in parts])
+        if args.out:
+            _envelope.write(args.out, envelope, {"summary": summary, "cases": rows})
+        print(json.dumps(summary), file=sys.stderr)
+        return 0
     if args.masks or args.smoke:
         figures["masks"] = mask_costs(2 if args.smoke else args.repeats)
         print(json.dumps(figures["masks"]), file=sys.stderr)
@@ -406,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
             lm = load_model(args.model)
             # the kinds interleaved, so that a cut-short run still covers them all
             order = sorted(range(len(CASES)), key=lambda i: (i % 8, i))
-            todo, max_new = order[: args.cases], args.max_new_tokens
+            todo, max_new = order[args.offset: args.offset + args.cases], args.max_new_tokens
         t0 = time.time()
         meta = {"model": args.model, "threads": args.threads, "max_new_tokens": max_new}
 
