@@ -112,15 +112,25 @@ def _norm(v: Any) -> Any:
     return v
 
 
+OPTIONAL = ("unit", "vip", "email")  # optional arguments the cases do not prescribe
+
+
+def _matches(got: Any, want: Any) -> bool:
+    """``got`` equals ``want``, except that objects may also hold the optional keys."""
+    if isinstance(want, dict):
+        return isinstance(got, dict) and all(k in got and _matches(got[k], v) for k, v in want.items()) \
+            and all(k in want or k in OPTIONAL for k in got)
+    if isinstance(want, list):
+        return isinstance(got, list) and len(got) == len(want) and all(map(_matches, got, want))
+    return bool(got == want)
+
+
 def _same_calls(got: list[tuple[str, Any]], want: list[tuple[str, Any]]) -> bool:
-    """Same multiset of calls; an expected argument absent from the expectation (optional ones
-    such as ``unit``) may appear in the call."""
+    """Same multiset of calls, arguments compared by :func:`_matches` (strings case-folded)."""
     left = [(n, _norm(a)) for n, a in got]
     for name, args in want:
         args = _norm(args)
-        hit = next((i for i, (n, a) in enumerate(left) if n == name and isinstance(a, dict)
-                    and all(a.get(k) == v for k, v in args.items())
-                    and all(k in args or k in ("unit", "vip", "email") for k in a)), None)
+        hit = next((i for i, (n, a) in enumerate(left) if n == name and _matches(a, args)), None)
         if hit is None:
             return False
         left.pop(hit)
@@ -397,6 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         parts = [json.loads(p.read_text(encoding="utf-8")) for p in args.merge]
         rows = list({r["case"]: r for part in parts for r in part["cases"]}.values())
+        for r in rows:  # scored again (the scoring may have been corrected since the runs)
+            for m in MODES:
+                if m in r:
+                    r[m]["right_calls"] = _same_calls(r[m]["calls"], r["want"]) \
+                        if r[m]["complete"] or not r["want"] else False
         summary = _summary(rows)
         first = parts[0]["summary"]
         summary.update(model=first["model"], max_new_tokens=first["max_new_tokens"],
