@@ -313,6 +313,15 @@ class GenerationOptions:
     seed: base random seed (request ``i`` uses ``seed + i``); None = random.
     speculative: False runs plain grammar-constrained decoding (no drafts), the baseline.
     start: start rule of a Lark grammar.
+    tools: a JSON file of tools (a list of OpenAI function specs, or ``{"tools": [...]}``) the
+        model may call; None = no tools (see ``docs/tools.md``).
+    tool_choice: ``"auto"`` (text and/or calls), ``"required"`` (only calls, at least one),
+        ``"none"`` (no call), or the name of the one tool to call.
+    parallel_tool_calls: False allows at most one call per output.
+    tool_format: the call format (``hermes``, ``llama3``, ``mistral``, or a registered one);
+        None = implied by the model's chat template (Hermes when it says nothing).
+    reasoning: free text inside ``<think>...</think>`` first, then the constrained answer.
+    thinking_budget: tokens of reasoning after which ``</think>`` is forced; None = no cap.
     """
 
     model: str | None = None
@@ -321,6 +330,12 @@ class GenerationOptions:
     seed: int | None = None
     speculative: bool = True
     start: str = "start"
+    tools: str | None = None
+    tool_choice: str = "auto"
+    parallel_tool_calls: bool = True
+    tool_format: str | None = None
+    reasoning: bool = False
+    thinking_budget: int | None = None
 
     def __post_init__(self) -> None:
         _check_text(self, "model", optional=True)
@@ -329,6 +344,12 @@ class GenerationOptions:
         _check_int(self, "seed", 0, MAX_SEED, optional=True)
         _check_bool(self, "speculative")
         _check_text(self, "start")
+        _check_text(self, "tools", optional=True)
+        _check_text(self, "tool_choice")
+        _check_bool(self, "parallel_tool_calls")
+        _check_text(self, "tool_format", optional=True)
+        _check_bool(self, "reasoning")
+        _check_int(self, "thinking_budget", 0, optional=True)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ SMOKES: dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]] = {
     "verify_codegen": ((), True, ()),
     "verify_race_skip": ((), False, ()),
     "startup": ((), False, ()),
+    "tools": ((), False, ("gpt2", "llama3")),
     "llamacpp_row_invariance": ((), False, ()),
     "default_model": ((), False, ()),
     "serve": ((), False, ("gpt2",)),
@@ -61,8 +62,8 @@ NEEDS_MODULE = {"llamacpp_row_invariance": "llama_cpp", "serve": "fastapi"}
 
 
 # the longest smokes first, so that the two concurrent runs finish close together
-START_ORDER = ("masks", "masks_builds", "jsonschemabench", "bad_inputs", "batch", "budget", "generate",
-               "lossless", "verify", "verify_codegen", "verify_race_skip", "json_schema_suite",
+START_ORDER = ("masks", "masks_builds", "jsonschemabench", "tools", "bad_inputs", "batch", "budget",
+               "generate", "lossless", "verify", "verify_codegen", "verify_race_skip", "json_schema_suite",
                "startup", "llamacpp_row_invariance", "default_model", "serve")
 
 
@@ -228,6 +229,15 @@ def test_budget(runs: _Runs) -> None:
         jsonschema.validate(json.loads(c["text"]), schema)
     for kind in ("cold", "warm"):
         assert {"plain_mask", "rule_in_zone", "rule_out_of_zone"} <= set(s["mask_cost"][kind])
+
+
+def test_tools(runs: _Runs) -> None:
+    _, report = _smoke(runs, "tools")
+    s = report["summary"]
+    assert s["model"] == "tiny-random" and s["cases"] == s["identical"] == 3
+    assert s["spec"]["calls"] == s["spec"]["calls_valid"]  # every constrained call validates
+    m = report["masks"]
+    assert {"noop", "apply_mask", "free_text", "region_triggered", "region_schema_alone"} <= set(m)
 
 
 def _smoke_schemas() -> list[tuple[str, Any]]:

@@ -494,3 +494,29 @@ def test_demo_fails_on_an_incomplete_output(tmp_path: Path, capsys: pytest.Captu
     rc, out, err = run(capsys, "demo", "--schemas", _demo_folder(tmp_path), "--max-new-tokens", 24)
     assert rc == 1, out + err
     assert "FAILED: incomplete" in out and "1 check(s) failed" in err
+
+
+@pytest.mark.assets
+@pytest.mark.model
+def test_generate_tools_and_reasoning(model_dir: Path, files: Path, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"]}}}]
+    (tmp_path / "tools.json").write_text(json.dumps(tools))
+    rc, out, _ = run(capsys, "generate", "--model", model_dir, "--tools", tmp_path / "tools.json",
+                     "--tool-choice", "required", "--tool-format", "hermes", "--prompt", "2+3?",
+                     "--max-new-tokens", 60)
+    (r,) = lines_of(out)
+    assert rc == 0 and r["valid"] and r["tool_calls"], r
+    for call in r["tool_calls"]:
+        assert call["name"] == "add"
+        jsonschema.validate(call["arguments"], tools[0]["function"]["parameters"])
+    rc, out, _ = run(capsys, "generate", "--model", model_dir, "--schema", files / "s.json", "--reasoning",
+                     "--thinking-budget", 5, "--prompt", "Think:", "--max-new-tokens", 60)
+    (r,) = lines_of(out)
+    assert rc == 0 and r["valid"] and r["reasoning"] is not None
+    jsonschema.validate(json.loads(r["text"]), SCHEMA)
+    rc, _, err = run(capsys, "generate", "--model", model_dir, "--tool-choice", "required",
+                     "--prompt", "x", "--schema", files / "s.json")
+    assert rc == 2 and "--tool-choice needs --tools" in one_line(err)

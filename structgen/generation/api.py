@@ -44,6 +44,10 @@ class GenerationResult:
     tokens: generated token ids (EOS included if emitted); finish_reason: "stop" (complete),
     "budget_close" (complete, steered to fit ``max_new_tokens``) or "length" (cut short, with
     ``on_budget="cut"``); stats: :class:`~structgen.generation.loop.GenerationStats`.
+    With ``tools=`` or ``reasoning=True``: ``text`` is the answer's free text (calls and
+    reasoning removed; the whole output is ``extra["raw_text"]``), ``tool_calls`` the
+    validated :class:`~structgen.generation.tool_calls.ToolCall` list, ``reasoning`` the text
+    inside the thinking markers.
     """
 
     text: str
@@ -53,6 +57,8 @@ class GenerationResult:
     stats: Any
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    tool_calls: list[Any] = field(default_factory=list)
+    reasoning: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -115,11 +121,13 @@ def resolve_grammar(*, schema: Any = None, grammar: Any = None, regex: str | Non
     return compile_constraint("regex", regex), None
 
 
-def _prompt_ids(lm: Any, prompt: str | None, messages: list[dict] | None) -> list[int]:
+def _prompt_ids(lm: Any, prompt: str | None, messages: list[dict] | None,
+                tools: list[dict] | None = None) -> list[int]:
     tok = lm.tokenizer
     if messages is not None:
         if getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            extra = {"tools": tools} if tools else {}
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
             return list(tok.encode(text, add_special_tokens=False))
         text = "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant: "
         return list(tok.encode(text))
@@ -149,7 +157,9 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
              seed: int | None = None, speculative: bool = True,
              config: SpecConfig | str | os.PathLike[str] | dict | None = None,
              draft_model: Any = None, start: str = "start", strict: bool = True,
-             on_budget: str = "close") -> Any:
+             on_budget: str = "close", tools: Any = None, tool_choice: Any = "auto",
+             parallel_tool_calls: bool = True, tool_format: Any = None,
+             reasoning: bool = False, thinking_budget: int | None = None) -> Any:
     """Generate constrained output. Returns a :class:`GenerationResult`, or a list of them
     when ``prompt`` is a list of strings or ``messages`` a list of conversations.
 
@@ -173,6 +183,17 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
     ``"stop"``, or ``"budget_close"`` where the budget had to steer it; a budget below the
     shortest output raises :class:`~structgen.errors.TokenBudgetError` before generating);
     ``"cut"`` stops at the budget (``finish_reason="length"``, incomplete).
+
+    Tool calling (one request): ``tools`` (OpenAI function specs, Pydantic model classes or
+    Python functions) are passed to the chat template and the output may call them in the
+    model family's format (``tool_format``, default from the chat template; see
+    :mod:`structgen.frontends.tools`): ``tool_choice`` ``"auto"`` (text and/or calls),
+    ``"required"`` (only calls, at least one), ``"none"`` (no call) or ``{"name": ...}`` (a
+    call of that tool); ``parallel_tool_calls=False`` allows at most one call. Every call's
+    arguments are canonical JSON valid against its tool's schema. ``reasoning=True``: free
+    text inside ``<think>...</think>`` first, then the answer (the constraint, the tool calls,
+    or any text); ``thinking_budget``: tokens of reasoning after which ``</think>`` is forced.
+    See :class:`GenerationResult` for where the parts go.
     """
     from structgen.generation.loop import run_sequence
     from structgen.generation.model import check_context, load_model, vocabulary_for
@@ -190,6 +211,14 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
                           draft_model=draft_model, max_new_tokens=max_new_tokens, seed=seed,
                           speculative=speculative, start=start, on_budget=on_budget)
     gen = opts.generation
+    if tools is not None or reasoning or thinking_budget is not None:
+        if batch:
+            raise ConfigError("tools= and reasoning= take one prompt or conversation", key="tools")
+        return _generate_structured(model, tokenizer, items[0], opts, draft_model, tools=tools,
+                                    tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+                                    tool_format=tool_format, reasoning=reasoning, schema=schema,
+                                    grammar=grammar, regex=regex, strict=strict,
+                                    thinking_budget=thinking_budget)
     _check_requests(items, batch, "prompt" if prompt is not None else "messages")
     schemas = _per_request("schema", schema, n, batch)
     grammars = _per_request("grammar", grammar, n, batch)
@@ -214,6 +243,54 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
     return _generate_batch(lm, vocab, opts.requests, items, schemas, compiled,
                            speculative=gen.speculative, max_new_tokens=gen.max_new_tokens,
                            draft_lm=draft_lm, seed=gen.seed, on_budget=gen.on_budget)
+
+
+def _generate_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_model: Any, *,
+                         tools: Any, tool_choice: Any, parallel_tool_calls: bool, tool_format: Any,
+                         reasoning: bool, schema: Any, grammar: Any, regex: Any,
+                         strict: bool, thinking_budget: int | None) -> GenerationResult:
+    """:func:`generate` with tools and/or reasoning: one triggered grammar
+    (:func:`~structgen.generation.tool_calls.plan_output`), the output split into its parts."""
+    from structgen.frontends.constraint import is_model_class
+    from structgen.frontends.tools import normalize_tools
+    from structgen.generation.loop import run_sequence
+    from structgen.generation.model import check_context, load_model, vocabulary_for
+    from structgen.generation.tool_calls import plan_output
+
+    gen = opts.generation
+    template_tools = [t.openai() for t in normalize_tools(tools)] or None  # bad specs fail early
+    lm = load_model(model, tokenizer)
+    vocab = vocabulary_for(lm)
+    draft_lm = _load_draft(draft_model, opts.config)
+    ids = _prompt_ids(lm, item if isinstance(item, str) else None,
+                      None if isinstance(item, str) else item, template_tools)
+    tail = vocab.decode_bytes(ids[-8:]).decode("utf-8", "replace")  # did the template open <think>?
+    plan = plan_output(tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+                       tool_format=tool_format, chat_template=getattr(lm.tokenizer, "chat_template", None),
+                       reasoning=reasoning, prompt_text=tail,
+                       schema=schema, grammar=grammar, regex=regex, start=gen.start, strict=strict,
+                       thinking_budget=thinking_budget)
+    check_context(lm, len(ids), gen.max_new_tokens, draft_lm=draft_lm)
+    vocab = plan.vocabulary(vocab, lm.tokenizer)  # special tokens that write a marker
+    res = run_sequence(lm, vocab, plan.grammar, ids, opts.requests[0], speculative=gen.speculative,
+                       max_new_tokens=gen.max_new_tokens, draft_lm=draft_lm, seed=gen.seed,
+                       on_budget=gen.on_budget, new_matcher=plan.new_matcher)
+    out = GenerationResult(res.text, None, res.tokens, res.finish_reason, res.stats)
+    out.extra["raw_text"] = res.text
+    if not is_complete(res.finish_reason):
+        return out
+    thought, text, calls, errors = plan.split(res.text)
+    out.text, out.tool_calls, out.reasoning = text, calls, thought
+    if errors:
+        out.error = "; ".join(errors)
+    if schema is not None:
+        try:
+            out.value = json.loads(text)
+            if is_model_class(schema):
+                out.value = schema.model_validate_json(text)
+        except Exception as e:  # noqa: BLE001 - reported, not raised
+            out.error = f"{type(e).__name__}: {e}"
+    return out
 
 
 @dataclass(frozen=True)

@@ -89,13 +89,14 @@ class _Sequence:
 
     def __init__(self, lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
                  cfg: SpecConfig, *, speculative: bool, max_new_tokens: int,
-                 draft_lm: CausalLM | None, seed: int | None, on_budget: str = "close") -> None:
+                 draft_lm: CausalLM | None, seed: int | None, on_budget: str = "close",
+                 new_matcher: Any = None) -> None:
         if on_budget not in ON_BUDGET_CHOICES:
             raise ValueError(f"on_budget must be one of {ON_BUDGET_CHOICES}, not {on_budget!r}")
         self.lm = lm
         self.vocab = vocab
         self.cfg = cfg
-        self.matcher = Matcher(grammar, vocab)
+        self.matcher = (new_matcher or Matcher)(grammar, vocab)
         self.prompt = list(prompt_ids)
         self.output: list[int] = []
         self.speculative = speculative
@@ -708,17 +709,20 @@ class _StepVerifier:
 
 def stream_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
                     cfg: SpecConfig, *, speculative: bool = True, max_new_tokens: int = 256,
-                    draft_lm: CausalLM | None = None, seed: int | None = None, on_budget: str = "close"
-                    ) -> Iterator[tuple[list[int], _Sequence]]:
+                    draft_lm: CausalLM | None = None, seed: int | None = None, on_budget: str = "close",
+                    new_matcher: Any = None) -> Iterator[tuple[list[int], _Sequence]]:
     """Yield ``(committed_tokens, state)`` after every verify step. ``on_budget``: ``"close"``
     keeps every output complete within ``max_new_tokens`` (raises
     :class:`~structgen.errors.TokenBudgetError` up front when it cannot be); ``"cut"`` stops
-    at the budget wherever the output is (``finish_reason="length"``)."""
+    at the budget wherever the output is (``finish_reason="length"``). ``new_matcher``:
+    ``(grammar, vocab) -> Matcher`` (default :class:`~structgen.masks.matcher.Matcher`), e.g.
+    a :class:`~structgen.masks.capped.CappedMatcher` for a thinking budget."""
     if not prompt_ids:
         raise ValueError("the prompt must contain at least one token")
     check_context(lm, len(prompt_ids), max_new_tokens, draft_lm=draft_lm)
     seq = _Sequence(lm, vocab, grammar, prompt_ids, cfg, speculative=speculative,
-                    max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed, on_budget=on_budget)
+                    max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed, on_budget=on_budget,
+                    new_matcher=new_matcher)
     seq.check_budget()
     seq.verifier = _StepVerifier(cfg, lm.vocab_size, lm.device, 1)
     if speculative and SEQUENCE_PACING and (cfg.temperature <= 0 or seed is None):

@@ -17,7 +17,7 @@ from structgen.grammar import ir
 from structgen.grammar.graphs import strongly_connected_components
 
 __all__ = ["Counted", "count_refs", "eliminate_left_recursion", "expanded_size", "expr_size",
-           "hoisted_name", "merge_equal_rules", "nullable", "nullable_rules",
+           "hoisted_name", "merge_equal_rules", "nullable", "nullable_rules", "prefixed_grammar",
            "remove_immediate_left_recursion", "share_common"]
 
 SHARE_MIN = 24           # repeated sub-expressions of at least this size become shared rules
@@ -552,3 +552,12 @@ def expanded_size(rules: dict[str, ir.Expr], *, cap: int) -> int:
         if total > cap:
             break
     return total
+
+
+def prefixed_grammar(grammar: ir.Grammar, prefix: str) -> dict[str, ir.Expr]:
+    """The rules of ``grammar`` renamed to ``prefix + name`` (references included), so that
+    several grammars can live side by side in one rule set; the start rule becomes
+    ``prefix + grammar.start``."""
+    alias = {name: prefix + name for name in grammar.rules}
+    memo: dict[int, ir.Expr] = {}
+    return {alias[name]: _rename_refs(e, alias, memo) for name, e in grammar.rules.items()}

@@ -227,6 +227,26 @@ class Vocabulary:
         eos.extend(int(i) for i in eos_token_ids)
         return cls(table, eos, size, special, scheme=scheme)
 
+    def with_token_text(self, texts: dict[int, bytes | str]) -> Vocabulary:
+        """A copy in which each id of ``texts`` (a special token, say) produces the given text:
+        how a grammar treats a special token as a trigger -- e.g. Mistral's ``[TOOL_CALLS]``
+        control token becomes the bytes ``[TOOL_CALLS]``, which a triggered grammar's trigger
+        matches (the token and that text spelled by ordinary tokens then both open the region).
+        Decoding the copy writes that text for the id. Raises :class:`VocabularyError` for an
+        id outside the vocabulary or empty text."""
+        table = list(self._token_bytes)
+        specials = set(self._special)
+        for i, text in texts.items():
+            i = int(i)
+            if not 0 <= i < self._size:
+                raise VocabularyError(f"token id {i} outside 0..{self._size - 1}")
+            data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+            if not data:
+                raise VocabularyError(f"token {i}: the text must not be empty")
+            table[i] = data
+            specials.discard(i)
+        return Vocabulary(table, self._eos, self._size, specials, scheme=self._scheme)
+
     # ------------------------------------------------------------------ basic API
 
     @property

@@ -172,6 +172,20 @@ def _parser() -> argparse.ArgumentParser:
                    help="JSON objects get only their declared keys and prefixItems arrays no extra "
                    "items (default: on, or json_schema.strict of --config); --no-strict generates "
                    "every value the schema allows")
+    g.add_argument("--tools", metavar="TOOLS.json", help="tools the model may call: a JSON list of "
+                   "OpenAI function specs (or {\"tools\": [...]}); each result line gets tool_calls "
+                   "(default: generation.tools of --config)")
+    g.add_argument("--tool-choice", metavar="CHOICE", help="auto (default), required, none, or the "
+                   "name of the tool to call")
+    g.add_argument("--parallel-tool-calls", action=argparse.BooleanOptionalAction, default=None,
+                   help="allow several calls in one output (default: on)")
+    g.add_argument("--tool-format", metavar="NAME", help="hermes, llama3, mistral (default: from "
+                   "the model's chat template)")
+    g.add_argument("--reasoning", action=argparse.BooleanOptionalAction, default=None,
+                   help="free text inside <think>...</think> first, then the constrained answer; "
+                   "result lines get reasoning")
+    g.add_argument("--thinking-budget", type=int, metavar="N",
+                   help="tokens of reasoning after which </think> is forced")
     g.add_argument("--metrics-out", metavar="FILE", help="write the run metrics: .json or .prom "
                    "(Prometheus text format)")
     g.add_argument("--metrics-port", type=_port, metavar="PORT",

@@ -22,6 +22,7 @@ class _Constraint:
     compiled: Any
     validator: Any = None  # SchemaValidator (jsonschema + formats) for JSON kinds
     pydantic: Any = None
+    schema: Any = None  # the schema value of JSON kinds (reasoning lowers it again)
 
     @property
     def is_json(self) -> bool:
@@ -74,7 +75,8 @@ def _schema_constraint(schema: Any, source: str, settings: Any, pydantic: Any = 
                                       compile_options=settings.compile)
     except StructgenError as e:
         raise _Usage(f"{source}: {_text(e)}") from None
-    return _Constraint("pydantic" if pydantic is not None else "schema", compiled, validator, pydantic)
+    return _Constraint("pydantic" if pydantic is not None else "schema", compiled, validator, pydantic,
+                       schema)
 
 
 def _import_pydantic(spec: str) -> Any:

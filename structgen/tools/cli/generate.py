@@ -129,6 +129,8 @@ def _check_output(req: _Request, res: Any) -> tuple[bool, Any, list[str]]:
     if res.finish_reason not in ("stop", "budget_close"):
         return False, None, [f"incomplete: finish_reason={res.finish_reason} (max_new_tokens reached)"]
     c = req.constraint
+    if c.compiled is None:  # free text around tool calls: the calls are checked by generate
+        return True, None, []
     if not c.is_json:
         ok = bool(c.compiled.accepts(res.text))
         return ok, None, [] if ok else ["the output is not a sentence of the grammar"]
@@ -212,6 +214,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             gen = replace(gen, seed=args.seed)
         if args.strict is not None:
             settings = replace(settings, json_schema=replace(settings.json_schema, strict=args.strict))
+        over = {k: getattr(args, k, None) for k in ("tools", "tool_choice", "parallel_tool_calls",
+                                                    "tool_format", "reasoning", "thinking_budget")}
+        over = {k: v for k, v in over.items() if v is not None}
+        if over:
+            gen = replace(gen, **over)
     except ConfigError as e:
         raise _Usage(f"--{(e.key or '').replace('_', '-')}: {e}") from None
     speculative = gen.speculative and not args.no_speculative
@@ -219,11 +226,15 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise _Usage(f"--metrics-out {args.metrics_out}: the name must end in .json or .prom")
 
     main = _main_constraint(args, settings)
+    wants_tools = gen.tools or gen.reasoning or gen.thinking_budget is not None or gen.tool_choice != "auto"
+    tool_mode = _tool_options(gen) if wants_tools else None
+    if tool_mode is not None and main is None:
+        main = _Constraint("text", None)  # free text (the tool calls are the grammar's)
     schema_files: list[str] = []
     requests = _read_requests(args, main, settings, schema_files)
     outputs = [("--out", args.out), ("--values-out", args.values_out), ("--metrics-out", args.metrics_out)]
     try:
-        check_distinct([("--prompts", args.prompts), ("--schema", args.schema),
+        check_distinct([("--prompts", args.prompts), ("--schema", args.schema), ("--tools", gen.tools),
                         ("--grammar", args.grammar), ("--config", args.config),
                         *(("a schema of --prompts", f) for f in schema_files)], outputs)
     except ConfigError as e:
@@ -263,7 +274,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             raise _Usage(f"cannot load model {model_name}: {type(e).__name__}: {e}") from None
         _check_contexts(lm, requests, gen.max_new_tokens, gen.on_budget)
         rc = _generate_all(args, prog, lm, requests, cfg, gen.max_new_tokens, gen.seed, speculative,
-                           settings, files, finished, on_budget=gen.on_budget)
+                           settings, files, finished, on_budget=gen.on_budget, tool_mode=tool_mode)
         for o in opened:
             o.commit()
         return rc
@@ -278,6 +289,54 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         for note in notes:
             _note(prog, note)
         raise
+
+
+def _tool_options(gen: Any) -> dict[str, Any]:
+    """The tool/reasoning keywords of :func:`structgen.generate` from the generation options;
+    the tools file is read here (a usage error names it)."""
+    tools = None
+    if gen.tools:
+        try:
+            data = json.loads(Path(gen.tools).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise _Usage(f"--tools {gen.tools}: cannot read a JSON list of tools: {e}") from None
+        tools = data.get("tools") if isinstance(data, dict) else data
+        if not isinstance(tools, list) or not tools:
+            raise _Usage(f"--tools {gen.tools}: expected a non-empty JSON list of tool specs")
+        from structgen.frontends.tools import normalize_tools, tool_choice_name
+
+        try:
+            normalized = normalize_tools(tools)
+            choice: Any = gen.tool_choice
+            if choice not in ("auto", "required", "none"):
+                choice = {"name": choice}
+            tool_choice_name(choice, normalized)
+        except StructgenError as e:
+            raise _Usage(f"--tools {gen.tools}: {_text(e)}") from None
+    elif gen.tool_choice != "auto":
+        raise _Usage("--tool-choice needs --tools")
+    else:
+        choice = "auto"
+    return {"tools": tools, "tool_choice": choice, "parallel_tool_calls": gen.parallel_tool_calls,
+            "tool_format": gen.tool_format, "reasoning": gen.reasoning,
+            "thinking_budget": gen.thinking_budget}
+
+
+def _tool_call_kw(kw: dict[str, Any], req: _Request, tool_mode: dict[str, Any]) -> dict[str, Any]:
+    """:func:`structgen.generate` keywords for one request with tools and/or reasoning."""
+    out = {k: v for k, v in kw.items() if k not in ("grammar", "prompt", "messages")}
+    c = req.constraint
+    if c.compiled is not None:
+        if not c.is_json:
+            raise _Usage("--reasoning and --tools take a JSON Schema (--schema, --pydantic, or \"schema\" "
+                         "lines) or no constraint, not --grammar/--regex")
+        out["schema"] = c.schema
+    if req.prompt is not None:
+        out["prompt"] = req.prompt
+    else:
+        out["messages"] = req.messages
+    out.update(tool_mode)
+    return out
 
 
 @contextmanager
@@ -316,7 +375,7 @@ def _check_contexts(lm: Any, requests: list[_Request], max_new_tokens: int, on_b
         try:
             ids = _prompt_ids(lm, req.prompt, req.messages)
             check_context(lm, len(ids), max_new_tokens)
-            if vocab is not None:
+            if vocab is not None and req.constraint.compiled is not None:  # (tools: generate checks)
                 check_budget(Matcher(req.constraint.compiled, vocab), max_new_tokens)
         except StructgenError as e:
             raise _Usage(f"{req.where}: {_text(e)}") from None
@@ -330,12 +389,14 @@ def _default_model() -> str:
 
 def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_Request], cfg: Any,
                   max_new_tokens: int, seed: int | None, speculative: bool, settings: Any,
-                  files: dict[str, Any], finished: list[int], on_budget: str = "close") -> int:
+                  files: dict[str, Any], finished: list[int], on_budget: str = "close",
+                  tool_mode: dict[str, Any] | None = None) -> int:
     """Generate every request, writing each micro-batch's result lines as soon as it is done
     to ``files["--out"]`` (an AtomicOutput; stdout without one) and ``files["--values-out"]``,
     and the run metrics to ``files["--metrics-out"]`` at the end (the caller commits them).
     ``finished[0]`` counts the requests whose lines are written (Ctrl-C waits for a micro-batch's
-    lines to be written whole)."""
+    lines to be written whole). With ``tool_mode`` (tools and/or reasoning) each request runs
+    alone and its line also holds ``tool_calls`` and ``reasoning``."""
     import structgen
     from structgen.tools.metrics import Metrics, serve_metrics
 
@@ -353,7 +414,7 @@ def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_
     values_out = files.get("--values-out")
     metrics.mark_start()
     try:
-        for chunk in _chunks(requests, cfg.batch_size):
+        for chunk in _chunks(requests, 1 if tool_mode is not None else cfg.batch_size):
             kw: dict[str, Any] = {"grammar": [r.constraint.compiled for r in chunk],
                                   "max_new_tokens": max_new_tokens, "speculative": speculative,
                                   "on_budget": on_budget,
@@ -362,14 +423,20 @@ def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_
                 kw["prompt"] = [r.prompt for r in chunk]
             else:
                 kw["messages"] = [r.messages for r in chunk]
+            if tool_mode is not None:
+                kw = _tool_call_kw(kw, chunk[0], tool_mode)
             try:
                 results = structgen.generate(lm, **kw)
+                if tool_mode is not None:
+                    results = [results]
             except StructgenError as e:
                 where = chunk[e.request_index].where if e.request_index is not None else None
                 raise _Usage(f"{where}: {_text(e)}" if where else _text(e)) from None
             with _interrupt_deferred():
                 for req, res in zip(chunk, results):
                     valid, value, errors = _check_output(req, res)
+                    if res.error and tool_mode is not None:
+                        valid, errors = False, errors + [res.error]
                     metrics.observe(res, valid=valid)
                     failed += not valid
                     line: dict[str, Any] = {"index": req.index}
@@ -378,6 +445,10 @@ def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_
                     line.update({"text": res.text, "value": value, "finish_reason": res.finish_reason,
                                  "valid": valid, "errors": errors, "num_tokens": len(res.tokens),
                                  "stats": res.stats.as_dict() if hasattr(res.stats, "as_dict") else None})
+                    if tool_mode is not None:
+                        line["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments}
+                                              for c in res.tool_calls]
+                        line["reasoning"] = res.reasoning
                     out.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
                     if values_out is not None:
                         # the output text itself (compact JSON is one line); a cut-short output is

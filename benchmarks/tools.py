@@ -1,0 +1,467 @@
+"""Tool calling with triggered grammars: call/no-call and argument accuracy, validity, speculation.
+
+Every case is a user message and the calls it should produce (none, one, several, or one with
+nested arguments) against six tools. Each case runs three ways with greedy decoding:
+
+* ``spec``: ``structgen.generate(tools=..., tool_choice="auto")`` with speculation;
+* ``plain``: the same without speculation (the oracle for exactness: greedy output must be
+  token-identical, and the tokens per target pass are compared);
+* ``free``: unconstrained decoding of the same chat-template prompt (any bytes), parsed with
+  the template's format (Hermes for Qwen2.5) and validated with ``jsonschema``;
+* ``required``: ``tool_choice="required"`` with speculation, on the cases that expect calls
+  (the decision given, this measures the arguments a forced call gets);
+* ``xgrammar`` (``--modes xgrammar``, the peer): transformers' greedy ``generate`` with
+  XGrammar's structural tags (trigger ``<tool_call>``, one tag per tool), parsed like ``free``.
+
+Figures: the share of emitted calls that parse and validate, call/no-call accuracy, exact
+argument accuracy (strings compared case-insensitively), tokens per pass and tokens/s.
+
+``--masks``: the free-text mask cost on the Llama-3 vocabulary: a step (mask into a bitmask +
+accept) of a triggered tool grammar in free text, against a no-op logits processor (the call
+alone) and against applying an all-allowed bitmask to the logits (what any masking processor
+pays); and inside the arguments, the triggered grammar against the tool's JSON Schema alone.
+
+::
+
+    python benchmarks/tools.py --model qwen2.5-coder-0.5b --out benchmarks/results/tools-qwen0.5b-cpu.json
+    python benchmarks/tools.py --masks --out benchmarks/results/tools-masks-llama3.json
+    python benchmarks/tools.py --smoke --out /tmp/tools.json   # tiny random model, 3 cases + masks (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import _envelope  # noqa: E402
+
+
+def _fn(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": properties, "required": required}}}
+
+
+TOOLS = [
+    _fn("get_weather", "Get the current weather in a city",
+        {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}, ["city"]),
+    _fn("add", "Add two integers", {"a": {"type": "integer"}, "b": {"type": "integer"}}, ["a", "b"]),
+    _fn("get_time", "Get the current time in an IANA time zone", {"timezone": {"type": "string"}},
+        ["timezone"]),
+    _fn("send_email", "Send an email", {"to": {"type": "string"}, "subject": {"type": "string"}},
+        ["to", "subject"]),
+    _fn("book_hotel", "Book a hotel room", {
+        "guest": {"type": "object", "properties": {"name": {"type": "string"},
+                                                   "vip": {"type": "boolean"}}, "required": ["name"]},
+        "city": {"type": "string"}, "nights": {"type": "integer", "minimum": 1, "maximum": 30}},
+        ["guest", "city", "nights"]),
+    _fn("create_event", "Create a calendar event", {
+        "title": {"type": "string"},
+        "attendees": {"type": "array", "items": {"type": "object", "properties": {
+            "name": {"type": "string"}, "email": {"type": "string"}}, "required": ["name"]}}},
+        ["title", "attendees"]),
+]
+
+W, A, T, E, H, C = "get_weather", "add", "get_time", "send_email", "book_hotel", "create_event"
+CITIES = ["Paris", "Tokyo", "Berlin", "Lima", "Oslo", "Cairo", "Madrid", "Seoul"]
+CASES: list[tuple[str, str, list[tuple[str, dict[str, Any]]]]] = []
+for c in CITIES:
+    CASES.append(("single", f"What's the weather in {c} right now?", [(W, {"city": c})]))
+for a, b in [(2, 3), (17, 25), (100, 250), (7, 8)]:
+    CASES.append(("single", f"Please add {a} and {b} using the tool.", [(A, {"a": a, "b": b})]))
+for tz in ["Europe/London", "Asia/Tokyo", "America/New_York", "Australia/Sydney"]:
+    CASES.append(("single", f"What time is it in the {tz} time zone?", [(T, {"timezone": tz})]))
+for c1, c2 in [("Paris", "Tokyo"), ("Berlin", "Oslo"), ("Lima", "Cairo"), ("Madrid", "Seoul")]:
+    CASES.append(("parallel", f"What's the weather in {c1} and in {c2}?",
+                  [(W, {"city": c1}), (W, {"city": c2})]))
+for (a, b), (c_, d) in [((1, 2), (3, 4)), ((10, 20), (30, 40)), ((5, 6), (7, 8)), ((11, 12), (13, 14))]:
+    CASES.append(("parallel", f"Compute {a} + {b} and also {c_} + {d}.",
+                  [(A, {"a": a, "b": b}), (A, {"a": c_, "b": d})]))
+for q in ["Hi! How are you today?", "Tell me a short joke about cats.", "What is the capital of Italy?",
+          "Write one sentence about the sea.", "Thanks, that is all.", "Who wrote Hamlet?",
+          "Translate 'good morning' to French.", "What colour is the sky on a clear day?"]:
+    CASES.append(("no_call", q, []))
+for name, city, n in [("Ann Lee", "Paris", 3), ("Bob Stone", "Tokyo", 2), ("Cara Diaz", "Rome", 5),
+                      ("Dan Wu", "Oslo", 1)]:
+    CASES.append(("nested", f"Book a hotel in {city} for {n} nights for the guest {name}.",
+                  [(H, {"guest": {"name": name}, "city": city, "nights": n})]))
+for title, people in [("Standup", ["Ann", "Bob"]), ("Review", ["Cara"]), ("Lunch", ["Dan", "Eve"]),
+                      ("Retro", ["Finn"])]:
+    CASES.append(("nested", f"Create a calendar event called {title} with attendees {' and '.join(people)}.",
+                  [(C, {"title": title, "attendees": [{"name": p} for p in people]})]))
+SMOKE_CASES = (0, 16, 24)
+
+
+def _norm(v: Any) -> Any:
+    if isinstance(v, str):
+        return v.strip().casefold()
+    if isinstance(v, dict):
+        return {k: _norm(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_norm(x) for x in v]
+    return v
+
+
+OPTIONAL = ("unit", "vip", "email")  # optional arguments the cases do not prescribe
+
+
+def _matches(got: Any, want: Any) -> bool:
+    """``got`` equals ``want``, except that objects may also hold the optional keys."""
+    if isinstance(want, dict):
+        return isinstance(got, dict) and all(k in got and _matches(got[k], v) for k, v in want.items()) \
+            and all(k in want or k in OPTIONAL for k in got)
+    if isinstance(want, list):
+        return isinstance(got, list) and len(got) == len(want) and all(map(_matches, got, want))
+    return bool(got == want)
+
+
+def _same_calls(got: list[tuple[str, Any]], want: list[tuple[str, Any]]) -> bool:
+    """Same multiset of calls, arguments compared by :func:`_matches` (strings case-folded)."""
+    left = [(n, _norm(a)) for n, a in got]
+    for name, args in want:
+        args = _norm(args)
+        hit = next((i for i, (n, a) in enumerate(left) if n == name and _matches(a, args)), None)
+        if hit is None:
+            return False
+        left.pop(hit)
+    return not left
+
+
+def _validate(calls: list[tuple[str, Any]]) -> tuple[int, int]:
+    """(calls, calls whose name is a tool and whose arguments validate)."""
+    import jsonschema
+
+    by_name = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    ok = 0
+    for name, args in calls:
+        if name in by_name:
+            try:
+                jsonschema.validate(args, by_name[name])
+                ok += 1
+            except jsonschema.ValidationError:
+                pass
+    return len(calls), ok
+
+
+MODES = ("spec", "plain", "free", "required", "xgrammar")
+DEFAULT_MODES = ("spec", "plain", "free", "required")
+
+
+def _xgrammar_processor(lm: Any) -> Any:
+    """A fresh transformers logits processor with XGrammar's structural tags for the tools."""
+    import xgrammar as xgr
+    from xgrammar.contrib.hf import LogitsProcessor
+
+    key = id(lm)
+    compiled = _XGR.get(key)
+    if compiled is None:
+        info = xgr.TokenizerInfo.from_huggingface(lm.tokenizer, vocab_size=lm.vocab_size)
+        head = '<tool_call>\n{"name": "%s", "arguments": '
+        tags = [xgr.StructuralTagItem(begin=head % t["function"]["name"], schema=t["function"]["parameters"],
+                                      end="}\n</tool_call>") for t in TOOLS]
+        compiled = xgr.GrammarCompiler(info).compile_structural_tag(tags, ["<tool_call>"])
+        _XGR[key] = compiled
+    return LogitsProcessor(compiled)
+
+
+_XGR: dict[int, Any] = {}
+
+
+def run_cases(lm: Any, todo: list[int], max_new_tokens: int, progress: Any = None,
+              modes: tuple[str, ...] = DEFAULT_MODES) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run the cases ``todo``; ``progress(rows, summary)`` is called after each one."""
+    import structgen
+    from structgen.config import SpecConfig
+    from structgen.frontends.tools import tool_format
+    from structgen.generation.api import _prompt_ids
+    from structgen.generation.loop import run_sequence
+    from structgen.generation.model import vocabulary_for
+    from structgen.grammar import ir
+    from structgen.grammar.compiler import compile_grammar
+
+    vocab = vocabulary_for(lm)
+    any_text = compile_grammar(ir.Grammar({"text": ir.star(ir.ANY_BYTE)}, "text"))
+    hermes = tool_format("hermes")
+    rows = []
+    for i in todo:
+        kind, user, want = CASES[i]
+        msgs = [{"role": "user", "content": user}]
+        row: dict[str, Any] = {"case": i, "kind": kind, "user": user, "want": want}
+        for mode in modes:
+            if mode == "required" and not want:
+                continue
+            t0 = time.perf_counter()
+            if mode == "xgrammar":
+                import torch
+
+                ids = _prompt_ids(lm, None, msgs, TOOLS)
+                with torch.no_grad():
+                    out = lm.model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens,
+                                            do_sample=False, logits_processor=[_xgrammar_processor(lm)],
+                                            pad_token_id=lm.tokenizer.eos_token_id)
+                new = out[0, len(ids):].tolist()
+                eos = set(vocab.eos_token_ids)
+                text = lm.tokenizer.decode([t for t in new if t not in eos])
+                calls = hermes.parse(text).calls
+                complete = any(t in eos for t in new)
+                res = _PeerResult(new, text, len(new))
+            elif mode == "free":
+                ids = _prompt_ids(lm, None, msgs, TOOLS)
+                res = run_sequence(lm, vocab, any_text, ids, SpecConfig(), speculative=False,
+                                   max_new_tokens=max_new_tokens, on_budget="cut")
+                parsed = hermes.parse(res.text)
+                calls = parsed.calls
+                complete = res.finish_reason == "stop"
+            else:
+                res = structgen.generate(lm, messages=msgs, tools=TOOLS,
+                                         tool_choice="required" if mode == "required" else "auto",
+                                         speculative=mode != "plain", max_new_tokens=max_new_tokens,
+                                         on_budget="cut", tool_format="hermes")
+                calls = [(c.name, c.arguments) for c in res.tool_calls]
+                if res.complete and res.error is None:
+                    complete = True
+                else:
+                    complete = False
+                    raw = res.extra.get("raw_text", res.text)
+                    calls = hermes.parse(raw).calls if res.error else calls
+            dt = time.perf_counter() - t0
+            n, valid = _validate(calls)
+            text = res.text if mode == "free" else res.extra.get("raw_text")
+            row[mode] = {"tokens": res.tokens, "text": text,
+                         "complete": complete, "calls": calls, "n_calls": n, "valid_calls": valid,
+                         "called": bool(calls), "right_decision": bool(calls) == bool(want),
+                         "right_calls": _same_calls(calls, want) if complete or not want else False,
+                         "seconds": round(dt, 3), "passes": res.stats.forward_passes,
+                         "new_tokens": len(res.tokens)}
+        row["identical"] = "spec" not in row or row["spec"]["tokens"] == row["plain"]["tokens"]
+        for mode in MODES:
+            if mode in row:
+                del row[mode]["tokens"]
+        rows.append(row)
+        print(f"{i:3} {kind:8} identical={row['identical']} "
+              + " ".join(f"{m}:calls={row[m]['n_calls']}/{row[m]['valid_calls']} "
+                         f"right={row[m]['right_calls']} {row[m]['seconds']:.1f}s"
+                         for m in MODES if m in row), file=sys.stderr)
+        if progress is not None:
+            progress(rows, _summary(rows))
+    return rows, _summary(rows)
+
+
+class _PeerResult:
+    """What the summary reads of a peer's output (no speculation: one pass per token)."""
+
+    def __init__(self, tokens: list[int], text: str, passes: int) -> None:
+        self.tokens, self.text, self.extra = tokens, text, {"raw_text": text}
+
+        class _Stats:
+            forward_passes = passes
+
+        self.stats = _Stats()
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    kinds = ("single", "parallel", "no_call", "nested")
+    summary: dict[str, Any] = {"cases": len(rows),
+                               "kinds": {k: sum(r["kind"] == k for r in rows) for k in kinds},
+                               "identical": sum(r["identical"] for r in rows)}
+    for mode in MODES:
+        mrows = [r for r in rows if mode in r]
+        if not mrows:
+            continue
+        calls = sum(r[mode]["n_calls"] for r in mrows)
+        valid = sum(r[mode]["valid_calls"] for r in mrows)
+        toks = sum(r[mode]["new_tokens"] for r in mrows)
+        secs = sum(r[mode]["seconds"] for r in mrows)
+        passes = sum(r[mode]["passes"] for r in mrows)
+        summary[mode] = {
+            "calls": calls, "calls_valid": valid,
+            "calls_valid_pct": round(100 * valid / calls, 1) if calls else None,
+            "decision_accuracy_pct": round(100 * sum(r[mode]["right_decision"] for r in mrows)
+                                           / len(mrows), 1),
+            "argument_accuracy_pct": round(100 * sum(r[mode]["right_calls"] for r in mrows) / len(mrows), 1),
+            "by_kind_right": {k: sum(r[mode]["right_calls"] for r in mrows if r["kind"] == k)
+                              for k in ("single", "parallel", "no_call", "nested")},
+            "cases": len(mrows), "complete": sum(r[mode]["complete"] for r in mrows),
+            "tokens": toks, "passes": passes, "tokens_per_pass": round(toks / passes, 3) if passes else None,
+            "tokens_per_s": round(toks / secs, 2) if secs else None, "seconds": round(secs, 1)}
+    return summary
+
+
+def _us(xs: list[float]) -> dict[str, float]:
+    return {"mean_us": round(1e6 * statistics.fmean(xs), 2),
+            "median_us": round(1e6 * statistics.median(xs), 2), "n": len(xs)}
+
+
+def mask_costs(repeats: int) -> dict[str, Any]:
+    """Per-step costs on the Llama-3 vocabulary (see the module docstring), engines interleaved."""
+    import numpy as np
+    import torch
+
+    from structgen.frontends.constraint import compile_constraint
+    from structgen.generation.model_store import load_tokenizer
+    from structgen.generation.tool_calls import plan_output
+    from structgen.masks.matcher import Matcher, bitmask_words
+    from structgen.masks.vocab import Vocabulary
+
+    tok = load_tokenizer("llama3")
+    vocab = Vocabulary.from_tokenizer(tok)
+    plan = plan_output(tools=TOOLS, tool_choice="auto", tool_format="hermes")
+    args = {"guest": {"name": "Ann Lee", "vip": True}, "city": "Paris", "nights": 3}
+    args_text = json.dumps(args, separators=(",", ":"))
+    free = ("Sure! I can help with that. Let me look up the hotels for you; one moment please, "
+            "I will check the availability in Paris for three nights and book the best one. ") * 3
+    free_ids = tok.encode(free, add_special_tokens=False)
+    head = tok.encode('<tool_call>\n{"name": "book_hotel", "arguments": ', add_special_tokens=False)
+    arg_ids = tok.encode(args_text, add_special_tokens=False)
+    tail = tok.encode('}\n</tool_call>', add_special_tokens=False)
+    schema = TOOLS[4]["function"]["parameters"]
+    alone = compile_constraint("json", schema)
+    bm = np.zeros((1, bitmask_words(len(vocab.token_bytes))), dtype=np.int32)
+    scores = torch.zeros(1, 128256)
+    ones = torch.full((1, bitmask_words(128256)), -1, dtype=torch.int32)
+    bits = torch.arange(32, dtype=torch.int32)
+
+    def noop(ids: Any, s: Any) -> Any:  # a logits processor that does nothing
+        return s
+
+    def apply_mask(ids: Any, s: Any) -> Any:  # what applying any packed bitmask costs
+        allowed = ((ones.unsqueeze(-1) >> bits) & 1).reshape(1, -1)[:, : s.shape[1]].bool()
+        return s.masked_fill_(~allowed, float("-inf"))
+
+    def steps(m: Matcher, ids: list[int], out: list[float]) -> None:
+        for t in ids:
+            t0 = time.perf_counter()
+            m.fill_bitmask(bm)
+            ok = m.accept_token(t)
+            out.append(time.perf_counter() - t0)
+            if not ok:
+                raise RuntimeError(f"token {t} rejected")
+
+    # cold: the first request on a fresh grammar (masks of the free-text states not cached yet)
+    cold_free: list[float] = []
+    t0 = time.perf_counter()
+    steps(Matcher(plan.grammar, vocab), free_ids + head + arg_ids + tail, cold_free)
+    cold_s = time.perf_counter() - t0
+    costs: dict[str, list[float]] = {k: [] for k in ("noop", "apply_mask", "free_text", "region_triggered",
+                                                      "region_schema_alone")}
+    Matcher(alone, vocab).accept_tokens(arg_ids)  # warm the schema-alone masks the same way
+    m0 = Matcher(alone, vocab)
+    steps(m0, arg_ids, [])
+    for _ in range(repeats):  # interleaved
+        for _t in free_ids:
+            t0 = time.perf_counter()
+            noop(None, scores)
+            costs["noop"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            apply_mask(None, scores)
+            costs["apply_mask"].append(time.perf_counter() - t0)
+        steps(Matcher(plan.grammar, vocab), free_ids, costs["free_text"])
+        m = Matcher(plan.grammar, vocab)
+        m.accept_tokens(free_ids)
+        if m.accept_tokens(head) != len(head):
+            raise RuntimeError("call head rejected")
+        steps(m, arg_ids, costs["region_triggered"])
+        steps(Matcher(alone, vocab), arg_ids, costs["region_schema_alone"])
+    out = {k: _us(v) for k, v in costs.items()}
+    out["cold_first_request"] = {"seconds": round(cold_s, 3), "steps": len(cold_free)}
+    out["ratio_free_text_vs_noop"] = round(out["free_text"]["mean_us"] / out["noop"]["mean_us"], 2)
+    out["ratio_free_text_vs_apply_mask"] = round(out["free_text"]["mean_us"]
+                                                 / out["apply_mask"]["mean_us"], 3)
+    out["ratio_region_vs_schema_alone"] = round(out["region_triggered"]["mean_us"]
+                                                / out["region_schema_alone"]["mean_us"], 3)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--cases", type=int, default=len(CASES))
+    ap.add_argument("--offset", type=int, default=0, help="skip the first OFFSET cases of the run order "
+                    "(to split a run over processes; --merge joins the files)")
+    ap.add_argument("--merge", nargs="+", type=Path, help="join the case rows of these results files")
+    ap.add_argument("--max-new-tokens", type=int, default=80)
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
+    ap.add_argument("--masks", action="store_true", help="only the mask-cost figures")
+    ap.add_argument("--repeats", type=int, default=20, help="mask-cost passes")
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                    help=f"comma-separated, of {', '.join(MODES)} (xgrammar: the peer)")
+    ap.add_argument("--smoke", action="store_true", help="tiny random model, 3 cases, 2 mask passes (CI)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    envelope = _envelope.capture(argv, __file__)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    figures: dict[str, Any] = {}
+    ok = True
+    if args.merge:
+        parts = [json.loads(p.read_text(encoding="utf-8")) for p in args.merge]
+        rows = list({r["case"]: r for part in parts for r in part["cases"]}.values())
+        for r in rows:  # scored again (the scoring may have been corrected since the runs)
+            for m in MODES:
+                if m in r:
+                    r[m]["right_calls"] = _same_calls(r[m]["calls"], r["want"]) \
+                        if r[m]["complete"] or not r["want"] else False
+        summary = _summary(rows)
+        first = parts[0]["summary"]
+        summary.update(model=first["model"], max_new_tokens=first["max_new_tokens"],
+                       merged=[str(p) for p in args.merge], envelopes=[part["envelope"] for part in parts])
+        if args.out:
+            _envelope.write(args.out, envelope, {"summary": summary, "cases": rows})
+        print(json.dumps(summary), file=sys.stderr)
+        return 0
+    if args.masks or args.smoke:
+        figures["masks"] = mask_costs(2 if args.smoke else args.repeats)
+        print(json.dumps(figures["masks"]), file=sys.stderr)
+    if not args.masks:
+        if args.smoke:
+            from structgen.tools import bench
+
+            lm = bench.tiny_model()
+            args.model, todo, max_new = "tiny-random", list(SMOKE_CASES), 40
+        else:
+            from structgen.generation.model import load_model
+
+            lm = load_model(args.model)
+            # the kinds interleaved, so that a cut-short run still covers them all
+            order = sorted(range(len(CASES)), key=lambda i: (i % 8, i))
+            todo, max_new = order[args.offset: args.offset + args.cases], args.max_new_tokens
+        t0 = time.time()
+        meta = {"model": args.model, "threads": args.threads, "max_new_tokens": max_new}
+
+        def progress(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+            if args.out:  # a run cut short still leaves its figures
+                summary.update(meta, seconds=round(time.time() - t0, 1), partial=True)
+                _envelope.write(args.out, envelope, {**figures, "summary": summary, "cases": rows})
+
+        modes = tuple(m for m in args.modes.split(",") if m)
+        bad = [m for m in modes if m not in MODES]
+        if bad:
+            ap.error(f"--modes: unknown {', '.join(bad)}")
+        if "xgrammar" in modes:
+            _envelope.add_peers(envelope, ["xgrammar"])
+        rows, summary = run_cases(lm, todo, max_new, progress, modes)
+        summary.update({"model": args.model, "threads": args.threads, "max_new_tokens": max_new,
+                        "seconds": round(time.time() - t0, 1)})
+        figures.update({"summary": summary, "cases": rows})
+        print(json.dumps(summary), file=sys.stderr)
+        ok = summary["identical"] == len(rows) and all(
+            summary[m]["calls"] == summary[m]["calls_valid"]
+            for m in ("spec", "plain", "required") if m in summary)
+    if args.out:
+        _envelope.write(args.out, envelope, figures)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,467 @@
+"""Tool calling: tools as JSON Schemas, per-model-family call formats, their grammars and parsers.
+
+A *tool* (:class:`Tool`) is a name, a description and a JSON Schema for its arguments. Tools
+come as OpenAI function specs (``{"type": "function", "function": {"name", "description",
+"parameters"}}`` or the inner dict), Pydantic model classes (the class name and schema) or
+Python functions (the signature's annotations and defaults, the docstring's first paragraph
+and its ``Args:`` lines): :func:`tool_from`.
+
+A *format* (:class:`ToolFormat`) says how a model family writes calls. It builds the grammar of
+an output for a ``tool_choice`` -- a :class:`~structgen.frontends.triggered.TriggeredGrammar`
+where calls are triggered regions in free text -- and parses an output back into text and
+calls. The call envelope (``{"name": "...", "arguments": ...}``) is written with the spacing
+the family's chat template shows; the name is one of the given tools' names and the
+arguments are the canonical JSON of the chosen tool's schema (strict objects: only declared
+keys), so every call the grammar admits validates.
+
+Built in (:data:`TOOL_FORMATS`):
+
+* ``"hermes"`` (Qwen2.5, Qwen3, Hermes, and the default): ``<tool_call>\\n{"name": ...,
+  "arguments": {...}}\\n</tool_call>``, one block per call, free text around them (the
+  region opens at ``<tool_call>``);
+* ``"llama3"`` (Llama 3.1+ JSON tool calls): the whole reply is ``{"name": ...,
+  "parameters": {...}}`` (calls joined by ``"; "``), or text that does not start with ``{``;
+* ``"mistral"``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``.
+
+Add a format with :func:`register_tool_format` (a :class:`ToolFormat` subclass, or an
+instance of :class:`TaggedFormat` for the common "marker + JSON + end marker" shape).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from structgen.errors import ConfigError
+from structgen.frontends.json_schema.source import is_model_class, model_schema
+from structgen.frontends.triggered import Region, TriggeredGrammar, body_grammar, triggered_to_grammar
+from structgen.grammar import ir
+from structgen.grammar.passes import prefixed_grammar
+
+if TYPE_CHECKING:  # pragma: no cover
+    from structgen.config import JsonSchemaOptions
+
+__all__ = ["TOOL_CHOICES", "TOOL_FORMATS", "ParsedCalls", "TaggedFormat", "Tool", "ToolFormat",
+           "format_for_template", "normalize_tools", "register_tool_format", "tool_choice_name",
+           "tool_format", "tool_from"]
+
+#: the ``tool_choice`` strings (a ``{"name": ...}`` dict names one tool)
+TOOL_CHOICES = ("auto", "required", "none")
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One tool: ``name``, ``description`` and ``parameters`` (the JSON Schema of its
+    arguments, an object schema). :meth:`openai` gives the OpenAI function spec."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+    def openai(self) -> dict[str, Any]:
+        """The OpenAI-style spec ``{"type": "function", "function": {...}}`` (what chat
+        templates take as ``tools=``)."""
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": dict(self.parameters)}}
+
+
+_PY_TYPES: dict[Any, dict[str, Any]] = {
+    str: {"type": "string"}, int: {"type": "integer"}, float: {"type": "number"},
+    bool: {"type": "boolean"}, type(None): {"type": "null"}, dict: {"type": "object"},
+    list: {"type": "array"},
+}
+
+
+def _annotation_schema(ann: Any, where: str) -> dict[str, Any]:
+    if ann is inspect.Parameter.empty or ann is Any:
+        return {}
+    if ann in _PY_TYPES:
+        return dict(_PY_TYPES[ann])
+    if is_model_class(ann):
+        return model_schema(ann)
+    origin = typing.get_origin(ann)
+    args = typing.get_args(ann)
+    if origin is typing.Literal:
+        return {"enum": list(args)}
+    if origin in (list, tuple, set, frozenset, Sequence):
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return {"type": "array", "prefixItems": [_annotation_schema(a, where) for a in args],
+                    "minItems": len(args), "maxItems": len(args)}
+        return {"type": "array", "items": _annotation_schema(args[0], where)} if args else {"type": "array"}
+    if origin in (dict, Mapping):
+        out: dict[str, Any] = {"type": "object"}
+        if len(args) == 2:
+            out["additionalProperties"] = _annotation_schema(args[1], where)
+        return out
+    if origin is typing.Union or type(ann).__name__ == "UnionType":
+        return {"anyOf": [_annotation_schema(a, where) for a in args]}
+    raise ConfigError(f"tool parameter {where}: cannot describe the annotation {ann!r} as a JSON "
+                      "Schema; give the tool as an OpenAI spec instead", key=where)
+
+
+def _docstring_parts(doc: str | None) -> tuple[str, dict[str, str]]:
+    """(first paragraph, {parameter: description}) from a Google-style docstring."""
+    if not doc:
+        return "", {}
+    doc = inspect.cleandoc(doc)
+    summary = doc.split("\n\n", 1)[0].replace("\n", " ").strip()
+    params: dict[str, str] = {}
+    m = re.search(r"^(?:Args|Arguments|Parameters):\s*$(.*?)(?:^\S|\Z)", doc, re.M | re.S)
+    if m:
+        for line in m.group(1).splitlines():
+            pm = re.match(r"\s+(\w+)(?:\s*\([^)]*\))?:\s*(.*)", line)
+            if pm:
+                params[pm.group(1)] = pm.group(2).strip()
+    return summary, params
+
+
+def _function_tool(fn: Callable[..., Any]) -> Tool:
+    name = getattr(fn, "__name__", None)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ConfigError("a tool function needs a name", key="tools")
+    summary, docs = _docstring_parts(inspect.getdoc(fn))
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - unresolvable forward references: raw annotations
+        hints = {}
+    props: dict[str, Any] = {}
+    required: list[str] = []
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        schema = _annotation_schema(hints.get(p.name, p.annotation), f"{name}/{p.name}")
+        if p.name in docs:
+            schema["description"] = docs[p.name]
+        props[p.name] = schema
+        if p.default is inspect.Parameter.empty:
+            required.append(p.name)
+    params = {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+    return Tool(name, summary, params)
+
+
+def tool_from(spec: Any) -> Tool:
+    """A :class:`Tool` from an OpenAI function spec (with or without the ``{"type":
+    "function", "function": ...}`` wrapper), a Pydantic model class, a Python function or a
+    :class:`Tool`. Raises :class:`~structgen.errors.ConfigError` (key ``tools``) otherwise."""
+    if isinstance(spec, Tool):
+        return spec
+    if isinstance(spec, Mapping):
+        fn = spec.get("function", spec) if spec.get("type", "function") == "function" else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ConfigError("a tool spec needs a function name: {\"type\": \"function\", \"function\": "
+                              "{\"name\": ..., \"parameters\": {...}}}", key="tools")
+        params = fn.get("parameters")
+        if params is None:
+            params = {"type": "object", "properties": {}}
+        if not isinstance(params, Mapping):
+            raise ConfigError(f"tool {fn['name']!r}: parameters must be a JSON Schema object",
+                              key=f"tools/{fn['name']}/parameters")
+        return Tool(fn["name"], str(fn.get("description") or ""), dict(params))
+    if is_model_class(spec):
+        summary, _ = _docstring_parts(spec.__doc__)
+        schema = dict(model_schema(spec))
+        schema.pop("title", None)
+        return Tool(spec.__name__, summary, schema)
+    if callable(spec):
+        return _function_tool(spec)
+    raise ConfigError(f"a tool must be an OpenAI function spec, a Pydantic model class or a function, "
+                      f"not {type(spec).__name__}", key="tools")
+
+
+def normalize_tools(tools: Any) -> list[Tool]:
+    """The tools of ``tools`` (a list of anything :func:`tool_from` takes), names unique."""
+    if tools is None:
+        return []
+    if isinstance(tools, (Mapping, Tool)) or callable(tools):
+        tools = [tools]
+    out = [tool_from(t) for t in tools]
+    seen: set[str] = set()
+    for t in out:
+        if t.name in seen:
+            raise ConfigError(f"two tools are named {t.name!r}", key="tools")
+        seen.add(t.name)
+    return out
+
+
+def tool_choice_name(choice: Any, tools: Sequence[Tool]) -> str | None:
+    """The tool a ``tool_choice`` names (``{"name": ...}`` or ``{"type": "function",
+    "function": {"name": ...}}``), or None for ``"auto"``/``"required"``/``"none"``.
+    Raises :class:`~structgen.errors.ConfigError` (key ``tool_choice``) for anything else."""
+    if isinstance(choice, str):
+        if choice not in TOOL_CHOICES:
+            raise ConfigError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)} or "
+                              f"{{\"name\": ...}}, not {choice!r}", key="tool_choice")
+        return None
+    if isinstance(choice, Mapping):
+        name = choice.get("name", (choice.get("function") or {}).get("name"))
+        if isinstance(name, str) and any(t.name == name for t in tools):
+            return name
+        raise ConfigError(f"tool_choice names {name!r}, which is not one of the tools", key="tool_choice")
+    raise ConfigError(f"tool_choice must be a string or a dict, not {type(choice).__name__}",
+                      key="tool_choice")
+
+
+@dataclass
+class ParsedCalls:
+    """What a format's parser found in an output: the free ``text`` (calls removed), the
+    ``calls`` as ``(name, arguments)`` pairs, and ``errors`` for call blocks that did not
+    parse (unconstrained output may have them; constrained output never does)."""
+
+    text: str
+    calls: list[tuple[str, Any]]
+    errors: list[str]
+
+
+class ToolFormat:
+    """How one model family writes tool calls. Subclasses set :attr:`name` and implement
+    :meth:`grammar` and :meth:`parse`; :meth:`call_body` builds the envelope of one call."""
+
+    #: the registry key
+    name: str = ""
+    #: the envelope's key for the arguments
+    arguments_key: str = "arguments"
+    #: the marker texts the format writes (a special token whose text is inside one of them is
+    #: given that text, so the model's own control token can open a call)
+    markers: tuple[str, ...] = ()
+
+    def call_body(self, tools: Sequence[Tool], json_options: JsonSchemaOptions | None = None) -> ir.Grammar:
+        """The grammar of one call: ``{"name": "<tool>", "<arguments_key>": <arguments>}``
+        with the arguments of that tool (one alternative per tool)."""
+        rules: dict[str, ir.Expr] = {}
+        alts = []
+        for i, t in enumerate(tools):
+            args = body_grammar("json", dict(t.parameters), json_options=json_options)
+            rules.update(prefixed_grammar(args, f"t{i}."))
+            head = json.dumps({"name": t.name}, ensure_ascii=False)[:-1] + f', "{self.arguments_key}": '
+            alts.append(ir.seq(ir.lit(head), ir.ref(f"t{i}.{args.start}"), ir.lit("}")))
+        rules["call"] = ir.alt(*alts)
+        return ir.Grammar(rules, "call")
+
+    def grammar(self, tools: Sequence[Tool], choice: str, parallel: bool,
+                json_options: JsonSchemaOptions | None = None) -> ir.Grammar:  # pragma: no cover
+        """The grammar of a whole output for ``choice`` ("auto", "required" or "none"; a named
+        tool arrives as "required" with only that tool)."""
+        raise NotImplementedError
+
+    def parse(self, text: str) -> ParsedCalls:  # pragma: no cover
+        """Split an output into free text and calls (tolerant: unconstrained output too)."""
+        raise NotImplementedError
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _decode_call(raw: str, arguments_key: str) -> tuple[str, Any]:
+    value = json.loads(raw)
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        raise ValueError("a call must be an object with a string \"name\"")
+    args = value.get(arguments_key, value.get("arguments", value.get("parameters", {})))
+    if isinstance(args, str):  # some templates put the arguments as JSON text
+        args = json.loads(args)
+    return value["name"], args
+
+
+class TaggedFormat(ToolFormat):
+    """Calls in blocks ``begin`` + ``padding`` + call JSON + ``padding`` + ``end`` amid free
+    text (Hermes/Qwen shape): each block is a triggered region opened by ``begin`` itself (so
+    ``"none"`` bans the tag whatever follows it); parallel calls are consecutive blocks
+    (``separator`` between them when the output holds only calls)."""
+
+    def __init__(self, name: str, begin: str, end: str, *, padding: str = "", separator: str = "\n",
+                 arguments_key: str = "arguments") -> None:
+        self.name = name
+        self.begin = begin
+        self.end = end
+        self.padding = padding
+        self.separator = separator
+        self.arguments_key = arguments_key
+        self.markers = (begin, end)
+
+    def grammar(self, tools: Sequence[Tool], choice: str, parallel: bool,
+                json_options: JsonSchemaOptions | None = None) -> ir.Grammar:
+        """See :meth:`ToolFormat.grammar`: "auto" free text with calls, "required" calls only,
+        "none" free text in which the begin marker never occurs."""
+        body = self.call_body(tools, json_options)
+        if self.padding:
+            rules = dict(body.rules)
+            rules["padded"] = ir.seq(ir.lit(self.padding), ir.ref(body.start), ir.lit(self.padding))
+            body = ir.Grammar(rules, "padded")
+        region = Region(self.begin, body, self.end)
+        at_most = None if parallel else 1
+        if choice == "required":
+            spec = TriggeredGrammar((region,), 1, at_most, regions_only=True, separator=self.separator)
+        elif choice == "none":
+            spec = TriggeredGrammar((region,), 0, 0)
+        else:
+            spec = TriggeredGrammar((region,), 0, at_most)
+        return triggered_to_grammar(spec)
+
+    def parse(self, text: str) -> ParsedCalls:
+        """Each block: ``begin``, the call's JSON value read as JSON (so an argument string may
+        hold the end marker), then ``end`` after optional whitespace; a block whose JSON does
+        not parse (unconstrained output) is an error and ends at the next ``end``. The rest
+        is text."""
+        calls: list[tuple[str, Any]] = []
+        errors: list[str] = []
+        parts: list[str] = []
+        pos = 0
+        while True:
+            i = text.find(self.begin, pos)
+            if i < 0:
+                parts.append(text[pos:])
+                break
+            parts.append(text[pos:i])
+            start = i + len(self.begin)
+            while start < len(text) and text[start].isspace():
+                start += 1
+            try:
+                value, j = _DECODER.raw_decode(text, start)
+                while j < len(text) and text[j].isspace():
+                    j += 1
+                if self.end and not text.startswith(self.end, j):
+                    raise ValueError(f"the call is not followed by {self.end!r}")
+                calls.append(_decode_call(json.dumps(value), self.arguments_key))
+                pos = j + len(self.end)
+                continue
+            except (ValueError, TypeError) as e:
+                errors.append(f"{type(e).__name__}: {e}")
+            j = text.find(self.end, start) if self.end else -1
+            if j < 0:
+                break
+            pos = j + len(self.end)
+        return ParsedCalls("".join(parts).strip(), calls, errors)
+
+
+class Llama3JsonFormat(ToolFormat):
+    """Llama 3.1+ JSON tool calls: the whole reply is ``{"name": ..., "parameters": {...}}``
+    (parallel calls joined by ``"; "``), or text that does not start with ``{``."""
+
+    name = "llama3"
+    arguments_key = "parameters"
+
+    def grammar(self, tools: Sequence[Tool], choice: str, parallel: bool,
+                json_options: JsonSchemaOptions | None = None) -> ir.Grammar:
+        """See :meth:`ToolFormat.grammar`."""
+        body = self.call_body(tools, json_options)
+        rules = prefixed_grammar(body, "c.")
+        one = ir.ref("c." + body.start)
+        calls = ir.seq(one, ir.rep(ir.seq(ir.lit("; "), one), 0, None if parallel else 0))
+        text = ir.alt(ir.EMPTY, ir.seq(ir.diff(ir.ANY_BYTE, ir.lit("{")), ir.star(ir.ANY_BYTE)))
+        rules["reply"] = {"required": calls, "none": text}.get(choice, ir.alt(calls, text))
+        return ir.Grammar(rules, "reply")
+
+    def parse(self, text: str) -> ParsedCalls:
+        """Calls when the reply starts with ``{`` (after an optional ``<|python_tag|>``), as
+        the grammar has it: a reply starting with anything else (a space included) is text."""
+        body = text.rstrip()
+        if body.startswith("<|python_tag|>"):
+            body = body[len("<|python_tag|>"):].lstrip()
+        if not body.startswith("{"):
+            return ParsedCalls(text.strip(), [], [])
+        calls: list[tuple[str, Any]] = []
+        errors: list[str] = []
+        pos = 0
+        while pos < len(body):
+            try:
+                value, end = _DECODER.raw_decode(body, pos)
+                calls.append(_decode_call(json.dumps(value), self.arguments_key))
+            except (ValueError, TypeError) as e:
+                errors.append(f"{type(e).__name__}: {e}")
+                break
+            pos = end
+            rest = body[pos:].lstrip()
+            if not rest.startswith(";"):
+                break
+            pos = len(body) - len(rest) + 1
+            while pos < len(body) and body[pos].isspace():
+                pos += 1
+        return ParsedCalls("", calls, errors)
+
+
+class MistralFormat(ToolFormat):
+    """Mistral: ``[TOOL_CALLS]`` then a JSON array of calls, after optional free text."""
+
+    name = "mistral"
+    marker = "[TOOL_CALLS]"
+    markers = (marker,)
+
+    def grammar(self, tools: Sequence[Tool], choice: str, parallel: bool,
+                json_options: JsonSchemaOptions | None = None) -> ir.Grammar:
+        """See :meth:`ToolFormat.grammar`: one triggered region holding the array."""
+        body = self.call_body(tools, json_options)
+        rules = prefixed_grammar(body, "c.")
+        one = ir.ref("c." + body.start)
+        more = ir.rep(ir.seq(ir.lit(", "), one), 0, None if parallel else 0)
+        rules["array"] = ir.seq(ir.lit("["), one, more, ir.lit("]"))
+        region = Region(self.marker, ir.Grammar(rules, "array"), "")
+        if choice == "required":
+            spec = TriggeredGrammar((region,), 1, 1, regions_only=True)
+        else:
+            spec = TriggeredGrammar((region,), 0, 0 if choice == "none" else 1, stop_after=choice != "none")
+        return triggered_to_grammar(spec)
+
+    def parse(self, text: str) -> ParsedCalls:
+        """The array after the first marker; the text before it."""
+        i = text.find(self.marker)
+        if i < 0:
+            return ParsedCalls(text.strip(), [], [])
+        calls: list[tuple[str, Any]] = []
+        errors: list[str] = []
+        try:
+            value, _ = _DECODER.raw_decode(text[i + len(self.marker):].lstrip())
+            for v in value if isinstance(value, list) else [value]:
+                calls.append(_decode_call(json.dumps(v), self.arguments_key))
+        except (ValueError, TypeError) as e:
+            errors.append(f"{type(e).__name__}: {e}")
+        return ParsedCalls(text[:i].strip(), calls, errors)
+
+
+#: the registered formats by name (:func:`register_tool_format` adds one)
+TOOL_FORMATS: dict[str, ToolFormat] = {}
+
+
+def register_tool_format(fmt: ToolFormat, *, aliases: Sequence[str] = ()) -> ToolFormat:
+    """Register ``fmt`` under its :attr:`~ToolFormat.name` (and ``aliases``); returns it.
+    A later registration under the same name replaces the earlier one."""
+    if not isinstance(fmt, ToolFormat) or not fmt.name:
+        raise ConfigError("register_tool_format takes a named ToolFormat instance", key="tool_format")
+    for key in (fmt.name, *aliases):
+        TOOL_FORMATS[key] = fmt
+    return fmt
+
+
+register_tool_format(TaggedFormat("hermes", "<tool_call>", "</tool_call>", padding="\n"),
+                     aliases=("qwen", "qwen2.5", "qwen3"))
+register_tool_format(Llama3JsonFormat(), aliases=("llama3.1", "llama3_json"))
+register_tool_format(MistralFormat())
+
+
+def tool_format(name: str | ToolFormat) -> ToolFormat:
+    """The registered format ``name`` (a :class:`ToolFormat` is returned as is). Raises
+    :class:`~structgen.errors.ConfigError` (key ``tool_format``) for an unknown name."""
+    if isinstance(name, ToolFormat):
+        return name
+    fmt = TOOL_FORMATS.get(str(name).lower())
+    if fmt is None:
+        raise ConfigError(f"unknown tool format {name!r}; known: {', '.join(sorted(TOOL_FORMATS))}",
+                          key="tool_format")
+    return fmt
+
+
+def format_for_template(template: str | None) -> str:
+    """The format a chat template's text implies: ``"mistral"`` when it writes
+    ``[TOOL_CALLS]``, ``"hermes"`` for ``<tool_call>``, ``"llama3"`` for Llama 3's
+    ``<|python_tag|>``/``"parameters"`` style; ``"hermes"`` when it says nothing."""
+    t = template or ""
+    if "[TOOL_CALLS]" in t:
+        return "mistral"
+    if "<tool_call>" in t:
+        return "hermes"
+    if "<|python_tag|>" in t or ("<|start_header_id|>" in t and "parameters" in t):
+        return "llama3"
+    return "hermes"
