@@ -459,20 +459,32 @@ class CompiledGrammar:
 
 
 def _uses_markers(rule: Any) -> bool:
-    """Has ``rule`` an edge on a value-check marker byte (0xF8-0xFF)?"""
+    """Has ``rule`` an edge on a value-check marker byte (0xF8-0xFF) that no other byte takes?
+    A marker byte that goes where some byte below 0xF8 goes too (free text over any byte, for
+    example) is an ordinary byte of that rule, not a check."""
     lo = 0xF8
     if isinstance(rule, LazyRule):
         edges = rule.csr()[3]  # [m, 3]: (class_lo, class_hi, target); the runtime builds it anyway
         if not len(edges):
             return False
-        marks = np.unique(rule._class_of[lo:])
+        cls = rule._class_of
+        # bytes share a class when every state treats them alike: a class with a byte below
+        # 0xF8 in it is no marker class
+        marks = np.setdiff1d(np.unique(cls[lo:]), cls[:lo])
+        if not marks.size:
+            return False
         hit = (edges[:, 0:1] <= marks[None, :]) & (marks[None, :] <= edges[:, 1:2])
         return bool(hit.any())
-    if isinstance(rule, ProductRule):
-        return bool((rule._a.trans[:, lo:] >= 0).any())
-    trans = getattr(rule, "_trans", None)
-    return trans is not None and bool((trans[:, lo:] >= 0).any())
-
+    trans = rule._a.trans if isinstance(rule, ProductRule) else getattr(rule, "_trans", None)
+    if trans is None:
+        return False
+    trans = np.asarray(trans)
+    for m in range(lo, 0x100):
+        col = trans[:, m]
+        live = col >= 0
+        if live.any() and not (trans[live, :lo] == col[live, None]).any(axis=1).all():
+            return True
+    return False
 
 
 def grammar_key(grammar: ir.Grammar, options: CompileOptions) -> str:
