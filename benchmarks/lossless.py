@@ -8,6 +8,11 @@ with ``jsonschema``.
 
     python benchmarks/lossless.py --model smollm2-135m --cases 50
     python benchmarks/lossless.py --smoke        # tiny random model, 2 cases (CI)
+    python benchmarks/lossless.py --backend llamacpp --model smollm2-135m   # the GGUF, llama.cpp
+    python benchmarks/lossless.py --backend llamacpp --smoke   # tiny GGUF written on the fly
+
+``--backend llamacpp`` runs the model's GGUF (``ALIAS-gguf``, or a ``.gguf`` path) on the
+llama.cpp backend (needs ``structgen[llamacpp]``) with ``--threads`` threads.
 
 ``--out`` writes the summary and every case with the shared envelope of
 ``benchmarks/_envelope.py``. Exit status 1 when a case differs or a completed output is invalid.
@@ -57,6 +62,29 @@ def cases(n: int) -> list[tuple[str, dict[str, Any], str]]:
 SMOKE_CASES = ("person", "config.schema")
 
 
+def load_llamacpp(args: argparse.Namespace) -> Any:
+    """The llama.cpp model of ``args.model`` (an alias's GGUF twin or a .gguf path); with
+    ``--smoke`` the tiny GGUF of the tests, written to a temporary folder."""
+    from structgen.generation.llamacpp import is_gguf_path, load_gguf
+    from structgen.generation.model_store import GGUF_SUFFIX, resolve_model
+
+    if args.smoke:
+        import tempfile
+
+        sys.path.insert(0, str(ROOT / "tests"))
+        from _tiny_gguf import write_tiny_gguf
+
+        path = write_tiny_gguf(Path(tempfile.mkdtemp(prefix="lossless-gguf-")) / "tiny.gguf")
+        args.model, args.max_new_tokens = "tiny-gguf", 32
+    elif is_gguf_path(args.model):
+        path = Path(args.model)
+    else:
+        alias = args.model if args.model.endswith(GGUF_SUFFIX) else args.model + GGUF_SUFFIX
+        path = resolve_model(alias)
+        args.model = alias
+    return load_gguf(path, n_threads=args.threads)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="smollm2-135m")
@@ -64,13 +92,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--dtype", default="float32", help="model weights: float32, bfloat16, auto")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
+    ap.add_argument("--backend", choices=("transformers", "llamacpp"), default="transformers",
+                    help="llamacpp: the model's GGUF run by llama.cpp (ALIAS-gguf or a .gguf path)")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny random model biased towards short outputs, 2 cases, 32 new tokens (CI)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     envelope = _envelope.capture(argv, __file__)
     torch.set_num_threads(args.threads)
-    if args.smoke:
+    if args.backend == "llamacpp":
+        lm = load_llamacpp(args)
+    elif args.smoke:
         from structgen.tools import bench
 
         lm = bench.tiny_model(favour=bench.SMOKE_FAVOUR)
@@ -102,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:28} identical={same} valid={valid} finish={plain.finish_reason} "
               f"tokens={len(plain.tokens)} passes {plain.stats.forward_passes}->{spec.stats.forward_passes}",
               file=sys.stderr)
-    summary = {"model": args.model, "dtype": str(lm.model.dtype), "threads": args.threads,
+    summary = {"model": args.model, "backend": args.backend,
+               "dtype": "gguf" if args.backend == "llamacpp" else str(lm.model.dtype), "threads": args.threads,
                "max_new_tokens": args.max_new_tokens, "cases": len(rows), "passed": ok,
                "seconds": round(time.time() - t0, 1)}
     print(json.dumps(summary))
