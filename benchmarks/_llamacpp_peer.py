@@ -77,7 +77,8 @@ class Peer:
     def __init__(self, model_path: str | os.PathLike[str], threads: int, engine: str) -> None:
         if engine not in ENGINES:
             raise ValueError(f"unknown llama-cpp-python engine {engine!r}")
-        self.args = [sys.executable, str(Path(__file__).resolve()), os.fspath(model_path), str(threads), engine]
+        self.args = [sys.executable, str(Path(__file__).resolve()), os.fspath(model_path), str(threads),
+                     engine]
         self.proc: subprocess.Popen[str] | None = None
 
     def _start(self) -> subprocess.Popen[str]:
@@ -89,7 +90,8 @@ class Peer:
         if self.proc is None or self.proc.poll() is not None:
             self.proc = self._start()
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"prompt_ids": prompt_ids, "schema": schema, "max_new": max_new}) + "\n")
+        req = {"prompt_ids": prompt_ids, "schema": schema, "max_new": max_new}
+        self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:

@@ -84,26 +84,6 @@ def run_outlines(lm: CausalLM, task: dict[str, Any], max_new: int, state: dict[s
 LLAMACPP_ENGINES = "plain,spec,llama-grammar,llama-lookup,hf-spec"
 
 
-def load_llamacpp(model: str, threads: int, smoke: bool) -> tuple[Any, str]:
-    """The llama.cpp model of ``model`` (an alias's GGUF twin or a .gguf path) and its GGUF path;
-    with ``smoke`` the tiny GGUF of the tests, written to a temporary folder."""
-    from structgen.generation.llamacpp import is_gguf_path, load_gguf
-    from structgen.generation.model_store import GGUF_SUFFIX, resolve_model
-
-    if smoke:
-        import tempfile
-
-        sys.path.insert(0, str(ROOT / "tests"))
-        from _tiny_gguf import write_tiny_gguf
-
-        path = write_tiny_gguf(Path(tempfile.mkdtemp(prefix="generate-gguf-")) / "tiny.gguf")
-    elif is_gguf_path(model):
-        path = Path(model)
-    else:
-        path = resolve_model(model if model.endswith(GGUF_SUFFIX) else model + GGUF_SUFFIX)
-    return load_gguf(path, n_threads=threads), str(path)
-
-
 def run_llamacpp_peer(peer: Any, lm: Any, task: dict[str, Any], max_new: int) -> dict[str, Any]:
     """One llama-cpp-python generation on the prompt tokens structgen feeds its own engines."""
     t = _task(task)
@@ -148,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         args.tasks, args.max_new_tokens = 2, 48
         engines = [e for e in engines if e in ("plain", "spec")]
     if llamacpp:
-        lm, gguf_path = load_llamacpp(args.model, args.threads, args.smoke)
+        import _gguf
+
+        lm, gguf_path, _name = _gguf.load(args.model, args.threads, args.smoke)
     elif args.smoke:
         lm = bench.tiny_model()
     else:
@@ -164,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     if "hf-spec" in engines:
         hf_lm = load_model(args.model.removesuffix("-gguf"), dtype=args.hf_dtype)
     peer_lm = lm
-    if not llamacpp and getattr(lm, "row_invariant", False) and any(e in engines for e in ("xgrammar", "outlines")):
+    hf_peers = any(e in engines for e in ("xgrammar", "outlines"))
+    if not llamacpp and getattr(lm, "row_invariant", False) and hf_peers:
         # the peers get the model as a user would load it (structgen's row-invariant forward
         # is its own; a copy keeps it out of the peers' measurements)
         peer_lm = CausalLM(stock_copy(lm.model), lm.tokenizer, row_invariant=False)
@@ -218,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         wall = sum(r["wall_s"] for r in rs)
         toks = sum(r["new_tokens"] for r in rs)
-        s = {"tasks": len(rs), "wall_s": wall, "new_tokens": toks, "tokens_per_s": toks / wall if wall else 0.0,
+        s = {"tasks": len(rs), "wall_s": wall, "new_tokens": toks,
+             "tokens_per_s": toks / wall if wall else 0.0,
              "errors": sum("error" in r for r in rs), "complete": sum(bool(r.get("complete")) for r in rs),
              "valid": sum(r["valid"] for r in rs), "success": sum(r["success"] for r in rs),
              "median_task_s": statistics.median(r["wall_s"] for r in rs)}

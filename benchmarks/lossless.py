@@ -62,29 +62,6 @@ def cases(n: int) -> list[tuple[str, dict[str, Any], str]]:
 SMOKE_CASES = ("person", "config.schema")
 
 
-def load_llamacpp(args: argparse.Namespace) -> Any:
-    """The llama.cpp model of ``args.model`` (an alias's GGUF twin or a .gguf path); with
-    ``--smoke`` the tiny GGUF of the tests, written to a temporary folder."""
-    from structgen.generation.llamacpp import is_gguf_path, load_gguf
-    from structgen.generation.model_store import GGUF_SUFFIX, resolve_model
-
-    if args.smoke:
-        import tempfile
-
-        sys.path.insert(0, str(ROOT / "tests"))
-        from _tiny_gguf import write_tiny_gguf
-
-        path = write_tiny_gguf(Path(tempfile.mkdtemp(prefix="lossless-gguf-")) / "tiny.gguf")
-        args.model, args.max_new_tokens = "tiny-gguf", 32
-    elif is_gguf_path(args.model):
-        path = Path(args.model)
-    else:
-        alias = args.model if args.model.endswith(GGUF_SUFFIX) else args.model + GGUF_SUFFIX
-        path = resolve_model(alias)
-        args.model = alias
-    return load_gguf(path, n_threads=args.threads)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="smollm2-135m")
@@ -101,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     envelope = _envelope.capture(argv, __file__)
     torch.set_num_threads(args.threads)
     if args.backend == "llamacpp":
-        lm = load_llamacpp(args)
+        import _gguf
+
+        lm, _path, args.model = _gguf.load(args.model, args.threads, args.smoke)
+        if args.smoke:
+            args.max_new_tokens = 32
     elif args.smoke:
         from structgen.tools import bench
 
@@ -135,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
               f"tokens={len(plain.tokens)} passes {plain.stats.forward_passes}->{spec.stats.forward_passes}",
               file=sys.stderr)
     summary = {"model": args.model, "backend": args.backend,
-               "dtype": "gguf" if args.backend == "llamacpp" else str(lm.model.dtype), "threads": args.threads,
+               "dtype": "gguf" if args.backend == "llamacpp" else str(lm.model.dtype),
+               "threads": args.threads,
                "max_new_tokens": args.max_new_tokens, "cases": len(rows), "passed": ok,
                "seconds": round(time.time() - t0, 1)}
     print(json.dumps(summary))

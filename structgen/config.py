@@ -300,6 +300,9 @@ class GenerationOptions:
     seed: base random seed (request ``i`` uses ``seed + i``); None = random.
     speculative: False runs plain grammar-constrained decoding (no drafts), the baseline.
     start: start rule of a Lark grammar.
+    threads: CPU threads of the model: llama.cpp's threads for a GGUF model, torch's
+        (``torch.set_num_threads``) for a transformers model; None = the backend's default
+        (llama.cpp: the CPU count, at most 8; torch: its own).
     """
 
     model: str | None = None
@@ -308,9 +311,11 @@ class GenerationOptions:
     seed: int | None = None
     speculative: bool = True
     start: str = "start"
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         _check_text(self, "model", optional=True)
+        _check_int(self, "threads", 1, 1024, optional=True)
         _check_int(self, "max_new_tokens", 1)
         _check_choice(self, "on_budget", ("close", "cut"))
         _check_int(self, "seed", 0, MAX_SEED, optional=True)

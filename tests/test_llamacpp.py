@@ -156,9 +156,9 @@ def test_outputs_finish_and_validate(lm) -> None:
 
 @needs_llama_cpp
 def test_batch_equals_one_at_a_time(lm) -> None:
-    """Eight mixed-schema requests in one call: each output equals its run alone (greedy)."""
-    prompts = [PROMPTS[i % len(PROMPTS)] + " more" * i for i in range(8)]
-    schemas = [SCHEMAS[i % len(SCHEMAS)] for i in range(8)]
+    """Sixteen mixed-schema requests in one call: each output equals its run alone (greedy)."""
+    prompts = [PROMPTS[i % len(PROMPTS)] + " more" * i for i in range(16)]
+    schemas = [SCHEMAS[i % len(SCHEMAS)] for i in range(16)]
     batch = structgen.generate(lm, schema=schemas, prompt=prompts, max_new_tokens=60)
     assert batch.stats.forward_passes < sum(r.stats.forward_passes for r in batch)
     for p, s, got in zip(prompts, schemas, batch):
@@ -206,3 +206,40 @@ def test_cli_generates_with_a_gguf_file(gguf_paths, tmp_path, capsys) -> None:
     assert line["valid"] and jsonschema.Draft202012Validator(PERSON).is_valid(line["value"])
     api = structgen.generate(gguf_paths["f32"], schema=PERSON, prompt=PROMPTS[0], max_new_tokens=40)
     assert api.text == line["text"]
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("how", ["flag", "config"])
+def test_cli_threads_reach_llama_cpp(gguf_paths, tmp_path, capsys, monkeypatch, how) -> None:
+    """`--threads N` (or `generation.threads: N` in the YAML file) is llama.cpp's thread count:
+    the context the run decodes with reports N threads (llama_n_threads)."""
+    from structgen.generation import llamacpp
+    from structgen.tools.cli import main
+
+    seen: list[int] = []
+    real = llamacpp._Context.decode
+
+    def spy(self, *a, **k):
+        seen.append(int(self.lib.llama_n_threads(self.ptr)))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(llamacpp._Context, "decode", spy)
+    (tmp_path / "s.json").write_text(json.dumps(PERSON))
+    extra = ["--threads", "3"]
+    if how == "config":
+        (tmp_path / "c.yaml").write_text("generation:\n  threads: 3\n")
+        extra = ["--config", str(tmp_path / "c.yaml")]
+    rc = main(["generate", "--model", gguf_paths["f32"], "--schema", str(tmp_path / "s.json"),
+               "--prompt", PROMPTS[0], "--max-new-tokens", "40", *extra])
+    assert rc == 0, capsys.readouterr().err
+    assert seen and set(seen) == {3}
+
+
+def test_cli_refuses_zero_threads(tmp_path, capsys) -> None:
+    from structgen.tools.cli import main
+
+    (tmp_path / "s.json").write_text(json.dumps(PERSON))
+    rc = main(["generate", "--model", str(tmp_path / "m.gguf"), "--schema", str(tmp_path / "s.json"),
+               "--prompt", "x", "--threads", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--threads" in err, err
