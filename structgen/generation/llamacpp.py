@@ -50,8 +50,8 @@ from structgen.generation.model_store import is_gguf_path
 __all__ = ["GGUFTokenizer", "LlamaCppBatchKV", "LlamaCppLM", "is_gguf_path", "load_gguf"]
 
 INSTALL_HINT = ("install the llama.cpp backend with `pip install 'structgen[llamacpp]'` (builds "
-                "llama-cpp-python from source: up to an hour on 2 cores; scripts/setup.sh does it "
-                "with STRUCTGEN_LLAMACPP=1)")
+                "llama-cpp-python from source: 10-20 minutes on 2 cores the first time; "
+                "scripts/setup.sh does it unless STRUCTGEN_LLAMACPP=0)")
 
 _DEFAULT_CTX = 4096        # positions per sequence when the caller gives none (and the model allows)
 _CHUNK = 512               # positions per llama_decode call when prefilling a long prompt
