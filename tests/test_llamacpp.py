@@ -243,3 +243,18 @@ def test_cli_refuses_zero_threads(tmp_path, capsys) -> None:
                "--prompt", "x", "--threads", "0"])
     err = capsys.readouterr().err
     assert rc == 2 and "--threads" in err, err
+
+
+@needs_llama_cpp
+def test_gguf_draft_model_is_exact(gguf_paths) -> None:
+    """A GGUF draft model (q8_0 weights of the same tiny model) for a GGUF target: it drafts,
+    and the greedy output equals plain decoding of the target."""
+    from structgen.generation.llamacpp import load_gguf
+
+    target = load_gguf(gguf_paths["f32"], n_threads=1, n_ctx=1024)
+    draft = load_gguf(gguf_paths["q8_0"], n_threads=1, n_ctx=1024)
+    for schema, prompt in zip(SCHEMAS, PROMPTS):
+        plain = structgen.generate(target, schema=schema, prompt=prompt, max_new_tokens=60, speculative=False)
+        spec = structgen.generate(target, schema=schema, prompt=prompt, max_new_tokens=60, draft_model=draft)
+        assert spec.tokens == plain.tokens, (schema, prompt)
+        assert spec.stats.drafters["draft_model"]["proposed"] > 0
