@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--cases", type=int, default=50)
+    ap.add_argument("--start", type=int, default=0,
+                    help="skip the first START of the --cases cases (finish a run that was cut short)")
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--dtype", default="float32", help="model weights: float32, bfloat16, auto")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         lm = load_model(args.model, dtype=args.dtype)
     todo = ([c for c in cases(len(TASKS) ** 2 + 10) if c[0] in SMOKE_CASES] if args.smoke
-            else cases(args.cases))
+            else cases(args.cases)[args.start:])
     rows = []
     ok = 0
     t0 = time.time()
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"model": args.model, "backend": args.backend,
                "dtype": "gguf" if args.backend == "llamacpp" else str(lm.model.dtype),
                "threads": args.threads,
-               "max_new_tokens": args.max_new_tokens, "cases": len(rows), "passed": ok,
+               "max_new_tokens": args.max_new_tokens, "start": args.start, "cases": len(rows), "passed": ok,
                "seconds": round(time.time() - t0, 1)}
     print(json.dumps(summary))
     if args.out:
