@@ -30,6 +30,11 @@ oracle). Speed ratios are against ``single-plain`` and ``single-spec``.
     python benchmarks/batch.py                                   # smollm2-135m, 32 requests
     python benchmarks/batch.py --model qwen2.5-coder-0.5b
     python benchmarks/batch.py --smoke                           # tiny random model, 4 requests (CI)
+    python benchmarks/batch.py --backend llamacpp --requests 16 --interleave   # smollm2-135m's GGUF
+    python benchmarks/batch.py --backend llamacpp --smoke        # tiny GGUF written on the fly
+
+``--backend llamacpp`` runs the model's GGUF (``ALIAS-gguf`` or a ``.gguf`` path) on structgen's
+llama.cpp backend (one unified cache, one ``llama_decode`` per batched step).
 
 The full mode writes ``benchmarks/results/batch-<model>-<device>.json`` (``--out``; the smoke writes
 only with ``--out``), with the shared envelope of ``benchmarks/_envelope.py``.
@@ -96,8 +101,9 @@ def _valid(schema: dict[str, Any], r: Any) -> bool:
 
 def _single(lm: CausalLM, engine: str, q: dict[str, Any], max_new: int, cfg: SpecConfig) -> tuple[Any, float]:
     t0 = time.perf_counter()
+    # on_budget="cut" as in run_engine: the batch engines cut too, so outputs stay comparable
     r = structgen.generate(lm, schema=q["schema"], messages=q["messages"], max_new_tokens=max_new,
-                           speculative="spec" in engine, config=cfg)
+                           speculative="spec" in engine, config=cfg, on_budget="cut")
     return r, time.perf_counter() - t0
 
 
@@ -175,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
+    ap.add_argument("--backend", choices=("transformers", "llamacpp"), default="transformers",
+                    help="llamacpp: the model's GGUF (ALIAS-gguf or a .gguf path) run by llama.cpp")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved runs per engine (median wall time)")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny random model, 4 requests of 16 new tokens (CI); writes only with --out")
@@ -191,13 +199,20 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(engines) - set(ENGINES) - set(EXTRA_ENGINES)
     if unknown:
         ap.error(f"unknown engines {sorted(unknown)}; choose from {ENGINES}")
-    if args.smoke:
+    name = args.model
+    if args.backend == "llamacpp":
+        import _gguf
+
+        lm, _path, name = _gguf.load(args.model, args.threads, args.smoke)
+    elif args.smoke:
         from structgen.tools.bench import tiny_model
 
         lm = tiny_model()
-        args.requests, args.max_new_tokens, args.batch_size = 4, 16, 2
+        name = "tiny-random"
     else:
         lm = load_model(args.model)
+    if args.smoke:
+        args.requests, args.max_new_tokens, args.batch_size = 4, 16, 2
     reqs = requests(args.requests)
     # warm-up: grammar compilation (cached per schema) and first-call costs outside the timing
     structgen.generate(lm, schema=[q["schema"] for q in reqs], messages=[q["messages"] for q in reqs],
@@ -242,14 +257,14 @@ def main(argv: list[str] | None = None) -> int:
                               "mask_time_s": a["time"]["time_masks"],
                               "same_outputs": a["outputs"] == b["outputs"]}
     print(json.dumps(summary, indent=1))
-    meta = {"model": "tiny-random" if args.smoke else args.model, "requests": len(reqs),
+    meta = {"model": name, "backend": args.backend, "requests": len(reqs),
             "request_names": [q["name"] for q in reqs], "batch_size": args.batch_size,
             "max_new_tokens": args.max_new_tokens, "greedy": True, "threads": args.threads,
             "interleave": args.interleave,
             "device": str(lm.device)}
     out = args.out
     if out is None and not args.smoke:
-        out = ROOT / "benchmarks" / "results" / f"batch-{args.model}-{lm.device.type}.json"
+        out = ROOT / "benchmarks" / "results" / f"batch-{name}-{lm.device.type}.json"
     if out is not None:
         _envelope.write(out, envelope, {"meta": meta, "summary": summary, "results": results})
         print(f"wrote {out}", file=sys.stderr)

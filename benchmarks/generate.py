@@ -9,6 +9,18 @@ facts, schemas with 5-30 fields, nested objects, arrays, enums), greedy, batch 1
 * ``xgrammar`` -- transformers ``generate`` with XGrammar's logits processor (if installed);
 * ``outlines`` -- outlines' transformers integration (if installed).
 
+``--backend llamacpp`` runs ``plain`` and ``spec`` on the model's GGUF (``ALIAS-gguf``) with
+structgen's llama.cpp backend, and the engines default to the llama.cpp peers:
+
+* ``llama-grammar`` -- llama-cpp-python with its own grammar (``LlamaGrammar.from_json_schema``),
+  greedy, same GGUF, in a child process with llama-cpp-python's defaults
+  (``benchmarks/_llamacpp_peer.py``);
+* ``llama-lookup`` -- the same plus llama-cpp-python's prompt-lookup decoding;
+* ``hf-spec`` -- structgen speculative on transformers (the model alias, ``--hf-dtype``,
+  default bfloat16).
+
+Every engine uses ``--threads`` threads (llama.cpp's threads, torch's threads).
+
 The engine runners and the oracles are shared with the full suite (:mod:`structgen.tools.bench`,
 ``structgen bench``), which also covers code and prose tasks.
 
@@ -20,6 +32,8 @@ the peers. Also checks that greedy ``spec`` output is token-identical to ``plain
 
     python benchmarks/generate.py --model qwen2.5-coder-0.5b --out benchmarks/results/generate.json
     python benchmarks/generate.py --smoke        # tiny random model, 2 tasks (CI)
+    python benchmarks/generate.py --backend llamacpp --model qwen2.5-coder-0.5b --out ...
+    python benchmarks/generate.py --backend llamacpp --smoke   # tiny GGUF, plain and spec (CI)
 
 ``--out`` writes the figures and every task's result with the shared envelope of
 ``benchmarks/_envelope.py``.
@@ -67,6 +81,21 @@ def run_outlines(lm: CausalLM, task: dict[str, Any], max_new: int, state: dict[s
     return bench.run_outlines(lm, _task(task), max_new, state)
 
 
+LLAMACPP_ENGINES = "plain,spec,llama-grammar,llama-lookup,hf-spec"
+
+
+def run_llamacpp_peer(peer: Any, lm: Any, task: dict[str, Any], max_new: int) -> dict[str, Any]:
+    """One llama-cpp-python generation on the prompt tokens structgen feeds its own engines."""
+    t = _task(task)
+    ids = list(lm.tokenizer.encode(bench.prompt_text(lm, t["messages"]), add_special_tokens=False))
+    r = peer.run(ids, task["schema"], max_new)
+    if "error" in r:
+        print(f"[llama.cpp peer] {task['name']}: {r['error']}", file=sys.stderr)
+        return {"text": "", "tokens": [], "wall_s": 0.0, "new_tokens": 0, "complete": False,
+                "error": r["error"]}
+    return {**r, "tokens": []}
+
+
 def check(task: dict[str, Any], text: str) -> tuple[bool, bool]:
     c = bench.check_output(_task(task), text, None)
     return c["valid"], bool(c["quality"])
@@ -78,7 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-model", default=None)
     ap.add_argument("--tasks", type=int, default=len(TASKS))
     ap.add_argument("--max-new-tokens", type=int, default=400)
-    ap.add_argument("--engines", default="plain,spec,xgrammar,outlines")
+    ap.add_argument("--engines", default=None,
+                    help="default: plain,spec,xgrammar,outlines (transformers) or "
+                    f"{LLAMACPP_ENGINES} (llamacpp)")
+    ap.add_argument("--backend", choices=("transformers", "llamacpp"), default="transformers",
+                    help="llamacpp: plain and spec on the model's GGUF (ALIAS-gguf) run by llama.cpp")
+    ap.add_argument("--hf-dtype", default="bfloat16", help="weights of the hf-spec engine (llamacpp backend)")
     ap.add_argument("--dtype", default="float32", help="model weights: float32, bfloat16, auto "
                     "(all engines use the same loaded model)")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -87,16 +121,33 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     envelope = _envelope.capture(argv, __file__)
     torch.set_num_threads(args.threads)
-    engines = args.engines.split(",")
+    llamacpp = args.backend == "llamacpp"
+    engines = (args.engines or (LLAMACPP_ENGINES if llamacpp else "plain,spec,xgrammar,outlines")).split(",")
+    gguf_path = None
     if args.smoke:
-        lm = bench.tiny_model()
         args.tasks, args.max_new_tokens = 2, 48
         engines = [e for e in engines if e in ("plain", "spec")]
+    if llamacpp:
+        import _gguf
+
+        lm, gguf_path, _name = _gguf.load(args.model, args.threads, args.smoke)
+    elif args.smoke:
+        lm = bench.tiny_model()
     else:
         lm = load_model(args.model, dtype=args.dtype)
     draft = load_model(args.draft_model, dtype=args.dtype) if args.draft_model else None
+    peers: dict[str, Any] = {}
+    if llamacpp:
+        from _llamacpp_peer import Peer
+
+        peers = {e: Peer(gguf_path, args.threads, e.split("-", 1)[1])
+                 for e in engines if e in ("llama-grammar", "llama-lookup")}
+    hf_lm = None
+    if "hf-spec" in engines:
+        hf_lm = load_model(args.model.removesuffix("-gguf"), dtype=args.hf_dtype)
     peer_lm = lm
-    if getattr(lm, "row_invariant", False) and any(e in engines for e in ("xgrammar", "outlines")):
+    hf_peers = any(e in engines for e in ("xgrammar", "outlines"))
+    if not llamacpp and getattr(lm, "row_invariant", False) and hf_peers:
         # the peers get the model as a user would load it (structgen's row-invariant forward
         # is its own; a copy keeps it out of the peers' measurements)
         peer_lm = CausalLM(stock_copy(lm.model), lm.tokenizer, row_invariant=False)
@@ -107,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     tasks = TASKS[: args.tasks]
     # warm-up (compiles, caches, first-call overheads) on the first task, not timed
     run_structgen(lm, tasks[0], speculative=True, max_new=8, cfg=cfg, draft=draft)
+    if hf_lm is not None:
+        run_structgen(hf_lm, tasks[0], speculative=True, max_new=8, cfg=cfg, draft=None)
+    for peer in peers.values():  # loads the model in the child
+        run_llamacpp_peer(peer, lm, tasks[0], 8)
     for task in tasks:
         for e in engines:
             try:
@@ -120,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
                     r = run_xgrammar(peer_lm, task, args.max_new_tokens, peer_state[e])
                 elif e == "outlines":
                     r = run_outlines(peer_lm, task, args.max_new_tokens, peer_state[e])
+                elif e in peers:
+                    r = run_llamacpp_peer(peers[e], lm, task, args.max_new_tokens)
+                elif e == "hf-spec" and hf_lm is not None:
+                    r = run_structgen(hf_lm, task, speculative=True, max_new=args.max_new_tokens, cfg=cfg,
+                                      draft=None)
                 else:
                     raise SystemExit(f"unknown engine {e}")
             except ImportError as exc:
@@ -141,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         wall = sum(r["wall_s"] for r in rs)
         toks = sum(r["new_tokens"] for r in rs)
-        s = {"tasks": len(rs), "wall_s": wall, "new_tokens": toks, "tokens_per_s": toks / wall,
+        s = {"tasks": len(rs), "wall_s": wall, "new_tokens": toks,
+             "tokens_per_s": toks / wall if wall else 0.0,
+             "errors": sum("error" in r for r in rs), "complete": sum(bool(r.get("complete")) for r in rs),
              "valid": sum(r["valid"] for r in rs), "success": sum(r["success"] for r in rs),
              "median_task_s": statistics.median(r["wall_s"] for r in rs)}
         if "forward_passes" in rs[0]:
@@ -164,10 +226,19 @@ def main(argv: list[str] | None = None) -> int:
         for e in summary:
             if e != "spec":
                 summary["spec"][f"speedup_vs_{e}"] = summary[e]["wall_s"] / summary["spec"]["wall_s"]
+                if summary[e]["tokens_per_s"]:
+                    summary["spec"][f"tokens_per_s_vs_{e}"] = (summary["spec"]["tokens_per_s"]
+                                                               / summary[e]["tokens_per_s"])
     summary["identical_greedy_outputs"] = f"{identical}/{len(tasks)}"
+    for peer in peers.values():
+        peer.close()
     _envelope.add_peers(envelope, [e for e, rs in results.items() if rs and e in ("xgrammar", "outlines")])
-    meta = {"cpu_threads": torch.get_num_threads(),
-            "model": "tiny-random" if args.smoke else args.model, "dtype": str(lm.model.dtype),
+    if llamacpp:
+        _envelope.add_peers(envelope, ["llama_cpp_python"])
+    meta = {"cpu_threads": torch.get_num_threads(), "backend": args.backend,
+            "model": ("tiny-gguf" if llamacpp else "tiny-random") if args.smoke else args.model,
+            "dtype": "gguf" if llamacpp else str(lm.model.dtype),
+            "hf_dtype": args.hf_dtype if hf_lm is not None else None,
             "draft_model": args.draft_model,
             "max_new_tokens": args.max_new_tokens}
     print(json.dumps({"meta": meta, "summary": summary}, indent=1))

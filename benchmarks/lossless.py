@@ -8,6 +8,11 @@ with ``jsonschema``.
 
     python benchmarks/lossless.py --model smollm2-135m --cases 50
     python benchmarks/lossless.py --smoke        # tiny random model, 2 cases (CI)
+    python benchmarks/lossless.py --backend llamacpp --model smollm2-135m   # the GGUF, llama.cpp
+    python benchmarks/lossless.py --backend llamacpp --smoke   # tiny GGUF written on the fly
+
+``--backend llamacpp`` runs the model's GGUF (``ALIAS-gguf``, or a ``.gguf`` path) on the
+llama.cpp backend (needs ``structgen[llamacpp]``) with ``--threads`` threads.
 
 ``--out`` writes the summary and every case with the shared envelope of
 ``benchmarks/_envelope.py``. Exit status 1 when a case differs or a completed output is invalid.
@@ -61,16 +66,26 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--cases", type=int, default=50)
+    ap.add_argument("--start", type=int, default=0,
+                    help="skip the first START of the --cases cases (finish a run that was cut short)")
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--dtype", default="float32", help="model weights: float32, bfloat16, auto")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
+    ap.add_argument("--backend", choices=("transformers", "llamacpp"), default="transformers",
+                    help="llamacpp: the model's GGUF run by llama.cpp (ALIAS-gguf or a .gguf path)")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny random model biased towards short outputs, 2 cases, 32 new tokens (CI)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     envelope = _envelope.capture(argv, __file__)
     torch.set_num_threads(args.threads)
-    if args.smoke:
+    if args.backend == "llamacpp":
+        import _gguf
+
+        lm, _path, args.model = _gguf.load(args.model, args.threads, args.smoke)
+        if args.smoke:
+            args.max_new_tokens = 32
+    elif args.smoke:
         from structgen.tools import bench
 
         lm = bench.tiny_model(favour=bench.SMOKE_FAVOUR)
@@ -78,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         lm = load_model(args.model, dtype=args.dtype)
     todo = ([c for c in cases(len(TASKS) ** 2 + 10) if c[0] in SMOKE_CASES] if args.smoke
-            else cases(args.cases))
+            else cases(args.cases)[args.start:])
     rows = []
     ok = 0
     t0 = time.time()
@@ -102,8 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:28} identical={same} valid={valid} finish={plain.finish_reason} "
               f"tokens={len(plain.tokens)} passes {plain.stats.forward_passes}->{spec.stats.forward_passes}",
               file=sys.stderr)
-    summary = {"model": args.model, "dtype": str(lm.model.dtype), "threads": args.threads,
-               "max_new_tokens": args.max_new_tokens, "cases": len(rows), "passed": ok,
+    summary = {"model": args.model, "backend": args.backend,
+               "dtype": "gguf" if args.backend == "llamacpp" else str(lm.model.dtype),
+               "threads": args.threads,
+               "max_new_tokens": args.max_new_tokens, "start": args.start, "cases": len(rows), "passed": ok,
                "seconds": round(time.time() - t0, 1)}
     print(json.dumps(summary))
     if args.out:

@@ -4,7 +4,7 @@
 #   bash scripts/setup.sh            # .venv + editable install with test and docs extras + assets
 #   SETUP_FORCE=1 bash scripts/setup.sh   # redo the pip steps even if the stamp says done
 #   STRUCTGEN_ASSETS="llama3" bash scripts/setup.sh   # choose which assets to pull ("" = none)
-#   STRUCTGEN_LLAMACPP=1 bash scripts/setup.sh  # also the llama.cpp backend (builds llama-cpp-python)
+#   STRUCTGEN_LLAMACPP=0 bash scripts/setup.sh  # without the llama.cpp backend (no llama-cpp-python build)
 #   STRUCTGEN_RAY=1 bash scripts/setup.sh   # also Ray Serve / Ray Data (the [ray] extra; large)
 #
 # Steps:
@@ -19,12 +19,13 @@
 #      (`python -m structgen.tools.warm`): about a minute of CPU once, so that the first compile
 #      or token mask a user asks for does not pay for it (seconds when already cached; numba
 #      recompiles a kernel whose source changed). STRUCTGEN_WARM=0 skips it.
-#   4. With STRUCTGEN_LLAMACPP=1: the llama.cpp backend (`.[llamacpp]`): llama-cpp-python has no
-#      wheel on PyPI, so pip builds it from source (CPU only, no examples, tools, tests, server or
-#      multimodal library: the shared libllama/libggml only). The first build takes many minutes
-#      on 2 cores; pip's wheel cache (~/.cache/pip) makes later set-ups quick. The cache key is
-#      the package version, not these CMake options: `pip cache remove llama_cpp_python` forces
-#      a rebuild after changing them.
+#   4. The llama.cpp backend (`.[llamacpp]`; STRUCTGEN_LLAMACPP=0 skips it, and its tests then
+#      skip themselves): llama-cpp-python has no wheel on PyPI, so pip builds it from source (CPU
+#      only, no examples, tools, tests, server or multimodal library: the shared libllama/libggml
+#      only). The first build takes 10-20 minutes on 2 cores (longer on a busy machine); pip's
+#      wheel cache (~/.cache/pip) makes later set-ups take seconds. The cache key is the package
+#      version, not these CMake options: `pip cache remove llama_cpp_python` forces a rebuild
+#      after changing them.
 #   5. Tokenizer and model assets the tests and the demo use: `python -m structgen.tools.assets pull
 #      ALIAS...` (the same job as `structgen models pull`; cached under ~/.cache/structgen, so later
 #      runs are quick).
@@ -116,13 +117,15 @@ fi
 
 # 4. llama.cpp backend (opt-in) ---------------------------------------------------------------
 LLAMACPP_VERSION=0.3.36
-if [ "${STRUCTGEN_LLAMACPP:-0}" = 1 ]; then
+if [ "${STRUCTGEN_LLAMACPP:-1}" = 1 ]; then
     have=$("$PY" -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null || true)
     if [ "$have" = "$LLAMACPP_VERSION" ] && [ "${SETUP_FORCE:-0}" != 1 ]; then
         log "llama-cpp-python $have already installed"
     else
-        log "llama.cpp backend (the [llamacpp] extra): llama-cpp-python $LLAMACPP_VERSION builds from"
-        log "source when pip's wheel cache does not hold it: up to an hour on 2 busy cores, seconds after)"
+        log "llama.cpp backend (the [llamacpp] extra): installing llama-cpp-python $LLAMACPP_VERSION."
+        log "The first time pip builds it from source: this may take 10-20 minutes (more on a busy"
+        log "machine) with no output meanwhile; later set-ups reuse pip's cached wheel (seconds)."
+        log "STRUCTGEN_LLAMACPP=0 skips it (the llama.cpp tests then skip themselves)."
         # torch stays the version step 2 installed (the extra does not need torch; the pin guards it)
         pin=$(mktemp)
         "$PY" -c 'import torch; print("torch==" + torch.__version__)' > "$pin" 2>/dev/null || : > "$pin"

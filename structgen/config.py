@@ -322,6 +322,9 @@ class GenerationOptions:
         None = implied by the model's chat template (Hermes when it says nothing).
     reasoning: free text inside ``<think>...</think>`` first, then the constrained answer.
     thinking_budget: tokens of reasoning after which ``</think>`` is forced; None = no cap.
+    threads: CPU threads of the model: llama.cpp's threads for a GGUF model, torch's
+        (``torch.set_num_threads``) for a transformers model; None = the backend's default
+        (llama.cpp: the CPU count, at most 8; torch: its own).
     """
 
     model: str | None = None
@@ -336,9 +339,11 @@ class GenerationOptions:
     tool_format: str | None = None
     reasoning: bool = False
     thinking_budget: int | None = None
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         _check_text(self, "model", optional=True)
+        _check_int(self, "threads", 1, 1024, optional=True)
         _check_int(self, "max_new_tokens", 1)
         _check_choice(self, "on_budget", ("close", "cut"))
         _check_int(self, "seed", 0, MAX_SEED, optional=True)

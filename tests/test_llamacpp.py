@@ -156,9 +156,9 @@ def test_outputs_finish_and_validate(lm) -> None:
 
 @needs_llama_cpp
 def test_batch_equals_one_at_a_time(lm) -> None:
-    """Eight mixed-schema requests in one call: each output equals its run alone (greedy)."""
-    prompts = [PROMPTS[i % len(PROMPTS)] + " more" * i for i in range(8)]
-    schemas = [SCHEMAS[i % len(SCHEMAS)] for i in range(8)]
+    """Sixteen mixed-schema requests in one call: each output equals its run alone (greedy)."""
+    prompts = [PROMPTS[i % len(PROMPTS)] + " more" * i for i in range(16)]
+    schemas = [SCHEMAS[i % len(SCHEMAS)] for i in range(16)]
     batch = structgen.generate(lm, schema=schemas, prompt=prompts, max_new_tokens=60)
     assert batch.stats.forward_passes < sum(r.stats.forward_passes for r in batch)
     for p, s, got in zip(prompts, schemas, batch):
@@ -206,3 +206,86 @@ def test_cli_generates_with_a_gguf_file(gguf_paths, tmp_path, capsys) -> None:
     assert line["valid"] and jsonschema.Draft202012Validator(PERSON).is_valid(line["value"])
     api = structgen.generate(gguf_paths["f32"], schema=PERSON, prompt=PROMPTS[0], max_new_tokens=40)
     assert api.text == line["text"]
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("how", ["flag", "config"])
+def test_cli_threads_reach_llama_cpp(gguf_paths, tmp_path, capsys, monkeypatch, how) -> None:
+    """`--threads N` (or `generation.threads: N` in the YAML file) is llama.cpp's thread count:
+    the context the run decodes with reports N threads (llama_n_threads)."""
+    from structgen.generation import llamacpp
+    from structgen.tools.cli import main
+
+    seen: list[int] = []
+    real = llamacpp._Context.decode
+
+    def spy(self, *a, **k):
+        seen.append(int(self.lib.llama_n_threads(self.ptr)))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(llamacpp._Context, "decode", spy)
+    (tmp_path / "s.json").write_text(json.dumps(PERSON))
+    extra = ["--threads", "3"]
+    if how == "config":
+        (tmp_path / "c.yaml").write_text("generation:\n  threads: 3\n")
+        extra = ["--config", str(tmp_path / "c.yaml")]
+    rc = main(["generate", "--model", gguf_paths["f32"], "--schema", str(tmp_path / "s.json"),
+               "--prompt", PROMPTS[0], "--max-new-tokens", "40", *extra])
+    assert rc == 0, capsys.readouterr().err
+    assert seen and set(seen) == {3}
+
+
+def test_cli_refuses_zero_threads(tmp_path, capsys) -> None:
+    from structgen.tools.cli import main
+
+    (tmp_path / "s.json").write_text(json.dumps(PERSON))
+    rc = main(["generate", "--model", str(tmp_path / "m.gguf"), "--schema", str(tmp_path / "s.json"),
+               "--prompt", "x", "--threads", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--threads" in err, err
+
+
+@needs_llama_cpp
+def test_gguf_draft_model_is_exact(gguf_paths) -> None:
+    """A GGUF draft model (q8_0 weights of the same tiny model) for a GGUF target: it drafts,
+    and the greedy output equals plain decoding of the target."""
+    from structgen.generation.llamacpp import load_gguf
+
+    target = load_gguf(gguf_paths["f32"], n_threads=1, n_ctx=1024)
+    draft = load_gguf(gguf_paths["q8_0"], n_threads=1, n_ctx=1024)
+    for schema, prompt in zip(SCHEMAS, PROMPTS):
+        plain = structgen.generate(target, schema=schema, prompt=prompt, max_new_tokens=60, speculative=False)
+        spec = structgen.generate(target, schema=schema, prompt=prompt, max_new_tokens=60, draft_model=draft)
+        assert spec.tokens == plain.tokens, (schema, prompt)
+        assert spec.stats.drafters["draft_model"]["proposed"] > 0
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("script", ["lossless", "generate", "batch"])
+def test_benchmark_smoke_on_llamacpp(script, tmp_path) -> None:
+    """``benchmarks/SCRIPT.py --backend llamacpp --smoke`` on the tiny GGUF: exit 0, and greedy
+    speculative (and batched) outputs token-identical to plain one-at-a-time decoding."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / f"{script}.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / f"{script}.py"), "--backend", "llamacpp",
+                           "--smoke", "--out", str(out)], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert report["envelope"]["command"][1:4] == [f"benchmarks/{script}.py", "--backend", "llamacpp"]
+    if script == "lossless":
+        s = report["summary"]
+        assert s["backend"] == "llamacpp" and s["model"] == "tiny-gguf" and s["cases"] == s["passed"] == 2
+    elif script == "generate":
+        assert report["meta"]["backend"] == "llamacpp"
+        assert report["summary"]["identical_greedy_outputs"] == "2/2"
+    else:
+        assert report["meta"]["backend"] == "llamacpp"
+        for engine, s in report["summary"].items():
+            if engine != "single-plain":
+                assert s["identical_to_single_plain"] == "4/4", (engine, s)

@@ -23,11 +23,15 @@ attention either. ggml's tiled K-quant kernel (8+ columns) is switched off for t
 (``GGML_CPU_TILED_MM=0``, unless set) and weight repacking is off by default (``repack``) for
 the same reason. See ``tests/test_llamacpp.py`` for what is checked.
 
-Batched rows share one unified cache (one ``llama_decode`` per step needs it). llama.cpp
-refills freed cells (rejected drafts) from the start of the cache once enough are free, so a
-row's later tokens can sit in cells before its earlier ones; flash attention then accumulates
-that row in another order than the row alone does (float rounding). Whether batched greedy
-output stays identical to one-at-a-time output is checked by the tests, not guaranteed.
+Batched rows get one cache stream each (``kv_unified`` off): every sequence has its own cells,
+in the order of its positions, as a sequence alone has. With one cache shared by all rows
+(llama.cpp's unified cache), freed cells (rejected drafts) are refilled by any row, so a row's
+later tokens can sit in cells before its earlier ones and attention accumulates that row in
+another order than the row alone does: measured on SmolLM2-135M Q4_1, 1 of 4 batched greedy
+outputs equal to one-at-a-time decoding (3 of 4 without flash attention); with a stream per
+row, 4 of 4 (``benchmarks/results/llamacpp-qwen2.5-coder-0.5b.md``). A step still feeds every
+row's positions to ONE ``llama_decode``; llama.cpp splits it into micro-batches of rows that feed
+the same number of positions.
 
 llama-cpp-python is imported only when a GGUF model is loaded (``pip install
 'structgen[llamacpp]'``); everything else in structgen works without it.
@@ -50,8 +54,8 @@ from structgen.generation.model_store import is_gguf_path
 __all__ = ["GGUFTokenizer", "LlamaCppBatchKV", "LlamaCppLM", "is_gguf_path", "load_gguf"]
 
 INSTALL_HINT = ("install the llama.cpp backend with `pip install 'structgen[llamacpp]'` (builds "
-                "llama-cpp-python from source: up to an hour on 2 cores; scripts/setup.sh does it "
-                "with STRUCTGEN_LLAMACPP=1)")
+                "llama-cpp-python from source: 10-20 minutes on 2 cores the first time; "
+                "scripts/setup.sh does it unless STRUCTGEN_LLAMACPP=0)")
 
 _DEFAULT_CTX = 4096        # positions per sequence when the caller gives none (and the model allows)
 _CHUNK = 512               # positions per llama_decode call when prefilling a long prompt
@@ -218,12 +222,13 @@ class GGUFTokenizer:
 class _Context:
     """One ``llama_context`` (KV cache plus compute buffers) and a reusable ``llama_batch``.
 
-    ``n_seq`` sequence ids share ``n_cells`` cache cells (a unified cache: a step's tokens of
-    every sequence go through one graph); sequence id ``n_seq`` is the scratch sequence of
-    the row-invariant padding. Logits are requested for every fed position unless told."""
+    ``n_seq`` sequence ids share ``n_cells`` cache cells (``unified``: one cache for all) or
+    each has ``n_cells // (n_seq + 1)`` cells of its own (a stream per sequence); sequence id
+    ``n_seq`` is the scratch sequence of the row-invariant padding. Logits are requested for
+    every fed position unless told."""
 
     def __init__(self, model: _GGUFModel, *, n_cells: int, n_seq: int, n_threads: int | None,
-                 flash_attn: bool = True) -> None:
+                 flash_attn: bool = True, unified: bool = True) -> None:
         lib = model.lib
         self.lib = lib
         self.model = model
@@ -235,7 +240,7 @@ class _Context:
         threads = n_threads or max(1, min(os.cpu_count() or 1, 8))
         params.n_threads = threads
         params.n_threads_batch = threads
-        params.kv_unified = True
+        params.kv_unified = unified
         params.flash_attn_type = 1 if flash_attn else 0  # LLAMA_FLASH_ATTN_TYPE_ENABLED / _DISABLED
         params.no_perf = True
         ptr = lib.llama_init_from_model(model.ptr, params)
@@ -244,6 +249,7 @@ class _Context:
         self.ptr = ptr
         self.n_cells = int(lib.llama_n_ctx(ptr))
         self.n_seq = n_seq
+        self.cells_per_seq = self.n_cells if unified else self.n_cells // (n_seq + 1)
         self.scratch_seq = n_seq
         self.mem = lib.llama_get_memory(ptr)
         self._cap = _CHUNK
@@ -390,14 +396,14 @@ class LlamaCppLM:
             self.ctx.remove(0, length)
             self.length = length
 
-    def batch_context(self, n_seq: int, n_cells: int) -> _Context:
-        """A context for :class:`LlamaCppBatchKV` with room for ``n_seq`` sequences and
-        ``n_cells`` cells (reused while large enough)."""
+    def batch_context(self, n_seq: int, cells_per_seq: int) -> _Context:
+        """A context for :class:`LlamaCppBatchKV`: ``n_seq`` sequences (plus the scratch one),
+        each with a cache stream of ``cells_per_seq`` cells (reused while large enough)."""
         ctx = self._batch_ctx
-        if ctx is None or ctx.n_seq < n_seq or ctx.n_cells < n_cells:
+        if ctx is None or ctx.n_seq < n_seq or ctx.cells_per_seq < cells_per_seq:
             self._batch_ctx = None
-            ctx = _Context(self.gguf, n_cells=n_cells, n_seq=n_seq, n_threads=self.n_threads,
-                           flash_attn=self.flash_attn)
+            ctx = _Context(self.gguf, n_cells=(n_seq + 1) * cells_per_seq, n_seq=n_seq,
+                           n_threads=self.n_threads, flash_attn=self.flash_attn, unified=False)
             self._batch_ctx = ctx
         ctx.clear()
         return ctx
@@ -412,11 +418,12 @@ class LlamaCppBatchKV:
     """Several sequences of a :class:`LlamaCppLM` stepped together: the llama.cpp counterpart of
     :class:`~structgen.generation.model.BatchKV` (same methods and counters).
 
-    Row ``r`` of the batch is llama.cpp sequence ``seq[r]``; a step feeds every row its tokens
-    at its own positions in ONE ``llama_decode`` (no padding positions), :meth:`commit`
-    removes each row's rejected positions, :meth:`select` drops finished rows (their cells are
-    freed) and reorders the rest without moving any data. Prompts are prefilled one after
-    another, each as the single-sequence path prefills it."""
+    Row ``r`` of the batch is llama.cpp sequence ``seq[r]``, with a cache stream of its own; a
+    step feeds every row its tokens at its own positions in ONE ``llama_decode`` (no padding
+    positions), :meth:`commit` removes each row's rejected positions, :meth:`select` drops
+    finished rows (their cells are freed) and reorders the rest without moving any data. Prompts
+    are prefilled one after another, each as the single-sequence path prefills it.
+    """
 
     def __init__(self, lm: LlamaCppLM) -> None:
         self.lm = lm
@@ -441,7 +448,7 @@ class LlamaCppBatchKV:
     def prefill(self, prompts: list[list[int]]) -> None:
         """Start a fresh cache holding the given token lists (each may be empty)."""
         n = len(prompts)
-        cells = sum(len(p) for p in prompts) + n * (_BATCH_ROOM + 1) + 8
+        cells = max((len(p) for p in prompts), default=0) + _BATCH_ROOM + 8
         self.ctx = self.lm.batch_context(max(n, 1), cells)
         self.seq = list(range(n))
         self.pos = [len(p) for p in prompts]

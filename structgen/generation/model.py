@@ -562,13 +562,16 @@ def resolve_dtype(dtype: Any) -> torch.dtype:
     return _DTYPES[name]
 
 
-def load_model(model: Any, tokenizer: Any = None, *, dtype: Any = torch.float32) -> CausalLM:
+def load_model(model: Any, tokenizer: Any = None, *, dtype: Any = torch.float32,
+               threads: int | None = None) -> CausalLM:
     """A :class:`CausalLM` from a transformers model object, a local directory, or an alias
     of a model pulled into the cache (:mod:`structgen.generation.model_store`; an alias that is not
     cached raises :class:`AssetError` naming ``structgen models pull ALIAS``). Loaded models are
     memoised per (path, dtype). ``dtype`` applies to paths and aliases (see
     :func:`resolve_dtype`); model objects keep their own. A ``.gguf`` file gives a
-    :class:`~structgen.generation.llamacpp.LlamaCppLM` (llama.cpp backend, ``structgen[llamacpp]``)."""
+    :class:`~structgen.generation.llamacpp.LlamaCppLM` (llama.cpp backend, ``structgen[llamacpp]``);
+    ``threads`` is its number of llama.cpp threads (default: the CPU count, at most 8; a
+    transformers model uses torch's, see ``torch.set_num_threads``)."""
     dtype = resolve_dtype(dtype)
     if isinstance(model, CausalLM):
         return model
@@ -577,7 +580,7 @@ def load_model(model: Any, tokenizer: Any = None, *, dtype: Any = torch.float32)
     if isinstance(model, LlamaCppLM):
         return model
     if is_gguf_path(model):  # llama.cpp backend (needs structgen[llamacpp]); dtype is the file's
-        return load_gguf(model)
+        return load_gguf(model, n_threads=threads)
     if not isinstance(model, (str, os.PathLike)):
         if tokenizer is None:
             name = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
@@ -593,7 +596,7 @@ def load_model(model: Any, tokenizer: Any = None, *, dtype: Any = torch.float32)
 
     path = Path(resolve_model(model))
     if is_gguf_path(path):  # a -gguf alias: the cached GGUF file, run by llama.cpp
-        return load_gguf(path)
+        return load_gguf(path, n_threads=threads)
     key = (str(path), str(dtype))
     with _LOAD_LOCK:
         got = _LOADED.get(key)

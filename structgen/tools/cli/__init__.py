@@ -164,6 +164,9 @@ def _parser() -> argparse.ArgumentParser:
                    "cut: stop at the budget wherever the output is")
     g.add_argument("--temperature", type=float, metavar="T", help="0 = greedy")
     g.add_argument("--seed", type=int, metavar="S", help="request i uses seed S + i")
+    g.add_argument("--threads", type=int, metavar="N",
+                   help="CPU threads of the model: llama.cpp's for a .gguf model (default: the CPU "
+                   "count, at most 8), torch's otherwise (default: generation.threads of --config)")
     g.add_argument("--batch-size", type=int, metavar="B", help="requests per micro-batch")
     g.add_argument("--start", metavar="RULE", help="start rule of the Lark grammar")
     g.add_argument("--no-speculative", action="store_true",

@@ -212,6 +212,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             gen = replace(gen, on_budget=args.on_budget)
         if args.seed is not None:
             gen = replace(gen, seed=args.seed)
+        if getattr(args, "threads", None) is not None:
+            gen = replace(gen, threads=args.threads)
         if args.strict is not None:
             settings = replace(settings, json_schema=replace(settings.json_schema, strict=args.strict))
         over = {k: getattr(args, k, None) for k in ("tools", "tool_choice", "parallel_tool_calls",
@@ -269,9 +271,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
             hf_logging.disable_progress_bar()
         try:
-            lm = load_model(str(model_path), dtype=getattr(args, "dtype", "float32"))
+            lm = load_model(str(model_path), dtype=getattr(args, "dtype", "float32"), threads=gen.threads)
         except Exception as e:  # noqa: BLE001 - transformers' many load errors
             raise _Usage(f"cannot load model {model_name}: {type(e).__name__}: {e}") from None
+        if gen.threads is not None and not getattr(lm.model, "is_gguf_model", False):
+            import torch
+
+            torch.set_num_threads(gen.threads)
         _check_contexts(lm, requests, gen.max_new_tokens, gen.on_budget)
         rc = _generate_all(args, prog, lm, requests, cfg, gen.max_new_tokens, gen.seed, speculative,
                            settings, files, finished, on_budget=gen.on_budget, tool_mode=tool_mode)
