@@ -185,6 +185,50 @@ def _post(url: str, body: bytes | dict, key: str | None = KEY, path: str = "/v1/
     return httpx.post(url + path, content=content, headers=headers, timeout=60)
 
 
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather forecast for a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 12},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city", "days"]}}},
+    {"type": "function", "function": {
+        "name": "get_time", "parameters": {"type": "object", "properties": {
+            "zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}},
+]
+_PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+def _calls(calls) -> list[tuple[str, object]]:
+    """(name, arguments) of OpenAI tool calls, each validated against its tool's schema."""
+    out = []
+    for c in calls or []:
+        args = json.loads(c.function.arguments)
+        jsonschema.validate(args, _PARAMS[c.function.name])
+        out.append((c.function.name, args))
+    return out
+
+
+def test_tool_calls_validate_and_stream_like_the_answer(server) -> None:
+    """tools through the official client: "required" yields calls that validate against their
+    tool's schema (finish_reason tool_calls); the streamed calls equal the non-streamed ones; a
+    named tool is the one called; "none" yields no call."""
+    kw = {"tools": TOOLS, "tool_choice": "required", "max_tokens": 80}
+    r = _chat(server.client, "What will the weather be in Paris?", **kw)
+    choice = r.choices[0]
+    calls = _calls(choice.message.tool_calls)
+    assert calls and choice.finish_reason == "tool_calls"
+    assert all(c.id.startswith("call_") and c.type == "function" for c in choice.message.tool_calls)
+    chunks = list(_chat(server.client, "What will the weather be in Paris?", stream=True, **kw))
+    streamed = [tc for ck in chunks for ch in ck.choices for tc in (ch.delta.tool_calls or [])]
+    assert _calls(streamed) == calls
+    assert [ch.finish_reason for ck in chunks for ch in ck.choices if ch.finish_reason] == ["tool_calls"]
+    named = _chat(server.client, "Time?", tools=TOOLS, max_tokens=60,
+                  tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert {n for n, _ in _calls(named.choices[0].message.tool_calls)} == {"get_time"}
+    none = _chat(server.client, "Hello", tools=TOOLS, tool_choice="none", max_tokens=30)
+    assert not none.choices[0].message.tool_calls and none.choices[0].finish_reason != "tool_calls"
+
+
 def test_error_status_codes(server) -> None:
     msgs = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.BadRequestError) as bad:
@@ -200,8 +244,11 @@ def test_error_status_codes(server) -> None:
     assert _post(server.url, b'{"messages": [').status_code == 400            # malformed JSON
     assert _post(server.url, {"messages": "hi"}).status_code == 400           # wrong type
     assert _post(server.url, {"messages": msgs, "max_tokens": 0}).status_code == 400
-    r = _post(server.url, {"messages": msgs, "tools": [{"type": "function", "function": {"name": "f"}}]})
-    assert r.status_code == 400 and "tool calling not available" in r.json()["error"]["message"]
+    r = _post(server.url, {"messages": msgs, "tools": TOOLS, "tool_choice": {"name": "nope"}})
+    assert r.status_code == 400 and "tool_choice" in r.json()["error"]["message"]
+    r = _post(server.url, {"messages": msgs, "tools": TOOLS, "response_format": _fmt(SCHEMAS[0])})
+    assert r.status_code == 400 and "not both" in r.json()["error"]["message"]
+    assert _post(server.url, {"messages": msgs, "functions": [{"name": "f"}]}).status_code == 400
     assert _post(server.url, {"messages": msgs, "logprobs": True}).status_code == 400
     r = _post(server.url, {"messages": msgs, "max_tokens": 2, "response_format": _fmt(SCHEMAS[0])})
     assert r.status_code == 400 and r.json()["error"]["code"] == "max_tokens_too_small"

@@ -157,6 +157,20 @@ def _sse(data: Any) -> str:
     return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
+def _chat_message(handle: RequestHandle, r: ChoiceResult) -> dict[str, Any]:
+    """``{"message", "finish_reason"}`` of a chat choice: with tools, a complete output split
+    into its free text and its validated calls (``finish_reason`` ``"tool_calls"`` when it
+    has any)."""
+    plan = handle.plan
+    if plan is None or not r.complete:
+        return {"message": {"role": "assistant", "content": r.text}, "finish_reason": r.finish_reason}
+    _, text, calls, _errors = plan.split(r.text)  # constrained calls parse and validate
+    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if calls:
+        message["tool_calls"] = [c.openai() for c in calls]
+    return {"message": message, "finish_reason": "tool_calls" if calls else r.finish_reason}
+
+
 async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str,
                   include_usage: bool) -> AsyncIterator[str]:
     """OpenAI server-sent events: chunks as text is committed, a finish chunk per choice,
@@ -181,7 +195,8 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str,
                 yield _sse({**head, "choices": [choice(i, "", None, first=True)]})
         async for ev in handle.events():
             if ev.kind == "delta":
-                yield _sse({**head, "choices": [choice(ev.index, ev.text, None)]})
+                if handle.plan is None:  # with tools, a choice is sent once it is split
+                    yield _sse({**head, "choices": [choice(ev.index, ev.text, None)]})
                 continue
             res = ev.result
             assert res is not None
@@ -190,7 +205,18 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str,
                 yield _sse({"error": {"message": f"generation failed: {res.error}", "type": "server_error",
                                       "param": None, "code": "internal_error"}})
                 continue
-            yield _sse({**head, "choices": [choice(ev.index, None if chat else "", res.finish_reason)]})
+            finish = res.finish_reason
+            if handle.plan is not None:
+                got = _chat_message(handle, res)
+                msg, finish = got["message"], got["finish_reason"]
+                if msg.get("content"):
+                    yield _sse({**head, "choices": [choice(ev.index, msg["content"], None)]})
+                calls = msg.get("tool_calls") or []
+                if calls:
+                    deltas = [{"index": k, **call} for k, call in enumerate(calls)]
+                    yield _sse({**head, "choices": [{"index": ev.index, "delta": {"tool_calls": deltas},
+                                                     "finish_reason": None, "logprobs": None}]})
+            yield _sse({**head, "choices": [choice(ev.index, None if chat else "", finish)]})
         if include_usage:
             yield _sse({**head, "choices": [], "usage": _usage(handle, results)})
         yield "data: [DONE]\n\n"
@@ -272,6 +298,10 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
             er = EngineRequest(constraint_of(req.response_format), max_tokens=req.budget() if chat
                                else req.max_tokens, temperature=req.temperature, top_p=req.top_p,
                                seed=req.seed, stop=req.stops(), n=req.n)
+            if chat and req.tools:
+                er.tools = req.tools
+                er.tool_choice = "auto" if req.tool_choice is None else req.tool_choice
+                er.parallel_tool_calls = True if req.parallel_tool_calls is None else req.parallel_tool_calls
             if chat:
                 er.messages = req.message_dicts()
             else:
@@ -292,8 +322,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
             return Response(status_code=499)  # nobody reads it: the client is gone
         _raise_on_error(results)
         if chat:
-            choices = [{"index": r.index, "message": {"role": "assistant", "content": r.text},
-                        "finish_reason": r.finish_reason, "logprobs": None} for r in results]
+            choices = [{"index": r.index, **_chat_message(handle, r), "logprobs": None} for r in results]
         else:
             choices = [{"index": r.index, "text": r.text, "finish_reason": r.finish_reason,
                         "logprobs": None} for r in results]

@@ -96,6 +96,10 @@ class EngineRequest:
     n: int = 1
     on_budget: str | None = None
     timeout_s: float | None = None
+    # tool calling (structgen.generation.tool_calls): OpenAI function specs, the choice
+    tools: list[Any] | None = None
+    tool_choice: Any = "auto"
+    parallel_tool_calls: bool = True
 
 
 @dataclass
@@ -145,6 +149,7 @@ class RequestHandle:
         self.created = time.time()
         self.submitted = time.perf_counter()
         self.cancelled = False
+        self.plan: Any = None  # the tool-calling plan (OutputPlan) of a request with tools
         self._loop = loop
         self._queue: asyncio.Queue[Event] | None = asyncio.Queue() if loop is not None else None
         self._sync: deque[Event] = deque()
@@ -416,8 +421,25 @@ class Engine:
 
         if req.n < 1:
             raise ConfigError("n must be at least 1", key="n")
-        grammar = self.compile(req.constraint)
-        ids = _prompt_ids(self.lm, req.prompt, req.messages)
+        vocab = self.vocab
+        if req.tools:
+            from structgen.frontends.tools import normalize_tools
+            from structgen.generation.tool_calls import plan_output
+
+            if not req.constraint.unconstrained:
+                raise ConfigError("give tools or response_format, not both", key="tools")
+            template_tools = [t.openai() for t in normalize_tools(req.tools)]
+            plan = plan_output(tools=req.tools, tool_choice=req.tool_choice,
+                               parallel_tool_calls=req.parallel_tool_calls,
+                               chat_template=getattr(self.lm.tokenizer, "chat_template", None))
+            handle.plan = plan
+            grammar = plan.grammar
+            # the model's own control token may write a call marker (Qwen's <tool_call>)
+            vocab = plan.vocabulary(self.vocab, self.lm.tokenizer)
+            ids = _prompt_ids(self.lm, req.prompt, req.messages, template_tools)
+        else:
+            grammar = self.compile(req.constraint)
+            ids = _prompt_ids(self.lm, req.prompt, req.messages)
         if not ids:
             raise ConfigError("the prompt encodes to no tokens", key="prompt")
         max_tokens = req.max_tokens
@@ -426,7 +448,7 @@ class Engine:
             max_tokens = self.default_max_tokens if ctx is None else \
                 max(1, min(self.default_max_tokens, ctx - len(ids)))
         check_context(self.lm, len(ids), max_tokens, draft_lm=self.draft_lm)
-        on_budget = req.on_budget or ("cut" if req.constraint.unconstrained else "close")
+        on_budget = req.on_budget or ("cut" if req.constraint.unconstrained and not req.tools else "close")
         over = {k: v for k, v in (("temperature", req.temperature), ("top_p", req.top_p)) if v is not None}
         cfg = replace(self.cfg, **over) if over else self.cfg
         handle.prompt_tokens = len(ids)
@@ -436,7 +458,7 @@ class Engine:
         for i in range(req.n):
             draft = (CausalLM(self.draft_lm.model, self.draft_lm.tokenizer)
                      if self.draft_lm is not None else None)
-            seq = _Sequence(self.lm, self.vocab, grammar, ids, cfg, speculative=self.speculative,
+            seq = _Sequence(self.lm, vocab, grammar, ids, cfg, speculative=self.speculative,
                             max_new_tokens=max_tokens, draft_lm=draft,
                             seed=None if req.seed is None else req.seed + i, on_budget=on_budget)
             if i == 0:
@@ -591,7 +613,7 @@ class Engine:
             st.time_to_first_token = now
         st.time_total = now
         self.counters.output_tokens += len(new)
-        data = self.vocab.decode_bytes([t for t in new if t not in self._eos])
+        data = s.seq.vocab.decode_bytes([t for t in new if t not in self._eos])
         s.text += s.decoder.decode(data)
         finished = s.seq.finish is not None
         if finished:

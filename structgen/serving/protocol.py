@@ -7,8 +7,8 @@ takes OpenAI's ``{"type": "text"}``, ``{"type": "json_object"}`` and ``{"type": 
 "regex": PATTERN}``. Fields OpenAI defines that structgen does not implement are refused with a
 400 naming the field when they ask for something (``logprobs: true``, ``logit_bias``, ...),
 and ignored when they are at their neutral value; unknown fields are ignored, as OpenAI's
-own server does with fields newer than it. ``tools`` / ``functions`` are refused until tool
-calling lands (the fields are modelled, so only the refusal has to go).
+own server does with fields newer than it. ``tools`` / ``tool_choice`` /
+``parallel_tool_calls`` are tool calling; the legacy ``functions`` fields are refused.
 
 Responses carry ``usage`` with a ``structgen`` extension: speculative statistics per request
 (target forward passes, tokens per pass, drafted and accepted tokens, acceptance).
@@ -125,8 +125,9 @@ class _Common(_Model):
 
 class ChatCompletionRequest(_Common):
     """``POST /v1/chat/completions``. ``max_completion_tokens`` is the newer name of
-    ``max_tokens`` (either may be given). ``tools`` / ``tool_choice`` /
-    ``parallel_tool_calls`` are modelled for tool calling, refused for now."""
+    ``max_tokens`` (either may be given). ``tools`` (OpenAI function specs) / ``tool_choice`` /
+    ``parallel_tool_calls``: tool calling (:mod:`structgen.generation.tool_calls`); the answer
+    carries ``message.tool_calls`` whose arguments validate against their tool's schema."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -141,15 +142,15 @@ class ChatCompletionRequest(_Common):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def refuse_unsupported(self) -> None:
-        """Also refuses ``tools`` / ``functions`` (tool calling is not available yet)."""
+        """Also refuses the legacy ``functions`` / ``function_call`` (give ``tools``), and a
+        ``tool_choice`` without ``tools``."""
         super().refuse_unsupported()
-        for name in ("tools", "functions"):
+        for name in ("functions", "function_call"):
             if getattr(self, name):
-                raise ConfigError(f"{name}: tool calling not available in this version of structgen serve "
-                                  "(use response_format json_schema for structured output)", key=name)
-        if self.tool_choice not in (None, "none"):
-            raise ConfigError("tool_choice: tool calling not available in this version of structgen serve",
-                              key="tool_choice")
+                raise ConfigError(f"{name}: the legacy function-calling fields are not supported; "
+                                  "give tools (and tool_choice)", key=name)
+        if not self.tools and self.tool_choice not in (None, "none", "auto"):
+            raise ConfigError("tool_choice: needs tools", key="tool_choice")
 
     def message_dicts(self) -> list[dict[str, str]]:
         """The messages as ``{"role", "content"}`` dicts for the chat template."""
