@@ -5,7 +5,7 @@
 #   SETUP_FORCE=1 bash scripts/setup.sh   # redo the pip steps even if the stamp says done
 #   STRUCTGEN_ASSETS="llama3" bash scripts/setup.sh   # choose which assets to pull ("" = none)
 #   STRUCTGEN_LLAMACPP=0 bash scripts/setup.sh  # without the llama.cpp backend (no llama-cpp-python build)
-#   STRUCTGEN_RAY=1 bash scripts/setup.sh   # also Ray Serve / Ray Data (the [ray] extra; large)
+#   STRUCTGEN_RAY=0 bash scripts/setup.sh   # without Ray Serve / Ray Data (the [ray] extra, ~240 MB)
 #
 # Steps:
 #   1. .venv (python3 -m venv) unless it exists; python >= 3.10 required.
@@ -26,6 +26,9 @@
 #      wheel cache (~/.cache/pip) makes later set-ups take seconds. The cache key is the package
 #      version, not these CMake options: `pip cache remove llama_cpp_python` forces a rebuild
 #      after changing them.
+#   4b. Ray Serve and Ray Data (`.[ray]`, about 240 MB; STRUCTGEN_RAY=0 skips it, and its tests then
+#      skip themselves), for the scale-out deployment of `structgen serve` and its test on a local
+#      Ray instance.
 #   5. Tokenizer and model assets the tests and the demo use: `python -m structgen.tools.assets pull
 #      ALIAS...` (the same job as `structgen models pull`; cached under ~/.cache/structgen, so later
 #      runs are quick).
@@ -115,7 +118,7 @@ else
     "$PY" -m structgen.tools.warm || log "warning: compiling the native kernels failed (see above): the first compile or mask will compile them"
 fi
 
-# 4. llama.cpp backend (opt-in) ---------------------------------------------------------------
+# 4. llama.cpp backend (STRUCTGEN_LLAMACPP=0 skips it) ---------------------------------------------------------------
 LLAMACPP_VERSION=0.3.36
 if [ "${STRUCTGEN_LLAMACPP:-1}" = 1 ]; then
     have=$("$PY" -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null || true)
@@ -146,8 +149,9 @@ if [ "${STRUCTGEN_LLAMACPP:-1}" = 1 ]; then
     fi
 fi
 
-# 4b. Ray (opt-in): the Ray Serve deployment and the Ray Data extractor (structgen/serving/ray_serve.py)
-if [ "${STRUCTGEN_RAY:-0}" = 1 ]; then
+# 4b. Ray (STRUCTGEN_RAY=0 skips it): the Ray Serve deployment and the Ray Data extractor
+# (structgen/serving/ray_serve.py), which tests/test_serve_ray.py runs on a local Ray instance
+if [ "${STRUCTGEN_RAY:-1}" = 1 ]; then
     if "$PY" -c 'import ray.serve, ray.data' 2>/dev/null && [ "${SETUP_FORCE:-0}" != 1 ]; then
         log "ray[serve] already installed"
     else
