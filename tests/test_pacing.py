@@ -202,3 +202,20 @@ def test_greedy_output_identical_to_plain_under_any_cut(tiny_random_lm, monkeypa
         spec = structgen.generate(tiny_random_lm, speculative=True,
                                   config=SpecConfig(max_draft_tokens=8), **kw)
         assert spec.tokens == plain.tokens
+
+
+def test_step_cost_forgets_pass_sizes_it_no_longer_sees() -> None:
+    # long passes measured under load, then only short ones: the stale means must fade so
+    # that the prior (and with it long drafts that re-measure the machine) comes back
+    c = StepCost(8.0)
+    for positions in (2, 3, 9, 13) * 4:
+        c.add(positions, 0.4 + 0.3 * positions)           # busy machine: steep per position
+    steep = c.fixed_positions()
+    assert steep == pytest.approx(0.4 / 0.3, rel=1e-6)
+    for _ in range(StepCost.HALF_LIFE * 5):
+        c.add(2, 0.1)
+        c.add(3, 0.11)
+    assert c.fixed_positions() == 8.0                      # only sizes 2 and 3 left: the prior
+    for positions in (2, 3, 9, 13) * 8:
+        c.add(positions, 0.1 + 0.01 * positions)           # quiet machine: cheap positions
+    assert c.fixed_positions() > 4 * steep

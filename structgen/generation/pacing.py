@@ -41,16 +41,28 @@ class StepCost:
     to those means. Until the means span at least :attr:`MIN_SPREAD` positions, or when the fit
     is not increasing, the prior ``prior_fixed_positions`` is used. ``fixed=True`` keeps the
     prior whatever is observed: cuts that do not depend on measured times (seeded sampling
-    reproduces its draws exactly)."""
+    reproduces its draws exactly).
+
+    A mean's weight in the fit also halves every :attr:`HALF_LIFE` observations of other sizes
+    and the mean drops out below :attr:`MIN_WEIGHT`. Without that, a mean of long passes
+    measured while the machine was busy would outlive the load: the fit keeps judging long
+    passes expensive, the pacer stops sending them, and nothing ever corrects the mean (measured
+    on llama.cpp: drafting all but stopped for the rest of a run once the load fell). Once
+    the stale means are gone the fit's spread falls below :attr:`MIN_SPREAD`, the prior comes
+    back, and the next long drafts measure the machine as it is now."""
 
     MIN_SPREAD = 3
     MAX_SIZES = 48    # distinct position counts remembered (the least recently seen go first)
     WEIGHT_CAP = 8.0  # a mean's weight in the fit: its observation count, capped
+    HALF_LIFE = 64    # observations after which an unrefreshed mean counts half
+    MIN_WEIGHT = 0.5  # a mean whose aged weight falls below this is left out of the fit
 
     def __init__(self, prior_fixed_positions: float = 12.0, *, fixed: bool = False) -> None:
         self.prior = float(prior_fixed_positions)
         self.fixed = fixed
-        self.means: dict[int, list[float]] = {}  # positions -> [running mean seconds, weight]
+        # positions -> [running mean seconds, weight, observation count when last updated]
+        self.means: dict[int, list[float]] = {}
+        self.observations = 0
         self._lock = threading.Lock()
 
     def add(self, positions: int, seconds: float) -> None:
@@ -58,20 +70,26 @@ class StepCost:
         if self.fixed or positions <= 0 or not seconds > 0:
             return
         with self._lock:
+            self.observations += 1
             entry = self.means.pop(positions, None)
             if entry is None:
-                entry = [seconds, 0.0]
-            w = min(entry[1] + 1.0, self.WEIGHT_CAP)
+                entry = [seconds, 0.0, 0.0]
+            w = min(self._aged(entry) + 1.0, self.WEIGHT_CAP)
             entry[0] += (seconds - entry[0]) / w
             entry[1] = w
+            entry[2] = float(self.observations)
             self.means[positions] = entry   # re-inserted: the dict keeps the most recent last
             while len(self.means) > self.MAX_SIZES:
                 del self.means[next(iter(self.means))]
 
+    def _aged(self, entry: list[float]) -> float:
+        return entry[1] * 0.5 ** ((self.observations - entry[2]) / self.HALF_LIFE)
+
     def fixed_positions(self) -> float:
         """The position-independent cost of a pass, in units of one position's cost."""
         with self._lock:
-            pts = [(float(x), m, w) for x, (m, w) in self.means.items()]
+            pts = [(float(x), e[0], w) for x, e in self.means.items()
+                   if (w := self._aged(e)) >= self.MIN_WEIGHT]
         if len(pts) < 2 or max(x for x, _, _ in pts) - min(x for x, _, _ in pts) < self.MIN_SPREAD:
             return self.prior
         sw = sum(w for _, _, w in pts)
