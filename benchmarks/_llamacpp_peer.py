@@ -1,18 +1,20 @@
 """llama-cpp-python with its own JSON-schema grammar, as a peer engine of ``benchmarks/generate.py``.
 
 The peer runs in a child process of its own (one per engine), so that it sees llama.cpp as a
-user's process would: structgen's llama.cpp backend switches off ggml's tiled K-quant kernel
-for its whole process (``GGML_CPU_TILED_MM=0``) and loads weights without repacking, for
-exactness; the peer keeps llama-cpp-python's defaults. A crash of the peer (llama.cpp aborts
-on some grammar + draft combinations) costs the task, not the benchmark: the child is
-restarted for the next task. Weight repacking is off in the peer too: with it llama.cpp
-crashes on this machine (see ``_serve``).
+user's process would, with llama-cpp-python's defaults: weight repacking (llama.cpp's extra
+CPU buffer types: faster kernels whose results depend on the number of positions per pass,
+which structgen's backend leaves off for exactness) is on unless ``repack=False``. With
+repacking, ``llama_decode`` crashed (SIGSEGV) on an AVX-512/AMX Xeon for SmolLM2 Q4_1 and
+Qwen2.5 Q4_K_M, in llama-cpp-python's own ``Llama`` too: there, run the peer without it
+(``benchmarks/generate.py --peer-repack off``). A crash of the peer (llama.cpp also aborts on
+some grammar + draft combinations) costs the task, not the benchmark: the child is restarted
+for the next task.
 
 Engines: ``grammar`` (``LlamaGrammar.from_json_schema`` + ``create_completion``, greedy) and
 ``lookup`` (the same plus ``LlamaPromptLookupDecoding``, llama-cpp-python's prompt-lookup
 speculative decoding). Timing: grammar construction plus generation, measured in the child.
 
-    python benchmarks/_llamacpp_peer.py MODEL.gguf THREADS ENGINE   # the child's main loop
+    python benchmarks/_llamacpp_peer.py MODEL.gguf THREADS ENGINE [on|off]   # the child (repack)
 """
 
 from __future__ import annotations
@@ -28,22 +30,20 @@ from typing import Any
 ENGINES = ("grammar", "lookup")
 
 
-def _serve(model_path: str, threads: int, engine: str) -> None:
+def _serve(model_path: str, threads: int, engine: str, repack: bool = True) -> None:
     """Child: read one JSON request per line, answer one JSON line each."""
     import llama_cpp.llama_cpp as low_level  # the module llama_cpp.Llama takes its defaults from
     from llama_cpp import Llama, LlamaGrammar
 
-    # Weight repacking (llama.cpp's extra CPU buffer types, on by default) makes llama_decode
-    # crash (SIGSEGV) on this build and CPU (AVX-512/AMX) for SmolLM2 Q4_1 and Qwen2.5 Q4_K_M;
-    # off, the peer runs the same matrix kernels as structgen's backend (which has it off too).
-    default_params = low_level.llama_model_default_params
+    if not repack:  # Llama() takes its model parameters from this function
+        default_params = low_level.llama_model_default_params
 
-    def no_repack() -> Any:
-        params = default_params()
-        params.use_extra_bufts = False
-        return params
+        def no_repack() -> Any:
+            params = default_params()
+            params.use_extra_bufts = False
+            return params
 
-    low_level.llama_model_default_params = no_repack
+        low_level.llama_model_default_params = no_repack
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     draft = LlamaPromptLookupDecoding(num_pred_tokens=10) if engine == "lookup" else None
@@ -74,16 +74,16 @@ def _serve(model_path: str, threads: int, engine: str) -> None:
 class Peer:
     """A child process running one llama-cpp-python engine on ``model_path``."""
 
-    def __init__(self, model_path: str | os.PathLike[str], threads: int, engine: str) -> None:
+    def __init__(self, model_path: str | os.PathLike[str], threads: int, engine: str, *,
+                 repack: bool = True) -> None:
         if engine not in ENGINES:
             raise ValueError(f"unknown llama-cpp-python engine {engine!r}")
         self.args = [sys.executable, str(Path(__file__).resolve()), os.fspath(model_path), str(threads),
-                     engine]
+                     engine, "on" if repack else "off"]
         self.proc: subprocess.Popen[str] | None = None
 
     def _start(self) -> subprocess.Popen[str]:
-        env = {k: v for k, v in os.environ.items() if k != "GGML_CPU_TILED_MM"}
-        return subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        return subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def run(self, prompt_ids: list[int], schema: dict[str, Any], max_new: int) -> dict[str, Any]:
         """One greedy generation; ``{"error": ...}`` when the engine failed or crashed."""
@@ -110,4 +110,4 @@ class Peer:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1], int(sys.argv[2]), sys.argv[3])
+    _serve(sys.argv[1], int(sys.argv[2]), sys.argv[3], repack=sys.argv[4:5] != ["off"])

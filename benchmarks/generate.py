@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{LLAMACPP_ENGINES} (llamacpp)")
     ap.add_argument("--backend", choices=("transformers", "llamacpp"), default="transformers",
                     help="llamacpp: plain and spec on the model's GGUF (ALIAS-gguf) run by llama.cpp")
+    ap.add_argument("--peer-repack", choices=("on", "off"), default="on",
+                    help="llama-cpp-python peers: weight repacking (its default: on; off where it crashes)")
     ap.add_argument("--hf-dtype", default="bfloat16", help="weights of the hf-spec engine (llamacpp backend)")
     ap.add_argument("--dtype", default="float32", help="model weights: float32, bfloat16, auto "
                     "(all engines use the same loaded model)")
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     if llamacpp:
         from _llamacpp_peer import Peer
 
-        peers = {e: Peer(gguf_path, args.threads, e.split("-", 1)[1])
+        peers = {e: Peer(gguf_path, args.threads, e.split("-", 1)[1], repack=args.peer_repack == "on")
                  for e in engines if e in ("llama-grammar", "llama-lookup")}
     hf_lm = None
     if "hf-spec" in engines:
@@ -239,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             "model": ("tiny-gguf" if llamacpp else "tiny-random") if args.smoke else args.model,
             "dtype": "gguf" if llamacpp else str(lm.model.dtype),
             "hf_dtype": args.hf_dtype if hf_lm is not None else None,
+            "peer_repack": args.peer_repack if peers else None,
             "draft_model": args.draft_model,
             "max_new_tokens": args.max_new_tokens}
     print(json.dumps({"meta": meta, "summary": summary}, indent=1))

@@ -131,6 +131,32 @@ def test_verify_pass_logits_equal_one_position_passes(gguf_paths, weights: str) 
 
 
 @needs_llama_cpp
+def test_k_quant_passes_are_row_invariant_with_the_tiled_kernel(tmp_path) -> None:
+    """On K-quant weights ggml's tiled kernel (on unless GGML_CPU_TILED_MM=0) serves products of
+    8+ columns: every position of a 16-position verify pass and of a batched step still equals,
+    bit for bit, its one-position pass, while a prompt prefill runs in one decode."""
+    from _tiny_gguf import quantize_gguf
+
+    from structgen.generation.llamacpp import ROW_INVARIANT_COLUMNS, load_gguf, tiled_kernel_enabled
+
+    src = write_tiny_gguf(tmp_path / "tiny256-f32.gguf", n_embd=256, n_ff=512, n_head=8, n_head_kv=2)
+    lm = load_gguf(quantize_gguf(src, tmp_path / "tiny256-q4km.gguf"), n_threads=1, n_ctx=1024)
+    assert lm.gguf.max_logit_columns == (ROW_INVARIANT_COLUMNS if tiled_kernel_enabled() else None)
+    ids = lm.tokenizer.encode('Extract: {"name": "Bob", "age": 41, "tags": ["a", "b", "c"]} and more of '
+                              'the same text to feed')
+    prefix, tail = ids[:12], ids[12:28]
+    alone = _logits_one_by_one(lm, prefix, tail)
+    lm.reset()
+    lm.extend(prefix, all_logits=False)
+    assert torch.equal(lm.extend(tail), alone)
+    kv = lm.new_batch_cache()
+    kv.prefill([prefix, prefix[:-2]])
+    step = kv.extend([tail[:9], prefix[-2:] + tail[:7]])  # 18 positions, two rows
+    assert torch.equal(step[:9], alone[:9])
+    assert torch.equal(step[11:], alone[:7])
+
+
+@needs_llama_cpp
 @pytest.mark.parametrize("case", range(len(SCHEMAS)))
 def test_greedy_speculative_equals_plain(lm, case: int) -> None:
     schema = SCHEMAS[case]

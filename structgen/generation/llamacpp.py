@@ -19,9 +19,15 @@ two or more columns (llamafile's tiled GEMM), so a one-position pass rounds diff
 scratch position (a copy of the token at position 0 of a scratch sequence, removed after the
 pass), so every product has at least two columns; flash attention (on) processes each query
 row on its own and skips masked cache cells, so rows of other sequences do not change a row's
-attention either. ggml's tiled K-quant kernel (8+ columns) is switched off for the process
-(``GGML_CPU_TILED_MM=0``, unless set) and weight repacking is off by default (``repack``) for
-the same reason. See ``tests/test_llamacpp.py`` for what is checked.
+attention either. ggml's tiled K-quant kernel serves products of 8 or more columns (on
+by default; ``GGML_CPU_TILED_MM=0`` turns it off for the process): on a model with K-quant or
+IQ weights every pass that returns logits for several positions (a verify pass, a batched
+step) is split into ``llama_decode`` calls of at most :data:`ROW_INVARIANT_COLUMNS` positions,
+so those products always take the dot-product kernel, while a prompt prefill (no logits but
+the last; the same for plain and speculative decoding of one prompt) keeps the tiled kernel,
+about twice as fast on long prompts. Weight repacking is off by default (``repack``) for the
+same reason. See ``tests/test_llamacpp.py`` for what is checked and
+``benchmarks/results/llamacpp-row-invariance.md`` for the measurements.
 
 Batched rows get one cache stream each (``kv_unified`` off): every sequence has its own cells,
 in the order of its positions, as a sequence alone has. With one cache shared by all rows
@@ -60,11 +66,41 @@ INSTALL_HINT = ("install the llama.cpp backend with `pip install 'structgen[llam
 _DEFAULT_CTX = 4096        # positions per sequence when the caller gives none (and the model allows)
 _CHUNK = 512               # positions per llama_decode call when prefilling a long prompt
 _BATCH_ROOM = 1024         # generated positions reserved per sequence of a batched cache
+# ggml's tiled K-quant kernel takes products of 8 or more columns (ggml-cpu/tiled, "rows >= 8");
+# fewer columns take the per-column dot products a one-position pass takes
+ROW_INVARIANT_COLUMNS = 7
+# weight types ggml's tiled kernel serves (ggml_tiled_supported in ggml-cpu/tiled/tiled.cpp)
+_TILED_TYPES = frozenset({"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S",
+                          "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"})
 
 _LOCK = threading.Lock()
 _MODELS: dict[tuple[str, bool], _GGUFModel] = {}
 _BACKEND_READY = False
 _LOG_CALLBACK: Any = None  # keeps the ctypes callback alive while llama.cpp holds it
+
+
+def tiled_kernel_enabled() -> bool:
+    """Whether ggml may take its tiled K-quant kernel in this process: ggml's own reading of
+    ``GGML_CPU_TILED_MM`` (unset or a non-zero number), which it makes once per process."""
+    value = os.environ.get("GGML_CPU_TILED_MM")
+    if value is None:
+        return True
+    try:
+        return int(value.strip() or "0") != 0
+    except ValueError:
+        return False  # atoi() of text that is not a number is 0
+
+
+def _tiled_weights(path: Path) -> bool:
+    """Whether the GGUF at ``path`` has matrices of a type ggml's tiled kernel serves (read
+    from the tensor table; True when it cannot be read, the safe answer)."""
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(path))
+        return any(t.tensor_type.name in _TILED_TYPES for t in reader.tensors)
+    except Exception:  # noqa: BLE001 - no gguf package or an unusual file: assume the worst
+        return True
 
 
 def _lib() -> Any:
@@ -77,13 +113,6 @@ def _lib() -> Any:
                          + INSTALL_HINT) from e
     with _LOCK:
         if not _BACKEND_READY:
-            # ggml's tiled K-quant matrix kernel serves products of 8 or more columns and the
-            # dot-product kernel fewer: a verify pass of 8+ positions would round differently
-            # from one-position passes on Q4_K/Q6_K weights. ggml reads this switch once per
-            # process (it affects every llama.cpp model of the process; prompts of K-quant
-            # models prefill somewhat slower); a value the user set is kept.
-            os.environ.setdefault("GGML_CPU_TILED_MM", "0")
-
             @llama_cpp.llama_log_callback
             def _quiet(level: int, text: bytes, user_data: Any) -> None:  # llama.cpp's load chatter
                 return None
@@ -115,6 +144,10 @@ class _GGUFModel:
         self.vocab = lib.llama_model_get_vocab(ptr)
         self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = int(lib.llama_model_n_ctx_train(ptr))
+        # the most positions one pass that returns logits may hold (None: no limit), so that a
+        # position's logits do not depend on the pass (see the module docstring)
+        self.max_logit_columns = (ROW_INVARIANT_COLUMNS if tiled_kernel_enabled() and _tiled_weights(path)
+                                  else None)
         self._vocabulary: Any = None
         self.tokenizer = GGUFTokenizer(self)
 
@@ -376,8 +409,20 @@ class LlamaCppLM:
         return torch.from_numpy(logits)
 
     def _run(self, ctx: _Context, entries: list[tuple[int, int, int, bool]], seqs: list[int]) -> np.ndarray:
-        """One decode; with ``row_invariant`` a single-position pass gets a scratch position
-        (sequence ``ctx.scratch_seq``, removed right after) so that no product has one column."""
+        """Decode ``entries`` (in order); with ``row_invariant``, a pass that returns logits for
+        several positions runs in decodes of at most the model's ``max_logit_columns`` entries
+        (a sequence's positions in order, split wherever), and a single-position decode gets a
+        scratch position, so that no product has one column or takes another kernel."""
+        cap = self.gguf.max_logit_columns
+        if self.row_invariant and cap and len(entries) > cap and sum(e[3] for e in entries) > 1:
+            parts = -(-len(entries) // cap)  # as few decodes as the cap allows, sizes balanced
+            bounds = [len(entries) * i // parts for i in range(parts + 1)]
+            return np.concatenate([self._decode(ctx, entries[lo:hi]) for lo, hi in zip(bounds, bounds[1:])])
+        return self._decode(ctx, entries)
+
+    def _decode(self, ctx: _Context, entries: list[tuple[int, int, int, bool]]) -> np.ndarray:
+        """One ``llama_decode``, padded with a scratch position when it holds one entry (see
+        :meth:`_run`)."""
         pad = self.row_invariant and len(entries) == 1
         if pad:
             tok = entries[0][0]
