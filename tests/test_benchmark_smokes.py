@@ -54,17 +54,18 @@ SMOKES: dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]] = {
     "startup": ((), False, ()),
     "tools": ((), False, ("gpt2", "llama3")),
     "llamacpp_row_invariance": ((), False, ()),
+    "llamacpp_prefill": ((), False, ()),
     "default_model": ((), False, ()),
     "serve": ((), False, ("gpt2",)),
 }
 # scripts that need an optional package beyond triton: skipped without it
-NEEDS_MODULE = {"llamacpp_row_invariance": "llama_cpp", "serve": "fastapi"}
+NEEDS_MODULE = {"llamacpp_row_invariance": "llama_cpp", "llamacpp_prefill": "llama_cpp", "serve": "fastapi"}
 
 
 # the longest smokes first, so that the two concurrent runs finish close together
 START_ORDER = ("masks", "masks_builds", "jsonschemabench", "tools", "bad_inputs", "batch", "budget",
                "generate", "lossless", "verify", "verify_codegen", "verify_race_skip", "json_schema_suite",
-               "startup", "llamacpp_row_invariance", "default_model", "serve")
+               "startup", "llamacpp_row_invariance", "llamacpp_prefill", "default_model", "serve")
 
 
 class _Runs:
