@@ -219,7 +219,18 @@ def test_tool_calls_validate_and_stream_like_the_answer(server) -> None:
     assert calls and choice.finish_reason == "tool_calls"
     assert all(c.id.startswith("call_") and c.type == "function" for c in choice.message.tool_calls)
     chunks = list(_chat(server.client, "What will the weather be in Paris?", stream=True, **kw))
-    streamed = [tc for ck in chunks for ch in ck.choices for tc in (ch.delta.tool_calls or [])]
+    deltas = [tc for ck in chunks for ch in ck.choices for tc in (ch.delta.tool_calls or [])]
+    joined: dict[int, dict] = {}  # what a client does: id and name once, arguments in pieces
+    for d in deltas:
+        if d.id is not None:
+            assert d.index not in joined and d.type == "function" and d.function.name
+            joined[d.index] = {"id": d.id, "name": d.function.name, "arguments": ""}
+        joined[d.index]["arguments"] += d.function.arguments or ""
+    assert len(deltas) > len(joined)  # the arguments arrive as they are generated
+    assert [(j["name"], j["arguments"]) for j in joined.values()] == \
+        [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    streamed = [SimpleNamespace(function=SimpleNamespace(name=j["name"], arguments=j["arguments"]))
+                for j in joined.values()]
     assert _calls(streamed) == calls
     assert [ch.finish_reason for ck in chunks for ch in ck.choices if ch.finish_reason] == ["tool_calls"]
     named = _chat(server.client, "Time?", tools=TOOLS, max_tokens=60,

@@ -22,7 +22,7 @@ from typing import Any
 
 from structgen.errors import ConfigError
 
-__all__ = ["OutputPlan", "ToolCall", "plan_output"]
+__all__ = ["CallStream", "OutputPlan", "ToolCall", "plan_output"]
 
 THINK_START = "<think>"
 THINK_END = "</think>"
@@ -36,12 +36,18 @@ class ToolCall:
     id: str
     name: str
     arguments: Any
+    #: the arguments' JSON text as the model wrote it (None: unknown, :meth:`openai` writes it)
+    arguments_text: str | None = None
 
     def openai(self) -> dict[str, Any]:
         """The OpenAI message form ``{"id", "type": "function", "function": {"name",
-        "arguments": <JSON text>}}`` (to put back into ``messages``)."""
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)}}
+        "arguments": <JSON text>}}`` (to put back into ``messages``): the text the model
+        wrote where it is known (what a stream of the same output sends), else the arguments
+        written by ``json.dumps``."""
+        text = self.arguments_text
+        if text is None:
+            text = json.dumps(self.arguments, ensure_ascii=False)
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": text}}
 
 
 @dataclass
@@ -102,7 +108,14 @@ class OutputPlan:
         errors = list(parsed.errors)
         calls: list[ToolCall] = []
         by_name = {t.name: t for t in self.tools}
-        for name, args in parsed.calls:
+        raw: list[str | None] = [None] * len(parsed.calls)
+        stream = CallStream.for_plan(self)
+        if stream is not None:  # the arguments as written, where the output reads as the grammar writes
+            got = stream._read_text(text)
+            if got is not None and [c.name for c in got] == [n for n, _ in parsed.calls]:
+                raw = [c.args if c.done and json.loads(c.args) == a else None
+                       for c, (_, a) in zip(got, parsed.calls)]
+        for (name, args), args_text in zip(parsed.calls, raw):
             tool = by_name.get(name)
             if tool is None:
                 errors.append(f"call of unknown tool {name!r}")
@@ -111,7 +124,7 @@ class OutputPlan:
             if problem:
                 errors.append(f"{name}: {problem}")
                 continue
-            calls.append(ToolCall("call_" + uuid.uuid4().hex[:24], name, args))
+            calls.append(ToolCall("call_" + uuid.uuid4().hex[:24], name, args, args_text))
         return reasoning, parsed.text, calls, errors
 
 
@@ -196,3 +209,254 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
                               count_after=None if opened else prefix)
     return OutputPlan(compile_triggered(spec), tool_list, fmt, True, THINK_START if opened else "",
                       template_tools, new_matcher)
+
+
+def _json_end(text: str, pos: int) -> int | None:
+    """The end of the JSON value that starts at ``text[pos]`` (after no whitespace), or None
+    when the text ends before the value does (a number at the very end counts as unfinished:
+    more digits may follow)."""
+    if pos >= len(text):
+        return None
+    c = text[pos]
+    if c == '"':
+        i = pos + 1
+        while i < len(text):
+            if text[i] == "\\":
+                i += 2
+                continue
+            if text[i] == '"':
+                return i + 1
+            i += 1
+        return None
+    if c in "{[":
+        depth, i, in_str = 0, pos, False
+        while i < len(text):
+            ch = text[i]
+            if in_str:
+                if ch == "\\":
+                    i += 1
+                elif ch == '"':
+                    in_str = False
+            elif ch == '"':
+                in_str = True
+            elif ch in "{[":
+                depth += 1
+            elif ch in "}]":
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        return None
+    i = pos
+    while i < len(text) and text[i] not in ",]} \t\r\n":
+        i += 1
+    return i if i < len(text) else None
+
+
+@dataclass
+class _Call:
+    """A call as far as a stream has read it: ``name`` once complete, ``args`` the arguments
+    text so far, ``done`` when the arguments are complete."""
+
+    name: str | None
+    args: str
+    done: bool
+
+
+def _scan_call(text: str, pos: int, key: str) -> tuple[_Call | None, int]:
+    """Read the call envelope ``{"name": <string>, "<key>": <arguments>}`` (what
+    :meth:`~structgen.frontends.tools.ToolFormat.call_body` writes) at ``pos``: the call so far
+    and the position after it (-1: unfinished; (None, -2): the text is not that envelope)."""
+    head, sep = '{"name": ', f', "{key}": '
+    avail = text[pos: pos + len(head)]
+    if not head.startswith(avail):
+        return None, -2
+    if len(avail) < len(head):
+        return _Call(None, "", False), -1
+    p = pos + len(head)
+    end = _json_end(text, p) if p < len(text) else None
+    if end is None:
+        if p < len(text) and text[p] != '"':
+            return None, -2
+        return _Call(None, "", False), -1
+    try:
+        name = json.loads(text[p:end])
+    except ValueError:
+        return None, -2
+    if not isinstance(name, str):
+        return None, -2
+    avail = text[end: end + len(sep)]
+    if not sep.startswith(avail):
+        return None, -2
+    if len(avail) < len(sep):
+        return _Call(name, "", False), -1
+    a = end + len(sep)
+    a_end = _json_end(text, a)
+    if a_end is None:
+        return _Call(name, text[a:], False), -1
+    if a_end >= len(text):
+        return _Call(name, text[a:a_end], False), -1  # the closing "}" is still to come
+    if text[a_end] != "}":
+        return None, -2
+    return _Call(name, text[a:a_end], True), a_end + 1
+
+
+def _held_marker_prefix(text: str, marker: str) -> int:
+    """The length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
+
+
+class CallStream:
+    """Incremental reading of one constrained output with tool calls, for streaming clients.
+
+    :meth:`feed` takes the output's text as it is committed and returns events: ``("content",
+    text)``, ``("call", index, id, name)`` once a call's name is complete, ``("arguments",
+    index, text)`` as its arguments text grows. Joined, the content events equal the text
+    :meth:`OutputPlan.split` gives for the whole output (stripped as it strips: leading and
+    trailing whitespace and any text that may still turn out to start a marker are held back),
+    and each call's argument events equal its arguments as the model wrote them (the
+    ``arguments`` text of :meth:`ToolCall.openai` for a complete output). Built-in formats
+    (tagged, Llama 3 JSON, Mistral) only: :meth:`for_plan` gives None for the others, and for
+    reasoning, whose parts are only known once the output is complete."""
+
+    def __init__(self, fmt: Any) -> None:
+        self.fmt = fmt
+        self.text = ""
+        self.content_sent = ""
+        self.calls: list[tuple[str, int]] = []  # (id, arguments characters sent)
+
+    @classmethod
+    def for_plan(cls, plan: OutputPlan) -> CallStream | None:
+        from structgen.frontends.tools import Llama3JsonFormat, MistralFormat, TaggedFormat
+
+        if plan.format is None or plan.reasoning:
+            return None
+        if not isinstance(plan.format, (TaggedFormat, Llama3JsonFormat, MistralFormat)):
+            return None
+        return cls(plan.format)
+
+    def _read(self, final: bool) -> tuple[str, list[_Call]] | None:
+        """(content known so far, calls so far); None when the text leaves the shapes the
+        grammar writes (the caller then waits for the complete output)."""
+        from structgen.frontends.tools import Llama3JsonFormat, MistralFormat
+
+        text, fmt, key = self.text, self.fmt, self.fmt.arguments_key
+        calls: list[_Call] = []
+        if isinstance(fmt, Llama3JsonFormat):
+            body = text
+            if body.startswith("<|python_tag|>"):
+                body = body[len("<|python_tag|>"):].lstrip()
+            elif "<|python_tag|>".startswith(body) and body and not final:
+                return "", calls
+            if not body:
+                return "", calls
+            if not body.startswith("{"):
+                return text, calls
+            pos = 0
+            while True:
+                call, nxt = _scan_call(body, pos, key)
+                if call is None:
+                    return None
+                calls.append(call)
+                if nxt < 0:
+                    return "", calls
+                rest = body[nxt:]
+                if not rest.startswith("; "):
+                    if "; ".startswith(rest) or rest.strip() == "":
+                        return "", calls
+                    return None
+                pos = nxt + 2
+        if isinstance(fmt, MistralFormat):
+            marker = fmt.marker
+            i = text.find(marker)
+            if i < 0:
+                held = 0 if final else _held_marker_prefix(text, marker)
+                return text[: len(text) - held], calls
+            content = text[:i]
+            pos = i + len(marker)
+            while pos < len(text) and text[pos].isspace():
+                pos += 1
+            if pos >= len(text):
+                return content, calls
+            if text[pos] != "[":
+                return None
+            pos += 1
+            while True:
+                call, nxt = _scan_call(text, pos, key)
+                if call is None:
+                    return None
+                calls.append(call)
+                if nxt < 0 or nxt >= len(text) or text[nxt] == "]":
+                    return content, calls
+                if not ", ".startswith(text[nxt: nxt + 2]):
+                    return None
+                pos = nxt + 2
+                if pos > len(text):
+                    return content, calls
+        # tagged blocks amid free text
+        begin, end = fmt.begin, fmt.end
+        parts: list[str] = []
+        pos = 0
+        while True:
+            i = text.find(begin, pos)
+            if i < 0:
+                rest = text[pos:]
+                held = 0 if final else _held_marker_prefix(rest, begin)
+                parts.append(rest[: len(rest) - held])
+                break
+            parts.append(text[pos:i])
+            p = i + len(begin)
+            while p < len(text) and text[p].isspace():
+                p += 1
+            call, nxt = _scan_call(text, p, key)
+            if call is None:
+                return None
+            calls.append(call)
+            if nxt < 0:
+                break
+            while nxt < len(text) and text[nxt].isspace():
+                nxt += 1
+            if not text.startswith(end, nxt):
+                if end.startswith(text[nxt:]):
+                    break
+                return None
+            pos = nxt + len(end)
+        return "".join(parts), calls
+
+    def _read_text(self, text: str) -> list[_Call] | None:
+        """The calls of a complete output ``text`` (this stream's own text is left alone)."""
+        saved, self.text = self.text, text
+        try:
+            got = self._read(True)
+        finally:
+            self.text = saved
+        return None if got is None else got[1]
+
+    def feed(self, delta: str, *, final: bool = False) -> list[tuple[Any, ...]]:
+        """Events for ``delta``, the text committed since the last call (``final``: the output
+        is complete: nothing is held back any more)."""
+        self.text += delta
+        got = self._read(final)
+        if got is None:
+            return []
+        content, calls = got
+        content = content.strip()  # trailing whitespace waits: split() strips it at the end
+        events: list[tuple[Any, ...]] = []
+        if len(content) > len(self.content_sent) and content.startswith(self.content_sent):
+            events.append(("content", content[len(self.content_sent):]))
+            self.content_sent = content
+        for k, call in enumerate(calls):
+            if call.name is None:
+                break
+            if k == len(self.calls):
+                cid = "call_" + uuid.uuid4().hex[:24]
+                self.calls.append((cid, 0))
+                events.append(("call", k, cid, call.name))
+            cid, sent = self.calls[k]
+            if len(call.args) > sent:
+                events.append(("arguments", k, call.args[sent:]))
+                self.calls[k] = (cid, len(call.args))
+        return events

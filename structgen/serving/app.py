@@ -24,7 +24,7 @@ import hmac
 import json
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -39,6 +39,7 @@ from structgen.errors import (
     SchemaError,
     StructgenError,
 )
+from structgen.generation.tool_calls import CallStream
 from structgen.serving.engine import (
     ChoiceResult,
     Engine,
@@ -189,14 +190,34 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str,
             return {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
         return {"index": index, "text": text or "", "finish_reason": finish, "logprobs": None}
 
+    # with tools, a choice's content and calls stream as the output is read (CallStream);
+    # where it cannot be read as it grows (reasoning, a custom format), once it is complete
+    calls_in = {i: CallStream.for_plan(handle.plan) for i in range(handle.n)} if handle.plan else {}
+
+    def call_chunks(index: int, events: list[tuple[Any, ...]]) -> Iterator[str]:
+        for e in events:
+            if e[0] == "content":
+                yield _sse({**head, "choices": [choice(index, e[1], None)]})
+                continue
+            if e[0] == "call":
+                tc = {"index": e[1], "id": e[2], "type": "function",
+                      "function": {"name": e[3], "arguments": ""}}
+            else:
+                tc = {"index": e[1], "function": {"arguments": e[2]}}
+            yield _sse({**head, "choices": [{"index": index, "delta": {"tool_calls": [tc]},
+                                             "finish_reason": None, "logprobs": None}]})
+
     try:
         if chat:
             for i in range(handle.n):
                 yield _sse({**head, "choices": [choice(i, "", None, first=True)]})
         async for ev in handle.events():
             if ev.kind == "delta":
-                if handle.plan is None:  # with tools, a choice is sent once it is split
+                if handle.plan is None:
                     yield _sse({**head, "choices": [choice(ev.index, ev.text, None)]})
+                elif calls_in.get(ev.index) is not None:
+                    for chunk in call_chunks(ev.index, calls_in[ev.index].feed(ev.text)):
+                        yield chunk
                 continue
             res = ev.result
             assert res is not None
@@ -206,7 +227,13 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str,
                                       "param": None, "code": "internal_error"}})
                 continue
             finish = res.finish_reason
-            if handle.plan is not None:
+            reader = calls_in.get(ev.index)
+            if reader is not None:
+                for chunk in call_chunks(ev.index, reader.feed("", final=True)):
+                    yield chunk
+                if reader.calls and res.complete:
+                    finish = "tool_calls"
+            elif handle.plan is not None:
                 got = _chat_message(handle, res)
                 msg, finish = got["message"], got["finish_reason"]
                 if msg.get("content"):
