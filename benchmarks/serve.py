@@ -214,8 +214,11 @@ async def _one(client: httpx.AsyncClient, url: str, req: dict[str, Any], engine:
     else:  # llama_cpp.server: one content chunk per sampled token, plus the end token as in usage
         tokens, counted = len(stamps) + (finish == "stop"), "chunks"
     itl = (stamps[-1] - stamps[0]) / (tokens - 1) if len(stamps) > 1 and tokens > 1 else None
+    valid = _valid(req, text)
     return {"status": 200, "ttft": (stamps[0] - t0) if stamps else None, "itl": itl, "latency": t1 - t0,
-            "tokens": tokens, "tokens_counted": counted, "finish_reason": finish, "valid": _valid(req, text),
+            "tokens": tokens, "tokens_counted": counted, "finish_reason": finish, "valid": valid,
+            "invalid": None if valid else {"kind": req["_kind"], "finish_reason": finish,
+                                           "text_tail": text[-300:]},
             "tokens_per_pass": (usage.get("structgen") or {}).get("tokens_per_pass")}
 
 
@@ -264,7 +267,8 @@ async def _level(url: str, reqs: list[dict[str, Any]], concurrency: int, engine:
             "output_tokens_counted": sorted({d["tokens_counted"] for d in ok}),
             "finish_reasons": {f: sum(d["finish_reason"] == f for d in ok)
                                for f in sorted({str(d["finish_reason"]) for d in ok})},
-            "errors": [d.get("error") for d in done if d["status"] != 200][:3]}
+            "errors": [d.get("error") for d in done if d["status"] != 200][:3],
+            "invalid_outputs": [d["invalid"] for d in ok if d["invalid"]][:3]}
 
 
 async def _warm(url: str, count: int, max_tokens: int, engine: str) -> None:
