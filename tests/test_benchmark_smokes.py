@@ -36,6 +36,9 @@ PEER_MODULES = {"xgrammar": "xgrammar", "llguidance": "llguidance", "outlines-co
 # helper modules of the scripts (not benchmarks, no --smoke): sandbox.py and every _*.py
 HELPERS = {"sandbox.py"}
 ENVELOPE_KEYS = {"commit", "date", "machine", "versions", "command"}
+# what benchmarks/serve.py's llama_cpp.server engine imports (llama-cpp-python and its server's)
+LLAMA_SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context",
+                        "pydantic_settings")
 
 # script -> (extra arguments after --smoke and --out, needs triton, tokenizer aliases it loads)
 SMOKES: dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]] = {
@@ -442,3 +445,15 @@ def test_serve(runs: _Runs) -> None:
         for r in rows:  # every request answered, every output valid (jsonschema / Lark's parser)
             assert r["ok"] == r["requests"] and r["valid"] == f"{r['ok']}/{r['ok']}", r
             assert r["output_tokens"] > 0 and r["ttft_p50_s"] > 0
+    # llama-cpp-python's server on the tests' tiny GGUF, wherever it and its server's packages are
+    # installed; left out, with the reason in the results, elsewhere
+    llama = "llama_cpp.server"
+    if all(importlib.util.find_spec(m) for m in LLAMA_SERVER_MODULES):
+        rows = report["results"][llama]
+        assert [r["concurrency"] for r in rows] == [1, 4]
+        for r in rows:
+            assert r["ok"] == r["requests"] and r["output_tokens"] > 0 and r["ttft_p50_s"] > 0, r
+            assert r["output_tokens_counted"] == ["chunks"]
+        assert set(report["bars"]["spec_vs_llama_cpp.server"]["output_tokens_per_s"]) != {None}
+    else:
+        assert llama not in report["results"] and "not installed" in report["meta"]["skipped"][llama]
