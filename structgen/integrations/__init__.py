@@ -415,9 +415,10 @@ class _LogitsProcessorImpl:
         self.matchers: list[Matcher] = []
         self.prompt_length: int | None = None
         self._stopped: list[bool] = []  # rows that ended outside the grammar (fed padding)
-        self._prev: Any = None  # CPU copy of the last input_ids seen [B, L]
+        self._prev: Any = None  # a copy of the last input_ids seen (numpy [B, L])
         self._bitmask: Any = None
-        self._index: dict[tuple[int, str], tuple[Any, Any]] = {}  # forbidden ids -> on a device
+        self._index: dict[int, tuple[Any, Any]] = {}  # forbidden ids -> on self._index_device
+        self._index_device: Any = None
 
     @staticmethod
     def _compile(x: Any, json_options: JsonSchemaOptions | None) -> CompiledGrammar:
@@ -488,29 +489,29 @@ class _LogitsProcessorImpl:
         self.prompt_length = int(ids.shape[1])
 
     def _follow(self, ids: Any) -> bool:
-        """Advance every row by its newest token; False when ``ids`` does not continue the
-        previous call (a new generation)."""
-        import torch
+        """Advance every row by its newest token; False when ``ids`` (numpy ``[B, L]``) does
+        not continue the previous call (a new generation)."""
+        import numpy as np
 
         prev = self._prev
         if prev is None or ids.shape[0] != prev.shape[0] or ids.shape[1] != prev.shape[1] + 1:
             return False
         head = ids[:, :-1]
-        if not torch.equal(head, prev):
-            same = (head == prev).all(dim=1)  # [B]
+        if head.tobytes() != prev.tobytes():  # (one comparison; cheaper than numpy's per step)
+            same = (head == prev).all(axis=1)  # [B]
             # beam search reorders rows: take over the matcher of the row each one came from
             src: list[int] = []
             for i in range(ids.shape[0]):
-                if bool(same[i]):
+                if same[i]:
                     src.append(i)
                     continue
-                hit = torch.nonzero((prev == head[i]).all(dim=1))
-                if hit.numel() == 0:
+                hit = np.flatnonzero((prev == head[i]).all(axis=1))
+                if hit.size == 0:
                     return False
                 src.append(int(hit[0]))
             self.matchers = [self.matchers[j].fork() for j in src]
             self._stopped = [self._stopped[j] for j in src]
-        last = ids[:, -1].numpy().tolist()
+        last = ids[:, -1].tolist()
         pos = int(ids.shape[1]) - 1
         eos_or_pad = set(self._eos)
         if self.pad_token_id is not None:
@@ -540,29 +541,24 @@ class _LogitsProcessorImpl:
         Cost per step: one cached mask per row plus one unpack on the scores' device; where
         every row allows nearly every token, setting the few forbidden logits instead.
         """
-        import torch
-
-        from structgen.generation.sampling import unpack_bitmask
-        from structgen.masks.matcher import bitmask_words, fill_bitmasks
-
         if input_ids.dim() != 2 or scores.dim() != 2 or input_ids.shape[0] != scores.shape[0]:
             raise ConfigError(f"expected input_ids [batch, seq] and scores [batch, vocab]; got "
                               f"{tuple(input_ids.shape)} and {tuple(scores.shape)}", key="scores")
         width = int(scores.shape[-1])
         vocab = self._vocab_for(width)
-        ids = input_ids.detach().to("cpu")
+        # a numpy copy: cheap per step, and safe from a caller reusing its buffer
+        ids = (input_ids if input_ids.device.type == "cpu" else input_ids.to("cpu")).numpy().copy()
         if not self._follow(ids):
             self._start(ids, vocab)
         self._prev = ids
         rows = [None if self._stopped[i] else m for i, m in enumerate(self.matchers)]
         few = self._forbidden(rows, ids)
         if few is not None:
-            out = (scores if self.inplace or not any(f is not None and f.size for f in few)
-                   else scores.clone())
-            for i, f in enumerate(few):
-                if f is not None and f.size:
-                    out[i].index_fill_(0, self._on_device(f, scores.device), float("-inf"))
-            return out
+            return self._set_forbidden(scores, few)
+        import torch
+
+        from structgen.generation.sampling import unpack_bitmask
+        from structgen.masks.matcher import bitmask_words, fill_bitmasks
         batch = int(ids.shape[0])
         words = bitmask_words(width)
         bm = self._bitmask
@@ -603,19 +599,31 @@ class _LogitsProcessorImpl:
             out.append(f)
         return out
 
-    def _on_device(self, ids: Any, device: Any) -> Any:
-        """``ids`` (a matcher's forbidden ids: the same array while its configuration's entry
-        is kept) as an index tensor on ``device``, made once per array and device."""
-        import torch
+    def _set_forbidden(self, scores: Any, few: list[Any]) -> Any:
+        """``scores`` with each row's ``few`` ids (None: none) at -inf: in a copy unless
+        ``inplace`` (or nothing is forbidden)."""
+        if not any(f is not None and f.size for f in few):
+            return scores
+        out = scores if self.inplace else scores.clone()
+        device = scores.device
+        if device != self._index_device:
+            self._index.clear()
+            self._index_device = device
+        for i, f in enumerate(few):
+            if f is None or not f.size:
+                continue
+            got = self._index.get(id(f))
+            if got is None or got[0] is not f:  # made once per array (a configuration's)
+                import torch
 
-        key = (id(ids), str(device))
-        got = self._index.get(key)
-        if got is None or got[0] is not ids:
-            if len(self._index) >= 256:
-                self._index.clear()
-            got = (ids, torch.tensor(ids, dtype=torch.long, device=device))
-            self._index[key] = got
-        return got[1]
+                if len(self._index) >= 256:
+                    self._index.clear()
+                got = self._index[id(f)] = (f, torch.tensor(f, dtype=torch.long, device=device))
+            if len(few) == 1:
+                out.index_fill_(1, got[1], float("-inf"))
+            else:
+                out[i].index_fill_(0, got[1], float("-inf"))
+        return out
 
     def __repr__(self) -> str:
         return (f"StructgenLogitsProcessor(grammars={len(self.grammars)}, "
