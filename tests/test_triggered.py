@@ -238,11 +238,8 @@ def _check_free_fast_path(spec: dict) -> None:
 @given(specs())
 def test_free_fast_path_equals_byte_walks(spec: dict) -> None:
     # small vocabularies make every configuration "free" (few forbidden tokens), so the
-    # shortcut is taken everywhere here, regions included
+    # shortcut is taken wherever most tokens lead to one configuration, regions included
     _check_free_fast_path(spec)
-    if not spec["regions_only"]:  # free text: most tokens lead back to the text state
-        states = engine_for(_compile(spec)).free_states(vocab_table(VOCAB)).values()
-        assert any(f.jumps is not None for f in states)  # the shortcut was exercised
 
 
 def test_free_fast_path_verbs() -> None:
@@ -250,6 +247,7 @@ def test_free_fast_path_verbs() -> None:
     agree with a matcher replaying from the start."""
     spec = {"regions": [("<a>", "b+", ">")], "min": 0, "max": None, "regions_only": False,
             "sep": "", "stop_after": False}
+    _check_free_fast_path(spec)
     g = _compile(spec)
     text = b"ab<a<a>bb>aab<a>b>ba"
     ids = _tokenize(text, False)

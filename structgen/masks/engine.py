@@ -194,11 +194,12 @@ class Engine:
         got = states.get(cid)
         if got is not None:
             return got
-        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: vt.vocab_size]
-        forbidden = np.flatnonzero(bits == 0)
-        if forbidden.size > FREE_MAX_FORBIDDEN:
+        # (no bits are set past the vocabulary)
+        if vt.vocab_size - int(np.bitwise_count(words).sum()) > FREE_MAX_FORBIDDEN:
             got = _NOT_FREE
         else:
+            bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: vt.vocab_size]
+            forbidden = np.flatnonzero(bits == 0)
             forbidden.flags.writeable = False
             got = FreeState(forbidden, -1, None, 0 if self.native else -1)
         total = self._free_bytes.get(vt.key, 0) + got.nbytes

@@ -10,6 +10,10 @@ are the ones speculative decoding needs:
 * ``fill_bitmask`` writes the packed allowed-token mask of the current state
   (:func:`fill_bitmasks`: many matchers into one tensor, masks not yet cached computed on
   a thread pool, one engine per task, the compiled walks releasing the GIL),
+* ``forbidden_token_ids`` gives the mask as the few ids it forbids where nearly every token
+  is allowed (free text between triggers: :meth:`Engine.free_state
+  <structgen.masks.engine.Engine.free_state>`), and steps from such configurations, once
+  visited often, are dictionary lookups rather than walks of the token's bytes,
 * ``forced_bytes`` / ``forced_tokens`` report what the grammar alone determines,
 * ``is_accepting`` (EOS allowed now) and ``is_terminated`` (EOS accepted).
 
@@ -391,10 +395,26 @@ class Matcher:
         if ep == eng.epoch:
             m = self._masks.token_mask(cid, vt)
             if eng.epoch == ep:
+                free = self._free.get(cid)
+                if free is None or free.visits >= 0:
+                    self._note(cid, m, free)
                 return m
         with eng.lock:
             self._sync()
             return self._masks.token_mask(self._hist[-1], vt)
+
+    def _note(self, cid: int, words: np.ndarray, free: Any) -> None:
+        """A mask of ``cid`` (current configuration, ``words`` its mask) was asked for: find
+        out once whether ``cid`` is free, and count the visit (:meth:`_visit`), so that free
+        text gets its step shortcut whichever way its masks are read."""
+        if free is None:
+            eng = self._eng
+            with eng.lock:
+                if self._epoch != eng.epoch or self._hist[-1] != cid:
+                    return
+                free = self._masks.free_state(cid, self._vt, words)
+        if free.visits >= 0:
+            self._visit(free)
 
     def _cached_words(self) -> np.ndarray | None:
         """The current mask's words if the engine has them cached (no walk), else None."""
