@@ -495,13 +495,16 @@ def test_processor_free_text_sets_only_the_forbidden_logits(tokenizer_by_alias) 
     prompt = tok.encode("Hi")
     width = 50304  # wider than the tokenizer: the padding columns are forbidden too
     gen = torch.Generator().manual_seed(0)
-    for inplace in (False, True):
+    # float32 scores are written through a numpy view, others with a torch op; one row or two
+    for inplace, dtype, rows in ((False, torch.float32, 1), (True, torch.float32, 1),
+                                 (False, torch.bfloat16, 1), (True, torch.bfloat16, 2),
+                                 (False, torch.float32, 2)):
         proc = StructgenLogitsProcessor(g, tok, inplace=inplace)
         ref = None
         few = 0
         for k in range(len(new) + 1):
-            ids = torch.tensor([prompt + new[:k]])
-            scores = torch.randn((1, width), generator=gen)
+            ids = torch.tensor([prompt + new[:k]] * rows)
+            scores = torch.randn((rows, width), generator=gen).to(dtype)
             before = scores.clone()
             out = proc(ids, scores)
             if ref is None:
@@ -511,7 +514,7 @@ def test_processor_free_text_sets_only_the_forbidden_logits(tokenizer_by_alias) 
             allowed = torch.zeros(width, dtype=torch.bool)
             allowed[ref.allowed_token_ids()] = True
             want = before.masked_fill(~allowed, float("-inf"))
-            assert torch.equal(out, want), (inplace, k, tok.decode(new[:k]))
+            assert torch.equal(out, want), (inplace, dtype, rows, k, tok.decode(new[:k]))
             assert (out is scores) == inplace and torch.equal(scores, want if inplace else before)
             few += proc.matchers[0].forbidden_token_ids() is not None
         assert few > len(new) // 2  # most steps are free text here

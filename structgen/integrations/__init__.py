@@ -513,14 +513,12 @@ class _LogitsProcessorImpl:
             self._stopped = [self._stopped[j] for j in src]
         last = ids[:, -1].tolist()
         pos = int(ids.shape[1]) - 1
-        eos_or_pad = set(self._eos)
-        if self.pad_token_id is not None:
-            eos_or_pad.add(int(self.pad_token_id))
         for i, (m, t) in enumerate(zip(self.matchers, last)):
             if self._stopped[i] or m.is_terminated():
                 continue  # a finished row: the loop feeds padding from now on
             if not m.accept_token(t):
-                if t in eos_or_pad:  # stopped by something else (e.g. a stopping criterion)
+                # stopped by something else (e.g. a stopping criterion)
+                if t in self._eos or (self.pad_token_id is not None and t == int(self.pad_token_id)):
                     self._stopped[i] = True
                     continue
                 raise TokenRejectedError(
@@ -606,6 +604,14 @@ class _LogitsProcessorImpl:
             return scores
         out = scores if self.inplace else scores.clone()
         device = scores.device
+        if device.type == "cpu" and not out.requires_grad and str(out.dtype) in _NUMPY_FLOATS:
+            import numpy as np
+
+            rows = out.numpy()  # a view: numpy's fancy assignment costs less than a torch op here
+            for i, f in enumerate(few):
+                if f is not None and f.size:
+                    rows[i][f] = -np.inf
+            return out
         if device != self._index_device:
             self._index.clear()
             self._index_device = device
@@ -631,6 +637,7 @@ class _LogitsProcessorImpl:
 
 
 
+_NUMPY_FLOATS = frozenset({"torch.float32", "torch.float64", "torch.float16"})
 _LP_CLASS: Any = None
 
 
