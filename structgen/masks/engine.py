@@ -132,6 +132,7 @@ class Engine:
         # vocab key -> {configuration -> FreeState}; emptied in place on a flush, so that
         # matchers may hold the inner dict
         self._free: dict[Any, dict[int, FreeState]] = {}
+        self._steps: dict[Any, dict[int, FreeState]] = {}  # the same, only those with jumps
         self._free_bytes: dict[Any, int] = {}  # vocab key -> bytes its free states hold
         self._free_limit = mask_cache_bytes // 2
         runtime.on_flush.append(self._forget)
@@ -142,7 +143,7 @@ class Engine:
         self.ci_cache.clear()
         for table in self._budget.values():
             table.forget()
-        for states in self._free.values():
+        for states in (*self._free.values(), *self._steps.values()):
             states.clear()
         self._free_bytes.clear()
         for memo in (self._hshape, self._hstat, self._hrep_of, self._hpair, self._hfail, self._nullable):
@@ -185,6 +186,15 @@ class Engine:
                 got = self._free.setdefault(vt.key, {})
         return got
 
+    def step_shortcuts(self, vt: VocabTable) -> dict[int, FreeState]:
+        """The free states of :meth:`free_states` that have their token steps (``jumps``):
+        what a matcher's step looks up (one lookup for any other configuration)."""
+        got = self._steps.get(vt.key)
+        if got is None:
+            with self.lock:
+                got = self._steps.setdefault(vt.key, {})
+        return got
+
     def free_state(self, cid: int, vt: VocabTable, words: np.ndarray) -> FreeState:
         """The :class:`FreeState` of configuration ``cid`` (``words``: its token mask, from
         :meth:`token_mask` in the current epoch), computed once and kept; hold the lock.
@@ -203,8 +213,11 @@ class Engine:
             forbidden.flags.writeable = False
             got = FreeState(forbidden, -1, None, 0 if self.native else -1)
         total = self._free_bytes.get(vt.key, 0) + got.nbytes
+        steps = self.step_shortcuts(vt)
         while states and (total > self._free_limit or len(states) >= _FREE_STATES_MAX):
-            total -= states.pop(next(iter(states))).nbytes  # the oldest first
+            old = next(iter(states))  # the oldest first
+            total -= states.pop(old).nbytes
+            steps.pop(old, None)
         states[cid] = got
         self._free_bytes[vt.key] = total
         return got
@@ -224,7 +237,9 @@ class Engine:
             free.nbytes += grown
             self._free_bytes[vt.key] = self._free_bytes.get(vt.key, 0) + grown
             free.usual = usual
-            free.jumps = jumps  # last: a matcher reading jumps finds usual set
+            free.jumps = jumps
+            if self.free_states(vt).get(cid) is free:
+                self.step_shortcuts(vt)[cid] = free
 
     def _jumps(self, cid: int, vt: VocabTable) -> tuple[int, dict[int, int] | None]:
         """(the configuration most tokens lead to from ``cid``, every other token's target:

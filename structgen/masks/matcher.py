@@ -161,7 +161,7 @@ class Matcher:
     """
 
     __slots__ = ("grammar", "vocab", "_eng", "_masks", "_vt", "_hist", "_eos", "_max_rollback", "_tb",
-                 "_nvocab", "_epoch", "_bm_ok", "_free", "__weakref__")
+                 "_nvocab", "_epoch", "_bm_ok", "_free", "_steps", "__weakref__")
 
     def __init__(self, grammar: CompiledGrammar, vocab: Any, *, max_rollback: int | None = None) -> None:
         if not isinstance(grammar, CompiledGrammar):
@@ -185,6 +185,7 @@ class Matcher:
         self._eos = frozenset(int(x) for x in vocab.eos_token_ids)
         # free configurations met so far (shared by the grammar's matchers on this vocabulary)
         self._free = self._masks.free_states(self._vt)
+        self._steps = self._masks.step_shortcuts(self._vt)
         self._max_rollback = max_rollback
         self._bm_ok: tuple[Any, bool, int, bool] | None = None  # the last bitmask checked
         self._hist: list[int] = []
@@ -219,8 +220,8 @@ class Matcher:
             return -1
         if tid in self._eos:
             return _TERMINATED if self._eng.is_accepting(cid) else -1
-        free = self._free.get(cid)
-        if free is not None and free.jumps is not None:  # free text: one lookup, no walk
+        free = self._steps.get(cid)
+        if free is not None:  # free text: a lookup, no walk
             return free.jumps.get(tid, free.usual)
         if not (0 <= tid < len(self._tb)):
             return -1
@@ -361,6 +362,7 @@ class Matcher:
         m._nvocab = self._nvocab
         m._eos = self._eos
         m._free = self._free
+        m._steps = self._steps
         m._max_rollback = self._max_rollback
         m._bm_ok = None
         with self._eng.lock:
