@@ -16,10 +16,14 @@ nested arguments) against six tools. Each case runs three ways with greedy decod
 Figures: the share of emitted calls that parse and validate, call/no-call accuracy, exact
 argument accuracy (strings compared case-insensitively), tokens per pass and tokens/s.
 
-``--masks``: the free-text mask cost on the Llama-3 vocabulary: a step (mask into a bitmask +
-accept) of a triggered tool grammar in free text, against a no-op logits processor (the call
-alone) and against applying an all-allowed bitmask to the logits (what any masking processor
-pays); and inside the arguments, the triggered grammar against the tool's JSON Schema alone.
+``--masks``: the free-text mask cost on the Llama-3 vocabulary, two ways. Bare calls: a step of
+a triggered tool grammar in free text (mask into a bitmask + accept; and the forbidden ids +
+accept, what the logits processor does there) against a no-op function (the call alone) and
+against applying an all-allowed bitmask to the logits (what any whole-mask processor pays).
+Through transformers: ``LogitsProcessorList([proc])(input_ids, scores)`` on ``[1, 128256]``
+scores, ``StructgenLogitsProcessor`` (copying the scores, as by default, and in place) against a
+``LogitsProcessor`` that returns the scores unchanged, interleaved step by step. And inside the
+arguments, the triggered grammar against the tool's JSON Schema alone (bare steps).
 
 ::
 
@@ -302,14 +306,19 @@ def _us(xs: list[float]) -> dict[str, float]:
             "median_us": round(1e6 * statistics.median(xs), 2), "n": len(xs)}
 
 
+REGION_PASSES = 20  # passes over the arguments per repeat
+
+
 def mask_costs(repeats: int) -> dict[str, Any]:
     """Per-step costs on the Llama-3 vocabulary (see the module docstring), engines interleaved."""
     import numpy as np
     import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
 
     from structgen.frontends.constraint import compile_constraint
     from structgen.generation.model_store import load_tokenizer
     from structgen.generation.tool_calls import plan_output
+    from structgen.integrations import StructgenLogitsProcessor
     from structgen.masks.matcher import Matcher, bitmask_words
     from structgen.masks.vocab import Vocabulary
 
@@ -347,17 +356,51 @@ def mask_costs(repeats: int) -> dict[str, Any]:
             if not ok:
                 raise RuntimeError(f"token {t} rejected")
 
+    def sparse_steps(m: Matcher, ids: list[int], out: list[float]) -> None:
+        for t in ids:
+            t0 = time.perf_counter()
+            few = m.forbidden_token_ids()
+            ok = m.accept_token(t)
+            out.append(time.perf_counter() - t0)
+            if few is None or not ok:
+                raise RuntimeError(f"token {t}: not a free configuration, or rejected")
+
+    class Unchanged(LogitsProcessor):  # the no-op baseline through transformers' list call
+        def __call__(self, input_ids: Any, scores: Any) -> Any:
+            return scores
+
+    prompt = tok.encode("You are a helpful assistant with tools. Book me a hotel in Paris.",
+                        add_special_tokens=False)
+    feeds = [torch.tensor([prompt + free_ids[:k]]) for k in range(len(free_ids) + 1)]
+    hf_kinds = ("hf_noop", "hf_structgen", "hf_structgen_inplace")
+
+    def hf_request(out: dict[str, list[float]], order: int) -> None:
+        """One free-text request through LogitsProcessorList, the three processors
+        interleaved step by step (the first call, which starts the request, not timed)."""
+        lists = {"hf_noop": LogitsProcessorList([Unchanged()]),
+                 "hf_structgen": LogitsProcessorList([StructgenLogitsProcessor(plan.grammar, vocab=vocab)]),
+                 "hf_structgen_inplace": LogitsProcessorList([StructgenLogitsProcessor(
+                     plan.grammar, vocab=vocab, inplace=True)])}
+        kinds = hf_kinds if order % 2 == 0 else hf_kinds[::-1]
+        for k, ids in enumerate(feeds):
+            for kind in kinds:
+                t0 = time.perf_counter()
+                lists[kind](ids, scores)
+                if k:
+                    out[kind].append(time.perf_counter() - t0)
+
     # cold: the first request on a fresh grammar (masks of the free-text states not cached yet)
     cold_free: list[float] = []
     t0 = time.perf_counter()
     steps(Matcher(plan.grammar, vocab), free_ids + head + arg_ids + tail, cold_free)
     cold_s = time.perf_counter() - t0
-    costs: dict[str, list[float]] = {k: [] for k in ("noop", "apply_mask", "free_text", "region_triggered",
-                                                      "region_schema_alone")}
+    costs: dict[str, list[float]] = {k: [] for k in ("noop", "apply_mask", "free_text", "free_text_forbidden",
+                                                      *hf_kinds, "region_triggered", "region_schema_alone")}
+    hf_request({k: [] for k in hf_kinds}, 0)  # warm-up (transformers' first calls)
     Matcher(alone, vocab).accept_tokens(arg_ids)  # warm the schema-alone masks the same way
     m0 = Matcher(alone, vocab)
     steps(m0, arg_ids, [])
-    for _ in range(repeats):  # interleaved
+    for r in range(repeats):  # interleaved
         for _t in free_ids:
             t0 = time.perf_counter()
             noop(None, scores)
@@ -366,19 +409,40 @@ def mask_costs(repeats: int) -> dict[str, Any]:
             apply_mask(None, scores)
             costs["apply_mask"].append(time.perf_counter() - t0)
         steps(Matcher(plan.grammar, vocab), free_ids, costs["free_text"])
+        sparse_steps(Matcher(plan.grammar, vocab), free_ids, costs["free_text_forbidden"])
+        hf_request(costs, r)
         m = Matcher(plan.grammar, vocab)
         m.accept_tokens(free_ids)
         if m.accept_tokens(head) != len(head):
             raise RuntimeError("call head rejected")
-        steps(m, arg_ids, costs["region_triggered"])
-        steps(Matcher(alone, vocab), arg_ids, costs["region_schema_alone"])
+        # in alternating order (whichever runs first after the other work meets colder caches),
+        # several times over: the arguments are few steps, and a mean over few steps is at
+        # the mercy of one preemption on a loaded machine
+        for i in range(REGION_PASSES):
+            for kind in ("region_triggered", "region_schema_alone")[:: 1 if (r + i) % 2 else -1]:
+                # a fresh matcher each (its first mask checks the bitmask it is given)
+                steps(m.fork() if kind == "region_triggered" else Matcher(alone, vocab), arg_ids,
+                      costs[kind])
     out = {k: _us(v) for k, v in costs.items()}
     out["cold_first_request"] = {"seconds": round(cold_s, 3), "steps": len(cold_free)}
-    out["ratio_free_text_vs_noop"] = round(out["free_text"]["mean_us"] / out["noop"]["mean_us"], 2)
+
+    def ratio(a: str, b: str, stat: str) -> float:
+        return round(out[a][stat] / out[b][stat], 2)
+
+    # bare: a whole Python call (and a 16 KB mask copy) against a function that returns at once
+    out["ratio_free_text_vs_noop"] = ratio("free_text", "noop", "mean_us")
+    out["ratio_free_text_vs_noop_median"] = ratio("free_text", "noop", "median_us")
+    out["ratio_free_text_forbidden_vs_noop"] = ratio("free_text_forbidden", "noop", "mean_us")
+    out["ratio_free_text_forbidden_vs_noop_median"] = ratio("free_text_forbidden", "noop", "median_us")
+    # through transformers' LogitsProcessorList, as generate() calls a processor
+    for kind in hf_kinds[1:]:
+        out[f"ratio_{kind}_vs_hf_noop"] = ratio(kind, "hf_noop", "mean_us")
+        out[f"ratio_{kind}_vs_hf_noop_median"] = ratio(kind, "hf_noop", "median_us")
     out["ratio_free_text_vs_apply_mask"] = round(out["free_text"]["mean_us"]
                                                  / out["apply_mask"]["mean_us"], 3)
     out["ratio_region_vs_schema_alone"] = round(out["region_triggered"]["mean_us"]
                                                 / out["region_schema_alone"]["mean_us"], 3)
+    out["ratio_region_vs_schema_alone_median"] = ratio("region_triggered", "region_schema_alone", "median_us")
     return out
 
 

@@ -80,3 +80,28 @@ def test_capped_masks_fork_rollback(cap: int) -> None:
         assert m.accept_tokens([6, 0]) == 1  # "</" then "a" is off the marker
         m.rollback(1)
         assert m.accept_tokens([10]) == 1 and m.forced_bytes() == b"b"
+
+
+@pytest.mark.parametrize("cap", [0, 2])
+def test_capped_with_the_free_text_shortcut(cap: int) -> None:
+    """With the forbidden ids asked for at every step (so that the plain matcher's free-text
+    shortcut is taken), the language is still the oracle's, and the forbidden ids are the
+    complement of the mask, or None while the marker is forced."""
+    m = CappedMatcher(GRAMMAR, VOCAB, marker=MARKER, cap=cap)
+    alphabet = list(range(len(_TOKENS) + 1))
+    for n in range(1, 4):
+        for ids in itertools.product(alphabet, repeat=n):
+            ids = list(ids)
+            m.reset()
+            got = 0
+            for t in ids:
+                few = m.forbidden_token_ids()
+                allowed = set(m.allowed_token_ids())
+                if few is not None:
+                    assert set(few.tolist()) == set(alphabet) - allowed, (ids, t)
+                else:
+                    assert m._forcing() or m.is_terminated()
+                if not m.accept_token(t):
+                    break
+                got += 1
+            assert (got == n) == oracle(ids, cap), (ids, cap)

@@ -477,3 +477,44 @@ def test_numpy_bitmask_rows() -> None:
     t = allocate_bitmask(2, 9)
     g.fill_bitmask(t, 0)
     assert arr[1, 0] == int(t[0, 0]) and arr[0, 0] == 0
+
+
+def test_processor_free_text_sets_only_the_forbidden_logits(tokenizer_by_alias) -> None:
+    """In free text (a triggered grammar between its triggers) the processor sets only the
+    few forbidden logits; at every step its output equals the scores masked with the
+    matcher's whole mask (oracle: a separate matcher's allowed ids), in a copy by default
+    and in place with inplace=True."""
+    from structgen.frontends.triggered import Region, TriggeredGrammar, body_grammar, compile_triggered
+
+    tok = tokenizer_by_alias("gpt2")
+    region = Region("<tool_call>", body_grammar("json", {"type": "object", "properties": {
+        "n": {"type": "integer"}}, "required": ["n"]}), "</tool_call>")
+    g = compile_triggered(TriggeredGrammar((region,)))
+    text = 'Let me check. <tool_call>{"n":12}</tool_call> Done <tool it is.'
+    new = tok.encode(text)
+    prompt = tok.encode("Hi")
+    width = 50304  # wider than the tokenizer: the padding columns are forbidden too
+    gen = torch.Generator().manual_seed(0)
+    # float32 scores are written through a numpy view, others with a torch op; one row or two
+    for inplace, dtype, rows in ((False, torch.float32, 1), (True, torch.float32, 1),
+                                 (False, torch.bfloat16, 1), (True, torch.bfloat16, 2),
+                                 (False, torch.float32, 2)):
+        proc = StructgenLogitsProcessor(g, tok, inplace=inplace)
+        ref = None
+        few = 0
+        for k in range(len(new) + 1):
+            ids = torch.tensor([prompt + new[:k]] * rows)
+            scores = torch.randn((rows, width), generator=gen).to(dtype)
+            before = scores.clone()
+            out = proc(ids, scores)
+            if ref is None:
+                ref = Matcher(g, proc.vocab)
+            else:
+                assert ref.accept_token(new[k - 1])
+            allowed = torch.zeros(width, dtype=torch.bool)
+            allowed[ref.allowed_token_ids()] = True
+            want = before.masked_fill(~allowed, float("-inf"))
+            assert torch.equal(out, want), (inplace, dtype, rows, k, tok.decode(new[:k]))
+            assert (out is scores) == inplace and torch.equal(scores, want if inplace else before)
+            few += proc.matchers[0].forbidden_token_ids() is not None
+        assert few > len(new) // 2  # most steps are free text here

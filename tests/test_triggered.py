@@ -21,7 +21,8 @@ from structgen.frontends.triggered import (
     body_grammar,
     compile_triggered,
 )
-from structgen.masks.matcher import Matcher
+from structgen.masks.engine import engine_for
+from structgen.masks.matcher import Matcher, vocab_table
 from structgen.masks.vocab import Vocabulary
 
 ALPHABET = "a<>b"
@@ -201,3 +202,68 @@ def test_special_token_as_trigger() -> None:
     assert given.decode_bytes([1, 0, 5]) == b"a<T>b"
     m.reset()  # the text spelled by ordinary tokens opens the region too
     assert m.accept_tokens([2, 3, 4, 5]) == 4 and m.is_accepting()
+
+
+def _check_free_fast_path(spec: dict) -> None:
+    """Every string up to MAX_LEN - 1 bytes, greedy tokens, asking for the forbidden ids at
+    every step (so that configurations visited often get their token-step shortcut): the
+    forbidden ids are exactly the tokens whose bytes the byte-level runtime rejects after the
+    text so far (EOS: where it is not accepting), and the language is the oracle's."""
+    g = _compile(spec)
+    rt = g.engine  # the byte-level runtime: walks bytes, knows nothing of tokens or masks
+    m = Matcher(g, VOCAB)
+    for n in range(MAX_LEN):
+        for p in itertools.product(ALPHABET, repeat=n):
+            s = "".join(p).encode()
+            m.reset()
+            done = b""
+            for t in _tokenize(s, True) + [None]:
+                at = rt.walk(rt.start, done)
+                want = {c for c, tb in enumerate(_TOKENS) if rt.walk(at, tb) < 0}
+                if not rt.is_accepting(at):
+                    want.add(EOS)
+                got = m.forbidden_token_ids()
+                assert got is not None and set(got.tolist()) == want, (spec, done)
+                if t is None:
+                    break
+                assert m.accept_token(t) == (t not in want), (spec, done, t)
+                if t in want:
+                    break
+                done += _TOKENS[t]
+            else:
+                assert m.is_accepting() == oracle(spec, s.decode()), (spec, s)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs())
+def test_free_fast_path_equals_byte_walks(spec: dict) -> None:
+    # small vocabularies make every configuration "free" (few forbidden tokens), so the
+    # shortcut is taken wherever most tokens lead to one configuration, regions included
+    _check_free_fast_path(spec)
+
+
+def test_free_fast_path_verbs() -> None:
+    """accept / validate / rollback / fork through configurations that have the shortcut
+    agree with a matcher replaying from the start."""
+    spec = {"regions": [("<a>", "b+", ">")], "min": 0, "max": None, "regions_only": False,
+            "sep": "", "stop_after": False}
+    _check_free_fast_path(spec)
+    g = _compile(spec)
+    text = b"ab<a<a>bb>aab<a>b>ba"
+    ids = _tokenize(text, False)
+    m = Matcher(g, VOCAB)
+    for _ in range(6):  # visit every configuration on the way often enough
+        m.reset()
+        for t in ids:
+            m.forbidden_token_ids()
+            assert m.accept_token(t)
+    assert m.is_accepting()
+    assert any(f.jumps is not None for f in engine_for(g).free_states(vocab_table(VOCAB)).values())
+    for k in range(len(ids) + 1):
+        f = m.fork()
+        f.rollback(k)
+        ref = Matcher(g, VOCAB)
+        assert ref.accept_tokens(ids[: len(ids) - k]) == len(ids) - k
+        assert f.forbidden_token_ids().tolist() == sorted(set(range(EOS + 1)) - set(ref.allowed_token_ids()))
+        assert f.validate_tokens(ids[len(ids) - k:]) == k
+        assert f.accept_tokens(ids[len(ids) - k:]) == k and f.is_accepting()

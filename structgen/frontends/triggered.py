@@ -29,7 +29,10 @@ Because the whole description lowers to one IR grammar, the compiled grammar is 
 hold the end of free text and the start of a trigger, or a whole trigger and the start of
 the body), its verbs (accept, validate, rollback, fork, forced tokens) and so speculation
 work unchanged, and masks in free text are a handful of cached configurations (the partial
-trigger matches), so a free-text step costs a cache lookup, never a vocabulary walk.
+trigger matches), so a free-text step costs a cache lookup, never a vocabulary walk. Those
+configurations forbid few tokens (the matcher's free-text shortcut,
+:meth:`~structgen.masks.matcher.Matcher.forbidden_token_ids`): a logits processor sets just
+those logits, and a step from them is a dictionary lookup.
 """
 
 from __future__ import annotations

@@ -357,6 +357,14 @@ class _LogitsProcessorImpl:
     A token the grammar rejects (the scores were changed after this processor) raises
     :class:`TokenRejectedError` with the row and position.
 
+    Where the grammar allows nearly every token (free text between the triggers of a
+    tool-calling grammar, say: :meth:`Matcher.forbidden_token_ids
+    <structgen.masks.matcher.Matcher.forbidden_token_ids>`), only the few forbidden logits
+    are set to -inf instead of applying a whole-vocabulary mask. The scores are copied first,
+    as transformers' own processors do (``generate(output_logits=True)`` keeps the tensor it
+    passed in); ``inplace=True`` writes into ``scores`` instead and returns it, which saves
+    that copy of the logits on every step (do not combine it with ``output_logits``).
+
     ``StructgenLogitsProcessor`` is this class with transformers' ``LogitsProcessor`` as a second
     base, built when the name is first accessed, so that importing :mod:`structgen.integrations`
     does not import transformers.
@@ -369,7 +377,7 @@ class _LogitsProcessorImpl:
                  vocab: Vocabulary | None = None, eos_token_ids: int | Iterable[int] | None = None,
                  pad_token_id: int | None = None,
                  json_options: JsonSchemaOptions | None = None, strict: bool | None = None,
-                 max_new_tokens: int | None = None) -> None:
+                 max_new_tokens: int | None = None, inplace: bool = False) -> None:
         given = [x is not None for x in (grammar_or_schema, grammar, regex)]
         if sum(given) != 1:
             raise ConfigError("give exactly one of grammar_or_schema, grammar= or regex=",
@@ -381,6 +389,7 @@ class _LogitsProcessorImpl:
             raise ConfigError(f"max_new_tokens must be a positive integer, not {max_new_tokens!r}",
                               key="max_new_tokens")
         self.max_new_tokens = max_new_tokens
+        self.inplace = bool(inplace)
         if grammar is not None:
             constraints: list[Any] = [compile_constraint("grammar", grammar, start=start)]
             self._per_row = False
@@ -406,8 +415,10 @@ class _LogitsProcessorImpl:
         self.matchers: list[Matcher] = []
         self.prompt_length: int | None = None
         self._stopped: list[bool] = []  # rows that ended outside the grammar (fed padding)
-        self._prev: Any = None  # CPU copy of the last input_ids seen [B, L]
+        self._prev: Any = None  # a copy of the last input_ids seen (numpy [B, L])
         self._bitmask: Any = None
+        self._index: dict[int, tuple[Any, Any]] = {}  # forbidden ids -> on self._index_device
+        self._index_device: Any = None
 
     @staticmethod
     def _compile(x: Any, json_options: JsonSchemaOptions | None) -> CompiledGrammar:
@@ -478,38 +489,36 @@ class _LogitsProcessorImpl:
         self.prompt_length = int(ids.shape[1])
 
     def _follow(self, ids: Any) -> bool:
-        """Advance every row by its newest token; False when ``ids`` does not continue the
-        previous call (a new generation)."""
-        import torch
+        """Advance every row by its newest token; False when ``ids`` (numpy ``[B, L]``) does
+        not continue the previous call (a new generation)."""
+        import numpy as np
 
         prev = self._prev
         if prev is None or ids.shape[0] != prev.shape[0] or ids.shape[1] != prev.shape[1] + 1:
             return False
         head = ids[:, :-1]
-        same = (head == prev).all(dim=1)  # [B]
-        if not bool(same.all()):
+        if head.tobytes() != prev.tobytes():  # (one comparison; cheaper than numpy's per step)
+            same = (head == prev).all(axis=1)  # [B]
             # beam search reorders rows: take over the matcher of the row each one came from
             src: list[int] = []
             for i in range(ids.shape[0]):
-                if bool(same[i]):
+                if same[i]:
                     src.append(i)
                     continue
-                hit = torch.nonzero((prev == head[i]).all(dim=1))
-                if hit.numel() == 0:
+                hit = np.flatnonzero((prev == head[i]).all(axis=1))
+                if hit.size == 0:
                     return False
                 src.append(int(hit[0]))
             self.matchers = [self.matchers[j].fork() for j in src]
             self._stopped = [self._stopped[j] for j in src]
         last = ids[:, -1].tolist()
         pos = int(ids.shape[1]) - 1
-        eos_or_pad = set(self._eos)
-        if self.pad_token_id is not None:
-            eos_or_pad.add(int(self.pad_token_id))
         for i, (m, t) in enumerate(zip(self.matchers, last)):
             if self._stopped[i] or m.is_terminated():
                 continue  # a finished row: the loop feeds padding from now on
             if not m.accept_token(t):
-                if t in eos_or_pad:  # stopped by something else (e.g. a stopping criterion)
+                # stopped by something else (e.g. a stopping criterion)
+                if t in self._eos or (self.pad_token_id is not None and t == int(self.pad_token_id)):
                     self._stopped[i] = True
                     continue
                 raise TokenRejectedError(
@@ -524,24 +533,30 @@ class _LogitsProcessorImpl:
 
         ``input_ids`` ``[batch, seq]``: the prompt on the first call, then prompt plus the
         tokens generated so far (the newest is accepted into each row's matcher). Returns a
-        new tensor (forbidden tokens at -inf). Rows that have finished get EOS only (or
+        new tensor with forbidden tokens at -inf (``scores`` itself when nothing is forbidden,
+        or written in place with ``inplace=True``). Rows that have finished get EOS only (or
         everything, when they stopped outside the grammar) so that no row is all -inf.
-        Cost per step: one cached mask per row plus one unpack on the scores' device.
+        Cost per step: one cached mask per row plus one unpack on the scores' device; where
+        every row allows nearly every token, setting the few forbidden logits instead.
         """
-        import torch
-
-        from structgen.generation.sampling import unpack_bitmask
-        from structgen.masks.matcher import bitmask_words, fill_bitmasks
-
         if input_ids.dim() != 2 or scores.dim() != 2 or input_ids.shape[0] != scores.shape[0]:
             raise ConfigError(f"expected input_ids [batch, seq] and scores [batch, vocab]; got "
                               f"{tuple(input_ids.shape)} and {tuple(scores.shape)}", key="scores")
         width = int(scores.shape[-1])
         vocab = self._vocab_for(width)
-        ids = input_ids.detach().to("cpu")
+        # a numpy copy: cheap per step, and safe from a caller reusing its buffer
+        ids = (input_ids if input_ids.device.type == "cpu" else input_ids.to("cpu")).numpy().copy()
         if not self._follow(ids):
             self._start(ids, vocab)
         self._prev = ids
+        rows = [None if self._stopped[i] else m for i, m in enumerate(self.matchers)]
+        few = self._forbidden(rows, ids)
+        if few is not None:
+            return self._set_forbidden(scores, few)
+        import torch
+
+        from structgen.generation.sampling import unpack_bitmask
+        from structgen.masks.matcher import bitmask_words, fill_bitmasks
         batch = int(ids.shape[0])
         words = bitmask_words(width)
         bm = self._bitmask
@@ -549,7 +564,6 @@ class _LogitsProcessorImpl:
             bm = torch.empty((batch, words), dtype=torch.int32)
             self._bitmask = bm
         bm = bm[:batch]
-        rows = [None if self._stopped[i] else m for i, m in enumerate(self.matchers)]
         if self.max_new_tokens is None:
             fill_bitmasks(rows, bm)
         else:
@@ -561,7 +575,61 @@ class _LogitsProcessorImpl:
                 else:
                     m.fill_bitmask(bm, i, budget=max(left, 1))
         allowed = unpack_bitmask(bm.to(scores.device, non_blocking=True), width)  # [B, V] bool
+        if self.inplace:
+            return scores.masked_fill_(~allowed, float("-inf"))
         return scores.masked_fill(~allowed, float("-inf"))
+
+    def _forbidden(self, rows: list[Any], ids: Any) -> list[Any | None] | None:
+        """Per row, the few token ids forbidden now (None for a row stopped outside the
+        grammar: it allows every token); None when some row forbids many tokens, or the
+        budget rule narrows its mask (then the whole masks are applied)."""
+        left = None
+        if self.max_new_tokens is not None:
+            left = max(self.max_new_tokens - (int(ids.shape[1]) - int(self.prompt_length or 0)), 1)
+        out = []
+        for m in rows:
+            if m is None:
+                out.append(None)
+                continue
+            f = m.forbidden_token_ids()
+            if f is None or (left is not None and m.budget_narrows(left)):
+                return None
+            out.append(f)
+        return out
+
+    def _set_forbidden(self, scores: Any, few: list[Any]) -> Any:
+        """``scores`` with each row's ``few`` ids (None: none) at -inf: in a copy unless
+        ``inplace`` (or nothing is forbidden)."""
+        if not any(f is not None and f.size for f in few):
+            return scores
+        out = scores if self.inplace else scores.clone()
+        device = scores.device
+        if device.type == "cpu" and not out.requires_grad and str(out.dtype) in _NUMPY_FLOATS:
+            import numpy as np
+
+            rows = out.numpy()  # a view: numpy's fancy assignment costs less than a torch op here
+            for i, f in enumerate(few):
+                if f is not None and f.size:
+                    rows[i][f] = -np.inf
+            return out
+        if device != self._index_device:
+            self._index.clear()
+            self._index_device = device
+        for i, f in enumerate(few):
+            if f is None or not f.size:
+                continue
+            got = self._index.get(id(f))
+            if got is None or got[0] is not f:  # made once per array (a configuration's)
+                import torch
+
+                if len(self._index) >= 256:
+                    self._index.clear()
+                got = self._index[id(f)] = (f, torch.tensor(f, dtype=torch.long, device=device))
+            if len(few) == 1:
+                out.index_fill_(1, got[1], float("-inf"))
+            else:
+                out[i].index_fill_(0, got[1], float("-inf"))
+        return out
 
     def __repr__(self) -> str:
         return (f"StructgenLogitsProcessor(grammars={len(self.grammars)}, "
@@ -569,6 +637,7 @@ class _LogitsProcessorImpl:
 
 
 
+_NUMPY_FLOATS = frozenset({"torch.float32", "torch.float64", "torch.float16"})
 _LP_CLASS: Any = None
 
 

@@ -181,6 +181,12 @@ class CappedMatcher(Matcher):
         words = super()._mask_words()
         return words & self._candidates_now() if self._forcing() else words
 
+    def forbidden_token_ids(self) -> np.ndarray | None:
+        """As :meth:`Matcher.forbidden_token_ids`; None while the marker is forced."""
+        if self._forcing():
+            return None
+        return super().forbidden_token_ids()
+
     def _cached_words(self) -> np.ndarray | None:
         if self._forcing():
             return None

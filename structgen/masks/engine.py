@@ -31,8 +31,8 @@ from structgen.masks import trie as native
 if TYPE_CHECKING:  # pragma: no cover
     from structgen.grammar.compiled import CompiledGrammar
 
-__all__ = ["Engine", "VocabTable", "engine_for", "DEAD", "UNKNOWN", "STALE", "set_memory_budget",
-           "DEFAULT_MASK_CACHE_BYTES"]
+__all__ = ["Engine", "VocabTable", "FreeState", "engine_for", "DEAD", "UNKNOWN", "STALE", "set_memory_budget",
+           "DEFAULT_MASK_CACHE_BYTES", "FREE_MAX_FORBIDDEN"]
 
 #: Per-grammar budget of the token-mask cache (bytes; ``STRUCTGEN_MASK_CACHE_BYTES``); the
 #: split-walk cache gets half as much again.
@@ -68,6 +68,14 @@ def engine_for(grammar: CompiledGrammar) -> Engine:
     return eng
 
 
+#: A configuration whose mask forbids at most this many tokens is *free* (free text between
+#: triggers, say): its forbidden ids are kept as a list (:class:`FreeState`) so that a caller
+#: can apply them to the logits instead of a whole-vocabulary mask.
+FREE_MAX_FORBIDDEN = 4096
+_FREE_MAX_JUMPS = 8192  # most tokens of a free configuration that do not go to its usual target
+_FREE_STATES_MAX = 4096  # configurations classified per vocabulary (oldest dropped first)
+#: visits of a free configuration (its mask asked for) before its token steps are worked out
+FREE_JUMPS_AFTER = 4
 _WALK_IDS_MAX = 4096  # above this many context-dependent tokens, walk the trie instead
 _SPLIT_DEPTH = 6  # most stack frames a rooted split walk takes
 _SPLIT_COLD_MAX = 1  # stacks of a configuration whose split walks may be missing from the cache
@@ -121,6 +129,12 @@ class Engine:
         # accepted whatever lies below, and the ids of the tokens that depend on it
         self.ci_cache = _ByteLru(mask_cache_bytes // 2)
         self._budget: dict[Any, Any] = {}  # vocab key -> BudgetTable (structgen.masks.budget)
+        # vocab key -> {configuration -> FreeState}; emptied in place on a flush, so that
+        # matchers may hold the inner dict
+        self._free: dict[Any, dict[int, FreeState]] = {}
+        self._steps: dict[Any, dict[int, FreeState]] = {}  # the same, only those with jumps
+        self._free_bytes: dict[Any, int] = {}  # vocab key -> bytes its free states hold
+        self._free_limit = mask_cache_bytes // 2
         runtime.on_flush.append(self._forget)
 
     def _forget(self) -> None:
@@ -129,6 +143,9 @@ class Engine:
         self.ci_cache.clear()
         for table in self._budget.values():
             table.forget()
+        for states in (*self._free.values(), *self._steps.values()):
+            states.clear()
+        self._free_bytes.clear()
         for memo in (self._hshape, self._hstat, self._hrep_of, self._hpair, self._hfail, self._nullable):
             memo.clear()
 
@@ -157,6 +174,96 @@ class Engine:
                     _set_bits(m, vt.eos_ids)
             self.mask_cache.put(key, m, m.nbytes)
         return m
+
+    # -- free configurations (nearly every token allowed) ------------------------------
+    def free_states(self, vt: VocabTable) -> dict[int, FreeState]:
+        """The :class:`FreeState` of each configuration examined so far for vocabulary ``vt``
+        (filled by :meth:`free_state`; ids of the current epoch, emptied in place when the
+        tables are flushed)."""
+        got = self._free.get(vt.key)
+        if got is None:
+            with self.lock:
+                got = self._free.setdefault(vt.key, {})
+        return got
+
+    def step_shortcuts(self, vt: VocabTable) -> dict[int, FreeState]:
+        """The free states of :meth:`free_states` that have their token steps (``jumps``):
+        what a matcher's step looks up (one lookup for any other configuration)."""
+        got = self._steps.get(vt.key)
+        if got is None:
+            with self.lock:
+                got = self._steps.setdefault(vt.key, {})
+        return got
+
+    def free_state(self, cid: int, vt: VocabTable, words: np.ndarray) -> FreeState:
+        """The :class:`FreeState` of configuration ``cid`` (``words``: its token mask, from
+        :meth:`token_mask` in the current epoch), computed once and kept; hold the lock.
+        A configuration whose mask forbids at most :data:`FREE_MAX_FORBIDDEN` tokens gets
+        its forbidden ids (and later, when visited again, its steps: :meth:`add_jumps`)."""
+        states = self.free_states(vt)
+        got = states.get(cid)
+        if got is not None:
+            return got
+        # (no bits are set past the vocabulary)
+        if vt.vocab_size - int(np.bitwise_count(words).sum()) > FREE_MAX_FORBIDDEN:
+            got = _NOT_FREE
+        else:
+            bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: vt.vocab_size]
+            forbidden = np.flatnonzero(bits == 0)
+            forbidden.flags.writeable = False
+            got = FreeState(forbidden, -1, None, 0 if self.native else -1)
+        total = self._free_bytes.get(vt.key, 0) + got.nbytes
+        steps = self.step_shortcuts(vt)
+        while states and (total > self._free_limit or len(states) >= _FREE_STATES_MAX):
+            old = next(iter(states))  # the oldest first
+            total -= states.pop(old).nbytes
+            steps.pop(old, None)
+        states[cid] = got
+        self._free_bytes[vt.key] = total
+        return got
+
+    def add_jumps(self, cid: int, vt: VocabTable, free: FreeState) -> None:
+        """Give ``free`` (the free state of ``cid``, current epoch) its token steps, if they
+        are few: a usual target plus the tokens that go elsewhere, from one walk of the
+        vocabulary recording where each token ends (:func:`structgen.masks.trie.walk_ends`),
+        so that a step from ``cid`` is a dictionary lookup instead of a walk of the token's
+        bytes. Done once (``free.visits`` set to -1); hold the lock."""
+        if free.visits < 0:
+            return
+        free.visits = -1
+        usual, jumps = self._jumps(cid, vt)
+        if jumps is not None:
+            grown = 100 * len(jumps)
+            free.nbytes += grown
+            self._free_bytes[vt.key] = self._free_bytes.get(vt.key, 0) + grown
+            free.usual = usual
+            free.jumps = jumps
+            if self.free_states(vt).get(cid) is free:
+                self.step_shortcuts(vt)[cid] = free
+
+    def _jumps(self, cid: int, vt: VocabTable) -> tuple[int, dict[int, int] | None]:
+        """(the configuration most tokens lead to from ``cid``, every other token's target:
+        -1 where rejected) or (-1, None) when those are too many."""
+        if cid < 0 or not vt.num_tokens:
+            return -1, None
+        trie = vt.trie()
+        ends = native.walk_ends(self.runtime, trie, cid)  # per trie slot
+        targets, counts = np.unique(ends, return_counts=True)
+        usual = int(targets[int(np.argmax(counts))])
+        if usual < 0:
+            return -1, None
+        odd = np.flatnonzero(ends != usual)
+        # tokens without bytes (specials, padding) are not in the trie: rejected unless EOS,
+        # which the matcher decides before any walk
+        no_bytes = np.ones(vt.vocab_size, dtype=bool)
+        no_bytes[trie.slot_ids] = False
+        no_bytes[vt.eos_ids] = False
+        empty = np.flatnonzero(no_bytes)
+        if odd.size + empty.size > _FREE_MAX_JUMPS:
+            return -1, None
+        jumps = dict(zip(trie.slot_ids[odd].tolist(), ends[odd].tolist()))
+        jumps.update(dict.fromkeys(empty.tolist(), -1))
+        return usual, jumps
 
     def budget_table(self, vt: VocabTable) -> Any:
         """The :class:`~structgen.masks.budget.BudgetTable` of this grammar and vocabulary ``vt``
@@ -612,6 +719,35 @@ class Engine:
         """Approximate bytes held by the runtime tables and the mask caches."""
         return int(self.runtime.tab.nbytes() + self.mask_cache.bytes + self.ci_cache.bytes
                    + 100 * (len(self._hshape) + len(self._hrep_of) + len(self._hpair) + len(self._hfail)))
+
+
+class FreeState:
+    """What a matcher needs in a *free* configuration (:meth:`Engine.free_state`): its mask
+    as a short list of forbidden token ids, and its token steps as a usual target plus
+    exceptions.
+
+    ``forbidden``: int64 ids (ascending, read-only) the mask forbids, or None when they are
+    more than :data:`FREE_MAX_FORBIDDEN` (not a free configuration); ``usual``: the
+    configuration every token not in ``jumps`` leads to; ``jumps``: token id -> target
+    configuration (-1: rejected) for the others, EOS aside, or None (no step shortcut);
+    ``visits``: how often its mask was asked for while it has no ``jumps`` yet (-1: no
+    more to come; a configuration met once, as each position of a counted string is, never
+    pays for the walk that finds them); ``nbytes``: about what it holds (the engine keeps
+    them within half its mask-cache budget)."""
+
+    __slots__ = ("forbidden", "usual", "jumps", "visits", "nbytes")
+
+    def __init__(self, forbidden: np.ndarray | None, usual: int, jumps: dict[int, int] | None,
+                 visits: int = -1) -> None:
+        self.forbidden = forbidden
+        self.usual = usual
+        self.jumps = jumps
+        self.visits = visits
+        # roughly what it holds: the array, and a dict entry plus two ints per jump
+        self.nbytes = 100 + (0 if forbidden is None else forbidden.nbytes) + 100 * len(jumps or ())
+
+
+_NOT_FREE = FreeState(None, -1, None)
 
 
 class _ByteLru:

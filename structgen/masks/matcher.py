@@ -10,6 +10,10 @@ are the ones speculative decoding needs:
 * ``fill_bitmask`` writes the packed allowed-token mask of the current state
   (:func:`fill_bitmasks`: many matchers into one tensor, masks not yet cached computed on
   a thread pool, one engine per task, the compiled walks releasing the GIL),
+* ``forbidden_token_ids`` gives the mask as the few ids it forbids where nearly every token
+  is allowed (free text between triggers: :meth:`Engine.free_state
+  <structgen.masks.engine.Engine.free_state>`), and steps from such configurations, once
+  visited often, are dictionary lookups rather than walks of the token's bytes,
 * ``forced_bytes`` / ``forced_tokens`` report what the grammar alone determines,
 * ``is_accepting`` (EOS allowed now) and ``is_terminated`` (EOS accepted).
 
@@ -32,7 +36,7 @@ import numpy as np
 from structgen.errors import MatcherUsageError
 from structgen.grammar.compiled import CompiledGrammar
 from structgen.grammar.runtime import STALE
-from structgen.masks.engine import VocabTable, engine_for
+from structgen.masks.engine import FREE_JUMPS_AFTER, VocabTable, engine_for
 
 __all__ = ["Matcher", "vocab_table", "bitmask_words", "fill_bitmasks"]
 
@@ -157,7 +161,7 @@ class Matcher:
     """
 
     __slots__ = ("grammar", "vocab", "_eng", "_masks", "_vt", "_hist", "_eos", "_max_rollback", "_tb",
-                 "_nvocab", "_epoch", "_bm_ok", "__weakref__")
+                 "_nvocab", "_epoch", "_bm_ok", "_free", "_steps", "__weakref__")
 
     def __init__(self, grammar: CompiledGrammar, vocab: Any, *, max_rollback: int | None = None) -> None:
         if not isinstance(grammar, CompiledGrammar):
@@ -179,6 +183,9 @@ class Matcher:
         self._tb = self._vt.token_bytes
         self._nvocab = self._vt.vocab_size
         self._eos = frozenset(int(x) for x in vocab.eos_token_ids)
+        # free configurations met so far (shared by the grammar's matchers on this vocabulary)
+        self._free = self._masks.free_states(self._vt)
+        self._steps = self._masks.step_shortcuts(self._vt)
         self._max_rollback = max_rollback
         self._bm_ok: tuple[Any, bool, int, bool] | None = None  # the last bitmask checked
         self._hist: list[int] = []
@@ -213,6 +220,9 @@ class Matcher:
             return -1
         if tid in self._eos:
             return _TERMINATED if self._eng.is_accepting(cid) else -1
+        free = self._steps.get(cid)
+        if free is not None:  # free text: a lookup, no walk
+            return free.jumps.get(tid, free.usual)
         if not (0 <= tid < len(self._tb)):
             return -1
         data = self._tb[tid]
@@ -351,6 +361,8 @@ class Matcher:
         m._tb = self._tb
         m._nvocab = self._nvocab
         m._eos = self._eos
+        m._free = self._free
+        m._steps = self._steps
         m._max_rollback = self._max_rollback
         m._bm_ok = None
         with self._eng.lock:
@@ -385,10 +397,26 @@ class Matcher:
         if ep == eng.epoch:
             m = self._masks.token_mask(cid, vt)
             if eng.epoch == ep:
+                free = self._free.get(cid)
+                if free is None or free.visits >= 0:
+                    self._note(cid, m, free)
                 return m
         with eng.lock:
             self._sync()
             return self._masks.token_mask(self._hist[-1], vt)
+
+    def _note(self, cid: int, words: np.ndarray, free: Any) -> None:
+        """A mask of ``cid`` (current configuration, ``words`` its mask) was asked for: find
+        out once whether ``cid`` is free, and count the visit (:meth:`_visit`), so that free
+        text gets its step shortcut whichever way its masks are read."""
+        if free is None:
+            eng = self._eng
+            with eng.lock:
+                if self._epoch != eng.epoch or self._hist[-1] != cid:
+                    return
+                free = self._masks.free_state(cid, self._vt, words)
+        if free.visits >= 0:
+            self._visit(free)
 
     def _cached_words(self) -> np.ndarray | None:
         """The current mask's words if the engine has them cached (no walk), else None."""
@@ -401,6 +429,41 @@ class Matcher:
             return None
         m = self._masks.cached_mask(cid, self._vt)
         return m if eng.epoch == ep else None
+
+    def forbidden_token_ids(self) -> np.ndarray | None:
+        """The token ids the grammar forbids now when they are few (at most
+        :data:`~structgen.masks.engine.FREE_MAX_FORBIDDEN`: free text between triggers, say),
+        else None. Ascending int64, read-only; EOS is among them when the input may not end
+        here. Setting these logits to -inf is exactly what the mask does (for logits no wider
+        than the vocabulary), at a cost that does not grow with the vocabulary; after the
+        first visit of a configuration this is a lookup. None once terminated."""
+        cid = self._hist[-1]
+        if cid < 0:
+            return None
+        eng = self._eng
+        ep = self._epoch
+        if ep == eng.epoch:
+            free = self._free.get(cid)
+            if free is not None and eng.epoch == ep:
+                if free.visits >= 0:
+                    self._visit(free)
+                return free.forbidden
+        with eng.lock:
+            self._sync()
+            words = self._masks.token_mask(self._hist[-1], self._vt)
+            self._sync()  # the mask may have flushed the tables first
+            return self._masks.free_state(self._hist[-1], self._vt, words).forbidden
+
+    def _visit(self, free: Any) -> None:
+        """Count a visit of a free configuration; a configuration visited often gets its
+        token steps (:meth:`Engine.add_jumps <structgen.masks.engine.Engine.add_jumps>`)."""
+        free.visits += 1
+        if free.visits >= FREE_JUMPS_AFTER:
+            eng = self._eng
+            with eng.lock:
+                self._sync()
+                if self._free.get(self._hist[-1]) is free:
+                    self._masks.add_jumps(self._hist[-1], self._vt, free)
 
     def get_bitmask_words(self) -> np.ndarray:
         """The current mask as packed uint32 words ``[ceil(vocab_size/32)]`` (read-only view)."""
