@@ -30,20 +30,27 @@ from typing import Any
 ENGINES = ("grammar", "lookup")
 
 
+def no_repack() -> None:
+    """Make ``llama_model_default_params`` (what ``llama_cpp.Llama`` starts from) turn weight
+    repacking off, for this process."""
+    import llama_cpp.llama_cpp as low_level
+
+    default_params = low_level.llama_model_default_params
+
+    def params_without_repacking() -> Any:
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+
+    low_level.llama_model_default_params = params_without_repacking
+
+
 def _serve(model_path: str, threads: int, engine: str, repack: bool = True) -> None:
     """Child: read one JSON request per line, answer one JSON line each."""
-    import llama_cpp.llama_cpp as low_level  # the module llama_cpp.Llama takes its defaults from
     from llama_cpp import Llama, LlamaGrammar
 
-    if not repack:  # Llama() takes its model parameters from this function
-        default_params = low_level.llama_model_default_params
-
-        def no_repack() -> Any:
-            params = default_params()
-            params.use_extra_bufts = False
-            return params
-
-        low_level.llama_model_default_params = no_repack
+    if not repack:
+        no_repack()
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     draft = LlamaPromptLookupDecoding(num_pred_tokens=10) if engine == "lookup" else None

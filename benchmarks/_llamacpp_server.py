@@ -25,22 +25,8 @@ llama.cpp keeps its own kernel choice, as a user's server would.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from typing import Any
-
-
-def _no_repack() -> None:
-    """Make ``llama_model_default_params`` (what ``Llama`` starts from) turn repacking off."""
-    import llama_cpp.llama_cpp as low_level
-
-    default_params = low_level.llama_model_default_params
-
-    def no_repack() -> Any:
-        params = default_params()
-        params.use_extra_bufts = False
-        return params
-
-    low_level.llama_model_default_params = no_repack
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--alias", default="bench", help="the model name the server answers to")
     args = ap.parse_args(argv)
-    _no_repack()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _llamacpp_peer import no_repack
+
+    no_repack()
     import uvicorn
     from llama_cpp.server.app import create_app
     from llama_cpp.server.settings import ModelSettings, ServerSettings
