@@ -330,6 +330,8 @@ class CallStream:
 
     @classmethod
     def for_plan(cls, plan: OutputPlan) -> CallStream | None:
+        """A stream reader for outputs of ``plan``, or None where the output can only be read
+        once complete (no tools, reasoning, a format other than the built-in ones)."""
         from structgen.frontends.tools import Llama3JsonFormat, MistralFormat, TaggedFormat
 
         if plan.format is None or plan.reasoning:
