@@ -27,7 +27,8 @@ arguments, the triggered grammar against the tool's JSON Schema alone (bare step
 
 ::
 
-    python benchmarks/tools.py --model qwen2.5-coder-0.5b --out benchmarks/results/tools-qwen2.5-coder-0.5b-cpu.json
+    python benchmarks/tools.py --model qwen2.5-coder-0.5b \
+        --out benchmarks/results/tools-qwen2.5-coder-0.5b-cpu.json
     python benchmarks/tools.py --masks --out benchmarks/results/tools-masks-llama3.json
     python benchmarks/tools.py --smoke --out /tmp/tools.json   # tiny random model, 3 cases + masks (CI)
 """
