@@ -111,7 +111,8 @@ class OutputPlan:
         raw: list[str | None] = [None] * len(parsed.calls)
         stream = CallStream.for_plan(self)
         if stream is not None:  # the arguments as written, where the output reads as the grammar writes
-            got = stream._read_text(text)
+            read = stream.read(text, final=True)
+            got = None if read is None else read[1]
             if got is not None and [c.name for c in got] == [n for n, _ in parsed.calls]:
                 raw = [c.args if c.done and json.loads(c.args) == a else None
                        for c, (_, a) in zip(got, parsed.calls)]
@@ -340,12 +341,13 @@ class CallStream:
             return None
         return cls(plan.format)
 
-    def _read(self, final: bool) -> tuple[str, list[_Call]] | None:
-        """(content known so far, calls so far); None when the text leaves the shapes the
-        grammar writes (the caller then waits for the complete output)."""
+    def read(self, text: str, *, final: bool) -> tuple[str, list[_Call]] | None:
+        """(content known so far, calls so far) of ``text`` in this stream's format (``final``:
+        the output is complete); None when the text leaves the shapes the grammar writes (the
+        caller then waits for the complete output)."""
         from structgen.frontends.tools import Llama3JsonFormat, MistralFormat
 
-        text, fmt, key = self.text, self.fmt, self.fmt.arguments_key
+        fmt, key = self.fmt, self.fmt.arguments_key
         calls: list[_Call] = []
         if isinstance(fmt, Llama3JsonFormat):
             body = text
@@ -428,20 +430,11 @@ class CallStream:
             pos = nxt + len(end)
         return "".join(parts), calls
 
-    def _read_text(self, text: str) -> list[_Call] | None:
-        """The calls of a complete output ``text`` (this stream's own text is left alone)."""
-        saved, self.text = self.text, text
-        try:
-            got = self._read(True)
-        finally:
-            self.text = saved
-        return None if got is None else got[1]
-
     def feed(self, delta: str, *, final: bool = False) -> list[tuple[Any, ...]]:
         """Events for ``delta``, the text committed since the last call (``final``: the output
         is complete: nothing is held back any more)."""
         self.text += delta
-        got = self._read(final)
+        got = self.read(self.text, final=final)
         if got is None:
             return []
         content, calls = got
