@@ -21,8 +21,12 @@ a triggered tool grammar in free text (mask into a bitmask + accept; and the for
 accept, what the logits processor does there) against a no-op function (the call alone) and
 against applying an all-allowed bitmask to the logits (what any whole-mask processor pays).
 Through transformers: ``LogitsProcessorList([proc])(input_ids, scores)`` on ``[1, 128256]``
-scores, ``StructgenLogitsProcessor`` (copying the scores, as by default, and in place) against a
-``LogitsProcessor`` that returns the scores unchanged, interleaved step by step. And inside the
+scores, ``StructgenLogitsProcessor`` against a
+``LogitsProcessor`` that returns the scores unchanged, interleaved step by step, each call on
+fresh scores as ``generate`` makes them: the default (a copy on a generation's first call, then
+in place while the caller keeps no earlier scores), ``inplace=False`` (always a copy) and
+``inplace=True``; and, to show where the margin comes from, a no-op with a stored signature
+(transformers reads each processor's signature on every call; ours is stored). And inside the
 arguments, the triggered grammar against the tool's JSON Schema alone (bare steps).
 
 ::
@@ -36,6 +40,7 @@ arguments, the triggered grammar against the tool's JSON Schema alone (bare step
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -370,25 +375,38 @@ def mask_costs(repeats: int) -> dict[str, Any]:
         def __call__(self, input_ids: Any, scores: Any) -> Any:
             return scores
 
+    class UnchangedSigned(LogitsProcessor):  # the same with a stored signature, as ours has
+        def __call__(self, input_ids: Any, scores: Any) -> Any:
+            return scores
+
+    UnchangedSigned.__call__.__signature__ = inspect.signature(  # type: ignore[attr-defined]
+        UnchangedSigned.__call__)
+
     prompt = tok.encode("You are a helpful assistant with tools. Book me a hotel in Paris.",
                         add_special_tokens=False)
     feeds = [torch.tensor([prompt + free_ids[:k]]) for k in range(len(free_ids) + 1)]
-    hf_kinds = ("hf_noop", "hf_structgen", "hf_structgen_inplace")
+    hf_kinds = ("hf_noop", "hf_noop_signed", "hf_structgen", "hf_structgen_copy", "hf_structgen_inplace")
 
     def hf_request(out: dict[str, list[float]], order: int) -> None:
-        """One free-text request through LogitsProcessorList, the three processors
-        interleaved step by step (the first call, which starts the request, not timed)."""
+        """One free-text request through LogitsProcessorList, the processors interleaved step
+        by step (the first call, which starts the request, not timed). Each call gets fresh
+        scores, as ``generate`` makes them (a copy of the model's last logits), made untimed."""
         lists = {"hf_noop": LogitsProcessorList([Unchanged()]),
+                 "hf_noop_signed": LogitsProcessorList([UnchangedSigned()]),
                  "hf_structgen": LogitsProcessorList([StructgenLogitsProcessor(plan.grammar, vocab=vocab)]),
+                 "hf_structgen_copy": LogitsProcessorList([StructgenLogitsProcessor(
+                     plan.grammar, vocab=vocab, inplace=False)]),
                  "hf_structgen_inplace": LogitsProcessorList([StructgenLogitsProcessor(
                      plan.grammar, vocab=vocab, inplace=True)])}
         kinds = hf_kinds if order % 2 == 0 else hf_kinds[::-1]
         for k, ids in enumerate(feeds):
             for kind in kinds:
+                fresh = scores.clone()
                 t0 = time.perf_counter()
-                lists[kind](ids, scores)
+                lists[kind](ids, fresh)
                 if k:
                     out[kind].append(time.perf_counter() - t0)
+                del fresh
 
     # cold: the first request on a fresh grammar (masks of the free-text states not cached yet)
     cold_free: list[float] = []
@@ -439,6 +457,9 @@ def mask_costs(repeats: int) -> dict[str, Any]:
     for kind in hf_kinds[1:]:
         out[f"ratio_{kind}_vs_hf_noop"] = ratio(kind, "hf_noop", "mean_us")
         out[f"ratio_{kind}_vs_hf_noop_median"] = ratio(kind, "hf_noop", "median_us")
+    for kind in hf_kinds[2:]:  # against a no-op whose signature is as cheap to read as ours
+        out[f"ratio_{kind}_vs_hf_noop_signed"] = ratio(kind, "hf_noop_signed", "mean_us")
+        out[f"ratio_{kind}_vs_hf_noop_signed_median"] = ratio(kind, "hf_noop_signed", "median_us")
     out["ratio_free_text_vs_apply_mask"] = round(out["free_text"]["mean_us"]
                                                  / out["apply_mask"]["mean_us"], 3)
     out["ratio_region_vs_schema_alone"] = round(out["region_triggered"]["mean_us"]

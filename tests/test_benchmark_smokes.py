@@ -241,7 +241,8 @@ def test_tools(runs: _Runs) -> None:
     assert s["model"] == "tiny-random" and s["cases"] == s["identical"] == 3
     assert s["spec"]["calls"] == s["spec"]["calls_valid"]  # every constrained call validates
     m = report["masks"]
-    assert {"noop", "apply_mask", "free_text", "region_triggered", "region_schema_alone"} <= set(m)
+    assert {"noop", "apply_mask", "free_text", "region_triggered", "region_schema_alone", "hf_noop",
+            "hf_noop_signed", "hf_structgen", "hf_structgen_copy", "hf_structgen_inplace"} <= set(m)
 
 
 def _smoke_schemas() -> list[tuple[str, Any]]:

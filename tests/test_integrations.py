@@ -518,3 +518,85 @@ def test_processor_free_text_sets_only_the_forbidden_logits(tokenizer_by_alias) 
             assert (out is scores) == inplace and torch.equal(scores, want if inplace else before)
             few += proc.matchers[0].forbidden_token_ids() is not None
         assert few > len(new) // 2  # most steps are free text here
+
+
+def _free_text_grammar():
+    from structgen.frontends.triggered import Region, TriggeredGrammar, body_grammar, compile_triggered
+
+    region = Region("<tool_call>", body_grammar("json", {"type": "object", "properties": {
+        "n": {"type": "integer"}}, "required": ["n"]}), "</tool_call>")
+    return compile_triggered(TriggeredGrammar((region,)))
+
+
+def test_processor_default_writes_in_place_only_what_nobody_keeps(tokenizer_by_alias) -> None:
+    """inplace=None (the default): the first call of a generation returns a copy; later calls
+    write into the scores they are given unless the caller kept an earlier call's scores.
+    A caller that keeps some step's scores gets them back unchanged (what was written is put
+    back on the next call), and the rest of the generation is copied. Oracle: each step's
+    scores masked with a separate matcher's allowed ids."""
+    g = _free_text_grammar()
+    width = 50304  # the padding columns past the tokenizer are forbidden in free text too
+    tok = tokenizer_by_alias("gpt2")
+    new = tok.encode("Let me check the weather for you in a moment, please wait here.")
+    prompt = tok.encode("Hi")
+    gen = torch.Generator().manual_seed(1)
+    for keep_at in (None, 3):  # a caller that keeps nothing, one that keeps step 3's scores
+        proc = StructgenLogitsProcessor(g, tok)
+        ref = Matcher(g, Vocabulary.from_tokenizer(tok, width))
+        kept = None
+        for k in range(len(new)):
+            if k:
+                assert ref.accept_token(new[k - 1])
+            scores = torch.randn((1, width), generator=gen)
+            before = scores.clone()
+            out = proc(torch.tensor([prompt + new[:k]]), scores)
+            allowed = torch.zeros(width, dtype=torch.bool)
+            allowed[ref.allowed_token_ids()] = True
+            assert torch.equal(out, before.masked_fill(~allowed, float("-inf")))
+            in_place = out is scores
+            assert in_place == (k >= 1 and (keep_at is None or k <= keep_at)), (keep_at, k)
+            if k == keep_at:
+                kept, kept_values = scores, before
+            if kept is not None and k > keep_at:
+                assert torch.equal(kept, kept_values)  # put back, then never written again
+            del out, scores
+    # a caller that writes every step's scores into one buffer: in place from the second call
+    proc = StructgenLogitsProcessor(g, tok)
+    buf = torch.empty((1, width))
+    for k in range(4):
+        buf.copy_(torch.randn((1, width), generator=gen))
+        assert (proc(torch.tensor([prompt + new[:k]]), buf) is buf) == (k >= 1)
+    with pytest.raises(ConfigError, match="inplace"):
+        StructgenLogitsProcessor(g, tok, inplace="yes")
+
+
+@pytest.mark.assets
+@pytest.mark.model
+def test_processor_keeps_generate_output_logits_untouched(tiny_models) -> None:
+    """generate(output_logits=True, output_scores=True) with the default processor: the raw
+    logits are the model's own (no -inf; equal to inplace=False's), every step's scores are
+    its own masked tensor, and the tokens are those of inplace=False."""
+    from transformers import LogitsProcessorList
+
+    lm = tiny_models["random"]
+    tok = lm.tokenizer
+    g = _free_text_grammar()
+    ids = torch.tensor([tok.encode("Hello there,")])
+    runs = {}
+    for inplace in (None, False, True):
+        out = lm.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                logits_processor=LogitsProcessorList([StructgenLogitsProcessor(
+                                    g, tok, inplace=inplace)]), max_new_tokens=12,
+                                pad_token_id=tok.eos_token_id, return_dict_in_generate=True,
+                                output_logits=True, output_scores=True)
+        runs[inplace] = out
+    auto, copy, written = runs[None], runs[False], runs[True]
+    assert torch.equal(auto.sequences, copy.sequences) and len(auto.logits) > 2
+    for step, (raw, want) in enumerate(zip(auto.logits, copy.logits)):
+        assert torch.isfinite(raw).all() and torch.equal(raw, want), step
+    assert len({id(s) for s in auto.scores}) == len(auto.scores)
+    for step, (s, want) in enumerate(zip(auto.scores, copy.scores)):
+        assert torch.equal(s, want), step
+        assert not torch.isfinite(s).all(), step  # something is forbidden in free text
+    # inplace=True writes into the tensor generate keeps as the raw logits
+    assert not all(torch.isfinite(raw).all() for raw in written.logits)

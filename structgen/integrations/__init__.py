@@ -36,7 +36,9 @@ real subclass of ``transformers.LogitsProcessor``).
 
 from __future__ import annotations
 
+import inspect
 import json
+import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -360,10 +362,15 @@ class _LogitsProcessorImpl:
     Where the grammar allows nearly every token (free text between the triggers of a
     tool-calling grammar, say: :meth:`Matcher.forbidden_token_ids
     <structgen.masks.matcher.Matcher.forbidden_token_ids>`), only the few forbidden logits
-    are set to -inf instead of applying a whole-vocabulary mask. The scores are copied first,
-    as transformers' own processors do (``generate(output_logits=True)`` keeps the tensor it
-    passed in); ``inplace=True`` writes into ``scores`` instead and returns it, which saves
-    that copy of the logits on every step (do not combine it with ``output_logits``).
+    are set to -inf instead of applying a whole-vocabulary mask. ``inplace`` says where they
+    are written. ``None`` (the default): the first call of a generation writes into a copy;
+    later calls write into the scores they are given, unless the caller kept an earlier call's
+    scores (``generate(output_logits=True)`` keeps every step's), found by the reference
+    counts of those scores on the next call. Then what was written into them is put back and
+    the rest of the generation uses copies, so the logits ``generate`` returns stay the
+    model's. ``False``: always a copy, as transformers' own processors do (also when your loop
+    reads a step's scores after the last call). ``True``: always in place. Whole-vocabulary
+    masks go to a copy unless ``inplace=True``.
 
     ``StructgenLogitsProcessor`` is this class with transformers' ``LogitsProcessor`` as a second
     base, built when the name is first accessed, so that importing :mod:`structgen.integrations`
@@ -377,7 +384,7 @@ class _LogitsProcessorImpl:
                  vocab: Vocabulary | None = None, eos_token_ids: int | Iterable[int] | None = None,
                  pad_token_id: int | None = None,
                  json_options: JsonSchemaOptions | None = None, strict: bool | None = None,
-                 max_new_tokens: int | None = None, inplace: bool = False) -> None:
+                 max_new_tokens: int | None = None, inplace: bool | None = None) -> None:
         given = [x is not None for x in (grammar_or_schema, grammar, regex)]
         if sum(given) != 1:
             raise ConfigError("give exactly one of grammar_or_schema, grammar= or regex=",
@@ -389,7 +396,9 @@ class _LogitsProcessorImpl:
             raise ConfigError(f"max_new_tokens must be a positive integer, not {max_new_tokens!r}",
                               key="max_new_tokens")
         self.max_new_tokens = max_new_tokens
-        self.inplace = bool(inplace)
+        if inplace is not None and not isinstance(inplace, bool):
+            raise ConfigError(f"inplace must be True, False or None, not {inplace!r}", key="inplace")
+        self.inplace = inplace
         if grammar is not None:
             constraints: list[Any] = [compile_constraint("grammar", grammar, start=start)]
             self._per_row = False
@@ -415,10 +424,22 @@ class _LogitsProcessorImpl:
         self.matchers: list[Matcher] = []
         self.prompt_length: int | None = None
         self._stopped: list[bool] = []  # rows that ended outside the grammar (fed padding)
-        self._prev: Any = None  # a copy of the last input_ids seen (numpy [B, L])
+        # the last input_ids seen: their bytes (a copy, safe from a caller reusing its buffer)
+        # and (batch, length, dtype)
+        self._prev: bytes | None = None
+        self._prev_key: tuple[int, int, Any] | None = None
         self._bitmask: Any = None
         self._index: dict[int, tuple[Any, Any]] = {}  # forbidden ids -> on self._index_device
         self._index_device: Any = None
+        self._out: Any = None  # the copy returned last step, reused when nothing else holds it
+        self._out_refs = 0
+        self._out_storage_uses = 0
+        # inplace=None: the scores the previous call was given, and when it wrote into them,
+        # the values it overwrote ([(row, ids, values)]); whether this generation copies
+        self._last_in: Any = None
+        self._last_saved: list[tuple[int, Any, Any]] | None = None
+        self._copying = True
+        self._caller_keeps = False
 
     @staticmethod
     def _compile(x: Any, json_options: JsonSchemaOptions | None) -> CompiledGrammar:
@@ -447,7 +468,10 @@ class _LogitsProcessorImpl:
         self.matchers = []
         self._stopped = []
         self._prev = None
+        self._prev_key = None
         self.prompt_length = None
+        self._last_in = None
+        self._last_saved = None
 
     @property
     def vocab(self) -> Vocabulary | None:
@@ -487,21 +511,27 @@ class _LogitsProcessorImpl:
         self.matchers = matchers
         self._stopped = [False] * batch
         self.prompt_length = int(ids.shape[1])
+        self._last_in = None
+        self._last_saved = None
+        self._copying = True  # the first call copies: a generation may end after it
+        self._caller_keeps = False
 
     def _follow(self, ids: Any) -> bool:
         """Advance every row by its newest token; False when ``ids`` (numpy ``[B, L]``) does
         not continue the previous call (a new generation)."""
         import numpy as np
 
-        prev = self._prev
-        if prev is None or ids.shape[0] != prev.shape[0] or ids.shape[1] != prev.shape[1] + 1:
+        key = self._prev_key
+        batch, length = ids.shape
+        if key is None or key[0] != batch or key[1] != length - 1 or key[2] != ids.dtype:
             return False
         head = ids[:, :-1]
-        if head.tobytes() != prev.tobytes():  # (one comparison; cheaper than numpy's per step)
+        if head.tobytes() != self._prev:  # (one comparison; cheaper than numpy's per step)
+            prev = np.frombuffer(self._prev, dtype=ids.dtype).reshape(batch, length - 1)
             same = (head == prev).all(axis=1)  # [B]
             # beam search reorders rows: take over the matcher of the row each one came from
             src: list[int] = []
-            for i in range(ids.shape[0]):
+            for i in range(batch):
                 if same[i]:
                     src.append(i)
                     continue
@@ -532,27 +562,34 @@ class _LogitsProcessorImpl:
         """Mask ``scores`` ``[batch, vocab]`` to the grammar-allowed tokens of each row.
 
         ``input_ids`` ``[batch, seq]``: the prompt on the first call, then prompt plus the
-        tokens generated so far (the newest is accepted into each row's matcher). Returns a
-        new tensor with forbidden tokens at -inf (``scores`` itself when nothing is forbidden,
-        or written in place with ``inplace=True``). Rows that have finished get EOS only (or
+        tokens generated so far (the newest is accepted into each row's matcher). Returns the
+        scores with forbidden tokens at -inf, in a copy or in place as ``inplace`` says
+        (``scores`` itself when nothing is forbidden). Rows that have finished get EOS only (or
         everything, when they stopped outside the grammar) so that no row is all -inf.
         Cost per step: one cached mask per row plus one unpack on the scores' device; where
         every row allows nearly every token, setting the few forbidden logits instead.
         """
-        if input_ids.dim() != 2 or scores.dim() != 2 or input_ids.shape[0] != scores.shape[0]:
+        ishape, sshape = input_ids.shape, scores.shape
+        if len(ishape) != 2 or len(sshape) != 2 or ishape[0] != sshape[0]:
             raise ConfigError(f"expected input_ids [batch, seq] and scores [batch, vocab]; got "
-                              f"{tuple(input_ids.shape)} and {tuple(scores.shape)}", key="scores")
-        width = int(scores.shape[-1])
-        vocab = self._vocab_for(width)
-        # a numpy copy: cheap per step, and safe from a caller reusing its buffer
-        ids = (input_ids if input_ids.device.type == "cpu" else input_ids.to("cpu")).numpy().copy()
+                              f"{tuple(ishape)} and {tuple(sshape)}", key="scores")
+        width = int(sshape[1])
+        vocab = self._vocab
+        if vocab is None or vocab.vocab_size != width:
+            vocab = self._vocab_for(width)
+        ids = (input_ids if input_ids.is_cpu else input_ids.cpu()).numpy()  # a view: [B, L]
         if not self._follow(ids):
             self._start(ids, vocab)
-        self._prev = ids
+        elif self.inplace is None:
+            self._check_kept(scores)
+        self._prev = ids.tobytes()
+        self._prev_key = (int(ishape[0]), int(ishape[1]), ids.dtype)
         rows = [None if self._stopped[i] else m for i, m in enumerate(self.matchers)]
         few = self._forbidden(rows, ids)
         if few is not None:
             return self._set_forbidden(scores, few)
+        if self.inplace is None and not self._caller_keeps:
+            self._last_in = scores  # (the whole mask is applied to a copy)
         import torch
 
         from structgen.generation.sampling import unpack_bitmask
@@ -579,6 +616,25 @@ class _LogitsProcessorImpl:
             return scores.masked_fill_(~allowed, float("-inf"))
         return scores.masked_fill(~allowed, float("-inf"))
 
+    def _check_kept(self, scores: Any) -> None:
+        """``inplace=None``, from the second call of a generation on: whether the caller kept
+        the scores it passed last time (``generate(output_logits=True)`` keeps every step's).
+        If it did, what the last call wrote into them is put back and the rest of the
+        generation writes into copies; else this call may write into ``scores``."""
+        last, saved = self._last_in, self._last_saved
+        self._last_in = self._last_saved = None
+        if last is None or self._caller_keeps:
+            return
+        if last.data_ptr() != scores.data_ptr() and _counts(last) != _solo_counts():
+            if saved:
+                rows = last.numpy()
+                for i, f, values in saved:
+                    rows[i][f] = values
+            self._caller_keeps = True
+            self._copying = True
+        else:  # nothing but this processor holds them, or the caller reuses one buffer
+            self._copying = False
+
     def _forbidden(self, rows: list[Any], ids: Any) -> list[Any | None] | None:
         """Per row, the few token ids forbidden now (None for a row stopped outside the
         grammar: it allows every token); None when some row forbids many tokens, or the
@@ -598,19 +654,37 @@ class _LogitsProcessorImpl:
         return out
 
     def _set_forbidden(self, scores: Any, few: list[Any]) -> Any:
-        """``scores`` with each row's ``few`` ids (None: none) at -inf: in a copy unless
-        ``inplace`` (or nothing is forbidden)."""
-        if not any(f is not None and f.size for f in few):
+        """``scores`` with each row's ``few`` ids (None: none) at -inf, in place or in a copy
+        as ``inplace`` and what the caller keeps say (``scores`` itself when nothing is
+        forbidden)."""
+        if len(few) == 1:  # (one row: the common case, kept short)
+            if few[0] is None or not few[0].size:
+                return scores
+        elif not any(f is not None and f.size for f in few):
             return scores
-        out = scores if self.inplace else scores.clone()
+        auto = self.inplace is None
+        viewable = scores.is_cpu and not scores.requires_grad and scores.dtype in _numpy_floats()
+        if self.inplace or (auto and not self._copying and viewable):
+            out = scores
+        elif viewable:
+            out = self._copy(scores)
+        else:
+            out = scores.clone()
+        if auto and not self._caller_keeps:
+            self._last_in = scores
         device = scores.device
-        if device.type == "cpu" and not out.requires_grad and str(out.dtype) in _NUMPY_FLOATS:
+        if viewable:
             import numpy as np
 
             rows = out.numpy()  # a view: numpy's fancy assignment costs less than a torch op here
+            saved = [] if auto and out is scores else None
             for i, f in enumerate(few):
                 if f is not None and f.size:
+                    if saved is not None:
+                        saved.append((i, f, rows[i][f]))  # (a copy: fancy indexing)
                     rows[i][f] = -np.inf
+            if saved is not None:
+                self._last_saved = saved
             return out
         if device != self._index_device:
             self._index.clear()
@@ -631,13 +705,83 @@ class _LogitsProcessorImpl:
                 out[i].index_fill_(0, got[1], float("-inf"))
         return out
 
+    def _copy(self, scores: Any) -> Any:
+        """A copy of CPU ``scores``, written into the tensor this processor returned last time
+        when nothing else holds that one any more (no reference, view or numpy array of it:
+        ``generate(output_scores=True)`` keeps every step's scores, so each step then gets a new
+        tensor). Copying into a warm buffer costs about half of allocating a fresh one."""
+        out = self._out
+        if (out is not None and sys.getrefcount(out) == self._out_refs
+                and out.shape == scores.shape and out.dtype == scores.dtype):
+            try:
+                if out._use_count() == 1 and _storage_uses(out) == self._out_storage_uses:
+                    return out.copy_(scores)
+            except (AttributeError, RuntimeError):  # another torch; an inference-mode buffer
+                pass
+        out = scores.clone()
+        self._out = out
+        # the counts with only this processor holding it (measured the same way as above)
+        self._out_refs = sys.getrefcount(out)
+        try:
+            self._out_storage_uses = _storage_uses(out)
+        except AttributeError:
+            self._out = None
+        return out
+
     def __repr__(self) -> str:
         return (f"StructgenLogitsProcessor(grammars={len(self.grammars)}, "
                 f"rows={len(self.matchers)}, prompt_length={self.prompt_length})")
 
 
 
-_NUMPY_FLOATS = frozenset({"torch.float32", "torch.float64", "torch.float16"})
+# transformers' LogitsProcessorList reads each processor's signature on every step
+# (inspect.signature); a stored one makes that read about three times cheaper
+_LogitsProcessorImpl.__call__.__signature__ = inspect.signature(  # type: ignore[attr-defined]
+    _LogitsProcessorImpl.__call__)
+
+
+def _storage_uses(t: Any) -> int:
+    """How many tensors share ``t``'s storage (views and numpy arrays of it count)."""
+    import torch
+
+    return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
+
+
+def _counts(t: Any) -> tuple[int, int, int]:
+    """References to the tensor ``t`` (Python ones, C++ handles, tensors and arrays sharing
+    its storage). Call with ``t`` held by one local variable of the caller: the counts then
+    equal :func:`_solo_counts` exactly when nothing else holds it."""
+    return sys.getrefcount(t), t._use_count(), _storage_uses(t)
+
+
+_SOLO: tuple[int, int, int] | None = None
+
+
+def _solo_counts() -> tuple[int, int, int]:
+    """:func:`_counts` of a tensor that only one local variable holds."""
+    global _SOLO
+    if _SOLO is None:
+        import torch
+
+        probe = torch.empty(1)
+        _SOLO = _counts(probe)
+    return _SOLO
+
+
+_NUMPY_FLOATS: frozenset[Any] = frozenset()
+
+
+def _numpy_floats() -> frozenset[Any]:
+    """The torch dtypes whose CPU tensors numpy can view (made on first use: no torch import
+    before it)."""
+    global _NUMPY_FLOATS
+    if not _NUMPY_FLOATS:
+        import torch
+
+        _NUMPY_FLOATS = frozenset({torch.float32, torch.float64, torch.float16})
+    return _NUMPY_FLOATS
+
+
 _LP_CLASS: Any = None
 
 
