@@ -530,20 +530,19 @@ def _free_text_grammar():
 
 def test_processor_default_writes_in_place_only_what_nobody_keeps(tokenizer_by_alias) -> None:
     """inplace=None (the default): the first call of a generation returns a copy; later calls
-    write into the scores they are given unless the caller kept an earlier call's scores.
-    A caller that keeps some step's scores gets them back unchanged (what was written is put
-    back on the next call), and the rest of the generation is copied. Oracle: each step's
-    scores masked with a separate matcher's allowed ids."""
+    write into the scores they are given until the caller is seen keeping an earlier call's
+    scores, and from then on copy. Oracle: each step's scores masked with a separate
+    matcher's allowed ids; what the caller kept is never written after it was returned."""
     g = _free_text_grammar()
     width = 50304  # the padding columns past the tokenizer are forbidden in free text too
     tok = tokenizer_by_alias("gpt2")
     new = tok.encode("Let me check the weather for you in a moment, please wait here.")
     prompt = tok.encode("Hi")
     gen = torch.Generator().manual_seed(1)
-    for keep_at in (None, 3):  # a caller that keeps nothing, one that keeps step 3's scores
+    for keep_at in (None, 0, 3):  # a caller that keeps nothing, or every step's from keep_at
         proc = StructgenLogitsProcessor(g, tok)
         ref = Matcher(g, Vocabulary.from_tokenizer(tok, width))
-        kept = None
+        kept: list[tuple[torch.Tensor, torch.Tensor]] = []
         for k in range(len(new)):
             if k:
                 assert ref.accept_token(new[k - 1])
@@ -554,11 +553,12 @@ def test_processor_default_writes_in_place_only_what_nobody_keeps(tokenizer_by_a
             allowed[ref.allowed_token_ids()] = True
             assert torch.equal(out, before.masked_fill(~allowed, float("-inf")))
             in_place = out is scores
+            # in place from the second call, until the call after the first kept scores
             assert in_place == (k >= 1 and (keep_at is None or k <= keep_at)), (keep_at, k)
-            if k == keep_at:
-                kept, kept_values = scores, before
-            if kept is not None and k > keep_at:
-                assert torch.equal(kept, kept_values)  # put back, then never written again
+            if keep_at is not None and k >= keep_at:
+                kept.append((scores, scores.clone()))
+            for t, values in kept:
+                assert torch.equal(t, values)
             del out, scores
     # a caller that writes every step's scores into one buffer: in place from the second call
     proc = StructgenLogitsProcessor(g, tok)
@@ -573,30 +573,35 @@ def test_processor_default_writes_in_place_only_what_nobody_keeps(tokenizer_by_a
 @pytest.mark.assets
 @pytest.mark.model
 def test_processor_keeps_generate_output_logits_untouched(tiny_models) -> None:
-    """generate(output_logits=True, output_scores=True) with the default processor: the raw
+    """generate(output_logits=..., output_scores=...) with the default processor: the raw
     logits are the model's own (no -inf; equal to inplace=False's), every step's scores are
-    its own masked tensor, and the tokens are those of inplace=False."""
+    its own masked tensor equal to inplace=False's, and so are the tokens."""
     from transformers import LogitsProcessorList
 
     lm = tiny_models["random"]
     tok = lm.tokenizer
     g = _free_text_grammar()
     ids = torch.tensor([tok.encode("Hello there,")])
-    runs = {}
-    for inplace in (None, False, True):
-        out = lm.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                logits_processor=LogitsProcessorList([StructgenLogitsProcessor(
-                                    g, tok, inplace=inplace)]), max_new_tokens=12,
-                                pad_token_id=tok.eos_token_id, return_dict_in_generate=True,
-                                output_logits=True, output_scores=True)
-        runs[inplace] = out
-    auto, copy, written = runs[None], runs[False], runs[True]
-    assert torch.equal(auto.sequences, copy.sequences) and len(auto.logits) > 2
-    for step, (raw, want) in enumerate(zip(auto.logits, copy.logits)):
-        assert torch.isfinite(raw).all() and torch.equal(raw, want), step
-    assert len({id(s) for s in auto.scores}) == len(auto.scores)
-    for step, (s, want) in enumerate(zip(auto.scores, copy.scores)):
-        assert torch.equal(s, want), step
-        assert not torch.isfinite(s).all(), step  # something is forbidden in free text
+
+    def run(inplace, logits: bool, scores: bool):
+        return lm.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 logits_processor=LogitsProcessorList([StructgenLogitsProcessor(
+                                     g, tok, inplace=inplace)]), max_new_tokens=12,
+                                 pad_token_id=tok.eos_token_id, return_dict_in_generate=True,
+                                 output_logits=logits, output_scores=scores)
+
+    copy = run(False, True, True)
+    assert len(copy.logits) > 2
+    assert all(not torch.isfinite(s).all() for s in copy.scores)  # something is forbidden
+    for logits, scores in ((True, True), (True, False), (False, True)):
+        auto = run(None, logits, scores)
+        assert torch.equal(auto.sequences, copy.sequences)
+        if logits:
+            for step, (raw, want) in enumerate(zip(auto.logits, copy.logits)):
+                assert torch.isfinite(raw).all() and torch.equal(raw, want), (scores, step)
+        if scores:
+            assert len({id(s) for s in auto.scores}) == len(auto.scores)
+            for step, (s, want) in enumerate(zip(auto.scores, copy.scores)):
+                assert torch.equal(s, want), (logits, step)
     # inplace=True writes into the tensor generate keeps as the raw logits
-    assert not all(torch.isfinite(raw).all() for raw in written.logits)
+    assert not all(torch.isfinite(raw).all() for raw in run(True, True, False).logits)

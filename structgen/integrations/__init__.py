@@ -364,13 +364,14 @@ class _LogitsProcessorImpl:
     <structgen.masks.matcher.Matcher.forbidden_token_ids>`), only the few forbidden logits
     are set to -inf instead of applying a whole-vocabulary mask. ``inplace`` says where they
     are written. ``None`` (the default): the first call of a generation writes into a copy;
-    later calls write into the scores they are given, unless the caller kept an earlier call's
-    scores (``generate(output_logits=True)`` keeps every step's), found by the reference
-    counts of those scores on the next call. Then what was written into them is put back and
-    the rest of the generation uses copies, so the logits ``generate`` returns stay the
-    model's. ``False``: always a copy, as transformers' own processors do (also when your loop
-    reads a step's scores after the last call). ``True``: always in place. Whole-vocabulary
-    masks go to a copy unless ``inplace=True``.
+    later calls write into the scores they are given while the caller keeps none of the
+    earlier calls' scores, found from their reference counts on the next call
+    (``generate(output_logits=True)`` or ``output_scores=True`` keep every step's, so the
+    second call sees that and the generation copies throughout: the logits ``generate``
+    returns stay the model's). A loop of your own that starts keeping the scores it passes in
+    later gets that one step's scores masked; pass ``False`` there. ``False``: always a copy,
+    as transformers' own processors do. ``True``: always in place. Whole-vocabulary masks go
+    to a copy unless ``inplace=True``.
 
     ``StructgenLogitsProcessor`` is this class with transformers' ``LogitsProcessor`` as a second
     base, built when the name is first accessed, so that importing :mod:`structgen.integrations`
@@ -434,10 +435,8 @@ class _LogitsProcessorImpl:
         self._out: Any = None  # the copy returned last step, reused when nothing else holds it
         self._out_refs = 0
         self._out_storage_uses = 0
-        # inplace=None: the scores the previous call was given, and when it wrote into them,
-        # the values it overwrote ([(row, ids, values)]); whether this generation copies
+        # inplace=None: the scores the previous call was given; whether this generation copies
         self._last_in: Any = None
-        self._last_saved: list[tuple[int, Any, Any]] | None = None
         self._copying = True
         self._caller_keeps = False
 
@@ -471,7 +470,6 @@ class _LogitsProcessorImpl:
         self._prev_key = None
         self.prompt_length = None
         self._last_in = None
-        self._last_saved = None
 
     @property
     def vocab(self) -> Vocabulary | None:
@@ -512,7 +510,6 @@ class _LogitsProcessorImpl:
         self._stopped = [False] * batch
         self.prompt_length = int(ids.shape[1])
         self._last_in = None
-        self._last_saved = None
         self._copying = True  # the first call copies: a generation may end after it
         self._caller_keeps = False
 
@@ -618,18 +615,15 @@ class _LogitsProcessorImpl:
 
     def _check_kept(self, scores: Any) -> None:
         """``inplace=None``, from the second call of a generation on: whether the caller kept
-        the scores it passed last time (``generate(output_logits=True)`` keeps every step's).
-        If it did, what the last call wrote into them is put back and the rest of the
-        generation writes into copies; else this call may write into ``scores``."""
-        last, saved = self._last_in, self._last_saved
-        self._last_in = self._last_saved = None
+        the scores it passed last time (``generate(output_logits=True)`` keeps every step's;
+        ``output_scores=True`` keeps what was returned, the same tensor when it was written in
+        place). If it did, the rest of the generation writes into copies; else this call may
+        write into ``scores``."""
+        last = self._last_in
+        self._last_in = None
         if last is None or self._caller_keeps:
             return
         if last.data_ptr() != scores.data_ptr() and _counts(last) != _solo_counts():
-            if saved:
-                rows = last.numpy()
-                for i, f, values in saved:
-                    rows[i][f] = values
             self._caller_keeps = True
             self._copying = True
         else:  # nothing but this processor holds them, or the caller reuses one buffer
@@ -677,14 +671,9 @@ class _LogitsProcessorImpl:
             import numpy as np
 
             rows = out.numpy()  # a view: numpy's fancy assignment costs less than a torch op here
-            saved = [] if auto and out is scores else None
             for i, f in enumerate(few):
                 if f is not None and f.size:
-                    if saved is not None:
-                        saved.append((i, f, rows[i][f]))  # (a copy: fancy indexing)
                     rows[i][f] = -np.inf
-            if saved is not None:
-                self._last_saved = saved
             return out
         if device != self._index_device:
             self._index.clear()
