@@ -167,32 +167,46 @@ MODES = ("spec", "plain", "free", "required", "xgrammar")
 DEFAULT_MODES = ("spec", "plain", "free", "required")
 
 
-def _xgrammar_processor(lm: Any) -> Any:
+# --tool-format: the call markers of each format (begin, end); "fenced" is what the Qwen2.5-Coder
+# models write when asked for tool calls, registered the documented way (TaggedFormat)
+FORMAT_MARKERS = {"hermes": ("<tool_call>\n", "\n</tool_call>"), "fenced": ("```json\n", "\n```")}
+
+
+def _tool_format(name: str) -> Any:
+    from structgen.frontends.tools import TaggedFormat, register_tool_format, tool_format
+
+    if name == "fenced":  # (registering again replaces the same format)
+        register_tool_format(TaggedFormat("fenced", "```json", "```", padding="\n", separator="\n"))
+    return tool_format(name)
+
+
+def _xgrammar_processor(lm: Any, fmt: str = "hermes") -> Any:
     """A fresh transformers logits processor with XGrammar's structural tags for the tools."""
     import xgrammar as xgr
     from xgrammar.contrib.hf import LogitsProcessor
 
-    key = id(lm)
+    key = (id(lm), fmt)
     compiled = _XGR.get(key)
     if compiled is None:
         info = xgr.TokenizerInfo.from_huggingface(lm.tokenizer, vocab_size=lm.vocab_size)
-        head = '<tool_call>\n{"name": "%s", "arguments": '
+        begin, end = FORMAT_MARKERS[fmt]
+        head = begin + '{"name": "%s", "arguments": '
         tags = [xgr.StructuralTagItem(begin=head % t["function"]["name"], schema=t["function"]["parameters"],
-                                      end="}\n</tool_call>") for t in TOOLS]
-        compiled = xgr.GrammarCompiler(info).compile_structural_tag(tags, ["<tool_call>"])
+                                      end="}" + end) for t in TOOLS]
+        compiled = xgr.GrammarCompiler(info).compile_structural_tag(tags, [begin.rstrip("\n")])
         _XGR[key] = compiled
     return LogitsProcessor(compiled)
 
 
-_XGR: dict[int, Any] = {}
+_XGR: dict[tuple[int, str], Any] = {}
 
 
 def run_cases(lm: Any, todo: list[int], max_new_tokens: int, progress: Any = None,
-              modes: tuple[str, ...] = DEFAULT_MODES) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+              modes: tuple[str, ...] = DEFAULT_MODES,
+              fmt_name: str = "hermes") -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run the cases ``todo``; ``progress(rows, summary)`` is called after each one."""
     import structgen
     from structgen.config import SpecConfig
-    from structgen.frontends.tools import tool_format
     from structgen.generation.api import _prompt_ids
     from structgen.generation.loop import run_sequence
     from structgen.generation.model import vocabulary_for
@@ -201,7 +215,7 @@ def run_cases(lm: Any, todo: list[int], max_new_tokens: int, progress: Any = Non
 
     vocab = vocabulary_for(lm)
     any_text = compile_grammar(ir.Grammar({"text": ir.star(ir.ANY_BYTE)}, "text"))
-    hermes = tool_format("hermes")
+    fmt = _tool_format(fmt_name)  # (the parser of unconstrained and peer output too)
     rows = []
     for i in todo:
         kind, user, want = CASES[i]
@@ -216,34 +230,35 @@ def run_cases(lm: Any, todo: list[int], max_new_tokens: int, progress: Any = Non
 
                 ids = _prompt_ids(lm, None, msgs, TOOLS)
                 with torch.no_grad():
+                    peer = _xgrammar_processor(lm, fmt_name)
                     out = lm.model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens,
-                                            do_sample=False, logits_processor=[_xgrammar_processor(lm)],
+                                            do_sample=False, logits_processor=[peer],
                                             pad_token_id=lm.tokenizer.eos_token_id)
                 new = out[0, len(ids):].tolist()
                 eos = set(vocab.eos_token_ids)
                 text = lm.tokenizer.decode([t for t in new if t not in eos])
-                calls = hermes.parse(text).calls
+                calls = fmt.parse(text).calls
                 complete = any(t in eos for t in new)
                 res = _PeerResult(new, text, len(new))
             elif mode == "free":
                 ids = _prompt_ids(lm, None, msgs, TOOLS)
                 res = run_sequence(lm, vocab, any_text, ids, SpecConfig(), speculative=False,
                                    max_new_tokens=max_new_tokens, on_budget="cut")
-                parsed = hermes.parse(res.text)
+                parsed = fmt.parse(res.text)
                 calls = parsed.calls
                 complete = res.finish_reason == "stop"
             else:
                 res = structgen.generate(lm, messages=msgs, tools=TOOLS,
                                          tool_choice="required" if mode == "required" else "auto",
                                          speculative=mode != "plain", max_new_tokens=max_new_tokens,
-                                         on_budget="cut", tool_format="hermes")
+                                         on_budget="cut", tool_format=fmt_name)
                 calls = [(c.name, c.arguments) for c in res.tool_calls]
                 if res.complete and res.error is None:
                     complete = True
                 else:
                     complete = False
                     raw = res.extra.get("raw_text", res.text)
-                    calls = hermes.parse(raw).calls if res.error else calls
+                    calls = fmt.parse(raw).calls if res.error else calls
             dt = time.perf_counter() - t0
             n, valid = _validate(calls)
             text = res.text if mode == "free" else res.extra.get("raw_text")
@@ -481,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=20, help="mask-cost passes")
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES),
                     help=f"comma-separated, of {', '.join(MODES)} (xgrammar: the peer)")
+    ap.add_argument("--tool-format", choices=sorted(FORMAT_MARKERS), default="hermes",
+                    help="the call format asked of the model: hermes (its chat template's) or fenced "
+                    "(```json blocks, what Qwen2.5-Coder writes; registered as a TaggedFormat)")
     ap.add_argument("--smoke", action="store_true", help="tiny random model, 3 cases, 2 mask passes (CI)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -523,7 +541,8 @@ def main(argv: list[str] | None = None) -> int:
             order = sorted(range(len(CASES)), key=lambda i: (i % 8, i))
             todo, max_new = order[args.offset: args.offset + args.cases], args.max_new_tokens
         t0 = time.time()
-        meta = {"model": args.model, "threads": args.threads, "max_new_tokens": max_new}
+        meta = {"model": args.model, "threads": args.threads, "max_new_tokens": max_new,
+                "tool_format": args.tool_format}
 
         def progress(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
             if args.out:  # a run cut short still leaves its figures
@@ -536,9 +555,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--modes: unknown {', '.join(bad)}")
         if "xgrammar" in modes:
             _envelope.add_peers(envelope, ["xgrammar"])
-        rows, summary = run_cases(lm, todo, max_new, progress, modes)
-        summary.update({"model": args.model, "threads": args.threads, "max_new_tokens": max_new,
-                        "seconds": round(time.time() - t0, 1)})
+        rows, summary = run_cases(lm, todo, max_new, progress, modes, args.tool_format)
+        summary.update(meta, seconds=round(time.time() - t0, 1))
         figures.update({"summary": summary, "cases": rows})
         print(json.dumps(summary), file=sys.stderr)
         ok = summary["identical"] == len(rows) and all(
