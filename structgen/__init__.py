@@ -48,6 +48,7 @@ _LAZY = {
     "stream": "structgen.generation.api:stream",
     "generate_model": "structgen.generation.api:generate_model",
     "GenerationResult": "structgen.generation.api:GenerationResult",
+    "StreamEvent": "structgen.generation.api:StreamEvent",
 }
 
 __all__ = [
@@ -79,7 +80,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from structgen.frontends.json_schema.compiler import compile_json_schema
     from structgen.frontends.lark import compile_lark
     from structgen.frontends.regex import compile_regex_grammar as compile_regex
-    from structgen.generation.api import GenerationResult, generate, generate_model, stream
+    from structgen.generation.api import GenerationResult, StreamEvent, generate, generate_model, stream
     from structgen.grammar.compiled import CompiledGrammar
     from structgen.grammar.compiler import compile_grammar
     from structgen.integrations import StructgenBackend, StructgenLogitsProcessor

@@ -95,3 +95,72 @@ def test_arguments_are_the_text_the_model_wrote() -> None:
 def test_no_stream_for_reasoning_or_custom_formats() -> None:
     assert CallStream.for_plan(plan_output(tools=TOOLS, reasoning=True)) is None
     assert CallStream.for_plan(plan_output(schema={"type": "object"})) is None
+
+
+def _output_stream(plan, pieces: list[str]):
+    from structgen.generation.tool_calls import OutputStream
+
+    s = OutputStream(plan)
+    events = []
+    for p in pieces:
+        events += s.feed(p)
+    events += s.feed("", final=True)
+    kinds = {"reasoning": "", "content": ""}
+    calls: dict[int, list] = {}
+    for e in events:
+        if e[0] in kinds:
+            assert e[1], e  # no empty events
+            kinds[e[0]] += e[1]
+        elif e[0] == "call":
+            assert e[1] not in calls and e[1] == len(calls)
+            calls[e[1]] = [e[2], e[3], ""]
+        else:
+            calls[e[1]][2] += e[2]
+    assert [cid for cid, _, _ in (calls[k] for k in sorted(calls))] == s.call_ids()
+    return kinds["reasoning"], kinds["content"], [(n, a) for _, n, a in (calls[k] for k in sorted(calls))]
+
+
+THOUGHTS = ["<think>\nWhich tool? The </thin one.\n</think>\n\n", "<think>x</think>", "<think> </think> "]
+
+
+@pytest.mark.parametrize("fmt", [None, *sorted(OUTPUTS)])
+def test_output_stream_with_reasoning_equals_the_split(fmt: str | None) -> None:
+    """Reasoning, then the answer (calls in each built-in format, or any text): the joined
+    events at every cut equal split() of the whole output; and the same plans without
+    reasoning, and a format read only whole (its events come at the end)."""
+    from structgen.frontends.tools import TaggedFormat
+
+    answers = OUTPUTS[fmt] if fmt else ["The answer is 42.  ", "", "  {\"x\": 1}"]
+    plans = [plan_output(tools=TOOLS if fmt else None, tool_format=fmt, reasoning=True)]
+    texts = [t + a for t in THOUGHTS for a in answers[:2]]
+    if fmt:
+        plans.append(plan_output(tools=TOOLS, tool_format=fmt))
+    if fmt == "hermes":  # a format of the user's: read only once complete
+        plans.append(plan_output(tools=TOOLS, reasoning=True, tool_format=TaggedFormat(
+            "block", "<tool_call>", "</tool_call>", padding="\n")))
+    for plan in plans:
+        for text in (texts if plan.reasoning else answers):
+            thought, want_text, want_calls, errors = plan.split(text)
+            assert not errors, errors
+            want = [(c.name, c.openai()["function"]["arguments"]) for c in want_calls]
+            cuts = [[text]] + [[text[:i], text[i:]] for i in range(1, len(text))] + [list(text)]
+            for pieces in cuts:
+                got = _output_stream(plan, pieces)
+                assert got[0] == (thought or ""), (text, pieces)
+                assert got[1] == want_text, (text, pieces)
+                if isinstance(plan.format, TaggedFormat) and plan.format.name == "block":
+                    assert [(n, json.loads(a)) for n, a in got[2]] == \
+                        [(c.name, c.arguments) for c in want_calls]
+                else:
+                    assert got[2] == want, (text, pieces)
+
+
+def test_output_stream_holds_back_a_partial_end_marker() -> None:
+    plan = plan_output(schema={"type": "object"}, reasoning=True)
+    from structgen.generation.tool_calls import OutputStream
+
+    s = OutputStream(plan)
+    assert s.feed("<think>Hmm </") == [("reasoning", "Hmm")]
+    assert s.feed("thi") == []
+    assert s.feed("nk>") == []
+    assert s.feed(' {"a": 1}') == [("content", '{"a": 1}')]

@@ -221,6 +221,46 @@ def test_generate_with_tools_tiny_model(tokenizer_by_alias) -> None:
 
 
 @pytest.mark.assets
+def test_stream_with_tools_and_reasoning_tiny_model(tokenizer_by_alias) -> None:
+    """structgen.stream with tools / reasoning: the joined events equal generate()'s result
+    (reasoning, text, each call's name and arguments text), the ids of the streamed calls are
+    those of the final result, and the tokens are generate()'s."""
+    from _tiny_lm import build_tiny_llama
+
+    import structgen
+    from structgen.generation.api import StreamEvent
+    from structgen.generation.model import CausalLM
+
+    tok = tokenizer_by_alias("gpt2")
+    lm = CausalLM(build_tiny_llama(tok, "biased"), tok)
+    msgs = [{"role": "user", "content": "What is 2 + 3?"}]
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    cases = [dict(tools=TOOLS, tool_choice="required", tool_format="hermes"),
+             dict(tools=TOOLS, tool_choice={"name": "add"}, tool_format="mistral", reasoning=True),
+             dict(reasoning=True, schema=schema, thinking_budget=8)]
+    for kw in cases:
+        want = structgen.generate(lm, messages=msgs, max_new_tokens=60, **kw)
+        events = list(structgen.stream(lm, messages=msgs, max_new_tokens=60, **kw))
+        assert all(isinstance(e, StreamEvent) for e in events) and events[-1].kind == "done"
+        done = events[-1].result
+        assert done.tokens == want.tokens and done.text == want.text and done.reasoning == want.reasoning
+        assert want.complete and done.error is None
+        assert "".join(e.text for e in events if e.kind == "content") == want.text
+        assert "".join(e.text for e in events if e.kind == "reasoning") == (want.reasoning or "")
+        heads = [e for e in events if e.kind == "tool_call"]
+        assert [(e.index, e.name) for e in heads] == [(k, c.name) for k, c in enumerate(want.tool_calls)]
+        assert [e.id for e in heads] == [c.id for c in done.tool_calls]
+        for k, call in enumerate(done.tool_calls):
+            text = "".join(e.text for e in events if e.kind == "arguments" and e.index == k)
+            assert json.loads(text) == call.arguments == want.tool_calls[k].arguments
+            assert text == call.openai()["function"]["arguments"]
+        if kw.get("schema"):
+            assert done.value == want.value
+    assert kw.get("tools") is None and all(isinstance(t, str) for t in structgen.stream(
+        lm, messages=msgs, max_new_tokens=20, schema=schema))  # without tools: text as before
+
+
+@pytest.mark.assets
 def test_thinking_budget_tiny_model(tokenizer_by_alias) -> None:
     from _tiny_lm import build_tiny_llama
 

@@ -29,8 +29,8 @@ from structgen.config import SpecConfig
 from structgen.errors import ConfigError
 from structgen.generation.results import is_complete
 
-__all__ = ["BatchResults", "GenerationResult", "generate", "stream", "generate_model", "DEFAULT_MODEL",
-           "resolve_grammar"]
+__all__ = ["BatchResults", "GenerationResult", "StreamEvent", "generate", "stream", "generate_model",
+           "DEFAULT_MODEL", "resolve_grammar"]
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"  # chosen by benchmarks/default_model.py's rule
 
@@ -246,14 +246,28 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
 
 
 def _generate_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_model: Any, *,
-                         tools: Any, tool_choice: Any, parallel_tool_calls: bool, tool_format: Any,
-                         reasoning: bool, schema: Any, grammar: Any, regex: Any,
-                         strict: bool, thinking_budget: int | None) -> GenerationResult:
+                         schema: Any, **plan_kw: Any) -> GenerationResult:
     """:func:`generate` with tools and/or reasoning: one triggered grammar
     (:func:`~structgen.generation.tool_calls.plan_output`), the output split into its parts."""
-    from structgen.frontends.constraint import is_model_class
-    from structgen.frontends.tools import normalize_tools
     from structgen.generation.loop import run_sequence
+
+    gen = opts.generation
+    lm, vocab, draft_lm, ids, plan = _plan_structured(model, tokenizer, item, opts, draft_model,
+                                                      schema=schema, **plan_kw)
+    res = run_sequence(lm, vocab, plan.grammar, ids, opts.requests[0], speculative=gen.speculative,
+                       max_new_tokens=gen.max_new_tokens, draft_lm=draft_lm, seed=gen.seed,
+                       on_budget=gen.on_budget, new_matcher=plan.new_matcher)
+    return _structured_result(plan, res, schema)
+
+
+def _plan_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_model: Any, *,
+                     tools: Any, tool_choice: Any, parallel_tool_calls: bool, tool_format: Any,
+                     reasoning: bool, schema: Any, grammar: Any, regex: Any,
+                     strict: bool, thinking_budget: int | None) -> tuple[Any, Any, Any, list[int], Any]:
+    """(model, vocabulary, draft model, prompt ids, :class:`OutputPlan`) of a request with tools
+    and/or reasoning: the model loaded, the prompt rendered with the tools, the grammar
+    planned."""
+    from structgen.frontends.tools import normalize_tools
     from structgen.generation.model import check_context, load_model, vocabulary_for
     from structgen.generation.tool_calls import plan_output
 
@@ -272,14 +286,22 @@ def _generate_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft
                        thinking_budget=thinking_budget)
     check_context(lm, len(ids), gen.max_new_tokens, draft_lm=draft_lm)
     vocab = plan.vocabulary(vocab, lm.tokenizer)  # special tokens that write a marker
-    res = run_sequence(lm, vocab, plan.grammar, ids, opts.requests[0], speculative=gen.speculative,
-                       max_new_tokens=gen.max_new_tokens, draft_lm=draft_lm, seed=gen.seed,
-                       on_budget=gen.on_budget, new_matcher=plan.new_matcher)
+    return lm, vocab, draft_lm, ids, plan
+
+
+def _structured_result(plan: Any, res: Any, schema: Any,
+                       call_ids: list[str] | None = None) -> GenerationResult:
+    """The :class:`GenerationResult` of a finished output ``res`` of ``plan``: split into
+    reasoning, text and validated calls (``call_ids``: the ids a stream already gave them)."""
+    from structgen.frontends.constraint import is_model_class
+
     out = GenerationResult(res.text, None, res.tokens, res.finish_reason, res.stats)
     out.extra["raw_text"] = res.text
     if not is_complete(res.finish_reason):
         return out
     thought, text, calls, errors = plan.split(res.text)
+    if call_ids and len(call_ids) == len(calls):
+        calls = [replace(c, id=cid) for c, cid in zip(calls, call_ids)]
     out.text, out.tool_calls, out.reasoning = text, calls, thought
     if errors:
         out.error = "; ".join(errors)
@@ -488,10 +510,22 @@ def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | Non
            top_p: float | None = None, seed: int | None = None, speculative: bool = True,
            config: SpecConfig | str | os.PathLike[str] | dict | None = None,
            draft_model: Any = None, start: str = "start", strict: bool = True,
-           on_budget: str = "close") -> Iterator[str]:
+           on_budget: str = "close", tools: Any = None, tool_choice: Any = "auto",
+           parallel_tool_calls: bool = True, tool_format: Any = None, reasoning: bool = False,
+           thinking_budget: int | None = None) -> Iterator[Any]:
     """Yield text increments as each verify step commits them (never text a later
     rollback could take back). Same arguments as :func:`generate` (``strict`` included), one
-    prompt."""
+    prompt.
+
+    With ``tools=`` or ``reasoning=True`` it yields :class:`StreamEvent` objects instead:
+    ``"reasoning"`` and ``"content"`` text, ``"tool_call"`` (a call's ``index``, ``id`` and
+    ``name``, once the name is complete) and ``"arguments"`` (its arguments' JSON text, in
+    pieces), then one ``"done"`` event whose ``result`` is the :class:`GenerationResult`
+    :func:`generate` would return (calls parsed and validated, with the ids the stream gave).
+    Joined, the text events of a complete output equal that result's ``reasoning`` and
+    ``text`` and each call's arguments its ``arguments_text``. A call format that cannot be
+    read as it grows (not a built-in one) gives its content and calls at the end.
+    """
     from structgen.generation.loop import stream_sequence
     from structgen.generation.model import check_context, load_model, vocabulary_for
 
@@ -502,6 +536,15 @@ def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | Non
                           draft_model=draft_model, max_new_tokens=max_new_tokens, seed=seed,
                           speculative=speculative, start=start, on_budget=on_budget)
     cfg, gen = opts.config, opts.generation
+    if tools is not None or reasoning or thinking_budget is not None:
+        if prompt is not None and messages is not None:
+            raise ConfigError("give prompt= or messages=, not both")
+        yield from _stream_structured(model, tokenizer, prompt if prompt is not None else messages, opts,
+                                      draft_model, tools=tools, tool_choice=tool_choice,
+                                      parallel_tool_calls=parallel_tool_calls, tool_format=tool_format,
+                                      reasoning=reasoning, schema=schema, grammar=grammar, regex=regex,
+                                      strict=strict, thinking_budget=thinking_budget)
+        return
     g, _pyd = resolve_grammar(schema=schema, grammar=grammar, regex=regex, start=gen.start,
                               strict=strict)
     lm = load_model(model, tokenizer)
@@ -522,6 +565,60 @@ def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | Non
     tail = dec.decode(b"", final=True)
     if tail:
         yield tail
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One piece of an output streamed with tools or reasoning (:func:`stream`).
+
+    kind: ``"reasoning"`` / ``"content"`` (``text``), ``"tool_call"`` (``index``, ``id`` and
+    ``name`` of a call), ``"arguments"`` (``index`` and a piece of the call's arguments
+    ``text``) or ``"done"`` (``result``: the whole :class:`GenerationResult`)."""
+
+    kind: str
+    text: str = ""
+    index: int | None = None
+    id: str | None = None
+    name: str | None = None
+    result: GenerationResult | None = None
+
+
+def _stream_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_model: Any, *,
+                       schema: Any, **plan_kw: Any) -> Iterator[StreamEvent]:
+    """:func:`stream` with tools and/or reasoning: the events of
+    :class:`~structgen.generation.tool_calls.OutputStream`, then the result."""
+    from structgen.generation.loop import _sequence_result, stream_sequence
+    from structgen.generation.tool_calls import OutputStream
+
+    gen = opts.generation
+    lm, vocab, draft_lm, ids, plan = _plan_structured(model, tokenizer, item, opts, draft_model,
+                                                      schema=schema, **plan_kw)
+    reader = OutputStream(plan)
+    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    eos = set(vocab.eos_token_ids)
+    seq = None
+
+    def events(raw: list[tuple[Any, ...]]) -> Iterator[StreamEvent]:
+        for e in raw:
+            if e[0] == "call":
+                yield StreamEvent("tool_call", index=e[1], id=e[2], name=e[3])
+            elif e[0] == "arguments":
+                yield StreamEvent("arguments", e[2], index=e[1])
+            else:
+                yield StreamEvent(e[0], e[1])
+
+    for new, state in stream_sequence(lm, vocab, plan.grammar, ids, opts.requests[0],
+                                      speculative=gen.speculative, max_new_tokens=gen.max_new_tokens,
+                                      draft_lm=draft_lm, seed=gen.seed, on_budget=gen.on_budget,
+                                      new_matcher=plan.new_matcher):
+        seq = state
+        text = dec.decode(vocab.decode_bytes([t for t in new if t not in eos]))
+        if text:
+            yield from events(reader.feed(text))
+    yield from events(reader.feed(dec.decode(b"", final=True), final=True))
+    assert seq is not None
+    yield StreamEvent("done", result=_structured_result(plan, _sequence_result(seq), schema,
+                                                        reader.call_ids()))
 
 
 def generate_model(model: Any, cls: type, prompt: str | None = None, **kw: Any) -> Any:

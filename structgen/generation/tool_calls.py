@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from structgen.errors import ConfigError
 
-__all__ = ["CallStream", "OutputPlan", "ToolCall", "plan_output"]
+__all__ = ["CallStream", "OutputPlan", "OutputStream", "ToolCall", "plan_output"]
 
 THINK_START = "<think>"
 THINK_END = "</think>"
@@ -109,7 +109,7 @@ class OutputPlan:
         calls: list[ToolCall] = []
         by_name = {t.name: t for t in self.tools}
         raw: list[str | None] = [None] * len(parsed.calls)
-        stream = CallStream.for_plan(self)
+        stream = CallStream.for_plan(replace(self, reasoning=False))  # (``text`` is the answer now)
         if stream is not None:  # the arguments as written, where the output reads as the grammar writes
             read = stream.read(text, final=True)
             got = None if read is None else read[1]
@@ -455,3 +455,102 @@ class CallStream:
                 events.append(("arguments", k, call.args[sent:]))
                 self.calls[k] = (cid, len(call.args))
         return events
+
+
+class OutputStream:
+    """Incremental reading of one output of an :class:`OutputPlan` (tools and/or reasoning),
+    for :func:`structgen.stream`.
+
+    :meth:`feed` takes the output's text as it is committed and returns events:
+    ``("reasoning", text)`` inside the thinking markers, ``("content", text)`` for the
+    answer's free text, ``("call", index, id, name)`` and ``("arguments", index, text)`` as
+    :class:`CallStream` gives them. Joined, the events of a complete output equal what
+    :meth:`OutputPlan.split` gives: the reasoning and the content stripped as it strips them
+    (whitespace that may still turn out to be trailing, and text that may still turn out to
+    start a marker, are held back until it is known), each call's arguments as written. A
+    format :class:`CallStream` cannot read as it grows gives its content and calls once the
+    output is complete."""
+
+    def __init__(self, plan: OutputPlan) -> None:
+        self.plan = plan
+        self.text = ""  # the output so far
+        self.reasoning_sent = ""
+        self.in_reasoning = plan.reasoning
+        self.answer_fed = 0  # characters of the answer given to the reader below
+        self.content_sent = ""
+        self.calls: CallStream | None = None
+        self.whole_only = False  # a format read only once the output is complete
+        self._whole_ids: list[str] = []
+        if plan.format is not None:
+            self.calls = CallStream.for_plan(replace(plan, reasoning=False))
+            self.whole_only = self.calls is None
+
+    def call_ids(self) -> list[str]:
+        """The ids the ``("call", ...)`` events gave, in call order."""
+        if self.calls is None:
+            return list(self._whole_ids)
+        return [cid for cid, _sent in self.calls.calls]
+
+    def feed(self, delta: str, *, final: bool = False) -> list[tuple[Any, ...]]:
+        """Events for ``delta``, the text committed since the last call (``final``: the output
+        is complete, or ended: nothing is held back any more)."""
+        self.text += delta
+        events: list[tuple[Any, ...]] = []
+        answer = self.text
+        if self.plan.reasoning:
+            body = self.plan.think_prefix + self.text
+            start = body.find(THINK_START)
+            if start < 0 and not final and THINK_START.startswith(body):
+                return events  # the opening marker is still being written
+            end = body.find(THINK_END)
+            inside = body[start + len(THINK_START) if start >= 0 else 0: end if end >= 0 else len(body)]
+            if end < 0 and not final:
+                inside = inside[: len(inside) - _held_marker_prefix(inside, THINK_END)]
+            if self.in_reasoning:
+                events += self._grow("reasoning", inside.strip())
+            if end < 0:
+                return events
+            self.in_reasoning = False
+            answer = body[end + len(THINK_END):].lstrip()
+        if self.plan.format is None:
+            events += self._grow("content", answer)
+            return events
+        if self.whole_only:
+            if final:
+                _r, text, _calls, _e = self.plan.split(self.text)
+                events += self._grow("content", text)
+                events += self._whole_calls()
+            return events
+        assert self.calls is not None
+        new, self.answer_fed = answer[self.answer_fed:], len(answer)
+        return events + self.calls.feed(new, final=final)
+
+    def _grow(self, kind: str, text: str) -> list[tuple[Any, ...]]:
+        """The event extending what was sent of ``kind`` to ``text`` (none when it does not)."""
+        sent = self.reasoning_sent if kind == "reasoning" else self.content_sent
+        if len(text) <= len(sent) or not text.startswith(sent):
+            return []
+        if kind == "reasoning":
+            self.reasoning_sent = text
+        else:
+            self.content_sent = text
+        return [(kind, text[len(sent):])]
+
+    def _whole_calls(self) -> list[tuple[Any, ...]]:
+        """The calls of a complete output in a format read only whole, as events."""
+        parsed = self.plan.format.parse(self._answer())
+        out: list[tuple[Any, ...]] = []
+        for k, (name, args) in enumerate(parsed.calls):
+            cid = "call_" + uuid.uuid4().hex[:24]
+            self._whole_ids.append(cid)
+            out.append(("call", k, cid, name))
+            out.append(("arguments", k, json.dumps(args, ensure_ascii=False)))
+        return out
+
+    def _answer(self) -> str:
+        """The answer part of the whole output (after the reasoning)."""
+        if not self.plan.reasoning:
+            return self.text
+        body = self.plan.think_prefix + self.text
+        end = body.find(THINK_END)
+        return body[end + len(THINK_END):].lstrip() if end >= 0 else body
