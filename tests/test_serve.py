@@ -423,3 +423,26 @@ def test_server_killed_mid_run_restarts(tmp_path, tokenizer_by_alias) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+def test_reasoning_then_schema_and_its_stream(server) -> None:
+    """reasoning=True (extra_body): message.reasoning_content holds the thinking and the content
+    validates against response_format; streamed, the reasoning_content and content deltas join
+    to the non-streamed message; the output equals structgen.generate with the same options."""
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    kw = {"response_format": _fmt(schema), "max_tokens": 60,
+          "extra_body": {"reasoning": True, "thinking_budget": 8}}
+    r = _chat(server.client, "Think, then answer:", **kw)
+    msg = r.choices[0].message
+    reasoning = msg.model_extra["reasoning_content"]
+    assert isinstance(reasoning, str) and r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(msg.content), schema)
+    alone = structgen.generate(server.lm, schema=schema, reasoning=True, thinking_budget=8,
+                               messages=[{"role": "user", "content": "Think, then answer:"}], max_new_tokens=60)
+    assert (msg.content, reasoning) == (alone.text, alone.reasoning)
+    chunks = list(_chat(server.client, "Think, then answer:", stream=True, **kw))
+    deltas = [ch.delta for ck in chunks for ch in ck.choices]
+    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == reasoning
+    assert "".join(d.content or "" for d in deltas) == msg.content
+    with pytest.raises(openai.BadRequestError, match="thinking_budget"):
+        _chat(server.client, "x", extra_body={"thinking_budget": 3})

@@ -39,7 +39,7 @@ from structgen.errors import (
     SchemaError,
     StructgenError,
 )
-from structgen.generation.tool_calls import CallStream
+from structgen.generation.tool_calls import OutputStream
 from structgen.serving.engine import (
     ChoiceResult,
     Engine,
@@ -165,8 +165,10 @@ def _chat_message(handle: RequestHandle, r: ChoiceResult) -> dict[str, Any]:
     plan = handle.plan
     if plan is None or not r.complete:
         return {"message": {"role": "assistant", "content": r.text}, "finish_reason": r.finish_reason}
-    _, text, calls, _errors = plan.split(r.text)  # constrained calls parse and validate
+    thought, text, calls, _errors = plan.split(r.text)  # constrained calls parse and validate
     message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if plan.reasoning:
+        message["reasoning_content"] = thought
     if calls:
         message["tool_calls"] = [c.openai() for c in calls]
     return {"message": message, "finish_reason": "tool_calls" if calls else r.finish_reason}
@@ -190,14 +192,18 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str,
             return {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
         return {"index": index, "text": text or "", "finish_reason": finish, "logprobs": None}
 
-    # with tools, a choice's content and calls stream as the output is read (CallStream);
-    # where it cannot be read as it grows (reasoning, a custom format), once it is complete
-    calls_in = {i: CallStream.for_plan(handle.plan) for i in range(handle.n)} if handle.plan else {}
+    # with tools or reasoning, a choice's reasoning, content and calls stream as the output is
+    # read (OutputStream)
+    calls_in = {i: OutputStream(handle.plan) for i in range(handle.n)} if handle.plan else {}
 
     def call_chunks(index: int, events: list[tuple[Any, ...]]) -> Iterator[str]:
         for e in events:
             if e[0] == "content":
                 yield _sse({**head, "choices": [choice(index, e[1], None)]})
+                continue
+            if e[0] == "reasoning":
+                yield _sse({**head, "choices": [{"index": index, "delta": {"reasoning_content": e[1]},
+                                                 "finish_reason": None, "logprobs": None}]})
                 continue
             if e[0] == "call":
                 tc = {"index": e[1], "id": e[2], "type": "function",
@@ -215,7 +221,7 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str,
             if ev.kind == "delta":
                 if handle.plan is None:
                     yield _sse({**head, "choices": [choice(ev.index, ev.text, None)]})
-                elif calls_in.get(ev.index) is not None:
+                else:
                     for chunk in call_chunks(ev.index, calls_in[ev.index].feed(ev.text)):
                         yield chunk
                 continue
@@ -231,18 +237,8 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str,
             if reader is not None:
                 for chunk in call_chunks(ev.index, reader.feed("", final=True)):
                     yield chunk
-                if reader.calls and res.complete:
+                if reader.call_ids() and res.complete:
                     finish = "tool_calls"
-            elif handle.plan is not None:
-                got = _chat_message(handle, res)
-                msg, finish = got["message"], got["finish_reason"]
-                if msg.get("content"):
-                    yield _sse({**head, "choices": [choice(ev.index, msg["content"], None)]})
-                calls = msg.get("tool_calls") or []
-                if calls:
-                    deltas = [{"index": k, **call} for k, call in enumerate(calls)]
-                    yield _sse({**head, "choices": [{"index": ev.index, "delta": {"tool_calls": deltas},
-                                                     "finish_reason": None, "logprobs": None}]})
             yield _sse({**head, "choices": [choice(ev.index, None if chat else "", finish)]})
         if include_usage:
             yield _sse({**head, "choices": [], "usage": _usage(handle, results)})
@@ -329,6 +325,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                 er.tools = req.tools
                 er.tool_choice = "auto" if req.tool_choice is None else req.tool_choice
                 er.parallel_tool_calls = True if req.parallel_tool_calls is None else req.parallel_tool_calls
+            if chat and req.reasoning:
+                er.reasoning, er.thinking_budget = True, req.thinking_budget
             if chat:
                 er.messages = req.message_dicts()
             else:

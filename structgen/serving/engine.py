@@ -100,6 +100,9 @@ class EngineRequest:
     tools: list[Any] | None = None
     tool_choice: Any = "auto"
     parallel_tool_calls: bool = True
+    # reasoning first (<think>...</think>, at most thinking_budget tokens), then the answer
+    reasoning: bool = False
+    thinking_budget: int | None = None
 
 
 @dataclass
@@ -422,21 +425,34 @@ class Engine:
         if req.n < 1:
             raise ConfigError("n must be at least 1", key="n")
         vocab = self.vocab
-        if req.tools:
+        new_matcher = None
+        if req.tools or req.reasoning:
             from structgen.frontends.tools import normalize_tools
             from structgen.generation.tool_calls import plan_output
 
-            if not req.constraint.unconstrained:
+            c = req.constraint
+            if req.tools and not c.unconstrained:
                 raise ConfigError("give tools or response_format, not both", key="tools")
-            template_tools = [t.openai() for t in normalize_tools(req.tools)]
-            plan = plan_output(tools=req.tools, tool_choice=req.tool_choice,
+            template_tools = [t.openai() for t in normalize_tools(req.tools)] if req.tools else None
+            ids = _prompt_ids(self.lm, req.prompt, req.messages, template_tools)
+            answer: dict[str, Any] = {}
+            if not c.unconstrained:  # the answer after the reasoning
+                answer = {"json": {"schema": c.spec, "strict": c.strict},
+                          "json_object": {"schema": {"type": "object"}, "strict": False},
+                          "grammar": {"grammar": c.spec, "start": c.start},
+                          "regex": {"regex": c.spec}}[c.kind]
+            plan = plan_output(tools=req.tools or None, tool_choice=req.tool_choice,
                                parallel_tool_calls=req.parallel_tool_calls,
-                               chat_template=getattr(self.lm.tokenizer, "chat_template", None))
+                               chat_template=getattr(self.lm.tokenizer, "chat_template", None),
+                               reasoning=req.reasoning, thinking_budget=req.thinking_budget,
+                               # did the chat template open the thinking block itself?
+                               prompt_text=self.vocab.decode_bytes(ids[-8:]).decode("utf-8", "replace"),
+                               **answer)
             handle.plan = plan
             grammar = plan.grammar
-            # the model's own control token may write a call marker (Qwen's <tool_call>)
+            new_matcher = plan.new_matcher
+            # the model's own control token may write a marker (Qwen's <tool_call>, <think>)
             vocab = plan.vocabulary(self.vocab, self.lm.tokenizer)
-            ids = _prompt_ids(self.lm, req.prompt, req.messages, template_tools)
         else:
             grammar = self.compile(req.constraint)
             ids = _prompt_ids(self.lm, req.prompt, req.messages)
@@ -448,7 +464,8 @@ class Engine:
             max_tokens = self.default_max_tokens if ctx is None else \
                 max(1, min(self.default_max_tokens, ctx - len(ids)))
         check_context(self.lm, len(ids), max_tokens, draft_lm=self.draft_lm)
-        on_budget = req.on_budget or ("cut" if req.constraint.unconstrained and not req.tools else "close")
+        on_budget = req.on_budget or ("cut" if req.constraint.unconstrained and not req.tools
+                                      and not req.reasoning else "close")
         over = {k: v for k, v in (("temperature", req.temperature), ("top_p", req.top_p)) if v is not None}
         cfg = replace(self.cfg, **over) if over else self.cfg
         handle.prompt_tokens = len(ids)
@@ -460,7 +477,8 @@ class Engine:
                      if self.draft_lm is not None else None)
             seq = _Sequence(self.lm, vocab, grammar, ids, cfg, speculative=self.speculative,
                             max_new_tokens=max_tokens, draft_lm=draft,
-                            seed=None if req.seed is None else req.seed + i, on_budget=on_budget)
+                            seed=None if req.seed is None else req.seed + i, on_budget=on_budget,
+                            new_matcher=new_matcher)
             if i == 0:
                 seq.check_budget()
             slots.append(_Slot(handle, i, seq, tuple(s for s in req.stop if s), deadline))

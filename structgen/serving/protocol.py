@@ -127,7 +127,11 @@ class ChatCompletionRequest(_Common):
     """``POST /v1/chat/completions``. ``max_completion_tokens`` is the newer name of
     ``max_tokens`` (either may be given). ``tools`` (OpenAI function specs) / ``tool_choice`` /
     ``parallel_tool_calls``: tool calling (:mod:`structgen.generation.tool_calls`); the answer
-    carries ``message.tool_calls`` whose arguments validate against their tool's schema."""
+    carries ``message.tool_calls`` whose arguments validate against their tool's schema.
+    ``reasoning`` (a structgen extension, ``extra_body`` in the OpenAI client): the model thinks
+    freely inside ``<think>...</think>`` first (``thinking_budget`` tokens at most), then
+    answers under ``response_format`` or ``tools``; the thinking is ``message.reasoning_content``
+    (``delta.reasoning_content`` when streamed)."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -135,6 +139,8 @@ class ChatCompletionRequest(_Common):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None
+    reasoning: bool = False
+    thinking_budget: int | None = Field(default=None, ge=0)
     function_call: str | dict[str, Any] | None = None
 
     def budget(self) -> int | None:
@@ -151,6 +157,8 @@ class ChatCompletionRequest(_Common):
                                   "give tools (and tool_choice)", key=name)
         if not self.tools and self.tool_choice not in (None, "none", "auto"):
             raise ConfigError("tool_choice: needs tools", key="tool_choice")
+        if self.thinking_budget is not None and not self.reasoning:
+            raise ConfigError("thinking_budget: needs reasoning", key="thinking_budget")
 
     def message_dicts(self) -> list[dict[str, str]]:
         """The messages as ``{"role", "content"}`` dicts for the chat template."""
