@@ -25,7 +25,7 @@ PUBLIC_NAMES = [
     "AssetError", "CompileLimitError", "CompileOptions", "CompileTimeoutError", "CompiledGrammar",
     "ConfigError", "ContextLengthError", "GenerationResult", "GrammarError", "GrammarSyntaxError",
     "JsonSchemaOptions", "Matcher", "MatcherUsageError", "RegexError", "SchemaError", "SpecConfig",
-    "StructgenBackend", "StructgenError", "StructgenLogitsProcessor", "TokenBudgetError",
+    "StreamEvent", "StructgenBackend", "StructgenError", "StructgenLogitsProcessor", "TokenBudgetError",
     "UnsupportedFeatureError",
     "Vocabulary", "VocabularyError", "__version__", "allocate_bitmask", "compile_grammar",
     "compile_json_schema", "compile_lark", "compile_regex", "fill_bitmasks", "generate",
