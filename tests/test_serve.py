@@ -437,8 +437,8 @@ def test_reasoning_then_schema_and_its_stream(server) -> None:
     reasoning = msg.model_extra["reasoning_content"]
     assert isinstance(reasoning, str) and r.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(msg.content), schema)
-    alone = structgen.generate(server.lm, schema=schema, reasoning=True, thinking_budget=8,
-                               messages=[{"role": "user", "content": "Think, then answer:"}], max_new_tokens=60)
+    alone = structgen.generate(server.lm, schema=schema, reasoning=True, thinking_budget=8, max_new_tokens=60,
+                               messages=[{"role": "user", "content": "Think, then answer:"}])
     assert (msg.content, reasoning) == (alone.text, alone.reasoning)
     chunks = list(_chat(server.client, "Think, then answer:", stream=True, **kw))
     deltas = [ch.delta for ck in chunks for ch in ck.choices]
