@@ -264,16 +264,23 @@ class _Call:
     done: bool
 
 
+def _literal_at(text: str, pos: int, literal: str) -> int:
+    """1 when ``literal`` is at ``text[pos:]``, 0 when the text ends inside it, -1 when
+    something else is there."""
+    avail = text[pos: pos + len(literal)]
+    if not literal.startswith(avail):
+        return -1
+    return 1 if len(avail) == len(literal) else 0
+
+
 def _scan_call(text: str, pos: int, key: str) -> tuple[_Call | None, int]:
     """Read the call envelope ``{"name": <string>, "<key>": <arguments>}`` (what
     :meth:`~structgen.frontends.tools.ToolFormat.call_body` writes) at ``pos``: the call so far
     and the position after it (-1: unfinished; (None, -2): the text is not that envelope)."""
     head, sep = '{"name": ', f', "{key}": '
-    avail = text[pos: pos + len(head)]
-    if not head.startswith(avail):
-        return None, -2
-    if len(avail) < len(head):
-        return _Call(None, "", False), -1
+    at = _literal_at(text, pos, head)
+    if at <= 0:
+        return (None, -2) if at < 0 else (_Call(None, "", False), -1)
     p = pos + len(head)
     end = _json_end(text, p) if p < len(text) else None
     if end is None:
@@ -286,11 +293,9 @@ def _scan_call(text: str, pos: int, key: str) -> tuple[_Call | None, int]:
         return None, -2
     if not isinstance(name, str):
         return None, -2
-    avail = text[end: end + len(sep)]
-    if not sep.startswith(avail):
-        return None, -2
-    if len(avail) < len(sep):
-        return _Call(name, "", False), -1
+    at = _literal_at(text, end, sep)
+    if at <= 0:
+        return (None, -2) if at < 0 else (_Call(name, "", False), -1)
     a = end + len(sep)
     a_end = _json_end(text, a)
     if a_end is None:
@@ -474,16 +479,11 @@ class OutputStream:
     def __init__(self, plan: OutputPlan) -> None:
         self.plan = plan
         self.text = ""  # the output so far
-        self.reasoning_sent = ""
-        self.in_reasoning = plan.reasoning
-        self.answer_fed = 0  # characters of the answer given to the reader below
-        self.content_sent = ""
-        self.calls: CallStream | None = None
-        self.whole_only = False  # a format read only once the output is complete
+        self.sent = {"reasoning": "", "content": ""}  # the text of each kind sent so far
+        self.answer_fed = 0  # characters of the answer given to the call reader
+        # the call reader; None with a format read only once the output is complete
+        self.calls = None if plan.format is None else CallStream.for_plan(replace(plan, reasoning=False))
         self._whole_ids: list[str] = []
-        if plan.format is not None:
-            self.calls = CallStream.for_plan(replace(plan, reasoning=False))
-            self.whole_only = self.calls is None
 
     def call_ids(self) -> list[str]:
         """The ids the ``("call", ...)`` events gave, in call order."""
@@ -506,51 +506,28 @@ class OutputStream:
             inside = body[start + len(THINK_START) if start >= 0 else 0: end if end >= 0 else len(body)]
             if end < 0 and not final:
                 inside = inside[: len(inside) - _held_marker_prefix(inside, THINK_END)]
-            if self.in_reasoning:
-                events += self._grow("reasoning", inside.strip())
+            events += self._grow("reasoning", inside.strip())
             if end < 0:
                 return events
-            self.in_reasoning = False
             answer = body[end + len(THINK_END):].lstrip()
         if self.plan.format is None:
-            events += self._grow("content", answer)
-            return events
-        if self.whole_only:
-            if final:
-                _r, text, _calls, _e = self.plan.split(self.text)
+            return events + self._grow("content", answer)
+        if self.calls is None:
+            if final:  # the validated calls of the whole output
+                _r, text, calls, _e = self.plan.split(self.text)
                 events += self._grow("content", text)
-                events += self._whole_calls()
+                for k, call in enumerate(calls):
+                    self._whole_ids.append(call.id)
+                    events += [("call", k, call.id, call.name),
+                               ("arguments", k, call.openai()["function"]["arguments"])]
             return events
-        assert self.calls is not None
         new, self.answer_fed = answer[self.answer_fed:], len(answer)
         return events + self.calls.feed(new, final=final)
 
     def _grow(self, kind: str, text: str) -> list[tuple[Any, ...]]:
         """The event extending what was sent of ``kind`` to ``text`` (none when it does not)."""
-        sent = self.reasoning_sent if kind == "reasoning" else self.content_sent
+        sent = self.sent[kind]
         if len(text) <= len(sent) or not text.startswith(sent):
             return []
-        if kind == "reasoning":
-            self.reasoning_sent = text
-        else:
-            self.content_sent = text
+        self.sent[kind] = text
         return [(kind, text[len(sent):])]
-
-    def _whole_calls(self) -> list[tuple[Any, ...]]:
-        """The calls of a complete output in a format read only whole, as events."""
-        parsed = self.plan.format.parse(self._answer())
-        out: list[tuple[Any, ...]] = []
-        for k, (name, args) in enumerate(parsed.calls):
-            cid = "call_" + uuid.uuid4().hex[:24]
-            self._whole_ids.append(cid)
-            out.append(("call", k, cid, name))
-            out.append(("arguments", k, json.dumps(args, ensure_ascii=False)))
-        return out
-
-    def _answer(self) -> str:
-        """The answer part of the whole output (after the reasoning)."""
-        if not self.plan.reasoning:
-            return self.text
-        body = self.plan.think_prefix + self.text
-        end = body.find(THINK_END)
-        return body[end + len(THINK_END):].lstrip() if end >= 0 else body

@@ -433,8 +433,6 @@ class _LogitsProcessorImpl:
         self._index: dict[int, tuple[Any, Any]] = {}  # forbidden ids -> on self._index_device
         self._index_device: Any = None
         self._out: Any = None  # the copy returned last step, reused when nothing else holds it
-        self._out_refs = 0
-        self._out_storage_uses = 0
         # inplace=None: the scores the previous call was given; whether this generation copies
         self._last_in: Any = None
         self._copying = True
@@ -699,22 +697,16 @@ class _LogitsProcessorImpl:
         when nothing else holds that one any more (no reference, view or numpy array of it:
         ``generate(output_scores=True)`` keeps every step's scores, so each step then gets a new
         tensor). Copying into a warm buffer costs about half of allocating a fresh one."""
-        out = self._out
-        if (out is not None and sys.getrefcount(out) == self._out_refs
-                and out.shape == scores.shape and out.dtype == scores.dtype):
+        out, self._out = self._out, None
+        if out is None or out.shape != scores.shape or out.dtype != scores.dtype \
+                or _counts(out) != _solo_counts():
+            out = scores.clone()
+        else:
             try:
-                if out._use_count() == 1 and _storage_uses(out) == self._out_storage_uses:
-                    return out.copy_(scores)
-            except (AttributeError, RuntimeError):  # another torch; an inference-mode buffer
-                pass
-        out = scores.clone()
+                out.copy_(scores)
+            except RuntimeError:  # a buffer made in inference mode, used outside it
+                out = scores.clone()
         self._out = out
-        # the counts with only this processor holding it (measured the same way as above)
-        self._out_refs = sys.getrefcount(out)
-        try:
-            self._out_storage_uses = _storage_uses(out)
-        except AttributeError:
-            self._out = None
         return out
 
     def __repr__(self) -> str:
@@ -736,11 +728,15 @@ def _storage_uses(t: Any) -> int:
     return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
 
 
-def _counts(t: Any) -> tuple[int, int, int]:
+def _counts(t: Any) -> tuple[int, int, int] | None:
     """References to the tensor ``t`` (Python ones, C++ handles, tensors and arrays sharing
-    its storage). Call with ``t`` held by one local variable of the caller: the counts then
-    equal :func:`_solo_counts` exactly when nothing else holds it."""
-    return sys.getrefcount(t), t._use_count(), _storage_uses(t)
+    its storage); None where this torch cannot tell. Call with ``t`` held by one local
+    variable of the caller: the counts then equal :func:`_solo_counts` exactly when nothing
+    else holds it."""
+    try:
+        return sys.getrefcount(t), t._use_count(), _storage_uses(t)
+    except (AttributeError, RuntimeError):
+        return None
 
 
 _SOLO: tuple[int, int, int] | None = None
@@ -753,7 +749,8 @@ def _solo_counts() -> tuple[int, int, int]:
         import torch
 
         probe = torch.empty(1)
-        _SOLO = _counts(probe)
+        # (where the counts are unknown, nothing compares equal: every tensor counts as held)
+        _SOLO = _counts(probe) or (-1, -1, -1)
     return _SOLO
 
 
