@@ -19,6 +19,7 @@ from structgen.errors import (
     GrammarSyntaxError,
     MatcherUsageError,
     RegexError,
+    RequestCancelledError,
     SchemaError,
     StructgenError,
     TokenBudgetError,
@@ -54,7 +55,8 @@ _LAZY = {
 __all__ = [
     "__version__",
     "AssetError", "CompileLimitError", "CompileTimeoutError", "ConfigError", "ContextLengthError",
-    "GrammarError", "GrammarSyntaxError", "MatcherUsageError", "RegexError", "SchemaError",
+    "GrammarError", "GrammarSyntaxError", "MatcherUsageError", "RegexError", "RequestCancelledError",
+    "SchemaError",
     "StructgenError", "TokenBudgetError",
     "UnsupportedFeatureError", "VocabularyError",
     *sorted(_LAZY),

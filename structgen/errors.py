@@ -22,6 +22,7 @@ __all__ = [
     "ContextLengthError",
     "TokenBudgetError",
     "MatcherUsageError",
+    "RequestCancelledError",
     "StructgenWarning",
     "attribute_to_request",
 ]
@@ -156,6 +157,11 @@ class CompileLimitError(StructgenError):
 
 class CompileTimeoutError(CompileLimitError):
     """Compilation exceeded the configured time limit."""
+
+
+class RequestCancelledError(StructgenError):
+    """The work was stopped because nobody wants its result any more (a server's client went
+    away while its request was being prepared; see :mod:`structgen.limits`)."""
 
 
 class VocabularyError(StructgenError, ValueError):

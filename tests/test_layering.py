@@ -24,7 +24,8 @@ MAX_MODULE_LINES = 1000
 PUBLIC_NAMES = [
     "AssetError", "CompileLimitError", "CompileOptions", "CompileTimeoutError", "CompiledGrammar",
     "ConfigError", "ContextLengthError", "GenerationResult", "GrammarError", "GrammarSyntaxError",
-    "JsonSchemaOptions", "Matcher", "MatcherUsageError", "RegexError", "SchemaError", "SpecConfig",
+    "JsonSchemaOptions", "Matcher", "MatcherUsageError", "RegexError", "RequestCancelledError", "SchemaError",
+    "SpecConfig",
     "StreamEvent", "StructgenBackend", "StructgenError", "StructgenLogitsProcessor", "TokenBudgetError",
     "UnsupportedFeatureError",
     "Vocabulary", "VocabularyError", "__version__", "allocate_bitmask", "compile_grammar",

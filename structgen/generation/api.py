@@ -121,6 +121,17 @@ def resolve_grammar(*, schema: Any = None, grammar: Any = None, regex: str | Non
     return compile_constraint("regex", regex), None
 
 
+def _spellable(text: str, key: str) -> str:
+    """``text``, or a ConfigError naming ``key`` when it holds a lone surrogate (a code point
+    no UTF-8 text, and so no tokenizer, can hold)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ConfigError(f"{key}: the text has a lone surrogate (U+{ord(text[e.start]):04X}) at character "
+                          f"{e.start}; give valid Unicode", key=key) from None
+    return text
+
+
 def _prompt_ids(lm: Any, prompt: str | None, messages: list[dict] | None,
                 tools: list[dict] | None = None) -> list[int]:
     tok = lm.tokenizer
@@ -128,12 +139,12 @@ def _prompt_ids(lm: Any, prompt: str | None, messages: list[dict] | None,
         if getattr(tok, "chat_template", None):
             extra = {"tools": tools} if tools else {}
             text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
-            return list(tok.encode(text, add_special_tokens=False))
+            return list(tok.encode(_spellable(text, "messages"), add_special_tokens=False))
         text = "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant: "
-        return list(tok.encode(text))
+        return list(tok.encode(_spellable(text, "messages")))
     if prompt is None:
         raise ConfigError("give prompt= or messages=")
-    return list(tok.encode(prompt))
+    return list(tok.encode(_spellable(prompt, "prompt")))
 
 
 def _finish(res: Any, pyd: Any, is_json: bool) -> GenerationResult:

@@ -21,13 +21,13 @@ are the DFAs of closed regular sub-expressions, which many grammars share.
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Generator
 from typing import Any, NoReturn
 
 import numpy as np
 
+from structgen import limits
 from structgen.config import CompileOptions
 from structgen.errors import CompileLimitError, CompileTimeoutError, GrammarError
 from structgen.grammar import ir
@@ -79,7 +79,7 @@ def compile_grammar(grammar: ir.Grammar, options: CompileOptions | None = None, 
                     deadline: float | None = None) -> CompiledGrammar:
     """Compile an IR grammar (cached by content; compiled grammars are shared).
 
-    ``deadline`` (a ``time.monotonic()`` value) replaces ``options.timeout_s`` counted from
+    ``deadline`` (a ``structgen.limits.now()`` value) replaces ``options.timeout_s`` counted from
     now, so a front-end can charge its own lowering time to the same budget.
     Raises :class:`GrammarError` (undefined rule, left recursion, non-regular operand of
     And/Diff, empty language), :class:`CompileLimitError` or :class:`CompileTimeoutError`
@@ -133,7 +133,8 @@ class _Compiler:
     def __init__(self, grammar: ir.Grammar, options: CompileOptions, deadline: float | None = None) -> None:
         self.g = grammar
         self.opt = options
-        self.deadline = time.monotonic() + options.timeout_s if deadline is None else deadline
+        self.deadline = limits.deadline_within(limits.now() + options.timeout_s if deadline is None
+                                               else deadline)
         self.where = ""  # the rule being worked on, named by a timeout
         self.total_states = 0
         self.rule_index: dict[str, int] = {}
@@ -168,7 +169,10 @@ class _Compiler:
         """Raise CompileTimeoutError past the deadline (the clock is read every 256 calls),
         naming the rule being built or the late intersection that used the time."""
         self._tick += 1
-        if self._tick & 255 == 0 and time.monotonic() > self.deadline:
+        if self._tick & 255:
+            return
+        limits.check()  # the request was cancelled: stop here
+        if limits.now() > self.deadline:
             name, exprs = self.where, None
             if not self._regular_stack and self._late is not None:
                 name, exprs = self._late
@@ -192,7 +196,7 @@ class _Compiler:
     def work_budget(self) -> int:
         """Inner steps a compiled DFA kernel may take before the deadline (a conservative
         rate; the kernel stops with OUT_OF_TIME past it)."""
-        return int(max(self.deadline - time.monotonic(), 0.0) * _KERNEL_STEPS_PER_S) + 1000
+        return int(max(self.deadline - limits.now(), 0.0) * _KERNEL_STEPS_PER_S) + 1000
 
     def kernel_status(self, status: int, what: str) -> None:
         """Raise for a DFA kernel's LIMIT / OUT_OF_TIME status."""
@@ -201,7 +205,7 @@ class _Compiler:
         if status == dk.LIMIT:
             self.too_many_states(what)
         if status == dk.OUT_OF_TIME:
-            self.deadline = min(self.deadline, time.monotonic())
+            self.deadline = min(self.deadline, limits.now())
             self.check_time_now()
 
     def too_many_states(self, what: str) -> NoReturn:
@@ -712,7 +716,7 @@ class _Compiler:
                 right = self._regular_operand(e.right, inline_stack)
                 op = "and" if isinstance(e, ir.And) else "diff"
                 d = product(left, right, op, self.opt.max_states, self)
-                if self._late is None and time.monotonic() > self.deadline:
+                if self._late is None and limits.now() > self.deadline:
                     self._late = (self.where, tuple(self._regular_stack))
             finally:
                 self._regular_stack.pop()

@@ -19,7 +19,6 @@ limits), so this module raises no limit errors of its own beyond what the budget
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -27,6 +26,7 @@ from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
+from structgen import limits
 from structgen.errors import CompileLimitError
 from structgen.grammar import ir
 from structgen.grammar.graphs import strongly_connected_components
@@ -189,13 +189,13 @@ def native_ready() -> float:
     global _NATIVE_READY
     if _NATIVE_READY:
         return 0.0
-    t0 = time.monotonic()
+    t0 = limits.now()
     from structgen.grammar import _fsa_kernels
 
     if _fsa_kernels.COMPILED:
         _fsa_kernels.warm()
     _NATIVE_READY = True
-    return time.monotonic() - t0
+    return limits.now() - t0
 
 
 

@@ -9,10 +9,16 @@ row, ONE verify call), each sequence with its own matcher, drafters and sampling
 a batch mixes schemas, grammars and greedy and sampled requests. Nobody waits for the slowest
 sequence of a micro-batch: a row freed at step ``t`` is refilled at step ``t + 1``.
 
-Everything that can be slow and does not need the model runs off the scheduler thread, in a
-small thread pool: compiling the constraint (the front-ends' content-keyed caches make a
-repeated schema free), rendering the chat template, tokenising, checking the context and the
-token budget, building the matchers. A slow compile therefore delays only its own request.
+Everything that can be slow and does not need the model runs off the scheduler thread:
+compiling the constraint (the front-ends' content-keyed caches make a repeated schema free),
+rendering the chat template, tokenising, checking the context and the token budget, building
+the matchers. A request whose constraint was prepared before (or that has none) takes a lane
+of its own, so it never waits behind a cold compile. Cold preparations share a small pool in
+which one client (``client``: the peer address the server passes) holds at most half of the
+workers, and each runs inside a :func:`structgen.limits.scope`: a deadline counted from
+submission (``prepare_timeout_s``; a request that waited past it is refused as busy) and the
+request's cancellation, which every compile and budget-check loop reads. A client that goes
+away while its request is prepared stops that work at the next check.
 
 Admission control: at most ``max_running`` sequences in the batch, at most ``max_queued``
 sequences compiling or waiting for a row (beyond that :class:`ServerBusyError`, HTTP 429),
@@ -29,16 +35,18 @@ from __future__ import annotations
 import asyncio
 import codecs
 import itertools
+import json
 import threading
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from structgen import limits
 from structgen.config import CompileOptions, JsonSchemaOptions, SpecConfig
-from structgen.errors import ConfigError, StructgenError
+from structgen.errors import ConfigError, RequestCancelledError, StructgenError
 from structgen.generation.results import GenerationStats, is_complete
 
 __all__ = ["ChoiceResult", "Constraint", "Engine", "EngineClosedError", "EngineRequest", "Event",
@@ -224,6 +232,20 @@ class _Slot:
         self.ended: str | None = None  # an end the loop does not know: stop_string, timeout, ...
 
 
+_POLL_S = 0.1  # how often a request being prepared checks that its client is still there
+
+
+def _constraint_key(req: EngineRequest) -> str | None:
+    """What makes a request's preparation cheap once done: its constraint, tools and
+    reasoning (None: not keyable, always prepared as cold)."""
+    try:
+        return json.dumps([req.constraint.kind, req.constraint.spec, req.constraint.start,
+                           req.constraint.strict, req.tools, req.tool_choice, req.parallel_tool_calls,
+                           req.reasoning], sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
 def _stop_at(text: str, start: int, stops: tuple[str, ...]) -> int | None:
     """Earliest index >= ``start`` where one of ``stops`` begins in ``text``."""
     found = [i for i in (text.find(s, start) for s in stops if s) if i >= 0]
@@ -270,14 +292,16 @@ class Engine:
     ``lm``: a loaded :class:`~structgen.generation.model.CausalLM`; ``cfg``: the speculative
     decoding options; ``speculative=False`` serves plain constrained decoding (the baseline).
     ``json_options`` / ``compile_options``: how constraints compile (``strict`` comes with each
-    request). ``on_result`` is called on the scheduler thread with every finished
-    :class:`ChoiceResult` (metrics). Call :meth:`start` before submitting, :meth:`close` at
-    the end.
+    request). ``prepare_timeout_s``: the most seconds from submission to the end of a request's
+    preparation (compile, budget check, matchers), waiting included. ``on_result`` is called on
+    the scheduler thread with every finished :class:`ChoiceResult` (metrics). Call
+    :meth:`start` before submitting, :meth:`close` at the end.
     """
 
     def __init__(self, lm: Any, *, cfg: SpecConfig | None = None, speculative: bool = True,
                  max_running: int = 16, max_queued: int = 64, default_max_tokens: int = 256,
                  request_timeout_s: float | None = 600.0, compile_workers: int = 2,
+                 prepare_timeout_s: float | None = 30.0,
                  json_options: JsonSchemaOptions | None = None,
                  compile_options: CompileOptions | None = None, draft_lm: Any = None,
                  on_result: Callable[[ChoiceResult], None] | None = None) -> None:
@@ -299,8 +323,16 @@ class Engine:
         self.on_result = on_result
         self.counters = EngineCounters()
         self._eos = set(self.vocab.eos_token_ids)
+        if prepare_timeout_s is not None and not prepare_timeout_s > 0:
+            raise ConfigError("prepare_timeout_s must be above 0", key="prepare_timeout_s")
+        self.prepare_timeout_s = prepare_timeout_s
         self._pool = ThreadPoolExecutor(max_workers=max(1, compile_workers),
                                         thread_name_prefix="structgen-compile")
+        # requests whose constraint was prepared before: never queued behind a cold compile
+        self._warm_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="structgen-prepare")
+        self._warm: OrderedDict[str, None] = OrderedDict()  # keys of constraints prepared before
+        self._client_share = max(1, compile_workers // 2)  # cold preparations one client may run
+        self._lanes: dict[str, list[Any]] = {}  # client -> [semaphore, users]
         self._cond = threading.Condition()
         self._waiting: deque[_Slot] = deque()
         self._pending = 0       # sequences admitted and not yet in the batch (compiling or waiting)
@@ -343,6 +375,7 @@ class Engine:
                     self._cond.notify_all()
                 self._thread.join(5.0)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._warm_pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def running(self) -> int:
@@ -356,6 +389,9 @@ class Engine:
 
     # -- submission -----------------------------------------------------------------------------
     def _admit(self, n: int) -> None:
+        if n > self.max_queued:  # could never be admitted: a bad request, not a busy server
+            raise ConfigError(f"n={n} is above the number of sequences this server queues "
+                              f"({self.max_queued})", key="n")
         with self._cond:
             if self._closing or self._thread is None:
                 raise EngineClosedError("the server is shutting down" if self._closing
@@ -374,29 +410,98 @@ class Engine:
             self._pending -= n
             self.counters.queued = self._pending
 
-    async def submit(self, request: EngineRequest) -> RequestHandle:
+    async def submit(self, request: EngineRequest, *, client: str | None = None,
+                     disconnected: Callable[[], Awaitable[bool]] | None = None) -> RequestHandle:
         """Admit ``request``, prepare it off the scheduler thread (compile, tokenise, checks)
-        and queue its sequences for the batch. Raises :class:`ServerBusyError`,
-        :class:`EngineClosedError`, or the typed error of a bad request (a bad schema, a
-        prompt too long for the context, a budget too small for the constraint)."""
+        and queue its sequences for the batch. ``client`` names who sent it (its share of the
+        preparation workers); ``disconnected`` is polled while it is prepared, and once it
+        answers true the preparation stops (:class:`~structgen.errors.RequestCancelledError`).
+        Raises :class:`ServerBusyError`, :class:`EngineClosedError`, or the typed error of a bad
+        request (a bad schema, a prompt too long for the context, a budget too small for the
+        constraint, ``n`` above ``max_queued``)."""
         loop = asyncio.get_running_loop()
         handle = RequestHandle(request.n, loop)
         self._admit(request.n)
+        deadline = None if self.prepare_timeout_s is None else limits.now() + self.prepare_timeout_s
         try:
-            slots = await loop.run_in_executor(self._pool, self._prepare, request, handle)
+            key = _constraint_key(request)
+            if key is not None and key in self._warm:
+                slots = await self._watch(loop.run_in_executor(
+                    self._warm_pool, self._prepare_within, request, handle, deadline), handle, disconnected)
+            else:
+                lane = self._lane(client or "")
+                try:
+                    await self._watch(lane[0].acquire(), handle, disconnected, running=False)
+                    try:
+                        prepared = loop.run_in_executor(self._pool, self._prepare_within, request,
+                                                        handle, deadline)
+                        slots = await self._watch(prepared, handle, disconnected)
+                    finally:
+                        lane[0].release()
+                finally:
+                    lane[1] -= 1
+                    if lane[1] == 0:
+                        del self._lanes[client or ""]
+                if key is not None:
+                    self._warm[key] = None
+                    while len(self._warm) > 1024:
+                        self._warm.popitem(last=False)
         except BaseException:
             self._unadmit(request.n)
             raise
         self._enqueue(slots)
         return handle
 
+    def _lane(self, client: str) -> list[Any]:
+        lane = self._lanes.get(client)
+        if lane is None:
+            lane = self._lanes[client] = [asyncio.Semaphore(self._client_share), 0]
+        lane[1] += 1
+        return lane
+
+    @staticmethod
+    async def _watch(work: Awaitable[Any], handle: RequestHandle,
+                     disconnected: Callable[[], Awaitable[bool]] | None, *, running: bool = True) -> Any:
+        """Await ``work``, polling ``disconnected``. Once the client is gone the handle is
+        cancelled and :class:`~structgen.errors.RequestCancelledError` raised: at once when the
+        work is a wait (``running=False``: a lane), else when the preparation running on a
+        pool thread has stopped at its next check of the cancellation."""
+        task = asyncio.ensure_future(work)
+        if disconnected is None:
+            return await task
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=_POLL_S)
+                if done:
+                    return task.result()
+                if not handle.cancelled and await disconnected():
+                    handle.cancel()
+                if handle.cancelled and not running:
+                    raise RequestCancelledError("the request was cancelled (its client went away)")
+        finally:
+            if not task.done():
+                handle.cancel()
+                task.cancel()
+
+    def _prepare_within(self, req: EngineRequest, handle: RequestHandle,
+                        deadline: float | None) -> list[_Slot]:
+        """:meth:`_prepare` under the request's limits (deadline, cancellation)."""
+        if handle.cancelled:
+            raise RequestCancelledError("the request was cancelled (its client went away)")
+        if deadline is not None and limits.now() > deadline:
+            raise ServerBusyError(f"the server is busy: the request waited over {self.prepare_timeout_s:g} s "
+                                  "to be prepared; retry later")
+        with limits.scope(deadline=deadline, cancelled=lambda: handle.cancelled):
+            return self._prepare(req, handle)
+
     def submit_sync(self, request: EngineRequest) -> RequestHandle:
         """:meth:`submit` for callers without an event loop (prepares on the calling thread);
         wait with :meth:`RequestHandle.wait`."""
         handle = RequestHandle(request.n, None)
         self._admit(request.n)
+        deadline = None if self.prepare_timeout_s is None else limits.now() + self.prepare_timeout_s
         try:
-            slots = self._prepare(request, handle)
+            slots = self._prepare_within(request, handle, deadline)
         except BaseException:
             self._unadmit(request.n)
             raise

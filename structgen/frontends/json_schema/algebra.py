@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+from structgen import limits
 from structgen.errors import CompileLimitError, CompileTimeoutError, SchemaError, UnsupportedFeatureError
 from structgen.frontends.json_schema.document import Loc, SchemaDoc, escape_token
 from structgen.frontends.json_schema.formulas import (
@@ -121,7 +121,7 @@ class Normalizer:
         self._active: set[Node] = set()
         self._pos: list[str] = ["#"]  # pointer of the schema being normalised (for errors)
         self._kws: list[str | None] = [None]  # keyword being normalised there (for errors)
-        # time.monotonic() value past which normalisation raises CompileTimeoutError (set by
+        # limits.now() value past which normalisation raises CompileTimeoutError (set by
         # the lowering; None: no limit) and the limit in seconds, for the message
         self.deadline: float | None = None
         self.time_limit = 0.0
@@ -158,7 +158,8 @@ class Normalizer:
     def check_deadline(self) -> None:
         """Raise CompileTimeoutError past :attr:`deadline`, naming the innermost schema
         location (and keyword) being normalised."""
-        if self.deadline is not None and time.monotonic() > self.deadline:
+        limits.check()  # the request was cancelled: stop here
+        if self.deadline is not None and limits.now() > self.deadline:
             where, kw = self.where(), self.keyword()
             what = f"keyword {kw!r} of the schema at {where}" if kw else f"the schema at {where}"
             raise CompileTimeoutError(f"grammar compilation exceeded its time limit of "

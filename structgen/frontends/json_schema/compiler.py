@@ -47,11 +47,11 @@ import dataclasses
 import json
 import re
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from structgen import limits
 from structgen.config import CompileOptions, JsonSchemaOptions
 from structgen.errors import (
     CompileLimitError,
@@ -234,7 +234,8 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit[0]
-    deadline = time.monotonic() + copts.timeout_s  # lowering and automaton share the budget
+    # lowering and automaton share the budget (and the request's, inside a limits.scope)
+    deadline = limits.deadline_within(limits.now() + copts.timeout_s)
     try:
         cg, warnings = _compile(schema, options, copts, remotes, deadline)
     except (SchemaError, UnsupportedFeatureError, CompileLimitError) as e:

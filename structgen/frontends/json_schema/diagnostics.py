@@ -14,10 +14,10 @@ answer). Three questions:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
+from structgen import limits
 from structgen.errors import CompileLimitError, CompileTimeoutError, StructgenError
 from structgen.frontends.json_schema.algebra import Normalizer
 from structgen.frontends.json_schema.document import Loc, SchemaDoc, escape_token
@@ -164,7 +164,7 @@ def explain_unsat(doc: SchemaDoc, norm: Normalizer, budget_s: float = DIAGNOSIS_
     """For a root schema that accepts nothing: the pointer of the deepest subschema that
     must hold and accepts nothing, and the keyword responsible there. None when the
     emptiness cannot be traced (or the budget runs out before any answer)."""
-    deadline = time.monotonic() + budget_s
+    deadline = limits.now() + budget_s
     saved = norm.deadline, norm.time_limit
     norm.deadline, norm.time_limit = deadline, budget_s
     loc = Loc(0, "")
@@ -238,7 +238,7 @@ class _Sizes:
                 continue
             if not done:
                 self._ticks += 1
-                if self._ticks & 4095 == 0 and time.monotonic() > self.deadline:
+                if self._ticks & 4095 == 0 and limits.now() > self.deadline:
                     raise _Timeout()
                 active.add(k)
                 stack.append((x, True))
@@ -326,7 +326,7 @@ def locate_automaton_error(e: CompileLimitError, doc: SchemaDoc | None, rules: M
     if kw is None and rule in rules:
         try:
             p2, kw = _biggest_part(rule, rules, getattr(e, "ir_calls", frozenset()), rule_where,
-                                   rule_kw, expr_kw, time.monotonic() + budget_s)
+                                   rule_kw, expr_kw, limits.now() + budget_s)
             ptr = p2 or ptr
         except _Timeout:
             kw = None

@@ -28,11 +28,11 @@ one non-literal key is written, so a parser that drops duplicates never sees too
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Hashable, Iterable
 from itertools import product
 from typing import Any
 
+from structgen import limits
 from structgen.config import JsonSchemaOptions
 from structgen.errors import CompileLimitError, CompileTimeoutError, SchemaError
 from structgen.frontends import json_escape
@@ -148,8 +148,8 @@ class Lowering:
         self.escapes = options.string_escapes or "all"  # JSON spellings of string characters
         # formats an automaton cannot decide are checked per value (validation) or narrowed
         self.value_checks = options.value_checks is not False
-        self.deadline = deadline  # time.monotonic() value; CompileTimeoutError past it
-        self.opt_timeout = (deadline - time.monotonic()) if deadline is not None else 0.0
+        self.deadline = deadline  # limits.now() value; CompileTimeoutError past it
+        self.opt_timeout = (deadline - limits.now()) if deadline is not None else 0.0
         norm.deadline, norm.time_limit = deadline, self.opt_timeout  # normalising counts too
         # the language lowered at each instance position (strict mode closes it: strict.py)
         self.language = Closer(norm).language if options.strict else norm.normalize
@@ -246,7 +246,8 @@ class Lowering:
     def check_deadline(self, keyword: str | None = None) -> None:
         """Raise CompileTimeoutError past the deadline, naming the schema location and
         ``keyword`` (else the normaliser's) being lowered."""
-        if self.deadline is not None and time.monotonic() > self.deadline:
+        limits.check()  # the request was cancelled: stop here
+        if self.deadline is not None and limits.now() > self.deadline:
             where = self.norm.where()
             kw = keyword or self.norm.keyword()
             what = f"keyword {kw!r} of the schema at {where}" if kw else f"the schema at {where}"
