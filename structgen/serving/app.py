@@ -9,12 +9,25 @@ Errors are OpenAI error objects ``{"error": {"message", "type", "param", "code"}
 error adds ``keyword`` and ``pointer``. Status codes: 400 a malformed body, an unknown or
 unsupported field, an invalid or unsupported schema / grammar / regex, a prompt too long for
 the context or a ``max_tokens`` below what the constraint needs; 401 a missing or wrong API
-key; 413 a body over ``max_body_bytes``; 422 a constraint whose compilation passes a limit
-(states, rules, time: ``compile:`` in the configuration); 429 the queue is full; 503 the
-server is shutting down.
+key; 408 a body not received within ``body_timeout_s``; 413 a body over ``max_body_bytes``; 415
+a POST whose ``Content-Type`` is not JSON; 421 a ``Host`` header not on ``allowed_hosts``; 422
+a constraint whose compilation passes a limit (states, rules, time: ``compile:`` in the
+configuration); 429 the queue is full; 431 a request head over :data:`MAX_HEAD_BYTES`; 503 the
+server is shutting down or has ``max_connections`` open.
 
 A client that goes away (a closed stream, or a dropped connection while waiting for a
-non-streamed answer) cancels its request: its rows leave the batch at the next step.
+non-streamed answer) cancels its request: its rows leave the batch at the next step. It is
+counted (``structgen_serve_client_disconnects_total`` on ``/metrics``), never logged as a
+traceback.
+
+Hostile input (docs/security.md, "The HTTP server"): no request body makes the server answer
+5xx. A body nested past :data:`MAX_BODY_DEPTH`, a non-finite number or a lone UTF-16 surrogate
+(``"\\ud800"``) anywhere in it is a 400 before any field is read; the request models are strict
+(a string is never a number or a boolean). POST routes take ``Content-Type: application/json``
+only (else 415: an HTML form cannot post here without a CORS preflight); the ``Host`` header must
+be on the allow-list (else 421: DNS rebinding). :func:`run_server` adds what uvicorn lacks:
+deadlines for a request's head (:class:`uvicorn.Config` ``http=`` :func:`protocol_class`) and
+body (408), a cap on open connections (503), and OpenAI error objects for malformed HTTP.
 """
 
 from __future__ import annotations
@@ -22,20 +35,26 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
+import math
+import re
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from structgen.errors import (
     CompileLimitError,
     ConfigError,
+    RequestCancelledError,
     SchemaError,
     StructgenError,
 )
@@ -55,21 +74,76 @@ from structgen.serving.protocol import (
     speculative_usage,
 )
 
-__all__ = ["ApiError", "create_app", "run_server", "DEFAULT_MAX_BODY_BYTES"]
+__all__ = ["ApiError", "create_app", "default_allowed_hosts", "protocol_class", "run_server",
+           "server_config", "DEFAULT_BODY_TIMEOUT_S", "DEFAULT_HEADER_TIMEOUT_S", "DEFAULT_KEEP_ALIVE_S",
+           "DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_CONNECTIONS", "LOOPBACK_HOSTS", "MAX_BODY_DEPTH",
+           "MAX_HEAD_BYTES"]
 
 #: Largest request body accepted (bytes); larger bodies get a 413.
 DEFAULT_MAX_BODY_BYTES = 4 << 20
+#: Seconds a client has to send a request's whole body once its head is in; then 408.
+DEFAULT_BODY_TIMEOUT_S = 30.0
+#: Seconds a client has to send a request's head (request line and headers); then the
+#: connection is closed. Also bounds a new connection that sends nothing.
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+#: Seconds an idle keep-alive connection is kept open between requests.
+DEFAULT_KEEP_ALIVE_S = 5.0
+#: Connections served at once; a request on one more gets a 503.
+DEFAULT_MAX_CONNECTIONS = 256
+#: Deepest nesting of arrays and objects a request body may have. A real request needs a few
+#: levels of envelope plus its schema (whose own limit, ``JsonSchemaOptions.max_depth``, is
+#: 128); far below the depth at which Python's recursion limit would strike in code that walks it.
+MAX_BODY_DEPTH = 256
+#: Largest request head (request line and headers) :func:`run_server` reads; larger: 431.
+#: The same as h11's limit for a head that arrives in pieces.
+MAX_HEAD_BYTES = 16 * 1024
+_HEAD_END = re.compile(rb"\n\r?\n")  # the blank line that ends a head, as h11 finds it
+#: Host names every server answers to unless ``allowed_hosts`` says otherwise.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 _POLL_S = 0.1  # how often a non-streamed request checks that its client is still there
+# uvicorn's error log: an unexpected exception is reported where uvicorn reports its own
+_log = logging.getLogger("uvicorn.error")
 
 
 class ApiError(Exception):
-    """An error answered as an OpenAI error object with HTTP ``status``."""
+    """An error answered as an OpenAI error object with HTTP ``status`` (and extra response
+    ``headers``, e.g. ``Connection: close``)."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",  # noqa: A002
-                 param: str | None = None, code: str | None = None, **extra: Any) -> None:
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None, **extra: Any) -> None:
         super().__init__(message)
         self.status = status
+        self.headers = headers
         self.body = {"error": {"message": message, "type": type, "param": param, "code": code, **extra}}
+
+    def response(self) -> Response:
+        """This error as an HTTP response."""
+        return _SafeJSONResponse(self.body, status_code=self.status, headers=self.headers)
+
+
+class _ClientGone(Exception):
+    """The client closed its connection before its request was read or answered."""
+
+
+class _SafeJSONResponse(JSONResponse):
+    """Starlette's JSON response (UTF-8, non-ASCII characters as themselves), except that a
+    body whose text cannot be UTF-8 (a lone surrogate) is sent with ``\\uXXXX`` escapes
+    instead of failing while the response is sent."""
+
+    def render(self, content: Any) -> bytes:
+        """The body's bytes."""
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+
+
+@dataclass
+class _HttpCounters:
+    """Counters of the HTTP layer (the engine keeps its own); touched on the event loop only."""
+
+    client_disconnects: int = 0
 
 
 def _api_error(e: StructgenError) -> ApiError:
@@ -95,35 +169,197 @@ def _api_error(e: StructgenError) -> ApiError:
     return ApiError(400, str(e), param=param, code=codes.get(name, "invalid_request"))
 
 
-async def _json_body(request: Request, limit: int) -> dict[str, Any]:
+def _require_json(request: Request) -> None:
+    """A 415 unless the request says its body is JSON. Browsers send ``text/plain``,
+    ``multipart/form-data`` and ``application/x-www-form-urlencoded`` from any page without
+    asking the server first (a "simple" CORS request); ``application/json`` needs a preflight
+    this server never grants, so this check is what stops a web page from posting here."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        shown = media_type or "none"
+        raise ApiError(415, f"Content-Type must be application/json (got {shown})",
+                       code="unsupported_media_type")
+
+
+async def _json_body(request: Request, limit: int, timeout_s: float | None) -> dict[str, Any]:
+    """The request's body parsed as a JSON object, read within ``timeout_s`` seconds in all:
+    a 413 past ``limit`` bytes, a 408 past the deadline (and the connection is closed: its
+    sender is too slow to wait for), :class:`_ClientGone` when the client drops mid-body, a
+    400 for anything that is not a JSON object :func:`_check_body` accepts."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body of {declared} bytes is over the limit of {limit} bytes",
                        code="request_too_large")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"request body is over the limit of {limit} bytes", code="request_too_large")
-        chunks.append(chunk)
+
+    async def read() -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"request body is over the limit of {limit} bytes",
+                               code="request_too_large")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     try:
-        data = json.loads(b"".join(chunks))
+        # asyncio.wait_for rather than asyncio.timeout: the package supports Python 3.10
+        raw = await asyncio.wait_for(read(), timeout_s)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body was not received within {timeout_s:g} s",
+                       code="request_timeout", headers={"Connection": "close"}) from None
+    except ClientDisconnect:
+        raise _ClientGone() from None
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise ApiError(400, f"the request body is nested more than {MAX_BODY_DEPTH} levels deep",
+                       code="invalid_json") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    _check_body(data)
     return data
 
 
+def _dotted(path: tuple[Any, ...]) -> str | None:
+    """``("messages", 0, "content")`` -> ``"messages.0.content"`` (None for the body itself)."""
+    return ".".join(str(p) for p in path) or None
+
+
+def _printable(key: str) -> str:
+    """A dict key as it can be shown in an error (lone surrogates as ``\\udXXX``)."""
+    return key.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _is_utf8(text: str) -> bool:
+    """Whether ``text`` can be encoded as UTF-8 (it holds no lone surrogate)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_body(data: dict[str, Any]) -> None:
+    """A 400 naming the first offending field (document order) of a parsed body that nests
+    past :data:`MAX_BODY_DEPTH`, holds a non-finite number (``NaN``, ``Infinity``, ``1e999``:
+    Python's ``json`` reads them all) or a string or key with a lone UTF-16 surrogate (JSON's
+    ``"\\ud800"`` escape decodes to one; a tokenizer, a regex compiler or a UTF-8 response would
+    fail on it later, far from here). One iterative walk, so no body can exhaust the stack and
+    every field, whatever reads it later, is covered."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            if not _is_utf8(value):
+                raise ApiError(400, f"{_dotted(path)}: the text holds a lone UTF-16 surrogate (not "
+                               "Unicode text)", param=_dotted(path), code="invalid_unicode")
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise ApiError(400, f"{_dotted(path)}: numbers must be finite", param=_dotted(path),
+                               code="invalid_value")
+        elif isinstance(value, (dict, list)):
+            if len(path) >= MAX_BODY_DEPTH:
+                raise ApiError(400, f"the request body is nested more than {MAX_BODY_DEPTH} levels deep "
+                               f"(at {_dotted(path)})", param=_dotted(path[:1]), code="invalid_json")
+            if isinstance(value, dict):
+                for key in value:
+                    if not _is_utf8(key):
+                        where = _dotted((*path, _printable(key)))
+                        raise ApiError(400, f"{where}: the key holds a lone UTF-16 surrogate (not "
+                                       "Unicode text)", param=where, code="invalid_unicode")
+                items: Iterable[tuple[Any, Any]] = value.items()
+            else:
+                items = enumerate(value)
+            # pushed in reverse so that the walk meets fields in document order
+            stack.extend((item, (*path, key)) for key, item in reversed(list(items)))
+
+
+def _error_path(loc: tuple[Any, ...], data: Any, missing: bool) -> tuple[Any, ...]:
+    """The part of a Pydantic error location that names fields of the body: Pydantic also
+    puts the member of a union it tried in the location (``("stop", "list[str]", 0)``), which
+    is no field. Each step is kept only where the body has it (a missing field: the last step)."""
+    out: list[Any] = []
+    node = data
+    for i, step in enumerate(loc):
+        if isinstance(node, dict) and isinstance(step, str) and step in node:
+            node = node[step]
+        elif isinstance(node, list) and isinstance(step, int) and 0 <= step < len(node):
+            node = node[step]
+        elif missing and i == len(loc) - 1:
+            pass
+        else:
+            continue
+        out.append(step)
+    return tuple(out)
+
+
 def _parse(cls: Any, data: dict[str, Any]) -> Any:
+    """``data`` validated as the request model ``cls``; a 400 naming the first bad field.
+    Of the errors Pydantic reports for that field (one per member of a union), the one that
+    reached deepest names it: ``content: [5]`` is ``messages.0.content.0`` (not a dict), more
+    use than ``messages.0.content`` (not a string)."""
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err.get("loc", ()))
-        raise ApiError(400, f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")), param=loc or None,
+        errors = e.errors(include_url=False, include_input=False)
+        located = [(_error_path(tuple(err.get("loc", ())), data, err.get("type") == "missing"), err)
+                   for err in errors]
+        field = located[0][0][:1]
+        path, err = max((x for x in located if x[0][:1] == field), key=lambda x: len(x[0]))
+        param = _dotted(path)
+        raise ApiError(400, f"{param}: {err.get('msg')}" if param else str(err.get("msg")), param=param,
                        code="invalid_value") from None
+
+
+def _host_name(value: str) -> str:
+    """The host of a ``Host`` header or allow-list entry, without port, brackets or a final
+    dot, lower case: ``"[::1]:8000"`` -> ``"::1"``, ``"LocalHost.:80"`` -> ``"localhost"``."""
+    value = value.strip().lower()
+    if value.startswith("["):  # an IPv6 literal, maybe with a port
+        end = value.find("]")
+        return value[1:end] if end > 0 else value
+    if value.count(":") == 1:  # name:port (two or more colons: a bare IPv6 address)
+        value = value.split(":", 1)[0]
+    return value.rstrip(".")
+
+
+def default_allowed_hosts(bind_host: str) -> tuple[str, ...]:
+    """The ``Host`` names a server listening on ``bind_host`` answers to by default: the
+    loopback names and the bind address itself; ``("*",)`` (any) for a wildcard address
+    (``0.0.0.0``, ``::``), which is reached under names this process cannot know."""
+    if bind_host in ("", "0.0.0.0", "::", "[::]"):
+        return ("*",)
+    return tuple(dict.fromkeys((*LOOPBACK_HOSTS, _host_name(bind_host))))
+
+
+def _host_rule(allowed_hosts: str | Iterable[str] | None) -> Callable[[str | None, str | None], bool]:
+    """A test ``(Host header, local address of the connection) -> allowed?`` for an
+    allow-list: names (case-insensitive, ports ignored), ``*.example.org`` for subdomains,
+    ``*`` for any. None: :data:`LOOPBACK_HOSTS` plus the address the connection came in on (an
+    IP literal naming this very socket cannot be a rebound DNS name). A request without a
+    ``Host`` header (HTTP/1.0) passes: browsers always send one."""
+    if isinstance(allowed_hosts, str):
+        allowed_hosts = allowed_hosts.split(",")
+    names = None if allowed_hosts is None else {_host_name(h) for h in allowed_hosts if h.strip()}
+    if names is not None and "*" in names:
+        return lambda _host, _local: True
+    exact = set(LOOPBACK_HOSTS) if names is None else {n for n in names if not n.startswith("*.")}
+    suffixes = () if names is None else tuple(n[1:] for n in names if n.startswith("*."))
+
+    def allowed(host: str | None, local: str | None) -> bool:
+        if host is None:
+            return True
+        name = _host_name(host)
+        if name in exact or (suffixes and name.endswith(suffixes)):
+            return True
+        return names is None and local is not None and name == _host_name(local)
+
+    return allowed
 
 
 def _usage(handle: RequestHandle, results: list[ChoiceResult]) -> dict[str, Any]:
@@ -174,10 +410,11 @@ def _chat_message(handle: RequestHandle, r: ChoiceResult) -> dict[str, Any]:
     return {"message": message, "finish_reason": "tool_calls" if calls else r.finish_reason}
 
 
-async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str,
-                  include_usage: bool) -> AsyncIterator[str]:
+async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, include_usage: bool,
+                  on_gone: Callable[[], None] | None = None) -> AsyncIterator[str]:
     """OpenAI server-sent events: chunks as text is committed, a finish chunk per choice,
-    optionally a usage chunk, then ``[DONE]``."""
+    optionally a usage chunk, then ``[DONE]``. ``on_gone`` is called if the stream is torn
+    down (its client went away) before every choice finished."""
     obj = "chat.completion.chunk" if chat else "text_completion"
     head = {"id": rid, "object": obj, "created": int(handle.created), "model": model}
     results: list[ChoiceResult] = []
@@ -246,18 +483,25 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str,
     finally:
         if len(results) < handle.n:
             handle.cancel()  # the client went away (or the response was torn down)
+            if on_gone is not None:
+                on_gone()
 
 
 def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics: Any = None,
-               drain_timeout_s: float = 30.0) -> FastAPI:
+               drain_timeout_s: float = 30.0, allowed_hosts: str | Iterable[str] | None = None,
+               body_timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S) -> FastAPI:
     """The FastAPI application serving ``engine`` under the model id ``model_name``.
 
     ``api_key``: required as a bearer token on every route but ``/health`` (None: open).
     ``metrics``: an object with ``to_prometheus()`` (e.g.
     :func:`structgen.tools.metrics.process_metrics`) appended to ``/metrics``. The engine is
     started with the application and closed (draining, at most ``drain_timeout_s``) when it
-    shuts down."""
+    shuts down. ``allowed_hosts``: the names the ``Host`` header may give, on every route
+    (a list or a comma-separated string; ``*.example.org`` for subdomains; ``"*"``: any); None:
+    :data:`LOOPBACK_HOSTS` and the address the connection came in on (see
+    :func:`default_allowed_hosts` for a server's bind address). ``body_timeout_s``: seconds a
+    client has to send a request body (None: no limit)."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -272,49 +516,78 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                   f"{c.requests.get('cancelled', 0)} cancelled)", file=sys.stderr, flush=True)
 
     app = FastAPI(title="structgen serve", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+                  openapi_url=None, default_response_class=_SafeJSONResponse)
     app.state.engine = engine
+    counters = app.state.http_counters = _HttpCounters()
+    host_allowed = _host_rule(allowed_hosts)
+
+    def client_gone() -> None:
+        counters.client_disconnects += 1
 
     @app.exception_handler(ApiError)
-    async def _on_api_error(_request: Request, e: ApiError) -> JSONResponse:
-        return JSONResponse(e.body, status_code=e.status)
+    async def _on_api_error(_request: Request, e: ApiError) -> Response:
+        return e.response()
 
     @app.exception_handler(StarletteHTTPException)
-    async def _on_http_error(_request: Request, e: StarletteHTTPException) -> JSONResponse:
-        err = ApiError(e.status_code, str(e.detail), code="not_found" if e.status_code == 404 else None)
-        return JSONResponse(err.body, status_code=e.status_code)
+    async def _on_http_error(_request: Request, e: StarletteHTTPException) -> Response:
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        return ApiError(e.status_code, str(e.detail), code=codes.get(e.status_code)).response()
 
     @app.middleware("http")
-    async def _auth(request: Request, call_next: Any) -> Response:
+    async def _gate(request: Request, call_next: Any) -> Response:
+        # the Host check comes first and covers /health too: a page that rebinds its own DNS
+        # name to 127.0.0.1 must not learn even whether a server is there
+        local = request.scope.get("server")
+        if not host_allowed(request.headers.get("host"), local[0] if local else None):
+            return ApiError(421, "the Host header names a host this server does not serve (see "
+                            "--allowed-hosts)", code="invalid_host").response()
         if api_key and request.url.path != "/health":
             given = request.headers.get("authorization", "")
             token = given[7:] if given.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(token.encode(), api_key.encode()):
-                err = ApiError(401, "missing or invalid API key (Authorization: Bearer KEY)",
-                               code="invalid_api_key")
-                return JSONResponse(err.body, status_code=401)
+                return ApiError(401, "missing or invalid API key (Authorization: Bearer KEY)",
+                                code="invalid_api_key").response()
         return await call_next(request)
 
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health() -> Response:
         if engine.failure is not None:
-            return JSONResponse({"status": "failed", "error": str(engine.failure)}, status_code=503)
-        return JSONResponse({"status": "ok", "running": engine.running, "queued": engine.queued})
+            return _SafeJSONResponse({"status": "failed", "error": str(engine.failure)}, status_code=503)
+        return _SafeJSONResponse({"status": "ok", "running": engine.running, "queued": engine.queued})
 
     @app.get("/v1/models")
-    async def models() -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [
+    async def models() -> Response:
+        return _SafeJSONResponse({"object": "list", "data": [
             {"id": model_name, "object": "model", "created": 0, "owned_by": "structgen"}]})
 
     @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:
-        text = _engine_metrics(engine)
+        text = _engine_metrics(engine) + _http_metrics(counters)
         if metrics is not None:
             text += metrics.to_prometheus()
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     async def run(request: Request, chat: bool) -> Response:
-        data = await _json_body(request, max_body_bytes)
+        try:
+            return await answer(request, chat)
+        except _ClientGone:
+            client_gone()
+            return Response(status_code=499)  # nobody reads it: the client is gone
+        except RecursionError:
+            # whatever walked the request recursively (json, a validator, a compiler): the
+            # request was too deep for it, which is the client's doing, not a server fault
+            raise ApiError(400, "the request is nested too deeply to process",
+                           code="invalid_request") from None
+        except ApiError:
+            raise
+        except Exception:  # noqa: BLE001 - a bug: logged with its traceback, answered in JSON
+            _log.exception("request failed")
+            raise ApiError(500, "internal server error (logged on the server)", type="server_error",
+                           code="internal_error") from None
+
+    async def answer(request: Request, chat: bool) -> Response:
+        _require_json(request)
+        data = await _json_body(request, max_body_bytes, body_timeout_s)
         req = _parse(ChatCompletionRequest if chat else CompletionRequest, data)
         try:
             req.refuse_unsupported()
@@ -331,29 +604,34 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                 er.messages = req.message_dicts()
             else:
                 er.prompt = req.prompt_text()
-            handle = await engine.submit(er)
+            # the client's address names its share of the preparation workers; a client that
+            # goes away stops its preparation
+            handle = await engine.submit(er, client=request.client.host if request.client else None,
+                                         disconnected=request.is_disconnected)
+        except RequestCancelledError:
+            raise _ClientGone() from None
         except StructgenError as e:
             raise _api_error(e) from None
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         model = req.model or model_name
         if req.stream:
             return StreamingResponse(_stream(handle, chat=chat, rid=rid, model=model,
-                                             include_usage=req.include_usage()),
+                                             include_usage=req.include_usage(), on_gone=client_gone),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             results = await _collect(handle, request)
         except asyncio.CancelledError:
-            return Response(status_code=499)  # nobody reads it: the client is gone
+            raise _ClientGone() from None
         _raise_on_error(results)
         if chat:
             choices = [{"index": r.index, **_chat_message(handle, r), "logprobs": None} for r in results]
         else:
             choices = [{"index": r.index, "text": r.text, "finish_reason": r.finish_reason,
                         "logprobs": None} for r in results]
-        return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
-                             "created": int(handle.created), "model": model, "choices": choices,
-                             "usage": _usage(handle, results), "system_fingerprint": None})
+        return _SafeJSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
+                                  "created": int(handle.created), "model": model, "choices": choices,
+                                  "usage": _usage(handle, results), "system_fingerprint": None})
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -364,6 +642,14 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         return await run(request, chat=False)
 
     return app
+
+
+def _http_metrics(counters: _HttpCounters) -> str:
+    """The HTTP layer's counters in the Prometheus text format."""
+    name = "structgen_serve_client_disconnects_total"
+    return (f"# HELP {name} Requests whose client went away before the answer was complete "
+            f"(mid-body, while waiting, mid-stream).\n# TYPE {name} counter\n"
+            f"{name} {counters.client_disconnects}\n")
 
 
 def _engine_metrics(engine: Engine) -> str:
@@ -394,12 +680,209 @@ def _engine_metrics(engine: Engine) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_server(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-               graceful_timeout_s: float = 30.0) -> None:
-    """Serve ``app`` with uvicorn until SIGINT / SIGTERM; open requests get up to
-    ``graceful_timeout_s`` to finish (the engine drains), then the process exits."""
+def _error_bytes(status: int, message: str, *, type: str, code: str) -> bytes:  # noqa: A002
+    """The body of an OpenAI error object for a response the protocol layer writes itself."""
+    return json.dumps(ApiError(status, message, type=type, code=code).body).encode()
+
+
+def _too_many_connections(limit: int) -> bytes:
+    """The body of the 503 answered past ``limit`` open connections."""
+    return _error_bytes(503, f"the server has too many open connections (limit {limit}); retry later",
+                        type="server_error", code="too_many_connections")
+
+
+def protocol_class(header_timeout_s: float | None = DEFAULT_HEADER_TIMEOUT_S) -> type:
+    """uvicorn's h11 HTTP protocol (pass it as ``uvicorn.Config(http=...)``) with what a
+    server facing untrusted clients needs and uvicorn lacks:
+
+    * a deadline for a request's head: a connection must deliver a request line and its
+      headers within ``header_timeout_s`` seconds of its first byte (a new connection: of
+      opening), else it is closed (with a 408 if part of a head arrived). uvicorn itself waits
+      for ever, so a few slow senders at a byte a second ("slowloris") would hold every
+      connection. The same deadline bounds the rest of a body nobody reads any more (the
+      server answered early, e.g. 401). Bodies being read are bounded by ``create_app``'s
+      ``body_timeout_s``;
+    * the answer past ``uvicorn.Config(limit_concurrency=...)`` open connections: a 503 with
+      an OpenAI error object (uvicorn's own is plain text), at once on the connection past the
+      cap (uvicorn waits for its request);
+    * a cap on a request head: :data:`MAX_HEAD_BYTES`, else 431 (h11 caps only a head that
+      arrives in pieces, so one sent at once could be any size);
+    * the answer to malformed HTTP: a 400 with an OpenAI error object (uvicorn's own is plain
+      text).
+
+    None: no head deadline. uvicorn is imported here, not with the module: only the runner
+    needs it."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11Protocol(H11Protocol):
+        """uvicorn's h11 protocol with a head deadline and JSON error answers."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._read_timer: asyncio.TimerHandle | None = None
+            # take over uvicorn's concurrency check (it would answer plain text): the limit
+            # moves into an app wrapper that answers JSON
+            self._connection_limit = self.limit_concurrency
+            self.limit_concurrency = None
+            self._inner_app = self.app
+            if self._connection_limit is not None:
+                self.app = self._app_within_limit
+
+        async def _app_within_limit(self, scope: Any, receive: Any, send: Any) -> None:
+            # this connection and this request's task are counted already
+            limit = self._connection_limit
+            assert limit is not None
+            if len(self.connections) > limit or len(self.tasks) > limit:
+                self.logger.warning("Exceeded the limit of %d connections.", limit)
+                body = _too_many_connections(limit)
+                await send({"type": "http.response.start", "status": 503, "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"), (b"retry-after", b"1")]})
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+                return
+            await self._inner_app(scope, receive, send)
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            """uvicorn's, then the head deadline starts. A connection past the cap is answered
+            503 and closed at once, so that silent connections cannot pile up past it either
+            (uvicorn would keep it open until it sent a request)."""
+            super().connection_made(transport)
+            limit = self._connection_limit
+            if limit is not None and len(self.connections) > limit:
+                self.logger.warning("Exceeded the limit of %d connections.", limit)
+                self._write_response(503, _too_many_connections(limit), retry_after=True)
+                transport.close()
+                return
+            self._watch_reads()
+
+        def data_received(self, data: bytes) -> None:
+            """A request head over :data:`MAX_HEAD_BYTES` is answered 431 and the connection
+            closed (h11 limits only a head that arrives in pieces); then uvicorn's."""
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                pending = self.conn.trailing_data[0] + data
+                if len(pending) > MAX_HEAD_BYTES and not _HEAD_END.search(pending, 0, MAX_HEAD_BYTES + 4):
+                    self.logger.warning("Request head over %d bytes.", MAX_HEAD_BYTES)
+                    body = _error_bytes(431, f"the request line and headers are over {MAX_HEAD_BYTES} bytes",
+                                        type="invalid_request_error", code="request_header_too_large")
+                    self._write_response(431, body)
+                    self.transport.close()
+                    return
+            super().data_received(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            """The deadline is dropped, then uvicorn's."""
+            self._stop_read_timer()
+            super().connection_lost(exc)
+
+        def handle_events(self) -> None:
+            """uvicorn's, then the deadline follows the connection's new state."""
+            super().handle_events()
+            self._watch_reads()
+
+        def on_response_complete(self) -> None:
+            """uvicorn's, then the deadline follows the connection's new state."""
+            super().on_response_complete()
+            self._watch_reads()
+
+        def _watch_reads(self) -> None:
+            """Start the deadline when the connection waits for bytes that must come in time,
+            stop it once they have come."""
+            if self.transport is None or self.transport.is_closing() or header_timeout_s is None:
+                self._stop_read_timer()
+                return
+            state = self.conn.their_state
+            if state is h11.IDLE:
+                # a new connection, or part of the next request's head (between requests with
+                # nothing sent, the keep-alive timeout applies instead)
+                waiting = self.cycle is None or bool(self.conn.trailing_data[0])
+            elif state is h11.SEND_BODY:
+                # a body still arriving after the answer went out: nobody reads it
+                waiting = self.cycle is not None and self.cycle.response_complete
+            else:
+                waiting = False
+            if not waiting:
+                self._stop_read_timer()
+            elif self._read_timer is None:
+                self._read_timer = self.loop.call_later(header_timeout_s, self._read_timed_out)
+
+        def _stop_read_timer(self) -> None:
+            if self._read_timer is not None:
+                self._read_timer.cancel()
+                self._read_timer = None
+
+        def _read_timed_out(self) -> None:
+            self._read_timer = None
+            if self.transport.is_closing():
+                return
+            self.logger.debug("Closed a connection that was too slow to send its request.")
+            if self.conn.our_state is h11.IDLE and self.conn.trailing_data[0]:
+                # part of a head came: the client is there to read why it is cut off (a silent
+                # connection gets no answer, which a client's pool could take for the answer
+                # to a later request)
+                body = _error_bytes(408, f"the request head was not received within {header_timeout_s:g} s",
+                                    type="invalid_request_error", code="request_timeout")
+                self._write_response(408, body)
+            self.transport.close()
+
+        def _write_response(self, status: int, body: bytes, *, retry_after: bool = False) -> None:
+            """Write a whole JSON response (and ``Connection: close``) outside any ASGI cycle."""
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                       (b"connection", b"close")]
+            if retry_after:
+                headers.append((b"retry-after", b"1"))
+            try:
+                for event in (h11.Response(status_code=status, headers=headers),
+                              h11.Data(data=body), h11.EndOfMessage()):
+                    self.transport.write(self.conn.send(event) or b"")
+            except h11.LocalProtocolError:
+                pass  # the connection is past the point of an answer: it is closed all the same
+
+        def send_400_response(self, msg: str) -> None:
+            """The answer to malformed HTTP (called by uvicorn): an OpenAI error object, then
+            the connection is closed."""
+            if self.cycle is not None and not self.cycle.response_complete:
+                # the request in progress can no longer be read or answered: its app sees a
+                # disconnect, and its sends do nothing
+                self.cycle.disconnected = True
+                self.cycle.message_event.set()
+            if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                body = _error_bytes(400, f"{msg} The request is not valid HTTP/1.1.",
+                                    type="invalid_request_error", code="bad_request")
+                self._write_response(400, body)
+            self.transport.close()
+
+    GuardedH11Protocol.__qualname__ = "GuardedH11Protocol"
+    return GuardedH11Protocol
+
+
+def server_config(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
+                  graceful_timeout_s: float = 30.0, keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
+                  max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
+                  header_timeout_s: float | None = DEFAULT_HEADER_TIMEOUT_S) -> Any:
+    """The ``uvicorn.Config`` :func:`run_server` serves ``app`` with (tests start a
+    ``uvicorn.Server`` on it in a thread): the :func:`protocol_class` protocol, idle
+    keep-alive connections closed after ``keep_alive_s``, at most ``max_connections``
+    connections served at once (None: no cap), no access log."""
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=int(graceful_timeout_s), access_log=False)
-    uvicorn.Server(config).run()
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                          timeout_graceful_shutdown=int(graceful_timeout_s), access_log=False,
+                          http=protocol_class(header_timeout_s),
+                          timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type] # a float works
+                          limit_concurrency=max_connections)
+
+
+def run_server(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
+               graceful_timeout_s: float = 30.0, keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
+               max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
+               header_timeout_s: float | None = DEFAULT_HEADER_TIMEOUT_S) -> None:
+    """Serve ``app`` with uvicorn until SIGINT / SIGTERM; open requests get up to
+    ``graceful_timeout_s`` to finish (the engine drains), then the process exits. The
+    connection limits are :func:`server_config`'s."""
+    import uvicorn
+
+    uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level,
+                                 graceful_timeout_s=graceful_timeout_s, keep_alive_s=keep_alive_s,
+                                 max_connections=max_connections,
+                                 header_timeout_s=header_timeout_s)).run()

@@ -10,6 +10,13 @@ and ignored when they are at their neutral value; unknown fields are ignored, as
 own server does with fields newer than it. ``tools`` / ``tool_choice`` /
 ``parallel_tool_calls`` are tool calling; the legacy ``functions`` fields are refused.
 
+The models are strict: a JSON string is never read as a boolean or a number (``"stream":
+"yes"``, ``"n": "2"`` and ``"max_tokens": true`` are 400s naming the field, where lax
+Pydantic would have guessed), and an integer field takes no float (``"seed": 1.5``). A float
+field still takes a JSON integer (``"temperature": 1``): JSON has one number type. Counts are
+bounded (``max_tokens`` and its kin at :data:`~structgen.config.MAX_COUNT`), so an absurd value
+is a 400 here rather than an allocation further down.
+
 Responses carry ``usage`` with a ``structgen`` extension: speculative statistics per request
 (target forward passes, tokens per pass, drafted and accepted tokens, acceptance).
 """
@@ -20,11 +27,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from structgen.config import MAX_COUNT
 from structgen.errors import ConfigError
 from structgen.serving.engine import TEXT, ChoiceResult, Constraint
 
 __all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "JsonSchemaFormat",
-           "ResponseFormat", "UNSUPPORTED_FIELDS", "constraint_of", "speculative_usage"]
+           "ResponseFormat", "StreamOptions", "UNSUPPORTED_FIELDS", "constraint_of", "speculative_usage"]
 
 #: Request fields structgen refuses when they ask for something (value -> neutral test).
 UNSUPPORTED_FIELDS: dict[str, Any] = {
@@ -43,7 +51,9 @@ UNSUPPORTED_FIELDS: dict[str, Any] = {
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    # strict: request bodies are JSON, whose types are exact; lax coercion ("yes" -> True,
+    # "2" -> 2) would accept what a typo or an attacker sent and answer something else
+    model_config = ConfigDict(extra="allow", populate_by_name=True, strict=True)
 
 
 class JsonSchemaFormat(_Model):
@@ -70,9 +80,13 @@ class ResponseFormat(_Model):
 
 
 class ChatMessage(_Model):
-    """One message: ``content`` a string or a list of ``{"type": "text", "text": ...}`` parts."""
+    """One message: ``role`` one of OpenAI's roles (``system``, ``developer``, ``user``,
+    ``assistant``, ``tool``, the legacy ``function``); ``content`` a string or a list of
+    ``{"type": "text", "text": ...}`` parts."""
 
-    role: str
+    # OpenAI's roles only: any other string would reach the chat template, which may fail on
+    # it or, worse, render it as a role the model was trained to obey
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
 
@@ -91,16 +105,22 @@ class ChatMessage(_Model):
         return "".join(out)
 
 
+class StreamOptions(_Model):
+    """``stream_options``: ``include_usage`` ends a stream with a usage chunk."""
+
+    include_usage: bool | None = None
+
+
 class _Common(_Model):
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
     user: str | None = None
 
@@ -113,7 +133,7 @@ class _Common(_Model):
 
     def include_usage(self) -> bool:
         """Whether a streamed response ends with a usage chunk (``stream_options``)."""
-        return bool((self.stream_options or {}).get("include_usage"))
+        return bool(self.stream_options and self.stream_options.include_usage)
 
     def refuse_unsupported(self) -> None:
         """A 400 (ConfigError naming the field) for a field structgen does not implement."""
@@ -134,13 +154,13 @@ class ChatCompletionRequest(_Common):
     (``delta.reasoning_content`` when streamed)."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None
     reasoning: bool = False
-    thinking_budget: int | None = Field(default=None, ge=0)
+    thinking_budget: int | None = Field(default=None, ge=0, le=MAX_COUNT)
     function_call: str | dict[str, Any] | None = None
 
     def budget(self) -> int | None:

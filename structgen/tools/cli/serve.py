@@ -4,6 +4,12 @@ Loads the model (alias or folder), builds the continuous-batching engine from th
 configuration (``speculative_decoding``, ``generation``: ``max_new_tokens`` is the default
 ``max_tokens``, ``speculative``; ``json_schema`` and ``compile`` limits) and serves it with
 uvicorn on ``--host:--port`` (loopback by default) until SIGINT / SIGTERM, then drains.
+
+The connection flags bound what one client can hold: ``--header-timeout`` and
+``--body-timeout`` (a request must arrive in time), ``--keep-alive-timeout`` (an idle
+connection is closed), ``--max-connections`` (beyond: 503). ``--allowed-hosts`` is the
+``Host`` allow-list (DNS rebinding); by default the loopback names and ``--host`` itself, or
+any name when ``--host`` is a wildcard address (0.0.0.0, ::). See docs/security.md.
 """
 
 from __future__ import annotations
@@ -20,6 +26,30 @@ from structgen.tools.cli._common import EXIT_OK, _load_settings, _Usage
 
 #: Environment variable read for the API key when ``--api-key`` is not given.
 API_KEY_ENV = "STRUCTGEN_API_KEY"
+
+
+def _seconds(text: str) -> float:
+    """argparse type: a finite number of seconds above 0 (at most a day)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
+    if not 0 < value <= 86400:  # also false for NaN
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds above 0 and at most 86400")
+    return value
+
+
+def _allowed_hosts(args: argparse.Namespace) -> tuple[str, ...]:
+    """The ``Host`` allow-list: ``--allowed-hosts`` (comma-separated) when given, else the
+    default for the bind address (:func:`structgen.serving.app.default_allowed_hosts`)."""
+    from structgen.serving.app import default_allowed_hosts
+
+    if args.allowed_hosts is None:
+        return default_allowed_hosts(args.host)
+    hosts = tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())
+    if not hosts:
+        raise _Usage("--allowed-hosts: give at least one host name, or * for any")
+    return hosts
 
 
 def _observer(metrics: Any) -> Any:
@@ -76,18 +106,22 @@ def build_app(args: argparse.Namespace) -> Any:
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     name = args.served_model_name or model_name
     return create_app(engine, model_name=name, api_key=api_key, max_body_bytes=args.max_body_bytes,
-                      metrics=metrics)
+                      metrics=metrics, allowed_hosts=_allowed_hosts(args), body_timeout_s=args.body_timeout)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from structgen.serving.app import run_server
 
+    hosts = _allowed_hosts(args)  # a bad --allowed-hosts is a usage error before the model loads
     app = build_app(args)
     where = f"http://{'[' + args.host + ']' if ':' in args.host else args.host}:{args.port}"
     print(f"structgen serve: model {app.state.engine.lm.model.name_or_path or args.model} on {where}/v1 "
-          f"({'API key required' if args.api_key or os.environ.get(API_KEY_ENV) else 'no API key'})",
+          f"({'API key required' if args.api_key or os.environ.get(API_KEY_ENV) else 'no API key'}; "
+          f"Host {'any' if '*' in hosts else ', '.join(hosts)})",
           file=sys.stderr, flush=True)
-    run_server(app, host=args.host, port=args.port, log_level=args.log_level)
+    run_server(app, host=args.host, port=args.port, log_level=args.log_level,
+               keep_alive_s=args.keep_alive_timeout, max_connections=args.max_connections,
+               header_timeout_s=args.header_timeout)
     return EXIT_OK
 
 
@@ -120,5 +154,18 @@ def add_parser(sub: Any, port_type: Any, positive_int: Any) -> None:
                    help="seconds a request may run before it ends with finish_reason length (default 600)")
     s.add_argument("--max-body-bytes", type=positive_int, default=4 << 20, metavar="N",
                    help="largest request body; beyond: 413 (default 4 MiB)")
+    s.add_argument("--allowed-hosts", metavar="HOSTS",
+                   help="comma-separated names the Host header may give (*.example.org: its subdomains; "
+                   "*: any); beyond: 421. Guards against DNS rebinding (default: localhost, 127.0.0.1, ::1 "
+                   "and --host; any when --host is 0.0.0.0 or ::)")
+    s.add_argument("--max-connections", type=positive_int, default=256, metavar="N",
+                   help="connections served at once; a request on one more gets 503 (default 256)")
+    s.add_argument("--keep-alive-timeout", type=_seconds, default=5.0, metavar="S",
+                   help="seconds an idle connection stays open between requests (default 5)")
+    s.add_argument("--header-timeout", type=_seconds, default=10.0, metavar="S",
+                   help="seconds a client has to send a request line and headers; then the connection "
+                   "is closed (default 10)")
+    s.add_argument("--body-timeout", type=_seconds, default=30.0, metavar="S",
+                   help="seconds a client has to send a request body; beyond: 408 (default 30)")
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     s.set_defaults(func=_cmd_serve)
