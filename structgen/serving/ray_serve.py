@@ -51,11 +51,14 @@ def deployment(model: str, *, config: str | None = None, name: str = "structgen"
                num_replicas: int | str | None = None, autoscaling_config: dict[str, Any] | None = None,
                ray_actor_options: dict[str, Any] | None = None, max_ongoing_requests: int = 256,
                api_key: str | None = None, served_model_name: str | None = None,
-               engine_options: dict[str, Any] | None = None) -> Any:
+               engine_options: dict[str, Any] | None = None,
+               allowed_hosts: tuple[str, ...] | None = None) -> Any:
     """A bound Ray Serve application serving ``model`` with the routes of ``structgen serve``
     (pass it to ``serve.run``). ``num_replicas`` / ``autoscaling_config`` /
     ``ray_actor_options`` / ``max_ongoing_requests`` go to ``serve.deployment``; ``config``,
-    ``api_key``, ``served_model_name`` and ``engine_options`` as for ``structgen serve``."""
+    ``api_key``, ``served_model_name`` and ``engine_options`` as for ``structgen serve``;
+    ``allowed_hosts``: the names the ``Host`` header may give (``("*",)``: any; None: the
+    loopback names and the address a request arrived on), as ``--allowed-hosts``."""
     from ray import serve
 
     @serve.ingress()
@@ -63,15 +66,15 @@ def deployment(model: str, *, config: str | None = None, name: str = "structgen"
         """One replica: a model, its engine and the FastAPI app."""
 
         def __init__(self, model: str, config: str | None, api_key: str | None, served: str,
-                     engine_options: dict[str, Any]) -> None:
-            self._args = (model, config, api_key, served, engine_options)
+                     engine_options: dict[str, Any], hosts: tuple[str, ...] | None) -> None:
+            self._args = (model, config, api_key, served, engine_options, hosts)
 
         def __serve_build_asgi_app__(self) -> Any:
             from structgen.serving.app import create_app
 
-            model, config, key, served, opts = self._args
+            model, config, key, served, opts, hosts = self._args
             engine = build_engine(model, config=config, **opts)
-            app = create_app(engine, model_name=served, api_key=key)
+            app = create_app(engine, model_name=served, api_key=key, allowed_hosts=hosts)
             try:
                 replica = str(serve.get_replica_context().replica_id.unique_id)
             except Exception:  # noqa: BLE001 - outside a replica (a local test of the class)
@@ -99,7 +102,8 @@ def deployment(model: str, *, config: str | None = None, name: str = "structgen"
     if ray_actor_options is not None:
         options["ray_actor_options"] = ray_actor_options
     dep = serve.deployment(StructgenReplica, **options)
-    return dep.bind(model, config, api_key, served_model_name or model, dict(engine_options or {}))
+    return dep.bind(model, config, api_key, served_model_name or model, dict(engine_options or {}),
+                    None if allowed_hosts is None else tuple(allowed_hosts))
 
 
 class Extractor:
