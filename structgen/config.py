@@ -103,20 +103,30 @@ class CompileOptions:
     max_states: NFA states over all rules (after inlining), and states of any automaton
         built eagerly (intersections/differences for length bounds, ``not``), before
         :class:`~structgen.errors.CompileLimitError` is raised. Rules themselves are
-        determinised lazily at run time, so a rule's DFA size is not limited here.
+        determinised lazily at run time, so a rule's DFA size is not limited here; but the
+        token-budget check before generation (``on_budget="close"``) builds the DFA states
+        it measures eagerly, at most 8 per NFA state (at least 20,000) and never more than
+        this (:mod:`structgen.grammar.completion`).
     timeout_s: wall-clock budget for one compilation before
-        :class:`~structgen.errors.CompileTimeoutError` is raised.
+        :class:`~structgen.errors.CompileTimeoutError` is raised; the token-budget check has
+        the same budget.
     max_rules: number of rules in the IR grammar.
+    max_literal_length: characters of one string literal or regular expression in Lark
+        grammar text, checked before the text is parsed (a long literal costs memory and time
+        in proportion at every stage); a longer one raises
+        :class:`~structgen.errors.GrammarError` at its line and column.
     """
 
     max_states: int = 200_000
     timeout_s: float = 30.0
     max_rules: int = 20_000
+    max_literal_length: int = 65_536
 
     def __post_init__(self) -> None:
         _check_int(self, "max_states", 1)
         _check_float(self, "timeout_s", 0, lo_open=True)
         _check_int(self, "max_rules", 1)
+        _check_int(self, "max_literal_length", 1)
 
 
 @dataclass(frozen=True)

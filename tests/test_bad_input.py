@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 
 import structgen
+from structgen import limits
 from structgen.config import CompileOptions
 from structgen.errors import (
     CompileLimitError,
@@ -142,8 +142,12 @@ def test_intersection_whose_dfa_explodes_hits_the_limit() -> None:
 
 def test_compile_timeout_is_configurable() -> None:
     schema = {"type": "string", "pattern": "^(a|b)*a(a|b){18}$", "maxLength": 60}
-    raises(CompileLimitError, lambda: structgen.compile_json_schema(
-        schema, compile_options=CompileOptions(timeout_s=0.05)), seconds=60)
+    # a step clock (1 ms a read) instead of the machine's: the 0.05 s strike comes after a
+    # fixed amount of work (the compiled kernels get the time left as a step budget), so it is
+    # the timeout that fires however fast the machine is, not the state limit
+    with limits.use_clock(limits.StepClock(step=0.001)):
+        raises(CompileTimeoutError, lambda: structgen.compile_json_schema(
+            schema, compile_options=CompileOptions(timeout_s=0.05)), seconds=60)
 
 
 def test_compile_timeout_names_the_schema_location() -> None:
@@ -155,9 +159,15 @@ def test_compile_timeout_names_the_schema_location() -> None:
     # whatever ran before
     structgen.compile_json_schema({"type": "object", "properties": {"n": {"type": "integer"}},
                                    "additionalProperties": False})
-    for timeout in (0.01, 0.3):  # fires while lowering the schema / while building the automaton
-        e = raises(CompileTimeoutError, lambda t=timeout: structgen.compile_json_schema(
-            schema, compile_options=CompileOptions(timeout_s=t)), seconds=60)
+    # a step clock (1 ms a read): where the deadline strikes depends on how often the compiler
+    # read the clock, not on the machine. 5 ms is the 7th read, while lowering the $ref at
+    # #/properties/s (reads 2-9 are the lowering's, one per subschema step); 0.3 s lets the
+    # lowering finish and strikes inside the pattern's automaton, whose kernel gets the time
+    # left as its step budget
+    for timeout in (0.005, 0.3):  # fires while lowering the schema / while building the automaton
+        with limits.use_clock(limits.StepClock(step=0.001)):
+            e = raises(CompileTimeoutError, lambda t=timeout: structgen.compile_json_schema(
+                schema, compile_options=CompileOptions(timeout_s=t)), seconds=60)
         assert isinstance(e, CompileTimeoutError)
         assert e.pointer in ("#/properties/s", "#/$defs/big") and e.pointer in str(e)
 
@@ -256,16 +266,27 @@ def test_lowering_timeout_names_the_innermost_location_and_keyword() -> None:
             {"allOf": [{"$ref": "#"}, {"required": ["type"], "properties": {"type": {}, "format": {}},
                                        "additionalProperties": False}]}]}},
     }
-    t0 = time.monotonic()
-    assert located(CompileTimeoutError, schema, timeout_s=0.5) == ("#/definitions/itemsObject", "oneOf")
-    assert time.monotonic() - t0 < 10  # the deadline is honoured while normalising, too
+    # A step clock (2 ms a read) makes the strike depend only on how often the lowering read
+    # the clock, never on the machine's speed (on a slow machine a 0.5 s wall-clock deadline
+    # struck at "#" "dependencies" instead). Left alone, this schema's lowering reads the clock
+    # about 520 times before it gives up (too many alternatives); most of those reads are made
+    # while complementing itemsObject's oneOf, in runs broken by single reads elsewhere. 0.5 s
+    # is the 251st read, inside the run from the 213th to the 276th.
+    clock = limits.StepClock(step=0.002)
+    with limits.use_clock(clock):
+        assert located(CompileTimeoutError, schema, timeout_s=0.5) == ("#/definitions/itemsObject", "oneOf")
+    assert clock.reads < 300  # the deadline is honoured while normalising, too
 
 
 def test_automaton_timeout_names_the_rule_location_and_keyword() -> None:
     structgen.compile_json_schema({"type": "string", "pattern": "^[a-c]+$"})  # warm the regex tables
     schema = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {
         "type": "string", "pattern": "^(a|b)*a(a|b){18}$", "maxLength": 60}}}
-    assert located(CompileLimitError, schema, timeout_s=0.5) == ("#/properties/s", "pattern")
+    # a step clock (1 ms a read): the lowering reads it fewer than twenty times, so the pattern's
+    # automaton starts with nearly all of the 0.5 s left, which its kernel gets as a step budget
+    # too small for 2**19 states: the timeout strikes there on any machine
+    with limits.use_clock(limits.StepClock(step=0.001)):
+        assert located(CompileTimeoutError, schema, timeout_s=0.5) == ("#/properties/s", "pattern")
 
 
 def test_structural_keyword_fallback() -> None:

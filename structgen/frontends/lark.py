@@ -84,6 +84,7 @@ from typing import TYPE_CHECKING, Any
 
 from structgen.errors import GrammarError, RegexError
 from structgen.frontends.lark_loader import (
+    definition_lines,
     directive_line,
     grammar_error,
     import_folders,
@@ -609,7 +610,8 @@ class _Ignore:
 
 def lark_to_grammar(text: str, *, start: str = "start",
                     import_paths: Sequence[str | os.PathLike[str]] = (),
-                    grammar_path: str | os.PathLike[str] | None = None) -> ir.Grammar:
+                    grammar_path: str | os.PathLike[str] | None = None,
+                    max_literal_length: int | None = None) -> ir.Grammar:
     """Convert Lark grammar ``text`` into a structgen :class:`~structgen.grammar.ir.Grammar`.
 
     The grammar's language is the set of strings ``lark.Lark(text, parser="earley",
@@ -627,13 +629,17 @@ def lark_to_grammar(text: str, *, start: str = "start",
     folder of ``grammar_path`` (the file ``text`` was read from; without it grammar text has no
     folder and relative imports are a GrammarError). Never the working folder; an import that
     is refused is a GrammarError with the line and column of the import.
+
+    A string literal or regular expression longer than ``max_literal_length`` characters
+    (default: ``CompileOptions.max_literal_length``) is a GrammarError at its line and column,
+    raised before Lark parses the text.
     """
     if not isinstance(text, str):
         raise TypeError(f"grammar text must be str, not {type(text).__name__}")
     if not isinstance(start, str) or not start:
         raise GrammarError("start must be a non-empty rule name")
     grammar = load_lark_grammar(text, import_paths=tuple(import_folders(import_paths)),
-                                grammar_path=grammar_path)
+                                grammar_path=grammar_path, max_literal_length=max_literal_length)
     try:
         conv = _Converter(grammar, text)
         rules = conv.convert(start)
@@ -690,6 +696,7 @@ def compile_lark(text: str, *, start: str = "start",
     Raises what :func:`lark_to_grammar` and :func:`~structgen.grammar.compiler.compile_grammar`
     raise (GrammarError, CompileLimitError, CompileTimeoutError).
     """
+    from structgen.config import CompileOptions
     from structgen.grammar.compiler import compile_grammar
     from structgen.grammar.gcpause import gc_paused
 
@@ -701,9 +708,15 @@ def compile_lark(text: str, *, start: str = "start",
         if hit is not None:
             _LRU.move_to_end(key)
             return hit
+    limit = (compile_options or CompileOptions()).max_literal_length
     with gc_paused():
         compiled = compile_grammar(lark_to_grammar(text, start=start, import_paths=imports,
-                                                   grammar_path=where), compile_options)
+                                                   grammar_path=where, max_literal_length=limit),
+                                   compile_options)
+    # the line of each rule, for the errors of the token-budget check
+    lines = definition_lines(text)
+    compiled.set_rule_sources(tuple(src._replace(line=lines.get(src.rule, src.line))
+                                    for src in compiled.rule_sources))
     with _LRU_LOCK:
         _LRU[key] = compiled
         _LRU.move_to_end(key)

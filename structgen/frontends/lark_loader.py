@@ -17,8 +17,8 @@ from typing import Any
 
 from structgen.errors import GrammarError, GrammarSyntaxError
 
-__all__ = ["directive_line", "grammar_error", "import_folders", "lark_import_loader", "load_lark_grammar",
-           "locate", "token_position"]
+__all__ = ["check_literal_lengths", "definition_lines", "directive_line", "grammar_error", "import_folders",
+           "lark_import_loader", "load_lark_grammar", "locate", "token_position"]
 
 
 # ---------------------------------------------------------------------------
@@ -94,6 +94,53 @@ def locate(text: str, name: str, *, definition: bool = False, nth: int = 0) -> t
     if len(hits) > nth:
         return hits[nth]
     return None, None
+
+
+def definition_lines(text: str) -> dict[str, int]:
+    """The (1-based) line of the first definition of each rule and terminal of ``text``
+    (one pass over its lines)."""
+    out: dict[str, int] = {}
+    for ln, raw in enumerate(text.splitlines(), start=1):
+        m = _DEF_HEAD.match(raw)
+        if m:
+            out.setdefault(m.group(1), ln)
+    return out
+
+
+# Lark's string literal and regular expression tokens (lark.load_grammar's STRING and REGEXP)
+# and its comments, which may hold either delimiter. An unterminated literal runs to the end of
+# its line (a string) or of the text (a regexp), so the scan never starts over inside one:
+# it is linear in the text.
+_LITERALS = re.compile(r'//[^\n]*|#[^\n]*|"(?:\\["\\]|[^"\n])*+(?:"|$)|/(?!/)(?:\\[/\\]|[^/])*+(?:/|\Z)',
+                       re.MULTILINE)
+_EXCERPT = 60  # characters of a long line shown around the caret of an error
+
+
+def check_literal_lengths(text: str, limit: int) -> None:
+    """Raise :class:`GrammarError` at the first string literal or regular expression of Lark
+    grammar ``text`` longer than ``limit`` characters (delimiters excluded), before Lark
+    parses it: a literal costs time and memory in proportion at every stage, Lark's own
+    parser included. Linear in the text; nothing to do for a text no longer than ``limit``."""
+    if len(text) <= limit:
+        return
+    for m in _LITERALS.finditer(text):
+        start, end = m.span()
+        if end - start - 2 <= limit or text[start] == "#" or text.startswith("//", start):
+            continue  # short enough, or a comment
+        line = text.count("\n", 0, start) + 1
+        bol = text.rfind("\n", 0, start) + 1
+        column = start - bol + 1
+        # the caret line, cut short around the literal's start (the line may be megabytes)
+        eol = text.find("\n", start)
+        eol = len(text) if eol < 0 else eol
+        lo = max(bol, start - _EXCERPT)
+        hi = min(eol, start + _EXCERPT)
+        excerpt = ("..." if lo > bol else "") + text[lo:hi] + ("..." if hi < eol else "")
+        pad = " " * (start - lo + (3 if lo > bol else 0))
+        kind = "string literal" if text[start] == '"' else "regular expression"
+        raise GrammarError(f"{kind} of {end - start - 2} characters is longer than "
+                           f"CompileOptions.max_literal_length={limit}", line=line, column=column,
+                           context=f"{excerpt}\n{pad}^")
 
 
 def directive_line(text: str, directive: str) -> tuple[int | None, int | None]:
@@ -274,14 +321,24 @@ def _import_position(text: str, dotted: str, positions: dict[str, tuple[int, int
 
 
 def load_lark_grammar(text: str, *, import_paths: Sequence[str | os.PathLike[str]] = (),
-                      grammar_path: str | os.PathLike[str] | None = None) -> Any:
+                      grammar_path: str | os.PathLike[str] | None = None,
+                      max_literal_length: int | None = None) -> Any:
     """Parse ``text`` with Lark's grammar loader; returns its ``Grammar`` (pre-EBNF trees).
 
     ``%import`` reads only through :class:`_ImportLoader`: packaged grammars, ``import_paths``
-    and (relative imports) the folder of ``grammar_path``; never the working folder.
+    and (relative imports) the folder of ``grammar_path``; never the working folder. A literal
+    longer than ``max_literal_length`` characters (default:
+    ``CompileOptions.max_literal_length``) is a GrammarError before Lark sees the text
+    (:func:`check_literal_lengths`).
     """
     from lark.exceptions import LarkError
     from lark.load_grammar import GrammarBuilder
+
+    if max_literal_length is None:
+        from structgen.config import CompileOptions
+
+        max_literal_length = CompileOptions().max_literal_length
+    check_literal_lengths(text, max_literal_length)
 
     loader = lark_import_loader(import_paths, grammar_path)
     positions: dict[str, tuple[int, int]] = {}

@@ -493,13 +493,21 @@ _MASK_WORKER_LOCK = threading.Lock()
 def check_budget(matcher: Matcher, max_new_tokens: int, *, request_index: int | None = None) -> None:
     """Raise :class:`~structgen.errors.TokenBudgetError` when ``max_new_tokens`` is below what
     the budget rule (``on_budget="close"``) needs from ``matcher``'s state: the greedy
-    tokenization of the shortest completion, plus EOS."""
-    need = matcher.tokens_to_finish()
+    tokenization of the shortest completion, plus EOS. Counts no further than
+    ``max_new_tokens``, so the check costs about the budget's worth of tokens however long the
+    shortest output is; the error's ``needed`` is then a lower bound. Raises
+    :class:`~structgen.errors.CompileLimitError` for a constraint whose automaton is too large
+    to measure."""
+    from structgen.masks.budget import UNREACHABLE
+
+    need = matcher.tokens_to_finish(limit=max_new_tokens)
     if need > max_new_tokens:
         from structgen.errors import TokenBudgetError
 
-        what = (f"needs at least {need} tokens (its shortest output, tokenized greedily, plus EOS)"
-                if need < (1 << 30) else "has no shortest output this vocabulary spells token by token")
+        # above the budget the count may have stopped early: "at least" is all that is known
+        what = (f"needs more than {max_new_tokens} tokens (at least {need}: its shortest output, "
+                "tokenized greedily, plus EOS)"
+                if need <= UNREACHABLE else "has no shortest output this vocabulary spells token by token")
         raise TokenBudgetError(f"max_new_tokens={max_new_tokens} is too small: the constraint {what}; "
                                "raise max_new_tokens, or pass on_budget='cut' to allow cut-short outputs",
                                needed=need, max_new_tokens=max_new_tokens, request_index=request_index)

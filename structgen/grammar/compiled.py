@@ -20,14 +20,31 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from structgen.config import CompileOptions
 from structgen.grammar import ir
 
-__all__ = ["CompiledGrammar", "CountedRule", "DfaRule", "LazyRule", "ProductRule", "grammar_key"]
+__all__ = ["CompiledGrammar", "CountedRule", "DfaRule", "LazyRule", "ProductRule", "RuleSource",
+           "grammar_key"]
+
+
+class RuleSource(NamedTuple):
+    """Where one compiled rule comes from, for errors raised while the grammar is used (the
+    token-budget check names the rule whose automaton it could not bound).
+
+    ``rule``: the source rule (a Lark rule, a JSON schema lowering's rule such as ``'s3'``; for
+    a rule the compiler made from a sub-expression, the rule it was made in); ``pointer`` and
+    ``keyword``: the JSON schema location and keyword it was made for; ``line``: the line of
+    its definition in Lark text. None where not known.
+    """
+
+    rule: str
+    pointer: str | None = None
+    keyword: str | None = None
+    line: int | None = None
 
 
 class LazyRule:
@@ -352,12 +369,21 @@ class CompiledGrammar:
     """
 
     def __init__(self, rules: tuple[LazyRule | DfaRule | ProductRule, ...], root: int, key: str | None,
-                 source: ir.Grammar | None = None, options: CompileOptions | None = None) -> None:
+                 source: ir.Grammar | None = None, options: CompileOptions | None = None, *,
+                 rule_origins: tuple[str, ...] | None = None,
+                 rule_exprs: tuple[ir.Expr | None, ...] | None = None) -> None:
         self._rules = rules
         self._root = root
         self._key = key  # None: computed from ``source`` and ``options`` when first asked for
         self._options = options
         self._source = source
+        origins = rule_origins if rule_origins is not None and len(rule_origins) == len(rules) else \
+            tuple(r.name for r in rules)
+        self._rule_sources = tuple(RuleSource(o) for o in origins)
+        # per rule, the IR sub-expression the compiler made it from (None: a source rule);
+        # front-ends read it once to place the rule in their source, it is not pickled
+        self._rule_exprs = rule_exprs if rule_exprs is not None and len(rule_exprs) == len(rules) else \
+            (None,) * len(rules)
         self._engine: Any = None
         self._engine_lock = threading.Lock()
         self.metadata: dict[str, Any] = {}
@@ -389,6 +415,35 @@ class CompiledGrammar:
         return self._source
 
     @property
+    def options(self) -> CompileOptions:
+        """The compile options this grammar was compiled with (the defaults for a grammar
+        loaded from storage, which does not keep them)."""
+        return self._options or CompileOptions()
+
+    @property
+    def rule_sources(self) -> tuple[RuleSource, ...]:
+        """Per rule (indexed like :attr:`rules`), where it comes from (:class:`RuleSource`):
+        the source rule's name from the compiler, the schema location or grammar line from the
+        front-end that compiled it (:meth:`set_rule_sources`)."""
+        return self._rule_sources
+
+    @property
+    def rule_exprs(self) -> tuple[ir.Expr | None, ...]:
+        """Per rule, the IR sub-expression the compiler made it from (an intersection, a
+        difference, a counted repetition), None for a rule of the source grammar and for every
+        rule of a grammar loaded from storage."""
+        return self._rule_exprs
+
+    def set_rule_sources(self, sources: tuple[RuleSource, ...]) -> None:
+        """Replace :attr:`rule_sources` (a front-end placing the rules in its source, once
+        compiled). The grammar is shared by content: the front-end that compiled it last
+        names the places, as with :attr:`metadata`. Raises ValueError for a tuple of the wrong
+        length."""
+        if len(sources) != len(self._rules) or not all(isinstance(x, RuleSource) for x in sources):
+            raise ValueError("rule_sources needs one RuleSource per rule")
+        self._rule_sources = tuple(sources)
+
+    @property
     def num_states(self) -> int:
         """NFA states over all rules (the compiled size; fixed at compile time)."""
         return sum(r.num_nfa_states for r in self._rules)
@@ -410,11 +465,15 @@ class CompiledGrammar:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"rules": self._rules, "root": self._root, "key": self.key,
-                "source": self._source, "metadata": self.metadata}
+                "source": self._source, "metadata": self.metadata,
+                "rule_sources": tuple(tuple(x) for x in self._rule_sources)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["rules"], state["root"], state["key"], state["source"])  # type: ignore[misc]
         self.metadata = state.get("metadata", {})
+        sources = state.get("rule_sources")
+        if sources is not None and len(sources) == len(self._rules):
+            self._rule_sources = tuple(RuleSource(*x) for x in sources)
 
     # -- runtime ------------------------------------------------------------
     @property

@@ -143,6 +143,7 @@ class _Compiler:
         self._regular_cache: dict[ir.Expr, Dfa] = {}
         self._hoist_done: dict[int, tuple[ir.Expr, ir.Expr]] = {}
         self.dfa_rules: list[DfaRule | ProductRule | CountedRule] = []
+        self.dfa_rule_owner: list[str] = []  # per entry of dfa_rules: the rule it was built in
         self._prefix_free: dict[ir.Expr, bool] = {}
         self.dfa_rule_index: dict[ir.Expr, int] = {}
         self.keep: set[str] = set()
@@ -163,6 +164,11 @@ class _Compiler:
         err.ir_exprs = tuple(self._regular_stack) if exprs is None else exprs
         err.ir_calls = frozenset(self.keep)
         return err
+
+    def _owner(self) -> str:
+        """The source rule of the rule being built (what a synthetic rule made now comes from)."""
+        name = self.where or self._hoist_owner or self.g.start
+        return self.origin.get(name, name)
 
     # -- limits ---------------------------------------------------------------
     def check_time(self) -> None:
@@ -328,7 +334,14 @@ class _Compiler:
         out: list[LazyRule | DfaRule | ProductRule] = [
             _lazy_rule(n, nfa, end) for n, (nfa, end) in zip(self.kept, trimmed)]
         out.extend(self.dfa_rules)
-        return CompiledGrammar(tuple(out), 0, None, source=self.g, options=self.opt)
+        # where each compiled rule comes from, for errors raised after compilation (the
+        # token-budget check names the rule whose states it could not bound)
+        made_from = {j: e for e, j in self.dfa_rule_index.items()}
+        origins = tuple(self.origin.get(n, n) for n in self.kept) + tuple(self.dfa_rule_owner)
+        exprs = (None,) * len(self.kept) + tuple(made_from.get(len(self.kept) + i)
+                                                  for i in range(len(self.dfa_rules)))
+        return CompiledGrammar(tuple(out), 0, None, source=self.g, options=self.opt,
+                               rule_origins=origins, rule_exprs=exprs)
 
     # -- NFA-level trimming and checks ------------------------------------------------
     def _trim_nfas(self, built: list[tuple[Nfa, int]]) -> list[tuple[Nfa, int]]:
@@ -497,6 +510,7 @@ class _Compiler:
             d = self._regular_operand(e.item, (self.where or self.g.start,))
             j = len(self.kept) + len(self.dfa_rules)
             self.dfa_rule_index[e] = j
+            self.dfa_rule_owner.append(self._owner())
             self.dfa_rules.append(CountedRule(f"__cnt{j}", d.trans, d.accept, e.min,  # type: ignore[arg-type]
                                               e.max))
         return j
@@ -648,6 +662,7 @@ class _Compiler:
         if j is None:
             j = len(self.kept) + len(self.dfa_rules)
             self.dfa_rule_index[e] = j
+            self.dfa_rule_owner.append(self._owner())
             self.dfa_rules.append(ProductRule(f"__diff{j}", a, b))  # type: ignore[arg-type]
         return self._call_adder(j)
 
@@ -675,6 +690,7 @@ class _Compiler:
                     _DFA_RULES.move_to_end(e)
             j = len(self.kept) + len(self.dfa_rules)
             self.dfa_rule_index[e] = j
+            self.dfa_rule_owner.append(self._owner())
             self.dfa_rules.append(rule)
         return j
 

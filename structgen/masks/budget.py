@@ -31,6 +31,16 @@ completion and tokenizing it). The largest ``D`` over the ends bounds the worst 
 configurations met closer to the end. The same bound answers :meth:`BudgetTable.allows` for a
 draft token far from the end. Everything is keyed by configuration ids and dropped with the
 runtime's tables.
+
+Close to the end only whether ``U`` fits matters, never how far it overshoots, and a hostile
+constraint can make ``w(c)`` enormous (a string of ``minLength`` 10^9). So every count takes
+the budget it is compared with (:meth:`BudgetTable.tokens_needed`'s ``cap``): with ``Lmax``
+the longest token's length, no tokenization of ``D`` bytes has fewer than ``ceil(D / Lmax)``
+tokens, so where that exceeds the cap the answer is "more than the cap" without spelling a
+byte; otherwise the completion is spelled and tokenized together, and counting stops once it
+passes the cap. A count above the cap is a lower bound and is never kept as if exact (the
+table is shared by requests with different budgets); a verdict ``U(c.t) <= R - 2`` is the same
+either way. No count spells more than about ``(cap + 2) * Lmax`` bytes.
 """
 
 from __future__ import annotations
@@ -42,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from structgen.grammar.completion import INFINITE, completion_lengths
+from structgen.grammar.completion import INFINITE, LONGEST, completion_lengths
 from structgen.masks import trie as native
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -97,11 +107,16 @@ class BudgetTable:
         self._by_bytes, self._by_first, self._slot_ids, self._slot_eos, self._trie = part
         # U(x) <= D(x) holds when every byte value is a token of its own (module docstring)
         self._bytes_bound = all(bytes([b]) in self._by_bytes for b in range(256))
-        self._need: dict[int, int] = {}
-        self._worst: dict[int, int] = {}
+        #: the longest token's length in bytes: no tokenization of D bytes has fewer than D / max_len tokens
+        self.max_len = max((ln[0] for ln in self._by_first if ln), default=1)
+        self._need: dict[int, int] = {}  # configuration -> U (exact values only)
+        # configuration -> (its worst next need, the cap it was counted with: exact when at most
+        # the cap, else only known to be above it; None: no cap)
+        self._worst: dict[int, tuple[int, int | None]] = {}
         self._bound: dict[int, int] = {}  # configuration -> an upper bound of its worst next need
-        # configuration -> (live token slots, U after each): vocabulary-sized arrays are not kept
-        self._next: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        # configuration -> (live token slots, U after each, the cap they were counted with):
+        # vocabulary-sized arrays are not kept
+        self._next: OrderedDict[int, tuple[np.ndarray, np.ndarray, int | None]] = OrderedDict()
         self._live: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._masks: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
         self._walk_out = np.empty(self._slot_ids.size, dtype=np.int32)  # reused by every walk
@@ -124,44 +139,73 @@ class BudgetTable:
                 return ln
         return 0
 
-    def tokens_needed(self, cid: int) -> int:
-        """``U(cid)``: tokens of the greedy tokenization of the first shortest completion
-        (0 when ``cid`` accepts; UNREACHABLE when none exists or cannot be spelled).
+    def _at_least(self, distance: int) -> int:
+        """Fewest tokens any tokenization of ``distance`` bytes has (no token is longer than
+        :attr:`max_len`), below UNREACHABLE."""
+        return min(-(-distance // self.max_len), UNREACHABLE - 1)
 
-        Memoised at every token boundary of that tokenization too: the configuration after
-        its first ``j`` tokens has the rest of the completion as its own first shortest
-        completion, and the rest of the tokenization as that one's."""
+    def tokens_needed(self, cid: int, cap: int | None) -> int:
+        """``U(cid)``: tokens of the greedy tokenization of the first shortest completion
+        (0 when ``cid`` accepts; UNREACHABLE when none exists or cannot be spelled), exact
+        when it is at most ``cap``. Above ``cap`` the answer may be a lower bound (still above
+        ``cap``, below UNREACHABLE): counting stops there, so that the work is about ``cap``
+        tokens however long the completion. ``cap`` None counts to the end (the time and
+        table space grow with the completion's length), but for a completion too long to
+        measure (:data:`~structgen.grammar.completion.LONGEST` bytes or more), which is never
+        spelled: its count is a lower bound too.
+
+        Exact answers are memoised at every token boundary of that tokenization too: the
+        configuration after its first ``j`` tokens has the rest of the completion as its own
+        first shortest completion, and the rest of the tokenization as that one's."""
         need = self._need
         got = need.get(cid)
         if got is not None:
             return got
-        w = self.lengths.completion(cid) if cid >= 0 else None
-        if w is None:
-            need[cid] = UNREACHABLE
-            return UNREACHABLE
-        rt = self.runtime
+        lengths = self.lengths
+        left = lengths.distance(cid)  # bytes of the completion (INFINITE for cid < 0)
+        if left >= INFINITE or left == 0:
+            need[cid] = UNREACHABLE if left else 0
+            return need[cid]
+        if (cap is not None and self._at_least(left) > cap) or left >= LONGEST:
+            return self._at_least(left)  # too long to spell, or to need counting
         seen: list[tuple[int, int]] = []  # (configuration at a token boundary, tokens before it)
-        c, i, n = cid, 0, 0
-        total = -1
-        while i < len(w):
+        ahead = b""  # the completion's bytes spelled past the boundary ...
+        ends: list[int] = []  # ... and the configuration after each of them
+        tail = cid  # the configuration after the last byte spelled
+        c, n = cid, 0
+        while True:
             known = need.get(c)
             if known is not None:
                 total = n + known
                 break
+            if left == 0:
+                total = n
+                break
+            if cap is not None and n > cap:
+                return min(n + self._at_least(left), UNREACHABLE - 1)
             seen.append((c, n))
-            ln = self._longest(w, i)
+            if len(ahead) < self.max_len:  # spell as far as the longest token reaches
+                more = bytearray()
+                while len(ahead) + len(more) < self.max_len:
+                    step = lengths.next_byte(tail)
+                    if step is None:
+                        break
+                    more.append(step[0])
+                    tail = step[1]
+                    ends.append(tail)
+                ahead += bytes(more)
+            ln = self._longest(ahead, 0)
             if not ln:
                 total = UNREACHABLE
                 break
-            for b in w[i:i + ln]:
-                c = rt.step(c, b)
-            i += ln
+            c = ends[ln - 1]
+            ahead = ahead[ln:]
+            del ends[:ln]
+            left -= ln
             n += 1
-        if total < 0:
-            total = n
         for x, before in seen:
             need[x] = total if total >= UNREACHABLE else total - before
-        need.setdefault(cid, total)  # an accepting cid (empty completion) is not in ``seen``
+        need.setdefault(cid, total)
         return need[cid]
 
     def _ends(self, cid: int) -> np.ndarray:
@@ -197,89 +241,102 @@ class BudgetTable:
             self._live.popitem(last=False)
         return got
 
-    def _live_needs(self, cid: int) -> tuple[np.ndarray, np.ndarray]:
-        """(the token slots ``cid`` allows, EOS left out; ``U`` of the configuration after each)."""
+    def _live_needs(self, cid: int, cap: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """(the token slots ``cid`` allows, EOS left out; ``U`` of the configuration after each,
+        exact up to ``cap`` and only known to be above it beyond, see :meth:`tokens_needed`)."""
         got = self._next.get(cid)
-        if got is not None:
+        if got is not None and (got[2] is None or (cap is not None and cap <= got[2])):
+            # counted with a cap at least this one: what was above it is above this one too
             self._next.move_to_end(cid)
-            return got
+            return got[0], got[1]
         slots, at = self._live_ends(cid)
         need = np.full(slots.size, UNREACHABLE, dtype=np.int32)
         if slots.size:
             # the distinct end configurations (small ids: a count table, no sort)
             uniq = np.flatnonzero(np.bincount(at))
             per = np.zeros(int(uniq[-1]) + 1, dtype=np.int32)
-            per[uniq] = [min(self.tokens_needed(int(c)), UNREACHABLE) for c in uniq.tolist()]
+            per[uniq] = [min(self.tokens_needed(int(c), cap), UNREACHABLE) for c in uniq.tolist()]
             need = per[at]
-        got = (slots, need)
-        self._next[cid] = got
+        self._next[cid] = (slots, need, cap)
         if len(self._next) > _NEXT_KEPT:
             self._next.popitem(last=False)
         # UNREACHABLE when a live token leads to where no completion is spelled
-        self._worst[cid] = int(need.max()) if need.size else -1
-        return got
+        self._worst[cid] = (int(need.max()) if need.size else -1, cap)
+        return slots, need
 
-    def next_needs(self, cid: int) -> np.ndarray:
+    def next_needs(self, cid: int, cap: int | None = None) -> np.ndarray:
         """Per token slot, ``U`` of the configuration after that token (UNREACHABLE where
-        the token is rejected; EOS slots too: EOS is decided by acceptance alone)."""
-        slots, need = self._live_needs(cid)
+        the token is rejected; EOS slots too: EOS is decided by acceptance alone); exact up
+        to ``cap``, above it only known to be above (None: exact, whatever it costs)."""
+        slots, need = self._live_needs(cid, cap)
         out = np.full(self._slot_ids.size, UNREACHABLE, dtype=np.int32)
         out[slots] = need
         return out
 
-    def worst_next(self, cid: int) -> int:
+    def worst_next(self, cid: int, cap: int | None = None) -> int:
         """The largest ``U`` over the configurations the allowed tokens lead to (-1 when only
-        EOS is allowed)."""
+        EOS is allowed): exact when at most ``cap``, else a number above ``cap`` (None: exact,
+        whatever it costs)."""
         got = self._worst.get(cid)
-        if got is None:
-            self._live_needs(cid)
-            got = self._worst[cid]
-        return got
+        if got is not None:
+            value, used = got
+            if used is None or value <= used or (cap is not None and cap <= used):
+                return value
+        self._live_needs(cid, cap)
+        return self._worst[cid][0]
 
-    def worst_bound(self, cid: int) -> int:
+    def worst_bound(self, cid: int) -> int | None:
         """An upper bound of :meth:`worst_next` that costs no tokenization: the largest
         shortest-completion length in bytes over the allowed tokens' ends where every byte is
-        a token (module docstring), else :meth:`worst_next` itself."""
+        a token (module docstring), or the exact worst need where already known; None where
+        neither is at hand."""
         got = self._worst.get(cid)
-        if got is not None:
-            return got
-        got = self._bound.get(cid)
-        if got is not None:
-            return got
+        if got is not None and (got[1] is None or got[0] <= got[1]):
+            return got[0]
+        got2 = self._bound.get(cid)
+        if got2 is not None:
+            return got2
         if not self._bytes_bound:
-            return self.worst_next(cid)
+            return None
         _, at = self._live_ends(cid)
         if at.size == 0:
-            got = -1
+            bound = -1
         else:
             dist = self.lengths.distance
-            got = max(dist(int(c)) for c in np.flatnonzero(np.bincount(at)).tolist())
-            got = UNREACHABLE if got >= INFINITE else got
-        self._bound[cid] = got
-        return got
+            bound = max(dist(int(c)) for c in np.flatnonzero(np.bincount(at)).tolist())
+            bound = UNREACHABLE if bound >= INFINITE else bound
+        self._bound[cid] = bound
+        return bound
+
+    def _room(self, cid: int, threshold: int) -> bool:
+        """Whether every allowed token's need is at most ``threshold`` (the rule removes
+        nothing), counting no further than the threshold."""
+        bound = self.worst_bound(cid)
+        if bound is not None and bound <= threshold:
+            return True
+        return self.worst_next(cid, max(threshold, -1)) <= threshold
 
     def narrows(self, cid: int, budget: int) -> bool:
         """Whether the rule removes a grammar-allowed token at ``cid`` with ``budget`` tokens
         left (this position included)."""
-        if self.worst_bound(cid) <= budget - 2:
-            return False
-        return self.worst_next(cid) > budget - 2
+        return not self._room(cid, budget - 2)
 
     def allows(self, cid: int, after: int, budget: int) -> bool:
         """Whether a token from ``cid`` to configuration ``after`` (not EOS) keeps the rule
         with ``budget`` tokens left (this position included)."""
         if after < 0:
             return False
-        if self._bytes_bound and after not in self._need and self.lengths.distance(after) <= budget - 2:
+        thr = budget - 2
+        if self._bytes_bound and after not in self._need and self.lengths.distance(after) <= thr:
             return True  # U(after) <= D(after)
-        return self.tokens_needed(after) <= budget - 2
+        return self.tokens_needed(after, max(thr, -1)) <= thr
 
     def mask(self, cid: int, words: np.ndarray, budget: int) -> np.ndarray:
         """The grammar's mask ``words`` (packed uint32) of ``cid`` narrowed by the rule with
         ``budget`` tokens left (this position included); ``words`` itself when the rule
         removes nothing."""
         thr = budget - 2
-        if self.worst_bound(cid) <= thr or self.worst_next(cid) <= thr:
+        if self._room(cid, thr):
             return words
         thr = max(thr, -1)
         key = (cid, thr)
@@ -287,7 +344,7 @@ class BudgetTable:
         if got is not None:
             self._masks.move_to_end(key)
             return got
-        slots, need = self._live_needs(cid)
+        slots, need = self._live_needs(cid, thr)
         keep = np.zeros(self.vt.num_words * 32, dtype=bool)
         keep[self._slot_ids[slots[need <= thr]]] = True
         keep[self.vt.eos_ids] = True  # EOS: as the grammar's mask says (where it accepts)

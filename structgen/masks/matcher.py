@@ -547,17 +547,29 @@ class Matcher:
                 return False
             return self._masks.budget_table(self._vt).narrows(cid, int(budget))
 
-    def tokens_to_finish(self) -> int:
+    def tokens_to_finish(self, limit: int | None = None) -> int:
         """Tokens the budget rule needs to end from here, EOS included: the greedy
         tokenization of the first shortest completion, plus one (0 once terminated;
-        :data:`~structgen.masks.budget.UNREACHABLE` + 1 when no completion can be spelled)."""
+        :data:`~structgen.masks.budget.UNREACHABLE` + 1 when no completion can be spelled).
+
+        With ``limit`` (the budget it is compared with): exact when at most ``limit``; above
+        it, a number above ``limit`` that may be only a lower bound, because counting stops
+        there -- so a constraint whose shortest output is huge costs about ``limit`` tokens'
+        work, not its length. Without, the count is exact whatever it costs. Raises
+        :class:`~structgen.errors.CompileLimitError` (or its timeout) when the constraint's
+        automaton is too large to measure (see :mod:`structgen.grammar.completion`)."""
+        cap = None
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)):
+                raise MatcherUsageError(f"limit must be an integer or None, not {limit!r}")
+            cap = int(limit) - 1
         eng = self._eng
         with eng.lock:
             self._sync()
             cid = self._hist[-1]
             if cid == _TERMINATED:
                 return 0
-            return self._masks.budget_table(self._vt).tokens_needed(cid) + 1
+            return self._masks.budget_table(self._vt).tokens_needed(cid, cap) + 1
 
     def is_token_allowed(self, token_id: int) -> bool:
         """Whether the grammar allows ``token_id`` now (state unchanged); out-of-vocabulary

@@ -62,7 +62,7 @@ from structgen.errors import (
     UnsupportedFeatureError,
 )
 from structgen.frontends.json_schema.algebra import Normalizer
-from structgen.frontends.json_schema.diagnostics import explain_unsat, locate_automaton_error
+from structgen.frontends.json_schema.diagnostics import explain_unsat, locate_automaton_error, rule_sources
 from structgen.frontends.json_schema.document import Loc, SchemaDoc, _draft_of, parse_schema_text
 from structgen.frontends.json_schema.keywords import structural_keyword
 from structgen.frontends.json_schema.lower import Lowering
@@ -286,6 +286,8 @@ def _compile(schema: Any, options: JsonSchemaOptions, copts: CompileOptions,
     except CompileLimitError as e:
         _locate_limit_error(e, low, grammar)
         raise
+    # where each compiled rule comes from, for the errors of the token-budget check
+    cg.set_rule_sources(rule_sources(cg, grammar, low.rule_where, low.rule_kw, low.expr_kw, low.doc))
     return cg, warnings
 
 

@@ -10,6 +10,9 @@ answer). Three questions:
   location and keyword produced it (:func:`locate_automaton_error`);
 * a location without a better answer: the keyword there whose subschema is largest
   (:func:`structural_keyword`).
+
+One more, answered once per compilation because it is cheap: where each compiled rule comes
+from (:func:`rule_sources`), for errors raised when the grammar is used rather than built.
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ from structgen.frontends.json_schema.keywords import (
     node_at,
     structural_keyword,
 )
+from structgen.frontends.json_schema.patterns import compile_pattern
 from structgen.frontends.json_schema.records import FALSE, TRUE
 from structgen.grammar import ir
+from structgen.grammar.compiled import CompiledGrammar, LazyRule, RuleSource
 
-__all__ = ["DIAGNOSIS_BUDGET_S", "explain_unsat", "locate_automaton_error"]
+__all__ = ["DIAGNOSIS_BUDGET_S", "explain_unsat", "locate_automaton_error", "rule_sources"]
 
 DIAGNOSIS_BUDGET_S = 2.0
 """Seconds a diagnosis may take (on top of the failed compilation)."""
@@ -335,3 +340,157 @@ def locate_automaton_error(e: CompileLimitError, doc: SchemaDoc | None, rules: M
     if kw is None and ptr is not None:
         kw = structural_keyword(doc, ptr)
     return ptr, kw
+
+
+# ---------------------------------------------------------------------------
+# compiled rules -> schema locations (for errors raised while the grammar is used)
+# ---------------------------------------------------------------------------
+
+_SOURCE_WALK = 200_000  # IR nodes visited placing the rules, at most (then coarser answers)
+_ESCAPES = ("all", "canonical")
+
+
+def _pattern_sites(doc: SchemaDoc) -> dict[ir.Expr, tuple[str, str]]:
+    """Every regular expression of the schema documents -- ``pattern``, ``patternProperties``
+    keys, ``propertyNames``' patterns -- by its compiled language (in each escape form):
+    (pointer of the schema holding it, its keyword). The patterns are the parts of a schema
+    whose automata can grow exponentially when determinised."""
+    sites: dict[ir.Expr, tuple[str, str]] = {}
+
+    def add(p: Any, where: str, kw: str) -> None:
+        if not isinstance(p, str):
+            return
+        for esc in _ESCAPES:
+            try:
+                sites.setdefault(compile_pattern(p, esc), (where, kw))
+            except StructgenError:
+                return
+
+    for loc in list(doc.bases):
+        try:
+            node = doc.node(loc)
+        except StructgenError:
+            continue
+        if not isinstance(node, dict):
+            continue
+        where = doc.pointer(loc)
+        add(node.get("pattern"), where, "pattern")
+        pats = node.get("patternProperties")
+        if isinstance(pats, dict):
+            for p in pats:
+                add(p, where, "patternProperties")
+    return sites
+
+
+class _RuleWalk:
+    """Walks rule bodies (following the references the compiler inlined) to find where
+    sub-expressions sit: the schema location each inlined rule stands for, and the patterns
+    whose languages appear (a pattern searched in a string is spliced into its sequence, so a
+    sequence that holds a pattern's items in a row holds the pattern)."""
+
+    def __init__(self, rules: Mapping[str, ir.Expr], called: set[str], rule_where: Mapping[str, str],
+                 sites: dict[ir.Expr, tuple[str, str]]) -> None:
+        self.rules, self.called, self.rule_where, self.sites = rules, called, rule_where, sites
+        # first item -> (the items, the sequence) of each pattern that is a sequence
+        self.runs: dict[ir.Expr, list[tuple[tuple[ir.Expr, ...], ir.Expr]]] = {}
+        for e in sites:
+            if isinstance(e, ir.Seq) and e.items:
+                self.runs.setdefault(e.items[0], []).append((e.items, e))
+        self.left = _SOURCE_WALK
+
+    def walk(self, rule: str, wanted: set[ir.Expr]) -> tuple[list[tuple[ir.Expr, tuple[str, str]]],
+                                                              dict[ir.Expr, str]]:
+        """(the patterns found in ``rule``'s body: (language, site)); the pointer of the
+        innermost inlined rule each expression of ``wanted`` sits in)."""
+        found: list[tuple[ir.Expr, tuple[str, str]]] = []
+        placed: dict[ir.Expr, str] = {}
+        body = self.rules.get(rule)
+        if body is None:
+            return found, placed
+        seen: set[int] = set()
+        stack: list[tuple[ir.Expr, str]] = [(body, self.rule_where.get(rule, "#"))]
+        while stack and self.left > 0:
+            x, where = stack.pop()
+            if id(x) in seen:
+                continue
+            seen.add(id(x))
+            self.left -= 1
+            if x in wanted:
+                placed.setdefault(x, where)
+            site = self.sites.get(x)
+            if site is not None:
+                found.append((x, site))
+                continue
+            if isinstance(x, ir.Seq):
+                items = x.items
+                for i, item in enumerate(items):
+                    for run, seq in self.runs.get(item, ()):
+                        if items[i:i + len(run)] == run:
+                            found.append((seq, self.sites[seq]))
+                stack.extend((c, where) for c in items)
+            elif isinstance(x, ir.Alt):
+                stack.extend((c, where) for c in x.items)
+            elif isinstance(x, ir.Repeat):
+                stack.append((x.item, where))
+            elif isinstance(x, (ir.And, ir.Diff)):
+                stack.extend(((x.left, where), (x.right, where)))
+            elif isinstance(x, ir.Ref) and x.name not in self.called and x.name in self.rules:
+                stack.append((self.rules[x.name], self.rule_where.get(x.name, where)))
+        return found, placed
+
+
+def rule_sources(cg: CompiledGrammar, grammar: ir.Grammar, rule_where: Mapping[str, str],
+                 rule_kw: Mapping[str, str], expr_kw: Mapping[ir.Expr, str],
+                 doc: SchemaDoc) -> tuple[RuleSource, ...]:
+    """Per compiled rule of ``cg`` (compiled from the lowering's ``grammar``), its schema
+    location and keyword. A rule the compiler made from a sub-expression gets that
+    expression's keyword and the location of the rule it sits in; a rule of the grammar gets
+    the pattern in its body whose automaton is largest -- patterns are what can make a rule's
+    determinised automaton explode -- else its own location and keyword. Costs one walk of
+    the grammar (at most :data:`_SOURCE_WALK` nodes)."""
+    from structgen.grammar.passes import expr_size
+
+    sources = cg.rule_sources
+    exprs = cg.rule_exprs
+    called = {r.name for r in cg.rules if isinstance(r, LazyRule)}
+    sites = _pattern_sites(doc)
+    walker = _RuleWalk(grammar.rules, called, rule_where, sites)
+    wanted_by_owner: dict[str, set[ir.Expr]] = {}
+    for src, e in zip(sources, exprs):
+        if e is not None:
+            wanted_by_owner.setdefault(src.rule, set()).add(e)
+    walks: dict[str, tuple[list[tuple[ir.Expr, tuple[str, str]]], dict[ir.Expr, str]]] = {}
+    structural: dict[str, str | None] = {}  # pointer -> its structural keyword (sizes the schema there)
+    out = []
+    for i, (src, e) in enumerate(zip(sources, exprs)):
+        owner = src.rule
+        if owner not in walks:
+            walks[owner] = walker.walk(owner, wanted_by_owner.get(owner, set())) if (
+                sites or owner in wanted_by_owner) else ([], {})
+        found, placed = walks[owner]
+        ptr, kw = rule_where.get(owner), rule_kw.get(owner)
+        if e is not None:
+            inner = [(x, site) for x, site in found if x == e or _holds(e, x)]
+            if inner:
+                ptr, kw = max(inner, key=lambda f: expr_size(f[0]))[1]
+            else:
+                ptr = placed.get(e, ptr)
+            kw = expr_kw.get(e, kw)
+        elif isinstance(cg.rules[i], LazyRule) and found:
+            ptr, kw = max(found, key=lambda f: expr_size(f[0]))[1]
+        ptr = ptr or "#"  # every rule is somewhere in the schema: the root at the coarsest
+        if kw is None:
+            if ptr not in structural:
+                structural[ptr] = structural_keyword(doc, ptr)
+            kw = structural[ptr]
+        out.append(RuleSource(src.rule, ptr, kw, src.line))
+    return tuple(out)
+
+
+def _holds(e: ir.Expr, part: ir.Expr) -> bool:
+    """Is ``part`` one of the operands of intersection/difference ``e`` (or ``e``'s item)?"""
+    if isinstance(e, (ir.And, ir.Diff)):
+        return part in (e.left, e.right)
+    if isinstance(e, ir.Repeat):
+        return part == e.item
+    return False
