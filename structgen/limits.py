@@ -21,9 +21,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
+
 from structgen.errors import RequestCancelledError
 
-__all__ = ["Scope", "StepClock", "check", "current", "deadline_within", "now", "scope", "use_clock"]
+__all__ = ["Scope", "StepClock", "check", "current", "deadline_within", "new_stop_cell", "now", "scope",
+           "stop_cell", "use_clock"]
 
 _clock: Callable[[], float] = time.monotonic
 
@@ -61,13 +64,25 @@ class StepClock:
         return self.t
 
 
+def new_stop_cell() -> np.ndarray:
+    """A stop cell (int8 ``[1]``, 0): whoever cancels a request sets it to 1, from any thread;
+    Python loops read it through :func:`check`, compiled kernels directly (they take
+    :func:`stop_cell` as an argument)."""
+    return np.zeros(1, dtype=np.int8)
+
+
+_NEVER = new_stop_cell()  # the cell of work outside any cancellable scope: never set
+
+
 @dataclass(frozen=True)
 class Scope:
-    """The limits of the work in progress: ``deadline`` (a :func:`now` value, or None) and
-    ``cancelled`` (a test that is true once nobody wants the result, or None)."""
+    """The limits of the work in progress: ``deadline`` (a :func:`now` value, or None),
+    ``cancelled`` (a test that is true once nobody wants the result, or None) and ``cell``
+    (a stop cell, :func:`new_stop_cell`, or None)."""
 
     deadline: float | None = None
     cancelled: Callable[[], bool] | None = None
+    cell: np.ndarray | None = None
 
 
 _current: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("structgen_limits", default=None)
@@ -80,11 +95,14 @@ def current() -> Scope | None:
 
 @contextmanager
 def scope(*, timeout_s: float | None = None, deadline: float | None = None,
-          cancelled: Callable[[], bool] | None = None) -> Iterator[Scope]:
+          cancelled: Callable[[], bool] | None = None, cell: np.ndarray | None = None) -> Iterator[Scope]:
     """Run the block under a deadline (``timeout_s`` seconds from now, or ``deadline``, a
-    :func:`now` value; the earlier of the two) and a cancellation test. A scope inside
-    another keeps the earlier deadline and both tests."""
+    :func:`now` value; the earlier of the two) and a cancellation test and/or stop cell. A
+    scope inside another keeps the earlier deadline, both tests and the outer cell (when it
+    gives none of its own)."""
     outer = _current.get()
+    if outer is not None and cell is None:
+        cell = outer.cell
     if timeout_s is not None:
         deadline = now() + timeout_s if deadline is None else min(deadline, now() + timeout_s)
     tests = cancelled
@@ -94,7 +112,7 @@ def scope(*, timeout_s: float | None = None, deadline: float | None = None,
         if outer.cancelled is not None:
             tests = outer.cancelled if cancelled is None else (
                 lambda a=outer.cancelled, b=cancelled: a() or b())
-    token = _current.set(Scope(deadline, tests))
+    token = _current.set(Scope(deadline, tests, cell))
     try:
         yield _current.get()  # type: ignore[misc]
     finally:
@@ -114,5 +132,14 @@ def check() -> None:
     request was cancelled. (Deadlines are checked by the loops that own them, which know what
     to name in their error; they take the scope's deadline through :func:`deadline_within`.)"""
     sc = _current.get()
-    if sc is not None and sc.cancelled is not None and sc.cancelled():
+    if sc is None:
+        return
+    if (sc.cell is not None and sc.cell[0]) or (sc.cancelled is not None and sc.cancelled()):
         raise RequestCancelledError("the request was cancelled (its client went away)")
+
+
+def stop_cell() -> np.ndarray:
+    """The current scope's stop cell, for a compiled kernel to poll (a cell never set outside
+    a scope that has one)."""
+    sc = _current.get()
+    return _NEVER if sc is None or sc.cell is None else sc.cell

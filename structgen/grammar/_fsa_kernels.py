@@ -4,7 +4,9 @@ minimisation. DFAs are transition tables ``trans`` (int32 ``[n, 256]``, -1 = no 
 = start) with an accepting flag per state.
 
 Every kernel takes a work budget (a count of inner steps, derived by the caller from the
-compile deadline) and returns a status: OK, LIMIT (more states than allowed) or OUT_OF_TIME.
+compile deadline) and a stop cell (int8 ``[1]``, :func:`structgen.limits.stop_cell`: set once
+the request is cancelled, from another thread) and returns a status: OK, LIMIT (more states
+than allowed) or OUT_OF_TIME (the budget spent, or the cell set).
 Without numba (or with ``STRUCTGEN_NATIVE=0``) they run as plain Python: correct, slow.
 """
 
@@ -94,7 +96,7 @@ def _closures(eps_o, eps, imp, need):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def determinise(eps_o, eps, edg_o, edg, start, end, limit, budget):  # type: ignore[no-untyped-def]
+def determinise(eps_o, eps, edg_o, edg, start, end, limit, budget, stop):  # type: ignore[no-untyped-def]
     """Subset construction of a call-free NFA (CSR: epsilon edges; byte edges ``(lo, hi,
     target)``). A DFA state is the set of *important* NFA states of an epsilon closure (those
     with byte edges, or ``end``). Returns ``(status, trans [n, 256], accept [n])``."""
@@ -188,7 +190,7 @@ def determinise(eps_o, eps, edg_o, edg, start, end, limit, budget):  # type: ign
             key = buf[:m]
             key.sort()
             work += 4 * m + (b - a) + 16
-            if work > budget:
+            if work > budget or stop[0] != 0:
                 return OUT_OF_TIME, np.zeros((0, 256), np.int32), np.zeros(0, np.bool_)
             h = _mix(np.int64(m) * _GOLD)
             for q in range(m):
@@ -295,7 +297,7 @@ def column_classes(ta, tb):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def product(ta, acc_a, tb, acc_b, is_and, limit, budget):  # type: ignore[no-untyped-def]
+def product(ta, acc_a, tb, acc_b, is_and, limit, budget, stop):  # type: ignore[no-untyped-def]
     """``A & B`` or ``A - B`` of two DFA tables (missing edges = dead), explored from the
     start pair. Returns ``(status, trans [n, 256], accept [n])``."""
     class_of, firsts = column_classes(ta, tb)
@@ -363,7 +365,7 @@ def product(ta, acc_a, tb, acc_b, is_and, limit, budget):  # type: ignore[no-unt
                     hv = hv2
             ctrans[i, c] = j
         work += 4 * nc + 16
-        if work > budget:
+        if work > budget or stop[0] != 0:
             return OUT_OF_TIME, np.zeros((0, 256), np.int32), np.zeros(0, np.bool_)
         i += 1
     trans = np.empty((n, 256), dtype=np.int32)
@@ -451,7 +453,7 @@ def trim(trans, accept):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def minimise(trans, accept, budget):  # type: ignore[no-untyped-def]
+def minimise(trans, accept, budget, stop):  # type: ignore[no-untyped-def]
     """Hopcroft's partition refinement over the byte classes of a trimmed DFA (a dead sink
     completes it). Returns ``(status, trans, accept)``: the start state's block is state 0,
     the others in order of first occurrence."""
@@ -543,7 +545,7 @@ def minimise(trans, accept, budget):  # type: ignore[no-untyped-def]
                 xs[nx] = pre[kk]
                 nx += 1
         work += nx + (bend[a] - bstart[a])
-        if work > budget:
+        if work > budget or stop[0] != 0:
             return OUT_OF_TIME, trans, accept
         nt = 0
         for z in range(nx):
@@ -664,8 +666,9 @@ def warm() -> None:
     eps = np.zeros(0, dtype=np.int32)
     do = np.array([0, 1, 1], dtype=np.int32)
     edges = np.array([[97, 98, 1]], dtype=np.int32)
-    _st, trans, acc = determinise(eo, eps, do, edges, 0, 1, 100, 10**6)
-    _st, p, pacc = product(trans, acc, trans, acc, False, 100, 10**6)
+    go = np.zeros(1, dtype=np.int8)
+    _st, trans, acc = determinise(eo, eps, do, edges, 0, 1, 100, 10**6, go)
+    _st, p, pacc = product(trans, acc, trans, acc, False, 100, 10**6, go)
     trans, acc = trim(trans, acc)
-    minimise(trans, acc, 10**6)
+    minimise(trans, acc, 10**6, go)
     acyclic(trans)

@@ -297,7 +297,9 @@ def minimise(d: Dfa, check: Callable[[], None] | None = None) -> Dfa:
 
     if dk.COMPILED and not any(d.calls):
         status, trans, acc = dk.minimise(_c32(d.trans), np.ascontiguousarray(d.accept, dtype=bool),
-                                         1 << 62)
+                                         1 << 62, limits.stop_cell())
+        if status != dk.OK:  # stopped: the request was cancelled
+            limits.check()
         return Dfa(trans, acc, [()] * trans.shape[0])
     called = sorted({r for cs in d.calls for r, _ in cs})
     ccols = np.full((n, len(called)), -1, dtype=np.int64)
@@ -430,7 +432,7 @@ def product(a: Dfa, b: Dfa, op: str, max_states: int, budget: BuildBudget) -> Df
     dk = budget.dfa_kernels()
     if dk.COMPILED:
         status, trans, acc = dk.product(_c32(a.trans), a.accept, _c32(b.trans), b.accept, op == "and",
-                                        max_states, budget.work_budget())
+                                        max_states, budget.work_budget(), limits.stop_cell())
         budget.kernel_status(int(status), "intersection/difference")
         d = trim(Dfa(trans, acc, [()] * trans.shape[0]))
         if d.trans.shape[0] > MINIMISE_SKIP_MIN and _nearly_distinct(d):
@@ -498,7 +500,7 @@ def determinise(nfa: Nfa, start: int, end: int, name: str, max_states: int,
     if dk.COMPILED and not any(nfa.calls):
         eo, eps, do, edges = _nfa_csr(nfa)
         status, trans, acc = dk.determinise(eo, eps, do, edges, start, end, max_states,
-                                            budget.work_budget())
+                                            budget.work_budget(), limits.stop_cell())
         if status == dk.LIMIT:
             budget.rule_too_big(name)
         budget.kernel_status(int(status), f"rule {name!r}")
@@ -664,7 +666,9 @@ def _minimise_native(edges: Sequence[dict[int, int]], accept: Sequence[bool], st
     trans, acc = dk.trim(table, np.array(accept, dtype=np.bool_))
     if not acc.any():
         return None
-    _status, trans, acc = dk.minimise(trans, acc, 1 << 62)
+    _status, trans, acc = dk.minimise(trans, acc, 1 << 62, limits.stop_cell())
+    if _status != dk.OK:  # stopped: the request was cancelled
+        limits.check()
     rows, cols = np.nonzero(trans >= 0)  # row-major: each state's edges in byte order
     bounds = np.searchsorted(rows, np.arange(trans.shape[0] + 1)).tolist()
     tgt = trans[rows, cols].tolist()

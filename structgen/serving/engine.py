@@ -160,6 +160,7 @@ class RequestHandle:
         self.created = time.time()
         self.submitted = time.perf_counter()
         self.cancelled = False
+        self.stop_cell = limits.new_stop_cell()  # read by the compiled kernels of its preparation
         self.plan: Any = None  # the tool-calling plan (OutputPlan) of a request with tools
         self._loop = loop
         self._queue: asyncio.Queue[Event] | None = asyncio.Queue() if loop is not None else None
@@ -168,8 +169,10 @@ class RequestHandle:
         self._done = 0
 
     def cancel(self) -> None:
-        """Stop generating for this request (its rows leave the batch at the next step)."""
+        """Stop preparing or generating this request (its rows leave the batch at the next
+        step; its preparation stops at its next check)."""
         self.cancelled = True
+        self.stop_cell[0] = 1
 
     def _push(self, event: Event) -> None:
         if self._loop is None:
@@ -180,7 +183,7 @@ class RequestHandle:
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, event)  # type: ignore[union-attr]
         except RuntimeError:  # the event loop is closed: nobody listens any more
-            self.cancelled = True
+            self.cancel()
 
     async def events(self) -> AsyncIterator[Event]:
         """The request's events in order, until every choice is done."""
@@ -491,7 +494,7 @@ class Engine:
         if deadline is not None and limits.now() > deadline:
             raise ServerBusyError(f"the server is busy: the request waited over {self.prepare_timeout_s:g} s "
                                   "to be prepared; retry later")
-        with limits.scope(deadline=deadline, cancelled=lambda: handle.cancelled):
+        with limits.scope(deadline=deadline, cancelled=lambda: handle.cancelled, cell=handle.stop_cell):
             return self._prepare(req, handle)
 
     def submit_sync(self, request: EngineRequest) -> RequestHandle:
