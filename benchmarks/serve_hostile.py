@@ -30,7 +30,8 @@ audit cannot take the machine down. Each probe states the answer issue 44 expect
   must be an OpenAI error object ``{"error": {"message": ...}}``;
 * constraints (``response_format`` json_schema / regex / grammar, tools): the exponential
   pattern ``^(a|b)*a(a|b){20}$`` (in ``pattern``, ``patternProperties``, ``propertyNames``, a
-  regex format, a Lark terminal, a tool's parameters), ``minLength`` = ``maxLength`` = 1e9,
+  regex format, a Lark terminal, a tool's parameters; also 200, measured on its NFA),
+  ``minLength`` = ``maxLength`` = 1e9,
   a Lark grammar of 40 rules each doubling the one below, a 1 MB Lark literal, deep schemas,
   a 100,000-value enum, recursive ``$ref`` loops, ``$ref`` to ``http://127.0.0.1:PORT`` and
   ``file://`` (never fetched), Lark ``%import`` of files -> 400 or 422 with an error object
@@ -104,6 +105,10 @@ SECRET = "CANARY-44-" + "d41f0e"
 MEMORY_GROWTH_MB = 200
 MEMORY_ABS_MB = 3072
 EVIL = "^(a|b)*a(a|b){20}$"  # the DFA of this pattern has 2^21 states
+# the budget check measures the pattern on its NFA, never building that DFA: a valid
+# constraint with a short output, so an answer within the budget (200) is right, as is a limit
+EVIL_EXPECT = (200, 400, 422)
+EVIL_WHY = "an answer within the budget (measured on the NFA), or a compile limit"
 IDLE_AFTER_LEAVING_S = 2.0  # the server's CPU is idle this soon after hostile clients leave
 
 # ---------------------------------------------------------------------------------------------
@@ -720,19 +725,19 @@ def constraint_probes() -> list[Probe]:
         "required": ["s"]}}}
     return [
         P("pattern (a|b)*a(a|b){20}", schema_fmt({"type": "string", "pattern": EVIL}),
-          "compile limit or budget"),
+          EVIL_WHY, expect=EVIL_EXPECT),
         P("patternProperties (a|b)*a(a|b){20}", schema_fmt(
             {"type": "object", "patternProperties": {evil("c", "d"): {"type": "integer"}},
              "minProperties": 1}),
-          "compile limit or budget"),
+          EVIL_WHY, expect=EVIL_EXPECT),
         P("propertyNames pattern (a|b)*a(a|b){20}", schema_fmt(
             {"type": "object", "propertyNames": {"pattern": evil("e", "f")}, "minProperties": 1}),
-          "compile limit or budget"),
+          EVIL_WHY, expect=EVIL_EXPECT),
         P("regex format (a|b)*a(a|b){20}", {"type": "regex", "regex": evil("g", "h")},
-          "compile limit or budget"),
+          EVIL_WHY, expect=EVIL_EXPECT),
         P("Lark terminal (a|b)*a(a|b){20}",
-          {"type": "grammar", "grammar": "start: X\nX: /(i|j)*i(i|j){20}/\n"}, "compile limit or budget"),
-        P("tool parameters with (a|b)*a(a|b){20}", None, "compile limit or budget", tools=[evil_tool],
+          {"type": "grammar", "grammar": "start: X\nX: /(i|j)*i(i|j){20}/\n"}, EVIL_WHY, expect=EVIL_EXPECT),
+        P("tool parameters with (a|b)*a(a|b){20}", None, EVIL_WHY, expect=EVIL_EXPECT, tools=[evil_tool],
           tool_choice="required"),
         P("minLength = maxLength = 1e9",
           schema_fmt({"type": "string", "minLength": 10**9, "maxLength": 10**9}),

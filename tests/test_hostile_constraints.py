@@ -1,19 +1,23 @@
-"""Hostile constraints (issue 44) give a typed error in bounded work -- never a hang, never
-gigabytes.
+"""Hostile constraints (issue 44): measured exactly, or refused with a typed error, in bounded
+work -- never a hang, never gigabytes.
 
 The token-budget check before generation (``on_budget="close"``) measures the shortest output
 of a constraint. Four small constraints made it unbounded: a pattern whose lazily determinised
 automaton has 2^21 states (``(a|b)*a(a|b){20}``, in every place a schema or grammar can hold
 one), a string of ``minLength`` 10^9, a Lark grammar of forty rules each doubling the one below
-(a shortest sentence of 2^40 bytes) and a 1 MB Lark literal. Each must now be refused with a
-typed error that says where, after work bounded by the constraint's compiled size.
+(a shortest sentence of 2^40 bytes) and a 1 MB Lark literal. The pattern is a valid constraint
+with a short output: it is now measured exactly on its NFA, without building its DFA. The
+others must be refused with a typed error that says where, after work bounded by the
+constraint's compiled size; so must an exploration (the one rule kind still explored, a
+difference of two automata) past its state bound.
 
 Oracles: the error's type, location (JSON pointer and keyword, Lark rule and line) and
-message; the work done, counted in automaton states and configurations (deterministic on any
-machine, where a wall-clock limit would not be); and the growth of the process's resident
-memory (``VmRSS``), with a generous bound. Everything runs at the matcher level over GPT-2's
-real vocabulary (no model), but for one pass through ``structgen.generate`` with the tiny
-random model of ``tests/_tiny_lm.py``.
+message; the shortest outputs and their token counts, worked out by hand and by a greedy
+tokenizer written here; the work done, counted in automaton states and configurations
+(deterministic on any machine, where a wall-clock limit would not be); and the growth of the
+process's resident memory (``VmRSS``), with a generous bound. Everything runs at the matcher
+level over GPT-2's real vocabulary (no model), but for passes through ``structgen.generate``
+with the tiny random model of ``tests/_tiny_lm.py``.
 """
 
 from __future__ import annotations
@@ -59,75 +63,115 @@ def vocab(tokenizer_by_alias):
     return v
 
 
-# (kind, spec, pointer, keyword, rule): the exploding pattern wherever a constraint can hold it
+A21 = b"a" * 21  # the byte-wise smallest sentence of EVIL
+# (kind, spec, its first shortest output, worked out by hand): the exploding pattern wherever
+# a constraint can hold it
 EXPLODING = [
-    ("json", {"type": "string", "pattern": f"^{EVIL}$"}, "#", "pattern", "root"),
+    ("json", {"type": "string", "pattern": f"^{EVIL}$"}, b'"' + A21 + b'"'),
     ("json", {"type": "object", "properties": {"n": {"type": "integer"},
                                                "s": {"type": "string", "pattern": f"^{EVIL}$"}},
-              "required": ["s"]}, "#/properties/s", "pattern", "root"),
-    ("json", {"type": "object", "patternProperties": {f"^{EVIL}$": {"type": "integer"}}},
-     "#", "patternProperties", "root"),
+              "required": ["s"]}, b'{"s":"' + A21 + b'"}'),
+    ("json", {"type": "object", "patternProperties": {f"^{EVIL}$": {"type": "integer"}}}, b"{}"),
     ("json", {"type": "object", "propertyNames": {"pattern": f"^{EVIL}$"}, "minProperties": 1},
-     "#/propertyNames", "pattern", "root"),
-    ("regex", EVIL, None, None, None),
-    ("grammar", f'start: "x" word\nword: "<" W ">"\nW: /{EVIL}/\n', None, None, "start"),
+     b'{"' + A21 + b'":0}'),
+    ("regex", EVIL, A21),
+    ("grammar", f'start: "x" word\nword: "<" W ">"\nW: /{EVIL}/\n', b"x<" + A21 + b">"),
 ]
 
 
+def _greedy_tokens(vocab, data: bytes) -> int:
+    """Tokens of the greedy longest-match tokenization of ``data`` over ``vocab`` (EOS left
+    out), written here independently of structgen.masks.budget."""
+    eos = set(vocab.eos_token_ids)
+    tokens = {t for i, t in enumerate(vocab.token_bytes) if t and i not in eos}
+    longest = max(map(len, tokens))
+    n = i = 0
+    while i < len(data):
+        i += next(k for k in range(min(longest, len(data) - i), 0, -1) if data[i:i + k] in tokens)
+        n += 1
+    return n
+
+
 @pytest.mark.parametrize("case", range(len(EXPLODING)), ids=lambda i: f"{EXPLODING[i][0]}-{i}")
-def test_an_exploding_pattern_is_a_located_limit_error_after_bounded_work(vocab, case):
-    kind, spec, pointer, keyword, rule = EXPLODING[case]
+def test_an_exploding_pattern_is_measured_exactly_without_its_automaton(vocab, case):
+    kind, spec, shortest = EXPLODING[case]
     g = compile_constraint(kind, spec)
     m = Matcher(g, vocab)
     before = _rss_mb()
+    check_budget(m, BUDGET)  # passes: the shortest output is a few tokens
+    lengths = completion_lengths(g.engine)
+    assert lengths.distance(g.engine.start) == len(shortest)
+    assert lengths.completion(g.engine.start) == shortest
+    assert g.accepts(shortest)
+    # the count: the greedy tokenization of the first shortest output, plus EOS
+    assert m.tokens_to_finish(limit=64) == _greedy_tokens(vocab, shortest) + 1
+    # the work: the states of the spelled output and of the masks' walks, not 2^21
+    assert g.engine.num_rule_states < 1000
+    assert _rss_mb() - before < 50
+
+
+def test_the_work_bound_still_refuses_an_exploration_past_it(vocab, monkeypatch):
+    """A difference of two automata (a key of an object with additionalProperties: any string
+    but the named keys) is the one rule kind still explored, pair state by pair state: past
+    its bound the check is a located CompileLimitError, and refused again the same way."""
+    import structgen.grammar.completion as completion
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "bb": {"type": "string"}},
+              "additionalProperties": {"type": "integer"}}
+    monkeypatch.setattr(completion, "MIN_SOLVE_STATES", 10)
+    monkeypatch.setattr(completion, "SOLVE_STATES_PER_STATE", 0)
+    g = compile_constraint("json", schema, compile_options=CompileOptions(timeout_s=28))  # its own runtime
+    assert solve_bound(g) == 10
     with pytest.raises(CompileLimitError) as info:
-        check_budget(m, BUDGET)
-    grown = _rss_mb() - before
+        check_budget(Matcher(g, vocab), BUDGET)
     e = info.value
     assert type(e) is CompileLimitError  # the state bound, not a clock: the same on any machine
-    assert "token-budget check" in str(e) and "automaton states" in str(e)
-    assert e.pointer == pointer and e.keyword == keyword
-    if pointer is not None:
-        assert pointer in str(e) and repr(keyword) in str(e)
-    assert e.rule is not None and (rule is None or e.rule == rule) and repr(e.rule) in str(e)
-    if kind == "grammar":
-        assert "(line 2)" not in str(e) and "(line 1)" in str(e)  # rule 'start' is on line 1
-    # the work: the rule states the runtime made (each expanded one interns at most its two
-    # successors), against the 2^21 of the automaton
-    bound = solve_bound(g)
-    assert bound == 20_000
-    assert g.engine.num_rule_states <= 3 * bound + 100
-    assert grown < RSS_MB, f"the refused check grew the process by {grown:.0f} MB"
-    # refused again, the same way (nothing half-done is kept as solved)
-    with pytest.raises(CompileLimitError) as again:
+    assert "more than 10 automaton states" in str(e) and "token-budget check" in str(e)
+    assert (e.pointer, e.keyword, e.rule) == ("#", "additionalProperties", "root")
+    assert "#" in str(e) and "'additionalProperties'" in str(e)
+    assert g.engine.num_rule_states < 100
+    with pytest.raises(CompileLimitError) as again:  # nothing half-done is kept as solved
         check_budget(Matcher(g, vocab), BUDGET)
     assert (again.value.pointer, again.value.keyword, again.value.rule) == (e.pointer, e.keyword, e.rule)
+    # within the default bound the same schema is measured: '{}'
+    monkeypatch.undo()
+    fine = compile_constraint("json", schema, compile_options=CompileOptions(timeout_s=27))
+    assert completion_lengths(fine.engine).distance(fine.engine.start) == 2
 
 
-def test_the_bound_follows_the_compiled_size_and_max_states(vocab):
+def test_the_reference_exploration_refuses_the_pattern_the_grammar_solve_measures(vocab):
+    """Exploring the pattern's DFA (the reference method, the budget check's before the
+    grammar solve) meets the bound; the bound follows the compiled size and max_states."""
+    from structgen.grammar.completion import CompletionLengths
+
     g = compile_constraint("regex", EVIL)
     assert solve_bound(g) == 20_000  # the floor, for a grammar of a few dozen NFA states
     small = compile_constraint("regex", EVIL, compile_options=CompileOptions(max_states=5_000))
     assert solve_bound(small) == 5_000
+    rt = small.engine
     with pytest.raises(CompileLimitError) as info:
-        check_budget(Matcher(small, vocab), BUDGET)
+        CompletionLengths(rt, explore_all=True).distance(rt.start)
     assert "more than 5000 automaton states" in str(info.value)
-    assert small.engine.num_rule_states <= 3 * 5_000 + 100
+    assert rt.num_rule_states <= 3 * 5_000 + 100
+    assert completion_lengths(rt).distance(rt.start) == 21
 
 
 def test_past_the_deadline_the_check_is_a_timeout_naming_the_rule(vocab):
-    # a step clock (1 s a read): the check reads the clock every 256 rule states, so with a
-    # 3 s timeout it strikes after about 3 * 256 states, long before the state bound; the
-    # strike depends on the count of reads, not on the machine's speed
-    g = compile_constraint("json", {"type": "string", "pattern": f"^{EVIL}$"},
-                           compile_options=CompileOptions(timeout_s=3))
+    # a step clock (1 s a read): the grammar solve reads the clock first (its deadline: 1 + 3)
+    # and then every 256 NFA states settled, so it strikes at the fifth read, after 4 * 256 of
+    # the doubling grammar's 2 * 10^5; the strike depends on the count of reads, not on the
+    # machine's speed
+    g = compile_constraint("grammar", _doubling(40), compile_options=CompileOptions(timeout_s=3))
     with limits.use_clock(limits.StepClock(step=1.0)):
         with pytest.raises(CompileTimeoutError) as info:
             check_budget(Matcher(g, vocab), BUDGET)
     e = info.value
-    assert (e.pointer, e.keyword, e.rule) == ("#", "pattern", "root")
+    # the rule whose NFA states it was settling, and the line of its definition
+    assert (e.pointer, e.keyword) == (None, None) and e.rule is not None and e.rule.startswith("a")
+    assert f"rule {e.rule!r} (line {2 + 40 - int(e.rule[1:])})" in str(e)
     assert "time limit of 3 s" in str(e) and "deadline" in str(e)
-    assert g.engine.num_rule_states < 3 * 5 * 256
+    assert "after 1024 automaton states" in str(e)
+    assert g.engine.num_rule_states < 100
 
 
 def test_a_cancelled_request_stops_the_check(vocab):
@@ -137,7 +181,7 @@ def test_a_cancelled_request_stops_the_check(vocab):
     with limits.scope(cancelled=lambda: True):
         with pytest.raises(RequestCancelledError):
             check_budget(Matcher(g, vocab), BUDGET)
-    assert g.engine.num_rule_states < 3 * 256 + 100  # the first test of the flag stopped it
+    assert g.engine.num_rule_states < 100  # the first test of the flag stopped it
 
 
 def test_a_billion_byte_string_is_refused_without_spelling_it(vocab):
@@ -200,9 +244,11 @@ def test_forty_doubling_rules_are_refused_after_work_in_proportion_to_the_compil
     with pytest.raises(TokenBudgetError) as info:
         check_budget(m, BUDGET)
     assert info.value.needed > 2**30 - 2
-    # the rule states measured: one per NFA state of the chains the compiler built
-    assert g.engine.num_rule_states <= solve_bound(g) + 100
-    assert _rss_mb() - before < 2 * RSS_MB
+    # measured on the NFA: no DFA state is built for it (the DFA exploration built one per
+    # NFA state, about 2 * 10^5, and some 360 MB)
+    assert g.engine.num_rule_states < 100
+    assert completion_lengths(g.engine).distance(g.engine.start) == 2**40 - 1  # LONGEST: "at least"
+    assert _rss_mb() - before < 100
 
 
 def test_a_megabyte_literal_is_refused_before_it_is_parsed():
@@ -227,6 +273,9 @@ def test_a_megabyte_literal_is_refused_before_it_is_parsed():
 
 
 def test_generate_refuses_each_hostile_constraint_with_a_typed_error(tokenizer_by_alias):
+    import json
+    import re
+
     import torch
     from _tiny_lm import build_tiny_llama
 
@@ -237,9 +286,6 @@ def test_generate_refuses_each_hostile_constraint_with_a_typed_error(tokenizer_b
     lm = CausalLM(build_tiny_llama(tok, "random"), tok)
     structgen.generate(lm, schema={"type": "string", "maxLength": 4}, prompt="x", max_new_tokens=8)
     cases = [
-        ({"schema": {"type": "string", "pattern": f"^{EVIL}$"}}, CompileLimitError),
-        ({"regex": EVIL}, CompileLimitError),
-        ({"grammar": f"start: W\nW: /{EVIL}/\n"}, CompileLimitError),
         ({"schema": {"type": "string", "minLength": 10**9, "maxLength": 10**9}}, TokenBudgetError),
         ({"grammar": _doubling(50, recursive=True)}, TokenBudgetError),
         ({"grammar": 'start: "' + "a" * (1 << 20) + '"'}, GrammarError),
@@ -249,6 +295,27 @@ def test_generate_refuses_each_hostile_constraint_with_a_typed_error(tokenizer_b
         with pytest.raises(err):
             structgen.generate(lm, prompt="x", max_new_tokens=64, **kw)
         assert _rss_mb() - before < RSS_MB, kw
-    # on_budget="cut" needs no measure of the shortest output: the pattern generates lazily
+    # forty doubling rules, inlined: refused soon after the compile, without building its DFA
+    g = compile_constraint("grammar", _doubling(40))
+    before = _rss_mb()
+    with pytest.raises(TokenBudgetError):
+        structgen.generate(lm, grammar=g, prompt="x", max_new_tokens=64)
+    # the work counted, not timed: a handful of rule states, not the ~197k a DFA walk builds
+    assert g.engine.num_rule_states < 100 and _rss_mb() - before < 100
+    # the exploding pattern is a valid constraint with a short output: generated under the
+    # budget rule, closed within 64 tokens. A schema's pattern is searched for, as jsonschema
+    # does with Python's re (whose "$" also matches before a final newline); a regex and a
+    # Lark terminal match whole
+    for kw in ({"schema": {"type": "string", "pattern": f"^{EVIL}$"}}, {"regex": EVIL},
+               {"grammar": f"start: W\nW: /{EVIL}/\n"}):
+        before = _rss_mb()
+        r = structgen.generate(lm, prompt="x", max_new_tokens=64, **kw)
+        if "schema" in kw:
+            assert re.search(f"^{EVIL}$", json.loads(r.text)), r.text
+        else:
+            assert re.fullmatch(EVIL, r.text), (kw, r.text)
+        assert r.finish_reason in ("stop", "budget_close") and len(r.tokens) <= 64
+        assert _rss_mb() - before < 200, kw
+    # on_budget="cut" needs no measure of the shortest output either
     r = structgen.generate(lm, regex=EVIL, prompt="x", max_new_tokens=8, on_budget="cut")
     assert r.finish_reason in ("length", "stop")

@@ -4,14 +4,26 @@ Per rule state ``g`` (a state of one rule's DFA) ``d(g)`` is the fewest bytes th
 rule from ``g`` to a state where it may return: 0 where it may return already, else the
 minimum of ``1 + d(g')`` over its byte edges and ``d(callee start) + d(return state)`` over
 its calls (a call costs the called rule's shortest yield). That is a system of min-plus
-equations over the rule states reachable from ``g``. Every right-hand side is at least each
-of its arguments, so Knuth's generalisation of Dijkstra's algorithm solves it exactly, each
-state settled once in increasing order of ``d`` (Knuth, "A generalization of Dijkstra's
-algorithm", 1977): time about linear in the states and edges, whatever the length of the
-completions. Each new batch of states is solved with the earlier ones as constants, since a
-state's reachable set is closed. A counted repetition ``item{lo,hi}`` is answered in closed
-form (bytes to finish the current item, plus the items still missing times the shortest
-item), so that its possibly many count states are never enumerated.
+equations. Every right-hand side is at least each of its arguments, so Knuth's
+generalisation of Dijkstra's algorithm solves it exactly, each unknown settled once in
+increasing order (Knuth, "A generalization of Dijkstra's algorithm", 1977): time about
+linear in the unknowns and edges, whatever the length of the completions.
+
+The unknowns are not the DFA states where that can be helped, since a lazily determinised
+rule (:class:`~structgen.grammar.compiled.LazyRule`) can have exponentially more DFA states
+than NFA states: ``(a|b)*a(a|b){20}`` is a few dozen NFA states and 2^21 DFA states, every
+one reachable. Such a rule's DFA state is the set of important NFA states of an epsilon
+closure (subset construction, calls treated as symbols), and the language from a set is the
+union of the languages from its members; so ``d(g)`` is the minimum over its NFA states of
+``dN(q)``, the same equations on the NFA (an epsilon edge costs 0, the rule's end is 0).
+``dN`` is solved once per grammar over every NFA state of every lazy rule (the *grammar
+solve*), with the other rule kinds' shortest yields as constants: a table rule's
+(:class:`~structgen.grammar.compiled.DfaRule`) by breadth-first search over its table, a
+counted repetition ``item{lo,hi}`` in closed form (bytes to finish the current item, plus
+the items still missing times the shortest item; its possibly many count states are never
+enumerated), a difference ``A - B`` (:class:`~structgen.grammar.compiled.ProductRule`) by
+exploring its pair states, the one kind still explored. No lazy rule's DFA state is built to
+measure it: ``d(g)`` reads the key the runtime interned ``g`` by.
 
 A stack needs the sum of ``d`` over its frames (the top frame's state, the return states
 below); a configuration the minimum over its stacks (0 when it is accepting). These are
@@ -20,16 +32,17 @@ Lengths are exact below :data:`LONGEST` and saturate there (a grammar of forty r
 twice the one below, has a shortest sentence of 2^40 bytes): ``LONGEST`` reads "at least
 that many bytes".
 
-The work is bounded, since a hostile constraint can make it unbounded: a pattern such as
-``(a|b)*a(a|b){20}`` is a few NFA states whose lazily built DFA has 2^21 states, every one
-reachable. One solve expands at most :func:`solve_bound` new rule states -- in proportion to
-the compiled grammar's size, so that the check costs no more than the compilation it
-follows -- reads :func:`structgen.limits.check` (cancellation) every few hundred states and
-stops at the compile timeout (``CompileOptions.timeout_s``, brought forward to the
-request's deadline). Past either it raises :class:`~structgen.errors.CompileLimitError`
-(:class:`~structgen.errors.CompileTimeoutError`) naming the rule whose states it was
-expanding and, through :attr:`~structgen.grammar.compiled.CompiledGrammar.rule_sources`, its
-place in the source (a JSON schema pointer and keyword, a Lark rule and line).
+The work is bounded. The grammar solve is linear in the compiled grammar's size, like the
+compilation it follows. The exploration of a difference's pair states (and of every rule
+state in the reference method, ``CompletionLengths(runtime, explore_all=True)``, kept for
+tests and benchmarks) expands at most :func:`solve_bound` new rule states per solve -- in
+proportion to the compiled grammar's size. Both read :func:`structgen.limits.check`
+(cancellation) every few hundred states and stop at the compile timeout
+(``CompileOptions.timeout_s``, brought forward to the request's deadline). Past either they
+raise :class:`~structgen.errors.CompileLimitError` (:class:`~structgen.errors.CompileTimeoutError`)
+naming the rule they were solving and, through
+:attr:`~structgen.grammar.compiled.CompiledGrammar.rule_sources`, its place in the source (a
+JSON schema pointer and keyword, a Lark rule and line).
 
 :meth:`CompletionLengths.completion` gives the *first* shortest completion: from ``c`` the
 smallest byte ``b`` with ``D(c.b) = D(c) - 1``, repeated. Consuming a prefix of it leaves
@@ -40,13 +53,15 @@ once per suffix), and only as far as a caller asks: spelling costs time and tabl
 proportion to its length, so callers compare :meth:`~CompletionLengths.distance` with what
 they can afford first.
 
-Everything is keyed by table ids, so it is dropped when the runtime flushes its tables
-(the runtime's ``on_flush`` hook); the counted rules' item distances are static and kept.
+What is keyed by table ids is dropped when the runtime flushes its tables (the runtime's
+``on_flush`` hook); the grammar solve's distances (per NFA state and per rule, read-only numpy
+arrays), the tables' and the counted items' depend only on the grammar and are kept.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -99,34 +114,175 @@ def _plus(a: int, b: int) -> int:
     return min(a + b, LONGEST)
 
 
+def _csr_slices(off: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The indices ``off[r] .. off[r + 1] - 1`` of every row ``r`` of ``rows``, concatenated
+    (the entries of those rows of a CSR array)."""
+    starts = off[rows]
+    counts = off[rows + 1] - starts
+    total = int(counts.sum())
+    if not total:
+        return np.zeros(0, dtype=np.int64)
+    # position within the row = running index minus where that row's run begins
+    run_start = np.repeat(np.cumsum(counts) - counts, counts)
+    return np.repeat(starts, counts) + (np.arange(total, dtype=np.int64) - run_start)
+
+
+def _by_key(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR over ``keys`` (ints in ``[0, n)``): (offsets ``[n + 1]``, the positions of
+    ``keys`` grouped by key, stably)."""
+    order = np.argsort(keys, kind="stable")
+    off = np.zeros(n + 1, dtype=np.int64)
+    off[1:] = np.cumsum(np.bincount(keys, minlength=n))
+    return off, order
+
+
 def _table_distances(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
-    """Fewest bytes from each state of a DFA table (-1 = dead edge) to an accepting state."""
+    """Fewest bytes from each state of a DFA table (-1 = dead edge) to an accepting state
+    (INFINITE where there is none): breadth-first search backwards from the accepting
+    states, one level at a time (a level costs one pass over its predecessors, so a table
+    with long chains costs no more than its edges)."""
+    trans = np.asarray(trans)
     n = trans.shape[0]
-    dist = np.where(np.asarray(accept, dtype=bool), 0, INFINITE).astype(np.int64)
-    live = trans >= 0
-    tgt = np.where(live, trans, 0)
-    while True:
-        via = np.where(live, dist[tgt] + 1, INFINITE).min(axis=1) if n else dist
-        new = np.minimum(dist, via)
-        if np.array_equal(new, dist):
-            return dist
-        dist = new
+    dist = np.full(n, INFINITE, dtype=np.int64)
+    if not n:
+        return dist
+    src, byte = np.nonzero(trans >= 0)
+    # the distinct edges, as (target, source) pairs: the predecessors of each state
+    pairs = np.unique(trans[src, byte].astype(np.int64) * n + src)
+    off, order = _by_key(pairs // n, n)
+    preds = (pairs % n)[order]
+    frontier = np.flatnonzero(np.asarray(accept, dtype=bool))
+    dist[frontier] = 0
+    level = 0
+    while frontier.size:
+        level += 1
+        before = np.unique(preds[_csr_slices(off, frontier)])
+        frontier = before[dist[before] >= INFINITE]
+        dist[frontier] = level
+    return dist
+
+
+def _nfa_distances(tab: Any, yields: np.ndarray, tick: Callable[[int, int], None]) -> np.ndarray:
+    """``dN``: the fewest bytes from each NFA state of every lazy rule to its rule's end (the
+    *grammar solve*, see the module docstring), by Knuth's generalised Dijkstra.
+
+    ``tab``: the runtime tables (the concatenated NFAs, global state ids); ``yields``: per
+    rule its shortest yield, read for the rules that are not lazy (constants here) and
+    written for the lazy ones (``dN`` of their start state). ``tick(state, settled)`` is
+    called every :data:`_CHECK_EVERY` settled states, from the first, to read cancellation
+    and the clock."""
+    kind = np.asarray(tab.rule_kind)
+    n = int(tab.nfa_important.shape[0])
+    lazy = np.flatnonzero(kind == K.LAZY)
+    dist = np.full(n, INFINITE, dtype=np.int64)
+    if not n or not lazy.size:
+        return dist
+    states = np.arange(n, dtype=np.int64)
+    base = np.asarray(tab.rule_base)
+    # lazy rules' NFAs are concatenated in rule order: each state's rule
+    sizes = np.diff(np.append(base[lazy], n))
+    rule_of = np.repeat(lazy, sizes)
+    # epsilon edges x -> y cost 0
+    eps_off = np.asarray(tab.nfa_eps_off, dtype=np.int64)
+    eps_src = np.repeat(states, np.diff(eps_off))
+    eps_dst = np.asarray(tab.nfa_eps, dtype=np.int64)
+    # byte edges x -(classes lo..hi)-> y cost 1, where one of those classes has a byte (a
+    # class no byte maps to is an edge the DFA never takes)
+    edge_off = np.asarray(tab.nfa_edge_off, dtype=np.int64)
+    edges = np.asarray(tab.nfa_edges, dtype=np.int64).reshape(-1, 3)
+    edge_src = np.repeat(states, np.diff(edge_off))
+    nclasses = np.asarray(tab.rule_nclasses, dtype=np.int64)
+    cls_at = np.zeros(kind.shape[0], dtype=np.int64)  # each lazy rule's run in ``inhabited``
+    runs = []
+    at = 0
+    for r in lazy.tolist():
+        nc = int(nclasses[r])
+        used = np.bincount(np.asarray(tab.rule_class[r]), minlength=nc)[:nc] > 0
+        runs.append(np.concatenate([[0], np.cumsum(used)]))  # classes with a byte, below each class
+        cls_at[r] = at
+        at += nc + 1
+    inhabited = np.concatenate(runs)
+    er = cls_at[rule_of[edge_src]]
+    live = inhabited[er + edges[:, 1] + 1] > inhabited[er + edges[:, 0]]
+    # calls x -(call R)-> y: a constant cost where R is not lazy, else dN(R's start) + dN(y)
+    call_off = np.asarray(tab.nfa_call_off, dtype=np.int64)
+    calls = np.asarray(tab.nfa_calls, dtype=np.int64).reshape(-1, 2)
+    call_src = np.repeat(states, np.diff(call_off))
+    callee, ret = calls[:, 0], calls[:, 1]
+    joint = kind[callee] == K.LAZY
+    fixed = ~joint & (yields[callee] < INFINITE)
+    # simple edges, grouped by the state whose distance they wait for
+    dst = np.concatenate([eps_dst, edges[live, 2], ret[fixed]])
+    src = np.concatenate([eps_src, edge_src[live], call_src[fixed]])
+    cost = np.concatenate([np.zeros(eps_dst.shape[0], np.int64), np.ones(int(live.sum()), np.int64),
+                           np.minimum(yields[callee[fixed]], LONGEST)])
+    off, order = _by_key(dst, n)
+    off_l, src_l, cost_l = off.tolist(), src[order].tolist(), cost[order].tolist()
+    # calls of lazy rules: each waits for two distances (one where the callee starts where
+    # the call returns)
+    j_src, j_a, j_b = call_src[joint], base[callee[joint]], ret[joint]
+    two = j_a != j_b
+    waiting = (1 + two).tolist()
+    args = np.concatenate([j_a, j_b[two]])
+    which = np.concatenate([np.arange(j_a.shape[0]), np.flatnonzero(two)])
+    uoff, uorder = _by_key(args, n)
+    uoff_l, uses_l = uoff.tolist(), which[uorder].tolist()
+    j_src_l, j_a_l, j_b_l = j_src.tolist(), j_a.tolist(), j_b.tolist()
+
+    d = [INFINITE] * n
+    done = bytearray(n)
+    heap = [(0, int(tab.rule_end[r])) for r in lazy.tolist()]
+    heapq.heapify(heap)
+    push, pop = heapq.heappush, heapq.heappop
+    settled = 0
+    while heap:
+        v, x = pop(heap)
+        if done[x]:
+            continue
+        if settled % _CHECK_EVERY == 0:
+            tick(x, settled)
+        done[x] = 1
+        d[x] = v
+        settled += 1
+        for k in range(off_l[x], off_l[x + 1]):
+            p = src_l[k]
+            if not done[p]:
+                w = v + cost_l[k]
+                push(heap, (w if w < LONGEST else LONGEST, p))
+        for k in range(uoff_l[x], uoff_l[x + 1]):
+            i = uses_l[k]
+            waiting[i] -= 1
+            if not waiting[i]:
+                p = j_src_l[i]
+                if not done[p]:
+                    w = d[j_a_l[i]] + d[j_b_l[i]]
+                    push(heap, (w if w < LONGEST else LONGEST, p))
+    dist[:] = d
+    yields[lazy] = dist[base[lazy]]
+    return dist
 
 
 class CompletionLengths:
     """Exact shortest-completion lengths (bytes) of one runtime's configurations; see the
     module docstring. Thread-safe through the runtime's lock; ids are of the current epoch.
 
-    ``max_solve_states`` is the work bound of one solve (:func:`solve_bound`), ``timeout_s``
-    its time limit; ``largest_solve`` the most rule states one solve has expanded so far (a
-    measure of how near the bound the grammar comes)."""
+    ``max_solve_states`` is the work bound of one exploring solve (:func:`solve_bound`),
+    ``timeout_s`` the time limit of every solve; ``largest_solve`` the most rule states one
+    exploring solve has expanded so far (a measure of how near the bound the grammar comes).
+    ``explore_all``: measure every rule state by exploring its rule's DFA, as before the
+    grammar solve existed (the reference method of tests and benchmarks: exact too, but a
+    lazy rule's DFA may be exponentially large, and the work bound refuses it then)."""
 
-    def __init__(self, runtime: Any) -> None:
+    def __init__(self, runtime: Any, *, explore_all: bool = False) -> None:
         self.runtime = runtime
         grammar = runtime.grammar
         self.max_solve_states = solve_bound(grammar)
         self.timeout_s = float(grammar.options.timeout_s)
         self.largest_solve = 0
+        self.explore_all = explore_all
+        # (dN per NFA state, shortest yield per rule): the grammar solve, read-only, made once
+        self._solved: tuple[np.ndarray, np.ndarray] | None = None
+        self._tables: dict[int, np.ndarray] = {}  # table rule -> distance per table state
         self._state: dict[int, int] = {}  # rule state -> d
         self._stack: dict[int, int] = {}  # stack -> sum of d over its frames
         self._config: dict[int, int] = {}  # configuration -> D
@@ -141,7 +297,84 @@ class CompletionLengths:
         self._config.clear()
         self._next.clear()
 
+    # -- the grammar solve ----------------------------------------------------------------
+    def nfa_distances(self) -> tuple[np.ndarray, np.ndarray]:
+        """(``dN`` per NFA state of the runtime's concatenated NFAs, the shortest yield per
+        rule): int64, read-only, :data:`INFINITE` where there is none; solved on first use
+        (see the module docstring). Raises what a solve raises (see :meth:`_solve`)."""
+        got = self._solved
+        if got is None:
+            with self.runtime.lock:
+                got = self._solved
+                if got is None:
+                    got = self._solved = self._solve_grammar()
+        return got
+
+    def _solve_grammar(self) -> tuple[np.ndarray, np.ndarray]:
+        """The grammar solve (hold the lock): the shortest yields of the rules that are not
+        lazy first (constants of the lazy rules' equations), then ``dN``."""
+        rt = self.runtime
+        kinds = rt.tab.rule_kind.tolist()
+        yields = np.full(len(kinds), INFINITE, dtype=np.int64)
+        for r, kind in enumerate(kinds):
+            if kind == K.TABLE:
+                yields[r] = self._table(r)[0]
+            elif kind != K.LAZY:  # a counted repetition or a difference: from its start state
+                yields[r] = self._measure(rt.run_kernel(K.start_state, r))
+        deadline: list[float | None] = [None]
+
+        def tick(x: int, settled: int) -> None:
+            limits.check()
+            if deadline[0] is None:
+                deadline[0] = limits.deadline_within(limits.now() + self.timeout_s)
+            elif limits.now() > deadline[0]:
+                raise self._limit_error(self._rule_of_nfa_state(x), settled, timed_out=True)
+
+        dist = _nfa_distances(rt.tab, yields, tick)
+        dist.flags.writeable = False
+        yields.flags.writeable = False
+        return dist, yields
+
+    def _rule_of_nfa_state(self, x: int) -> int:
+        """The lazy rule NFA state ``x`` (a global id) belongs to."""
+        tab = self.runtime.tab
+        lazy = np.flatnonzero(tab.rule_kind == K.LAZY)
+        return int(lazy[np.searchsorted(tab.rule_base[lazy], x, side="right") - 1])
+
+    def _table(self, r: int) -> np.ndarray:
+        """Distance per state of table rule ``r`` (kept: it depends only on the grammar)."""
+        got = self._tables.get(r)
+        if got is None:
+            rule = self.runtime.rules[r]
+            got = self._tables[r] = _table_distances(np.asarray(rule._trans), np.asarray(rule._accept))
+        return got
+
     # -- rule states ----------------------------------------------------------------------
+    def _measure(self, g: int) -> int:
+        """``d(g)``, computed and kept (hold the lock): from the grammar solve for a lazy
+        rule's state (a minimum over the NFA states of its key), from its rule's table or in
+        closed form for a table or a counted rule, by exploring for a difference (and for
+        every state when :attr:`explore_all`)."""
+        rt = self.runtime
+        tab = rt.tab
+        r = int(tab.state_rule[g])
+        kind = int(tab.rule_kind[r])
+        if self.explore_all or kind == K.PRODUCT:
+            self._solve([g])
+            return self._state[g]
+        if kind == K.COUNTED:
+            v = self._counted_distance(r, g)
+        else:
+            k0, kn = (int(x) for x in tab.state_key[g])
+            if kind == K.TABLE:
+                v = int(self._table(r)[int(tab.state_key_data[k0])])
+            else:
+                nfa = self.nfa_distances()[0]
+                key = rt.tab.state_key_data[k0:k0 + kn]
+                v = int(nfa[key].min()) if kn else INFINITE
+        self._state[g] = v
+        return v
+
     def _counted_distance(self, r: int, g: int) -> int:
         tab = self.runtime.tab
         got = self._counted.get(r)
@@ -162,9 +395,11 @@ class CompletionLengths:
         return min(rest + missing * shortest, LONGEST)
 
     def _solve(self, roots: list[int]) -> None:
-        """Compute ``d`` for ``roots`` and every rule state they reach (hold the lock).
-        Raises CompileLimitError past :attr:`max_solve_states` new states, CompileTimeoutError
-        past the time limit, RequestCancelledError when the request is cancelled."""
+        """Compute ``d`` for ``roots`` and every rule state they reach by exploring them (hold
+        the lock): a difference's pair states, or every state with :attr:`explore_all`.
+        Raises CompileLimitError past :attr:`max_solve_states` new states,
+        CompileTimeoutError past the time limit, RequestCancelledError when the request is
+        cancelled."""
         rt = self.runtime
         known = self._state
         new: list[int] = []
@@ -264,11 +499,18 @@ class CompletionLengths:
             known[g] = settled.get(g, INFINITE)
 
     def _too_much(self, new: list[int], *, timed_out: bool) -> CompileLimitError:
-        """The error for a solve that expanded too many rule states (``timed_out``: ran out of
-        time), naming the rule most of ``new`` belong to and its place in the source."""
+        """The error for an exploring solve that expanded too many rule states (``timed_out``:
+        ran out of time), naming the rule most of ``new`` belong to."""
         rt = self.runtime
         rules = rt.tab.state_rule[np.asarray(new, dtype=np.int64)]
         r = int(np.bincount(rules[rules >= 0]).argmax()) if (rules >= 0).any() else rt.grammar.root
+        return self._limit_error(r, len(new), timed_out=timed_out)
+
+    def _limit_error(self, r: int, states: int, *, timed_out: bool) -> CompileLimitError:
+        """The error for a solve stopped after ``states`` automaton states in rule ``r``
+        (``timed_out``: by its time limit, else by its state bound), naming the rule and its
+        place in the source."""
+        rt = self.runtime
         src = rt.grammar.rule_sources[r]
         where = f"rule {src.rule!r}"
         if src.line is not None:
@@ -278,12 +520,11 @@ class CompletionLengths:
         if src.keyword is not None:
             where += f", keyword {src.keyword!r}"
         advice = ("the constraint's automaton has too many states to bound the length of its outputs; "
-                  "simplify it (a pattern such as (a|b)*a(a|b){20} has 2^21), or pass on_budget='cut', "
-                  "which needs no such check")
+                  "simplify it, or pass on_budget='cut', which needs no such check")
         if timed_out:
             return CompileTimeoutError(
                 f"the token-budget check ran past its deadline (its time limit of {self.timeout_s:g} s, "
-                f"CompileOptions.timeout_s, or the request's own) after {len(new)} automaton states "
+                f"CompileOptions.timeout_s, or the request's own) after {states} automaton states "
                 f"in {where}: {advice}",
                 pointer=src.pointer, keyword=src.keyword, rule=src.rule)
         return CompileLimitError(
@@ -297,8 +538,9 @@ class CompletionLengths:
         got = self._state.get(g)
         if got is None:
             with self.runtime.lock:
-                self._solve([g])
-                got = self._state[g]
+                got = self._state.get(g)
+                if got is None:
+                    got = self._measure(g)
         return got
 
     def _stack_distance(self, s: int) -> int:
@@ -312,9 +554,10 @@ class CompletionLengths:
             chain.append(x)
             x = int(frames[x, 0])
         total = 0 if x == _ROOT else self._stack[x]
-        missing = [int(frames[y, 1]) for y in chain if int(frames[y, 1]) not in self._state]
-        if missing:
-            self._solve(missing)
+        for y in chain:
+            g = int(frames[y, 1])
+            if g not in self._state:
+                self._measure(g)
         frames = self.runtime.tab.frames
         for y in reversed(chain):
             total = _plus(total, self._state[int(frames[y, 1])])
