@@ -60,15 +60,18 @@ SMOKES: dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]] = {
     "llamacpp_prefill": ((), False, ()),
     "default_model": ((), False, ()),
     "serve": ((), False, ("gpt2",)),
+    "serve_hostile": ((), False, ("gpt2",)),
 }
 # scripts that need an optional package beyond triton: skipped without it
-NEEDS_MODULE = {"llamacpp_row_invariance": "llama_cpp", "llamacpp_prefill": "llama_cpp", "serve": "fastapi"}
+NEEDS_MODULE = {"llamacpp_row_invariance": "llama_cpp", "llamacpp_prefill": "llama_cpp", "serve": "fastapi",
+                "serve_hostile": "fastapi"}
 
 
 # the longest smokes first, so that the two concurrent runs finish close together
 START_ORDER = ("masks", "masks_builds", "jsonschemabench", "tools", "bad_inputs", "batch", "budget",
                "generate", "lossless", "verify", "verify_codegen", "verify_race_skip", "json_schema_suite",
-               "startup", "llamacpp_row_invariance", "llamacpp_prefill", "default_model", "serve")
+               "startup", "llamacpp_row_invariance", "llamacpp_prefill", "default_model", "serve",
+               "serve_hostile")
 
 
 class _Runs:
@@ -458,3 +461,14 @@ def test_serve(runs: _Runs) -> None:
         assert set(report["bars"]["spec_vs_llama_cpp.server"]["output_tokens_per_s"]) != {None}
     else:
         assert llama not in report["results"] and "not installed" in report["meta"]["skipped"][llama]
+
+
+def test_serve_hostile(runs: _Runs) -> None:
+    stdout, report = _smoke(runs, "serve_hostile")
+    assert report["mode"] == "smoke" and report["server_starts"] == 1
+    cases = report["cases"]
+    assert len(cases) >= 10 and {c["category"] for c in cases} >= {"control", "body", "constraint",
+                                                                    "connection"}
+    # every probe answered as the issue expects: no 5xx, hang, dropped connection, memory blow-up
+    # or traceback in the server's log
+    assert [c["name"] for c in cases if c["class"] != "ok"] == [], stdout[-3000:]
