@@ -319,3 +319,28 @@ def test_generate_refuses_each_hostile_constraint_with_a_typed_error(tokenizer_b
     # on_budget="cut" needs no measure of the shortest output either
     r = structgen.generate(lm, regex=EVIL, prompt="x", max_new_tokens=8, on_budget="cut")
     assert r.finish_reason in ("length", "stop")
+
+
+def test_a_huge_repetition_is_refused_before_it_is_unrolled(monkeypatch: pytest.MonkeyPatch) -> None:
+    from structgen.grammar import fsa
+
+    made = [0]
+    new = fsa.Nfa.new
+
+    def counting_new(self: fsa.Nfa) -> int:
+        made[0] += 1
+        return new(self)
+
+    monkeypatch.setattr(fsa.Nfa, "new", counting_new)
+    for lo, hi in ((10**9, 10**9), (0, 10**6), (3, 10**7)):
+        made[0] = 0
+        schema = {"type": "array", "items": {"type": "integer"}, "minItems": lo, "maxItems": hi}
+        with pytest.raises(CompileLimitError) as e:
+            structgen.compile_json_schema(schema)
+        assert (e.value.pointer, e.value.keyword) == ("#", "maxItems")
+        assert made[0] < 10_000, (lo, hi, made[0])  # one copy of the item, not 200,000 states
+    # a repetition that fits is still unrolled in full
+    cg = structgen.compile_json_schema({"type": "array", "items": {"type": "integer"}, "minItems": 2,
+                                        "maxItems": 3000})
+    ones = ["1"] * 3001
+    assert cg.accepts("[" + ",".join(ones[:3000]) + "]") and not cg.accepts("[" + ",".join(ones) + "]")

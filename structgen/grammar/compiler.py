@@ -226,6 +226,17 @@ class _Compiler:
             f"rule {self.origin.get(name, name)!r}: automaton exceeds "
             f"{self.opt.max_states} states (CompileOptions.max_states)"), name)
 
+    def _check_unrolling(self, per_copy: int, copies_left: int, rule_states: int) -> None:
+        """Refuse a repetition whose unrolled copies cannot fit before building them: every copy
+        of an item takes as many NFA states as the first one took (``per_copy``), so a rule at
+        ``rule_states`` with ``copies_left`` to go passes ``max_states`` when the sum does
+        (``{"minItems": 10**9}`` is refused at once rather than after 200,000 states)."""
+        if per_copy > 0 and rule_states + per_copy * copies_left > self.opt.max_states:
+            name = self.where
+            raise self._located(CompileLimitError(
+                f"grammar automaton exceeds {self.opt.max_states} NFA states in rule "
+                f"{self.origin.get(name, name)!r} (CompileOptions.max_states)"), name)
+
     def count_states(self, n: int, what: str) -> None:
         """Add ``n`` states to the grammar's total; raise past ``max_states``."""
         self.total_states += n
@@ -591,8 +602,12 @@ class _Compiler:
             return t
         if isinstance(e, ir.Repeat):
             cur = s
-            for _ in range(e.min):
+            copies = e.min + (1 if e.max is None else e.max - e.min)  # of the item, unrolled
+            for i in range(e.min):
+                before = len(nfa)
                 cur = yield (e.item, cur, inline_stack)
+                if i == 0:
+                    self._check_unrolling(len(nfa) - before, copies - 1, len(nfa))
             if e.max is None:
                 # cur -> loop: item* via a hub state
                 hub = nfa.new()
@@ -606,9 +621,12 @@ class _Compiler:
             if k == 0:
                 return cur
             t = nfa.new()
-            for _ in range(k):
+            for i in range(k):
                 nfa.eps[cur].append(t)
+                before = len(nfa)
                 cur = yield (e.item, cur, inline_stack)
+                if i == 0 and e.min == 0:
+                    self._check_unrolling(len(nfa) - before, k - 1, len(nfa))
             nfa.eps[cur].append(t)
             return t
         if isinstance(e, ir.Ref):
