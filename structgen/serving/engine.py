@@ -50,7 +50,7 @@ from structgen.errors import ConfigError, RequestCancelledError, StructgenError
 from structgen.generation.results import GenerationStats, is_complete
 
 __all__ = ["ChoiceResult", "Constraint", "Engine", "EngineClosedError", "EngineRequest", "Event",
-           "RequestHandle", "ServerBusyError", "TEXT"]
+           "RequestHandle", "SWITCH_INTERVAL_S", "ServerBusyError", "TEXT"]
 
 
 class ServerBusyError(StructgenError):
@@ -237,6 +237,13 @@ class _Slot:
 
 _POLL_S = 0.1  # how often a request being prepared checks that its client is still there
 
+#: The interpreter's thread switch interval while an engine runs (seconds; None: leave it).
+#: A cold compile is pure Python and holds the GIL; the scheduler thread gives the GIL up at
+#: every torch call and must wait for the compile to yield it back, up to the interval each
+#: time. At CPython's default, 5 ms, that is a convoy (one decode step makes hundreds of such
+#: calls), and a normal request waits for a hostile compile to finish.
+SWITCH_INTERVAL_S: float | None = 2e-4
+
 
 def _constraint_key(req: EngineRequest) -> str | None:
     """What makes a request's preparation cheap once done: its constraint, tools and
@@ -349,11 +356,16 @@ class Engine:
 
     # -- life cycle -----------------------------------------------------------------------------
     def start(self) -> Engine:
-        """Start the scheduler thread (once)."""
+        """Start the scheduler thread (once). Also shortens the interpreter's thread switch
+        interval to :data:`SWITCH_INTERVAL_S` when it is longer (process-wide; see there)."""
+        import sys
+
         from structgen.generation.loop import _StepVerifier
         from structgen.generation.pacing import StepCost
 
         if self._thread is None:
+            if SWITCH_INTERVAL_S is not None and sys.getswitchinterval() > SWITCH_INTERVAL_S:
+                sys.setswitchinterval(SWITCH_INTERVAL_S)
             self._verifier = _StepVerifier(self.cfg, self.lm.vocab_size, self.lm.device, self.max_running)
             self._cost = StepCost()
             self._thread = threading.Thread(target=self._run, name="structgen-scheduler", daemon=True)
