@@ -303,7 +303,9 @@ class Engine:
     decoding options; ``speculative=False`` serves plain constrained decoding (the baseline).
     ``json_options`` / ``compile_options``: how constraints compile (``strict`` comes with each
     request). ``prepare_timeout_s``: the most seconds from submission to the end of a request's
-    preparation (compile, budget check, matchers), waiting included. ``on_result`` is called on
+    preparation (compile, budget check, matchers), waiting included. ``compile_processes``:
+    compile constraints that are in no cache in that many worker processes
+    (:mod:`structgen.serving.compile_workers`; 0: on the preparation threads). ``on_result`` is called on
     the scheduler thread with every finished :class:`ChoiceResult` (metrics). Call
     :meth:`start` before submitting, :meth:`close` at the end.
     """
@@ -311,7 +313,7 @@ class Engine:
     def __init__(self, lm: Any, *, cfg: SpecConfig | None = None, speculative: bool = True,
                  max_running: int = 16, max_queued: int = 64, default_max_tokens: int = 256,
                  request_timeout_s: float | None = 600.0, compile_workers: int = 2,
-                 prepare_timeout_s: float | None = 30.0,
+                 prepare_timeout_s: float | None = 30.0, compile_processes: int = 0,
                  json_options: JsonSchemaOptions | None = None,
                  compile_options: CompileOptions | None = None, draft_lm: Any = None,
                  on_result: Callable[[ChoiceResult], None] | None = None) -> None:
@@ -343,6 +345,14 @@ class Engine:
         self._warm: OrderedDict[str, None] = OrderedDict()  # keys of constraints prepared before
         self._client_share = max(1, compile_workers // 2)  # cold preparations one client may run
         self._lanes: dict[str, list[Any]] = {}  # client -> [semaphore, users]
+        self._workers: Any = None
+        if compile_processes > 0:
+            from structgen.serving.compile_workers import CompileWorkers
+
+            self._workers = CompileWorkers(compile_processes)
+        # grammars the workers compiled, by constraint (the front-ends' caches are theirs)
+        self._compiled: OrderedDict[str, Any] = OrderedDict()
+        self._compiled_lock = threading.Lock()
         self._cond = threading.Condition()
         self._waiting: deque[_Slot] = deque()
         self._pending = 0       # sequences admitted and not yet in the batch (compiling or waiting)
@@ -366,6 +376,8 @@ class Engine:
         if self._thread is None:
             if SWITCH_INTERVAL_S is not None and sys.getswitchinterval() > SWITCH_INTERVAL_S:
                 sys.setswitchinterval(SWITCH_INTERVAL_S)
+            if self._workers is not None:
+                self._workers.start()
             self._verifier = _StepVerifier(self.cfg, self.lm.vocab_size, self.lm.device, self.max_running)
             self._cost = StepCost()
             self._thread = threading.Thread(target=self._run, name="structgen-scheduler", daemon=True)
@@ -391,6 +403,8 @@ class Engine:
                 self._thread.join(5.0)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._warm_pool.shutdown(wait=False, cancel_futures=True)
+        if self._workers is not None:
+            self._workers.close()
 
     @property
     def running(self) -> int:
@@ -529,12 +543,33 @@ class Engine:
             self._cond.notify_all()
 
     def compile(self, constraint: Constraint) -> Any:
-        """The compiled grammar of ``constraint`` (the front-ends cache it by content)."""
+        """The compiled grammar of ``constraint`` (cached by content: by the front-ends, or
+        here for grammars compiled in worker processes)."""
         from structgen.frontends.constraint import compile_constraint
 
         options = replace(self.json_options, strict=constraint.strict)
-        return compile_constraint(constraint.kind, constraint.spec, start=constraint.start,
-                                  json_options=options, compile_options=self.compile_options)
+        if self._workers is None or constraint.unconstrained:
+            return compile_constraint(constraint.kind, constraint.spec, start=constraint.start,
+                                      json_options=options, compile_options=self.compile_options)
+        try:
+            key = json.dumps([constraint.kind, constraint.spec, constraint.start, constraint.strict],
+                             separators=(",", ":"))
+        except (TypeError, ValueError, RecursionError):
+            key = None
+        if key is not None:
+            with self._compiled_lock:
+                hit = self._compiled.get(key)
+                if hit is not None:
+                    self._compiled.move_to_end(key)
+                    return hit
+        grammar = self._workers.compile(constraint.kind, constraint.spec, start=constraint.start,
+                                        json_options=options, compile_options=self.compile_options)
+        if key is not None:
+            with self._compiled_lock:
+                self._compiled[key] = grammar
+                while len(self._compiled) > 256:
+                    self._compiled.popitem(last=False)
+        return grammar
 
     def _prepare(self, req: EngineRequest, handle: RequestHandle) -> list[_Slot]:
         """Everything before the batch, on a pool thread: compile, tokenise, check."""

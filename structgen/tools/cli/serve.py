@@ -101,7 +101,8 @@ def build_app(args: argparse.Namespace) -> Any:
     engine = Engine(lm, cfg=cfg, speculative=gen.speculative and not args.no_speculative,
                     max_running=args.max_running, max_queued=args.max_queued,
                     default_max_tokens=gen.max_new_tokens, request_timeout_s=args.request_timeout,
-                    prepare_timeout_s=args.prepare_timeout, json_options=settings.json_schema,
+                    prepare_timeout_s=args.prepare_timeout, compile_processes=args.compile_processes,
+                    json_options=settings.json_schema,
                     compile_options=settings.compile,
                     on_result=_observer(metrics))
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
@@ -157,6 +158,10 @@ def add_parser(sub: Any, port_type: Any, positive_int: Any) -> None:
                    help="seconds from a request's arrival to the end of its preparation (compile, "
                    "token-budget check), waiting included; beyond: 422 for its own work, 429 for waiting "
                    "(default 30)")
+    s.add_argument("--compile-processes", type=int, default=2, metavar="N",
+                   help="worker processes compiling constraints that are in no cache, so that a slow or "
+                   "hostile compile neither holds the server's GIL nor outlives its request (0: compile "
+                   "on threads of the server; default 2)")
     s.add_argument("--max-body-bytes", type=positive_int, default=4 << 20, metavar="N",
                    help="largest request body; beyond: 413 (default 4 MiB)")
     s.add_argument("--allowed-hosts", metavar="HOSTS",
