@@ -439,11 +439,7 @@ class CompletionLengths:
             targets = row[row >= 0]
             if targets.size:
                 for t in set(targets.tolist()):
-                    got = preds.get(t)
-                    if got is None:
-                        preds[t] = [g]
-                    else:
-                        got.append(g)
+                    preds.setdefault(t, []).append(g)
                     work.append(t)
             st, n = tab.state_calls[g].tolist()
             if n:
@@ -471,11 +467,7 @@ class CompletionLengths:
             pending = (a,) if a == b or kb is not None else (b,) if ka is not None else (a, b)
             waiting[i] = len(pending)
             for x in pending:
-                got = uses.get(x)
-                if got is None:
-                    uses[x] = [i]
-                else:
-                    got.append(i)
+                uses.setdefault(x, []).append(i)
         heapq.heapify(heap)
         settled: dict[int, int] = {}
         while heap:

@@ -24,7 +24,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -136,7 +135,7 @@ class CompileWorkers:
         self._started = 0
         self._cond = threading.Condition()
         self._closed = False
-        self.killed = 0  # workers killed for a cancelled or late job (exported as a counter)
+        self.killed = 0  # workers killed for a cancelled or late job
 
     def start(self) -> None:
         """Start every worker now (they load and warm up in the background), so that the
@@ -146,7 +145,7 @@ class CompileWorkers:
                 self._idle.append(_Worker())
                 self._started += 1
 
-    def _take(self, deadline: float | None, cancelled: Callable[[], bool]) -> _Worker:
+    def _take(self, deadline: float | None) -> _Worker:
         with self._cond:
             while True:
                 if self._closed:
@@ -157,7 +156,7 @@ class CompileWorkers:
                     self._started += 1
                     break
                 self._cond.wait(_POLL_S)
-                self._check(deadline, cancelled)
+                self._check(deadline)
         try:
             return _Worker()
         except BaseException:
@@ -177,45 +176,35 @@ class CompileWorkers:
             self._cond.notify()
 
     @staticmethod
-    def _check(deadline: float | None, cancelled: Callable[[], bool]) -> None:
-        if cancelled():
-            raise RequestCancelledError("the request was cancelled (its client went away)")
+    def _check(deadline: float | None) -> None:
+        limits.check()  # RequestCancelledError once the request's scope is cancelled
         if deadline is not None and limits.now() > deadline:
             raise CompileTimeoutError("grammar compilation did not finish before the request's deadline "
                                       "(--prepare-timeout / CompileOptions.timeout_s)")
 
-    def compile(self, kind: str, spec: Any, *, start: str, json_options: Any, compile_options: Any,
-                cancelled: Callable[[], bool] = lambda: False) -> Any:
+    def _answer(self, worker: _Worker, deadline: float | None) -> Any:
+        """The worker's next message, waited for within the request's limits."""
+        while not worker.conn.poll(_POLL_S):
+            self._check(deadline)
+            if not worker.alive():
+                raise RuntimeError("a compile worker process died")
+        return worker.conn.recv()
+
+    def compile(self, kind: str, spec: Any, *, start: str, json_options: Any, compile_options: Any) -> Any:
         """The compiled grammar of one constraint, compiled in a worker process, within the
-        current :func:`structgen.limits.scope`'s deadline (and ``compile_options.timeout_s``)
-        and until ``cancelled`` answers true (then the worker is killed and
+        current :func:`structgen.limits.scope` (its deadline, and ``compile_options.timeout_s``;
+        once it is cancelled the worker is killed and
         :class:`~structgen.errors.RequestCancelledError` raised). Raises the worker's typed
         error as it was raised there."""
         timeout = getattr(compile_options, "timeout_s", None)
         deadline = limits.deadline_within(None if timeout is None else limits.now() + timeout + 1.0)
-        def gone() -> bool:
-            try:
-                limits.check()
-            except RequestCancelledError:
-                return True
-            return cancelled()
-
-        worker = self._take(deadline, gone)
-        answer: tuple[Any, ...] | None = None
+        worker = self._take(deadline)
         try:
             if not worker.ready:  # its warm-up; a request does not wait for it past its limits
-                while not worker.conn.poll(_POLL_S):
-                    self._check(deadline, gone)
-                    if not worker.alive():
-                        raise RuntimeError("a compile worker process failed to start")
-                worker.conn.recv()
+                self._answer(worker, deadline)
                 worker.ready = True
             worker.send_conn.send((kind, spec, start, json_options, compile_options))
-            while not worker.conn.poll(_POLL_S):
-                self._check(deadline, gone)
-                if not worker.alive():
-                    raise RuntimeError("a compile worker process died while compiling")
-            answer = worker.conn.recv()
+            answer = self._answer(worker, deadline)
         except BaseException:
             worker.kill()
             self.killed += 1
