@@ -616,6 +616,23 @@ class Matcher:
                 cid = eng.step(cid, b)
             return bytes(out)
 
+    def must_end_after(self, data: bytes = b"") -> bool:
+        """True when, after the bytes ``data`` from here, the output can only end (it is
+        complete and no byte may follow): EOS is then the one token allowed. False when
+        ``data`` is not allowed. Does not advance the matcher."""
+        eng = self._eng
+        with eng.lock:
+            self._sync()
+            cid = self._hist[-1]
+            if cid == _TERMINATED:
+                return False
+            if data:
+                cid = eng.walk(cid, data)
+                self._sync()
+                if cid < 0:
+                    return False
+            return bool(eng.is_accepting(cid)) and eng.live_bytes(cid).shape[0] == 0
+
     def forced_tokens(self) -> list[int]:
         """A tokenization of :meth:`forced_bytes` (greedy longest match over the vocabulary).
 
