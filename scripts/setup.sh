@@ -53,19 +53,9 @@ log() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 # 1. virtual environment -------------------------------------------------------------------
-if [ ! -x "$PY" ]; then
-    command -v python3 >/dev/null || die "python3 not found (structgen needs Python >= 3.10)"
-    python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
-        || die "python3 is $(python3 -V 2>&1); structgen needs Python >= 3.10"
-    log "creating .venv with $(python3 -V 2>&1)"
-    python3 -m venv "$VENV"
-fi
-pip_install() {
-    # pip warns once per package about index folders that do not hold it; that is noise here.
-    "$PY" -m pip install --disable-pip-version-check "$@" 2>&1 \
-        | { grep -v "^WARNING: Location '.*' is ignored: it is neither a file nor a directory\.$" || true; }
-    return "${PIPESTATUS[0]}"
-}
+# shellcheck source=scripts/_venv.sh
+source "$ROOT/scripts/_venv.sh"
+make_venv
 
 # Python 3.11's venv ships setuptools 65, too old for PEP 639 license metadata (needs >= 77);
 # the packaging test builds a wheel without build isolation, so the venv needs a recent one.

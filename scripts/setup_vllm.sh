@@ -47,19 +47,9 @@ log() { printf '[setup-vllm] %s\n' "$*"; }
 die() { printf '[setup-vllm] error: %s\n' "$*" >&2; exit 1; }
 
 # 1. virtual environment -------------------------------------------------------------------
-if [ ! -x "$PY" ]; then
-    command -v python3 >/dev/null || die "python3 not found (structgen needs Python >= 3.10)"
-    python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
-        || die "python3 is $(python3 -V 2>&1); structgen needs Python >= 3.10"
-    log "creating $VENV with $(python3 -V 2>&1)"
-    python3 -m venv "$VENV"
-fi
-pip_install() {
-    # pip warns once per package about index folders that do not hold it; that is noise here.
-    "$PY" -m pip install --disable-pip-version-check "$@" 2>&1 \
-        | { grep -v "^WARNING: Location '.*' is ignored: it is neither a file nor a directory\.$" || true; }
-    return "${PIPESTATUS[0]}"
-}
+# shellcheck source=scripts/_venv.sh
+source "$ROOT/scripts/_venv.sh"
+make_venv
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     log "note: a CUDA GPU is present, but this script installs vLLM's CPU build; for the GPU"
     log "build install 'structgen[vllm]' into an environment with a CUDA torch (docs/guides/vllm.md)"

@@ -119,8 +119,8 @@ def test_engine_args_with_grammar_drafts(offline: None) -> None:
         "structured_outputs_config": {"backend": "structgen"},
         "scheduler_cls": "structgen.integrations.vllm.GrammarDraftScheduler",
         "async_scheduling": False,
-        "additional_config": {"structgen": {"grammar_drafts": True, "budget_closing": True,
-                                            "strict": True}},
+        "additional_config": {"structgen": {"grammar_drafts": True, "prompt_lookup": True,
+                                            "budget_closing": True, "strict": True}},
         "speculative_config": {"method": "custom_class",
                                "model": "structgen.integrations.vllm.NoDraftProposer",
                                "num_speculative_tokens": 8},
@@ -134,8 +134,8 @@ def test_engine_args_without_drafts_run_no_speculation(offline: None) -> None:
     args = sv.engine_args(grammar_drafts=False, budget_closing=False, strict=False)
     assert "speculative_config" not in args
     assert args["async_scheduling"] is False
-    assert args["additional_config"] == {"structgen": {"grammar_drafts": False, "budget_closing": False,
-                                                       "strict": False}}
+    assert args["additional_config"] == {"structgen": {"grammar_drafts": False, "prompt_lookup": True,
+                                                       "budget_closing": False, "strict": False}}
 
 
 def test_engine_args_ngram_and_own_speculative_config(offline: None) -> None:
@@ -172,7 +172,8 @@ def test_server_flags_match_engine_args(offline: None) -> None:
         "--structured-outputs-config", '{"backend":"structgen"}',
         "--scheduler-cls", "structgen.integrations.vllm.GrammarDraftScheduler",
         "--no-async-scheduling",
-        "--additional-config", '{"structgen":{"grammar_drafts":true,"budget_closing":true,"strict":true}}',
+        "--additional-config",
+        '{"structgen":{"grammar_drafts":true,"prompt_lookup":true,"budget_closing":true,"strict":true}}',
         "--speculative-config",
         '{"method":"custom_class","model":"structgen.integrations.vllm.NoDraftProposer","num_speculative_tokens":8}',
     ]

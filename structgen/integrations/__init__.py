@@ -15,18 +15,14 @@ Two integrations, both plain grammar-constrained decoding (the speculative loop 
   grammar, regex or list of choices once (cached) and hands out one cheap grammar object
   per request.
 
-Plugging the backend into vLLM (not a dependency of structgen; nothing here imports it):
-vLLM's v1 engine selects a structured-output backend by name and talks to it through two
-abstract classes, a backend (``compile_grammar(request_type, grammar_spec)``,
-``allocate_token_bitmask(max_num_seqs)``, ``destroy()``) and a per-request grammar (the
-verbs above). Write two thin subclasses of those abstract classes whose methods forward to
-a :class:`StructgenBackend` (built from the engine's tokenizer and ``vocab_size``) and to the
-:class:`StructgenGrammar` it returns, and register them under a backend name in your vLLM
-build. vLLM's request types map onto :meth:`StructgenBackend.compile_grammar`'s
-``request_type`` by name (``JSON``, ``JSON_OBJECT``, ``REGEX``, ``GRAMMAR``, ``CHOICE``;
-an enum member is accepted as is). Note that ``GRAMMAR`` specs are read as Lark text
-(structgen's grammar language), not GBNF/EBNF. The bitmask layout is the one vLLM uses:
-packed int32 ``[num_rows, ceil(vocab_size / 32)]``, bit ``j`` of word ``w`` allowing token
+Inside vLLM itself, use :mod:`structgen.integrations.vllm` instead: it registers structgen as
+vLLM's structured-output backend (a ``vllm.general_plugins`` entry point) and adds
+grammar-forced drafts verified by vLLM's rejection sampler; ``engine_args()`` gives the
+arguments of ``vllm.LLM``. The classes here keep the same contract for engines in vLLM's style
+that are not vLLM: ``compile_grammar``'s ``request_type`` takes vLLM's names (``JSON``,
+``JSON_OBJECT``, ``REGEX``, ``GRAMMAR``, ``CHOICE``; an enum member is accepted as is),
+``GRAMMAR`` specs are Lark text (structgen's grammar language), not GBNF/EBNF, and the bitmask
+is packed int32 ``[num_rows, ceil(vocab_size / 32)]``, bit ``j`` of word ``w`` allowing token
 ``32 * w + j``.
 
 ``import structgen.integrations`` imports neither torch nor transformers;

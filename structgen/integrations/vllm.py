@@ -7,8 +7,9 @@ Three pieces, all loaded by vLLM itself in each of its processes:
   choice) is compiled by structgen and masked by its :class:`~structgen.masks.matcher.Matcher`,
   with structgen's exactness: canonical JSON strings, strict objects (no undeclared keys),
   and a typed refusal (vLLM's validation error, an HTTP 400 from its server) for a schema
-  structgen cannot enforce instead of a silently widened one. GBNF/EBNF grammars and
-  structural tags are refused with a message saying what to send instead.
+  structgen cannot enforce instead of a silently widened one. Structural tags (what vLLM's
+  tool parsers send for tool calls) are compiled by :mod:`structgen.frontends.structural_tag`;
+  GBNF/EBNF grammars are refused with a message saying what to send instead.
 * **grammar-forced drafts** (:class:`GrammarDraftScheduler`): before each step the scheduler
   proposes, for every structured request, the tokens the grammar alone determines from its
   state (the forced bytes tokenized as the model's tokenizer would, then EOS when the output
@@ -208,11 +209,6 @@ def server_flags(grammar_drafts: bool = True, **kwargs: Any) -> list[str]:
 
 def _refusal(kind: str, spec: str) -> str | None:
     """Why structgen does not take this request type/spec (None: it does)."""
-    if kind == "structural_tag":
-        return ("the structgen backend does not read structural tags. vLLM builds one for a "
-                "named or 'required' tool choice when its tool parser has a tag format: start the "
-                "server with VLLM_ENFORCE_STRICT_TOOL_CALLING=0 (vLLM then sends the tools' JSON "
-                "schema, which structgen enforces), or send a JSON schema yourself")
     if kind == "grammar" and "::=" in spec:
         return ("the structgen backend reads Lark grammars (rule 'start', 'name: ...'); this "
                 "looks like GBNF/EBNF ('::='): rewrite it in Lark")
@@ -250,11 +246,15 @@ class _Compiler:
                 value: Any = json.loads(spec)
             except ValueError as exc:
                 raise ConfigError(f"the JSON schema is not JSON: {exc}", key="json") from exc
-        elif kind == "choice":
-            value = spec
         else:
             value = spec
-        grammar = compile_constraint(kind, value, json_options=JsonSchemaOptions(strict=self.strict))
+        options = JsonSchemaOptions(strict=self.strict)
+        if kind == "structural_tag":
+            from structgen.frontends.structural_tag import compile_structural_tag
+
+            grammar = compile_structural_tag(value, json_options=options)
+        else:
+            grammar = compile_constraint(kind, value, json_options=options)
         with self._lock:
             self._cache[key] = grammar
             while len(self._cache) > self.size:
@@ -713,10 +713,10 @@ def _validate_request(params: Any, structured_outputs_config: Any, tokenizer: An
         request_type, spec = get_structured_output_key(so)
     except ValueError as exc:
         raise VLLMValidationError(str(exc)) from None
-    strict = True
     try:
-        compiler = _front_compiler(strict)
-        compiler.compile(_kind_of(request_type), spec)
+        # strict objects: closing objects never turns a compilable schema into a refused one,
+        # so this check holds for an engine run with strict=False too
+        _front_compiler(True).compile(_kind_of(request_type), spec)
     except StructgenError as exc:
         raise VLLMValidationError(f"structgen cannot enforce this constraint: {exc}") from None
     so._backend = BACKEND_NAME
