@@ -18,3 +18,20 @@ pip_install() {
         | { grep -v "^WARNING: Location '.*' is ignored: it is neither a file nor a directory\.$" || true; }
     return "${PIPESTATUS[0]}"
 }
+
+# Python 3.11's venv ships setuptools 65, too old for structgen's PEP 639 license metadata
+# (needs >= 77; the packaging test builds a wheel without build isolation): upgrade it once.
+ensure_setuptools() {
+    if ! "$PY" - <<'PYEOF' 2>/dev/null
+import sys
+try:
+    import setuptools, wheel  # noqa: F401
+except ImportError:
+    sys.exit(1)
+sys.exit(int(setuptools.__version__.split(".")[0]) < 77)
+PYEOF
+    then
+        log "upgrading pip/setuptools/wheel in $VENV"
+        pip_install -q -U pip "setuptools>=77" wheel
+    fi
+}

@@ -57,20 +57,7 @@ die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 source "$ROOT/scripts/_venv.sh"
 make_venv
 
-# Python 3.11's venv ships setuptools 65, too old for PEP 639 license metadata (needs >= 77);
-# the packaging test builds a wheel without build isolation, so the venv needs a recent one.
-if ! "$PY" - <<'PYEOF' 2>/dev/null
-import sys
-try:
-    import setuptools, wheel  # noqa: F401
-except ImportError:
-    sys.exit(1)
-sys.exit(int(setuptools.__version__.split(".")[0]) < 77)
-PYEOF
-then
-    log "upgrading pip/setuptools/wheel in .venv"
-    pip_install -q -U pip "setuptools>=77" wheel
-fi
+ensure_setuptools
 
 # 2. torch -----------------------------------------------------------------------------------
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then

