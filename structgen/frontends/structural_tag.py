@@ -95,7 +95,10 @@ class _Lowering:
                 schema = json.loads(schema)
             return self.embed(body_grammar("json", schema, json_options=self.json_options))
         if kind == "regex":
-            return self.embed(body_grammar("regex", _text(fmt.get("pattern"), f"{where}/pattern").decode()))
+            pattern = fmt.get("pattern")
+            if not isinstance(pattern, str):
+                raise ConfigError(f"{where}/pattern: expected a string", key=f"{where}/pattern")
+            return self.embed(body_grammar("regex", pattern))
         if kind == "any_text":
             text = _ANY
             excludes = [_text(e, f"{where}/excludes/{i}") for i, e in enumerate(fmt.get("excludes") or [])]

@@ -262,14 +262,8 @@ class _Compiler:
         return grammar
 
 
-_FRONT_COMPILERS: dict[bool, _Compiler] = {}
-
-
-def _front_compiler(strict: bool) -> _Compiler:
-    c = _FRONT_COMPILERS.get(strict)
-    if c is None:
-        c = _FRONT_COMPILERS[strict] = _Compiler(strict)
-    return c
+# the front end's request checks (vLLM's API process); the engine core compiles with its own
+_FRONT_COMPILER = _Compiler(strict=True)
 
 
 # --------------------------------------------------------------------------- the vLLM classes
@@ -716,7 +710,7 @@ def _validate_request(params: Any, structured_outputs_config: Any, tokenizer: An
     try:
         # strict objects: closing objects never turns a compilable schema into a refused one,
         # so this check holds for an engine run with strict=False too
-        _front_compiler(True).compile(_kind_of(request_type), spec)
+        _FRONT_COMPILER.compile(_kind_of(request_type), spec)
     except StructgenError as exc:
         raise VLLMValidationError(f"structgen cannot enforce this constraint: {exc}") from None
     so._backend = BACKEND_NAME

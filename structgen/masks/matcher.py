@@ -597,15 +597,9 @@ class Matcher:
         forced bytes following the bytes ``after`` (empty if ``after`` is not allowed)."""
         eng = self._eng
         with eng.lock:  # no other thread flushes meanwhile; the walk may (then: new ids)
-            self._sync()
-            cid = self._hist[-1]
-            if cid == _TERMINATED:
+            cid = self._config_after(after)
+            if cid < 0:
                 return b""
-            if after:
-                cid = eng.walk(cid, after)
-                self._sync()
-                if cid < 0:
-                    return b""
             out = bytearray()
             while len(out) < limit and cid >= 0 and not eng.is_accepting(cid):
                 live = eng.live_bytes(cid)
@@ -622,16 +616,20 @@ class Matcher:
         ``data`` is not allowed. Does not advance the matcher."""
         eng = self._eng
         with eng.lock:
+            cid = self._config_after(data)
+            return cid >= 0 and bool(eng.is_accepting(cid)) and eng.live_bytes(cid).shape[0] == 0
+
+    def _config_after(self, data: bytes) -> int:
+        """The configuration after the bytes ``data`` from the current one, or -1 when they
+        are not allowed or the matcher has terminated. The caller holds the engine lock."""
+        self._sync()
+        cid = self._hist[-1]
+        if cid == _TERMINATED:
+            return -1
+        if data:
+            cid = self._eng.walk(cid, data)
             self._sync()
-            cid = self._hist[-1]
-            if cid == _TERMINATED:
-                return False
-            if data:
-                cid = eng.walk(cid, data)
-                self._sync()
-                if cid < 0:
-                    return False
-            return bool(eng.is_accepting(cid)) and eng.live_bytes(cid).shape[0] == 0
+        return cid if cid >= 0 else -1
 
     def forced_tokens(self) -> list[int]:
         """A tokenization of :meth:`forced_bytes` (greedy longest match over the vocabulary).
