@@ -384,6 +384,14 @@ class LlamaCppLM:
         self.ctx.clear()
         self.length = 0
 
+    def prefill(self, token_ids: list[int], *, shared_prefix: int = 0) -> None:
+        """Empty the cache and feed ``token_ids`` (a prompt but its last token; may be empty).
+        ``shared_prefix``: how many leading tokens later prompts are likely to share (the
+        conversation before the last message), a hint for the prefix cache."""
+        self.reset()
+        if token_ids:
+            self.extend(token_ids, all_logits=False)
+
     def extend(self, token_ids: list[int], *, all_logits: bool = True, float32: bool = True) -> torch.Tensor:
         """Feed ``token_ids`` after the cached prefix; return float32 logits
         ``[len(token_ids), vocab_size]`` (``all_logits=False``: ``[1, vocab_size]``, the last
@@ -490,8 +498,9 @@ class LlamaCppBatchKV:
         """The longest row (positions held)."""
         return max(self.pos, default=0)
 
-    def prefill(self, prompts: list[list[int]]) -> None:
-        """Start a fresh cache holding the given token lists (each may be empty)."""
+    def prefill(self, prompts: list[list[int]], shared: list[int] | None = None) -> None:
+        """Start a fresh cache holding the given token lists (each may be empty). ``shared``:
+        per prompt, the prefix-cache hint of :meth:`LlamaCppLM.prefill`."""
         n = len(prompts)
         cells = max((len(p) for p in prompts), default=0) + _BATCH_ROOM + 8
         self.ctx = self.lm.batch_context(max(n, 1), cells)

@@ -80,6 +80,14 @@ class CausalLM:
         self.cache = DynamicCache()
         self.length = 0
 
+    def prefill(self, token_ids: list[int], *, shared_prefix: int = 0) -> None:
+        """Empty the cache and feed ``token_ids`` (a prompt but its last token; may be empty).
+        ``shared_prefix``: how many leading tokens later prompts are likely to share (the
+        conversation before the last message), a hint for the prefix cache."""
+        self.reset()
+        if token_ids:
+            self.extend(token_ids, all_logits=False)
+
     @torch.inference_mode()
     def extend(self, token_ids: list[int], *, all_logits: bool = True, float32: bool = True) -> torch.Tensor:
         """Feed ``token_ids`` after the cached prefix; return float32 logits
@@ -315,8 +323,9 @@ class BatchKV:
         return out.float() if float32 else out
 
     @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]]) -> None:
-        """Start a fresh cache holding the given token lists (each may be empty), left-padded."""
+    def prefill(self, prompts: list[list[int]], shared: list[int] | None = None) -> None:
+        """Start a fresh cache holding the given token lists (each may be empty), left-padded.
+        ``shared``: per prompt, the prefix-cache hint of :meth:`CausalLM.prefill`."""
         from transformers import DynamicCache
 
         self.cache = DynamicCache()
@@ -434,7 +443,7 @@ class BatchKV:
         self.compact(min_holes=0.0 if not rows else 0.5)
 
     @torch.inference_mode()
-    def join(self, prompts: list[list[int]]) -> bool:
+    def join(self, prompts: list[list[int]], shared: list[int] | None = None) -> bool:
         """Add one row per new sequence (its token list, which may be empty) after the rows
         already held, between two steps: continuous batching. The new rows are prefilled on
         their own (:meth:`prefill` of a fresh cache) and both caches are left-padded to the
