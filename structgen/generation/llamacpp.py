@@ -56,6 +56,7 @@ import torch
 
 from structgen.errors import AssetError, ConfigError
 from structgen.generation.model_store import is_gguf_path
+from structgen.generation.prefix_cache import BLOCK, DEFAULT_PREFIX_CACHE_MB, PrefixCache
 
 __all__ = ["GGUFTokenizer", "LlamaCppBatchKV", "LlamaCppLM", "is_gguf_path", "load_gguf"]
 
@@ -66,6 +67,12 @@ INSTALL_HINT = ("install the llama.cpp backend with `pip install 'structgen[llam
 _DEFAULT_CTX = 4096        # positions per sequence when the caller gives none (and the model allows)
 _CHUNK = 512               # positions per llama_decode call when prefilling a long prompt
 _BATCH_ROOM = 1024         # generated positions reserved per sequence of a batched cache
+# A prefill decode of at least this many positions computes every position's keys and values
+# bit-identically however the prompt is split into decodes (measured on Qwen2.5-Coder-0.5B
+# Q4_K_M and the tests' f32 model, 1 to 4 threads: 63 positions or fewer take other kernels and
+# round differently). Prefills keep every decode at this size or more, so a prompt restored
+# from the prefix cache and prefilled on from there holds the bytes a fresh prefill holds.
+PREFILL_MIN_COLUMNS = 64
 # ggml's tiled K-quant kernel takes products of 8 or more columns (ggml-cpu/tiled, "rows >= 8");
 # fewer columns take the per-column dot products a one-position pass takes
 ROW_INVARIANT_COLUMNS = 7
@@ -101,6 +108,10 @@ def _tiled_weights(path: Path) -> bool:
         return any(t.tensor_type.name in _TILED_TYPES for t in reader.tensors)
     except Exception:  # noqa: BLE001 - no gguf package or an unusual file: assume the worst
         return True
+
+
+def _default_threads() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
 
 
 def _lib() -> Any:
@@ -150,6 +161,9 @@ class _GGUFModel:
                                   else None)
         self._vocabulary: Any = None
         self.tokenizer = GGUFTokenizer(self)
+        self.name_or_path = str(path)
+        # KV states of prompt prefixes, shared by every context of these weights
+        self.prefix_cache = PrefixCache(DEFAULT_PREFIX_CACHE_MB << 20)
 
     def meta(self, key: str) -> str | None:
         """A GGUF metadata value as text, or None when the key is absent."""
@@ -270,7 +284,7 @@ class _Context:
         params.n_batch = _CHUNK
         params.n_ubatch = _CHUNK
         params.n_seq_max = n_seq + 1
-        threads = n_threads or max(1, min(os.cpu_count() or 1, 8))
+        threads = n_threads or _default_threads()
         params.n_threads = threads
         params.n_threads_batch = threads
         params.kv_unified = unified
@@ -294,6 +308,22 @@ class _Context:
     def remove(self, seq: int, start: int, stop: int = -1) -> None:
         """Drop positions ``start <= p < stop`` (``stop=-1``: to the end) of sequence ``seq``."""
         self.lib.llama_memory_seq_rm(self.mem, seq, start, stop)
+
+    def snapshot(self, seq: int) -> tuple[Any, int]:
+        """A copy of sequence ``seq``'s cache cells (positions, keys, values): ``(state, bytes)``."""
+        size = int(self.lib.llama_state_seq_get_size(self.ptr, seq))
+        buf = (ctypes.c_uint8 * size)()
+        written = int(self.lib.llama_state_seq_get_data(self.ptr, buf, size, seq))
+        return buf, written
+
+    def restore(self, seq: int, state: Any, length: int) -> bool:
+        """Load a :meth:`snapshot` of ``length`` positions into the empty sequence ``seq``;
+        False (and ``seq`` left empty) when llama.cpp refuses it."""
+        ok = int(self.lib.llama_state_seq_set_data(self.ptr, state, len(state), seq)) > 0
+        if ok and int(self.lib.llama_memory_seq_pos_max(self.mem, seq)) == length - 1:
+            return True
+        self.remove(seq, 0)
+        return False
 
     def decode(self, tokens: list[tuple[int, int, int, bool]]) -> np.ndarray:
         """Run ``(token, position, sequence, wants_logits)`` entries in ONE ``llama_decode``;
@@ -343,6 +373,8 @@ class LlamaCppLM:
     ``row_invariant`` (default True): one-position passes compute a scratch position too, so
     that every pass takes the same matrix kernels (see the module docstring); False runs
     exactly the positions given. ``vocab_size`` is the logits' width (the GGUF's token count).
+    ``prefix_cache`` (the weights' :class:`~structgen.generation.prefix_cache.PrefixCache`,
+    shared by every LlamaCppLM of the file): see :meth:`prefill`.
     """
 
     def __init__(self, model: _GGUFModel, *, n_ctx: int | None = None, n_threads: int | None = None,
@@ -357,6 +389,9 @@ class LlamaCppLM:
         self.n_threads = n_threads
         self.row_invariant = bool(row_invariant)
         self.flash_attn = bool(flash_attn)
+        self.prefix_cache = model.prefix_cache
+        # states saved under other threads or attention kernels would not be a fresh prefill's bytes
+        self._variant = (self.flash_attn, n_threads or _default_threads())
         self._ctx: _Context | None = None
         self._batch_ctx: _Context | None = None
         self.length = 0
@@ -385,12 +420,55 @@ class LlamaCppLM:
         self.length = 0
 
     def prefill(self, token_ids: list[int], *, shared_prefix: int = 0) -> None:
-        """Empty the cache and feed ``token_ids`` (a prompt but its last token; may be empty).
+        """Empty the cache and feed ``token_ids`` (a prompt but its last token; may be empty),
+        reusing the longest prefix the prefix cache holds.
+
         ``shared_prefix``: how many leading tokens later prompts are likely to share (the
-        conversation before the last message), a hint for the prefix cache."""
+        conversation before the last message); the cache saves the state there. Exact: a
+        restored prefix holds the bytes a fresh prefill computes, and every decode of the rest
+        holds at least :data:`PREFILL_MIN_COLUMNS` positions, as a fresh prefill's decodes do,
+        so the logits that follow are bit-identical to a fresh prefill's."""
+        ids = [int(t) for t in token_ids]
+        if len(ids) > self.max_positions:
+            raise RuntimeError(f"{len(ids)} positions exceed the cache of {self.max_positions} "
+                               "(load the GGUF with a larger n_ctx)")
         self.reset()
-        if token_ids:
-            self.extend(token_ids, all_logits=False)
+        self.prefill_sequence(self.ctx, 0, ids, shared_prefix)
+        self.length = len(ids)
+        self.forward_passes += 1
+
+    def prefill_sequence(self, ctx: _Context, seq: int, ids: list[int], shared_prefix: int = 0,
+                         *, noted: bool = False) -> int:
+        """Prefill ``ids`` into the empty sequence ``seq`` of ``ctx`` (see :meth:`prefill`);
+        ``noted``: the prompt was already shown to the cache's
+        :meth:`~structgen.generation.prefix_cache.PrefixCache.note`. Returns the decodes run."""
+        n = len(ids)
+        cache = self.prefix_cache
+        start, cuts = 0, []
+        if cache.enabled and n >= BLOCK:
+            def allowed(length: int) -> bool:
+                return length == n or length <= n - PREFILL_MIN_COLUMNS
+
+            length, state = cache.lookup(self._variant, ids, allowed)
+            if state is not None and ctx.restore(seq, state, length):
+                start = length
+            if not noted:
+                cache.note([ids])
+            cuts = cache.plan(self._variant, ids, start, allowed, shared_prefix)
+        decodes = 0
+        points = sorted({start, n, *cuts})
+        for a, b in zip(points, points[1:]):
+            # balanced decodes of at most _CHUNK - 1 positions: each holds 256 or more when
+            # there are several, and a span between two points holds BLOCK or more
+            parts = -(-(b - a) // (_CHUNK - 1))
+            bounds = [a + (b - a) * i // parts for i in range(parts + 1)]
+            for lo, hi in zip(bounds, bounds[1:]):
+                ctx.decode([(ids[j], j, seq, False) for j in range(lo, hi)])
+                decodes += 1
+            if b in cuts:
+                state, nbytes = ctx.snapshot(seq)
+                cache.save(self._variant, ids[:b], state, nbytes)
+        return decodes
 
     def extend(self, token_ids: list[int], *, all_logits: bool = True, float32: bool = True) -> torch.Tensor:
         """Feed ``token_ids`` after the cached prefix; return float32 logits
@@ -461,25 +539,32 @@ class LlamaCppLM:
         ctx.clear()
         return ctx
 
-    def new_batch_cache(self) -> LlamaCppBatchKV:
+    def new_batch_cache(self, rows: int | None = None) -> LlamaCppBatchKV:
         """The batched cache :func:`structgen.generation.loop.run_batch` steps (what
-        :class:`~structgen.generation.model.BatchKV` is for transformers models)."""
-        return LlamaCppBatchKV(self)
+        :class:`~structgen.generation.model.BatchKV` is for transformers models); ``rows``:
+        how many sequences it may hold at once (default: those of its first prefill)."""
+        return LlamaCppBatchKV(self, rows=rows)
 
 
 class LlamaCppBatchKV:
     """Several sequences of a :class:`LlamaCppLM` stepped together: the llama.cpp counterpart of
     :class:`~structgen.generation.model.BatchKV` (same methods and counters).
 
-    Row ``r`` of the batch is llama.cpp sequence ``seq[r]``, with a cache stream of its own; a
-    step feeds every row its tokens at its own positions in ONE ``llama_decode`` (no padding
-    positions), :meth:`commit` removes each row's rejected positions, :meth:`select` drops
-    finished rows (their cells are freed) and reorders the rest without moving any data. Prompts
-    are prefilled one after another, each as the single-sequence path prefills it.
+    Row ``r`` of the batch is llama.cpp sequence ``seq[r]``, with a cache stream of its own that
+    holds the model's whole context; a step feeds every row its tokens at its own positions in
+    ONE ``llama_decode`` (no padding positions), :meth:`commit` removes each row's rejected
+    positions, :meth:`select` drops finished rows (their cells are freed) and reorders the rest
+    without moving any data, :meth:`join` prefills new rows into free sequences between two
+    steps (continuous batching). Prompts are prefilled one after another, each as
+    :meth:`LlamaCppLM.prefill` prefills it, through the model's prefix cache (the prompts of one
+    prefill or join are shown to it first, so the first of several prompts sharing a system
+    prompt saves it for the others). ``rows``: the sequences the cache may hold at once
+    (default: those of its first prefill; a join beyond it is refused).
     """
 
-    def __init__(self, lm: LlamaCppLM) -> None:
+    def __init__(self, lm: LlamaCppLM, rows: int | None = None) -> None:
         self.lm = lm
+        self.rows = rows
         self.ctx: _Context | None = None
         self.seq: list[int] = []
         self.pos: list[int] = []
@@ -502,16 +587,38 @@ class LlamaCppBatchKV:
         """Start a fresh cache holding the given token lists (each may be empty). ``shared``:
         per prompt, the prefix-cache hint of :meth:`LlamaCppLM.prefill`."""
         n = len(prompts)
-        cells = max((len(p) for p in prompts), default=0) + _BATCH_ROOM + 8
-        self.ctx = self.lm.batch_context(max(n, 1), cells)
-        self.seq = list(range(n))
-        self.pos = [len(p) for p in prompts]
-        for s, p in enumerate(prompts):
-            for lo in range(0, len(p), _CHUNK - 1):
-                part = p[lo: lo + _CHUNK - 1]
-                entries = [(int(t), lo + j, s, False) for j, t in enumerate(part)]
-                self.ctx.decode(entries)
-                self.forward_passes += 1
+        self.ctx = self.lm.batch_context(max(n, self.rows or 0, 1), self.lm.max_positions + 8)
+        self.seq, self.pos = [], []
+        self._add(list(range(n)), prompts, shared)
+
+    def join(self, prompts: list[list[int]], shared: list[int] | None = None) -> bool:
+        """Add one row per new sequence after the rows held, prefilled into free sequences.
+        Returns False, with nothing done, when the cache has too few free sequences."""
+        if not prompts:
+            return True
+        if self.ctx is None or not self.seq:
+            self.prefill(prompts, shared)
+            return True
+        used = set(self.seq)
+        free = [s for s in range(self.ctx.n_seq) if s not in used]
+        if len(free) < len(prompts):
+            return False
+        self._add(free[: len(prompts)], prompts, shared)
+        return True
+
+    def _add(self, seqs: list[int], prompts: list[list[int]], shared: list[int] | None) -> None:
+        assert self.ctx is not None
+        for p in prompts:
+            if len(p) > self.lm.max_positions:
+                raise RuntimeError(f"{len(p)} positions exceed the cache of {self.lm.max_positions} "
+                                   "(load the GGUF with a larger n_ctx)")
+        ids = [[int(t) for t in p] for p in prompts]
+        self.lm.prefix_cache.note(ids)
+        for i, (s, p) in enumerate(zip(seqs, ids)):
+            hint = shared[i] if shared else 0
+            self.forward_passes += self.lm.prefill_sequence(self.ctx, s, p, hint, noted=True)
+            self.seq.append(s)
+            self.pos.append(len(p))
             self.real_positions += len(p)
 
     def extend(self, rows: list[list[int]], *, float32: bool = True) -> torch.Tensor:

@@ -77,7 +77,7 @@ def build_app(args: argparse.Namespace) -> Any:
             cfg = replace(cfg, temperature=args.temperature)
     except ConfigError as e:
         raise _Usage(f"--temperature: {e}") from None
-    from structgen.generation.model_store import resolve_model
+    from structgen.generation.model_store import is_gguf_path, resolve_model
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -94,8 +94,20 @@ def build_app(args: argparse.Namespace) -> Any:
 
     hf_logging.disable_progress_bar()
     try:
-        lm = load_model(str(model_path), dtype=args.dtype)
-    except Exception as e:  # noqa: BLE001 - transformers' many load errors
+        if is_gguf_path(model_path):  # llama.cpp backend: its threads, context and prefix cache
+            from structgen.generation.llamacpp import load_gguf
+
+            lm = load_gguf(model_path, n_threads=args.threads, n_ctx=args.ctx_size)
+            lm.prefix_cache.max_bytes = args.prefix_cache_mb << 20
+        else:
+            if args.threads:
+                import torch
+
+                torch.set_num_threads(args.threads)
+            lm = load_model(str(model_path), dtype=args.dtype)
+    except AssetError as e:
+        raise _Usage(f"cannot load model {model_name}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - transformers' and llama.cpp's many load errors
         raise _Usage(f"cannot load model {model_name}: {type(e).__name__}: {e}") from None
     metrics = process_metrics()
     engine = Engine(lm, cfg=cfg, speculative=gen.speculative and not args.no_speculative,
@@ -136,15 +148,25 @@ def add_parser(sub: Any, port_type: Any, positive_int: Any) -> None:
         "extensions). Requests join one continuously refilled batch. Loopback only unless --host "
         "says otherwise. Stops (draining running requests) on Ctrl-C / SIGTERM.")
     s.add_argument("--model", "-m", metavar="ALIAS|PATH",
-                   help="model alias (see `structgen models`) or Hugging Face folder (default: "
-                   "generation.model of --config, else smollm2-135m)")
+                   help="model alias (see `structgen models`; an ALIAS-gguf alias runs the GGUF on "
+                   "llama.cpp), Hugging Face folder or .gguf file (default: generation.model of "
+                   "--config, else smollm2-135m)")
     s.add_argument("--config", "-c", metavar="spec.yaml", help="YAML configuration (see `structgen config`)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", type=port_type, default=8000, help="TCP port (default 8000)")
     s.add_argument("--api-key", metavar="KEY", help=f"require 'Authorization: Bearer KEY' on every route "
                    f"but /health (default: ${API_KEY_ENV}; unset: no key)")
     s.add_argument("--served-model-name", metavar="NAME", help="model id in /v1/models (default: --model)")
-    s.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"))
+    s.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"),
+                   help="weights type of a transformers model (a GGUF keeps its own)")
+    s.add_argument("--threads", type=positive_int, metavar="N",
+                   help="CPU threads of the model: llama.cpp's for a GGUF (default: the CPU count, at "
+                   "most 8), torch's otherwise")
+    s.add_argument("--ctx-size", type=positive_int, metavar="N",
+                   help="positions per sequence of a GGUF (default: its training context, at most 4096)")
+    s.add_argument("--prefix-cache-mb", type=int, default=512, metavar="MB",
+                   help="memory for the KV states of prompt prefixes that requests share (system "
+                   "prompt, tools), on a GGUF; 0 turns the cache off (default 512)")
     s.add_argument("--temperature", type=float, metavar="T",
                    help="default temperature of requests that give none (default 0: greedy)")
     s.add_argument("--no-speculative", action="store_true", help="plain constrained decoding (baseline)")
