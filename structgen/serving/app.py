@@ -677,6 +677,22 @@ def _engine_metrics(engine: Engine) -> str:
            [("", c.step_rows)])
     family("output_tokens_total", "counter", "Tokens committed to outputs.", [("", c.output_tokens)])
     family("joins_total", "counter", "Times new sequences joined the running batch.", [("", c.joins)])
+    pc = getattr(engine.lm, "prefix_cache", None)
+    if pc is not None:  # the model's cache of shared prompt prefixes
+        st = pc.stats
+        family("prefix_cache_lookups_total", "counter", "Prompts looked up in the prefix cache.",
+               [("", st.lookups)])
+        family("prefix_cache_hits_total", "counter", "Prompts that restored a saved prefix.", [("", st.hits)])
+        family("prefix_cache_reused_tokens_total", "counter",
+               "Prompt tokens restored from the prefix cache instead of prefilled.", [("", st.tokens_reused)])
+        family("prefix_cache_prompt_tokens_total", "counter", "Prompt tokens of every lookup.",
+               [("", st.tokens_looked_up)])
+        family("prefix_cache_bytes", "gauge", "Memory held by saved prefix states.", [("", st.bytes)])
+        family("prefix_cache_capacity_bytes", "gauge", "The prefix cache's memory bound.",
+               [("", pc.max_bytes)])
+        family("prefix_cache_entries", "gauge", "Saved prefix states.", [("", st.entries)])
+        family("prefix_cache_evictions_total", "counter", "Saved states dropped for memory.",
+               [("", st.evicted)])
     return "\n".join(lines) + "\n"
 
 
