@@ -15,7 +15,11 @@ for two settings its command line cannot give:
   under concurrent clients would end most requests early.
 
 Everything else is llama-cpp-python's default: the chat format from the GGUF's own chat
-template, one ``Llama`` behind a lock (requests are served one at a time, in arrival order).
+template, one ``Llama`` behind a lock (requests are served one at a time, in arrival order),
+no prompt cache (``cache`` off), so the only prefix reuse is ``Llama.generate``'s own: a request
+keeps the KV state of the longest prefix its tokens share with the previous request's.
+``--threads`` sets ``n_threads`` and ``n_threads_batch`` (``serve.py`` gives it the thread count
+it gives ``structgen serve``).
 The caller (``serve.py``) removes ``GGML_CPU_TILED_MM`` from this process's environment, so
 llama.cpp keeps its own kernel choice, as a user's server would.
 

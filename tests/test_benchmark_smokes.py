@@ -58,14 +58,19 @@ SMOKES: dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]] = {
     "tools": ((), False, ("gpt2", "llama3")),
     "llamacpp_row_invariance": ((), False, ()),
     "llamacpp_prefill": ((), False, ()),
+    "prefix_reuse": ((), False, ()),
     "default_model": ((), False, ()),
     "serve": ((), False, ("gpt2",)),
+    "serve_llamacpp": (("--backend", "llamacpp"), False, ()),
     "serve_hostile": ((), False, ("gpt2",)),
     "vllm_backends": ((), False, ()),
 }
+# smokes that run another smoke's script with other arguments -> that script
+SCRIPT_OF = {"serve_llamacpp": "serve"}
 # scripts that need an optional package beyond triton: skipped without it
-NEEDS_MODULE = {"llamacpp_row_invariance": "llama_cpp", "llamacpp_prefill": "llama_cpp", "serve": "fastapi",
-                "serve_hostile": "fastapi"}
+NEEDS_MODULE = {"llamacpp_row_invariance": "llama_cpp", "llamacpp_prefill": "llama_cpp",
+                "prefix_reuse": "llama_cpp", "serve": "fastapi",
+                "serve_llamacpp": "llama_cpp", "serve_hostile": "fastapi"}
 
 
 # scripts that run vLLM (in its own environment, .venv-vllm, which they re-execute themselves
@@ -79,8 +84,8 @@ VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 # the longest smokes first, so that the two concurrent runs finish close together
 START_ORDER = ("vllm_backends", "masks", "masks_builds", "jsonschemabench", "tools", "bad_inputs", "batch",
                "budget", "generate", "lossless", "verify", "verify_codegen", "verify_race_skip",
-               "json_schema_suite", "startup", "llamacpp_row_invariance", "llamacpp_prefill", "default_model",
-               "serve", "serve_hostile")
+               "json_schema_suite", "startup", "llamacpp_row_invariance", "llamacpp_prefill", "prefix_reuse",
+               "default_model", "serve", "serve_llamacpp", "serve_hostile")
 
 
 class _Runs:
@@ -99,7 +104,8 @@ class _Runs:
         extra, _, _ = SMOKES[script]
         env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                    HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        cmd = [sys.executable, str(BENCH / f"{script}.py"), "--smoke", "--out", str(self.out(script)), *extra]
+        cmd = [sys.executable, str(BENCH / f"{SCRIPT_OF.get(script, script)}.py"), "--smoke", "--out",
+               str(self.out(script)), *extra]
         return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=TIMEOUT_S.get(script, 600))
 
@@ -209,14 +215,16 @@ def _check_envelope(report: dict[str, Any], script: str, out: Path) -> None:
         assert v["numpy"] == numpy.__version__ and v["torch"] == torch.__version__
     assert v["structgen"] == structgen.__version__
     extra, _, _ = SMOKES[script]
-    assert env["command"][1:] == [f"benchmarks/{script}.py", "--smoke", "--out", str(out), *extra]
+    assert env["command"][1:] == [f"benchmarks/{SCRIPT_OF.get(script, script)}.py", "--smoke", "--out",
+                                  str(out), *extra]
 
 
 def test_every_benchmark_script_has_a_smoke() -> None:
     scripts = {p.name for p in BENCH.glob("*.py") if not p.name.startswith("_")} - HELPERS
-    assert scripts == {f"{s}.py" for s in SMOKES} == {f"{s}.py" for s in START_ORDER}
+    assert scripts == {f"{SCRIPT_OF.get(s, s)}.py" for s in SMOKES}
+    assert set(SMOKES) == set(START_ORDER) and set(SCRIPT_OF) <= set(SMOKES)
     for s in SMOKES:
-        assert "--smoke" in (BENCH / f"{s}.py").read_text(encoding="utf-8"), s
+        assert "--smoke" in (BENCH / f"{SCRIPT_OF.get(s, s)}.py").read_text(encoding="utf-8"), s
 
 
 def test_envelope_refuses_a_second_envelope(tmp_path: Path) -> None:
@@ -500,6 +508,39 @@ def test_serve(runs: _Runs) -> None:
         assert set(report["bars"]["spec_vs_llama_cpp.server"]["output_tokens_per_s"]) != {None}
     else:
         assert llama not in report["results"] and "not installed" in report["meta"]["skipped"][llama]
+
+
+def test_serve_llamacpp(runs: _Runs) -> None:
+    """``serve.py --backend llamacpp``: structgen serve on the tests' tiny GGUF (the same file
+    llama_cpp.server gets), workloads with a shared system prompt and with distinct prompts, 1 and
+    4 clients; every structgen request answered and valid, greedy speculative output identical to
+    plain decoding, issue 38's bars computed."""
+    _, report = _smoke(runs, "serve_llamacpp")
+    meta = report["meta"]
+    assert meta["mode"] == "smoke" and meta["backend"] == "llamacpp" and meta["levels"] == [1, 4]
+    assert meta["workloads"] == ["shared", "distinct"] and meta["shared_prefix_tokens"] > 0
+    assert meta["structgen_serve"]["threads"] == 1
+    rows = [["shared", 1], ["shared", 4], ["distinct", 1], ["distinct", 4]]
+    for engine in ("spec", "plain"):
+        got = report["results"][engine]
+        assert [[r["workload"], r["concurrency"]] for r in got] == rows
+        for r in got:
+            assert r["ok"] == r["requests"] and r["valid"] == f"{r['ok']}/{r['ok']}", r
+            assert r["output_tokens"] > 0 and r["ttft_p50_s"] > 0 and r["ttft_p95_s"] > 0
+    ident = report["bars"]["spec_equals_plain"]
+    assert ident["compared"] == sum(r["ok"] for r in report["results"]["spec"])
+    assert ident["identical"] == ident["compared"], ident["differences"]
+    llama = "llama_cpp.server"
+    if all(importlib.util.find_spec(m) for m in LLAMA_SERVER_MODULES):
+        got = report["results"][llama]
+        assert [[r["workload"], r["concurrency"]] for r in got] == rows
+        for r in got:
+            assert r["ok"] == r["requests"] and r["output_tokens"] > 0 and r["ttft_p50_s"] > 0, r
+        bars = report["bars"]["issue38"]
+        assert {b["workload"] for b in bars if "workload" in b} == {"shared", "distinct"}
+        assert all(b["value"] is not None for b in bars), bars
+    else:
+        assert llama not in report["results"] and "not installed" in meta["skipped"][llama]
 
 
 def test_serve_hostile(runs: _Runs) -> None:
