@@ -129,6 +129,7 @@ def test_restored_prefix_gives_the_fresh_prefill_logits(gguf_files, weights: str
     for i, ids in enumerate(cases):
         assert torch.equal(_next_logits(lm, ids), fresh[i]), (weights, threads, i)
     st = lm.prefix_cache.stats
+    assert st.restore_failures == 0
     assert st.hits - hits >= len(cases) - 2
     assert st.tokens_reused - reused >= 4 * BLOCK * (len(cases) - 2)
 
@@ -160,6 +161,9 @@ def test_batched_rows_restore_and_join_exactly(gguf_files) -> None:
     assert kv.join([prompts[2][:-1]])
     step = kv.extend([prompts[4][-1:], prompts[1][-1:], prompts[2][-1:]])
     assert torch.equal(step[2:3], fresh[2])
+    # the one-sequence cache after the batched one: states do not cross the two cache layouts
+    assert torch.equal(_next_logits(lm, prompts[3]), fresh[3])
+    assert lm.prefix_cache.stats.restore_failures == 0
 
 
 @needs_llama_cpp

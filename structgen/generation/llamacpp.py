@@ -296,6 +296,7 @@ class _Context:
         self.ptr = ptr
         self.n_cells = int(lib.llama_n_ctx(ptr))
         self.n_seq = n_seq
+        self.unified = unified
         self.cells_per_seq = self.n_cells if unified else self.n_cells // (n_seq + 1)
         self.scratch_seq = n_seq
         self.mem = lib.llama_get_memory(ptr)
@@ -390,7 +391,9 @@ class LlamaCppLM:
         self.row_invariant = bool(row_invariant)
         self.flash_attn = bool(flash_attn)
         self.prefix_cache = model.prefix_cache
-        # states saved under other threads or attention kernels would not be a fresh prefill's bytes
+        # states saved under other threads or attention kernels would not be a fresh prefill's
+        # bytes; llama.cpp's state format also differs between a unified cache and one stream per
+        # sequence (a state saved in one is refused by the other)
         self._variant = (self.flash_attn, n_threads or _default_threads())
         self._ctx: _Context | None = None
         self._batch_ctx: _Context | None = None
@@ -444,17 +447,21 @@ class LlamaCppLM:
         :meth:`~structgen.generation.prefix_cache.PrefixCache.note`. Returns the decodes run."""
         n = len(ids)
         cache = self.prefix_cache
+        variant = (*self._variant, ctx.unified)
         start, cuts = 0, []
         if cache.enabled and n >= BLOCK:
             def allowed(length: int) -> bool:
                 return length == n or length <= n - PREFILL_MIN_COLUMNS
 
-            length, state = cache.lookup(self._variant, ids, allowed)
-            if state is not None and ctx.restore(seq, state, length):
-                start = length
+            length, state = cache.lookup(variant, ids, allowed)
+            if state is not None:
+                if ctx.restore(seq, state, length):
+                    start = length
+                else:
+                    cache.restore_failed(length)
             if not noted:
                 cache.note([ids])
-            cuts = cache.plan(self._variant, ids, start, allowed, shared_prefix)
+            cuts = cache.plan(variant, ids, start, allowed, shared_prefix)
         decodes = 0
         points = sorted({start, n, *cuts})
         for a, b in zip(points, points[1:]):
@@ -467,7 +474,7 @@ class LlamaCppLM:
                 decodes += 1
             if b in cuts:
                 state, nbytes = ctx.snapshot(seq)
-                cache.save(self._variant, ids[:b], state, nbytes)
+                cache.save(variant, ids[:b], state, nbytes)
         return decodes
 
     def extend(self, token_ids: list[int], *, all_logits: bool = True, float32: bool = True) -> torch.Tensor:

@@ -51,6 +51,7 @@ class PrefixCacheStats:
     tokens_looked_up: int = 0  # prompt tokens of every lookup
     saved: int = 0
     evicted: int = 0
+    restore_failures: int = 0  # hits the backend could not load (counted as misses)
     entries: int = 0
     bytes: int = 0
 
@@ -123,6 +124,14 @@ class PrefixCache:
                     self.stats.tokens_reused += length
                     return length, entry.state
         return 0, None
+
+    def restore_failed(self, length: int) -> None:
+        """The backend could not load the state :meth:`lookup` just gave (``length`` tokens):
+        count that lookup as a miss."""
+        with self._lock:
+            self.stats.hits -= 1
+            self.stats.tokens_reused -= length
+            self.stats.restore_failures += 1
 
     def note(self, prompts: Sequence[Sequence[int]]) -> None:
         """Remember prompts about to be prefilled, so :meth:`plan` sees where each branches
