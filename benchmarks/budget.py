@@ -43,7 +43,7 @@ from tasks.extraction import TASKS  # noqa: E402
 
 from structgen.config import SpecConfig  # noqa: E402
 from structgen.frontends.constraint import compile_constraint  # noqa: E402
-from structgen.generation.api import _prompt_ids  # noqa: E402
+from structgen.generation.api import prompt_ids  # noqa: E402
 from structgen.generation.loop import run_sequence  # noqa: E402
 from structgen.generation.model import load_model, vocabulary_for  # noqa: E402
 from structgen.kernels.bitmask import allocate_bitmask  # noqa: E402
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         grammar = compile_constraint("json", schema)
         msgs = [{"role": "user", "content": f"Return JSON for this schema: "
                  f"{json.dumps(schema, separators=(',', ':'))}\n\nText: {text}"}]
-        ids = _prompt_ids(lm, None, msgs)
+        ids = prompt_ids(lm, None, msgs)
         shortest = Matcher(grammar, vocab).tokens_to_finish()
         budget = shortest + args.extra
         t0 = time.perf_counter()

@@ -207,7 +207,7 @@ def run_cases(lm: Any, todo: list[int], max_new_tokens: int, progress: Any = Non
     """Run the cases ``todo``; ``progress(rows, summary)`` is called after each one."""
     import structgen
     from structgen.config import SpecConfig
-    from structgen.generation.api import _prompt_ids
+    from structgen.generation.api import prompt_ids
     from structgen.generation.loop import run_sequence
     from structgen.generation.model import vocabulary_for
     from structgen.grammar import ir
@@ -228,7 +228,7 @@ def run_cases(lm: Any, todo: list[int], max_new_tokens: int, progress: Any = Non
             if mode == "xgrammar":
                 import torch
 
-                ids = _prompt_ids(lm, None, msgs, TOOLS)
+                ids = prompt_ids(lm, None, msgs, TOOLS)
                 with torch.no_grad():
                     peer = _xgrammar_processor(lm, fmt_name)
                     out = lm.model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens,
@@ -241,7 +241,7 @@ def run_cases(lm: Any, todo: list[int], max_new_tokens: int, progress: Any = Non
                 complete = any(t in eos for t in new)
                 res = _PeerResult(new, text, len(new))
             elif mode == "free":
-                ids = _prompt_ids(lm, None, msgs, TOOLS)
+                ids = prompt_ids(lm, None, msgs, TOOLS)
                 res = run_sequence(lm, vocab, any_text, ids, SpecConfig(), speculative=False,
                                    max_new_tokens=max_new_tokens, on_budget="cut")
                 parsed = fmt.parse(res.text)

@@ -108,7 +108,7 @@ def synthetic(splits: int, batch: int = 32, V: int = 151936) -> dict[str, Any]:
 def real_rows(model: str, temperature: float, tasks: int, max_new: int, seed: int) -> torch.Tensor:
     """Scaled, masked bfloat16-rounded logits ``[R, V]`` (float32, -inf where not allowed) of
     every sampled position of grammar-constrained trajectories."""
-    from structgen.generation.api import _prompt_ids, resolve_grammar
+    from structgen.generation.api import prompt_ids, resolve_grammar
     from structgen.generation.model import load_model, vocabulary_for
     from structgen.kernels.bitmask import allocate_bitmask
     from structgen.masks.matcher import Matcher
@@ -124,7 +124,7 @@ def real_rows(model: str, temperature: float, tasks: int, max_new: int, seed: in
     for task in EXTRACTION_TASKS[:tasks]:
         g, _ = resolve_grammar(schema=task["schema"])
         m = Matcher(g, vocab)
-        ids = _prompt_ids(lm, None, extraction_messages(task))
+        ids = prompt_ids(lm, None, extraction_messages(task))
         lm.reset()
         bm = allocate_bitmask(1, V)
         feed = ids

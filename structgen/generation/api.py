@@ -30,7 +30,7 @@ from structgen.errors import ConfigError
 from structgen.generation.results import is_complete
 
 __all__ = ["BatchResults", "GenerationResult", "StreamEvent", "generate", "stream", "generate_model",
-           "DEFAULT_MODEL", "resolve_grammar"]
+           "DEFAULT_MODEL", "conversation_prefix", "prompt_ids", "resolve_grammar"]
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"  # chosen by benchmarks/default_model.py's rule
 
@@ -132,8 +132,12 @@ def _spellable(text: str, key: str) -> str:
     return text
 
 
-def _prompt_ids(lm: Any, prompt: str | None, messages: list[dict] | None,
-                tools: list[dict] | None = None) -> list[int]:
+def prompt_ids(lm: Any, prompt: str | None, messages: list[dict] | None,
+               tools: list[dict] | None = None) -> list[int]:
+    """The token ids of a request: ``messages`` rendered by the tokenizer's chat template (with
+    the generation prompt, and ``tools`` when given), or ``role: content`` lines when it has
+    none; else the ``prompt`` text. Raises :class:`~structgen.errors.ConfigError` when neither
+    is given or the text cannot be spelled (a lone surrogate)."""
     tok = lm.tokenizer
     if messages is not None:
         if getattr(tok, "chat_template", None):
@@ -145,6 +149,35 @@ def _prompt_ids(lm: Any, prompt: str | None, messages: list[dict] | None,
     if prompt is None:
         raise ConfigError("give prompt= or messages=")
     return list(tok.encode(_spellable(prompt, "prompt")))
+
+
+def conversation_prefix(lm: Any, messages: list[dict] | None, tools: list[dict] | None,
+                        ids: list[int]) -> int:
+    """How many leading tokens of ``ids`` (the prompt :func:`prompt_ids` made of ``messages``
+    and ``tools``) the conversation before the last message renders to: the chat template over
+    ``messages[:-1]`` without the generation prompt, with the same tools. That is the part later
+    calls of the same conversation, or with the same system prompt, are likely to share (a hint
+    for the model's prefix cache). 0 when ``messages`` is None, has fewer than 2 messages, or
+    the rendering fails."""
+    if messages is None or len(messages) < 2:
+        return 0
+    tok = lm.tokenizer
+    head = messages[:-1]
+    try:
+        if getattr(tok, "chat_template", None):
+            extra = {"tools": tools} if tools else {}
+            text = tok.apply_chat_template(head, add_generation_prompt=False, tokenize=False, **extra)
+            earlier = tok.encode(text, add_special_tokens=False)
+        else:
+            earlier = tok.encode("\n".join(f"{m['role']}: {m['content']}" for m in head) + "\n")
+    except Exception:  # noqa: BLE001 - a hint only: a template that needs the last message is no error
+        return 0
+    n = 0
+    for a, b in zip(earlier, ids):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 def _finish(res: Any, pyd: Any, is_json: bool) -> GenerationResult:
@@ -244,12 +277,13 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
     if not batch:
         g, pyd = compiled[0]
         item = items[0]
-        ids = _prompt_ids(lm, item if isinstance(item, str) else None,
-                          None if isinstance(item, str) else item)
+        messages_ = None if isinstance(item, str) else item
+        ids = prompt_ids(lm, item if isinstance(item, str) else None, messages_)
         check_context(lm, len(ids), gen.max_new_tokens, draft_lm=draft_lm)
         res = run_sequence(lm, vocab, g, ids, opts.requests[0], speculative=gen.speculative,
                            max_new_tokens=gen.max_new_tokens, draft_lm=draft_lm, seed=gen.seed,
-                           on_budget=gen.on_budget)
+                           on_budget=gen.on_budget,
+                           shared_prefix=conversation_prefix(lm, messages_, None, ids))
         return _finish(res, pyd, schemas[0] is not None)
     return _generate_batch(lm, vocab, opts.requests, items, schemas, compiled,
                            speculative=gen.speculative, max_new_tokens=gen.max_new_tokens,
@@ -263,21 +297,21 @@ def _generate_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft
     from structgen.generation.loop import run_sequence
 
     gen = opts.generation
-    lm, vocab, draft_lm, ids, plan = _plan_structured(model, tokenizer, item, opts, draft_model,
-                                                      schema=schema, **plan_kw)
+    lm, vocab, draft_lm, ids, shared, plan = _plan_structured(model, tokenizer, item, opts, draft_model,
+                                                              schema=schema, **plan_kw)
     res = run_sequence(lm, vocab, plan.grammar, ids, opts.requests[0], speculative=gen.speculative,
                        max_new_tokens=gen.max_new_tokens, draft_lm=draft_lm, seed=gen.seed,
-                       on_budget=gen.on_budget, new_matcher=plan.new_matcher)
+                       on_budget=gen.on_budget, new_matcher=plan.new_matcher, shared_prefix=shared)
     return _structured_result(plan, res, schema)
 
 
 def _plan_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_model: Any, *,
                      tools: Any, tool_choice: Any, parallel_tool_calls: bool, tool_format: Any,
                      reasoning: bool, schema: Any, grammar: Any, regex: Any,
-                     strict: bool, thinking_budget: int | None) -> tuple[Any, Any, Any, list[int], Any]:
-    """(model, vocabulary, draft model, prompt ids, :class:`OutputPlan`) of a request with tools
-    and/or reasoning: the model loaded, the prompt rendered with the tools, the grammar
-    planned."""
+                     strict: bool, thinking_budget: int | None) -> tuple[Any, Any, Any, list[int], int, Any]:
+    """(model, vocabulary, draft model, prompt ids, their :func:`conversation_prefix`,
+    :class:`OutputPlan`) of a request with tools and/or reasoning: the model loaded, the prompt
+    rendered with the tools, the grammar planned."""
     from structgen.frontends.tools import normalize_tools
     from structgen.generation.model import check_context, load_model, vocabulary_for
     from structgen.generation.tool_calls import plan_output
@@ -287,8 +321,9 @@ def _plan_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_mod
     lm = load_model(model, tokenizer)
     vocab = vocabulary_for(lm)
     draft_lm = _load_draft(draft_model, opts.config)
-    ids = _prompt_ids(lm, item if isinstance(item, str) else None,
-                      None if isinstance(item, str) else item, template_tools)
+    messages = None if isinstance(item, str) else item
+    ids = prompt_ids(lm, item if isinstance(item, str) else None, messages, template_tools)
+    shared = conversation_prefix(lm, messages, template_tools, ids)
     tail = vocab.decode_bytes(ids[-8:]).decode("utf-8", "replace")  # did the template open <think>?
     plan = plan_output(tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
                        tool_format=tool_format, chat_template=getattr(lm.tokenizer, "chat_template", None),
@@ -297,7 +332,7 @@ def _plan_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_mod
                        thinking_budget=thinking_budget)
     check_context(lm, len(ids), gen.max_new_tokens, draft_lm=draft_lm)
     vocab = plan.vocabulary(vocab, lm.tokenizer)  # special tokens that write a marker
-    return lm, vocab, draft_lm, ids, plan
+    return lm, vocab, draft_lm, ids, shared, plan
 
 
 def _structured_result(plan: Any, res: Any, schema: Any,
@@ -482,16 +517,18 @@ def _generate_batch(lm: Any, vocab: Any, cfgs: list[SpecConfig], items: list[Any
 
     n = len(items)
     ids: list[list[int]] = []
+    shared: list[int] = []
     for i, item in enumerate(items):
+        messages = None if isinstance(item, str) else item
         try:
-            p = _prompt_ids(lm, item if isinstance(item, str) else None,
-                            None if isinstance(item, str) else item)
+            p = prompt_ids(lm, item if isinstance(item, str) else None, messages)
             if not p:
                 raise ConfigError("the prompt encodes to no tokens")
             check_context(lm, len(p), max_new_tokens, draft_lm=draft_lm)
         except StructgenError as e:
             raise attribute_to_request(e, i) from None
         ids.append(p)
+        shared.append(conversation_prefix(lm, messages, None, p))
     if on_budget == "close":  # after every context check: a bad prompt is named first
         for i in range(n):
             try:
@@ -507,7 +544,8 @@ def _generate_batch(lm: Any, vocab: Any, cfgs: list[SpecConfig], items: list[Any
                               speculative=speculative, max_new_tokens=max_new_tokens,
                               draft_lm=draft_lm,
                               seeds=[None if seed is None else seed + i for i in idx],
-                              configs=[cfgs[i] for i in idx], on_budget=on_budget)
+                              configs=[cfgs[i] for i in idx], on_budget=on_budget,
+                              shared_prefixes=[shared[i] for i in idx])
         total.add(bst)
         for i, res in zip(idx, outs):
             results.append(_finish(res, compiled[i][1], schemas[i] is not None))
@@ -561,14 +599,15 @@ def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | Non
     lm = load_model(model, tokenizer)
     vocab = vocabulary_for(lm)
     draft_lm = _load_draft(draft_model, cfg)
-    ids = _prompt_ids(lm, prompt, messages)
+    ids = prompt_ids(lm, prompt, messages)
     check_context(lm, len(ids), gen.max_new_tokens, draft_lm=draft_lm)
+    shared = conversation_prefix(lm, messages, None, ids)
     max_new_tokens, seed, speculative = gen.max_new_tokens, gen.seed, gen.speculative
     dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
     eos = set(vocab.eos_token_ids)
     for new, _seq in stream_sequence(lm, vocab, g, ids, cfg, speculative=speculative,
                                      max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed,
-                                     on_budget=gen.on_budget):
+                                     on_budget=gen.on_budget, shared_prefix=shared):
         data = vocab.decode_bytes([t for t in new if t not in eos])
         text = dec.decode(data)
         if text:
@@ -602,8 +641,8 @@ def _stream_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_m
     from structgen.generation.tool_calls import OutputStream
 
     gen = opts.generation
-    lm, vocab, draft_lm, ids, plan = _plan_structured(model, tokenizer, item, opts, draft_model,
-                                                      schema=schema, **plan_kw)
+    lm, vocab, draft_lm, ids, shared, plan = _plan_structured(model, tokenizer, item, opts, draft_model,
+                                                              schema=schema, **plan_kw)
     reader = OutputStream(plan)
     dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
     eos = set(vocab.eos_token_ids)
@@ -621,7 +660,7 @@ def _stream_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_m
     for new, state in stream_sequence(lm, vocab, plan.grammar, ids, opts.requests[0],
                                       speculative=gen.speculative, max_new_tokens=gen.max_new_tokens,
                                       draft_lm=draft_lm, seed=gen.seed, on_budget=gen.on_budget,
-                                      new_matcher=plan.new_matcher):
+                                      new_matcher=plan.new_matcher, shared_prefix=shared):
         seq = state
         text = dec.decode(vocab.decode_bytes([t for t in new if t not in eos]))
         if text:

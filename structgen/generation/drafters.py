@@ -230,6 +230,44 @@ class PromptLookupDrafter(Drafter):
 
     name = "lookup"
     prior = 0.5
+    #: What may end a copied value, tried in this order: the first the grammar allows closes
+    #: the value (a JSON string, then a member or item, then an object or array).
+    CLOSERS: tuple[bytes, ...] = (b'"', b",", b"}", b"]")
+
+    def propose(self, matcher: Matcher, prompt_text: bytes, out_text: bytes, forced: bytes,
+                num: int) -> list[bytes]:
+        """Up to ``num`` texts to draft after the grammar-forced text ``forced``, copied from
+        the prompt (or the output so far) where the output text ``out_text`` plus ``forced``
+        ends: a continuation of the text (:meth:`continuations`), else, at a value's start, what
+        follows the property's name in the prompt (:meth:`key_continuations`). Each copied value
+        is cut where a value usually ends (:func:`cut_value`) or where the grammar stops it, and
+        then closed (:data:`CLOSERS`) and followed by what the grammar forces next: those bytes
+        are right only if the copied value is, so they belong to this drafter's proposal. A text
+        may be empty (the grammar allowed nothing of the copy: the forced text alone)."""
+        source = prompt_text + out_text
+        conts = self.continuations(source, out_text + forced, num)
+        if not conts:  # at a value's start: what follows the property's name in the prompt
+            conts = self.key_continuations(prompt_text, out_text + forced, num)
+        out: list[bytes] = []
+        for cont in conts:
+            seg, bounded = cut_value(cont)
+            n = matcher.viable_prefix_length(forced + seg) - len(forced)
+            cut_by_grammar = n < len(seg)
+            seg = seg[: max(n, 0)]
+            if not seg and not cut_by_grammar:
+                continue  # nothing copied: closing the value here is a blind guess
+            tail = self.closing(matcher, forced + seg) if bounded or cut_by_grammar else b""
+            out.append(seg + tail)
+        return out
+
+    def closing(self, matcher: Matcher, text: bytes) -> bytes:
+        """The first of :data:`CLOSERS` the grammar allows after ``text``, followed by what the
+        grammar then forces (empty when none is allowed)."""
+        for close in self.CLOSERS:
+            probe = text + close
+            if matcher.viable_prefix_length(probe) == len(probe):
+                return close + matcher.forced_bytes(limit=256, after=probe)
+        return b""
 
     def continuations(self, source: bytes, text: bytes, num: int, max_bytes: int = 64) -> list[bytes]:
         """Up to ``num`` distinct continuations of the end of ``text`` found in ``source``

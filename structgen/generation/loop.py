@@ -21,718 +21,55 @@ same distribution. A position where the grammar allows exactly one token (e.g. E
 a complete document) is committed without a forward pass (that is what plain constrained
 decoding would emit too).
 
-Batches (:func:`run_batch`): a step is split in :meth:`_Sequence.prepare` (everything before
-the forward: drafting, pre-validation, masks, the sequence's uniforms) and
-:meth:`_Sequence.commit` (after verification). Between them the live sequences share ONE
-batched target forward (:class:`structgen.generation.model.BatchKV`) and ONE verify call over their
-flattened drafts; each keeps its own matcher, drafters and statistics.
+The step machine is :mod:`structgen.generation.step` (:class:`~structgen.generation.step.Sequence`,
+:class:`~structgen.generation.step.BatchStep`); this module drives it. :func:`stream_sequence`
+and :func:`run_sequence` step one sequence on the model's own cache. :func:`run_batch` runs a
+micro-batch: every step of its live sequences is ONE
+:class:`~structgen.generation.step.BatchStep` (one batched target forward over a
+:class:`structgen.generation.model.BatchKV`, one verify call over the flattened drafts); each
+sequence keeps its own matcher, drafters and statistics.
 """
 
 from __future__ import annotations
 
 import codecs
-import functools
-import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from structgen.config import SpecConfig
-from structgen.generation.drafters import (
-    Candidate,
-    DraftModelDrafter,
-    GrammarForcedDrafter,
-    NgramDrafter,
-    PromptLookupDrafter,
-)
 from structgen.generation.model import CausalLM, check_context
-from structgen.generation.pacing import (
-    SequencePacer,
-    StepCost,
-    best_draft_length,
-    expected_accepts,
-    pacing_prior,
-    shared_step_cost,
-)
-from structgen.generation.results import (
-    BUDGET_CLOSE,
-    ON_BUDGET_CHOICES,
-    GenerationStats,
-    SequenceResult,
-)
+from structgen.generation.pacing import SequencePacer, StepCost, pacing_prior, shared_step_cost
+from structgen.generation.results import GenerationStats, SequenceResult
+from structgen.generation.step import BatchStep, Sequence, StepPlan, StepVerifier, check_budget
 from structgen.grammar.compiled import CompiledGrammar
-from structgen.masks.matcher import Matcher, bitmask_words
 
 __all__ = ["BatchStats", "GenerationStats", "SequenceResult", "check_budget", "run_batch", "run_sequence",
            "stream_sequence"]
 
 
-@dataclass
-class _Plan:
-    """One sequence's step up to the target forward (see :meth:`_Sequence.prepare`)."""
-
-    draft: list[int]            # pre-validated draft tokens (k)
-    cand: Candidate | None      # the candidate they came from (drafter segments, probs)
-    uniforms: torch.Tensor      # float64 [k+1, 2]: the sequence's own draws for verification
-    budget: int                 # tokens the sequence may still emit
-    narrowed: list[bool] = field(default_factory=list)  # per mask row: the budget rule removed a token
-    bitmask: torch.Tensor | None = None  # int32 [k+1, W]: one mask per draft position plus the
-                                         # bonus row (rows of the step's pooled host buffer)
-
-
-class _Sequence:
-    """State of one sequence under generation."""
-
-    def __init__(self, lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
-                 cfg: SpecConfig, *, speculative: bool, max_new_tokens: int,
-                 draft_lm: CausalLM | None, seed: int | None, on_budget: str = "close",
-                 new_matcher: Any = None) -> None:
-        if on_budget not in ON_BUDGET_CHOICES:
-            raise ValueError(f"on_budget must be one of {ON_BUDGET_CHOICES}, not {on_budget!r}")
-        self.lm = lm
-        self.vocab = vocab
-        self.cfg = cfg
-        self.matcher = (new_matcher or Matcher)(grammar, vocab)
-        self.prompt = list(prompt_ids)
-        self.output: list[int] = []
-        self.speculative = speculative
-        self.max_new = max_new_tokens
-        # on_budget="close": every mask obeys the budget rule (structgen.masks.budget), so the
-        # output ends complete within max_new_tokens; ``closed``: the rule removed a token
-        # the grammar allowed at a committed position
-        self.close = on_budget == "close"
-        self.closed = False
-        self.stats = GenerationStats()
-        self.finish: str | None = None
-        self.eos = set(vocab.eos_token_ids)
-        self.generator = torch.Generator().manual_seed(seed if seed is not None else
-                                                       int(torch.randint(0, 2**62, (1,))))
-        self.grammar_d = GrammarForcedDrafter(cfg, lm.tokenizer, vocab) if cfg.grammar_drafts else None
-        self.lookup_d = PromptLookupDrafter(cfg) if cfg.prompt_lookup else None
-        self.ngram_d = NgramDrafter(cfg) if cfg.prompt_lookup else None
-        self.model_d = DraftModelDrafter(cfg, draft_lm, vocab) if draft_lm is not None else None
-        if self.model_d is not None:
-            self.model_d.reset()
-        self.words = bitmask_words(lm.vocab_size)
-        self.verifier: _StepVerifier | None = None   # set by stream_sequence (run_batch has its own)
-        self.pacer: SequencePacer | None = None      # set by stream_sequence (run_batch cuts its own)
-        self.pending: int | None = None
-        self._prompt_text: bytes | None = None
-        # forced text -> the token split the model itself produced for it (learned online)
-        self._splits: dict[bytes, tuple[int, ...]] = {}
-        self._forced_at: list[tuple[int, bytes]] = []  # (output byte offset, forced text)
-        self._out_bytes = 0
-        self._out_ends: list[int] = [0]  # output byte offset after each output token
-
-    def check_budget(self, request_index: int | None = None) -> None:
-        """See :func:`check_budget` (with this sequence's matcher, budget and ``on_budget``)."""
-        if self.close:
-            check_budget(self.matcher, self.max_new, request_index=request_index)
-
-    def _rule_budget(self) -> int | None:
-        """Tokens left for the budget rule at the next position (None: the rule is off)."""
-        return self.max_new - len(self.output) if self.close else None
-
-    # -- drafting ---------------------------------------------------------------------------
-    def _text_tokens(self, parts: list[tuple[Any, bytes]], limit: int) -> Candidate | None:
-        """Tokenize the concatenated text parts; attribute each token to the part (drafter)
-        holding its first byte; cut at the first grammar-invalid token.
-
-        A leading grammar-forced part whose tokenization the model has shown before (see
-        :meth:`_learn_splits`) uses the model's own split; the rest is tokenized canonically
-        in the context of the committed output."""
-        from structgen.generation.drafters import canonical_tokens
-
-        data = b"".join(p for _d, p in parts)
-        if not data:
-            return None
-        toks: list[int] = []
-        pending = b""  # text not yet tokenized (tokenized canonically together)
-        for d, p in parts:
-            if d is not self.grammar_d or not self._splits:
-                pending += p
-                continue
-            while p:
-                best = max((k for k in self._splits if p.startswith(k)), key=len, default=b"")
-                if not best:
-                    pending += p
-                    break
-                if pending:
-                    toks += canonical_tokens(self.lm.tokenizer, self.vocab, self.output + toks, pending)
-                    pending = b""
-                toks += self._splits[best]
-                p = p[len(best):]
-        if pending:
-            toks += canonical_tokens(self.lm.tokenizer, self.vocab, self.output + toks, pending)
-        toks = toks[:limit]
-        toks = toks[: self.matcher.validate_tokens(toks, budget=self._rule_budget())]
-        if not toks:
-            return None
-        bounds = []
-        acc = 0
-        for d, p in parts:
-            acc += len(p)
-            bounds.append((acc, d))
-        segs: list[tuple[Any, int]] = []
-        pos = 0
-        tb = self.vocab.token_bytes
-        for t in toks:
-            owner = next((d for end, d in bounds if pos < end), bounds[-1][1])
-            if segs and segs[-1][0] is owner:
-                segs[-1] = (owner, segs[-1][1] + 1)
-            else:
-                segs.append((owner, 1))
-            pos += len(tb[t] or b"")
-        return Candidate(toks, segs)
-
-    def _candidates(self, limit: int) -> list[Candidate]:
-        from structgen.generation.drafters import cut_value
-
-        cands: list[Candidate] = []
-        m = self.matcher
-        if self.ngram_d is not None:  # first: _choose looks at the first few candidates only
-            toks = self.ngram_d.propose(self.prompt + self.output, limit)
-            if toks:
-                cands.append(Candidate(toks, [(self.ngram_d, len(toks))]))  # type: ignore[list-item]
-        forced = b""
-        if self.grammar_d is not None and self.grammar_d.enabled:
-            forced = m.forced_bytes(limit=256)
-            if forced:
-                self._forced_at.append((self._out_bytes, forced))
-        if self.lookup_d is not None and self.lookup_d.enabled:
-            out_text = self.vocab.decode_bytes([t for t in self.output if t not in self.eos])
-            if self._prompt_text is None:
-                self._prompt_text = self.vocab.decode_bytes(self.prompt)
-            source = self._prompt_text + out_text
-            conts = self.lookup_d.continuations(source, out_text + forced, self.cfg.draft_num)
-            if not conts:  # at a value's start: what follows the property's name in the prompt
-                conts = self.lookup_d.key_continuations(self._prompt_text, out_text + forced,
-                                                        self.cfg.draft_num)
-            for cont in conts:
-                seg, bounded = cut_value(cont)
-                n = m.viable_prefix_length(forced + seg) - len(forced)
-                cut_by_grammar = n < len(seg)
-                seg = seg[: max(n, 0)]
-                tail = b""
-                if bounded or cut_by_grammar:
-                    # the copied value ends here: close it and add what the grammar forces next
-                    for close in (b'"', b",", b"}", b"]"):
-                        probe = forced + seg + close
-                        if m.viable_prefix_length(probe) == len(probe):
-                            tail = close + m.forced_bytes(limit=256, after=probe)
-                            break
-                if not seg and not cut_by_grammar:
-                    continue  # nothing copied: closing the value here is a blind guess
-                # the closing and what follows it are right only if the copied value is: they
-                # count as the lookup drafter's proposal
-                parts = [(self.grammar_d, forced), (self.lookup_d, seg + tail)]
-                cand = self._text_tokens([(d, p) for d, p in parts if p], limit)
-                if cand is not None:
-                    cands.append(cand)
-        if forced:
-            cand = self._text_tokens([(self.grammar_d, forced)], limit)
-            if cand is not None:
-                cands.append(cand)
-        if self.model_d is not None and self.model_d.enabled:
-            # The draft model drafts through grammar-forced text too (masked by the grammar):
-            # it then picks the tokenization of that text the model family prefers, where the
-            # canonical tokenization of the forced bytes may differ from the target's choice and
-            # sink every model token after it.
-            toks, probs = self.model_d.propose(
-                m.fork(), self.prompt + self.output, min(self.model_d.length, limit),
-                temperature=self.cfg.temperature, generator=self.generator, budget=self._rule_budget())
-            if toks:
-                cand = Candidate(list(toks), [(self.model_d, len(toks))])  # type: ignore[list-item]
-                if self.cfg.temperature > 0 and probs is not None:
-                    cand.probs = probs  # [len(toks), V]
-                cands.append(cand)
-        return cands
-
-    def _choose(self, cands: list[Candidate]) -> Candidate | None:
-        if self.cfg.temperature > 0:
-            # Sampling: a draft-model proposal is verified whenever it exists, so that which
-            # candidate is verified never depends on what the draft model sampled (selection
-            # on sampled content would bias the proposal distribution given to the verifier).
-            for c in cands:
-                if c.probs is not None:
-                    return c
-        best: Candidate | None = None
-        best_score = 0.0
-        m = self.matcher
-        for c in cands[: max(1, self.cfg.draft_num) + 2]:
-            # pre-validation: longest grammar-valid prefix (under the budget rule, if on)
-            n = m.validate_tokens(c.tokens, budget=self._rule_budget())
-            if n < len(c.tokens):
-                c.truncate(n)
-            if not c.tokens:
-                continue
-            s = c.score()
-            if s > best_score:
-                best, best_score = c, s
-        return best
-
-    # -- one step ------------------------------------------------------------------------------
-    def prepare(self) -> _Plan | list[int]:
-        """First half of a step, everything the target forward needs: the length check, the
-        model-free EOS, drafting and pre-validation (the masks come later, :meth:`fill_masks`,
-        while the forward runs). Returns the step's :class:`_Plan`, or the tokens committed
-        without a forward pass (``finish`` is then set)."""
-        st = self.stats
-        m = self.matcher
-        budget = self.max_new - len(self.output)
-        if budget <= 0:
-            self.finish = "length"
-            return []
-        # a position where the grammar allows exactly one token (EOS after a complete
-        # document) needs no model: plain constrained decoding could emit nothing else
-        t0 = time.perf_counter()
-        rule = budget if self.close else None
-        allowed = m.allowed_token_ids(budget=rule) if m.is_accepting() else None
-        st.time_masks += time.perf_counter() - t0
-        if allowed is not None and len(allowed) == 1 and allowed[0] in self.eos:
-            tok = allowed[0]
-            if rule is not None and m.budget_narrows(rule):
-                self.closed = True
-                st.budget_narrowed += 1
-            m.accept_token(tok)
-            self.output.append(tok)
-            st.new_tokens += 1
-            st.free_tokens += 1
-            self._stop()
-            return [tok]
-
-        # drafting + pre-validation
-        t0 = time.perf_counter()
-        cand: Candidate | None = None
-        if self.speculative:
-            limit = min(self.cfg.max_draft_tokens, budget - 1)
-            if limit > 0:
-                cand = self._choose(self._candidates(limit))
-        draft = cand.tokens if cand is not None else []
-        k = len(draft)
-        st.time_drafting += time.perf_counter() - t0
-
-        assert self.pending is not None
-        uniforms = torch.rand((k + 1, 2), dtype=torch.float64, generator=self.generator)
-        return _Plan(draft, cand, uniforms, budget)
-
-    def fill_masks(self, plan: _Plan, bm: torch.Tensor) -> None:
-        """Write the masks of every draft position plus the bonus position into ``bm``
-        (int32 ``[k+1, W]``): fill -> accept -> ... -> rollback on the matcher."""
-        t0 = time.perf_counter()
-        m = self.matcher
-        draft = plan.draft
-        k = len(draft)
-        plan.narrowed = []
-        for i in range(k + 1):
-            if self.close:  # each position under the rule at its own remaining budget
-                left = plan.budget - i
-                m.fill_bitmask(bm, i, budget=left)
-                plan.narrowed.append(m.budget_narrows(left))
-            else:
-                m.fill_bitmask(bm, i)
-            if i < k:
-                ok = m.accept_token(draft[i])
-                assert ok, "pre-validated draft rejected"
-        if k:
-            m.rollback(k)
-        plan.bitmask = bm
-        self.stats.time_masks += time.perf_counter() - t0
-
-    def step(self) -> list[int]:
-        """Run one verify step; returns the newly committed tokens (may be empty at the end)."""
-        plan = self.prepare()
-        if not isinstance(plan, _Plan):
-            return plan
-        st = self.stats
-        pacer = self.pacer
-        if pacer is not None and plan.draft:
-            keep = pacer.length(plan.cand, len(plan.draft))
-            if keep < len(plan.draft):
-                st.draft_cut += len(plan.draft) - keep
-                _truncate(plan, keep)
-        k = len(plan.draft)
-        ver = self.verifier
-        assert ver is not None and self.pending is not None
-        feed = [self.pending] + plan.draft
-        t_step = time.perf_counter()
-        # one target forward over [pending] + draft, the masks built meanwhile
-        logits, dt = ver.forward_with_masks(lambda: self.lm.extend(feed, float32=False),  # [k+1, V]
-                                            [self], [plan])
-        st.forward_passes += 1
-        st.time_forward += dt
-
-        t0 = time.perf_counter()
-        n_acc, emitted = ver.run([self], [plan], logits)[0]
-        st.time_verify += time.perf_counter() - t0
-        # crop the KV cache to pending + accepted drafts
-        self.lm.crop(self.lm.length - (k - n_acc))
-        if pacer is not None:
-            pacer.observe(k + 1, time.perf_counter() - t_step, n_acc)
-        return self.commit(plan, n_acc, emitted)
-
-    def commit(self, plan: _Plan, n_acc: int, emitted: list[int]) -> list[int]:
-        """Second half of a step, after verification (``n_acc`` drafts accepted, then the
-        ``emitted`` tokens): drafter bookkeeping and committing to the matcher and output.
-        The caller crops the KV cache to ``1 + n_acc`` of the positions it fed."""
-        st = self.stats
-        m = self.matcher
-        cand = plan.cand
-        k = len(plan.draft)
-        # bookkeeping per drafter
-        if cand is not None:
-            left = n_acc
-            judged = True  # segments after a rejected one were never judged by the target
-            for d, n in cand.segments:
-                took = min(n, left)
-                d.observe(n, took, judged=judged)
-                judged = judged and took == n
-                left -= took
-            st.drafted += k
-            st.accepted += n_acc
-
-        emitted = emitted[: plan.budget]
-        committed: list[int] = []
-        for j, t in enumerate(emitted):
-            if not m.accept_token(t):
-                raise RuntimeError(f"verified token {t} rejected by the grammar")
-            committed.append(t)
-            if j < len(plan.narrowed) and plan.narrowed[j]:
-                self.closed = True
-                st.budget_narrowed += 1
-            if t in self.eos:
-                self._stop()
-                break
-        st.bonus += int(len(committed) > n_acc)  # the verifier's own token (not cut by a drafted EOS)
-        self.output.extend(committed)
-        self._learn_splits(committed)
-        st.new_tokens += len(committed)
-        if self.finish is None and len(committed) < len(emitted):
-            self._stop()
-        self.pending = committed[-1] if committed else self.pending
-        if self.finish is None and len(self.output) >= self.max_new:
-            self.finish = "length"
-        return committed
-
-    def _stop(self) -> None:
-        """The sequence ended with EOS: ``"budget_close"`` where the budget rule steered it."""
-        self.finish = BUDGET_CLOSE if self.closed else "stop"
-        self.stats.budget_closes += int(self.closed)
-
-    def _learn_splits(self, committed: list[int]) -> None:
-        """Record how the model tokenized grammar-forced text: when the output now covers a
-        forced text that began and ended on token boundaries, remember that token split."""
-        tb = self.vocab.token_bytes
-        for t in committed:
-            self._out_bytes += len(tb[t] or b"")
-            self._out_ends.append(self._out_bytes)
-        keep: list[tuple[int, bytes]] = []
-        ends = self._out_ends
-        for start, text in self._forced_at:
-            stop = start + len(text)
-            if stop > self._out_bytes:
-                keep.append((start, text))
-                continue
-            try:
-                i = ends.index(start)
-                j = ends.index(stop)
-            except ValueError:
-                continue  # the model's tokens straddle the forced text's edges
-            self._splits[text] = tuple(self.output[i:j])
-        self._forced_at = keep
-
-    def _draft_probs(self, cand: Candidate | None) -> torch.Tensor | None:
-        """The candidate's draft distributions ``[k, V_draft]`` as the draft model gave them
-        (None: deterministic proposals); :meth:`_StepVerifier.run` copies them into its
-        pooled ``[N, V_target]`` rows."""
-        if cand is None or cand.probs is None or self.cfg.temperature <= 0:
-            return None
-        return cand.probs
-
-    def _lossy(self, draft: list[int], logits: torch.Tensor, bm: torch.Tensor, n_acc: int,
-               emitted: list[int]) -> tuple[int, list[int]]:
-        """Opt-in LOSSY typical acceptance (``verify_threshold``): beyond the exact verdict,
-        keep accepting draft tokens whose masked target probability is at least
-        ``threshold`` times the top token's. Changes the output distribution."""
-        from structgen.generation.sampling import masked_logits
-
-        thr = float(self.cfg.verify_threshold or 1.0)
-        k = len(draft)
-        scaled = masked_logits(logits.float(), bm[: k + 1]) / max(self.cfg.temperature, 1e-5)
-        probs = torch.softmax(scaled, -1)
-        i = n_acc
-        while i < k and float(probs[i, draft[i]]) >= thr * float(probs[i].max()):
-            i += 1
-        if i == n_acc:
-            return n_acc, emitted
-        nxt = int(torch.argmax(probs[i])) if i < k else int(torch.argmax(probs[k]))
-        return i, draft[:i] + [nxt]
-
-    def prefill(self) -> None:
-        t0 = time.perf_counter()
-        self.lm.reset()
-        if len(self.prompt) > 1:
-            self.lm.extend(self.prompt[:-1], all_logits=False)
-        self.pending = self.prompt[-1]
-        self.stats.time_prefill += time.perf_counter() - t0
-
-    def finalize_stats(self) -> None:
-        for d in (self.grammar_d, self.lookup_d, self.ngram_d, self.model_d):
-            if d is not None:
-                self.stats.drafters[d.name] = d.stats()
-
-
-_MASK_WORKER: ThreadPoolExecutor | None = None
-_MASK_WORKER_LOCK = threading.Lock()
-
-
-def check_budget(matcher: Matcher, max_new_tokens: int, *, request_index: int | None = None) -> None:
-    """Raise :class:`~structgen.errors.TokenBudgetError` when ``max_new_tokens`` is below what
-    the budget rule (``on_budget="close"``) needs from ``matcher``'s state: the greedy
-    tokenization of the shortest completion, plus EOS. Counts no further than
-    ``max_new_tokens``, so the check costs about the budget's worth of tokens however long the
-    shortest output is; the error's ``needed`` is then a lower bound. Raises
-    :class:`~structgen.errors.CompileLimitError` for a constraint whose automaton is too large
-    to measure."""
-    from structgen.masks.budget import UNREACHABLE
-
-    need = matcher.tokens_to_finish(limit=max_new_tokens)
-    if need > max_new_tokens:
-        from structgen.errors import TokenBudgetError
-
-        # above the budget the count may have stopped early: "at least" is all that is known
-        what = (f"needs more than {max_new_tokens} tokens (at least {need}: its shortest output, "
-                "tokenized greedily, plus EOS)"
-                if need <= UNREACHABLE else "has no shortest output this vocabulary spells token by token")
-        raise TokenBudgetError(f"max_new_tokens={max_new_tokens} is too small: the constraint {what}; "
-                               "raise max_new_tokens, or pass on_budget='cut' to allow cut-short outputs",
-                               needed=need, max_new_tokens=max_new_tokens, request_index=request_index)
-
-
-def _mask_worker() -> ThreadPoolExecutor:
-    """One process-wide worker thread that fills masks while the main thread runs a CPU forward
-    (torch's CPU kernels and the compiled mask walks release the GIL)."""
-    global _MASK_WORKER
-    with _MASK_WORKER_LOCK:
-        if _MASK_WORKER is None:
-            _MASK_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="structgen-masks")
-        return _MASK_WORKER
-
-
-def overlap_masks_enabled(cfg: SpecConfig, device: Any) -> bool:
-    """Whether a step builds its masks while the target forward runs (``SpecConfig.overlap_masks``;
-    None = on for CUDA only: on the CPU the masks are a small part of a step and the hand-off to
-    the worker thread gains nothing; see ``benchmarks/results/overlap-*.json``)."""
-    if cfg.overlap_masks is not None:
-        return bool(cfg.overlap_masks)
-    return torch.device(device).type == "cuda"
-
-
-class _StepVerifier:
-    """The verify half of a generation loop's steps, over buffers allocated once per call.
-
-    Holds a :class:`~structgen.generation.verify.VerifyBufferPool` entry for ``capacity`` sequences of up
-    to ``max_draft_tokens`` drafts: the packed masks (filled in place by the sequences; pinned
-    host memory uploaded with a non-blocking copy on CUDA), drafts, cumulative counts, uniforms,
-    outputs and the Triton kernels' scratch, plus the temperatures / top-p values and, once a
-    draft model proposes with probabilities, an ``[capacity * max_draft_tokens, V]`` float32
-    block for them. A step only writes into these (views of their first rows): the loop itself
-    allocates no vocabulary-sized tensor per step. The logits are the target model's own output
-    tensor, passed as it is (its dtype: the kernels read bf16 / fp16 directly).
-    """
-
-    def __init__(self, cfg: SpecConfig, vocab_size: int, device: Any, capacity: int) -> None:
-        from structgen.generation.verify import VerifyBufferPool
-
-        self.cfg = cfg
-        self.vocab_size = vocab_size
-        self.device = torch.device(device)
-        self.capacity = capacity
-        self.max_draft = cfg.max_draft_tokens
-        self.pool = VerifyBufferPool()
-        self.buf = self.pool.get(capacity, self.max_draft, vocab_size, torch.float32, self.device,
-                                 logits=False)
-        # per-sequence sampling rows of the verify contract, fp32 [capacity] each: filled with
-        # the call's values once; rewritten (one small host-to-device copy) only in a step
-        # whose sequences bring other values (per-request temperature / top-p in a batch)
-        f32 = torch.float32
-        self.temperature = torch.full((capacity,), cfg.temperature, dtype=f32, device=self.device)
-        self.top_p = torch.full((capacity,), cfg.top_p, dtype=f32, device=self.device)
-        self._written: dict[str, list[float]] = {"temperature": [cfg.temperature] * capacity,
-                                                 "top_p": [cfg.top_p] * capacity}
-        self._dprobs: torch.Tensor | None = None   # float32 [capacity * max_draft, V], on first use
-        self.overlap = overlap_masks_enabled(cfg, self.device)
-
-    def mask_rows(self, plans: list[_Plan]) -> list[torch.Tensor]:
-        """Each plan's ``[k+1, W]`` rows of the pooled host bitmask, in batch order."""
-        views = []
-        row = 0
-        host = self.buf.bitmask_host
-        for p in plans:
-            n = len(p.draft) + 1
-            views.append(host[row: row + n])
-            row += n
-        return views
-
-    def forward_with_masks(self, forward: Callable[[], torch.Tensor], seqs: list[_Sequence],
-                           plans: list[_Plan]) -> tuple[torch.Tensor, float]:
-        """Run the target ``forward`` and fill every plan's masks into the pooled rows; with
-        overlap the masks are built while the forward runs (CUDA: after its kernels are queued;
-        CPU: on the mask worker thread). Returns the logits and the seconds the forward call
-        took (the masks' own time goes to each sequence's ``time_masks``)."""
-        views = self.mask_rows(plans)
-
-        def fill() -> None:
-            for s, p, v in zip(seqs, plans, views):
-                s.fill_masks(p, v)
-
-        if not self.overlap:
-            fill()
-            t0 = time.perf_counter()
-            return forward(), time.perf_counter() - t0
-        if self.device.type == "cuda":
-            t0 = time.perf_counter()
-            logits = forward()          # queued on the GPU; the CPU returns at once
-            dt = time.perf_counter() - t0
-            fill()
-            return logits, dt
-        fut = _mask_worker().submit(fill)
-        t0 = time.perf_counter()
-        try:
-            logits = forward()
-            dt = time.perf_counter() - t0
-        finally:
-            fut.result()                # the masks (and any error raised while building them)
-        return logits, dt
-
-    def _rows(self, name: str, values: list[float]) -> torch.Tensor:
-        """The first ``len(values)`` rows of the ``name`` buffer holding ``values`` (written
-        only when they differ from what the buffer holds)."""
-        buf: torch.Tensor = getattr(self, name)
-        b = len(values)
-        if self._written[name][:b] != values:
-            buf[:b].copy_(torch.tensor(values, dtype=torch.float32))
-            self._written[name][:b] = values
-        return buf[:b]
-
-    def _draft_prob_rows(self, n: int) -> torch.Tensor:
-        if self._dprobs is None:
-            self._dprobs = torch.zeros((self.capacity * self.max_draft, self.vocab_size),
-                                       dtype=torch.float32, device=self.device)
-            self.pool.vocab_allocations += 1
-        return self._dprobs[:n]
-
-    def run(self, seqs: list[_Sequence], plans: list[_Plan],
-            logits: torch.Tensor) -> list[tuple[int, list[int]]]:
-        """Verify the steps of several sequences in ONE call of :func:`structgen.generation.verify.verify`.
-
-        ``logits`` ``[sum(k_b + 1), V]``: sequence ``b``'s rows are the target logits at its
-        ``[pending] + draft`` positions, in batch order (the verify contract's flattened layout);
-        its masks are in the pooled rows :meth:`forward_with_masks` filled. Each sequence brings
-        its own masks and uniforms, so its verdict is the one it would get alone. Returns
-        ``(num_accepted, emitted tokens)`` per sequence (after the opt-in lossy acceptance, when
-        configured)."""
-        from structgen.generation.verify import VerifyOutput, verify
-
-        cfg = self.cfg
-        buf = self.buf
-        b = len(plans)
-        lens = [len(p.draft) for p in plans]
-        n = sum(lens)
-        rows = n + b
-        cu: list[int] = []
-        total = 0
-        for k in lens:
-            total += k
-            cu.append(total)
-        cu_t = buf.cu_num_draft_tokens[:b]
-        cu_t.copy_(torch.tensor(cu, dtype=torch.int32))                              # [B]
-        drafts = buf.draft_token_ids[:n]
-        if n:
-            drafts.copy_(torch.tensor([t for p in plans for t in p.draft], dtype=torch.int32))  # [N]
-        bitmask = buf.bitmask[:rows]                                                   # [N+B, W]
-        ev = buf.upload_bitmask(rows)
-        if ev is not None:
-            torch.cuda.current_stream(self.device).wait_event(ev)
-        uniforms = None
-        draft_probs = None
-        temperature = top_p = None
-        temps = [s.cfg.temperature for s in seqs]
-        if any(t > 0 for t in temps):  # else every row is greedy: no sampling rows at all
-            temperature = self._rows("temperature", temps)                            # [B]
-            tops = [s.cfg.top_p for s in seqs]
-            if any(t > 0 and q < 1 for t, q in zip(temps, tops)):
-                top_p = self._rows("top_p", tops)                                      # [B]
-            uniforms = buf.uniforms[:rows]                                             # [N+B, 2]
-            row = 0
-            for p in plans:
-                uniforms[row: row + len(p.draft) + 1].copy_(p.uniforms)
-                row += len(p.draft) + 1
-            probs = [s._draft_probs(p.cand) for s, p in zip(seqs, plans)]
-            if any(q is not None for q in probs):
-                # a sequence without draft probabilities proposed deterministically: point masses
-                draft_probs = self._draft_prob_rows(n)                                 # [N, V]
-                row = 0
-                for q, p in zip(probs, plans):
-                    k = len(p.draft)
-                    if not k:
-                        continue
-                    dst = draft_probs[row: row + k]
-                    if q is None:
-                        dst.zero_()
-                        dst[torch.arange(k), torch.tensor(p.draft)] = 1.0
-                    else:
-                        w = min(int(q.shape[1]), self.vocab_size)
-                        dst[:, :w].copy_(q[:k, :w])
-                        if w < self.vocab_size:
-                            dst[:, w:].zero_()
-                    row += k
-        full = buf.out
-        out = VerifyOutput(full.output_token_ids[:b], full.num_accepted[:b], full.num_emitted[:b],
-                           full.error_position[:b])
-        verify(drafts, cu_t, logits, bitmask, draft_probs=draft_probs, temperature=temperature, top_p=top_p,
-               uniforms=uniforms, backend=cfg.backend, out=out, workspace=buf.workspace, check_inputs=False)
-        accepted = out.num_accepted.tolist()
-        tokens = out.output_token_ids.tolist()
-        results: list[tuple[int, list[int]]] = []
-        row = 0
-        for i, (s, p) in enumerate(zip(seqs, plans)):
-            k = lens[i]
-            n_acc = int(accepted[i])
-            if n_acc < 0:
-                raise RuntimeError(f"verification found a fully masked row (grammar dead end) in "
-                                   f"sequence {i} of the batch")
-            emitted = [int(t) for t in tokens[i][: n_acc + 1]]
-            if cfg.verify_threshold is not None and k:
-                n_acc, emitted = s._lossy(p.draft, logits[row: row + k + 1], bitmask[row: row + k + 1],
-                                          n_acc, emitted)
-            results.append((n_acc, emitted))
-            row += k + 1
-        return results
-
-
 def stream_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
                     cfg: SpecConfig, *, speculative: bool = True, max_new_tokens: int = 256,
                     draft_lm: CausalLM | None = None, seed: int | None = None, on_budget: str = "close",
-                    new_matcher: Any = None) -> Iterator[tuple[list[int], _Sequence]]:
+                    new_matcher: Any = None, shared_prefix: int = 0) -> Iterator[tuple[list[int], Sequence]]:
     """Yield ``(committed_tokens, state)`` after every verify step. ``on_budget``: ``"close"``
     keeps every output complete within ``max_new_tokens`` (raises
     :class:`~structgen.errors.TokenBudgetError` up front when it cannot be); ``"cut"`` stops
     at the budget wherever the output is (``finish_reason="length"``). ``new_matcher``:
     ``(grammar, vocab) -> Matcher`` (default :class:`~structgen.masks.matcher.Matcher`), e.g.
-    a :class:`~structgen.masks.capped.CappedMatcher` for a thinking budget."""
+    a :class:`~structgen.masks.capped.CappedMatcher` for a thinking budget. ``shared_prefix``:
+    the prompt's leading tokens later calls are likely to share
+    (:func:`~structgen.generation.api.conversation_prefix`), a hint for the model's prefix
+    cache."""
     if not prompt_ids:
         raise ValueError("the prompt must contain at least one token")
     check_context(lm, len(prompt_ids), max_new_tokens, draft_lm=draft_lm)
-    seq = _Sequence(lm, vocab, grammar, prompt_ids, cfg, speculative=speculative,
-                    max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed, on_budget=on_budget,
-                    new_matcher=new_matcher)
+    seq = Sequence(lm, vocab, grammar, prompt_ids, cfg, speculative=speculative,
+                   max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed, on_budget=on_budget,
+                   new_matcher=new_matcher, shared_prefix=shared_prefix)
     seq.check_budget()
-    seq.verifier = _StepVerifier(cfg, lm.vocab_size, lm.device, 1)
+    seq.verifier = StepVerifier(cfg, lm.vocab_size, lm.device, 1)
     if speculative and SEQUENCE_PACING and (cfg.temperature <= 0 or seed is None):
         # (seeded sampling keeps whole drafts: its draws then never depend on measured times)
         seq.pacer = SequencePacer(shared_step_cost(lm, pacing_prior(lm.device)))
@@ -759,15 +96,16 @@ def run_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids:
     return _sequence_result(seq)
 
 
-# run_batch cuts the drafts of a step to the common length with the best expected tokens per
-# unit of forward time (see structgen.generation.pacing); False feeds every pre-validated draft whole
+# run_batch and the serving engine cut the drafts of a step to the common length with the best
+# expected tokens per unit of forward time (see structgen.generation.pacing); False feeds every
+# pre-validated draft whole
 BATCH_DRAFT_CUT = True
 # one-at-a-time generation cuts each step's draft likewise (SequencePacer: greedy, or sampling
 # without a seed); False sends every pre-validated draft whole
 SEQUENCE_PACING = True
 
 
-def _sequence_result(seq: _Sequence) -> SequenceResult:
+def _sequence_result(seq: Sequence) -> SequenceResult:
     text_tokens = [t for t in seq.output if t not in seq.eos]
     data = seq.vocab.decode_bytes(text_tokens)
     text = codecs.decode(data, "utf-8", errors="replace")
@@ -803,43 +141,17 @@ class BatchStats(GenerationStats):
             self.time_to_first_token = other.time_to_first_token
 
 
-def _cut_drafts(plans: list[_Plan], cost: StepCost) -> None:
-    """Cut every draft to the common length that maximises expected tokens per unit of forward
-    time (:func:`~structgen.generation.pacing.best_draft_length`; pre-validated prefixes stay
-    valid, so this is lossless for greedy decoding and keeps sampling exact)."""
-    top = max(len(p.draft) for p in plans)
-    if top == 0 or len(plans) < 2:
-        return
-    best_k = best_draft_length([expected_accepts(p.cand, len(p.draft)) for p in plans],
-                               cost.fixed_positions())
-    if best_k >= top:
-        return
-    for p in plans:
-        if len(p.draft) > best_k:
-            _truncate(p, best_k)
-
-
-def _truncate(plan: _Plan, k: int) -> None:
-    plan.draft = plan.draft[:k]
-    plan.uniforms = plan.uniforms[: k + 1]
-    c = plan.cand
-    if c is None:
-        return
-    c.truncate(k)
-    if not k:
-        plan.cand = None
-
-
 def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts: list[list[int]],
               cfg: SpecConfig, *, speculative: bool = True, max_new_tokens: int | list[int] = 256,
               draft_lm: CausalLM | None = None, seeds: list[int | None] | None = None,
-              configs: list[SpecConfig] | None = None, on_budget: str = "close"
-              ) -> tuple[list[SequenceResult], BatchStats]:
+              configs: list[SpecConfig] | None = None, on_budget: str = "close",
+              shared_prefixes: list[int] | None = None) -> tuple[list[SequenceResult], BatchStats]:
     """Generate for several prompts together (one micro-batch; mixed grammars allowed).
 
-    Every step runs ONE batched target forward for all live sequences (:class:`BatchKV`:
-    left padding, per-row holes for rejected drafts, explicit position ids) and ONE verify
-    call over the flattened drafts; each sequence keeps its own matcher, drafters, random
+    Every step is ONE :class:`~structgen.generation.step.BatchStep`: ONE batched target forward
+    for all live sequences (:class:`~structgen.generation.model.BatchKV`: left padding, per-row
+    holes for rejected drafts, explicit position ids) and ONE verify call over the flattened
+    drafts; each sequence keeps its own matcher, drafters, random
     generator and statistics, so its output is what :func:`run_sequence` produces for it
     alone (greedy: token-identical barring argmax near-ties that the float rounding of
     differently shaped batched matmuls could flip). Finished sequences leave the batch. A
@@ -863,12 +175,11 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
 
     ``max_new_tokens`` may be a list (one budget per prompt); ``on_budget`` as in
     :func:`stream_sequence`, each sequence under the rule at its own remaining budget (every
-    budget is checked before anything is generated).
+    budget is checked before anything is generated). ``shared_prefixes``: per prompt, the
+    prefix-cache hint of :func:`stream_sequence`'s ``shared_prefix``.
 
     Returns the per-sequence results (in prompt order) and the batch's :class:`BatchStats`.
     """
-    from structgen.generation.model import BatchKV
-
     n = len(prompts)
     if len(grammars) != n:
         raise ValueError(f"{len(grammars)} grammars for {n} prompts")
@@ -883,32 +194,29 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
     cfgs = list(configs) if configs is not None else [cfg] * n
     if len(cfgs) != n:
         raise ValueError(f"{len(cfgs)} configs for {n} prompts")
+    shared = list(shared_prefixes) if shared_prefixes is not None else [0] * n
+    if len(shared) != n:
+        raise ValueError(f"{len(shared)} shared_prefixes for {n} prompts")
     t_start = time.perf_counter()
     seqs = [
-        _Sequence(lm, vocab, g, p, c, speculative=speculative, max_new_tokens=b,
-                  draft_lm=(CausalLM(draft_lm.model, draft_lm.tokenizer) if draft_lm is not None
-                            else None),
-                  seed=sd, on_budget=on_budget)
-        for g, p, sd, c, b in zip(grammars, prompts, seeds, cfgs, budgets)
+        Sequence(lm, vocab, g, p, c, speculative=speculative, max_new_tokens=b,
+                 draft_lm=(CausalLM(draft_lm.model, draft_lm.tokenizer) if draft_lm is not None
+                           else None),
+                 seed=sd, on_budget=on_budget, shared_prefix=sh)
+        for g, p, sd, c, b, sh in zip(grammars, prompts, seeds, cfgs, budgets, shared)
     ]
     for i, s in enumerate(seqs):
         s.check_budget(request_index=i if n > 1 else None)
     bst = BatchStats(sequences=n, micro_batches=1 if n else 0)
     if not n:
         return [], bst
-    kv = BatchKV(lm)
-    ver = _StepVerifier(cfg, lm.vocab_size, lm.device, n)
     seeded = any(c.temperature > 0 for c in cfgs) and all(sd is not None for sd in seeds)
-    cost = StepCost(fixed=seeded)
-    t0 = time.perf_counter()
-    kv.prefill([s.prompt[:-1] for s in seqs])
-    dt = time.perf_counter() - t0
-    t_prefill, t_forward, t_verify, passes = dt, 0.0, 0.0, 0
+    step = BatchStep(lm, cfg, n, speculative=speculative, cut=BATCH_DRAFT_CUT, cost=StepCost(fixed=seeded))
+    t_prefill = step.prefill(seqs)
     for s in seqs:
-        s.pending = s.prompt[-1]
-        s.stats.time_prefill += dt
+        s.stats.time_prefill += t_prefill
 
-    def committed(s: _Sequence, new: list[int]) -> None:
+    def committed(s: Sequence, new: list[int]) -> None:
         now = time.perf_counter() - t_start
         if new and s.stats.time_to_first_token is None:
             s.stats.time_to_first_token = now
@@ -916,47 +224,26 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
 
     live = list(range(n))  # live[r] is the sequence held in row r of the batched cache
     while live:
-        plans: dict[int, _Plan] = {}
-        for i in live:
-            p = seqs[i].prepare()
-            if isinstance(p, _Plan):
+        plans: dict[int, StepPlan] = {}
+        for i, p in zip(live, step.prepare([seqs[i] for i in live])):
+            if isinstance(p, StepPlan):
                 plans[i] = p
             else:  # finished without a forward pass
                 committed(seqs[i], p)
         if len(plans) < len(live):
-            kv.select([r for r, i in enumerate(live) if i in plans])
+            step.select([r for r, i in enumerate(live) if i in plans])
             live = [i for i in live if i in plans]
             if not live:
                 break
-        if speculative and BATCH_DRAFT_CUT:
-            before = [len(plans[i].draft) for i in live]
-            _cut_drafts([plans[i] for i in live], cost)
-            for i, k in zip(live, before):
-                seqs[i].stats.draft_cut += k - len(plans[i].draft)
-        feed = [[seqs[i].pending] + plans[i].draft for i in live]  # type: ignore[operator]
-        step_seqs, step_plans = [seqs[i] for i in live], [plans[i] for i in live]
-        logits, dt_f = ver.forward_with_masks(functools.partial(kv.extend, feed, float32=False),
-                                              step_seqs, step_plans)                   # [sum(k+1), V]
-        cost.add(len(live) * max(len(plans[i].draft) + 1 for i in live), dt_f)
-        t0 = time.perf_counter()
-        results = ver.run(step_seqs, step_plans, logits)
-        kv.commit([1 + n_acc for n_acc, _ in results])
-        dt_v = time.perf_counter() - t0
-        passes += 1
-        t_forward += dt_f
-        t_verify += dt_v
-        for i, (n_acc, emitted) in zip(live, results):
-            s = seqs[i]
-            s.stats.forward_passes += 1
-            s.stats.time_forward += dt_f
-            s.stats.time_verify += dt_v
-            committed(s, s.commit(plans[i], n_acc, emitted))
+        news = step.run([seqs[i] for i in live], [plans[i] for i in live])
+        for i, new in zip(live, news):
+            committed(seqs[i], new)
         still = [r for r, i in enumerate(live) if seqs[i].finish is None]
         if len(still) < len(live):
-            kv.select(still)
+            step.select(still)
             live = [live[r] for r in still]
         else:
-            kv.compact(0.5)
+            step.compact()
 
     out: list[SequenceResult] = []
     for s in seqs:
@@ -966,10 +253,10 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
         out.append(_sequence_result(s))
     # merge() summed the sequences' forward counts and times; the batch's own are wall-clock
     # (masks and drafting stay summed: that CPU work runs one sequence after another)
-    bst.forward_passes = passes
-    bst.time_prefill, bst.time_forward, bst.time_verify = t_prefill, t_forward, t_verify
+    bst.forward_passes = step.passes
+    bst.time_prefill, bst.time_forward, bst.time_verify = t_prefill, step.time_forward, step.time_verify
     bst.time_total = time.perf_counter() - t_start
     firsts = [s.stats.time_to_first_token for s in seqs if s.stats.time_to_first_token is not None]
     bst.time_to_first_token = min(firsts) if firsts else None
-    bst.real_positions, bst.padded_positions = kv.real_positions, kv.padded_positions
+    bst.real_positions, bst.padded_positions = step.kv.real_positions, step.kv.padded_positions
     return out, bst

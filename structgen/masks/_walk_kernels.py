@@ -19,9 +19,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from structgen.grammar._jit import njit
-from structgen.grammar._runtime_kernels import DONE, NEED_GROW, UNKNOWN, expand
-from structgen.grammar._stack_kernels import succ_row
+from structgen.grammar.native import DONE, NEED_GROW, UNKNOWN, expand, njit, succ_row
 
 #: A vocabulary trie's node arrays (layout in :mod:`structgen.masks.trie`), passed to the walks
 #: as one argument (numba types a namedtuple of arrays as a tuple of array structs).

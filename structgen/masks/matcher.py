@@ -38,7 +38,7 @@ from structgen.grammar.compiled import CompiledGrammar
 from structgen.grammar.runtime import STALE
 from structgen.masks.engine import FREE_JUMPS_AFTER, VocabTable, engine_for
 
-__all__ = ["Matcher", "vocab_table", "bitmask_words", "fill_bitmasks"]
+__all__ = ["Matcher", "vocab_table", "bitmask_words", "fill_bitmasks", "whole_number"]
 
 _TERMINATED = -3  # history marker: EOS was accepted
 
@@ -52,7 +52,7 @@ def bitmask_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-def _whole(name: str, value: Any, least: int) -> int:
+def whole_number(name: str, value: Any, least: int) -> int:
     """``value`` as an int of at least ``least`` (ints, numpy integers, 0-d integer
     tensors; not bools or floats), else :class:`MatcherUsageError` naming ``name``."""
     if isinstance(value, bool):
@@ -109,7 +109,7 @@ def _row_index(row: Any, rows: int) -> int:
     """``row`` checked against ``rows``: an integer in ``[0, rows)`` (negative indices are a
     caller bug here, not Python's count from the end)."""
     if type(row) is not int:
-        row = _whole("row", row, 0)
+        row = whole_number("row", row, 0)
     if not 0 <= row < rows:
         raise MatcherUsageError(f"row {row} is out of range for a bitmask of {rows} rows")
     return row
@@ -174,7 +174,7 @@ class Matcher:
                 "hostname A-labels or idn-* formats); compile it for generation "
                 "(compile_constraint, or JsonSchemaOptions(value_checks=False))")
         if max_rollback is not None:
-            max_rollback = _whole("max_rollback", max_rollback, 0)
+            max_rollback = whole_number("max_rollback", max_rollback, 0)
         self.grammar = grammar
         self.vocab = vocab
         self._eng = grammar.engine  # the byte-level runtime
@@ -209,7 +209,7 @@ class Matcher:
         """``token_id`` as an int in ``[0, vocab_size)``, else :class:`MatcherUsageError` (an
         id outside the vocabulary is a caller bug, not a grammar verdict)."""
         if type(token_id) is not int:
-            token_id = _whole("token id", token_id, 0)
+            token_id = whole_number("token id", token_id, 0)
         if not 0 <= token_id < self._nvocab:
             raise MatcherUsageError(f"token id {token_id} is outside the vocabulary "
                                     f"[0, {self._nvocab})")
@@ -343,7 +343,7 @@ class Matcher:
         :class:`~structgen.errors.MatcherUsageError` (a ValueError) for a negative count or
         more tokens than the history holds (bounded by ``max_rollback``)."""
         if type(num_tokens) is not int:
-            num_tokens = _whole("num_tokens", num_tokens, 0)
+            num_tokens = whole_number("num_tokens", num_tokens, 0)
         if num_tokens < 0 or num_tokens > len(self._hist) - 1:
             raise MatcherUsageError(f"cannot roll back {num_tokens} tokens: only "
                                     f"{len(self._hist) - 1} can be rolled back")
@@ -702,7 +702,7 @@ def fill_bitmasks(matchers: Any, bitmask: Any, rows: Any = None, *, executor: An
             nw = max(nw, m._vt.num_words)
     is_numpy = _bitmask_kind(bitmask, nw)
     nrows = int(bitmask.shape[0])
-    rws = list(range(len(ms))) if rows is None else [_whole("row", r, 0) for r in rows]
+    rws = list(range(len(ms))) if rows is None else [whole_number("row", r, 0) for r in rows]
     if len(rws) != len(ms):
         raise MatcherUsageError(f"{len(ms)} matchers but {len(rws)} rows")
     for r in rws:

@@ -126,9 +126,9 @@ def _warm(k: Any) -> None:
     words, unc, cnt = np.zeros(1, np.uint32), np.zeros(2, np.int64), np.zeros(1, np.int64)
     ids = np.array([0, 1], dtype=np.int64)
     _warm_tables(byte, depth, skip, lo, own, suf, wf, offs, lens, flat, ids, words, unc, cnt)
-    from structgen.grammar import _fsa_kernels
+    from structgen.grammar.native import warm_fsa_kernels
 
-    _fsa_kernels.warm()
+    warm_fsa_kernels()
     k.loop_split(np.zeros((2, 4), np.uint64), ids, np.zeros(4, np.uint64), words)
     k.match_nodes(byte, depth, byte, depth, skip, np.zeros(n + 1, np.int64))
     k.row_shape(np.zeros(256, np.int32), np.zeros(256, np.uint8), np.zeros(256, np.int32))

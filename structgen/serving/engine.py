@@ -4,10 +4,12 @@ One scheduler thread owns the model. Between two steps it lets waiting sequences
 running batch (their prompts are prefilled on their own and appended as new rows of the
 batched KV cache, :meth:`~structgen.generation.model.BatchKV.join`) and drops the rows of
 sequences that finished, were cancelled (the client went away) or ran past their deadline; a
-step is then the generation loop's batched step (drafts, ONE target forward for every live
-row, ONE verify call), each sequence with its own matcher, drafters and sampling options, so
-a batch mixes schemas, grammars and greedy and sampled requests. Nobody waits for the slowest
-sequence of a micro-batch: a row freed at step ``t`` is refilled at step ``t + 1``.
+step is then the step machine's batched step (:class:`~structgen.generation.step.BatchStep`:
+drafts, ONE target forward for every live row, ONE verify call), each sequence with its own
+matcher, drafters and sampling options, so a batch mixes schemas, grammars and greedy and
+sampled requests. Nobody waits for the slowest sequence of a micro-batch: a row freed at step
+``t`` is refilled at step ``t + 1``. This module schedules; the step's mathematics is the
+step machine's.
 
 Everything that can be slow and does not need the model runs off the scheduler thread:
 compiling the constraint (the front-ends' content-keyed caches make a repeated schema free),
@@ -357,9 +359,7 @@ class Engine:
         self._waiting: deque[_Slot] = deque()
         self._pending = 0       # sequences admitted and not yet in the batch (compiling or waiting)
         self._live: list[_Slot] = []   # row r of the batched cache holds _live[r]
-        self._kv: Any = None
-        self._verifier: Any = None
-        self._cost: Any = None
+        self._batch: Any = None  # the BatchStep: the batched cache and the step over its rows
         self._closing = False
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
@@ -370,16 +370,16 @@ class Engine:
         interval to :data:`SWITCH_INTERVAL_S` when it is longer (process-wide; see there)."""
         import sys
 
-        from structgen.generation.loop import _StepVerifier
-        from structgen.generation.pacing import StepCost
+        from structgen.generation.loop import BATCH_DRAFT_CUT
+        from structgen.generation.step import BatchStep
 
         if self._thread is None:
             if SWITCH_INTERVAL_S is not None and sys.getswitchinterval() > SWITCH_INTERVAL_S:
                 sys.setswitchinterval(SWITCH_INTERVAL_S)
             if self._workers is not None:
                 self._workers.start()
-            self._verifier = _StepVerifier(self.cfg, self.lm.vocab_size, self.lm.device, self.max_running)
-            self._cost = StepCost()
+            self._batch = BatchStep(self.lm, self.cfg, self.max_running, speculative=self.speculative,
+                                    cut=BATCH_DRAFT_CUT)
             self._thread = threading.Thread(target=self._run, name="structgen-scheduler", daemon=True)
             self._thread.start()
         return self
@@ -573,9 +573,9 @@ class Engine:
 
     def _prepare(self, req: EngineRequest, handle: RequestHandle) -> list[_Slot]:
         """Everything before the batch, on a pool thread: compile, tokenise, check."""
-        from structgen.generation.api import _prompt_ids
-        from structgen.generation.loop import _Sequence
+        from structgen.generation.api import conversation_prefix, prompt_ids
         from structgen.generation.model import CausalLM, check_context, context_length
+        from structgen.generation.step import Sequence
 
         if req.n < 1:
             raise ConfigError("n must be at least 1", key="n")
@@ -589,7 +589,7 @@ class Engine:
             if req.tools and not c.unconstrained:
                 raise ConfigError("give tools or response_format, not both", key="tools")
             template_tools = [t.openai() for t in normalize_tools(req.tools)] if req.tools else None
-            ids = _prompt_ids(self.lm, req.prompt, req.messages, template_tools)
+            ids = prompt_ids(self.lm, req.prompt, req.messages, template_tools)
             answer: dict[str, Any] = {}
             if not c.unconstrained:  # the answer after the reasoning
                 answer = {"json": {"schema": c.spec, "strict": c.strict},
@@ -609,10 +609,12 @@ class Engine:
             # the model's own control token may write a marker (Qwen's <tool_call>, <think>)
             vocab = plan.vocabulary(self.vocab, self.lm.tokenizer)
         else:
+            template_tools = None
             grammar = self.compile(req.constraint)
-            ids = _prompt_ids(self.lm, req.prompt, req.messages)
+            ids = prompt_ids(self.lm, req.prompt, req.messages)
         if not ids:
             raise ConfigError("the prompt encodes to no tokens", key="prompt")
+        shared = conversation_prefix(self.lm, req.messages, template_tools, ids)
         max_tokens = req.max_tokens
         if max_tokens is None:
             ctx = context_length(self.lm)
@@ -630,10 +632,10 @@ class Engine:
         for i in range(req.n):
             draft = (CausalLM(self.draft_lm.model, self.draft_lm.tokenizer)
                      if self.draft_lm is not None else None)
-            seq = _Sequence(self.lm, vocab, grammar, ids, cfg, speculative=self.speculative,
-                            max_new_tokens=max_tokens, draft_lm=draft,
-                            seed=None if req.seed is None else req.seed + i, on_budget=on_budget,
-                            new_matcher=new_matcher)
+            seq = Sequence(self.lm, vocab, grammar, ids, cfg, speculative=self.speculative,
+                           max_new_tokens=max_tokens, draft_lm=draft,
+                           seed=None if req.seed is None else req.seed + i, on_budget=on_budget,
+                           new_matcher=new_matcher, shared_prefix=shared)
             if i == 0:
                 seq.check_budget()
             slots.append(_Slot(handle, i, seq, tuple(s for s in req.stop if s), deadline))
@@ -675,23 +677,18 @@ class Engine:
             raise
 
     def _join(self, slots: list[_Slot]) -> None:
-        from structgen.generation.model import BatchKV
-
         if not slots:
             return
-        if self._kv is None or not self._live:
-            self._kv = BatchKV(self.lm)
-            self._kv.prefill([s.seq.prompt[:-1] for s in slots])
-        else:
-            join = getattr(self._kv, "join", None)
-            if join is None or not join([s.seq.prompt[:-1] for s in slots]):
-                with self._cond:  # this cache cannot take rows mid-flight: wait for the batch to empty
-                    self._waiting.extendleft(reversed(slots))
-                    self._pending += len(slots)
-                return
+        seqs = [s.seq for s in slots]
+        if not self._live:
+            self._batch.prefill(seqs)
+        elif not self._batch.join(seqs):
+            with self._cond:  # this cache cannot take rows mid-flight: wait for the batch to empty
+                self._waiting.extendleft(reversed(slots))
+                self._pending += len(slots)
+            return
         t = time.perf_counter()
         for s in slots:
-            s.seq.pending = s.seq.prompt[-1]
             s.seq.stats.time_prefill = t - s.handle.submitted
         self._live.extend(slots)
         self.counters.joins += 1
@@ -702,9 +699,9 @@ class Engine:
             return
         self._live = [self._live[r] for r in keep]
         if self._live:
-            self._kv.select(keep)
+            self._batch.select(keep)
         else:
-            self._kv = None  # the next request starts a fresh cache
+            self._batch.drop()  # the next request starts a fresh cache
         self.counters.running = len(self._live)
 
     def _reap(self) -> None:
@@ -721,15 +718,14 @@ class Engine:
         self._drop_rows(keep)
 
     def _step(self) -> None:
-        """One batched step of every live row (the body of :func:`~structgen.generation.loop.run_batch`)."""
-        import functools
+        """One batched step of every live row (:meth:`~structgen.generation.step.BatchStep.run`);
+        rows that finish before the forward or after it leave the batch."""
+        from structgen.generation.step import StepPlan
 
-        from structgen.generation.loop import BATCH_DRAFT_CUT, _cut_drafts, _Plan
-
+        batch = self._batch
         plans: dict[int, Any] = {}  # id(slot) -> its plan
-        for s in self._live:
-            p = s.seq.prepare()
-            if isinstance(p, _Plan):
+        for s, p in zip(self._live, batch.prepare([s.seq for s in self._live])):
+            if isinstance(p, StepPlan):
                 plans[id(s)] = p
             else:  # committed without a forward pass (and finished)
                 self._committed(s, p)
@@ -737,32 +733,13 @@ class Engine:
         live = self._live
         if not live:
             return
-        plans_l = [plans[id(s)] for s in live]
-        if self.speculative and BATCH_DRAFT_CUT:
-            before = [len(p.draft) for p in plans_l]
-            _cut_drafts(plans_l, self._cost)
-            for s, k, p in zip(live, before, plans_l):
-                s.seq.stats.draft_cut += k - len(p.draft)
-        seqs = [s.seq for s in live]
-        feed = [[q.pending] + p.draft for q, p in zip(seqs, plans_l)]
-        ver = self._verifier
-        logits, dt_f = ver.forward_with_masks(functools.partial(self._kv.extend, feed, float32=False),
-                                              seqs, plans_l)
-        self._cost.add(len(live) * max(len(p.draft) + 1 for p in plans_l), dt_f)
-        t0 = time.perf_counter()
-        results = ver.run(seqs, plans_l, logits)
-        self._kv.commit([1 + n_acc for n_acc, _ in results])
-        dt_v = time.perf_counter() - t0
+        news = batch.run([s.seq for s in live], [plans[id(s)] for s in live])
         self.counters.steps += 1
         self.counters.step_rows += len(live)
-        for s, p, (n_acc, emitted) in zip(live, plans_l, results):
-            st = s.seq.stats
-            st.forward_passes += 1
-            st.time_forward += dt_f
-            st.time_verify += dt_v
-            self._committed(s, s.seq.commit(p, n_acc, emitted))
+        for s, new in zip(live, news):
+            self._committed(s, new)
         if not self._settle():
-            self._kv.compact(0.5)
+            batch.compact()
 
     def _settle(self) -> bool:
         """Finish and drop the rows that ended; whether any did."""

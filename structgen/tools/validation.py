@@ -360,7 +360,7 @@ def check_references(schema: Any, remotes: Mapping[str, Any] | None = None) -> N
     """
     from urllib.parse import urldefrag
 
-    from structgen.frontends.json_schema.document import Loc, SchemaDoc, _subschemas, join_uri
+    from structgen.frontends.json_schema.document import Loc, SchemaDoc, join_uri, subschemas
 
     if not isinstance(schema, dict):
         return
@@ -399,7 +399,7 @@ def check_references(schema: Any, remotes: Mapping[str, Any] | None = None) -> N
                     todo.append(t)
                     sub = doc.node(t)
                     if isinstance(sub, dict):
-                        stack.extend(Loc(t.doc, p) for _, p in _subschemas(sub, t.ptr))
+                        stack.extend(Loc(t.doc, p) for _, p in subschemas(sub, t.ptr))
                 continue
             if uri in allowed:
                 continue

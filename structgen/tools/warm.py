@@ -49,7 +49,7 @@ def warm_native_kernels() -> bool:
     import numpy as np
 
     import structgen
-    from structgen.grammar._jit import COMPILED
+    from structgen.grammar.native import COMPILED
     from structgen.masks import trie
 
     if not COMPILED:

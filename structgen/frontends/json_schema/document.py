@@ -29,7 +29,7 @@ from urllib.parse import unquote, urldefrag, urljoin
 
 from structgen.errors import CompileLimitError, SchemaError
 
-__all__ = ["Loc", "SchemaDoc", "parse_schema_text", "escape_token", "DEFAULT_BASE"]
+__all__ = ["Loc", "SchemaDoc", "parse_schema_text", "escape_token", "subschemas", "DEFAULT_BASE"]
 
 DEFAULT_BASE = "https://structgen.invalid/root.json"
 
@@ -185,7 +185,7 @@ class SchemaDoc:
                 if isinstance(defs, dict):
                     children += [(v, f"{ptr}/definitions/{escape_token(k)}") for k, v in defs.items()]
             else:
-                children = list(_subschemas(node, ptr))
+                children = list(subschemas(node, ptr))
             for child, cptr in children:
                 stack.append((child, cptr, base, depth + 1))
 
@@ -451,7 +451,9 @@ def _safe_search(pattern: str, s: str) -> bool:
         return False
 
 
-def _subschemas(node: dict, ptr: str) -> Iterable[tuple[Any, str]]:
+def subschemas(node: dict, ptr: str) -> Iterable[tuple[Any, str]]:
+    """The direct subschemas of the schema object ``node`` at JSON pointer ``ptr``: each with
+    its own JSON pointer."""
     for kw in _SCHEMA_MAP_KW:
         v = node.get(kw)
         if isinstance(v, dict):

@@ -371,7 +371,7 @@ def _check_contexts(lm: Any, requests: list[_Request], max_new_tokens: int, on_b
     ``on_budget="close"``) ``max_new_tokens`` at least its constraint's shortest output, checked
     before anything is generated (an error names the request's FILE:LINE)."""
     from structgen.errors import StructgenError
-    from structgen.generation.api import _prompt_ids
+    from structgen.generation.api import prompt_ids
     from structgen.generation.loop import check_budget
     from structgen.generation.model import check_context, vocabulary_for
     from structgen.masks.matcher import Matcher
@@ -379,7 +379,7 @@ def _check_contexts(lm: Any, requests: list[_Request], max_new_tokens: int, on_b
     vocab = vocabulary_for(lm) if on_budget == "close" else None
     for req in requests:
         try:
-            ids = _prompt_ids(lm, req.prompt, req.messages)
+            ids = prompt_ids(lm, req.prompt, req.messages)
             check_context(lm, len(ids), max_new_tokens)
             if vocab is not None and req.constraint.compiled is not None:  # (tools: generate checks)
                 check_budget(Matcher(req.constraint.compiled, vocab), max_new_tokens)
