@@ -218,7 +218,7 @@ def test_batch_kv_logits_match_unpadded_forward(tokenizer_by_alias, monkeypatch,
     from structgen.generation.model import BatchKV
 
     if padded_prefill:
-        monkeypatch.setattr(BatchKV, "_prefill_rows", lambda self, prompts, width: False)
+        monkeypatch.setattr(BatchKV, "_prefill_rows", lambda self, prompts, width, shared=None: False)
     lm = _tiny(tokenizer_by_alias("gpt2"), kind)
     rng = random.Random(0)
     rows = [[rng.randrange(50000) for _ in range(n)] for n in (9, 1, 4, 15, 0, 6)]

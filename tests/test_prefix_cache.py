@@ -161,8 +161,12 @@ def test_batched_rows_restore_and_join_exactly(gguf_files) -> None:
     assert kv.join([prompts[2][:-1]])
     step = kv.extend([prompts[4][-1:], prompts[1][-1:], prompts[2][-1:]])
     assert torch.equal(step[2:3], fresh[2])
-    # the one-sequence cache after the batched one: states do not cross the two cache layouts
+    # the one-sequence cache after the batched one, then a batched cache of more streams:
+    # states do not cross cache layouts (llama.cpp refuses them)
     assert torch.equal(_next_logits(lm, prompts[3]), fresh[3])
+    wider = lm.new_batch_cache(rows=7)
+    wider.prefill([prompts[1][:-1]])
+    assert torch.equal(wider.extend([prompts[1][-1:]]), fresh[1])
     assert lm.prefix_cache.stats.restore_failures == 0
 
 

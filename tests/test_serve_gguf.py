@@ -123,7 +123,9 @@ def test_gguf_serve_concurrent_requests_equal_plain_decoding(server, gguf) -> No
         return float(re.search(rf"^structgen_serve_prefix_cache_{name} (\S+)$", metrics, re.M).group(1))
 
     hits, reused = counter("hits_total"), counter("reused_tokens_total")
-    assert hits >= len(cases) - 2 and reused >= 64 * hits
+    cache_lines = "\n".join(x for x in metrics.splitlines() if "prefix_cache" in x and not x.startswith("#"))
+    assert hits >= len(cases) - 2 and reused >= 64 * hits, cache_lines
+    assert counter("restore_failures_total") == 0
 
 
 def test_gguf_serve_streams_and_reports_usage(server) -> None:

@@ -56,7 +56,7 @@ import torch
 
 from structgen.errors import AssetError, ConfigError
 from structgen.generation.model_store import is_gguf_path
-from structgen.generation.prefix_cache import BLOCK, DEFAULT_PREFIX_CACHE_MB, PrefixCache
+from structgen.generation.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
 
 __all__ = ["GGUFTokenizer", "LlamaCppBatchKV", "LlamaCppLM", "is_gguf_path", "load_gguf"]
 
@@ -73,6 +73,9 @@ _BATCH_ROOM = 1024         # generated positions reserved per sequence of a batc
 # round differently). Prefills keep every decode at this size or more, so a prompt restored
 # from the prefix cache and prefilled on from there holds the bytes a fresh prefill holds.
 PREFILL_MIN_COLUMNS = 64
+# prefix lengths the cache saves are multiples of this (finer than PREFILL_MIN_COLUMNS: a
+# saved prefix may end anywhere, as long as the decodes around it keep their minimum size)
+PREFIX_BLOCK = 16
 # ggml's tiled K-quant kernel takes products of 8 or more columns (ggml-cpu/tiled, "rows >= 8");
 # fewer columns take the per-column dot products a one-position pass takes
 ROW_INVARIANT_COLUMNS = 7
@@ -163,7 +166,7 @@ class _GGUFModel:
         self.tokenizer = GGUFTokenizer(self)
         self.name_or_path = str(path)
         # KV states of prompt prefixes, shared by every context of these weights
-        self.prefix_cache = PrefixCache(DEFAULT_PREFIX_CACHE_MB << 20)
+        self.prefix_cache = PrefixCache(DEFAULT_PREFIX_CACHE_MB << 20, block=PREFIX_BLOCK)
 
     def meta(self, key: str) -> str | None:
         """A GGUF metadata value as text, or None when the key is absent."""
@@ -392,8 +395,8 @@ class LlamaCppLM:
         self.flash_attn = bool(flash_attn)
         self.prefix_cache = model.prefix_cache
         # states saved under other threads or attention kernels would not be a fresh prefill's
-        # bytes; llama.cpp's state format also differs between a unified cache and one stream per
-        # sequence (a state saved in one is refused by the other)
+        # bytes; llama.cpp also refuses a state saved in a cache of another layout (unified, or
+        # one stream per sequence) or another number of streams
         self._variant = (self.flash_attn, n_threads or _default_threads())
         self._ctx: _Context | None = None
         self._batch_ctx: _Context | None = None
@@ -447,9 +450,9 @@ class LlamaCppLM:
         :meth:`~structgen.generation.prefix_cache.PrefixCache.note`. Returns the decodes run."""
         n = len(ids)
         cache = self.prefix_cache
-        variant = (*self._variant, ctx.unified)
+        variant = (*self._variant, ctx.unified, ctx.n_seq)
         start, cuts = 0, []
-        if cache.enabled and n >= BLOCK:
+        if cache.enabled and n >= PREFILL_MIN_COLUMNS:
             def allowed(length: int) -> bool:
                 return length == n or length <= n - PREFILL_MIN_COLUMNS
 
@@ -461,12 +464,18 @@ class LlamaCppLM:
                     cache.restore_failed(length)
             if not noted:
                 cache.note([ids])
-            cuts = cache.plan(variant, ids, start, allowed, shared_prefix)
+            # every decode between two points must keep its minimum size: drop the cuts too
+            # close to the point before them (the prompt's own end always stays)
+            kept: list[int] = []
+            for c in cache.plan(variant, ids, start, allowed, shared_prefix):
+                if c - (kept[-1] if kept else start) >= PREFILL_MIN_COLUMNS:
+                    kept.append(c)
+            cuts = kept
         decodes = 0
         points = sorted({start, n, *cuts})
         for a, b in zip(points, points[1:]):
             # balanced decodes of at most _CHUNK - 1 positions: each holds 256 or more when
-            # there are several, and a span between two points holds BLOCK or more
+            # there are several, and a span between two points holds PREFILL_MIN_COLUMNS or more
             parts = -(-(b - a) // (_CHUNK - 1))
             bounds = [a + (b - a) * i // parts for i in range(parts + 1)]
             for lo, hi in zip(bounds, bounds[1:]):

@@ -698,7 +698,7 @@ def cut_drafts(plans: list[StepPlan], cost: StepCost) -> None:
     time (:func:`~structgen.generation.pacing.best_draft_length`; pre-validated prefixes stay
     valid, so this is lossless for greedy decoding and keeps sampling exact)."""
     top = max(len(p.draft) for p in plans)
-    if top == 0 or len(plans) < 2:
+    if top == 0:
         return
     best_k = best_draft_length([expected_accepts(p.cand, len(p.draft)) for p in plans],
                                cost.fixed_positions())
@@ -740,6 +740,7 @@ class BatchStep:
     def __init__(self, lm: Any, cfg: SpecConfig, capacity: int, *, speculative: bool = True,
                  cut: bool = True, cost: StepCost | None = None) -> None:
         self.lm = lm
+        self.capacity = capacity
         self.speculative = speculative
         self.cut = cut
         self.verifier = StepVerifier(cfg, lm.vocab_size, lm.device, capacity)
@@ -754,7 +755,7 @@ class BatchStep:
         :attr:`Sequence.shared_prefix` hint); returns the seconds it took."""
         from structgen.generation.model import BatchKV
 
-        self.kv = BatchKV(self.lm)
+        self.kv = BatchKV(self.lm, rows=self.capacity)
         t0 = time.perf_counter()
         self.kv.prefill([s.prompt[:-1] for s in seqs], shared=[s.shared_prefix for s in seqs])
         for s in seqs:

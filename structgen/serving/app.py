@@ -683,6 +683,8 @@ def _engine_metrics(engine: Engine) -> str:
         family("prefix_cache_lookups_total", "counter", "Prompts looked up in the prefix cache.",
                [("", st.lookups)])
         family("prefix_cache_hits_total", "counter", "Prompts that restored a saved prefix.", [("", st.hits)])
+        family("prefix_cache_restore_failures_total", "counter",
+               "Saved prefixes the backend refused to load (prefilled instead).", [("", st.restore_failures)])
         family("prefix_cache_reused_tokens_total", "counter",
                "Prompt tokens restored from the prefix cache instead of prefilled.", [("", st.tokens_reused)])
         family("prefix_cache_prompt_tokens_total", "counter", "Prompt tokens of every lookup.",
