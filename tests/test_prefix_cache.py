@@ -60,6 +60,19 @@ def test_memory_bound_evicts_least_recently_used() -> None:
     assert off.lookup("v", a, _always) == (0, None) and off.plan("v", a, 0, _always) == []
 
 
+def test_copies_of_the_cache_start_empty() -> None:
+    """A deep copy or a pickle of a model carries an empty cache of the same bound (a copy of
+    the weights may compute other values, e.g. with the stock attention)."""
+    import copy
+    import pickle
+
+    cache = PrefixCache(1000, block=16)
+    cache.save("v", [1] * 16, "s", 10)
+    for other in (copy.deepcopy(cache), pickle.loads(pickle.dumps(cache))):
+        assert other.max_bytes == 1000 and other.block == 16
+        assert other.lookup("v", [1] * 16, _always) == (0, None)
+
+
 def test_plan_saves_at_the_end_the_hint_and_where_prompts_branch() -> None:
     cache = PrefixCache(1 << 20)
     system = list(range(1000, 1000 + 3 * BLOCK + 10))

@@ -98,6 +98,14 @@ class PrefixCache:
         self._lock = threading.Lock()
         self.stats = PrefixCacheStats()
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> PrefixCache:
+        # a copy of the model (a stock copy, a peer in a benchmark) computes its own states
+        return PrefixCache(self.max_bytes, block=self.block)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # saved states are host copies tied to this process's backend objects: not sent along
+        return (PrefixCache, (self.max_bytes, self.block))
+
     @property
     def enabled(self) -> bool:
         """Whether anything can be saved."""
