@@ -95,6 +95,11 @@ def build_app(args: argparse.Namespace) -> Any:
     hf_logging.disable_progress_bar()
     try:
         if is_gguf_path(model_path):  # llama.cpp backend: its threads, context and prefix cache
+            # ggml's tiled K-quant kernel (8+ columns) rounds unlike the dot-product kernel, so
+            # with it on every batched step is split into decodes of at most 7 positions; off,
+            # a 16-row step is one decode, 1.8x faster, and a prefill 1.2x slower (measured,
+            # docs/guides/llamacpp.md). A server steps batches: off unless the user says.
+            os.environ.setdefault("GGML_CPU_TILED_MM", "0")
             from structgen.generation.llamacpp import load_gguf
 
             lm = load_gguf(model_path, n_threads=args.threads, n_ctx=args.ctx_size)
