@@ -326,7 +326,7 @@ def _build_classes() -> dict[str, type]:
         )
 
         from structgen.config import SpecConfig
-        from structgen.generation.drafters import PromptLookupDrafter, canonical_tokens, cut_value
+        from structgen.generation.drafters import PromptLookupDrafter, canonical_tokens
         from structgen.masks.matcher import Matcher
 
         class _Grammar(StructuredOutputGrammar):
@@ -534,25 +534,8 @@ def _build_classes() -> dict[str, type]:
                     self._prompt_texts[request.request_id] = prompt
                 eos_ids = set(vocab.eos_token_ids)
                 out_text = vocab.decode_bytes([t for t in output if t not in eos_ids])
-                text = out_text + data
-                conts = self._lookup.continuations(prompt + out_text, text, 1)
-                if not conts:
-                    conts = self._lookup.key_continuations(prompt, text, 1)
-                for cont in conts:
-                    seg, bounded = cut_value(cont)
-                    n = m.viable_prefix_length(data + seg) - len(data)
-                    cut_by_grammar = n < len(seg)
-                    seg = seg[: max(n, 0)]
-                    if not seg and not cut_by_grammar:
-                        continue
-                    tail = b""
-                    if bounded or cut_by_grammar:
-                        for close in (b'"', b",", b"}", b"]"):
-                            probe = data + seg + close
-                            if m.viable_prefix_length(probe) == len(probe):
-                                tail = close + m.forced_bytes(limit=_FORCED_BYTES_LIMIT, after=probe)
-                                break
-                    tokens = forced + canonical_tokens(grammar.tokenizer, vocab, output + forced, seg + tail)
+                for text in self._lookup.propose(m, prompt, out_text, data, 1):
+                    tokens = forced + canonical_tokens(grammar.tokenizer, vocab, output + forced, text)
                     tokens = tokens[:limit]
                     return tokens[: m.validate_tokens(tokens)]
                 return []
