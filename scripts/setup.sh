@@ -132,6 +132,15 @@ if [ "${STRUCTGEN_LLAMACPP:-1}" = 1 ]; then
         "$PY" -c 'import llama_cpp' || die "llama_cpp does not import after its install"
         log "llama.cpp backend installed in $(( $(date +%s) - t0 )) s"
     fi
+    # llama_cpp.server (the peer of benchmarks/serve.py and of its smokes) needs its own web packages
+    if ! "$PY" -c 'import sse_starlette, starlette_context, pydantic_settings' 2>/dev/null; then
+        log "llama_cpp.server's packages: sse-starlette, starlette-context, pydantic-settings"
+        pin=$(mktemp)
+        "$PY" -c 'import torch; print("torch==" + torch.__version__)' > "$pin" 2>/dev/null || : > "$pin"
+        pip_install -q -c "$pin" sse-starlette starlette-context pydantic-settings \
+            || { rm -f "$pin"; die "installing llama_cpp.server's packages failed (see above)"; }
+        rm -f "$pin"
+    fi
 fi
 
 # 4b. Ray (STRUCTGEN_RAY=0 skips it): the Ray Serve deployment and the Ray Data extractor
