@@ -30,7 +30,7 @@ from structgen.errors import ConfigError
 from structgen.generation.results import is_complete
 
 __all__ = ["BatchResults", "GenerationResult", "StreamEvent", "generate", "stream", "generate_model",
-           "DEFAULT_MODEL", "conversation_prefix", "prompt_ids", "resolve_grammar"]
+           "DEFAULT_MODEL", "conversation_prefix", "prompt_ids", "resolve_grammar", "template_messages"]
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"  # chosen by benchmarks/default_model.py's rule
 
@@ -132,15 +132,26 @@ def _spellable(text: str, key: str) -> str:
     return text
 
 
+def template_messages(template: str | None, messages: list[dict]) -> list[dict]:
+    """``messages`` as a chat template can render them: OpenAI's ``developer`` role becomes
+    ``system`` unless the template itself knows ``developer`` (templates skip roles they do not
+    know, and the instructions would vanish)."""
+    if template and "developer" in template:
+        return messages
+    return [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
+
+
 def prompt_ids(lm: Any, prompt: str | None, messages: list[dict] | None,
                tools: list[dict] | None = None) -> list[int]:
     """The token ids of a request: ``messages`` rendered by the tokenizer's chat template (with
-    the generation prompt, and ``tools`` when given), or ``role: content`` lines when it has
-    none; else the ``prompt`` text. Raises :class:`~structgen.errors.ConfigError` when neither
-    is given or the text cannot be spelled (a lone surrogate)."""
+    the generation prompt, and ``tools`` when given; see :func:`template_messages`), or
+    ``role: content`` lines when it has none; else the ``prompt`` text. Raises
+    :class:`~structgen.errors.ConfigError` when neither is given or the text cannot be spelled
+    (a lone surrogate)."""
     tok = lm.tokenizer
     if messages is not None:
         if getattr(tok, "chat_template", None):
+            messages = template_messages(tok.chat_template, messages)
             extra = {"tools": tools} if tools else {}
             text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
             return list(tok.encode(_spellable(text, "messages"), add_special_tokens=False))
@@ -165,6 +176,7 @@ def conversation_prefix(lm: Any, messages: list[dict] | None, tools: list[dict] 
     head = messages[:-1]
     try:
         if getattr(tok, "chat_template", None):
+            head = template_messages(tok.chat_template, head)
             extra = {"tools": tools} if tools else {}
             text = tok.apply_chat_template(head, add_generation_prompt=False, tokenize=False, **extra)
             earlier = tok.encode(text, add_special_tokens=False)

@@ -23,6 +23,7 @@ Responses carry ``usage`` with a ``structgen`` extension: speculative statistics
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -82,13 +83,35 @@ class ResponseFormat(_Model):
 class ChatMessage(_Model):
     """One message: ``role`` one of OpenAI's roles (``system``, ``developer``, ``user``,
     ``assistant``, ``tool``, the legacy ``function``); ``content`` a string or a list of
-    ``{"type": "text", "text": ...}`` parts."""
+    ``{"type": "text", "text": ...}`` parts; an assistant message's ``tool_calls`` (OpenAI's
+    ``{"id", "type": "function", "function": {"name", "arguments"}}``) and a tool message's
+    ``tool_call_id``, which reach the chat template (a tool round trip)."""
 
     # OpenAI's roles only: any other string would reach the chat template, which may fail on
     # it or, worse, render it as a role the model was trained to obey
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    def template_dict(self, index: int) -> dict[str, Any]:
+        """The message as the chat templates of Hugging Face models read it: ``role``,
+        ``content``, and where given ``name``, ``tool_call_id`` and ``tool_calls`` with each
+        call's arguments as a mapping (OpenAI sends them as a JSON string; the templates
+        serialise them themselves). ``index``: the message's place, for errors."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            if self.role != "assistant":
+                raise ConfigError(f"messages[{index}]: tool_calls belong to an assistant message, not "
+                                  f"{self.role!r}", key="messages")
+            out["tool_calls"] = [_template_call(index, j, c) for j, c in enumerate(self.tool_calls)]
+        return out
+
 
     def text(self) -> str:
         """The message's text (text parts joined); other part types are refused."""
@@ -103,6 +126,27 @@ class ChatMessage(_Model):
                                   "parts are supported", key="messages")
             out.append(part["text"])
         return "".join(out)
+
+
+def _template_call(index: int, j: int, call: dict[str, Any]) -> dict[str, Any]:
+    """One of an assistant message's ``tool_calls`` for the chat template (see
+    :meth:`ChatMessage.template_dict`)."""
+    where = f"messages[{index}].tool_calls[{j}]"
+    fn = call.get("function")
+    if call.get("type", "function") != "function" or not isinstance(fn, dict) \
+            or not isinstance(fn.get("name"), str):
+        raise ConfigError(f"{where}: give {{\"type\": \"function\", \"function\": {{\"name\": ..., "
+                          "\"arguments\": ...}}", key="messages")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError as e:
+            raise ConfigError(f"{where}.function.arguments: not JSON ({e})", key="messages") from None
+    out: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
+    if isinstance(call.get("id"), str):
+        out["id"] = call["id"]
+    return out
 
 
 class StreamOptions(_Model):
@@ -180,9 +224,9 @@ class ChatCompletionRequest(_Common):
         if self.thinking_budget is not None and not self.reasoning:
             raise ConfigError("thinking_budget: needs reasoning", key="thinking_budget")
 
-    def message_dicts(self) -> list[dict[str, str]]:
-        """The messages as ``{"role", "content"}`` dicts for the chat template."""
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+    def message_dicts(self) -> list[dict[str, Any]]:
+        """The messages as dicts for the chat template (:meth:`ChatMessage.template_dict`)."""
+        return [m.template_dict(i) for i, m in enumerate(self.messages)]
 
 
 class CompletionRequest(_Common):
