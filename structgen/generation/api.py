@@ -150,16 +150,23 @@ def prompt_ids(lm: Any, prompt: str | None, messages: list[dict] | None,
     (a lone surrogate)."""
     tok = lm.tokenizer
     if messages is not None:
-        if getattr(tok, "chat_template", None):
-            messages = template_messages(tok.chat_template, messages)
-            extra = {"tools": tools} if tools else {}
-            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
-            return list(tok.encode(_spellable(text, "messages"), add_special_tokens=False))
-        text = "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant: "
-        return list(tok.encode(_spellable(text, "messages")))
+        return _render(tok, messages, tools, generation_prompt=True)
     if prompt is None:
         raise ConfigError("give prompt= or messages=")
     return list(tok.encode(_spellable(prompt, "prompt")))
+
+
+def _render(tok: Any, messages: list[dict], tools: list[dict] | None, *,
+            generation_prompt: bool) -> list[int]:
+    """The token ids of ``messages`` in the chat template (``role: content`` lines without one),
+    with the assistant's turn opened when ``generation_prompt``."""
+    if getattr(tok, "chat_template", None):
+        extra = {"tools": tools} if tools else {}
+        text = tok.apply_chat_template(template_messages(tok.chat_template, messages),
+                                       add_generation_prompt=generation_prompt, tokenize=False, **extra)
+        return list(tok.encode(_spellable(text, "messages"), add_special_tokens=False))
+    text = "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\n"
+    return list(tok.encode(_spellable(text + ("assistant: " if generation_prompt else ""), "messages")))
 
 
 def conversation_prefix(lm: Any, messages: list[dict] | None, tools: list[dict] | None,
@@ -172,16 +179,8 @@ def conversation_prefix(lm: Any, messages: list[dict] | None, tools: list[dict] 
     the rendering fails."""
     if messages is None or len(messages) < 2:
         return 0
-    tok = lm.tokenizer
-    head = messages[:-1]
     try:
-        if getattr(tok, "chat_template", None):
-            head = template_messages(tok.chat_template, head)
-            extra = {"tools": tools} if tools else {}
-            text = tok.apply_chat_template(head, add_generation_prompt=False, tokenize=False, **extra)
-            earlier = tok.encode(text, add_special_tokens=False)
-        else:
-            earlier = tok.encode("\n".join(f"{m['role']}: {m['content']}" for m in head) + "\n")
+        earlier = _render(lm.tokenizer, messages[:-1], tools, generation_prompt=False)
     except Exception:  # noqa: BLE001 - a hint only: a template that needs the last message is no error
         return 0
     n = 0

@@ -66,7 +66,6 @@ INSTALL_HINT = ("install the llama.cpp backend with `pip install 'structgen[llam
 
 _DEFAULT_CTX = 4096        # positions per sequence when the caller gives none (and the model allows)
 _CHUNK = 512               # positions per llama_decode call when prefilling a long prompt
-_BATCH_ROOM = 1024         # generated positions reserved per sequence of a batched cache
 # A prefill decode of at least this many positions computes every position's keys and values
 # bit-identically however the prompt is split into decodes (measured on Qwen2.5-Coder-0.5B
 # Q4_K_M and the tests' f32 model, 1 to 4 threads: 63 positions or fewer take other kernels and
@@ -464,13 +463,8 @@ class LlamaCppLM:
                     cache.restore_failed(length)
             if not noted:
                 cache.note([ids])
-            # every decode between two points must keep its minimum size: drop the cuts too
-            # close to the point before them (the prompt's own end always stays)
-            kept: list[int] = []
-            for c in cache.plan(variant, ids, start, allowed, shared_prefix):
-                if c - (kept[-1] if kept else start) >= PREFILL_MIN_COLUMNS:
-                    kept.append(c)
-            cuts = kept
+            # every decode between two points keeps its minimum size
+            cuts = cache.plan(variant, ids, start, allowed, shared_prefix, min_gap=PREFILL_MIN_COLUMNS)
         decodes = 0
         points = sorted({start, n, *cuts})
         for a, b in zip(points, points[1:]):

@@ -61,6 +61,8 @@ def prefix_cache_of(model: Any) -> PrefixCache:
 
 
 def _cache_layers(cache: Any) -> list[Any] | None:
+    """A ``DynamicCache``'s per-layer holders, when every one is a plain, filled dynamic layer
+    (None otherwise: a cache of another kind cannot be copied or assembled row by row)."""
     from transformers.cache_utils import DynamicLayer
 
     layers = getattr(cache, "layers", None)
@@ -445,7 +447,6 @@ class BatchKV:
         batched cache (padding slots hold zeros). False, with nothing done, when the cache
         type does not allow that assembly."""
         from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
 
         model = self._base if self._base is not None else self.lm.model
         pc = self.lm.prefix_cache
@@ -458,8 +459,8 @@ class BatchKV:
                               shared_prefix=shared[i] if shared else 0, noted=True,
                               logits_to_keep=self._base is None)
             self.forward_passes += 1
-            layers = getattr(c, "layers", None)
-            if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+            layers = _cache_layers(c)
+            if layers is None:
                 return False
             parts.append((i, layers))
         first = parts[0][1]
@@ -589,13 +590,7 @@ class BatchKV:
 
     def _layers(self) -> list[Any] | None:
         """The cache's per-layer tensors holders, when they are plain dynamic layers."""
-        from transformers.cache_utils import DynamicLayer
-
-        layers = getattr(self.cache, "layers", None)
-        if not layers or any(type(layer) is not DynamicLayer or not layer.is_initialized
-                             for layer in layers):
-            return None
-        return list(layers)
+        return _cache_layers(self.cache)
 
     @torch.inference_mode()
     def compact(self, min_holes: float = 0.5) -> bool:

@@ -153,10 +153,11 @@ class PrefixCache:
                     self._recent.append(t)
 
     def plan(self, variant: Any, tokens: Sequence[int], start: int, allowed: Any,
-             shared_prefix: int = 0) -> list[int]:
+             shared_prefix: int = 0, min_gap: int = 1) -> list[int]:
         """Prefix lengths of ``tokens`` to save while prefilling from ``start`` (ascending,
         each a multiple of ``block`` above ``start`` that ``allowed`` accepts and that is not
-        saved yet)."""
+        saved yet), each at least ``min_gap`` above ``start`` and the length before it (a
+        backend whose decodes must keep a minimum size; a later length too close is dropped)."""
         if not self.enabled:
             return []
         n = len(tokens)
@@ -173,7 +174,11 @@ class PrefixCache:
                     length -= self.block
                 if length > start and (variant, length, chain[length // self.block - 1]) not in self._entries:
                     out.append(length)
-        return sorted(set(out))
+        kept: list[int] = []
+        for length in sorted(set(out)):
+            if length - (kept[-1] if kept else start) >= min_gap:
+                kept.append(length)
+        return kept
 
     def save(self, variant: Any, tokens: Sequence[int], state: Any, nbytes: int) -> None:
         """Keep ``state`` (``nbytes`` of memory) as the KV state of ``tokens`` (a multiple of

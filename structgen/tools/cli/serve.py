@@ -93,6 +93,8 @@ def build_app(args: argparse.Namespace) -> Any:
     from structgen.generation.model import load_model
 
     hf_logging.disable_progress_bar()
+    if args.prefix_cache_mb < 0:
+        raise _Usage("--prefix-cache-mb must be 0 (off) or more")
     try:
         if is_gguf_path(model_path):  # llama.cpp backend: its threads, context and prefix cache
             # ggml's tiled K-quant kernel (8+ columns) rounds unlike the dot-product kernel, so
