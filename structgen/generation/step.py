@@ -720,8 +720,6 @@ def _truncate(plan: StepPlan, k: int) -> None:
         plan.cand = None
 
 
-
-
 class BatchStep:
     """One step of many sequences over one batched KV cache (:class:`~structgen.generation.model.BatchKV`,
     or the backend's own ``lm.new_batch_cache()``): the step machine the batched drivers share.
