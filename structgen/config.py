@@ -159,6 +159,20 @@ class JsonSchemaOptions:
         and control characters escaped) -- what generation uses when this is None, so that
         enum values, consts and property names are forced text and a model cannot wander
         into escapes. A narrowing: every canonical output is valid under "all".
+    number_spelling: how numbers may be written. ``"all"``: every JSON number literal the
+        schema's value constraints allow (``3.0``, ``-0``, ``3e0`` and ``1e2`` are integers,
+        any number of digits) -- what validation needs, and what
+        :func:`compile_json_schema` uses when this is None. ``"canonical"``: what generation
+        uses when this is None, so that strict parsers (a Pydantic ``int`` field) read what
+        a model writes: an ``integer`` is an integer literal ``-?(0|[1-9][0-9]*)`` (no
+        fraction, no exponent, no ``-0``) of at most 19 digits, or as many as the largest
+        bound or ``multipleOf`` of the schema needs; a ``number`` has at most 17 mantissa
+        digits (not counting a lone ``0`` before the point), at most 3 exponent digits and
+        no negative zero; an ``enum``/``const`` number is written one way (an integral
+        value as an integer literal, another as ``json.dumps`` writes it). A narrowing:
+        every canonical output is valid under "all"; where the schema's numeric constraints
+        leave no canonical literal (e.g. ``"minimum": 1e1000`` for a ``number``) or its
+        automaton would be too large, that number constraint keeps the full language.
     value_checks: check string values an automaton cannot (``hostname`` A-labels under
         draft-07 and later, ``idn-hostname``, ``idn-email``; see docs/formats.md). True: the
         grammar accepts the format's superset and checks each such string when it completes
@@ -187,6 +201,7 @@ class JsonSchemaOptions:
     max_depth: int = 128
     max_enum: int = 5_000
     string_escapes: str | None = None
+    number_spelling: str | None = None
     strict: bool | None = None
     value_checks: bool | None = None
 
@@ -201,15 +216,19 @@ class JsonSchemaOptions:
         _check_int(self, "max_enum", 1)
         if self.string_escapes is not None:
             _check_choice(self, "string_escapes", ("all", "canonical"))
+        if self.number_spelling is not None:
+            _check_choice(self, "number_spelling", ("all", "canonical"))
         _check_bool(self, "strict", optional=True)
         _check_bool(self, "value_checks", optional=True)
 
     def for_generation(self) -> JsonSchemaOptions:
-        """These options resolved for generation: ``string_escapes`` "canonical", ``strict``
-        true and ``value_checks`` false, unless set."""
+        """These options resolved for generation: ``string_escapes`` and ``number_spelling``
+        "canonical", ``strict`` true and ``value_checks`` false, unless set."""
         resolved: dict[str, Any] = {}
         if self.string_escapes is None:
             resolved["string_escapes"] = "canonical"
+        if self.number_spelling is None:
+            resolved["number_spelling"] = "canonical"
         if self.strict is None:
             resolved["strict"] = True
         if self.value_checks is None:
@@ -217,11 +236,13 @@ class JsonSchemaOptions:
         return dataclasses.replace(self, **resolved) if resolved else self
 
     def for_validation(self) -> JsonSchemaOptions:
-        """These options resolved for validation: ``string_escapes`` "all", ``strict`` false
-        and ``value_checks`` true, unless set."""
+        """These options resolved for validation: ``string_escapes`` and ``number_spelling``
+        "all", ``strict`` false and ``value_checks`` true, unless set."""
         resolved: dict[str, Any] = {}
         if self.string_escapes is None:
             resolved["string_escapes"] = "all"
+        if self.number_spelling is None:
+            resolved["number_spelling"] = "all"
         if self.strict is None:
             resolved["strict"] = False
         if self.value_checks is None:
@@ -328,8 +349,11 @@ class GenerationOptions:
     tool_choice: ``"auto"`` (text and/or calls), ``"required"`` (only calls, at least one),
         ``"none"`` (no call), or the name of the one tool to call.
     parallel_tool_calls: False allows at most one call per output.
-    tool_format: the call format (``hermes``, ``llama3``, ``mistral``, or a registered one);
-        None = implied by the model's chat template (Hermes when it says nothing).
+    tool_format: the call format (``hermes_json``, ``hermes``, ``json``, ``llama3``,
+        ``mistral``, or a registered one), for ``structgen generate`` and ``structgen serve``;
+        None = detected from the model's chat template and tokenizer
+        (:func:`structgen.frontends.tools.detect_tool_format`; ``hermes_json`` when they show
+        nothing).
     reasoning: free text inside ``<think>...</think>`` first, then the constrained answer.
     thinking_budget: tokens of reasoning after which ``</think>`` is forced; None = no cap.
     threads: CPU threads of the model: llama.cpp's threads for a GGUF model, torch's

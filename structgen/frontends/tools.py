@@ -16,12 +16,31 @@ keys), so every call the grammar admits validates.
 
 Built in (:data:`TOOL_FORMATS`):
 
-* ``"hermes"`` (Qwen2.5, Qwen3, Hermes, and the default): ``<tool_call>\\n{"name": ...,
-  "arguments": {...}}\\n</tool_call>``, one block per call, free text around them (the
-  region opens at ``<tool_call>``);
+* ``"hermes"`` (strict Hermes tags): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
+  one block per call, free text around them (the region opens at ``<tool_call>``);
+* ``"json"`` (``"json_calls"``): the whole reply is one call -- or, with parallel calls,
+  several -- written as a bare JSON object ``{"name": ..., "arguments": {...}}`` or fenced as
+  ````` ```json\\n...\\n``` `````, with JSON whitespace (at most
+  :data:`JSON_CALL_MAX_WHITESPACE` bytes per run, so generation cannot run away on it) in the
+  envelope and the arguments; or free text that does not start with ``{`` or ````` ```json `````
+  (after optional whitespace). What Qwen2.5-Coder actually writes, although its template
+  shows ``<tool_call>``;
+* ``"hermes_json"`` (``"qwen"``, ``"qwen2.5"``, ``"qwen2.5-coder"``, ``"qwen3"``): the union
+  of the two -- a reply that starts with ``{`` or ````` ```json ````` is JSON calls, any other
+  reply is Hermes free text with ``<tool_call>`` blocks (whose free text then never starts
+  with ``{`` or ````` ```json `````). The default for chat templates and tokenizers that show
+  ``<tool_call>`` (the Qwen family and Hermes fine-tunes) and for models that show nothing:
+  whichever way such a model writes its calls, they are in the language and are read back;
 * ``"llama3"`` (Llama 3.1+ JSON tool calls): the whole reply is ``{"name": ...,
   "parameters": {...}}`` (calls joined by ``"; "``), or text that does not start with ``{``;
 * ``"mistral"``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``.
+
+Detection (:func:`detect_tool_format`, what :func:`structgen.generate`, :func:`structgen.stream`
+and ``structgen serve`` use unless ``tool_format`` / ``--tool-format`` /
+``generation.tool_format`` names one): the chat template's text first (``[TOOL_CALLS]``:
+mistral; ``<tool_call>``: hermes_json; ``<|python_tag|>`` or a Llama 3 header with
+``"parameters"``: llama3), then the tokenizer's added tokens (the same markers as tokens),
+else hermes_json.
 
 Add a format with :func:`register_tool_format` (a :class:`ToolFormat` subclass, or an
 instance of :class:`TaggedFormat` for the common "marker + JSON + end marker" shape).
@@ -46,9 +65,10 @@ from structgen.grammar.passes import prefixed_grammar
 if TYPE_CHECKING:  # pragma: no cover
     from structgen.config import JsonSchemaOptions
 
-__all__ = ["TOOL_CHOICES", "TOOL_FORMATS", "ParsedCalls", "TaggedFormat", "Tool", "ToolFormat",
-           "format_for_template", "normalize_tools", "register_tool_format", "tool_choice_name",
-           "tool_format", "tool_from"]
+__all__ = ["DEFAULT_TOOL_FORMAT", "JSON_CALL_MAX_WHITESPACE", "TOOL_CHOICES", "TOOL_FORMATS",
+           "HermesJsonFormat", "JsonCallFormat", "ParsedCalls", "TaggedFormat", "Tool", "ToolFormat",
+           "detect_tool_format", "either_grammar", "format_for_template", "normalize_tools",
+           "register_tool_format", "starts_json_call", "tool_choice_name", "tool_format", "tool_from"]
 
 #: the ``tool_choice`` strings (a ``{"name": ...}`` dict names one tool)
 TOOL_CHOICES = ("auto", "required", "none")
@@ -286,6 +306,14 @@ class TaggedFormat(ToolFormat):
                 json_options: JsonSchemaOptions | None = None) -> ir.Grammar:
         """See :meth:`ToolFormat.grammar`: "auto" free text with calls, "required" calls only,
         "none" free text in which the begin marker never occurs."""
+        return triggered_to_grammar(self.triggered(tools, choice, parallel, json_options))
+
+    def triggered(self, tools: Sequence[Tool], choice: str, parallel: bool,
+                  json_options: JsonSchemaOptions | None = None, *,
+                  free_text: ir.Expr | None = None) -> TriggeredGrammar:
+        """The :class:`~structgen.frontends.triggered.TriggeredGrammar` :meth:`grammar` lowers;
+        ``free_text``: a regular expression every stretch of free text must also match (the
+        union format uses it to keep free text from starting like a JSON call)."""
         body = self.call_body(tools, json_options)
         if self.padding:
             rules = dict(body.rules)
@@ -294,12 +322,10 @@ class TaggedFormat(ToolFormat):
         region = Region(self.begin, body, self.end)
         at_most = None if parallel else 1
         if choice == "required":
-            spec = TriggeredGrammar((region,), 1, at_most, regions_only=True, separator=self.separator)
-        elif choice == "none":
-            spec = TriggeredGrammar((region,), 0, 0)
-        else:
-            spec = TriggeredGrammar((region,), 0, at_most)
-        return triggered_to_grammar(spec)
+            return TriggeredGrammar((region,), 1, at_most, regions_only=True, separator=self.separator)
+        if choice == "none":
+            return TriggeredGrammar((region,), 0, 0, free_text=free_text)
+        return TriggeredGrammar((region,), 0, at_most, free_text=free_text)
 
     def parse(self, text: str) -> ParsedCalls:
         """Each block: ``begin``, the call's JSON value read as JSON (so an argument string may
@@ -421,6 +447,164 @@ class MistralFormat(ToolFormat):
         return ParsedCalls(text[:i].strip(), calls, errors)
 
 
+#: the most whitespace bytes one run of whitespace may hold in the JSON call format (between
+#: two JSON tokens of a call, around a fence, between calls): room for calls pretty-printed a
+#: few levels deep, bounded so that a model cannot run away writing whitespace
+JSON_CALL_MAX_WHITESPACE = 16
+
+_JSON_WHITESPACE = " \t\n\r"
+_FENCE_OPEN = "```json"
+_FENCE_CLOSE = "```"
+
+
+def _whitespace(limit: int = JSON_CALL_MAX_WHITESPACE) -> ir.Expr:
+    return ir.rep(ir.byteset(_JSON_WHITESPACE.encode()), 0, limit)
+
+
+def _skip_whitespace(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in _JSON_WHITESPACE:
+        pos += 1
+    return pos
+
+
+def starts_json_call(text: str) -> bool:
+    """Does ``text``, after JSON whitespace, start the way a JSON-format call does (``{`` or
+    ````` ```json `````)? Such a reply is calls in the ``json`` and ``hermes_json`` formats."""
+    body = text.lstrip(_JSON_WHITESPACE)
+    return body.startswith("{") or body.startswith(_FENCE_OPEN)
+
+
+def _not_call_start() -> ir.Expr:
+    """Free text that does not start (after whitespace) with ``{`` or ````` ```json `````."""
+    any_text = ir.star(ir.ANY_BYTE)
+    opening = ir.seq(ir.star(ir.byteset(_JSON_WHITESPACE.encode())),
+                     ir.alt(ir.lit("{"), ir.lit(_FENCE_OPEN)), any_text)
+    return ir.diff(any_text, opening)
+
+
+def either_grammar(*grammars: ir.Grammar) -> ir.Grammar:
+    """One IR grammar whose language is the union of ``grammars``' (their rules renamed
+    apart)."""
+    rules: dict[str, ir.Expr] = {}
+    starts = []
+    for i, g in enumerate(grammars):
+        rules.update(prefixed_grammar(g, f"u{i}."))
+        starts.append(ir.ref(f"u{i}.{g.start}"))
+    rules["either"] = ir.alt(*starts)
+    return ir.Grammar(rules, "either")
+
+
+class JsonCallFormat(ToolFormat):
+    """Calls as the whole reply in JSON: each call a bare ``{"name": ..., "arguments": {...}}``
+    object or one fenced as ````` ```json ... ``` `````, calls separated by whitespace, JSON
+    whitespace (bounded: ``max_whitespace`` bytes per run) between the tokens of a call; or,
+    under ``"auto"``, free text that does not start (after whitespace) with ``{`` or
+    ````` ```json `````. Under ``"none"`` any text (the plan then reads no calls in it)."""
+
+    name = "json"
+
+    def __init__(self, max_whitespace: int = JSON_CALL_MAX_WHITESPACE) -> None:
+        self.max_whitespace = max_whitespace
+
+    def call_body(self, tools: Sequence[Tool], json_options: JsonSchemaOptions | None = None) -> ir.Grammar:
+        """One call, ``{"name": "<tool>", "arguments": <arguments>}`` with JSON whitespace
+        between its tokens (the arguments' schema compiled with flexible whitespace)."""
+        import dataclasses
+
+        from structgen.config import JsonSchemaOptions
+
+        options = dataclasses.replace(json_options or JsonSchemaOptions(), whitespace="flexible",
+                                      max_whitespace=self.max_whitespace)
+        ws = _whitespace(self.max_whitespace)
+        rules: dict[str, ir.Expr] = {}
+        alts = []
+        for i, t in enumerate(tools):
+            args = body_grammar("json", dict(t.parameters), json_options=options)
+            rules.update(prefixed_grammar(args, f"t{i}."))
+            # the arguments' own root allows whitespace around the value
+            alts.append(ir.seq(ir.lit("{"), ws, ir.lit('"name"'), ws, ir.lit(":"), ws,
+                               ir.lit(json.dumps(t.name, ensure_ascii=False)), ws, ir.lit(","), ws,
+                               ir.lit(f'"{self.arguments_key}"'), ws, ir.lit(":"),
+                               ir.ref(f"t{i}.{args.start}"), ir.lit("}")))
+        rules["call"] = ir.alt(*alts)
+        return ir.Grammar(rules, "call")
+
+    def grammar(self, tools: Sequence[Tool], choice: str, parallel: bool,
+                json_options: JsonSchemaOptions | None = None) -> ir.Grammar:
+        """See :meth:`ToolFormat.grammar`."""
+        if choice == "none":
+            return ir.Grammar({"text": ir.star(ir.ANY_BYTE)}, "text")
+        body = self.call_body(tools, json_options)
+        rules = prefixed_grammar(body, "c.")
+        one = ir.ref("c." + body.start)
+        ws = _whitespace(self.max_whitespace)
+        item = ir.alt(one, ir.seq(ir.lit(_FENCE_OPEN), ws, one, ws, ir.lit(_FENCE_CLOSE)))
+        calls = ir.seq(item, ir.rep(ir.seq(ws, item), 0, None if parallel else 0), ws)
+        rules["reply"] = calls if choice == "required" else ir.alt(calls, _not_call_start())
+        return ir.Grammar(rules, "reply")
+
+    def parse(self, text: str) -> ParsedCalls:
+        """Calls when the reply starts (after whitespace) with ``{`` or ````` ```json `````, as
+        the grammar has it; each call read as JSON (any spacing), the fence closed after
+        optional whitespace. Unconstrained output may go on with text after its calls: that
+        is the text; a call that does not parse is an error and the rest is text."""
+        if not starts_json_call(text):
+            return ParsedCalls(text.strip(), [], [])
+        calls: list[tuple[str, Any]] = []
+        errors: list[str] = []
+        pos = _skip_whitespace(text, 0)
+        while pos < len(text) and (text.startswith("{", pos) or text.startswith(_FENCE_OPEN, pos)):
+            fenced = text.startswith(_FENCE_OPEN, pos)
+            start = _skip_whitespace(text, pos + len(_FENCE_OPEN)) if fenced else pos
+            try:
+                value, end = _DECODER.raw_decode(text, start)
+                call = _decode_call(json.dumps(value), self.arguments_key)
+            except (ValueError, TypeError) as e:
+                errors.append(f"{type(e).__name__}: {e}")
+                break
+            end = _skip_whitespace(text, end)
+            if fenced:
+                if text.startswith(_FENCE_CLOSE, end):
+                    end += len(_FENCE_CLOSE)
+                elif end < len(text):
+                    errors.append(f"the fenced call is not closed by {_FENCE_CLOSE!r}")
+                    break
+            calls.append(call)
+            pos = _skip_whitespace(text, end)
+        return ParsedCalls(text[pos:].strip(), calls, errors)
+
+
+class HermesJsonFormat(ToolFormat):
+    """The union of a :class:`TaggedFormat` (``tagged``) and a :class:`JsonCallFormat`
+    (``json_format``): a reply that starts (after whitespace) with ``{`` or ````` ```json `````
+    is JSON calls, any other reply is the tagged format's free text and blocks (its free text
+    kept from starting like a JSON call under ``"auto"``). For model families whose template
+    shows Hermes tags but whose models may write bare or fenced JSON calls (Qwen2.5-Coder)."""
+
+    def __init__(self, name: str, tagged: TaggedFormat, json_format: JsonCallFormat) -> None:
+        self.name = name
+        self.tagged = tagged
+        self.json_format = json_format
+        self.arguments_key = tagged.arguments_key
+        self.markers = tagged.markers
+
+    def grammar(self, tools: Sequence[Tool], choice: str, parallel: bool,
+                json_options: JsonSchemaOptions | None = None) -> ir.Grammar:
+        """See :meth:`ToolFormat.grammar`: the tagged format's grammar or the JSON calls."""
+        if choice == "none":
+            return self.tagged.grammar(tools, choice, parallel, json_options)
+        json_calls = self.json_format.grammar(tools, "required", parallel, json_options)
+        free_text = _not_call_start() if choice != "required" else None
+        tagged = triggered_to_grammar(self.tagged.triggered(tools, choice, parallel, json_options,
+                                                            free_text=free_text))
+        return either_grammar(tagged, json_calls)
+
+    def parse(self, text: str) -> ParsedCalls:
+        """The JSON format's parse for a reply that starts like a JSON call, else the tagged
+        format's."""
+        return (self.json_format if starts_json_call(text) else self.tagged).parse(text)
+
+
 #: the registered formats by name (:func:`register_tool_format` adds one)
 TOOL_FORMATS: dict[str, ToolFormat] = {}
 
@@ -435,10 +619,17 @@ def register_tool_format(fmt: ToolFormat, *, aliases: Sequence[str] = ()) -> Too
     return fmt
 
 
-register_tool_format(TaggedFormat("hermes", "<tool_call>", "</tool_call>", padding="\n"),
-                     aliases=("qwen", "qwen2.5", "qwen3"))
+_HERMES = TaggedFormat("hermes", "<tool_call>", "</tool_call>", padding="\n")
+_JSON = JsonCallFormat()
+register_tool_format(_HERMES)
+register_tool_format(_JSON, aliases=("json_calls",))
+register_tool_format(HermesJsonFormat("hermes_json", _HERMES, _JSON),
+                     aliases=("qwen", "qwen2.5", "qwen2.5-coder", "qwen3"))
 register_tool_format(Llama3JsonFormat(), aliases=("llama3.1", "llama3_json"))
 register_tool_format(MistralFormat())
+
+#: the format of models that show no format of their own (see :func:`detect_tool_format`)
+DEFAULT_TOOL_FORMAT = "hermes_json"
 
 
 def tool_format(name: str | ToolFormat) -> ToolFormat:
@@ -453,15 +644,57 @@ def tool_format(name: str | ToolFormat) -> ToolFormat:
     return fmt
 
 
-def format_for_template(template: str | None) -> str:
-    """The format a chat template's text implies: ``"mistral"`` when it writes
-    ``[TOOL_CALLS]``, ``"hermes"`` for ``<tool_call>``, ``"llama3"`` for Llama 3's
-    ``<|python_tag|>``/``"parameters"`` style; ``"hermes"`` when it says nothing."""
-    t = template or ""
+def _template_format(template: Any) -> str | None:
+    """The format a chat template's text shows, or None when it shows none."""
+    if isinstance(template, Mapping):  # several named templates: any of them
+        template = "\n".join(str(t) for t in template.values())
+    t = template if isinstance(template, str) else ""
     if "[TOOL_CALLS]" in t:
         return "mistral"
     if "<tool_call>" in t:
-        return "hermes"
+        return "hermes_json"
     if "<|python_tag|>" in t or ("<|start_header_id|>" in t and "parameters" in t):
         return "llama3"
-    return "hermes"
+    return None
+
+
+def format_for_template(template: str | None) -> str:
+    """The format a chat template's text implies: ``"mistral"`` when it writes
+    ``[TOOL_CALLS]``, ``"hermes_json"`` for ``<tool_call>``, ``"llama3"`` for Llama 3's
+    ``<|python_tag|>``/``"parameters"`` style; :data:`DEFAULT_TOOL_FORMAT` when it says
+    nothing."""
+    return _template_format(template) or DEFAULT_TOOL_FORMAT
+
+
+def _added_token_texts(tokenizer: Any) -> set[str]:
+    """The texts of a tokenizer's added (special) tokens; empty when it cannot say."""
+    texts: set[str] = set()
+    try:
+        texts.update(str(t) for t in (tokenizer.get_added_vocab() or {}))
+    except Exception:  # noqa: BLE001 - a tokenizer without added tokens, or another backend's
+        pass
+    try:
+        texts.update(str(getattr(t, "content", t)) for t in (tokenizer.added_tokens_decoder or {}).values())
+    except Exception:  # noqa: BLE001 - as above
+        pass
+    return texts
+
+
+def detect_tool_format(tokenizer: Any = None, chat_template: Any = None) -> str:
+    """The name of the call format a model writes, from its chat template (``chat_template``,
+    else the tokenizer's) and then its tokenizer's added tokens: ``[TOOL_CALLS]`` ->
+    ``"mistral"``, ``<|python_tag|>`` -> ``"llama3"``, ``<tool_call>`` -> ``"hermes_json"``
+    (Hermes tags or bare/fenced JSON calls); :data:`DEFAULT_TOOL_FORMAT` when neither shows
+    one. :func:`structgen.generate`, :func:`structgen.stream` and ``structgen serve`` use it
+    when no ``tool_format`` is given."""
+    if chat_template is None:
+        chat_template = getattr(tokenizer, "chat_template", None)
+    found = _template_format(chat_template)
+    if found is not None:
+        return found
+    tokens = _added_token_texts(tokenizer) if tokenizer is not None else set()
+    for marker, name in (("[TOOL_CALLS]", "mistral"), ("<|python_tag|>", "llama3"),
+                         ("<tool_call>", "hermes_json")):
+        if marker in tokens:
+            return name
+    return DEFAULT_TOOL_FORMAT

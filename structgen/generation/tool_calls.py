@@ -11,6 +11,13 @@ parts of its result.
 Reasoning: the output is ``<think>`` (unless the prompt already ends with it), free text in
 which ``</think>`` does not occur, ``</think>``, up to four spaces or newlines, then the
 answer: the constraint's language, the tool-call grammar, or any text.
+
+Tools together with a constraint (a schema, grammar or regex): on one turn the model either
+calls tools -- only calls, in the format -- or gives its final answer in the constraint's
+language. ``tool_choice="required"`` or a named tool: calls only; ``"none"``: the answer
+only. Where an output is both (a JSON answer that is also a JSON call of one of the tools),
+it is read as the calls: the output is the calls when the calls' grammar accepts it, else
+the answer (:meth:`OutputPlan.answer_or_calls`).
 """
 
 from __future__ import annotations
@@ -66,6 +73,13 @@ class OutputPlan:
     think_prefix: str = ""
     template_tools: list[dict[str, Any]] | None = None
     new_matcher: Any = None
+    #: the ``tool_choice`` as the grammar has it: "auto", "required" (a named tool too) or "none"
+    choice: str = "auto"
+    #: with tools and a constraint together: the IR grammars of the answer and of the calls
+    #: (None without; ``calls`` is None under "none")
+    answer: Any = None
+    calls: Any = None
+    _compiled: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def markers(self) -> list[str]:
         """The marker texts of the output (the format's, the thinking markers)."""
@@ -92,8 +106,41 @@ class OutputPlan:
                 texts[int(i)] = content
         return vocab.with_token_text(texts) if texts else vocab
 
+    def _grammar_of(self, which: str) -> Any:
+        """The compiled ``answer`` or ``calls`` grammar (compiled once, cached by content)."""
+        if which not in self._compiled:
+            from structgen.grammar.compiler import compile_grammar
+
+            self._compiled[which] = compile_grammar(getattr(self, which))
+        return self._compiled[which]
+
+    def answer_or_calls(self, answer: str, *, final: bool = True) -> str | None:
+        """Whether ``answer`` (the output after any reasoning) is ``"calls"`` or the
+        constraint's ``"answer"``, where tools and a constraint combine (always ``"calls"``
+        without a constraint). Complete (``final``): the calls when the calls' grammar
+        accepts it (an output in both languages is the calls), else the answer. Growing: the
+        answer once no call can start that way, the calls once no answer can; None while
+        both can."""
+        if self.answer is None:
+            return "calls"
+        if self.choice == "none":
+            return "answer"
+        if self.choice == "required":
+            return "calls"
+        calls = self._grammar_of("calls")
+        if final:
+            return "calls" if calls.accepts(answer) else "answer"
+        if not calls.accepts_prefix(answer):
+            return "answer"
+        if not self._grammar_of("answer").accepts_prefix(answer):
+            return "calls"
+        return None
+
     def split(self, text: str) -> tuple[str | None, str, list[ToolCall], list[str]]:
-        """(reasoning or None, answer text, tool calls, errors) of a complete output."""
+        """(reasoning or None, answer text, tool calls, errors) of a complete output. Under
+        ``tool_choice="none"`` no calls are read (the text stripped; with a constraint, the
+        answer as written); with tools and a constraint, an answer is returned as the text
+        with no calls (:meth:`answer_or_calls`)."""
         reasoning = None
         if self.reasoning:
             body = self.think_prefix + text
@@ -104,6 +151,10 @@ class OutputPlan:
                 text = body[end + len(THINK_END):].lstrip()
         if self.format is None:
             return reasoning, text, [], []
+        if self.answer_or_calls(text) == "answer":
+            return reasoning, text, [], []
+        if self.choice == "none":  # the grammar let no call open: whatever it reads like, text
+            return reasoning, text.strip(), [], []
         parsed = self.format.parse(text)
         errors = list(parsed.errors)
         calls: list[ToolCall] = []
@@ -144,16 +195,19 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
                 tool_format: Any = None, chat_template: str | None = None, reasoning: bool = False,
                 prompt_text: str = "", schema: Any = None, grammar: Any = None, regex: Any = None,
                 start: str = "start", strict: bool = True,
-                thinking_budget: int | None = None) -> OutputPlan:
+                thinking_budget: int | None = None, tokenizer: Any = None) -> OutputPlan:
     """The grammar and reading of one output (see the module docstring). ``tool_format``:
-    a registered name or :class:`~structgen.frontends.tools.ToolFormat` (default: implied by
-    ``chat_template``, else Hermes). ``prompt_text``: the prompt, to tell whether the template
-    already opened the thinking block. ``thinking_budget`` (with ``reasoning``): once that many
-    tokens of reasoning (after the opening marker) have been generated without ``</think>``,
-    the output must write ``</think>`` next. Raises :class:`~structgen.errors.ConfigError` for
-    ``tools`` together with a schema/grammar/regex, a bad ``tool_choice`` or tool spec."""
+    a registered name or :class:`~structgen.frontends.tools.ToolFormat` (default: what
+    :func:`~structgen.frontends.tools.detect_tool_format` finds in ``chat_template`` and
+    ``tokenizer``). ``tools`` with one of ``schema``/``grammar``/``regex``: the output is
+    either calls or the answer in the constraint's language (module docstring).
+    ``prompt_text``: the prompt, to tell whether the template already opened the thinking
+    block. ``thinking_budget`` (with ``reasoning``): once that many tokens of reasoning (after
+    the opening marker) have been generated without ``</think>``, the output must write
+    ``</think>`` next. Raises :class:`~structgen.errors.ConfigError` for more than one
+    constraint, a bad ``tool_choice`` or tool spec."""
     from structgen.config import JsonSchemaOptions
-    from structgen.frontends.tools import format_for_template, normalize_tools, tool_choice_name
+    from structgen.frontends.tools import detect_tool_format, normalize_tools, tool_choice_name
     from structgen.frontends.tools import tool_format as get_format
     from structgen.frontends.triggered import Region, TriggeredGrammar, body_grammar, compile_triggered
     from structgen.grammar import ir
@@ -161,8 +215,6 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
 
     tool_list = normalize_tools(tools)
     constraints = sum(x is not None for x in (schema, grammar, regex))
-    if tool_list and constraints:
-        raise ConfigError("give tools= or one of schema=/grammar=/regex=, not both", key="tools")
     if constraints > 1:
         raise ConfigError("give at most one of schema=, grammar= or regex=")
     tb = thinking_budget
@@ -173,25 +225,37 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
     if not isinstance(parallel_tool_calls, bool):
         raise ConfigError("parallel_tool_calls must be true or false", key="parallel_tool_calls")
     options = JsonSchemaOptions(strict=strict)
+    constraint: Any = None  # the constraint's IR grammar (None: none given)
+    if schema is not None:
+        constraint = body_grammar("json", schema, json_options=options)
+    elif grammar is not None:
+        constraint = body_grammar("grammar", grammar, start=start)
+    elif regex is not None:
+        constraint = body_grammar("regex", regex)
     fmt = None
-    answer: Any = None  # the answer's IR grammar (None: any text)
+    choice = "auto"
+    calls: Any = None  # the calls-only grammar, where tools and a constraint combine
+    answer: Any = constraint  # the IR grammar of what follows any reasoning (None: any text)
     if tool_list:
         name = tool_choice_name(tool_choice, tool_list)
         choice = "required" if name is not None else tool_choice
         used = [t for t in tool_list if name is None or t.name == name]
-        fmt = get_format(tool_format if tool_format is not None else format_for_template(chat_template))
-        answer = fmt.grammar(used, choice, parallel_tool_calls, options)
-    elif schema is not None:
-        answer = body_grammar("json", schema, json_options=options)
-    elif grammar is not None:
-        answer = body_grammar("grammar", grammar, start=start)
-    elif regex is not None:
-        answer = body_grammar("regex", regex)
+        if tool_format is None:
+            tool_format = detect_tool_format(tokenizer, chat_template)
+        fmt = get_format(tool_format)
+        if constraint is None:
+            answer = fmt.grammar(used, choice, parallel_tool_calls, options)
+        elif choice != "none":  # calls only, or (auto) calls or the answer
+            from structgen.frontends.tools import either_grammar
+
+            calls = fmt.grammar(used, "required", parallel_tool_calls, options)
+            answer = calls if choice == "required" else either_grammar(calls, constraint)
     if answer is None:
         answer = ir.Grammar({"text": ir.star(ir.ANY_BYTE)}, "text")
+    both = {"choice": choice, "answer": constraint if fmt is not None else None, "calls": calls}
     template_tools = [t.openai() for t in tool_list] or None
     if not reasoning:
-        return OutputPlan(compile_grammar(answer), tool_list, fmt, False, "", template_tools)
+        return OutputPlan(compile_grammar(answer), tool_list, fmt, False, "", template_tools, **both)
     opened = prompt_text.rstrip().endswith(THINK_START)
     prefix = "" if opened else THINK_START + "\n"
     from structgen.grammar.passes import prefixed_grammar
@@ -209,7 +273,7 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
         new_matcher = partial(CappedMatcher, marker=THINK_END, cap=thinking_budget,
                               count_after=None if opened else prefix)
     return OutputPlan(compile_triggered(spec), tool_list, fmt, True, THINK_START if opened else "",
-                      template_tools, new_matcher)
+                      template_tools, new_matcher, **both)
 
 
 def _json_end(text: str, pos: int) -> int | None:
@@ -315,6 +379,198 @@ def _held_marker_prefix(text: str, marker: str) -> int:
     return 0
 
 
+def _read_calls(fmt: Any, text: str, final: bool) -> tuple[str, list[_Call]] | None:
+    """:meth:`CallStream.read` for the format ``fmt``."""
+    from structgen.frontends.tools import HermesJsonFormat, JsonCallFormat, Llama3JsonFormat, MistralFormat
+
+    if isinstance(fmt, HermesJsonFormat):
+        body = text.lstrip(_JSON_WS)
+        if not body or (not final and "```json".startswith(body)):
+            return "", []  # whitespace, or what may still become a fence: not known yet
+        inner = fmt.json_format if body.startswith(("{", "```json")) else fmt.tagged
+        return _read_calls(inner, text, final)
+    if isinstance(fmt, JsonCallFormat):
+        return _read_json_calls(text, final, fmt.arguments_key)
+    if isinstance(fmt, Llama3JsonFormat):
+        return _read_llama3(text, final, fmt.arguments_key)
+    if isinstance(fmt, MistralFormat):
+        return _read_mistral(text, final, fmt.marker, fmt.arguments_key)
+    return _read_tagged(text, final, fmt.begin, fmt.end, fmt.arguments_key)
+
+
+def _read_llama3(text: str, final: bool, key: str) -> tuple[str, list[_Call]] | None:
+    """Llama 3 JSON calls: the whole reply, calls joined by ``"; "``."""
+    calls: list[_Call] = []
+    body = text
+    if body.startswith("<|python_tag|>"):
+        body = body[len("<|python_tag|>"):].lstrip()
+    elif "<|python_tag|>".startswith(body) and body and not final:
+        return "", calls
+    if not body:
+        return "", calls
+    if not body.startswith("{"):
+        return text, calls
+    pos = 0
+    while True:
+        call, nxt = _scan_call(body, pos, key)
+        if call is None:
+            return None
+        calls.append(call)
+        if nxt < 0:
+            return "", calls
+        rest = body[nxt:]
+        if not rest.startswith("; "):
+            if "; ".startswith(rest) or rest.strip() == "":
+                return "", calls
+            return None
+        pos = nxt + 2
+
+
+def _read_mistral(text: str, final: bool, marker: str, key: str) -> tuple[str, list[_Call]] | None:
+    """Mistral: free text, the marker, a JSON array of calls."""
+    calls: list[_Call] = []
+    i = text.find(marker)
+    if i < 0:
+        held = 0 if final else _held_marker_prefix(text, marker)
+        return text[: len(text) - held], calls
+    content = text[:i]
+    pos = i + len(marker)
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    if pos >= len(text):
+        return content, calls
+    if text[pos] != "[":
+        return None
+    pos += 1
+    while True:
+        call, nxt = _scan_call(text, pos, key)
+        if call is None:
+            return None
+        calls.append(call)
+        if nxt < 0 or nxt >= len(text) or text[nxt] == "]":
+            return content, calls
+        if not ", ".startswith(text[nxt: nxt + 2]):
+            return None
+        pos = nxt + 2
+        if pos > len(text):
+            return content, calls
+
+
+def _read_tagged(text: str, final: bool, begin: str, end: str, key: str) -> tuple[str, list[_Call]] | None:
+    """Tagged blocks amid free text."""
+    calls: list[_Call] = []
+    parts: list[str] = []
+    pos = 0
+    while True:
+        i = text.find(begin, pos)
+        if i < 0:
+            rest = text[pos:]
+            held = 0 if final else _held_marker_prefix(rest, begin)
+            parts.append(rest[: len(rest) - held])
+            break
+        parts.append(text[pos:i])
+        p = i + len(begin)
+        while p < len(text) and text[p].isspace():
+            p += 1
+        call, nxt = _scan_call(text, p, key)
+        if call is None:
+            return None
+        calls.append(call)
+        if nxt < 0:
+            break
+        while nxt < len(text) and text[nxt].isspace():
+            nxt += 1
+        if not text.startswith(end, nxt):
+            if end.startswith(text[nxt:]):
+                break
+            return None
+        pos = nxt + len(end)
+    return "".join(parts), calls
+
+
+def _read_json_calls(text: str, final: bool, key: str) -> tuple[str, list[_Call]] | None:
+    """The JSON call format: the reply is calls (bare or fenced objects, whitespace between)
+    when it starts with ``{`` or a fence, else text."""
+    fence, close = "```json", "```"
+    body_at = _skip_ws(text, 0)
+    body = text[body_at:]
+    if not body or (not final and fence.startswith(body)):
+        return "", []
+    if not body.startswith(("{", fence)):
+        return text, []
+    calls: list[_Call] = []
+    pos = body_at
+    while True:
+        fenced = text.startswith(fence, pos)
+        if not fenced and not text.startswith("{", pos):
+            if fence.startswith(text[pos:]):  # the next fence, or trailing whitespace, so far
+                return "", calls
+            return None
+        p = _skip_ws(text, pos + len(fence)) if fenced else pos
+        if p >= len(text):
+            return "", calls
+        call, nxt = _scan_loose_call(text, p, key)
+        if call is None:
+            return None
+        calls.append(call)
+        if nxt < 0:
+            return "", calls
+        if fenced:
+            nxt = _skip_ws(text, nxt)
+            at = _literal_at(text, nxt, close)
+            if at <= 0:
+                return ("", calls) if at == 0 else None
+            nxt += len(close)
+        pos = _skip_ws(text, nxt)
+        if pos >= len(text):
+            return "", calls
+
+
+_JSON_WS = " \t\n\r"
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in _JSON_WS:
+        pos += 1
+    return pos
+
+
+def _scan_loose_call(text: str, pos: int, key: str) -> tuple[_Call | None, int]:
+    """:func:`_scan_call` for the JSON call format's envelope: ``{"name": <string>, "<key>":
+    <arguments>}`` with JSON whitespace between its tokens; the arguments text is the value
+    as written (from its first to its last character)."""
+    name: str | None = None
+    args = ""
+    p = pos
+    for step in ("{", '"name"', ":", None, ",", f'"{key}"', ":", "", "}"):
+        if p > pos:
+            p = _skip_ws(text, p)
+        if p >= len(text):
+            return _Call(name, args, False), -1
+        if step is None:  # the name
+            if text[p] != '"':
+                return None, -2
+            end = _json_end(text, p)
+            if end is None:
+                return _Call(None, "", False), -1
+            try:
+                name = json.loads(text[p:end])
+            except ValueError:
+                return None, -2
+            p = end
+        elif step == "":  # the arguments
+            end = _json_end(text, p)
+            if end is None:
+                return _Call(name, text[p:], False), -1
+            args, p = text[p:end], end
+        else:
+            at = _literal_at(text, p, step)
+            if at <= 0:
+                return (None, -2) if at < 0 else (_Call(name, args, False), -1)
+            p += len(step)
+    return _Call(name, args, True), p
+
+
 class CallStream:
     """Incremental reading of one constrained output with tool calls, for streaming clients.
 
@@ -325,11 +581,13 @@ class CallStream:
     trailing whitespace and any text that may still turn out to start a marker are held back),
     and each call's argument events equal its arguments as the model wrote them (the
     ``arguments`` text of :meth:`ToolCall.openai` for a complete output). Built-in formats
-    (tagged, Llama 3 JSON, Mistral) only: :meth:`for_plan` gives None for the others, and for
-    reasoning, whose parts are only known once the output is complete."""
+    (tagged, JSON calls, Hermes-or-JSON, Llama 3 JSON, Mistral) only: :meth:`for_plan` gives
+    None for the others, and for reasoning, whose parts are only known once the output is
+    complete."""
 
-    def __init__(self, fmt: Any) -> None:
+    def __init__(self, fmt: Any, *, calls_allowed: bool = True) -> None:
         self.fmt = fmt
+        self.calls_allowed = calls_allowed  # False under tool_choice="none": all text
         self.text = ""
         self.content_sent = ""
         self.calls: list[tuple[str, int]] = []  # (id, arguments characters sent)
@@ -338,102 +596,28 @@ class CallStream:
     def for_plan(cls, plan: OutputPlan) -> CallStream | None:
         """A stream reader for outputs of ``plan``, or None where the output can only be read
         once complete (no tools, reasoning, a format other than the built-in ones)."""
-        from structgen.frontends.tools import Llama3JsonFormat, MistralFormat, TaggedFormat
+        from structgen.frontends.tools import (
+            HermesJsonFormat,
+            JsonCallFormat,
+            Llama3JsonFormat,
+            MistralFormat,
+            TaggedFormat,
+        )
 
         if plan.format is None or plan.reasoning:
             return None
-        if not isinstance(plan.format, (TaggedFormat, Llama3JsonFormat, MistralFormat)):
+        builtin = (TaggedFormat, Llama3JsonFormat, MistralFormat, JsonCallFormat, HermesJsonFormat)
+        if not isinstance(plan.format, builtin):
             return None
-        return cls(plan.format)
+        return cls(plan.format, calls_allowed=plan.choice != "none")
 
     def read(self, text: str, *, final: bool) -> tuple[str, list[_Call]] | None:
         """(content known so far, calls so far) of ``text`` in this stream's format (``final``:
         the output is complete); None when the text leaves the shapes the grammar writes (the
         caller then waits for the complete output)."""
-        from structgen.frontends.tools import Llama3JsonFormat, MistralFormat
-
-        fmt, key = self.fmt, self.fmt.arguments_key
-        calls: list[_Call] = []
-        if isinstance(fmt, Llama3JsonFormat):
-            body = text
-            if body.startswith("<|python_tag|>"):
-                body = body[len("<|python_tag|>"):].lstrip()
-            elif "<|python_tag|>".startswith(body) and body and not final:
-                return "", calls
-            if not body:
-                return "", calls
-            if not body.startswith("{"):
-                return text, calls
-            pos = 0
-            while True:
-                call, nxt = _scan_call(body, pos, key)
-                if call is None:
-                    return None
-                calls.append(call)
-                if nxt < 0:
-                    return "", calls
-                rest = body[nxt:]
-                if not rest.startswith("; "):
-                    if "; ".startswith(rest) or rest.strip() == "":
-                        return "", calls
-                    return None
-                pos = nxt + 2
-        if isinstance(fmt, MistralFormat):
-            marker = fmt.marker
-            i = text.find(marker)
-            if i < 0:
-                held = 0 if final else _held_marker_prefix(text, marker)
-                return text[: len(text) - held], calls
-            content = text[:i]
-            pos = i + len(marker)
-            while pos < len(text) and text[pos].isspace():
-                pos += 1
-            if pos >= len(text):
-                return content, calls
-            if text[pos] != "[":
-                return None
-            pos += 1
-            while True:
-                call, nxt = _scan_call(text, pos, key)
-                if call is None:
-                    return None
-                calls.append(call)
-                if nxt < 0 or nxt >= len(text) or text[nxt] == "]":
-                    return content, calls
-                if not ", ".startswith(text[nxt: nxt + 2]):
-                    return None
-                pos = nxt + 2
-                if pos > len(text):
-                    return content, calls
-        # tagged blocks amid free text
-        begin, end = fmt.begin, fmt.end
-        parts: list[str] = []
-        pos = 0
-        while True:
-            i = text.find(begin, pos)
-            if i < 0:
-                rest = text[pos:]
-                held = 0 if final else _held_marker_prefix(rest, begin)
-                parts.append(rest[: len(rest) - held])
-                break
-            parts.append(text[pos:i])
-            p = i + len(begin)
-            while p < len(text) and text[p].isspace():
-                p += 1
-            call, nxt = _scan_call(text, p, key)
-            if call is None:
-                return None
-            calls.append(call)
-            if nxt < 0:
-                break
-            while nxt < len(text) and text[nxt].isspace():
-                nxt += 1
-            if not text.startswith(end, nxt):
-                if end.startswith(text[nxt:]):
-                    break
-                return None
-            pos = nxt + len(end)
-        return "".join(parts), calls
+        if not self.calls_allowed:
+            return text, []
+        return _read_calls(self.fmt, text, final)
 
     def feed(self, delta: str, *, final: bool = False) -> list[tuple[Any, ...]]:
         """Events for ``delta``, the text committed since the last call (``final``: the output
@@ -474,7 +658,9 @@ class OutputStream:
     (whitespace that may still turn out to be trailing, and text that may still turn out to
     start a marker, are held back until it is known), each call's arguments as written. A
     format :class:`CallStream` cannot read as it grows gives its content and calls once the
-    output is complete."""
+    output is complete. With tools and a constraint, nothing of the answer is sent while the
+    output could still be either the calls or the answer
+    (:meth:`OutputPlan.answer_or_calls`)."""
 
     def __init__(self, plan: OutputPlan) -> None:
         self.plan = plan
@@ -484,6 +670,8 @@ class OutputStream:
         # the call reader; None with a format read only once the output is complete
         self.calls = None if plan.format is None else CallStream.for_plan(replace(plan, reasoning=False))
         self._whole_ids: list[str] = []
+        # tools with a constraint: "calls" or "answer" once known (OutputPlan.answer_or_calls)
+        self.mode: str | None = None
 
     def call_ids(self) -> list[str]:
         """The ids the ``("call", ...)`` events gave, in call order."""
@@ -511,6 +699,12 @@ class OutputStream:
                 return events
             answer = body[end + len(THINK_END):].lstrip()
         if self.plan.format is None:
+            return events + self._grow("content", answer)
+        if self.mode is None:
+            self.mode = self.plan.answer_or_calls(answer, final=final)
+            if self.mode is None:
+                return events  # could still be calls or the answer: held back until known
+        if self.mode == "answer":  # the constraint's answer, exactly as written
             return events + self._grow("content", answer)
         if self.calls is None:
             if final:  # the validated calls of the whole output

@@ -182,8 +182,8 @@ def _parser() -> argparse.ArgumentParser:
                    "name of the tool to call")
     g.add_argument("--parallel-tool-calls", action=argparse.BooleanOptionalAction, default=None,
                    help="allow several calls in one output (default: on)")
-    g.add_argument("--tool-format", metavar="NAME", help="hermes, llama3, mistral (default: from "
-                   "the model's chat template)")
+    g.add_argument("--tool-format", metavar="NAME", help="hermes_json, hermes, json, llama3, mistral "
+                   "(default: detected from the model's chat template and tokenizer)")
     g.add_argument("--reasoning", action=argparse.BooleanOptionalAction, default=None,
                    help="free text inside <think>...</think> first, then the constrained answer; "
                    "result lines get reasoning")
