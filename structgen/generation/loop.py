@@ -52,7 +52,8 @@ __all__ = ["BatchStats", "GenerationStats", "SequenceResult", "check_budget", "r
 def stream_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
                     cfg: SpecConfig, *, speculative: bool = True, max_new_tokens: int = 256,
                     draft_lm: CausalLM | None = None, seed: int | None = None, on_budget: str = "close",
-                    new_matcher: Any = None, shared_prefix: int = 0) -> Iterator[tuple[list[int], Sequence]]:
+                    new_matcher: Any = None, shared_prefix: int = 0,
+                    logprobs: int | None = None) -> Iterator[tuple[list[int], Sequence]]:
     """Yield ``(committed_tokens, state)`` after every verify step. ``on_budget``: ``"close"``
     keeps every output complete within ``max_new_tokens`` (raises
     :class:`~structgen.errors.TokenBudgetError` up front when it cannot be); ``"cut"`` stops
@@ -61,13 +62,15 @@ def stream_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_i
     a :class:`~structgen.masks.capped.CappedMatcher` for a thinking budget. ``shared_prefix``:
     the prompt's leading tokens later calls are likely to share
     (:func:`~structgen.generation.api.conversation_prefix`), a hint for the model's prefix
-    cache."""
+    cache. ``logprobs``: None records nothing (the default, no cost); ``k`` in 0..20 records
+    each committed token's log-probability and its ``k`` most likely alternatives in
+    ``state.token_logprobs`` (see :class:`~structgen.generation.results.TokenLogprob`)."""
     if not prompt_ids:
         raise ValueError("the prompt must contain at least one token")
     check_context(lm, len(prompt_ids), max_new_tokens, draft_lm=draft_lm)
     seq = Sequence(lm, vocab, grammar, prompt_ids, cfg, speculative=speculative,
                    max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed, on_budget=on_budget,
-                   new_matcher=new_matcher, shared_prefix=shared_prefix)
+                   new_matcher=new_matcher, shared_prefix=shared_prefix, logprobs=logprobs)
     seq.check_budget()
     seq.verifier = StepVerifier(cfg, lm.vocab_size, lm.device, 1)
     if speculative and SEQUENCE_PACING and (cfg.temperature <= 0 or seed is None):
@@ -109,7 +112,8 @@ def _sequence_result(seq: Sequence) -> SequenceResult:
     text_tokens = [t for t in seq.output if t not in seq.eos]
     data = seq.vocab.decode_bytes(text_tokens)
     text = codecs.decode(data, "utf-8", errors="replace")
-    return SequenceResult(seq.output, text, seq.finish or "stop", seq.stats)
+    return SequenceResult(seq.output, text, seq.finish or "stop", seq.stats,
+                          None if seq.token_logprobs is None else list(seq.token_logprobs))
 
 
 @dataclass
@@ -145,7 +149,8 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
               cfg: SpecConfig, *, speculative: bool = True, max_new_tokens: int | list[int] = 256,
               draft_lm: CausalLM | None = None, seeds: list[int | None] | None = None,
               configs: list[SpecConfig] | None = None, on_budget: str = "close",
-              shared_prefixes: list[int] | None = None) -> tuple[list[SequenceResult], BatchStats]:
+              shared_prefixes: list[int] | None = None,
+              logprobs: int | list[int | None] | None = None) -> tuple[list[SequenceResult], BatchStats]:
     """Generate for several prompts together (one micro-batch; mixed grammars allowed).
 
     Every step is ONE :class:`~structgen.generation.step.BatchStep`: ONE batched target forward
@@ -176,7 +181,8 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
     ``max_new_tokens`` may be a list (one budget per prompt); ``on_budget`` as in
     :func:`stream_sequence`, each sequence under the rule at its own remaining budget (every
     budget is checked before anything is generated). ``shared_prefixes``: per prompt, the
-    prefix-cache hint of :func:`stream_sequence`'s ``shared_prefix``.
+    prefix-cache hint of :func:`stream_sequence`'s ``shared_prefix``. ``logprobs``: as in
+    :func:`stream_sequence`, for every prompt or one value per prompt (a list).
 
     Returns the per-sequence results (in prompt order) and the batch's :class:`BatchStats`.
     """
@@ -197,13 +203,16 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
     shared = list(shared_prefixes) if shared_prefixes is not None else [0] * n
     if len(shared) != n:
         raise ValueError(f"{len(shared)} shared_prefixes for {n} prompts")
+    lps = list(logprobs) if isinstance(logprobs, (list, tuple)) else [logprobs] * n
+    if len(lps) != n:
+        raise ValueError(f"{len(lps)} logprobs values for {n} prompts")
     t_start = time.perf_counter()
     seqs = [
         Sequence(lm, vocab, g, p, c, speculative=speculative, max_new_tokens=b,
                  draft_lm=(CausalLM(draft_lm.model, draft_lm.tokenizer) if draft_lm is not None
                            else None),
-                 seed=sd, on_budget=on_budget, shared_prefix=sh)
-        for g, p, sd, c, b, sh in zip(grammars, prompts, seeds, cfgs, budgets, shared)
+                 seed=sd, on_budget=on_budget, shared_prefix=sh, logprobs=lp)
+        for g, p, sd, c, b, sh, lp in zip(grammars, prompts, seeds, cfgs, budgets, shared, lps)
     ]
     for i, s in enumerate(seqs):
         s.check_budget(request_index=i if n > 1 else None)

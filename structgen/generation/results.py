@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BUDGET_CLOSE", "COMPLETE", "GenerationStats", "ON_BUDGET_CHOICES", "SequenceResult",
-           "is_complete"]
+__all__ = ["BUDGET_CLOSE", "COMPLETE", "GenerationStats", "MAX_TOP_LOGPROBS", "ON_BUDGET_CHOICES",
+           "SequenceResult", "TokenLogprob", "TopLogprob", "is_complete"]
 
 #: finish_reason of an output closed by the budget rule
 BUDGET_CLOSE = "budget_close"
@@ -24,6 +24,8 @@ BUDGET_CLOSE = "budget_close"
 COMPLETE = frozenset({"stop", BUDGET_CLOSE})
 #: values of the ``on_budget`` option: close every output within ``max_new_tokens``, or cut it
 ON_BUDGET_CHOICES = ("close", "cut")
+#: the most alternatives ``top_logprobs`` may ask for (OpenAI's bound)
+MAX_TOP_LOGPROBS = 20
 
 
 def is_complete(finish_reason: str) -> bool:
@@ -95,12 +97,48 @@ class GenerationStats:
             mine["acceptance"] = mine["accepted"] / mine["proposed"] if mine["proposed"] else None
 
 
+@dataclass(frozen=True)
+class TopLogprob:
+    """One of the most likely tokens at an output position: its id, text, bytes and
+    log-probability (in the distribution :class:`TokenLogprob` describes)."""
+
+    token_id: int
+    token: str
+    token_bytes: bytes
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The log-probability of one committed output token, asked for with ``logprobs``.
+
+    ``logprob`` is the token's log-probability in the distribution it was drawn from: the
+    target model's logits at that position, grammar-forbidden tokens removed, divided by the
+    temperature (greedy decoding: temperature 1), restricted to the top-p nucleus when the
+    sequence samples with ``top_p < 1``, then renormalised (log-softmax). Speculation is
+    lossless, so an accepted draft token reports that same target distribution. A token the
+    grammar forced without a forward pass (the only token it allowed) has logprob 0.0 and is
+    its own only alternative. ``top_logprobs``: the ``k`` most likely tokens of that
+    distribution, most likely first (never a token the grammar or top-p ruled out, so fewer
+    than ``k`` where fewer are possible). ``token`` is the token's text (UTF-8, undecodable
+    bytes replaced; a special token's own name), ``token_bytes`` its raw bytes."""
+
+    token_id: int
+    token: str
+    token_bytes: bytes
+    logprob: float
+    top_logprobs: tuple[TopLogprob, ...] = ()
+
+
 @dataclass
 class SequenceResult:
     """One finished sequence of the loop: generated token ids (EOS included if emitted), the
-    decoded text, why it stopped, and its statistics."""
+    decoded text, why it stopped, and its statistics; ``logprobs``: one
+    :class:`TokenLogprob` per token of ``tokens`` when the sequence recorded them (None
+    otherwise)."""
 
     tokens: list[int]
     text: str
     finish_reason: str  # "stop" | "budget_close" (both complete) | "length" (cut short)
     stats: GenerationStats
+    logprobs: list[TokenLogprob] | None = None

@@ -52,8 +52,11 @@ from structgen.generation.pacing import (
 )
 from structgen.generation.results import (
     BUDGET_CLOSE,
+    MAX_TOP_LOGPROBS,
     ON_BUDGET_CHOICES,
     GenerationStats,
+    TokenLogprob,
+    TopLogprob,
 )
 from structgen.grammar.compiled import CompiledGrammar
 from structgen.masks.matcher import Matcher, bitmask_words
@@ -75,6 +78,8 @@ class StepPlan:
     narrowed: list[bool] = field(default_factory=list)  # per mask row: the budget rule removed a token
     bitmask: torch.Tensor | None = None  # int32 [k+1, W]: one mask per draft position plus the
                                          # bonus row (rows of the step's pooled host buffer)
+    # per emitted token (sequences recording logprobs only): (logprob, [(token, logprob)] top)
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 class Sequence:
@@ -85,14 +90,26 @@ class Sequence:
     ``(grammar, vocab) -> Matcher`` (default :class:`~structgen.masks.matcher.Matcher`).
     ``shared_prefix``: how many leading prompt tokens later requests are likely to share (the
     conversation before the last message, :func:`~structgen.generation.api.conversation_prefix`),
-    passed to the model's prefill as a hint for its prefix cache."""
+    passed to the model's prefill as a hint for its prefix cache.
+    ``logprobs``: None (the default) records nothing; an int ``k`` (0..20) records a
+    :class:`~structgen.generation.results.TokenLogprob` per committed token, with its ``k``
+    most likely alternatives, in :attr:`token_logprobs` (aligned with :attr:`output`)."""
 
     def __init__(self, lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
                  cfg: SpecConfig, *, speculative: bool, max_new_tokens: int,
                  draft_lm: CausalLM | None, seed: int | None, on_budget: str = "close",
-                 new_matcher: Any = None, shared_prefix: int = 0) -> None:
+                 new_matcher: Any = None, shared_prefix: int = 0, logprobs: int | None = None) -> None:
         if on_budget not in ON_BUDGET_CHOICES:
             raise ValueError(f"on_budget must be one of {ON_BUDGET_CHOICES}, not {on_budget!r}")
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+            from structgen.errors import ConfigError
+
+            raise ConfigError(f"top_logprobs must be an integer in 0..{MAX_TOP_LOGPROBS}, not {logprobs!r}",
+                              key="top_logprobs")
+        # None: no logprobs (nothing computed, the default); k: alternatives per token
+        self.top_logprobs = logprobs
+        self.token_logprobs: list[TokenLogprob] | None = [] if logprobs is not None else None
         self.lm = lm
         self.vocab = vocab
         self.cfg = cfg
@@ -277,6 +294,8 @@ class Sequence:
                 st.budget_narrowed += 1
             m.accept_token(tok)
             self.output.append(tok)
+            if self.token_logprobs is not None:  # the only token allowed: probability 1
+                self.token_logprobs.append(self._logprob_entry(tok, 0.0, [(tok, 0.0)]))
             st.new_tokens += 1
             st.free_tokens += 1
             self._stop()
@@ -378,6 +397,10 @@ class Sequence:
             if not m.accept_token(t):
                 raise RuntimeError(f"verified token {t} rejected by the grammar")
             committed.append(t)
+            if self.token_logprobs is not None:
+                assert plan.logprobs is not None, "logprobs asked but not computed"
+                lp, top = plan.logprobs[j]
+                self.token_logprobs.append(self._logprob_entry(t, lp, top))
             if j < len(plan.narrowed) and plan.narrowed[j]:
                 self.closed = True
                 st.budget_narrowed += 1
@@ -394,6 +417,23 @@ class Sequence:
         if self.finish is None and len(self.output) >= self.max_new:
             self.finish = "length"
         return committed
+
+    def _token_text(self, tok: int) -> tuple[str, bytes]:
+        """A token's text and bytes for a logprob entry (a special token: its tokenizer name)."""
+        data = self.vocab.token_bytes[tok] if tok < len(self.vocab.token_bytes) else None
+        if data is None:
+            text = self.lm.tokenizer.decode([tok], skip_special_tokens=False)
+            return text, text.encode("utf-8")
+        return data.decode("utf-8", errors="replace"), data
+
+    def _logprob_entry(self, tok: int, logprob: float, top: list[tuple[int, float]]) -> TokenLogprob:
+        """The :class:`TokenLogprob` of committed token ``tok`` (``top`` cut to what was asked)."""
+        alts = []
+        for t, lp in top[: self.top_logprobs or 0]:
+            text, data = self._token_text(t)
+            alts.append(TopLogprob(t, text, data, lp))
+        text, data = self._token_text(tok)
+        return TokenLogprob(tok, text, data, logprob, tuple(alts))
 
     def _stop(self) -> None:
         """The sequence ended with EOS: ``"budget_close"`` where the budget rule steered it."""
@@ -614,7 +654,7 @@ class StepVerifier:
         its own masks and uniforms, so its verdict is the one it would get alone. Returns
         ``(num_accepted, emitted tokens)`` per sequence (after the opt-in lossy acceptance, when
         configured)."""
-        from structgen.generation.verify import VerifyOutput, verify
+        from structgen.generation.verify import VerifyOutput, token_logprobs, verify
 
         cfg = self.cfg
         buf = self.buf
@@ -688,6 +728,13 @@ class StepVerifier:
             if cfg.verify_threshold is not None and k:
                 n_acc, emitted = s._lossy(p.draft, logits[row: row + k + 1], bitmask[row: row + k + 1],
                                           n_acc, emitted)
+            if s.top_logprobs is not None:
+                # emitted token j was drawn at the sequence's row j (a draft position, then the
+                # recovered / bonus row): only a sequence that asked pays for this
+                keep = emitted[: p.budget]
+                p.logprobs = token_logprobs(logits[row: row + len(keep)], bitmask[row: row + len(keep)],
+                                            keep, temperature=s.cfg.temperature, top_p=s.cfg.top_p,
+                                            top=s.top_logprobs)
             results.append((n_acc, emitted))
             row += k + 1
         return results

@@ -65,6 +65,7 @@ __all__ = [
     "upload_async",
     "pinned_empty",
     "SideStream",
+    "token_logprobs",
 ]
 
 # Longest draft one sequence may carry (kernels never specialise on draft lengths). Must equal
@@ -539,4 +540,49 @@ def verify(
             draft_token_ids, cu_num_draft_tokens, target_logits, bitmask, draft_probs, temperature,
             thr, unif, out.output_token_ids, out.num_accepted, out.num_emitted, out.error_position,
             workspace=buffers.workspace if buffers is not None else workspace)
+    return out
+
+
+def token_logprobs(target_logits: torch.Tensor, bitmask: torch.Tensor, tokens: list[int], *,
+                   temperature: float, top_p: float = 1.0, top: int = 0
+                   ) -> list[tuple[float, list[tuple[int, float]]]]:
+    """Log-probabilities of the tokens one sequence emitted, in the distributions :func:`verify`
+    draws them from: per row ``i`` of ``target_logits`` ``[n, V]`` (``n = len(tokens)``: the
+    sequence's rows, the accepted draft positions then the recovered / bonus row) and its packed
+    mask ``bitmask`` ``[n, >= ceil(V/32)]``, ``(logprob of tokens[i], the top`` most likely
+    ``(token, logprob)`` pairs, most likely first)``.
+
+    The distribution is verify's ``p`` (``structgen/kernels/torch_ref.py``): the scaled logits
+    ``v = float32(logit) * float32(1 / T)``, masked, restricted to the top-p nucleus when
+    sampling with ``top_p < 1`` (the same thresholds verify uses), log-softmaxed. A greedy row
+    (``T`` below ``GREEDY_TEMPERATURE``, 0 included) is reported at temperature 1. Tokens the
+    mask or top-p rule out never appear among the top ones (a row may list fewer than ``top``).
+    Runs on the logits' device; one host transfer for the whole sequence."""
+    import torch
+
+    ref = load_kernels("torch_ref")
+    n = len(tokens)
+    if n == 0:
+        return []
+    rows = target_logits[:n]                                                      # [n, V]
+    vocab = rows.shape[1]
+    dev = rows.device
+    temp = torch.tensor([temperature], dtype=torch.float32, device=dev)           # [1]
+    sampling, inv_t = ref.inverse_temperature(temp)
+    v = rows.to(torch.float32) * inv_t                                            # [n, V]
+    allowed = ref.unpack_bitmask(bitmask[:n], vocab)                               # [n, V]
+    if bool(sampling[0]) and top_p < 1.0:
+        cu = torch.tensor([n - 1], dtype=torch.int64, device=dev)                 # one sequence
+        thr = ref.top_p_thresholds(rows, bitmask[:n], cu, temp,
+                                   torch.tensor([top_p], dtype=torch.float32, device=dev))  # [n]
+        allowed &= v >= thr[:, None]
+    lp = torch.log_softmax(v.masked_fill(~allowed, float("-inf")), dim=-1)       # [n, V]
+    ids = torch.tensor(tokens, dtype=torch.int64, device=dev)
+    chosen = lp.gather(1, ids[:, None])[:, 0].tolist()                           # [n]
+    if top <= 0:
+        return [(float(c), []) for c in chosen]
+    best, where = torch.topk(lp, min(top, vocab), dim=-1)                        # [n, top] each
+    out = []
+    for c, bl, wl in zip(chosen, best.tolist(), where.tolist()):
+        out.append((float(c), [(int(w), float(b)) for b, w in zip(bl, wl) if b > float("-inf")]))
     return out
