@@ -63,6 +63,7 @@ SMOKES: dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]] = {
     "serve": ((), False, ("gpt2",)),
     "serve_llamacpp": (("--backend", "llamacpp"), False, ()),
     "serve_hostile": ((), False, ("gpt2",)),
+    "openai_clients": ((), False, ("gpt2",)),
     "vllm_backends": ((), False, ()),
 }
 # smokes that run another smoke's script with other arguments -> that script
@@ -70,7 +71,8 @@ SCRIPT_OF = {"serve_llamacpp": "serve"}
 # scripts that need an optional package beyond triton: skipped without it
 NEEDS_MODULE = {"llamacpp_row_invariance": "llama_cpp", "llamacpp_prefill": "llama_cpp",
                 "prefix_reuse": "llama_cpp", "serve": "fastapi",
-                "serve_llamacpp": "llama_cpp", "serve_hostile": "fastapi"}
+                "serve_llamacpp": "llama_cpp", "serve_hostile": "fastapi",
+                "openai_clients": "agents"}
 
 
 # scripts that run vLLM (in its own environment, .venv-vllm, which they re-execute themselves
@@ -85,7 +87,7 @@ VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 START_ORDER = ("vllm_backends", "masks", "masks_builds", "jsonschemabench", "tools", "bad_inputs", "batch",
                "budget", "generate", "lossless", "verify", "verify_codegen", "verify_race_skip",
                "json_schema_suite", "startup", "llamacpp_row_invariance", "llamacpp_prefill", "prefix_reuse",
-               "default_model", "serve", "serve_llamacpp", "serve_hostile")
+               "default_model", "serve", "serve_llamacpp", "serve_hostile", "openai_clients")
 
 
 class _Runs:
@@ -552,6 +554,25 @@ def test_serve_hostile(runs: _Runs) -> None:
     # every probe answered as the issue expects: no 5xx, hang, dropped connection, memory blow-up
     # or traceback in the server's log
     assert [c["name"] for c in cases if c["class"] != "ok"] == [], stdout[-3000:]
+
+
+def test_openai_clients(runs: _Runs) -> None:
+    """``openai_clients.py --smoke``: every scenario of the six client libraries ran against a
+    tiny random model behind the recording proxy; no answer was a 5xx; and the checks that do
+    not depend on what a random model writes hold (max_tokens too small -> 200 length, developer
+    instructions in the prompt, logprobs, tools + response_format accepted)."""
+    _, report = _smoke(runs, "openai_clients")
+    assert report["mode"] == "smoke" and report["scenarios"] >= 40
+    assert set(report["libraries"]) == {"openai", "instructor", "langchain", "pydantic_ai", "litellm",
+                                        "openai_agents"}
+    assert report["bars"]["no 5xx"] == {"value": 0, "met": True}
+    assert sum(report["statuses"].values()) >= report["scenarios"]
+    for o in report["outcomes"]:
+        assert {"library", "name", "statuses", "checks", "exception", "passed"} <= set(o), o
+    for bar in ("max_tokens too small gives 200 length", "developer instructions reach the prompt",
+                "logprobs returned"):
+        assert report["bars"][bar]["met"] is True, (bar, report["bars"][bar])
+    assert report["bars"]["tools + response_format accepted, final answer valid"]["value"][0] is True
 
 
 def test_vllm_backends(runs: _Runs) -> None:

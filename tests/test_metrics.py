@@ -148,6 +148,19 @@ def test_unchecked_outputs_do_not_count_for_validity() -> None:
     assert m.validity_rate == 1.0
 
 
+def test_unconstrained_outputs_never_count_for_validity() -> None:
+    """Plain text (a server's chat without response_format) cut at max_tokens is not an
+    incomplete instance of anything: unchecked, no validity alert (issue 39, item 6)."""
+    m = Metrics(parent=None, thresholds=MonitoringOptions(min_requests=1))
+    m.observe(fake_result(4, accepted=0, drafted=0, finish="length"), constrained=False)
+    m.observe(fake_result(4, accepted=0, drafted=0), constrained=False)
+    assert m.status["unchecked"] == 2 and m.validity_rate is None and m.alerts() == []
+    m.observe(fake_result(4, accepted=0, drafted=0), valid=True)
+    assert m.validity_rate == 1.0 and m.alerts() == []
+    m.observe(fake_result(4, accepted=0, drafted=0, finish="length"), valid=None)  # constrained, cut
+    assert m.validity_rate == 0.5 and [a.name for a in m.alerts()] == ["min_validity"]
+
+
 def test_process_registry_accumulates() -> None:
     reg = process_metrics()
     before = reg.requests, reg.output_tokens

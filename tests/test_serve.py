@@ -257,12 +257,12 @@ def test_error_status_codes(server) -> None:
     assert _post(server.url, {"messages": msgs, "max_tokens": 0}).status_code == 400
     r = _post(server.url, {"messages": msgs, "tools": TOOLS, "tool_choice": {"name": "nope"}})
     assert r.status_code == 400 and "tool_choice" in r.json()["error"]["message"]
-    r = _post(server.url, {"messages": msgs, "tools": TOOLS, "response_format": _fmt(SCHEMAS[0])})
-    assert r.status_code == 400 and "not both" in r.json()["error"]["message"]
     assert _post(server.url, {"messages": msgs, "functions": [{"name": "f"}]}).status_code == 400
-    assert _post(server.url, {"messages": msgs, "logprobs": True}).status_code == 400
-    r = _post(server.url, {"messages": msgs, "max_tokens": 2, "response_format": _fmt(SCHEMAS[0])})
+    assert _post(server.url, {"messages": msgs, "logprobs": True, "top_logprobs": 21}).status_code == 400
+    r = _post(server.url, {"messages": msgs, "max_tokens": 2, "response_format": _fmt(SCHEMAS[0]),
+                           "on_max_tokens": "refuse"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "max_tokens_too_small"
+    assert _post(server.url, {"messages": msgs, "on_max_tokens": "never"}).status_code == 400
     big = {"messages": [{"role": "user", "content": "x" * 200_000}]}
     assert _post(server.url, big).status_code == 413
     assert _post(server.url, {"messages": msgs}, key=None).status_code == 401
@@ -270,6 +270,58 @@ def test_error_status_codes(server) -> None:
     assert httpx.get(server.url + "/health").status_code == 200               # no key needed
     assert httpx.get(server.url + "/v1/models").status_code == 401
     assert _post(server.url, {"messages": msgs}, path="/v1/nothing").status_code == 404
+
+
+def test_max_tokens_below_the_shortest_output_is_cut_like_openai(server) -> None:
+    """OpenAI's answer to a max_tokens too small for the output: 200, the text cut at
+    max_tokens, finish_reason "length", streamed or not; ``on_max_tokens: "refuse"`` gives
+    structgen's 400 instead, in the HTTP API's terms (no Python parameter names)."""
+    fmt = _fmt(SCHEMAS[0])
+    r = _chat(server.client, "Bob, 42", response_format=fmt, max_tokens=3)
+    choice = r.choices[0]
+    assert choice.finish_reason == "length" and r.usage.completion_tokens == 3
+    assert choice.message.content.startswith("{")
+    chunks = list(_chat(server.client, "Bob, 42", response_format=fmt, max_tokens=3, stream=True))
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == choice.message.content
+    # "cut": no steering at all, even where max_tokens is enough
+    r = _chat(server.client, "Bob, 42", response_format=fmt, max_tokens=30,
+              extra_body={"on_max_tokens": "cut"})
+    assert r.choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.BadRequestError) as bad:
+        _chat(server.client, "Bob, 42", response_format=fmt, max_tokens=3,
+              extra_body={"on_max_tokens": "refuse"})
+    message = bad.value.body["message"]
+    assert message.startswith("max_tokens=3 is below the shortest valid output (at least ")
+    assert bad.value.body["param"] == "max_tokens"
+    for python_name in ("max_new_tokens", "on_budget", "="):
+        assert python_name not in message.replace("max_tokens=3", ""), message
+    long_prompt = "word " * 3000  # past the tiny model's context
+    with pytest.raises(openai.BadRequestError) as bad:
+        _chat(server.client, long_prompt, max_tokens=5)
+    message = bad.value.body["message"]
+    assert "max_tokens is 5" in message and "max_new_tokens" not in message
+
+
+def test_error_messages_name_the_http_api_not_python() -> None:
+    """The typed errors the engine raises name the Python API; the server's answers name
+    max_tokens and the --config limits instead."""
+    from structgen.errors import CompileLimitError, ContextLengthError, TokenBudgetError
+    from structgen.serving.http_messages import http_message
+
+    errors = [TokenBudgetError("max_new_tokens=3 is too small; pass on_budget='cut'", needed=12,
+                               max_new_tokens=3),
+              ContextLengthError("max_new_tokens ...", prompt_tokens=1000, max_new_tokens=40,
+                                 context_length=1024),
+              CompileLimitError("enum with 9000 values exceeds max_enum=5000 at #/x"),
+              CompileLimitError("grammar has 9 rules, more than CompileOptions.max_rules=5")]
+    messages = [http_message(e) for e in errors]
+    assert messages[0].startswith("max_tokens=3 is below the shortest valid output (at least 12 tokens")
+    assert "lower max_tokens to at most 24" in messages[1]
+    assert "json_schema.max_enum limit of 5000" in messages[2]
+    assert "compile.max_rules limit of 5" in messages[3]
+    for m in messages:
+        assert not re.search(r"max_new_tokens|on_budget|CompileOptions|\b(max_enum|max_rules)=", m), m
 
 
 def test_compile_past_its_limit_is_422(server) -> None:

@@ -48,6 +48,9 @@ class GenerationResult:
     reasoning removed; the whole output is ``extra["raw_text"]``), ``tool_calls`` the
     validated :class:`~structgen.generation.tool_calls.ToolCall` list, ``reasoning`` the text
     inside the thinking markers.
+    logprobs (with ``logprobs=True``): one
+    :class:`~structgen.generation.results.TokenLogprob` per token of ``tokens`` (EOS
+    included), else None.
     """
 
     text: str
@@ -59,6 +62,7 @@ class GenerationResult:
     extra: dict[str, Any] = field(default_factory=dict)
     tool_calls: list[Any] = field(default_factory=list)
     reasoning: str | None = None
+    logprobs: list[Any] | None = None
 
     @property
     def complete(self) -> bool:
@@ -201,7 +205,26 @@ def _finish(res: Any, pyd: Any, is_json: bool) -> GenerationResult:
                 value = pyd.model_validate_json(res.text)
         except Exception as e:  # noqa: BLE001 - reported, not raised
             error = f"{type(e).__name__}: {e}"
-    return GenerationResult(res.text, value, res.tokens, res.finish_reason, res.stats, error)
+    return GenerationResult(res.text, value, res.tokens, res.finish_reason, res.stats, error,
+                            logprobs=res.logprobs)
+
+
+def _logprob_count(logprobs: Any, top_logprobs: Any) -> int | None:
+    """The per-sequence ``logprobs`` setting of the step machine from :func:`generate`'s
+    ``logprobs`` / ``top_logprobs``: None (off), or how many alternatives to list per token.
+    ``top_logprobs`` without ``logprobs``, or outside 0..20, is a ConfigError."""
+    from structgen.generation.results import MAX_TOP_LOGPROBS
+
+    if not isinstance(logprobs, bool):
+        raise ConfigError(f"logprobs must be True or False, not {logprobs!r}", key="logprobs")
+    if top_logprobs is not None:
+        if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or \
+                not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ConfigError(f"top_logprobs must be an integer in 0..{MAX_TOP_LOGPROBS}, not "
+                              f"{top_logprobs!r}", key="top_logprobs")
+        if not logprobs:
+            raise ConfigError("top_logprobs needs logprobs=True", key="top_logprobs")
+    return (top_logprobs or 0) if logprobs else None
 
 
 def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | None = None,
@@ -214,7 +237,8 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
              draft_model: Any = None, start: str = "start", strict: bool = True,
              on_budget: str = "close", tools: Any = None, tool_choice: Any = "auto",
              parallel_tool_calls: bool = True, tool_format: Any = None,
-             reasoning: bool = False, thinking_budget: int | None = None) -> Any:
+             reasoning: bool = False, thinking_budget: int | None = None,
+             logprobs: bool = False, top_logprobs: int | None = None) -> Any:
     """Generate constrained output. Returns a :class:`GenerationResult`, or a list of them
     when ``prompt`` is a list of strings or ``messages`` a list of conversations.
 
@@ -241,14 +265,23 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
 
     Tool calling (one request): ``tools`` (OpenAI function specs, Pydantic model classes or
     Python functions) are passed to the chat template and the output may call them in the
-    model family's format (``tool_format``, default from the chat template; see
-    :mod:`structgen.frontends.tools`): ``tool_choice`` ``"auto"`` (text and/or calls),
+    model family's format (``tool_format``, default
+    :func:`~structgen.frontends.tools.detect_tool_format` of the chat template and tokenizer;
+    see :mod:`structgen.frontends.tools`): ``tool_choice`` ``"auto"`` (text and/or calls),
     ``"required"`` (only calls, at least one), ``"none"`` (no call) or ``{"name": ...}`` (a
     call of that tool); ``parallel_tool_calls=False`` allows at most one call. Every call's
-    arguments are canonical JSON valid against its tool's schema. ``reasoning=True``: free
+    arguments are valid against its tool's schema. ``tools`` with ``schema``/``grammar``/
+    ``regex``: the output is either calls (``tool_calls``) or the final answer in the
+    constraint's language (``text``, and ``value`` for a schema). ``reasoning=True``: free
     text inside ``<think>...</think>`` first, then the answer (the constraint, the tool calls,
     or any text); ``thinking_budget``: tokens of reasoning after which ``</think>`` is forced.
     See :class:`GenerationResult` for where the parts go.
+
+    ``logprobs=True``: each result's ``logprobs`` lists every generated token's
+    log-probability in the distribution it was drawn from (the grammar-masked target
+    distribution at the sampling temperature, temperature 1 when greedy; see
+    :class:`~structgen.generation.results.TokenLogprob`) with its ``top_logprobs`` (0..20)
+    most likely alternatives. Off by default: generation then computes none of it.
     """
     from structgen.generation.loop import run_sequence
     from structgen.generation.model import check_context, load_model, vocabulary_for
@@ -266,6 +299,7 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
                           draft_model=draft_model, max_new_tokens=max_new_tokens, seed=seed,
                           speculative=speculative, start=start, on_budget=on_budget)
     gen = opts.generation
+    lp_count = _logprob_count(logprobs, top_logprobs)
     if tools is not None or reasoning or thinking_budget is not None:
         if batch:
             raise ConfigError("tools= and reasoning= take one prompt or conversation", key="tools")
@@ -273,7 +307,7 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
                                     tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
                                     tool_format=tool_format, reasoning=reasoning, schema=schema,
                                     grammar=grammar, regex=regex, strict=strict,
-                                    thinking_budget=thinking_budget)
+                                    thinking_budget=thinking_budget, logprobs=lp_count)
     _check_requests(items, batch, "prompt" if prompt is not None else "messages")
     schemas = _per_request("schema", schema, n, batch)
     grammars = _per_request("grammar", grammar, n, batch)
@@ -294,15 +328,15 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
         res = run_sequence(lm, vocab, g, ids, opts.requests[0], speculative=gen.speculative,
                            max_new_tokens=gen.max_new_tokens, draft_lm=draft_lm, seed=gen.seed,
                            on_budget=gen.on_budget,
-                           shared_prefix=conversation_prefix(lm, messages_, None, ids))
+                           shared_prefix=conversation_prefix(lm, messages_, None, ids), logprobs=lp_count)
         return _finish(res, pyd, schemas[0] is not None)
     return _generate_batch(lm, vocab, opts.requests, items, schemas, compiled,
                            speculative=gen.speculative, max_new_tokens=gen.max_new_tokens,
-                           draft_lm=draft_lm, seed=gen.seed, on_budget=gen.on_budget)
+                           draft_lm=draft_lm, seed=gen.seed, on_budget=gen.on_budget, logprobs=lp_count)
 
 
 def _generate_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_model: Any, *,
-                         schema: Any, **plan_kw: Any) -> GenerationResult:
+                         schema: Any, logprobs: int | None = None, **plan_kw: Any) -> GenerationResult:
     """:func:`generate` with tools and/or reasoning: one triggered grammar
     (:func:`~structgen.generation.tool_calls.plan_output`), the output split into its parts."""
     from structgen.generation.loop import run_sequence
@@ -312,7 +346,8 @@ def _generate_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft
                                                               schema=schema, **plan_kw)
     res = run_sequence(lm, vocab, plan.grammar, ids, opts.requests[0], speculative=gen.speculative,
                        max_new_tokens=gen.max_new_tokens, draft_lm=draft_lm, seed=gen.seed,
-                       on_budget=gen.on_budget, new_matcher=plan.new_matcher, shared_prefix=shared)
+                       on_budget=gen.on_budget, new_matcher=plan.new_matcher, shared_prefix=shared,
+                       logprobs=logprobs)
     return _structured_result(plan, res, schema)
 
 
@@ -338,6 +373,7 @@ def _plan_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_mod
     tail = vocab.decode_bytes(ids[-8:]).decode("utf-8", "replace")  # did the template open <think>?
     plan = plan_output(tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
                        tool_format=tool_format, chat_template=getattr(lm.tokenizer, "chat_template", None),
+                       tokenizer=lm.tokenizer,  # its added tokens tell the call format too
                        reasoning=reasoning, prompt_text=tail,
                        schema=schema, grammar=grammar, regex=regex, start=gen.start, strict=strict,
                        thinking_budget=thinking_budget)
@@ -352,7 +388,8 @@ def _structured_result(plan: Any, res: Any, schema: Any,
     reasoning, text and validated calls (``call_ids``: the ids a stream already gave them)."""
     from structgen.frontends.constraint import is_model_class
 
-    out = GenerationResult(res.text, None, res.tokens, res.finish_reason, res.stats)
+    out = GenerationResult(res.text, None, res.tokens, res.finish_reason, res.stats,
+                           logprobs=getattr(res, "logprobs", None))
     out.extra["raw_text"] = res.text
     if not is_complete(res.finish_reason):
         return out
@@ -362,7 +399,7 @@ def _structured_result(plan: Any, res: Any, schema: Any,
     out.text, out.tool_calls, out.reasoning = text, calls, thought
     if errors:
         out.error = "; ".join(errors)
-    if schema is not None:
+    if schema is not None and not calls:  # with tools, a turn of calls has no answer
         try:
             out.value = json.loads(text)
             if is_model_class(schema):
@@ -515,7 +552,8 @@ class BatchResults(list):  # type: ignore[type-arg]
 
 def _generate_batch(lm: Any, vocab: Any, cfgs: list[SpecConfig], items: list[Any], schemas: list[Any],
                     compiled: list[tuple[Any, Any]], *, speculative: bool, max_new_tokens: int,
-                    draft_lm: Any, seed: int | None, on_budget: str = "close") -> BatchResults:
+                    draft_lm: Any, seed: int | None, on_budget: str = "close",
+                    logprobs: int | None = None) -> BatchResults:
     """Micro-batches of ``batch_size`` sequences, each run by
     :func:`~structgen.generation.loop.run_batch` (one batched target forward per step);
     ``cfgs`` holds one SpecConfig per request (they differ at most in temperature and top-p,
@@ -556,7 +594,7 @@ def _generate_batch(lm: Any, vocab: Any, cfgs: list[SpecConfig], items: list[Any
                               draft_lm=draft_lm,
                               seeds=[None if seed is None else seed + i for i in idx],
                               configs=[cfgs[i] for i in idx], on_budget=on_budget,
-                              shared_prefixes=[shared[i] for i in idx])
+                              shared_prefixes=[shared[i] for i in idx], logprobs=logprobs)
         total.add(bst)
         for i, res in zip(idx, outs):
             results.append(_finish(res, compiled[i][1], schemas[i] is not None))

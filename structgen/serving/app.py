@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP application of ``structgen serve`` (FastAPI) and its runner.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``
+(:mod:`structgen.serving.responses`), ``GET /v1/models``,
 ``GET /health`` and ``GET /metrics`` (Prometheus text: the engine's gauges and counters, then
 the run metrics of :mod:`structgen.tools.metrics` when the caller passes them). With an API
 key every route but ``/health`` needs ``Authorization: Bearer KEY``.
@@ -8,7 +9,8 @@ key every route but ``/health`` needs ``Authorization: Bearer KEY``.
 Errors are OpenAI error objects ``{"error": {"message", "type", "param", "code"}}``; a schema
 error adds ``keyword`` and ``pointer``. Status codes: 400 a malformed body, an unknown or
 unsupported field, an invalid or unsupported schema / grammar / regex, a prompt too long for
-the context or a ``max_tokens`` below what the constraint needs; 401 a missing or wrong API
+the context or, with ``"on_max_tokens": "refuse"``, a ``max_tokens`` below the shortest valid
+output (by default such a request is answered 200, cut at ``max_tokens``); 401 a missing or wrong API
 key; 408 a body not received within ``body_timeout_s``; 413 a body over ``max_body_bytes``; 415
 a POST whose ``Content-Type`` is not JSON; 421 a ``Host`` header not on ``allowed_hosts``; 422
 a constraint whose compilation passes a limit (states, rules, time: ``compile:`` in the
@@ -67,12 +69,16 @@ from structgen.serving.engine import (
     RequestHandle,
     ServerBusyError,
 )
+from structgen.serving.http_messages import http_message
+from structgen.serving.logprobs import chat_logprobs, completion_logprobs
 from structgen.serving.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     constraint_of,
     speculative_usage,
 )
+from structgen.serving.responses import RouteSupport, add_responses_route
+from structgen.serving.validity import VALIDITIES
 
 __all__ = ["ApiError", "create_app", "default_allowed_hosts", "protocol_class", "run_server",
            "server_config", "DEFAULT_BODY_TIMEOUT_S", "DEFAULT_HEADER_TIMEOUT_S", "DEFAULT_KEEP_ALIVE_S",
@@ -153,7 +159,7 @@ def _api_error(e: StructgenError) -> ApiError:
     if isinstance(e, EngineClosedError):
         return ApiError(503, str(e), type="server_error", code="unavailable")
     if isinstance(e, CompileLimitError):
-        return ApiError(422, str(e), param="response_format", code="compile_limit",
+        return ApiError(422, http_message(e), param="response_format", code="compile_limit",
                         keyword=getattr(e, "keyword", None), pointer=getattr(e, "pointer", None))
     if isinstance(e, SchemaError):
         code = "unsupported_keyword" if type(e).__name__ == "UnsupportedFeatureError" else "invalid_schema"
@@ -166,7 +172,7 @@ def _api_error(e: StructgenError) -> ApiError:
              "RegexError": "invalid_regex", "ContextLengthError": "context_length_exceeded",
              "TokenBudgetError": "max_tokens_too_small"}
     param = {"ContextLengthError": "messages", "TokenBudgetError": "max_tokens"}.get(name, "response_format")
-    return ApiError(400, str(e), param=param, code=codes.get(name, "invalid_request"))
+    return ApiError(400, http_message(e), param=param, code=codes.get(name, "invalid_request"))
 
 
 def _require_json(request: Request) -> None:
@@ -418,6 +424,20 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, in
     obj = "chat.completion.chunk" if chat else "text_completion"
     head = {"id": rid, "object": obj, "created": int(handle.created), "model": model}
     results: list[ChoiceResult] = []
+    # logprobs: each delta's entries ride on the next chunk of their choice (with tools, whatever
+    # chunk the delta's text produced first: content, reasoning or a call)
+    lp_pending: dict[int, list[Any]] = {}
+    lp_offset: dict[int, int] = {}
+
+    def take_lp(index: int) -> dict[str, Any] | None:
+        entries = lp_pending.pop(index, None)
+        if not entries:
+            return None
+        if chat:
+            return chat_logprobs(entries)
+        out = completion_logprobs(entries, lp_offset.get(index, 0))
+        lp_offset[index] = lp_offset.get(index, 0) + sum(len(e.token) for e in entries)
+        return out
 
     def choice(index: int, text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
         if chat:
@@ -426,8 +446,8 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, in
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            return {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
-        return {"index": index, "text": text or "", "finish_reason": finish, "logprobs": None}
+            return {"index": index, "delta": delta, "finish_reason": finish, "logprobs": take_lp(index)}
+        return {"index": index, "text": text or "", "finish_reason": finish, "logprobs": take_lp(index)}
 
     # with tools or reasoning, a choice's reasoning, content and calls stream as the output is
     # read (OutputStream)
@@ -440,7 +460,7 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, in
                 continue
             if e[0] == "reasoning":
                 yield _sse({**head, "choices": [{"index": index, "delta": {"reasoning_content": e[1]},
-                                                 "finish_reason": None, "logprobs": None}]})
+                                                 "finish_reason": None, "logprobs": take_lp(index)}]})
                 continue
             if e[0] == "call":
                 tc = {"index": e[1], "id": e[2], "type": "function",
@@ -448,7 +468,7 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, in
             else:
                 tc = {"index": e[1], "function": {"arguments": e[2]}}
             yield _sse({**head, "choices": [{"index": index, "delta": {"tool_calls": [tc]},
-                                             "finish_reason": None, "logprobs": None}]})
+                                             "finish_reason": None, "logprobs": take_lp(index)}]})
 
     try:
         if chat:
@@ -456,6 +476,8 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, in
                 yield _sse({**head, "choices": [choice(i, "", None, first=True)]})
         async for ev in handle.events():
             if ev.kind == "delta":
+                if ev.logprobs:
+                    lp_pending.setdefault(ev.index, []).extend(ev.logprobs)
                 if handle.plan is None:
                     yield _sse({**head, "choices": [choice(ev.index, ev.text, None)]})
                 else:
@@ -593,7 +615,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
             req.refuse_unsupported()
             er = EngineRequest(constraint_of(req.response_format), max_tokens=req.budget() if chat
                                else req.max_tokens, temperature=req.temperature, top_p=req.top_p,
-                               seed=req.seed, stop=req.stops(), n=req.n)
+                               seed=req.seed, stop=req.stops(), n=req.n, on_budget=req.on_budget())
+            er.logprobs = req.logprob_count()
             if chat and req.tools:
                 er.tools = req.tools
                 er.tool_choice = "auto" if req.tool_choice is None else req.tool_choice
@@ -625,10 +648,11 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
             raise _ClientGone() from None
         _raise_on_error(results)
         if chat:
-            choices = [{"index": r.index, **_chat_message(handle, r), "logprobs": None} for r in results]
+            choices = [{"index": r.index, **_chat_message(handle, r), "logprobs": chat_logprobs(r.logprobs)}
+                       for r in results]
         else:
             choices = [{"index": r.index, "text": r.text, "finish_reason": r.finish_reason,
-                        "logprobs": None} for r in results]
+                        "logprobs": completion_logprobs(r.logprobs)} for r in results]
         return _SafeJSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
                                   "created": int(handle.created), "model": model, "choices": choices,
                                   "usage": _usage(handle, results), "system_fingerprint": None})
@@ -641,6 +665,10 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
     async def completions(request: Request) -> Response:
         return await run(request, chat=False)
 
+    add_responses_route(app, engine, model_name=model_name, support=RouteSupport(
+        require_json=_require_json, read_body=lambda r: _json_body(r, max_body_bytes, body_timeout_s),
+        parse=_parse, api_error=_api_error, error=ApiError, client_gone=_ClientGone, collect=_collect,
+        on_client_gone=client_gone))
     return app
 
 
@@ -677,6 +705,9 @@ def _engine_metrics(engine: Engine) -> str:
            [("", c.step_rows)])
     family("output_tokens_total", "counter", "Tokens committed to outputs.", [("", c.output_tokens)])
     family("joins_total", "counter", "Times new sequences joined the running batch.", [("", c.joins)])
+    family("constrained_outputs_total", "counter", "Finished outputs of requests with a constraint "
+           "(response_format, tools) by verdict: valid, invalid, incomplete = cut at max_tokens.",
+           [(f'{{validity="{k}"}}', c.outputs.get(k, 0)) for k in VALIDITIES])
     pc = getattr(engine.lm, "prefix_cache", None)
     if pc is not None:  # the model's cache of shared prompt prefixes
         st = pc.stats

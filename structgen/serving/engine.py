@@ -50,6 +50,7 @@ from structgen import limits
 from structgen.config import CompileOptions, JsonSchemaOptions, SpecConfig
 from structgen.errors import ConfigError, RequestCancelledError, StructgenError
 from structgen.generation.results import GenerationStats, is_complete
+from structgen.serving.validity import judge_output, output_check
 
 __all__ = ["ChoiceResult", "Constraint", "Engine", "EngineClosedError", "EngineRequest", "Event",
            "RequestHandle", "SWITCH_INTERVAL_S", "ServerBusyError", "TEXT"]
@@ -91,9 +92,11 @@ class EngineRequest:
     constraint and options. ``None`` options take the engine's defaults: ``max_tokens`` the
     engine's ``default_max_tokens`` (or what the context leaves), ``temperature`` / ``top_p``
     the engine's :class:`~structgen.config.SpecConfig`, ``on_budget`` ``"close"`` for a
-    constraint and ``"cut"`` for :data:`TEXT`. ``n`` sequences are generated (choice ``i``
-    seeded ``seed + i``); generation of a choice stops at the first of ``stop``'s strings
-    (which is not part of its text)."""
+    constraint (``"cut"`` when ``max_tokens`` is below its shortest output: OpenAI's
+    ``finish_reason="length"``) and ``"cut"`` for :data:`TEXT`; an explicit ``"close"`` refuses
+    that ``max_tokens`` (:class:`~structgen.errors.TokenBudgetError`). ``n`` sequences are
+    generated (choice ``i`` seeded ``seed + i``); generation of a choice stops at the first of
+    ``stop``'s strings (which is not part of its text)."""
 
     constraint: Constraint = TEXT
     prompt: str | None = None
@@ -113,6 +116,9 @@ class EngineRequest:
     # reasoning first (<think>...</think>, at most thinking_budget tokens), then the answer
     reasoning: bool = False
     thinking_budget: int | None = None
+    # None: no log-probabilities (nothing computed); k: each output token's logprob and its k
+    # most likely alternatives (structgen.generation.results.TokenLogprob)
+    logprobs: int | None = None
 
 
 @dataclass
@@ -121,7 +127,9 @@ class ChoiceResult:
     complete or a stop string; ``"length"``: cut at ``max_tokens`` or at the deadline;
     ``"cancelled"``: the client went away); ``reason`` the engine's own (the loop's
     ``stop`` / ``budget_close`` / ``length``, or ``stop_string``, ``timeout``, ``cancelled``,
-    ``error``); ``complete``: the output matches its constraint in full."""
+    ``error``); ``complete``: the output matches its constraint in full. ``logprobs`` (when
+    the request asked): a :class:`~structgen.generation.results.TokenLogprob` per token of
+    ``text`` (EOS and tokens after a stop string left out)."""
 
     index: int
     text: str
@@ -130,6 +138,10 @@ class ChoiceResult:
     reason: str
     stats: GenerationStats
     error: str | None = None
+    logprobs: list[Any] | None = None
+    # "valid" / "invalid" / "incomplete" against the request's constraint; None: plain text,
+    # or cancelled (structgen.serving.validity)
+    validity: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -140,12 +152,15 @@ class ChoiceResult:
 @dataclass
 class Event:
     """What a :class:`RequestHandle` yields: ``kind`` ``"delta"`` (``text`` newly committed to
-    choice ``index``, never taken back) or ``"done"`` (choice ``index`` finished: ``result``)."""
+    choice ``index``, never taken back) or ``"done"`` (choice ``index`` finished: ``result``).
+    A delta of a request that asked for logprobs carries in ``logprobs`` the entries of the
+    tokens whose text begins in it (a token that adds no text rides with the next delta)."""
 
     kind: str
     index: int
     text: str = ""
     result: ChoiceResult | None = None
+    logprobs: list[Any] | None = None
 
 
 class RequestHandle:
@@ -164,6 +179,7 @@ class RequestHandle:
         self.cancelled = False
         self.stop_cell = limits.new_stop_cell()  # read by the compiled kernels of its preparation
         self.plan: Any = None  # the tool-calling plan (OutputPlan) of a request with tools
+        self.output_check: str | None = None  # how its outputs are judged (serving.validity)
         self._loop = loop
         self._queue: asyncio.Queue[Event] | None = asyncio.Queue() if loop is not None else None
         self._sync: deque[Event] = deque()
@@ -235,6 +251,21 @@ class _Slot:
         self.text = ""
         self.sent = 0          # characters of ``text`` already sent as deltas
         self.ended: str | None = None  # an end the loop does not know: stop_string, timeout, ...
+        # logprobs asked: (text offset where the token's text begins, its entry), not yet sent
+        self.lp_pending: list[tuple[int, Any]] = []
+        self.lp_sent: list[Any] | None = [] if getattr(seq, "token_logprobs", None) is not None else None
+
+    def take_logprobs(self, upto: int, final: bool = False) -> list[Any] | None:
+        """The pending logprob entries of tokens whose text begins before ``upto`` (``final``:
+        every pending one, but those after a stop string's cut); None when none are asked."""
+        if self.lp_sent is None:
+            return None
+        cut = len(self.text) if self.ended == "stop_string" else None
+        take = [e for start, e in self.lp_pending
+                if (start < upto if not final else cut is None or start < cut)]
+        self.lp_pending = [] if final else [(st, e) for st, e in self.lp_pending if st >= upto]
+        self.lp_sent.extend(take)
+        return take
 
 
 _POLL_S = 0.1  # how often a request being prepared checks that its client is still there
@@ -276,6 +307,29 @@ def _held_back(text: str, start: int, stops: tuple[str, ...]) -> int:
     return best
 
 
+def _fit_budget(seq: Any, *, strict: bool) -> str:
+    """The ``on_budget`` a request's sequences run with, decided on its first sequence.
+
+    With ``"close"`` every output must end complete within ``max_tokens``; when ``max_tokens`` is
+    below the shortest valid output that cannot be, and then a ``strict`` request (its
+    ``on_budget`` was ``"close"`` explicitly) is refused with
+    :class:`~structgen.errors.TokenBudgetError`, while a request that left the choice to the
+    engine is generated as OpenAI does: cut at ``max_tokens`` (``finish_reason="length"``).
+    """
+    from structgen.errors import TokenBudgetError
+
+    if not seq.close:
+        return "cut"
+    try:
+        seq.check_budget()
+    except TokenBudgetError:
+        if strict:
+            raise
+        seq.close = False  # this sequence too: the budget rule would find no way to finish
+        return "cut"
+    return "close"
+
+
 def _openai_finish(reason: str) -> str:
     if reason in ("stop", "budget_close", "stop_string"):
         return "stop"
@@ -296,6 +350,8 @@ class EngineCounters:
     step_rows: int = 0         # sum over steps of the rows in the batch
     output_tokens: int = 0
     joins: int = 0             # join operations (new rows added between steps)
+    # finished sequences of constrained requests by verdict (structgen.serving.validity)
+    outputs: dict[str, int] = field(default_factory=dict)
 
 
 class Engine:
@@ -308,7 +364,10 @@ class Engine:
     preparation (compile, budget check, matchers), waiting included. ``compile_processes``:
     compile constraints that are in no cache in that many worker processes
     (:mod:`structgen.serving.compile_workers`; 0: on the preparation threads). ``on_result`` is called on
-    the scheduler thread with every finished :class:`ChoiceResult` (metrics). Call
+    the scheduler thread with every finished :class:`ChoiceResult` (metrics). ``tool_format``:
+    the call format of requests with tools (a registered name or
+    :class:`~structgen.frontends.tools.ToolFormat`; None: what
+    :func:`~structgen.frontends.tools.detect_tool_format` finds for the model). Call
     :meth:`start` before submitting, :meth:`close` at the end.
     """
 
@@ -318,7 +377,8 @@ class Engine:
                  prepare_timeout_s: float | None = 30.0, compile_processes: int = 0,
                  json_options: JsonSchemaOptions | None = None,
                  compile_options: CompileOptions | None = None, draft_lm: Any = None,
-                 on_result: Callable[[ChoiceResult], None] | None = None) -> None:
+                 on_result: Callable[[ChoiceResult], None] | None = None,
+                 tool_format: Any = None) -> None:
         from structgen.generation.model import vocabulary_for
 
         if max_running < 1 or max_queued < 1 or default_max_tokens < 1:
@@ -335,6 +395,11 @@ class Engine:
         self.compile_options = compile_options
         self.draft_lm = draft_lm
         self.on_result = on_result
+        if tool_format is not None:  # an unknown name fails here, not on the first request
+            from structgen.frontends.tools import tool_format as get_format
+
+            get_format(tool_format)
+        self.tool_format = tool_format
         self.counters = EngineCounters()
         self._eos = set(self.vocab.eos_token_ids)
         if prepare_timeout_s is not None and not prepare_timeout_s > 0:
@@ -585,20 +650,19 @@ class Engine:
             from structgen.frontends.tools import normalize_tools
             from structgen.generation.tool_calls import plan_output
 
-            c = req.constraint
-            if req.tools and not c.unconstrained:
-                raise ConfigError("give tools or response_format, not both", key="tools")
+            c = req.constraint  # with tools: the output is calls or this answer
             template_tools = [t.openai() for t in normalize_tools(req.tools)] if req.tools else None
             ids = prompt_ids(self.lm, req.prompt, req.messages, template_tools)
             answer: dict[str, Any] = {}
-            if not c.unconstrained:  # the answer after the reasoning
+            if not c.unconstrained:  # the answer (after the reasoning; instead of calls)
                 answer = {"json": {"schema": c.spec, "strict": c.strict},
                           "json_object": {"schema": {"type": "object"}, "strict": False},
                           "grammar": {"grammar": c.spec, "start": c.start},
                           "regex": {"regex": c.spec}}[c.kind]
             plan = plan_output(tools=req.tools or None, tool_choice=req.tool_choice,
-                               parallel_tool_calls=req.parallel_tool_calls,
+                               parallel_tool_calls=req.parallel_tool_calls, tool_format=self.tool_format,
                                chat_template=getattr(self.lm.tokenizer, "chat_template", None),
+                               tokenizer=self.lm.tokenizer,
                                reasoning=req.reasoning, thinking_budget=req.thinking_budget,
                                # did the chat template open the thinking block itself?
                                prompt_text=self.vocab.decode_bytes(ids[-8:]).decode("utf-8", "replace"),
@@ -621,8 +685,12 @@ class Engine:
             max_tokens = self.default_max_tokens if ctx is None else \
                 max(1, min(self.default_max_tokens, ctx - len(ids)))
         check_context(self.lm, len(ids), max_tokens, draft_lm=self.draft_lm)
-        on_budget = req.on_budget or ("cut" if req.constraint.unconstrained and not req.tools
-                                      and not req.reasoning else "close")
+        # plain text has nothing to close; a constraint is closed within max_tokens unless
+        # the request says otherwise (_fit_budget may still switch it to "cut")
+        plain = req.constraint.unconstrained and not req.tools and not req.reasoning
+        on_budget = req.on_budget or ("cut" if plain else "close")
+        handle.output_check = output_check(req.constraint.kind, unconstrained=req.constraint.unconstrained,
+                                           tools=bool(req.tools), reasoning=req.reasoning)
         over = {k: v for k, v in (("temperature", req.temperature), ("top_p", req.top_p)) if v is not None}
         cfg = replace(self.cfg, **over) if over else self.cfg
         handle.prompt_tokens = len(ids)
@@ -635,9 +703,9 @@ class Engine:
             seq = Sequence(self.lm, vocab, grammar, ids, cfg, speculative=self.speculative,
                            max_new_tokens=max_tokens, draft_lm=draft,
                            seed=None if req.seed is None else req.seed + i, on_budget=on_budget,
-                           new_matcher=new_matcher, shared_prefix=shared)
+                           new_matcher=new_matcher, shared_prefix=shared, logprobs=req.logprobs)
             if i == 0:
-                seq.check_budget()
+                on_budget = _fit_budget(seq, strict=req.on_budget == "close")
             slots.append(_Slot(handle, i, seq, tuple(s for s in req.stop if s), deadline))
         return slots
 
@@ -763,8 +831,15 @@ class Engine:
             st.time_to_first_token = now
         st.time_total = now
         self.counters.output_tokens += len(new)
-        data = s.seq.vocab.decode_bytes([t for t in new if t not in self._eos])
-        s.text += s.decoder.decode(data)
+        lps = getattr(s.seq, "token_logprobs", None)
+        if lps is None:
+            data = s.seq.vocab.decode_bytes([t for t in new if t not in self._eos])
+            s.text += s.decoder.decode(data)
+        else:  # token by token, to know where each token's text begins
+            for t, entry in zip(new, lps[len(lps) - len(new):]):
+                if t not in self._eos:
+                    s.lp_pending.append((len(s.text), entry))
+                    s.text += s.decoder.decode(s.seq.vocab.decode_bytes([t]))
         finished = s.seq.finish is not None
         if finished:
             s.text += s.decoder.decode(b"", final=True)
@@ -776,19 +851,26 @@ class Engine:
         else:
             upto = len(s.text) - (0 if finished or not s.stop else _held_back(s.text, s.sent, s.stop))
         if upto > s.sent:
-            s.handle._push(Event("delta", s.index, s.text[s.sent:upto]))
+            s.handle._push(Event("delta", s.index, s.text[s.sent:upto], logprobs=s.take_logprobs(upto)))
             s.sent = upto
 
     def _finish(self, s: _Slot, reason: str, error: str | None = None) -> None:
         seq = s.seq
         seq.finalize_stats()
         seq.stats.time_total = time.perf_counter() - s.handle.submitted
-        if s.sent < len(s.text) and reason != "cancelled":
-            s.handle._push(Event("delta", s.index, s.text[s.sent:]))
+        rest = s.take_logprobs(len(s.text), final=True) if reason != "cancelled" else None
+        if (s.sent < len(s.text) or rest) and reason != "cancelled":
+            s.handle._push(Event("delta", s.index, s.text[s.sent:], logprobs=rest))
             s.sent = len(s.text)
         res = ChoiceResult(s.index, s.text, list(seq.output), _openai_finish(reason), reason, seq.stats,
-                           error)
+                           error, logprobs=s.lp_sent)
         self.counters.requests[reason] = self.counters.requests.get(reason, 0) + 1
+        try:
+            res.validity = judge_output(s.handle.output_check, reason, s.text, s.handle.plan)
+        except Exception:  # noqa: BLE001 - a verdict that cannot be reached is not a valid output
+            res.validity = "invalid"
+        if res.validity is not None:
+            self.counters.outputs[res.validity] = self.counters.outputs.get(res.validity, 0) + 1
         s.handle._push(Event("done", s.index, result=res))
         if self.on_result is not None:
             try:

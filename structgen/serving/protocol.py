@@ -5,7 +5,7 @@ takes OpenAI's ``{"type": "text"}``, ``{"type": "json_object"}`` and ``{"type": 
 "json_schema": {"name", "schema", "strict"}}``, plus two structgen extensions:
 ``{"type": "grammar", "grammar": LARK_TEXT, "start": "start"}`` and ``{"type": "regex",
 "regex": PATTERN}``. Fields OpenAI defines that structgen does not implement are refused with a
-400 naming the field when they ask for something (``logprobs: true``, ``logit_bias``, ...),
+400 naming the field when they ask for something (``logit_bias``, ``echo``, ...),
 and ignored when they are at their neutral value; unknown fields are ignored, as OpenAI's
 own server does with fields newer than it. ``tools`` / ``tool_choice`` /
 ``parallel_tool_calls`` are tool calling; the legacy ``functions`` fields are refused.
@@ -37,8 +37,6 @@ __all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "JsonSch
 
 #: Request fields structgen refuses when they ask for something (value -> neutral test).
 UNSUPPORTED_FIELDS: dict[str, Any] = {
-    "logprobs": lambda v: v in (None, False, 0),
-    "top_logprobs": lambda v: v in (None, 0),
     "logit_bias": lambda v: not v,
     "presence_penalty": lambda v: v in (None, 0, 0.0),
     "frequency_penalty": lambda v: v in (None, 0, 0.0),
@@ -167,6 +165,8 @@ class _Common(_Model):
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
     user: str | None = None
+    # structgen extension: what happens when max_tokens is below the shortest valid output
+    on_max_tokens: Literal["auto", "refuse", "cut"] = "auto"
 
     def stops(self) -> tuple[str, ...]:
         """``stop`` as a tuple of strings (at most 4, as OpenAI allows)."""
@@ -174,6 +174,14 @@ class _Common(_Model):
         if len(stops) > 4:
             raise ConfigError("stop: at most 4 stop strings", key="stop")
         return tuple(s for s in stops if s)
+
+    def on_budget(self) -> str | None:
+        """The engine's ``on_budget`` for ``on_max_tokens`` (a structgen extension):
+        ``"auto"`` (default) ends a constrained output complete within ``max_tokens`` where it
+        can and cuts it at ``max_tokens`` (``finish_reason: "length"``) where ``max_tokens`` is
+        below the shortest valid output; ``"refuse"`` answers 400 there instead; ``"cut"``
+        never steers the output towards an end (OpenAI's behaviour: cut at ``max_tokens``)."""
+        return {"auto": None, "refuse": "close", "cut": "cut"}[self.on_max_tokens]
 
     def include_usage(self) -> bool:
         """Whether a streamed response ends with a usage chunk (``stream_options``)."""
@@ -206,6 +214,13 @@ class ChatCompletionRequest(_Common):
     reasoning: bool = False
     thinking_budget: int | None = Field(default=None, ge=0, le=MAX_COUNT)
     function_call: str | dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    def logprob_count(self) -> int | None:
+        """The engine's ``logprobs`` (:class:`~structgen.serving.engine.EngineRequest`): None
+        unless ``logprobs`` is true, else ``top_logprobs`` (0 when not given)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def budget(self) -> int | None:
         """The output token limit (``max_completion_tokens``, else ``max_tokens``)."""
@@ -223,6 +238,8 @@ class ChatCompletionRequest(_Common):
             raise ConfigError("tool_choice: needs tools", key="tool_choice")
         if self.thinking_budget is not None and not self.reasoning:
             raise ConfigError("thinking_budget: needs reasoning", key="thinking_budget")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ConfigError("top_logprobs: needs logprobs set to true", key="top_logprobs")
 
     def message_dicts(self) -> list[dict[str, Any]]:
         """The messages as dicts for the chat template (:meth:`ChatMessage.template_dict`)."""
@@ -233,6 +250,12 @@ class CompletionRequest(_Common):
     """``POST /v1/completions``: ``prompt`` is a string (or a list of one string)."""
 
     prompt: str | list[str]
+    # legacy Completions: how many alternatives to list per token (0..5, OpenAI's bound)
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+
+    def logprob_count(self) -> int | None:
+        """The engine's ``logprobs``: the request's ``logprobs`` (None: none asked)."""
+        return self.logprobs
 
     def prompt_text(self) -> str:
         """The one prompt of the request."""

@@ -146,7 +146,8 @@ class Metrics:
         """Start the wall clock for throughput now (default: at construction)."""
         self.start_time = time.perf_counter()
 
-    def observe(self, result: Any, *, valid: bool | None = None, latency_s: float | None = None) -> None:
+    def observe(self, result: Any, *, valid: bool | None = None, latency_s: float | None = None,
+                constrained: bool = True) -> None:
         """Record one finished request.
 
         result: a :class:`~structgen.generation.api.GenerationResult` or
@@ -154,10 +155,14 @@ class Metrics:
             ``stats``). valid: the caller's verdict on the output (None: not checked). An
             output cut short (``finish_reason`` neither "stop" nor "budget_close") counts as
             ``incomplete`` whatever ``valid`` says. latency_s: end-to-end latency; default the
-            loop's ``time_total``.
+            loop's ``time_total``. constrained: False for an output that had no constraint to
+            match (plain chat on a server): ``unchecked`` even when cut short, since there is
+            nothing it could have been an invalid instance of.
         """
         st = result.stats
-        if result.finish_reason not in ("stop", "budget_close"):
+        if not constrained:
+            status = "unchecked"
+        elif result.finish_reason not in ("stop", "budget_close"):
             status = "incomplete"
         elif valid is None:
             status = "unchecked"
@@ -184,7 +189,7 @@ class Metrics:
                 self.ttft.add(float(ttft))
             self.last_time = time.perf_counter()
         if self.parent is not None:
-            self.parent.observe(result, valid=valid, latency_s=lat)
+            self.parent.observe(result, valid=valid, latency_s=lat, constrained=constrained)
 
     # -- derived figures ----------------------------------------------------------------------
     @property

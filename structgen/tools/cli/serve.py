@@ -4,6 +4,8 @@ Loads the model (alias or folder), builds the continuous-batching engine from th
 configuration (``speculative_decoding``, ``generation``: ``max_new_tokens`` is the default
 ``max_tokens``, ``speculative``; ``json_schema`` and ``compile`` limits) and serves it with
 uvicorn on ``--host:--port`` (loopback by default) until SIGINT / SIGTERM, then drains.
+``--tool-format`` (else ``generation.tool_format``, else detected from the model) is the call
+format of requests with tools.
 
 The connection flags bound what one client can hold: ``--header-timeout`` and
 ``--body-timeout`` (a request must arrive in time), ``--keep-alive-timeout`` (an idle
@@ -52,13 +54,31 @@ def _allowed_hosts(args: argparse.Namespace) -> tuple[str, ...]:
     return hosts
 
 
+def _tool_format(args: argparse.Namespace, gen: Any) -> str | None:
+    """The call format of requests with tools: ``--tool-format``, else ``generation.tool_format``
+    of ``--config``, else None (detected from the model); an unknown name is a usage error."""
+    from structgen.frontends.tools import tool_format
+
+    name = getattr(args, "tool_format", None) or gen.tool_format
+    if name is None:
+        return None
+    try:
+        return tool_format(name).name if isinstance(name, str) else name
+    except ConfigError as e:
+        raise _Usage(f"--tool-format: {e}") from None
+
+
 def _observer(metrics: Any) -> Any:
-    """Feed every finished (not cancelled) sequence to the run metrics."""
+    """Feed every finished (not cancelled) sequence to the run metrics, with the engine's
+    verdict on its validity (:mod:`structgen.serving.validity`; plain text is not judged)."""
 
     def observe(res: Any) -> None:
         if res.reason in ("cancelled", "error"):
             return
-        metrics.observe(SimpleNamespace(tokens=res.tokens, stats=res.stats, finish_reason=res.reason))
+        verdict = getattr(res, "validity", None)
+        metrics.observe(SimpleNamespace(tokens=res.tokens, stats=res.stats, finish_reason=res.reason),
+                        valid=None if verdict is None else verdict == "valid",
+                        constrained=verdict is not None)
 
     return observe
 
@@ -123,7 +143,7 @@ def build_app(args: argparse.Namespace) -> Any:
                     prepare_timeout_s=args.prepare_timeout, compile_processes=args.compile_processes,
                     json_options=settings.json_schema,
                     compile_options=settings.compile,
-                    on_result=_observer(metrics))
+                    on_result=_observer(metrics), tool_format=_tool_format(args, gen))
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     name = args.served_model_name or model_name
     return create_app(engine, model_name=name, api_key=api_key, max_body_bytes=args.max_body_bytes,
@@ -177,6 +197,10 @@ def add_parser(sub: Any, port_type: Any, positive_int: Any) -> None:
     s.add_argument("--temperature", type=float, metavar="T",
                    help="default temperature of requests that give none (default 0: greedy)")
     s.add_argument("--no-speculative", action="store_true", help="plain constrained decoding (baseline)")
+    s.add_argument("--tool-format", metavar="NAME",
+                   help="how the model writes tool calls: hermes_json, hermes, json, llama3, mistral or "
+                   "another registered format (default: generation.tool_format of --config, else "
+                   "detected from the model's chat template and tokenizer)")
     s.add_argument("--max-running", type=positive_int, default=16, metavar="N",
                    help="sequences in the running batch (default 16)")
     s.add_argument("--max-queued", type=positive_int, default=256, metavar="N",
