@@ -12,7 +12,9 @@ language is a subset of the schema's (formats and numeric forms may be narrowed)
 ``-`` it is a superset, so ``not x`` lowered as ``universe - lower(x, -)`` stays a
 subset. For numbers the universe under negation is :data:`SAFE_NUMBER` (integer literals,
 and plain decimals with at most 15 digits, where decimal and binary comparisons agree),
-so ``not`` over numbers never accepts an exponent form or a long fraction.
+so ``not`` over numbers never accepts an exponent form or a long fraction. Numbers are lowered by
+:class:`~structgen.frontends.json_schema.number_lowering.NumberLowering` (with the canonical
+spellings generation uses).
 
 Escapes: every string language (values, patterns, formats, ``enum``/``const`` strings,
 declared and other property names) describes decoded values and goes through
@@ -27,8 +29,7 @@ one non-literal key is written, so a parser that drops duplicates never sees too
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 from itertools import product
 from typing import Any
 
@@ -50,6 +51,7 @@ from structgen.frontends.json_schema.formulas import (
     s_not,
     s_or,
 )
+from structgen.frontends.json_schema.number_lowering import NumberLowering, number_spellings, trie
 from structgen.frontends.json_schema.patterns import CONTENT_ENCODING, compile_pattern
 from structgen.frontends.json_schema.records import (
     ARR_TOP,
@@ -82,62 +84,7 @@ def _regex():  # imported lazily: building its Unicode tables costs a little
     return regex
 
 
-def _numeric():
-    from structgen.frontends.json_schema import numbers as numeric
-    return numeric
-
-
-def number_spellings(v: Any) -> list[str]:
-    """The texts ``json.dumps`` produces for Python numbers equal to ``v``."""
-    out: dict[str, None] = {}
-    if isinstance(v, int):
-        out[str(v)] = None
-        try:
-            f = float(v)
-        except OverflowError:
-            f = None
-        if f is not None and f == v:
-            out[json.dumps(f)] = None
-    else:
-        if v != v or v in (float("inf"), float("-inf")):
-            return []
-        out[json.dumps(v)] = None
-        if v.is_integer():
-            out[str(int(v))] = None
-    if v == 0:
-        out["-0.0"] = None
-        out["0.0"] = None
-    return list(out)
-
-
-def _trie(seqs: Iterable[tuple[Hashable, ...]], leaf: Callable[[Any], ir.Expr]) -> ir.Expr:
-    """Alternation of symbol sequences as a trie (shared prefixes factored), iteratively."""
-    root: dict = {}
-    END = object()
-    for s in seqs:
-        node = root
-        for sym in s:
-            node = node.setdefault(sym, {})
-        node[END] = True
-    # post-order without recursion
-    result: dict[int, ir.Expr] = {}
-    stack: list[tuple[dict, bool]] = [(root, False)]
-    while stack:
-        node, done = stack.pop()
-        if not done:
-            stack.append((node, True))
-            for k, ch in node.items():
-                if k is not END:
-                    stack.append((ch, False))
-            continue
-        alts = [ir.seq(leaf(k), result[id(ch)]) for k, ch in node.items() if k is not END]
-        if END in node:
-            alts.append(ir.EMPTY)
-        result[id(node)] = ir.alt(*alts)
-    return result[id(root)]
-
-
-class Lowering:
+class Lowering(NumberLowering):
     """Builds the IR grammar for one schema document."""
 
     def __init__(self, norm: Normalizer, doc: SchemaDoc, options: JsonSchemaOptions, *,
@@ -185,35 +132,13 @@ class Lowering:
         cap = self.opt.max_string_length if capped else None
         return ir.rep(self.any_char(), 0, cap)
 
-    def number_all(self) -> ir.Expr:
-        """Every JSON number (cached)."""
-        e = self._cache.get("num")
-        if e is None:
-            e = self._cache["num"] = _numeric().number_expr()
-        return e
-
-    def safe_number(self) -> ir.Expr:
-        """Integer literals, and plain decimals with at most 15 digits in all."""
-        e = self._cache.get("safe")
-        if e is None:
-            d = ir.byte_range(0x30, 0x39)
-            nz = ir.byte_range(0x31, 0x39)
-            ints = ir.seq(ir.opt(ir.lit("-")), ir.alt(ir.lit("0"), ir.seq(nz, ir.star(d))))
-            decs = []
-            decs.append(ir.seq(ir.lit("0."), ir.rep(d, 1, 14)))
-            for i in range(1, 15):
-                decs.append(ir.seq(nz, ir.rep(d, i - 1, i - 1), ir.lit("."), ir.rep(d, 1, 15 - i)))
-            e = ir.alt(ints, ir.seq(ir.opt(ir.lit("-")), ir.alt(*decs)))
-            self._cache["safe"] = e
-        return e
-
     def any_value(self) -> ir.Expr:
         """A reference to rule ``any``: every JSON value (the rules are made on first use)."""
         if "any" not in self.rules:
             ws, comma = self.ws, self.comma
             string = ir.seq(ir.lit('"'), self.str_content_any(True), ir.lit('"'))
             self.rules["any"] = ir.alt(ir.lit("null"), ir.lit("true"), ir.lit("false"),
-                                       self.number_all(), string, ir.ref("any_arr"), ir.ref("any_obj"))
+                                       self.number_any(), string, ir.ref("any_arr"), ir.ref("any_obj"))
             item = ir.seq(ir.ref("any"), ws)
             items = ir.opt(ir.seq(item, ir.star(ir.seq(comma, item))))
             self.rules["any_arr"] = ir.seq(ir.lit("["), ws, items, ir.lit("]"))
@@ -345,7 +270,7 @@ class Lowering:
         elif tag == "F":
             e = ir.NEVER
         elif tag == "lits":
-            e = _trie((tuple(s) for s in sorted(f[1])),
+            e = trie((tuple(s) for s in sorted(f[1])),
                       lambda ch: json_escape.json_class(((ord(ch), ord(ch)),), self.escapes))
             self.note(e, "enum")
         elif tag == "c":
@@ -418,74 +343,6 @@ class Lowering:
         content = None if e is None else json_escape.json_content(e, self.escapes)
         return content, None if checked is None else checked[1]
 
-    # -- numbers ------------------------------------------------------------------------------
-    def lower_num(self, f: tuple, pos: bool) -> ir.Expr:
-        """Number literals. ``pos``: subset (True) / superset (False) of the language."""
-        key = ("num", f, pos)
-        got = self._cache.get(key)
-        if got is not None:
-            return got
-        tag = f[0]
-        num = _numeric()
-        if tag == "T":
-            e = self.number_all()
-        elif tag == "F":
-            e = ir.NEVER
-        elif tag == "lits":
-            if pos:
-                texts = sorted({t for v in f[1] for t in number_spellings(v)})
-                if self.doc.drafts[0] in ("3", "4"):
-                    # draft-03/04: 2.0 is not an integer, and whether "integer" applied to
-                    # these values is no longer known here: integral values are written
-                    # as integer literals only (a narrowing; never an invalid "2.0")
-                    texts = [t for t in texts
-                             if not (("." in t or "e" in t or "E" in t) and float(t).is_integer())]
-                e = _trie((tuple(t.encode()) for t in texts), lambda b: ir.byteset([b]))
-            else:
-                exact = [num.number_expr(v, v) for v in sorted(f[1]) if _finite(v)]
-                e = ir.alt(*exact, self.not_safe())
-            self.note(e, "enum")
-        elif tag == "c":
-            _, lo, lo_x, hi, hi_x, integer, mults = f
-            kw = ("multipleOf" if mults else ("exclusiveMinimum" if lo_x else "minimum") if lo is not None
-                  else ("exclusiveMaximum" if hi_x else "maximum") if hi is not None else "type")
-            ms = sorted(mults) or [None]
-            e = num.number_expr(lo, hi, exclusive_minimum=lo_x, exclusive_maximum=hi_x,
-                                multiple_of=ms[0], integer_only=integer)
-            self.note(e, kw)
-            for m in ms[1:]:
-                e_m = num.number_expr(lo, hi, exclusive_minimum=lo_x, exclusive_maximum=hi_x,
-                                      multiple_of=m, integer_only=integer)
-                e = self.note(ir.and_(e, e_m), "multipleOf")
-            if integer and pos and self.doc.drafts[0] in ("3", "4"):
-                # draft-03/04: "integer" is a number written without fraction or exponent
-                # (1.0 and 1e2 are not integers there, as jsonschema's Draft4Validator
-                # says). Only at + polarity: at - the wider language keeps `not` sound.
-                e = self.note(ir.and_(e, self.int_literal()), kw)
-            if not pos:
-                e = self.note(ir.alt(e, self.not_safe()), kw)
-        elif tag == "and":
-            items = [self.lower_num(x, pos) for x in sorted(f[1], key=repr)]
-            e = items[0]
-            for x in items[1:]:
-                e = self.note(ir.and_(e, x), self.expr_kw.get(x, "allOf"))
-        elif tag == "or":
-            e = self.note(ir.alt(*(self.lower_num(x, pos) for x in sorted(f[1], key=repr))), "anyOf")
-        else:
-            universe = self.safe_number() if pos else self.number_all()
-            e = self.note(ir.diff(universe, self.lower_num(f[1], not pos)), "not")
-        self._cache[key] = e
-        return e
-
-    def int_literal(self) -> ir.Expr:
-        """Integer literals: ``-?(0|[1-9][0-9]*)``."""
-        return ir.seq(ir.opt(ir.lit("-")), ir.alt(ir.lit("0"), ir.seq(ir.byte_range(0x31, 0x39),
-                                                                     ir.star(ir.byte_range(0x30, 0x39)))))
-
-    def not_safe(self) -> ir.Expr:
-        """Numbers outside :meth:`safe_number` (exponents, long fractions)."""
-        return ir.diff(self.number_all(), self.safe_number())
-
     # -- literal values (uniqueItems domains) ------------------------------------------------------
     def value_lit(self, key: tuple) -> ir.Expr:
         """The canonical JSON text of the value with :func:`value_key` key ``key``."""
@@ -495,7 +352,7 @@ class Lowering:
         if tag == "b":
             return ir.lit("true" if key[1] else "false")
         if tag == "n":
-            return ir.alt(*(ir.lit(t) for t in number_spellings(key[1])))
+            return ir.alt(*(ir.lit(t) for t in self.spellings(key[1])))
         if tag == "s":
             return ir.seq(ir.lit('"'), self.str_lit(key[1]), ir.lit('"'))
         raise AssertionError(tag)
@@ -968,10 +825,6 @@ class Lowering:
     def doc_prefix_len(self, ctx: Ctx) -> int:
         """How many array items context ``ctx`` gives their own context (cached)."""
         return self._doc_query("plen", self.doc.prefix_len, ctx)
-
-
-def _finite(v: Any) -> bool:
-    return not (isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))))
 
 
 def _small(e: ir.Expr, budget: int = 24) -> bool:

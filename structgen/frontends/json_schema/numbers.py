@@ -299,6 +299,8 @@ class _Spec:
     allow_exp: bool
     max_frac: int | None
     max_exp: int | None
+    max_mant: int | None = None  # mantissa digits (a lone leading 0 not counted)
+    neg_zero: bool = True        # accept -0, -0.0, -0e1 (value 0)
 
 
 # ---------------------------------------------------------------------------
@@ -478,8 +480,8 @@ class _NumberDfa:
                for th, c in zip(self.ths, ncs)]
         if not exp_ok:
             ms = (None,) * len(ms)
-            if ph in (".", "F"):
-                mk = "o"
+            if ph in (".", "F") and (spec.neg_zero or not neg or mk != "z"):
+                mk = "o"  # (a negative zero mantissa stays "z": it is rejected)
             if md is not None and mod is not None and mod.S >= 0:
                 md = (md[0], md[1], mod.S + 1, md[3])
         return (ph, neg, tuple(ncs), mk, ms, md, cnt)
@@ -548,11 +550,11 @@ class _NumberDfa:
             if ph == "-":
                 return None
             if b == 0x2E and spec.allow_frac:
-                _, neg, cs, mk, ms, md, _cnt = st
+                _, neg, cs, mk, ms, md, cnt = st
                 ncs = tuple(None if (c is None or not th.on_frac) else
                             (c if c[0] == "x" else _pc_dot(c, th.xi))
                             for th, c in zip(self.ths, cs))
-                return self._canon_plain(".", neg, ncs, mk, ms, md, 0)
+                return self._canon_plain(".", neg, ncs, mk, ms, md, cnt)  # 0 without max_mant
             if b in (0x45, 0x65) and spec.allow_exp:
                 return self._to_exp(st)
             return None
@@ -581,6 +583,10 @@ class _NumberDfa:
 
     def _int_digit(self, st: tuple, d: int) -> tuple | None:
         _, neg, cs, mk, ms, md, cnt = st
+        if self.spec.max_mant is not None and not (st[0] == "-" and d == 0):
+            cnt += 1
+            if cnt > self.spec.max_mant:
+                return None
         ncs = tuple(None if c is None else (c if c[0] == "x" else _step_int_comparison(c, d, th.xi))
                     for th, c in zip(self.ths, cs))
         nmk = ("z" if d == 0 else "n") if st[0] == "-" else "o"
@@ -596,9 +602,10 @@ class _NumberDfa:
     def _frac_digit(self, st: tuple, d: int) -> tuple | None:
         _, neg, cs, mk, ms, md, cnt = st
         spec = self.spec
-        if spec.max_frac is not None:
+        lim = spec.max_frac if spec.max_mant is None else spec.max_mant
+        if lim is not None:
             cnt += 1
-            if cnt > spec.max_frac:
+            if cnt > lim:
                 return None
         ncs = tuple(None if c is None else (c if c[0] == "x" else _pc_frac(c, d, th.xf))
                     for th, c in zip(self.ths, cs))
@@ -619,6 +626,8 @@ class _NumberDfa:
     def _to_exp(self, st: tuple) -> tuple | None:
         """Reduce everything known about the mantissa to an interval on the exponent."""
         _, neg, _cs, mk, ms, md, _cnt = st
+        if neg and mk == "z" and not self.spec.neg_zero:
+            return None
         lo: int | None = None
         hi: int | None = None
         for th, m in zip(self.ths, ms):
@@ -666,7 +675,9 @@ class _NumberDfa:
     def accepting(self, st: tuple) -> bool:
         ph = st[0]
         if ph in ("I", "F"):
-            _, neg, cs, _mk, _ms, md, _ = st
+            _, neg, cs, mk, _ms, md, _ = st
+            if neg and mk == "z" and not self.spec.neg_zero:
+                return False
             for th, c in zip(self.ths, cs):
                 if not (th.on_int if ph == "I" else th.on_frac):
                     continue
@@ -809,7 +820,7 @@ _UNBOUNDED: dict[_Spec, ir.Expr] = {}  # number_expr without bounds or multipleO
 
 @functools.lru_cache(maxsize=512)
 def _build(spec: _Spec, what: str) -> ir.Expr:
-    if not spec.ths and spec.mod is None:
+    if not spec.ths and spec.mod is None and spec.max_mant is None and spec.neg_zero:
         return _plain_number(spec.allow_frac, spec.allow_exp, spec.max_frac, spec.max_exp)
     alphabet = b"+-.0123456789Ee"
     # Too large? Narrow to fewer literal shapes rather than fail: first without exponent
@@ -888,12 +899,15 @@ def _thresholds(minimum: Number | None, maximum: Number | None, excl_min: bool, 
 
 
 def integer_expr(minimum: Number | None = None, maximum: Number | None = None, *,
-                 multiple_of: Number | None = None) -> ir.Expr:
+                 exclusive_minimum: bool = False, exclusive_maximum: bool = False,
+                 multiple_of: Number | None = None, max_digits: int | None = None,
+                 negative_zero: bool = True) -> ir.Expr:
     """JSON integer literals ``-?(0|[1-9][0-9]*)`` whose value ``v`` is in range.
 
-    Exact: accepts exactly the literals with ``minimum <= v <= maximum`` (inclusive;
-    either side may be None; bounds may be huge) and ``v`` a multiple of
-    ``multiple_of``. ``-0`` is accepted when 0 is (it is valid JSON and parses to 0).
+    Exact: accepts exactly the literals with ``minimum <= v <= maximum`` (``<`` where
+    exclusive; either side may be None; bounds may be huge), at most ``max_digits`` digits
+    (None: any number) and ``v`` a multiple of ``multiple_of``. ``-0`` is accepted when 0
+    is (it is valid JSON and parses to 0), unless ``negative_zero`` is false.
     Non-integral bounds mean the nearest integers inside them (a float bound is checked
     both as its ``repr`` decimal and as its exact binary value); a non-integral
     ``multiple_of`` means the least integral multiple of it (``1.5`` -> 3).
@@ -907,27 +921,34 @@ def integer_expr(minimum: Number | None = None, maximum: Number | None = None, *
     for name, x in (("minimum", minimum), ("maximum", maximum), ("multiple_of", multiple_of)):
         if x is not None:
             _check_number(x, name)
-    ths = _thresholds(minimum, maximum, False, False, floats=False)
+    ths = _thresholds(minimum, maximum, exclusive_minimum, exclusive_maximum, floats=False)
+    if max_digits is not None:
+        cap = Fraction(10 ** max_digits - 1)
+        ths += tuple(_Bound.make(c, on_int=True, on_frac=False, on_exp=False, upper=c > 0,
+                                 strict=False) for c in (-cap, cap))
     m = _decimal_value(multiple_of) if multiple_of is not None else None
     mod = _make_mod(m, True, False) if m is not None else None
     if mod is not None and mod.M == 1 and mod.K == 0:
         mod = None
-    spec = _Spec(ths, mod, False, False, None, None)
+    spec = _Spec(ths, mod, False, False, None, None, None, negative_zero)
     return _build(spec, "integer")
 
 
 def number_expr(minimum: Number | None = None, maximum: Number | None = None, *,
                 exclusive_minimum: bool = False, exclusive_maximum: bool = False,
                 multiple_of: Number | None = None, integer_only: bool = False,
-                max_fraction_digits: int | None = None,
-                max_exponent_digits: int | None = None) -> ir.Expr:
+                max_fraction_digits: int | None = None, max_exponent_digits: int | None = None,
+                max_mantissa_digits: int | None = None, negative_zero: bool = True) -> ir.Expr:
     """JSON number literals ``-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?`` in range.
 
     Without constraints this is the full JSON number grammar (fraction and exponent
     digit counts optionally bounded by ``max_fraction_digits`` / ``max_exponent_digits``;
-    None means unbounded). With ``minimum``/``maximum`` (exclusive when the flags say
-    so), ``multiple_of`` or ``integer_only`` (value has no fractional part, so ``1.0``
-    and ``1e2`` count, as JSON Schema's ``integer`` type does) the result never accepts
+    None means unbounded; ``max_mantissa_digits`` bounds the digits before and after the
+    point together, a lone ``0`` before it not counted, and replaces ``max_fraction_digits``;
+    ``negative_zero`` false rejects ``-0``, ``-0.0e1``...). With ``minimum``/``maximum``
+    (exclusive when the flags say so), ``multiple_of`` or ``integer_only`` (value has no
+    fractional part, so ``1.0`` and ``1e2`` count, as JSON Schema's ``integer`` type
+    does) the result never accepts
     a literal outside the constraints; it accepts every such literal without an
     exponent, and exponent forms as described in the module docstring.
 
@@ -939,7 +960,8 @@ def number_expr(minimum: Number | None = None, maximum: Number | None = None, *,
         if x is not None:
             _check_number(x, name)
     for name, lim in (("max_fraction_digits", max_fraction_digits),
-                      ("max_exponent_digits", max_exponent_digits)):
+                      ("max_exponent_digits", max_exponent_digits),
+                      ("max_mantissa_digits", max_mantissa_digits)):
         if lim is not None and lim < 1:
             raise ValueError(f"{name} must be >= 1, got {lim}")
     m = _decimal_value(multiple_of) if multiple_of is not None else None
@@ -956,7 +978,8 @@ def number_expr(minimum: Number | None = None, maximum: Number | None = None, *,
             frac_cap, exp_cap = (_FRAC_CAP, False), (_EXP_CAP, False)
     ths = _thresholds(minimum, maximum, exclusive_minimum, exclusive_maximum, floats=True,
                       frac_cap=frac_cap, exp_cap=exp_cap)
-    spec = _Spec(ths, mod, True, True, max_fraction_digits, max_exponent_digits)
+    spec = _Spec(ths, mod, True, True, max_fraction_digits, max_exponent_digits,
+                 max_mantissa_digits, negative_zero)
     if minimum is None and maximum is None and multiple_of is None:
         # no bounds: one fixed language per (integer_only, digit limits), a library constant
         # like the Unicode tables (JSON Schema's "integer" alone is one), kept for the process
