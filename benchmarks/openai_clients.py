@@ -23,8 +23,9 @@ retries included (the libraries are also told not to retry). Each scenario recor
 
   - the tool round trip answers from the tool's result: ``get_weather`` returns
     "-7 C and snowing" and the final answer mentions -7 or snow;
-  - developer instructions reach the prompt: ``usage.prompt_tokens`` grows by the instruction's
-    length when a ``developer`` message is added (and whether the model obeyed it, for information);
+  - developer instructions reach the prompt: with a ``developer`` message ``usage.prompt_tokens``
+    equals that of the same instruction sent as ``system`` and differs from the prompt without
+    it (and whether the model obeyed it, for information);
   - tools + ``response_format`` are accepted (200) and the final answer is valid;
   - ``logprobs`` are returned;
   - ``tool_choice="auto"`` returns ``tool_calls`` on the README's weather example
@@ -181,7 +182,13 @@ class Proxy:
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(http.server.ThreadingHTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                # a library that closes its connection early (a cancelled stream) is not news
+                if not isinstance(sys.exc_info()[1], ConnectionError):
+                    super().handle_error(request, client_address)
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -421,12 +428,16 @@ def _openai_tools_and_format(c: Context) -> Checks:
 
 @scenario("openai", "developer_instructions")
 def _openai_developer(c: Context) -> Checks:
+    # the oracle is the same instruction sent as a system message: OpenAI treats developer as
+    # system, so the prompt must be the same length, and differ from the prompt without it (not
+    # necessarily longer: Qwen's template drops its default system text when one is given)
     question = _user("What fruit do you like?")
     rule = "Always answer with exactly one word: PINEAPPLE."
     plain = c.chat(question, max_tokens=8)
     told = c.chat([{"role": "developer", "content": rule}, *question], max_tokens=8)
-    grew = told.usage.prompt_tokens - plain.usage.prompt_tokens
-    return {"reaches_prompt": grew >= 8,
+    as_system = c.chat([{"role": "system", "content": rule}, *question], max_tokens=8)
+    return {"reaches_prompt": told.usage.prompt_tokens == as_system.usage.prompt_tokens
+            != plain.usage.prompt_tokens,
             "obeyed (information)": "pineapple" in (told.choices[0].message.content or "").lower()}
 
 
@@ -436,7 +447,8 @@ def _openai_system(c: Context) -> Checks:
     plain = c.chat(question, max_tokens=8)
     told = c.chat([{"role": "system", "content": "Always answer with one word: PINEAPPLE."}, *question],
                   max_tokens=8)
-    return {"reaches_prompt": told.usage.prompt_tokens > plain.usage.prompt_tokens}
+    return {"reaches_prompt": told.usage.prompt_tokens != plain.usage.prompt_tokens,
+            "obeyed (information)": "pineapple" in (told.choices[0].message.content or "").lower()}
 
 
 @scenario("openai", "logprobs")

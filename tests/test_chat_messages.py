@@ -11,6 +11,7 @@ a mapping), independently of structgen's conversion; the template is the default
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -98,3 +99,25 @@ def test_arguments_given_as_a_mapping_pass_through() -> None:
     call = _request(msgs).message_dicts()[1]["tool_calls"][0]
     assert call == {"type": "function", "id": "c", "function": {"name": "f", "arguments": {"a": 1}}}
     assert json.dumps(call["function"]["arguments"]) == '{"a": 1}'
+
+
+def test_python_api_converts_tool_history_like_the_server() -> None:
+    """``generate``/``stream`` take the same OpenAI-style conversation as the server: the same
+    template dicts come out (arguments as a mapping, never JSON text the template would encode
+    a second time), and malformed messages are errors naming ``messages[i]``."""
+    from structgen.generation.api import _check_requests
+    from structgen.generation.messages import template_messages_of
+
+    served = ChatCompletionRequest.model_validate({"messages": OPENAI_MESSAGES}).message_dicts()
+    assert template_messages_of(OPENAI_MESSAGES) == served
+    assert _check_requests([OPENAI_MESSAGES], False, "messages") == [served]
+    assert served[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
+    assert served[2]["content"] == ""
+    for bad, where in (([{"role": "wizard", "content": "x"}], "messages[0]"),
+                       ([{"role": "user", "content": "x"}, {"role": "user", "tool_calls": [{}]}],
+                        "messages[1]"),
+                       ([{"role": "assistant", "content": None, "tool_calls": [
+                           {"type": "function", "function": {"name": "f", "arguments": "{oops"}}]}],
+                        "messages[0].tool_calls[0].function.arguments")):
+        with pytest.raises(ConfigError, match=re.escape(where)):
+            template_messages_of(bad)

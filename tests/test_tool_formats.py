@@ -105,11 +105,13 @@ def test_json_format_rejects_malformed(fmt: str) -> None:
     for text in bad:
         for choice in ("auto", "required"):
             assert not _accepts(fmt, choice, text), (choice, text)
-    # "none": no call can be read, whatever the text looks like
+    # "none": the call syntax is banned (bare, fenced in any language), text and code are not
     plan = plan_output(tools=TOOLS, tool_choice="none", tool_format=fmt)
-    if fmt == "json":
-        assert plan.grammar.accepts(COMPACT)
-    assert plan.split(COMPACT)[2] == []
+    for call in (COMPACT, " " + COMPACT, "```json\n" + COMPACT + "\n```", "```xml\n" + COMPACT + "\n```"):
+        assert not plan.grammar.accepts(call), call
+    for text in ("It is -7 C in Oslo.", "```python\nprint(1)\n```", "```json\n[1, 2]\n```"):
+        assert plan.grammar.accepts(text), text
+    assert plan.split("It is cold.")[2] == []
 
 
 def test_hermes_json_is_the_union() -> None:

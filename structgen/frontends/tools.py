@@ -474,12 +474,19 @@ def starts_json_call(text: str) -> bool:
     return body.startswith("{") or body.startswith(_FENCE_OPEN)
 
 
-def _not_call_start() -> ir.Expr:
-    """Free text that does not start (after whitespace) with ``{`` or ````` ```json `````."""
+def _not_call_start(*, any_fence: bool = False) -> ir.Expr:
+    """Free text that does not start (after whitespace) with ``{`` or ````` ```json `````;
+    with ``any_fence``: with ``{`` or a fence of any language whose content starts with ``{``
+    (``tool_choice="none"``: a call fenced as ````` ```xml ````` is still a call, a JSON array
+    in a fence is not)."""
     any_text = ir.star(ir.ANY_BYTE)
-    opening = ir.seq(ir.star(ir.byteset(_JSON_WHITESPACE.encode())),
-                     ir.alt(ir.lit("{"), ir.lit(_FENCE_OPEN)), any_text)
-    return ir.diff(any_text, opening)
+    ws = ir.star(ir.byteset(_JSON_WHITESPACE.encode()))
+    starts = [ir.lit("{"), ir.lit(_FENCE_OPEN)]
+    if any_fence:
+        lang = ir.star(ir.byteset([(ord("a"), ord("z")), (ord("A"), ord("Z")), (ord("0"), ord("9")),
+                                   ord("_"), ord("-"), ord("+")]))
+        starts[1] = ir.seq(ir.lit("```"), lang, ws, ir.lit("{"))
+    return ir.diff(any_text, ir.seq(ws, ir.alt(*starts), any_text))
 
 
 def either_grammar(*grammars: ir.Grammar) -> ir.Grammar:
@@ -499,7 +506,7 @@ class JsonCallFormat(ToolFormat):
     object or one fenced as ````` ```json ... ``` `````, calls separated by whitespace, JSON
     whitespace (bounded: ``max_whitespace`` bytes per run) between the tokens of a call; or,
     under ``"auto"``, free text that does not start (after whitespace) with ``{`` or
-    ````` ```json `````. Under ``"none"`` any text (the plan then reads no calls in it)."""
+    ````` ```json `````. Under ``"none"`` only such free text."""
 
     name = "json"
 
@@ -531,9 +538,11 @@ class JsonCallFormat(ToolFormat):
 
     def grammar(self, tools: Sequence[Tool], choice: str, parallel: bool,
                 json_options: JsonSchemaOptions | None = None) -> ir.Grammar:
-        """See :meth:`ToolFormat.grammar`."""
+        """See :meth:`ToolFormat.grammar`. ``"none"`` bans the call syntax as the tagged
+        formats ban their tag: free text that does not start like a call (a model told not to
+        call that writes ``{"name": ...`` anyway would be calling in all but name)."""
         if choice == "none":
-            return ir.Grammar({"text": ir.star(ir.ANY_BYTE)}, "text")
+            return ir.Grammar({"text": _not_call_start(any_fence=True)}, "text")
         body = self.call_body(tools, json_options)
         rules = prefixed_grammar(body, "c.")
         one = ir.ref("c." + body.start)
@@ -591,8 +600,9 @@ class HermesJsonFormat(ToolFormat):
     def grammar(self, tools: Sequence[Tool], choice: str, parallel: bool,
                 json_options: JsonSchemaOptions | None = None) -> ir.Grammar:
         """See :meth:`ToolFormat.grammar`: the tagged format's grammar or the JSON calls."""
-        if choice == "none":
-            return self.tagged.grammar(tools, choice, parallel, json_options)
+        if choice == "none":  # neither call syntax: no tag, no reply that starts like a JSON call
+            return triggered_to_grammar(self.tagged.triggered(tools, choice, parallel, json_options,
+                                                              free_text=_not_call_start(any_fence=True)))
         json_calls = self.json_format.grammar(tools, "required", parallel, json_options)
         free_text = _not_call_start() if choice != "required" else None
         tagged = triggered_to_grammar(self.tagged.triggered(tools, choice, parallel, json_options,

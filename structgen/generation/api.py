@@ -300,6 +300,7 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
                           speculative=speculative, start=start, on_budget=on_budget)
     gen = opts.generation
     lp_count = _logprob_count(logprobs, top_logprobs)
+    items = _check_requests(items, batch, "prompt" if prompt is not None else "messages")
     if tools is not None or reasoning or thinking_budget is not None:
         if batch:
             raise ConfigError("tools= and reasoning= take one prompt or conversation", key="tools")
@@ -308,7 +309,6 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
                                     tool_format=tool_format, reasoning=reasoning, schema=schema,
                                     grammar=grammar, regex=regex, strict=strict,
                                     thinking_budget=thinking_budget, logprobs=lp_count)
-    _check_requests(items, batch, "prompt" if prompt is not None else "messages")
     schemas = _per_request("schema", schema, n, batch)
     grammars = _per_request("grammar", grammar, n, batch)
     regexes = _per_request("regex", regex, n, batch)
@@ -464,30 +464,28 @@ def _merge_options(config: Any, *, n: int, batch: bool, temperature: Any, top_p:
     return _CallOptions(cfg, requests, generation)
 
 
-def _check_requests(items: list[Any], batch: bool, name: str) -> None:
-    """Each request is a prompt string or a conversation (a list of ``{"role": str, "content":
-    str}`` messages); anything else is a ConfigError naming the request, before any work."""
+def _check_requests(items: list[Any], batch: bool, name: str) -> list[Any]:
+    """Each request is a prompt string or a conversation (a list of OpenAI-style messages,
+    :mod:`structgen.generation.messages`); anything else is a ConfigError naming the request,
+    before any work. Returns the requests with each conversation converted for the chat
+    template."""
+    from structgen.generation.messages import template_messages_of
+
     if batch and not items:
         raise ConfigError(f"{name}= is an empty list: give at least one request", key=name)
+    out: list[Any] = []
     for i, item in enumerate(items):
         where = f"request {i}: " if batch else ""
         if item is None:
             raise ConfigError("give prompt= or messages=")
         if isinstance(item, str):
+            out.append(item)
             continue
         if not isinstance(item, (list, tuple)) or not item:
             raise ConfigError(f"{where}{name} must be a string or a non-empty list of messages, not "
                               f"{type(item).__name__}", key=name)
-        for j, m in enumerate(item):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
-                    or not isinstance(m.get("content"), str):
-                raise ConfigError(f"{where}message {j} must be a dict with string 'role' and "
-                                  f"'content', not {_short_repr(m)}", key=name)
-
-
-def _short_repr(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+        out.append(template_messages_of(item, where=where))
+    return out
 
 
 def _per_request(name: str, value: Any, n: int, batch: bool) -> list[Any]:
@@ -634,9 +632,11 @@ def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | Non
                           draft_model=draft_model, max_new_tokens=max_new_tokens, seed=seed,
                           speculative=speculative, start=start, on_budget=on_budget)
     cfg, gen = opts.config, opts.generation
+    if prompt is not None and messages is not None:
+        raise ConfigError("give prompt= or messages=, not both")
+    if messages is not None:
+        messages = _check_requests([messages], False, "messages")[0]
     if tools is not None or reasoning or thinking_budget is not None:
-        if prompt is not None and messages is not None:
-            raise ConfigError("give prompt= or messages=, not both")
         yield from _stream_structured(model, tokenizer, prompt if prompt is not None else messages, opts,
                                       draft_model, tools=tools, tool_choice=tool_choice,
                                       parallel_tool_calls=parallel_tool_calls, tool_format=tool_format,

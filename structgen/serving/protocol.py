@@ -23,13 +23,13 @@ Responses carry ``usage`` with a ``structgen`` extension: speculative statistics
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from structgen.config import MAX_COUNT
 from structgen.errors import ConfigError
+from structgen.generation.messages import message_text, template_message
 from structgen.serving.engine import TEXT, ChoiceResult, Constraint
 
 __all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "JsonSchemaFormat",
@@ -94,57 +94,14 @@ class ChatMessage(_Model):
     tool_call_id: str | None = None
 
     def template_dict(self, index: int) -> dict[str, Any]:
-        """The message as the chat templates of Hugging Face models read it: ``role``,
-        ``content``, and where given ``name``, ``tool_call_id`` and ``tool_calls`` with each
-        call's arguments as a mapping (OpenAI sends them as a JSON string; the templates
-        serialise them themselves). ``index``: the message's place, for errors."""
-        out: dict[str, Any] = {"role": self.role, "content": self.text()}
-        if self.name is not None:
-            out["name"] = self.name
-        if self.tool_call_id is not None:
-            out["tool_call_id"] = self.tool_call_id
-        if self.tool_calls:
-            if self.role != "assistant":
-                raise ConfigError(f"messages[{index}]: tool_calls belong to an assistant message, not "
-                                  f"{self.role!r}", key="messages")
-            out["tool_calls"] = [_template_call(index, j, c) for j, c in enumerate(self.tool_calls)]
-        return out
-
+        """The message as the chat templates of Hugging Face models read it
+        (:func:`structgen.generation.messages.template_message`: each call's arguments as a
+        mapping). ``index``: the message's place, for errors."""
+        return template_message(self.model_dump(exclude_none=True), index)
 
     def text(self) -> str:
         """The message's text (text parts joined); other part types are refused."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        out = []
-        for i, part in enumerate(self.content):
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ConfigError(f"messages: content part {i} has type {part.get('type')!r}: only text "
-                                  "parts are supported", key="messages")
-            out.append(part["text"])
-        return "".join(out)
-
-
-def _template_call(index: int, j: int, call: dict[str, Any]) -> dict[str, Any]:
-    """One of an assistant message's ``tool_calls`` for the chat template (see
-    :meth:`ChatMessage.template_dict`)."""
-    where = f"messages[{index}].tool_calls[{j}]"
-    fn = call.get("function")
-    if call.get("type", "function") != "function" or not isinstance(fn, dict) \
-            or not isinstance(fn.get("name"), str):
-        raise ConfigError(f"{where}: give {{\"type\": \"function\", \"function\": {{\"name\": ..., "
-                          "\"arguments\": ...}}", key="messages")
-    args = fn.get("arguments", {})
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except ValueError as e:
-            raise ConfigError(f"{where}.function.arguments: not JSON ({e})", key="messages") from None
-    out: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
-    if isinstance(call.get("id"), str):
-        out["id"] = call["id"]
-    return out
+        return message_text(self.content, "messages")
 
 
 class StreamOptions(_Model):
