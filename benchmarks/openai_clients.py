@@ -65,6 +65,7 @@ from typing import Any, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _envelope  # noqa: E402
+from _smoke_model import save_smoke_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "battery-key"
@@ -950,17 +951,6 @@ def markdown(summary: dict[str, Any], outcomes: list[Outcome], envelope: dict[st
     return "\n".join(lines) + "\n"
 
 
-def _tiny_model(folder: Path) -> None:
-    """The smoke's tiny random model, saved to ``folder`` (in a child process: this one never
-    imports torch)."""
-    code = ("import sys\nfrom structgen.tools.bench import SMOKE_FAVOUR, tiny_model\n"
-            "lm = tiny_model(favour=SMOKE_FAVOUR)\nlm.model.save_pretrained(sys.argv[1])\n"
-            "lm.tokenizer.save_pretrained(sys.argv[1])\n")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-c", code, str(folder)], check=True, cwd=ROOT, env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="a tiny random model; writes only --out")
@@ -988,7 +978,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(tmp)
         if args.smoke and args.model is None:
             model = str(folder / "tiny")
-            _tiny_model(Path(model))
+            save_smoke_model(Path(model))
             label = "tiny"
         else:
             model = args.model or DEFAULT_MODEL

@@ -95,6 +95,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _envelope  # noqa: E402
+from _smoke_model import save_smoke_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CATEGORIES = ("control", "body", "constraint", "connection", "concurrency")
@@ -1259,17 +1260,6 @@ def markdown(rows: dict[str, dict[str, int]]) -> str:
     return "\n".join(lines)
 
 
-def _build_model(folder: Path) -> None:
-    """The tiny model of ``benchmarks/serve.py --smoke`` saved to ``folder`` (in a child
-    process, so this one never imports torch)."""
-    code = ("import sys\nfrom structgen.tools.bench import SMOKE_FAVOUR, tiny_model\n"
-            "lm = tiny_model(favour=SMOKE_FAVOUR)\nlm.model.save_pretrained(sys.argv[1])\n"
-            "lm.tokenizer.save_pretrained(sys.argv[1])\n")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-c", code, str(folder)], check=True, cwd=ROOT, env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="14 fast probes (under a minute); writes nothing")
@@ -1327,7 +1317,7 @@ def main(argv: list[str] | None = None) -> int:
         model = args.model
         if model is None:
             print("building the tiny model ...", flush=True)
-            _build_model(folder / "tiny")
+            save_smoke_model(folder / "tiny")
             model = str(folder / "tiny")
         server = Server(model, folder, config, "hostile-" + secrets.token_hex(8), args.max_queued,
                         args.max_body_bytes, args.server_arg)

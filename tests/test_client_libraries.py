@@ -18,9 +18,6 @@ import asyncio
 import json
 import os
 import re
-import socket
-import threading
-import time
 from types import SimpleNamespace
 from typing import Literal
 
@@ -32,6 +29,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
+
+from _servers import running  # noqa: E402
 
 pytestmark = pytest.mark.assets
 
@@ -55,17 +54,10 @@ WEATHER_TOOL = {"type": "function", "function": {
                    "required": ["city"], "additionalProperties": False}}}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tokenizer_by_alias):
     """The server wired as ``structgen serve`` wires it: the engine's finished sequences feed
     the run metrics (here a registry of its own) that ``/metrics`` exports."""
-    import uvicorn
     from _tiny_lm import build_tiny_llama
 
     from structgen.generation.model import CausalLM
@@ -80,19 +72,10 @@ def server(tokenizer_by_alias):
     engine = Engine(lm, max_running=4, max_queued=16, default_max_tokens=64, compile_workers=2,
                     on_result=_observer(metrics))
     app = create_app(engine, model_name="tiny", api_key=KEY, metrics=metrics)
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    deadline = time.monotonic() + 60
-    while not srv.started:
-        assert time.monotonic() < deadline and th.is_alive(), "server did not start"
-        time.sleep(0.05)
-    url = f"http://127.0.0.1:{port}"
-    yield SimpleNamespace(url=url, base=url + "/v1", metrics=metrics,
-                          client=openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120))
-    srv.should_exit = True
-    th.join(60)
+    with running(app) as url:
+        yield SimpleNamespace(url=url, base=url + "/v1", metrics=metrics,
+                              client=openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0,
+                                                    timeout=120))
 
 
 def _messages(text: str = PROMPT) -> list[dict[str, str]]:

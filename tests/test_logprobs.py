@@ -14,15 +14,13 @@ official ``openai`` client.
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from itertools import product
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+from _servers import running  # noqa: E402
 
 import structgen
 from structgen.errors import ConfigError
@@ -218,28 +216,16 @@ def test_llamacpp_logprobs_match_its_logits(tmp_path) -> None:
 
 @pytest.fixture(scope="module")
 def server(tiny):
-    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("uvicorn")
     openai = pytest.importorskip("openai")
     from structgen.serving.app import create_app
     from structgen.serving.engine import Engine
 
     engine = Engine(tiny.lm, max_running=4, max_queued=16, default_max_tokens=48, compile_workers=1)
     app = create_app(engine, model_name="tiny", api_key="k")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    deadline = time.monotonic() + 60
-    while not srv.started:
-        assert time.monotonic() < deadline and th.is_alive(), "server did not start"
-        time.sleep(0.05)
-    url = f"http://127.0.0.1:{port}"
-    yield SimpleNamespace(url=url, client=openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0,
-                                                        timeout=120))
-    srv.should_exit = True
-    th.join(60)
+    with running(app) as url:
+        yield SimpleNamespace(url=url, client=openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0,
+                                                            timeout=120))
 
 
 FMT = {"type": "regex", "regex": REGEX}

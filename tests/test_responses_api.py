@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
-import threading
 import time
 from types import SimpleNamespace
 
@@ -27,6 +25,9 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
+
+from _servers import running  # noqa: E402
+
 pydantic = pytest.importorskip("pydantic")
 
 pytestmark = pytest.mark.assets
@@ -53,15 +54,8 @@ class City(pydantic.BaseModel):
     sunny: bool
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tokenizer_by_alias):
-    import uvicorn
     from _tiny_lm import build_tiny_llama
 
     from structgen.generation.model import CausalLM
@@ -72,19 +66,10 @@ def server(tokenizer_by_alias):
     lm = CausalLM(build_tiny_llama(tok, "random"), tok)
     engine = Engine(lm, max_running=4, max_queued=16, default_max_tokens=40, compile_workers=2)
     app = create_app(engine, model_name="tiny", api_key=KEY, max_body_bytes=100_000)
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    deadline = time.monotonic() + 60
-    while not srv.started:
-        assert time.monotonic() < deadline and th.is_alive(), "server did not start"
-        time.sleep(0.05)
-    url = f"http://127.0.0.1:{port}"
-    yield SimpleNamespace(url=url, engine=engine, lm=lm,
-                          client=openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120))
-    srv.should_exit = True
-    th.join(60)
+    with running(app) as url:
+        yield SimpleNamespace(url=url, engine=engine, lm=lm,
+                              client=openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0,
+                                                    timeout=120))
 
 
 @pytest.fixture

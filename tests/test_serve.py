@@ -15,7 +15,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
+
+from _servers import free_port, running  # noqa: E402
 
 import structgen  # noqa: E402
 
@@ -58,15 +59,8 @@ PROMPTS = ["Extract: Bob is 42. JSON:", "Ticket open, tags db. JSON:", "Meeting 
 GRAMMAR = 'start: "SELECT " COL ("," COL)* " FROM t"\nCOL: /[a-z]{1,6}/\n'
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tokenizer_by_alias):
-    import uvicorn
     from _tiny_lm import build_tiny_llama
 
     from structgen.generation.model import CausalLM
@@ -77,19 +71,10 @@ def server(tokenizer_by_alias):
     lm = CausalLM(build_tiny_llama(tok, "random"), tok)
     engine = Engine(lm, max_running=4, max_queued=16, default_max_tokens=40, compile_workers=2)
     app = create_app(engine, model_name="tiny", api_key=KEY, max_body_bytes=100_000)
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    deadline = time.monotonic() + 60
-    while not srv.started:
-        assert time.monotonic() < deadline and th.is_alive(), "server did not start"
-        time.sleep(0.05)
-    url = f"http://127.0.0.1:{port}"
-    yield SimpleNamespace(url=url, engine=engine, lm=lm,
-                          client=openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120))
-    srv.should_exit = True
-    th.join(60)
+    with running(app) as url:
+        yield SimpleNamespace(url=url, engine=engine, lm=lm,
+                              client=openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0,
+                                                    timeout=120))
 
 
 def _fmt(schema: dict) -> dict:
@@ -442,7 +427,7 @@ def test_server_killed_mid_run_restarts(tmp_path, tokenizer_by_alias) -> None:
     from _tiny_lm import save_tiny_model
 
     folder = save_tiny_model(tmp_path / "model", tokenizer_by_alias("gpt2"), "biased")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=60)
     proc = _start(folder, port)

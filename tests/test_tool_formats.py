@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import threading
-import time
 from types import SimpleNamespace
 
 import jsonschema
 import pytest
+from _servers import running  # noqa: E402
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -378,9 +377,8 @@ def test_generate_tools_with_schema_tiny_model(tiny_lm) -> None:
 @pytest.fixture(scope="module")
 def json_server(tiny_lm):
     pytest.importorskip("fastapi")
-    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("uvicorn")
     httpx = pytest.importorskip("httpx")
-    import socket
 
     from structgen.serving.app import create_app
     from structgen.serving.engine import Engine
@@ -390,19 +388,8 @@ def json_server(tiny_lm):
     engine = Engine(tiny_lm, max_running=2, max_queued=8, default_max_tokens=60, compile_workers=1,
                     tool_format="json")
     app = create_app(engine, model_name="tiny", api_key=None, max_body_bytes=100_000)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    deadline = time.monotonic() + 60
-    while not srv.started:
-        assert time.monotonic() < deadline and th.is_alive(), "server did not start"
-        time.sleep(0.05)
-    yield SimpleNamespace(url=f"http://127.0.0.1:{port}", httpx=httpx)
-    srv.should_exit = True
-    th.join(60)
+    with running(app) as url:
+        yield SimpleNamespace(url=url, httpx=httpx)
 
 
 @pytest.mark.assets
