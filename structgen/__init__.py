@@ -18,6 +18,7 @@ from structgen.errors import (
     GrammarError,
     GrammarSyntaxError,
     MatcherUsageError,
+    ModelValidationError,
     RegexError,
     RequestCancelledError,
     SchemaError,
@@ -48,6 +49,8 @@ _LAZY = {
     "generate": "structgen.generation.api:generate",
     "stream": "structgen.generation.api:stream",
     "generate_model": "structgen.generation.api:generate_model",
+    "stream_model": "structgen.generation.api:stream_model",
+    "PartialJsonReader": "structgen.generation.partial:PartialJsonReader",
     "GenerationResult": "structgen.generation.api:GenerationResult",
     "StreamEvent": "structgen.generation.api:StreamEvent",
 }
@@ -55,7 +58,8 @@ _LAZY = {
 __all__ = [
     "__version__",
     "AssetError", "CompileLimitError", "CompileTimeoutError", "ConfigError", "ContextLengthError",
-    "GrammarError", "GrammarSyntaxError", "MatcherUsageError", "RegexError", "RequestCancelledError",
+    "GrammarError", "GrammarSyntaxError", "MatcherUsageError", "ModelValidationError", "RegexError",
+    "RequestCancelledError",
     "SchemaError",
     "StructgenError", "TokenBudgetError",
     "UnsupportedFeatureError", "VocabularyError",
@@ -82,7 +86,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from structgen.frontends.json_schema.compiler import compile_json_schema
     from structgen.frontends.lark import compile_lark
     from structgen.frontends.regex import compile_regex_grammar as compile_regex
-    from structgen.generation.api import GenerationResult, StreamEvent, generate, generate_model, stream
+    from structgen.generation.api import (
+        GenerationResult,
+        StreamEvent,
+        generate,
+        generate_model,
+        stream,
+        stream_model,
+    )
+    from structgen.generation.partial import PartialJsonReader
     from structgen.grammar.compiled import CompiledGrammar
     from structgen.grammar.compiler import compile_grammar
     from structgen.integrations import StructgenBackend, StructgenLogitsProcessor

@@ -22,6 +22,7 @@ __all__ = [
     "ContextLengthError",
     "TokenBudgetError",
     "MatcherUsageError",
+    "ModelValidationError",
     "RequestCancelledError",
     "StructgenWarning",
     "attribute_to_request",
@@ -217,6 +218,18 @@ class MatcherUsageError(StructgenError, ValueError, TypeError):
     ``max_rollback``. A caller bug, never a grammar verdict (a token the grammar forbids
     makes ``accept_token`` return False). Both a ``ValueError`` and a ``TypeError``, so
     code catching either keeps working."""
+
+
+class ModelValidationError(StructgenError, ValueError):
+    """A generated output is not a valid instance of the Pydantic model asked for
+    (:func:`structgen.generate_model`, :func:`structgen.stream_model`), or it did not finish
+    (``finish_reason`` ``"length"``). ``text``: the output; ``finish_reason``; the Pydantic
+    ``ValidationError``, when there is one, is the ``__cause__``."""
+
+    def __init__(self, message: str, *, text: str = "", finish_reason: str | None = None) -> None:
+        super().__init__(message)
+        self.text = text
+        self.finish_reason = finish_reason
 
 
 class StructgenWarning(UserWarning):

@@ -24,13 +24,14 @@ MAX_MODULE_LINES = 1000
 PUBLIC_NAMES = [
     "AssetError", "CompileLimitError", "CompileOptions", "CompileTimeoutError", "CompiledGrammar",
     "ConfigError", "ContextLengthError", "GenerationResult", "GrammarError", "GrammarSyntaxError",
-    "JsonSchemaOptions", "Matcher", "MatcherUsageError", "RegexError", "RequestCancelledError", "SchemaError",
+    "JsonSchemaOptions", "Matcher", "MatcherUsageError", "ModelValidationError", "PartialJsonReader",
+    "RegexError", "RequestCancelledError", "SchemaError",
     "SpecConfig",
     "StreamEvent", "StructgenBackend", "StructgenError", "StructgenLogitsProcessor", "TokenBudgetError",
     "UnsupportedFeatureError",
     "Vocabulary", "VocabularyError", "__version__", "allocate_bitmask", "compile_grammar",
     "compile_json_schema", "compile_lark", "compile_regex", "fill_bitmasks", "generate",
-    "generate_model", "stream",
+    "generate_model", "stream", "stream_model",
 ]
 
 

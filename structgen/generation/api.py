@@ -1,4 +1,5 @@
-"""User-facing generation API: :func:`generate`, :func:`stream`, :func:`generate_model`.
+"""User-facing generation API: :func:`generate`, :func:`stream`, :func:`generate_model`,
+:func:`stream_model`.
 
 ::
 
@@ -26,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from structgen.config import SpecConfig
-from structgen.errors import ConfigError
+from structgen.errors import ConfigError, ModelValidationError
 from structgen.generation.results import is_complete
 
 __all__ = ["BatchResults", "GenerationResult", "StreamEvent", "generate", "stream", "generate_model",
+           "stream_model",
            "DEFAULT_MODEL", "conversation_prefix", "prompt_ids", "resolve_grammar", "template_messages"]
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"  # chosen by benchmarks/default_model.py's rule
@@ -608,10 +610,22 @@ def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | Non
            draft_model: Any = None, start: str = "start", strict: bool = True,
            on_budget: str = "close", tools: Any = None, tool_choice: Any = "auto",
            parallel_tool_calls: bool = True, tool_format: Any = None, reasoning: bool = False,
-           thinking_budget: int | None = None) -> Iterator[Any]:
+           thinking_budget: int | None = None, partial: bool = False,
+           string_deltas: bool = False) -> Iterator[Any]:
     """Yield text increments as each verify step commits them (never text a later
     rollback could take back). Same arguments as :func:`generate` (``strict`` included), one
     prompt.
+
+    ``partial=True`` (with a ``schema``; see ``docs/guides/partial-streaming.md``) yields
+    :class:`StreamEvent` objects that follow the JSON value as it grows: after each
+    ``"content"`` event (the step's text) come the events of that text, in document order:
+    ``"begin"`` (a value at the RFC 6901 JSON ``pointer`` started), ``"value"`` (the scalar
+    at ``pointer`` is complete: its parsed ``value``), ``"end"`` (the object or array at
+    ``pointer`` closed: ``value`` is it); ``string_deltas=True`` adds ``"string_delta"``
+    events (a string's decoded text as it grows). Each event's ``partial`` is the document so
+    far (complete scalars only; the same object, grown in place). A number completes with
+    the character after it, or at the end of the output. Last comes one ``"done"`` event
+    whose ``result`` is the :class:`GenerationResult` :func:`generate` would return.
 
     With ``tools=`` or ``reasoning=True`` it yields :class:`StreamEvent` objects instead:
     ``"reasoning"`` and ``"content"`` text, ``"tool_call"`` (a call's ``index``, ``id`` and
@@ -636,6 +650,11 @@ def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | Non
         raise ConfigError("give prompt= or messages=, not both")
     if messages is not None:
         messages = _check_requests([messages], False, "messages")[0]
+    if string_deltas and not partial:
+        raise ConfigError("string_deltas=True needs partial=True", key="string_deltas")
+    if partial and (schema is None or tools is not None or reasoning or thinking_budget is not None):
+        raise ConfigError("partial=True streams the value of a schema= (without tools or reasoning)",
+                          key="partial")
     if tools is not None or reasoning or thinking_budget is not None:
         yield from _stream_structured(model, tokenizer, prompt if prompt is not None else messages, opts,
                                       draft_model, tools=tools, tool_choice=tool_choice,
@@ -654,9 +673,14 @@ def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | Non
     max_new_tokens, seed, speculative = gen.max_new_tokens, gen.seed, gen.speculative
     dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
     eos = set(vocab.eos_token_ids)
-    for new, _seq in stream_sequence(lm, vocab, g, ids, cfg, speculative=speculative,
-                                     max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed,
-                                     on_budget=gen.on_budget, shared_prefix=shared):
+    steps = stream_sequence(lm, vocab, g, ids, cfg, speculative=speculative,
+                            max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed,
+                            on_budget=gen.on_budget, shared_prefix=shared)
+    if partial:
+        batches = _partial_steps(steps, vocab, _pyd, string_deltas)
+        yield from (batches if partial is _STEP_BATCHES else _stream_partial(batches))
+        return
+    for new, _seq in steps:
         data = vocab.decode_bytes([t for t in new if t not in eos])
         text = dec.decode(data)
         if text:
@@ -668,11 +692,14 @@ def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | Non
 
 @dataclass(frozen=True)
 class StreamEvent:
-    """One piece of an output streamed with tools or reasoning (:func:`stream`).
+    """One piece of an output streamed with tools, reasoning or ``partial=True`` (:func:`stream`).
 
     kind: ``"reasoning"`` / ``"content"`` (``text``), ``"tool_call"`` (``index``, ``id`` and
     ``name`` of a call), ``"arguments"`` (``index`` and a piece of the call's arguments
-    ``text``) or ``"done"`` (``result``: the whole :class:`GenerationResult`)."""
+    ``text``) or ``"done"`` (``result``: the whole :class:`GenerationResult`); with
+    ``partial=True`` also ``"begin"``, ``"value"``, ``"end"`` and ``"string_delta"``
+    (``pointer``: a JSON pointer, ``value``, and ``partial``: the document so far; see
+    :mod:`structgen.generation.partial`)."""
 
     kind: str
     text: str = ""
@@ -680,6 +707,48 @@ class StreamEvent:
     id: str | None = None
     name: str | None = None
     result: GenerationResult | None = None
+    pointer: str | None = None
+    value: Any = None
+    partial: Any = None
+
+
+# ``stream(partial=_STEP_BATCHES)``: :func:`stream_model`'s private way to get the partial
+# events one step at a time (it shows a partial instance as soon as a step's events are in).
+_STEP_BATCHES = object()
+
+
+def _partial_steps(steps: Iterator[tuple[list[int], Any]], vocab: Any, pyd: Any,
+                   string_deltas: bool) -> Iterator[tuple[str, list[Any], Any, GenerationResult | None]]:
+    """``(text, events, document, None)`` for each step of a ``partial=True`` stream (its
+    text, the :class:`~structgen.generation.partial.PartialEvent` list it completes and the
+    document so far), then ``(tail, events, document, result)`` once the output has ended."""
+    from structgen.generation.loop import _sequence_result
+    from structgen.generation.partial import PartialJsonReader
+
+    reader = PartialJsonReader(string_deltas=string_deltas)
+    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    eos = set(vocab.eos_token_ids)
+    seq = None
+    for new, state in steps:
+        seq = state
+        text = dec.decode(vocab.decode_bytes([t for t in new if t not in eos]))
+        if text:
+            yield text, reader.feed(text), reader.document, None
+    tail = dec.decode(b"", final=True)
+    events = reader.feed(tail) + reader.finish()
+    assert seq is not None
+    yield tail, events, reader.document, _finish(_sequence_result(seq), pyd, True)
+
+
+def _stream_partial(batches: Iterator[tuple[str, list[Any], Any, Any]]) -> Iterator[StreamEvent]:
+    """:func:`stream` with ``partial=True``: each step's text, then the events it completes."""
+    for text, events, document, result in batches:
+        if text:
+            yield StreamEvent("content", text)
+        for e in events:
+            yield StreamEvent(e.kind, pointer=e.pointer, value=e.value, partial=document)
+        if result is not None:
+            yield StreamEvent("done", result=result)
 
 
 def _stream_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_model: Any, *,
@@ -720,14 +789,74 @@ def _stream_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_m
                                                         reader.call_ids()))
 
 
+def stream_model(model: Any, cls: type, prompt: str | None = None, **kw: Any) -> Iterator[Any]:
+    """Stream an instance of the Pydantic class ``cls``: yields partial instances as fields
+    complete, then the validated final instance (equal to :func:`generate_model`'s).
+
+    A partial instance (``cls.model_construct``) holds the fields complete so far, each
+    validated on its own (``model_fields_set`` names them; the others are None or their
+    default); a nested model still being written is a partial instance itself; a list
+    appears once closed. One is yielded after each step that completed a value. Other
+    arguments are :func:`stream`'s (``prompt`` is sent as a user message, as in
+    :func:`generate_model`). An output that does not validate, or is cut short
+    (``on_budget="cut"``), raises :class:`~structgen.errors.ModelValidationError`.
+    """
+    from structgen.generation.partial import partial_instance
+
+    if "messages" not in kw and prompt is not None:
+        kw["messages"] = [{"role": "user", "content": prompt}]
+        prompt = None
+    unfinished: set[str] = set()  # pointers of the values begun and not yet complete
+    for _text, events, document, result in stream(model, schema=cls, prompt=prompt,
+                                                  partial=_STEP_BATCHES, **kw):  # type: ignore[arg-type]
+        completed = False
+        for event in events:
+            if event.kind == "begin":
+                unfinished.add(event.pointer)
+            elif event.kind in ("value", "end"):
+                unfinished.discard(event.pointer)
+                # a value inside a list still being written does not show yet
+                completed = completed or not _in_open_list(document, event.pointer, unfinished)
+        if result is None:
+            if completed and isinstance(document, dict):
+                yield partial_instance(cls, document, unfinished)
+            continue
+        if not is_complete(result.finish_reason):
+            raise ModelValidationError(
+                f"generation did not complete a {cls.__name__} (finish_reason={result.finish_reason})",
+                text=result.text, finish_reason=result.finish_reason)
+        try:
+            final = cls.model_validate_json(result.text)  # type: ignore[attr-defined]
+        except ValueError as e:  # pydantic's ValidationError is a ValueError
+            raise ModelValidationError(f"the output is not a valid {cls.__name__}: {e}",
+                                       text=result.text, finish_reason=result.finish_reason) from e
+        yield final
+
+
+def _in_open_list(document: Any, pointer: str, unfinished: set[str]) -> bool:
+    """Whether the value at ``pointer`` lies inside an array that is still being written."""
+    node, at = document, ""
+    for part in pointer.split("/")[1:]:
+        if isinstance(node, list):
+            if at in unfinished:
+                return True
+            node = node[int(part)]
+        else:
+            node = node[part.replace("~1", "/").replace("~0", "~")]
+        at += "/" + part
+    return False
+
+
 def generate_model(model: Any, cls: type, prompt: str | None = None, **kw: Any) -> Any:
-    """Generate an instance of the Pydantic class ``cls``; raises ValueError when the output
-    is incomplete (``max_new_tokens`` reached)."""
+    """Generate an instance of the Pydantic class ``cls``; raises
+    :class:`~structgen.errors.ModelValidationError` (a ValueError) when the output is
+    incomplete (``max_new_tokens`` reached)."""
     if "messages" not in kw and prompt is not None:
         kw["messages"] = [{"role": "user", "content": prompt}]
         prompt = None
     r = generate(model, schema=cls, prompt=prompt, **kw)
     if r.value is None:
-        raise ValueError(f"generation did not complete a {cls.__name__} "
-                         f"(finish_reason={r.finish_reason}, error={r.error})")
+        raise ModelValidationError(f"generation did not complete a {cls.__name__} "
+                                   f"(finish_reason={r.finish_reason}, error={r.error})",
+                                   text=r.text, finish_reason=r.finish_reason)
     return r.value

@@ -71,6 +71,7 @@ from structgen.serving.engine import (
 )
 from structgen.serving.http_messages import http_message
 from structgen.serving.logprobs import chat_logprobs, completion_logprobs
+from structgen.serving.partial_events import PARTIAL_KEY, PartialChunks, partial_chunks
 from structgen.serving.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -417,10 +418,12 @@ def _chat_message(handle: RequestHandle, r: ChoiceResult) -> dict[str, Any]:
 
 
 async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, include_usage: bool,
-                  on_gone: Callable[[], None] | None = None) -> AsyncIterator[str]:
+                  on_gone: Callable[[], None] | None = None,
+                  partial: PartialChunks | None = None) -> AsyncIterator[str]:
     """OpenAI server-sent events: chunks as text is committed, a finish chunk per choice,
     optionally a usage chunk, then ``[DONE]``. ``on_gone`` is called if the stream is torn
-    down (its client went away) before every choice finished."""
+    down (its client went away) before every choice finished. ``partial``: add each chunk's
+    typed partial events (:mod:`structgen.serving.partial_events`)."""
     obj = "chat.completion.chunk" if chat else "text_completion"
     head = {"id": rid, "object": obj, "created": int(handle.created), "model": model}
     results: list[ChoiceResult] = []
@@ -479,7 +482,10 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, in
                 if ev.logprobs:
                     lp_pending.setdefault(ev.index, []).extend(ev.logprobs)
                 if handle.plan is None:
-                    yield _sse({**head, "choices": [choice(ev.index, ev.text, None)]})
+                    chunk = {**head, "choices": [choice(ev.index, ev.text, None)]}
+                    if partial is not None:
+                        chunk[PARTIAL_KEY] = partial.events(ev.index, ev.text)
+                    yield _sse(chunk)
                 else:
                     for chunk in call_chunks(ev.index, calls_in[ev.index].feed(ev.text)):
                         yield chunk
@@ -498,7 +504,10 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, in
                     yield chunk
                 if reader.call_ids() and res.complete:
                     finish = "tool_calls"
-            yield _sse({**head, "choices": [choice(ev.index, None if chat else "", finish)]})
+            chunk = {**head, "choices": [choice(ev.index, None if chat else "", finish)]}
+            if partial is not None:  # a number that ends the output completes here
+                chunk[PARTIAL_KEY] = partial.events(ev.index, "", final=True)
+            yield _sse(chunk)
         if include_usage:
             yield _sse({**head, "choices": [], "usage": _usage(handle, results)})
         yield "data: [DONE]\n\n"
@@ -613,6 +622,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         req = _parse(ChatCompletionRequest if chat else CompletionRequest, data)
         try:
             req.refuse_unsupported()
+            partial = partial_chunks(req, req.n)
             er = EngineRequest(constraint_of(req.response_format), max_tokens=req.budget() if chat
                                else req.max_tokens, temperature=req.temperature, top_p=req.top_p,
                                seed=req.seed, stop=req.stops(), n=req.n, on_budget=req.on_budget())
@@ -639,7 +649,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         model = req.model or model_name
         if req.stream:
             return StreamingResponse(_stream(handle, chat=chat, rid=rid, model=model,
-                                             include_usage=req.include_usage(), on_gone=client_gone),
+                                             include_usage=req.include_usage(), on_gone=client_gone,
+                                             partial=partial),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:

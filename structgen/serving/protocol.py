@@ -105,9 +105,12 @@ class ChatMessage(_Model):
 
 
 class StreamOptions(_Model):
-    """``stream_options``: ``include_usage`` ends a stream with a usage chunk."""
+    """``stream_options``: ``include_usage`` ends a stream with a usage chunk;
+    ``structgen_partial`` (a structgen extension) adds typed partial events to each chunk
+    (:mod:`structgen.serving.partial_events`)."""
 
     include_usage: bool | None = None
+    structgen_partial: bool | None = None
 
 
 class _Common(_Model):
