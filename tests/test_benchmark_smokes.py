@@ -64,6 +64,7 @@ SMOKES: dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]] = {
     "serve_llamacpp": (("--backend", "llamacpp"), False, ()),
     "serve_hostile": ((), False, ("gpt2",)),
     "openai_clients": ((), False, ("gpt2",)),
+    "partial_stream": ((), False, ("gpt2",)),
     "vllm_backends": ((), False, ()),
 }
 # smokes that run another smoke's script with other arguments -> that script
@@ -87,7 +88,8 @@ VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 START_ORDER = ("vllm_backends", "masks", "masks_builds", "jsonschemabench", "tools", "bad_inputs", "batch",
                "budget", "generate", "lossless", "verify", "verify_codegen", "verify_race_skip",
                "json_schema_suite", "startup", "llamacpp_row_invariance", "llamacpp_prefill", "prefix_reuse",
-               "default_model", "serve", "serve_llamacpp", "serve_hostile", "openai_clients")
+               "default_model", "serve", "serve_llamacpp", "serve_hostile", "openai_clients",
+               "partial_stream")
 
 
 class _Runs:

@@ -20,11 +20,11 @@ def test_deeply_nested_yaml_is_a_config_error() -> None:
 
 @pytest.mark.parametrize("kw, match", [
     ({"prompt": 7}, "prompt must be a string"),
-    ({"messages": [{"role": "user"}]}, "message 0 must be a dict"),
-    ({"messages": [{"role": "user", "content": 3}]}, "message 0 must be a dict"),
+    ({"messages": [{"role": "user"}]}, r"messages\[0\]: a user message needs 'content'"),
+    ({"messages": [{"role": "user", "content": 3}]}, r"messages\[0\]\.content: a string or a list"),
     ({"prompt": []}, "empty list"),
     ({"prompt": ["a", 3]}, "request 1: prompt must be a string"),
-    ({"messages": [[{"role": "user", "content": "x"}], [None]]}, "request 1: message 0"),
+    ({"messages": [[{"role": "user", "content": "x"}], [None]]}, r"request 1: messages\[0\]"),
 ])
 def test_bad_requests_are_config_errors_before_the_model_loads(kw, match) -> None:
     # the model name does not exist: a request check that ran after loading would fail there

@@ -171,7 +171,7 @@ def _render(tok: Any, messages: list[dict], tools: list[dict] | None, *,
         text = tok.apply_chat_template(template_messages(tok.chat_template, messages),
                                        add_generation_prompt=generation_prompt, tokenize=False, **extra)
         return list(tok.encode(_spellable(text, "messages"), add_special_tokens=False))
-    text = "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\n"
+    text = "\n".join(f"{m['role']}: {m['content']}" for m in template_messages(None, messages)) + "\n"
     return list(tok.encode(_spellable(text + ("assistant: " if generation_prompt else ""), "messages")))
 
 

@@ -6,8 +6,9 @@ One conversion for every door (:func:`structgen.generate`, :func:`structgen.stre
 * ``role`` one of OpenAI's roles (``system``, ``developer``, ``user``, ``assistant``, ``tool``,
   the legacy ``function``): any other string would reach the template, which may fail on it or
   render it as a role the model was trained to obey;
-* ``content`` a string, None (an assistant turn that only calls tools) or a list of
-  ``{"type": "text", "text": ...}`` parts (joined; other part types are refused);
+* ``content`` a string, a list of
+  ``{"type": "text", "text": ...}`` parts (joined; other part types are refused), or None in
+  an assistant message that calls tools (OpenAI's rule: every other message needs content);
 * an assistant message's ``tool_calls`` (``{"id", "type": "function", "function": {"name",
   "arguments"}}``): OpenAI sends the arguments as JSON text, the templates serialise them
   themselves (``tojson``), so they become a mapping here -- left as text, the model would see
@@ -50,7 +51,12 @@ def template_message(message: Any, index: int, *, where: str = "") -> dict[str, 
     role = message.get("role")
     if role not in ROLES:
         raise ConfigError(f"{at}: role {role!r} is not one of {', '.join(ROLES)}", key="messages")
-    out: dict[str, Any] = {"role": role, "content": message_text(message.get("content"), at)}
+    content = message.get("content")
+    if content is None and not (role == "assistant" and message.get("tool_calls")):
+        # only an assistant turn that calls tools may leave its text out (OpenAI's rule)
+        raise ConfigError(f"{at}: a {role} message needs 'content' (a string or text parts)",
+                          key="messages")
+    out: dict[str, Any] = {"role": role, "content": message_text(content, at)}
     for key in ("name", "tool_call_id"):
         value = message.get(key)
         if value is not None:
