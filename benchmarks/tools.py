@@ -173,7 +173,7 @@ FORMAT_MARKERS = {"hermes": ("<tool_call>\n", "\n</tool_call>"), "fenced": ("```
 
 
 def _tool_format(name: str) -> Any:
-    from structgen.frontends.tools import TaggedFormat, register_tool_format, tool_format
+    from structgen.calls.formats import TaggedFormat, register_tool_format, tool_format
 
     if name == "fenced":  # (registering again replaces the same format)
         register_tool_format(TaggedFormat("fenced", "```json", "```", padding="\n", separator="\n"))
@@ -336,9 +336,9 @@ def mask_costs(repeats: int) -> dict[str, Any]:
     import torch
     from transformers import LogitsProcessor, LogitsProcessorList
 
+    from structgen.calls.plan import plan_output
     from structgen.frontends.constraint import compile_constraint
     from structgen.generation.model_store import load_tokenizer
-    from structgen.generation.tool_calls import plan_output
     from structgen.integrations import StructgenLogitsProcessor
     from structgen.masks.matcher import Matcher, bitmask_words
     from structgen.masks.vocab import Vocabulary

@@ -352,7 +352,7 @@ class GenerationOptions:
     tool_format: the call format (``hermes_json``, ``hermes``, ``json``, ``llama3``,
         ``mistral``, or a registered one), for ``structgen generate`` and ``structgen serve``;
         None = detected from the model's chat template and tokenizer
-        (:func:`structgen.frontends.tools.detect_tool_format`; ``hermes_json`` when they show
+        (:func:`structgen.calls.formats.detect_tool_format`; ``hermes_json`` when they show
         nothing).
     reasoning: free text inside ``<think>...</think>`` first, then the constrained answer.
     thinking_budget: tokens of reasoning after which ``</think>`` is forced; None = no cap.

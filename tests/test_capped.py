@@ -13,7 +13,7 @@ import itertools
 
 import pytest
 
-from structgen.frontends.triggered import Region, TriggeredGrammar, body_grammar, compile_triggered
+from structgen.calls.triggered import Region, TriggeredGrammar, body_grammar, compile_triggered
 from structgen.masks.capped import CappedMatcher
 from structgen.masks.matcher import Matcher
 from structgen.masks.vocab import Vocabulary

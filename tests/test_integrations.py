@@ -484,7 +484,7 @@ def test_processor_free_text_sets_only_the_forbidden_logits(tokenizer_by_alias) 
     few forbidden logits; at every step its output equals the scores masked with the
     matcher's whole mask (oracle: a separate matcher's allowed ids), in a copy by default
     and in place with inplace=True."""
-    from structgen.frontends.triggered import Region, TriggeredGrammar, body_grammar, compile_triggered
+    from structgen.calls.triggered import Region, TriggeredGrammar, body_grammar, compile_triggered
 
     tok = tokenizer_by_alias("gpt2")
     region = Region("<tool_call>", body_grammar("json", {"type": "object", "properties": {
@@ -521,7 +521,7 @@ def test_processor_free_text_sets_only_the_forbidden_logits(tokenizer_by_alias) 
 
 
 def _free_text_grammar():
-    from structgen.frontends.triggered import Region, TriggeredGrammar, body_grammar, compile_triggered
+    from structgen.calls.triggered import Region, TriggeredGrammar, body_grammar, compile_triggered
 
     region = Region("<tool_call>", body_grammar("json", {"type": "object", "properties": {
         "n": {"type": "integer"}}, "required": ["n"]}), "</tool_call>")

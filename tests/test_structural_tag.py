@@ -1,4 +1,4 @@
-"""Structural tags (structgen.frontends.structural_tag): the language of each format, checked
+"""Structural tags (structgen.calls.structural_tag): the language of each format, checked
 against hand-written cases and, for tool calls, against an independent parser (a regular
 expression for the tag frame and ``jsonschema`` for the arguments) over random walks."""
 
@@ -11,8 +11,8 @@ import re
 import jsonschema
 import pytest
 
+from structgen.calls.structural_tag import compile_structural_tag
 from structgen.errors import ConfigError, UnsupportedFeatureError
-from structgen.frontends.structural_tag import compile_structural_tag
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                             "unit": {"enum": ["c", "f"]}},

@@ -1,4 +1,4 @@
-"""Streaming tool calls (:class:`~structgen.generation.tool_calls.CallStream`): for outputs in
+"""Streaming tool calls (:class:`~structgen.calls.plan.CallStream`): for outputs in
 every built-in format, cut into deltas at every place (and token by token), the streamed
 content joined equals the content :meth:`OutputPlan.split` gives for the whole output, and each
 streamed call (id and name once, then its arguments in pieces) joined equals the call split()
@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from structgen.generation.tool_calls import CallStream, plan_output
+from structgen.calls.plan import CallStream, plan_output
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "parameters": {
@@ -98,7 +98,7 @@ def test_no_stream_for_reasoning_or_custom_formats() -> None:
 
 
 def _output_stream(plan, pieces: list[str]):
-    from structgen.generation.tool_calls import OutputStream
+    from structgen.calls.plan import OutputStream
 
     s = OutputStream(plan)
     events = []
@@ -128,7 +128,7 @@ def test_output_stream_with_reasoning_equals_the_split(fmt: str | None) -> None:
     """Reasoning, then the answer (calls in each built-in format, or any text): the joined
     events at every cut equal split() of the whole output; and the same plans without
     reasoning, and a format read only whole (its events come at the end)."""
-    from structgen.frontends.tools import TaggedFormat
+    from structgen.calls.formats import TaggedFormat
 
     answers = OUTPUTS[fmt] if fmt else ["The answer is 42.  ", "", "  {\"x\": 1}"]
     plans = [plan_output(tools=TOOLS if fmt else None, tool_format=fmt, reasoning=True)]
@@ -157,7 +157,7 @@ def test_output_stream_with_reasoning_equals_the_split(fmt: str | None) -> None:
 
 def test_output_stream_holds_back_a_partial_end_marker() -> None:
     plan = plan_output(schema={"type": "object"}, reasoning=True)
-    from structgen.generation.tool_calls import OutputStream
+    from structgen.calls.plan import OutputStream
 
     s = OutputStream(plan)
     assert s.feed("<think>Hmm </") == [("reasoning", "Hmm")]

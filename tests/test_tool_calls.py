@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from structgen.calls.formats import normalize_tools, tool_choice_name, tool_format, tool_from
+from structgen.calls.plan import plan_output
 from structgen.errors import ConfigError
-from structgen.frontends.tools import normalize_tools, tool_choice_name, tool_format, tool_from
-from structgen.generation.tool_calls import plan_output
 from structgen.masks.matcher import Matcher
 from structgen.masks.vocab import Vocabulary
 

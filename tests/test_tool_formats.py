@@ -24,8 +24,7 @@ from _servers import running  # noqa: E402
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from structgen.errors import ConfigError
-from structgen.frontends.tools import (
+from structgen.calls.formats import (
     JSON_CALL_MAX_WHITESPACE,
     detect_tool_format,
     format_for_template,
@@ -33,7 +32,8 @@ from structgen.frontends.tools import (
     starts_json_call,
     tool_format,
 )
-from structgen.generation.tool_calls import OutputStream, plan_output
+from structgen.calls.plan import OutputStream, plan_output
+from structgen.errors import ConfigError
 from structgen.masks.matcher import Matcher
 from structgen.masks.vocab import Vocabulary
 

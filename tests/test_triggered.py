@@ -1,4 +1,4 @@
-"""Triggered grammars (structgen.frontends.triggered) at the token level.
+"""Triggered grammars (structgen.calls.triggered) at the token level.
 
 Oracle: an independent byte-level recogniser of the definition in the module docstring,
 written here with Python's ``re`` for region bodies; every string over a small alphabet is
@@ -15,7 +15,7 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from structgen.frontends.triggered import (
+from structgen.calls.triggered import (
     Region,
     TriggeredGrammar,
     body_grammar,

@@ -48,7 +48,7 @@ class GenerationResult:
     ``on_budget="cut"``); stats: :class:`~structgen.generation.loop.GenerationStats`.
     With ``tools=`` or ``reasoning=True``: ``text`` is the answer's free text (calls and
     reasoning removed; the whole output is ``extra["raw_text"]``), ``tool_calls`` the
-    validated :class:`~structgen.generation.tool_calls.ToolCall` list, ``reasoning`` the text
+    validated :class:`~structgen.calls.plan.ToolCall` list, ``reasoning`` the text
     inside the thinking markers.
     logprobs (with ``logprobs=True``): one
     :class:`~structgen.generation.results.TokenLogprob` per token of ``tokens`` (EOS
@@ -268,8 +268,8 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
     Tool calling (one request): ``tools`` (OpenAI function specs, Pydantic model classes or
     Python functions) are passed to the chat template and the output may call them in the
     model family's format (``tool_format``, default
-    :func:`~structgen.frontends.tools.detect_tool_format` of the chat template and tokenizer;
-    see :mod:`structgen.frontends.tools`): ``tool_choice`` ``"auto"`` (text and/or calls),
+    :func:`~structgen.calls.formats.detect_tool_format` of the chat template and tokenizer;
+    see :mod:`structgen.calls.formats`): ``tool_choice`` ``"auto"`` (text and/or calls),
     ``"required"`` (only calls, at least one), ``"none"`` (no call) or ``{"name": ...}`` (a
     call of that tool); ``parallel_tool_calls=False`` allows at most one call. Every call's
     arguments are valid against its tool's schema. ``tools`` with ``schema``/``grammar``/
@@ -340,7 +340,7 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
 def _generate_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_model: Any, *,
                          schema: Any, logprobs: int | None = None, **plan_kw: Any) -> GenerationResult:
     """:func:`generate` with tools and/or reasoning: one triggered grammar
-    (:func:`~structgen.generation.tool_calls.plan_output`), the output split into its parts."""
+    (:func:`~structgen.calls.plan.plan_output`), the output split into its parts."""
     from structgen.generation.loop import run_sequence
 
     gen = opts.generation
@@ -360,9 +360,9 @@ def _plan_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_mod
     """(model, vocabulary, draft model, prompt ids, their :func:`conversation_prefix`,
     :class:`OutputPlan`) of a request with tools and/or reasoning: the model loaded, the prompt
     rendered with the tools, the grammar planned."""
-    from structgen.frontends.tools import normalize_tools
+    from structgen.calls.formats import normalize_tools
+    from structgen.calls.plan import plan_output
     from structgen.generation.model import check_context, load_model, vocabulary_for
-    from structgen.generation.tool_calls import plan_output
 
     gen = opts.generation
     template_tools = [t.openai() for t in normalize_tools(tools)] or None  # bad specs fail early
@@ -754,9 +754,9 @@ def _stream_partial(batches: Iterator[tuple[str, list[Any], Any, Any]]) -> Itera
 def _stream_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_model: Any, *,
                        schema: Any, **plan_kw: Any) -> Iterator[StreamEvent]:
     """:func:`stream` with tools and/or reasoning: the events of
-    :class:`~structgen.generation.tool_calls.OutputStream`, then the result."""
+    :class:`~structgen.calls.plan.OutputStream`, then the result."""
+    from structgen.calls.plan import OutputStream
     from structgen.generation.loop import _sequence_result, stream_sequence
-    from structgen.generation.tool_calls import OutputStream
 
     gen = opts.generation
     lm, vocab, draft_lm, ids, shared, plan = _plan_structured(model, tokenizer, item, opts, draft_model,

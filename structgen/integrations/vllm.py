@@ -8,7 +8,7 @@ Three pieces, all loaded by vLLM itself in each of its processes:
   with structgen's exactness: canonical JSON strings, strict objects (no undeclared keys),
   and a typed refusal (vLLM's validation error, an HTTP 400 from its server) for a schema
   structgen cannot enforce instead of a silently widened one. Structural tags (what vLLM's
-  tool parsers send for tool calls) are compiled by :mod:`structgen.frontends.structural_tag`;
+  tool parsers send for tool calls) are compiled by :mod:`structgen.calls.structural_tag`;
   GBNF/EBNF grammars are refused with a message saying what to send instead.
 * **grammar-forced drafts** (:class:`GrammarDraftScheduler`): before each step the scheduler
   proposes, for every structured request, the tokens the grammar alone determines from its
@@ -250,7 +250,7 @@ class _Compiler:
             value = spec
         options = JsonSchemaOptions(strict=self.strict)
         if kind == "structural_tag":
-            from structgen.frontends.structural_tag import compile_structural_tag
+            from structgen.calls.structural_tag import compile_structural_tag
 
             grammar = compile_structural_tag(value, json_options=options)
         else:

@@ -53,6 +53,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from structgen.calls.plan import OutputStream
 from structgen.errors import (
     CompileLimitError,
     ConfigError,
@@ -60,7 +61,6 @@ from structgen.errors import (
     SchemaError,
     StructgenError,
 )
-from structgen.generation.tool_calls import OutputStream
 from structgen.serving.engine import (
     ChoiceResult,
     Engine,

@@ -109,7 +109,7 @@ class EngineRequest:
     n: int = 1
     on_budget: str | None = None
     timeout_s: float | None = None
-    # tool calling (structgen.generation.tool_calls): OpenAI function specs, the choice
+    # tool calling (structgen.calls.plan): OpenAI function specs, the choice
     tools: list[Any] | None = None
     tool_choice: Any = "auto"
     parallel_tool_calls: bool = True
@@ -366,8 +366,8 @@ class Engine:
     (:mod:`structgen.serving.compile_workers`; 0: on the preparation threads). ``on_result`` is called on
     the scheduler thread with every finished :class:`ChoiceResult` (metrics). ``tool_format``:
     the call format of requests with tools (a registered name or
-    :class:`~structgen.frontends.tools.ToolFormat`; None: what
-    :func:`~structgen.frontends.tools.detect_tool_format` finds for the model). Call
+    :class:`~structgen.calls.formats.ToolFormat`; None: what
+    :func:`~structgen.calls.formats.detect_tool_format` finds for the model). Call
     :meth:`start` before submitting, :meth:`close` at the end.
     """
 
@@ -396,7 +396,7 @@ class Engine:
         self.draft_lm = draft_lm
         self.on_result = on_result
         if tool_format is not None:  # an unknown name fails here, not on the first request
-            from structgen.frontends.tools import tool_format as get_format
+            from structgen.calls.formats import tool_format as get_format
 
             get_format(tool_format)
         self.tool_format = tool_format
@@ -647,8 +647,8 @@ class Engine:
         vocab = self.vocab
         new_matcher = None
         if req.tools or req.reasoning:
-            from structgen.frontends.tools import normalize_tools
-            from structgen.generation.tool_calls import plan_output
+            from structgen.calls.formats import normalize_tools
+            from structgen.calls.plan import plan_output
 
             c = req.constraint  # with tools: the output is calls or this answer
             template_tools = [t.openai() for t in normalize_tools(req.tools)] if req.tools else None

@@ -158,7 +158,7 @@ class _Common(_Model):
 class ChatCompletionRequest(_Common):
     """``POST /v1/chat/completions``. ``max_completion_tokens`` is the newer name of
     ``max_tokens`` (either may be given). ``tools`` (OpenAI function specs) / ``tool_choice`` /
-    ``parallel_tool_calls``: tool calling (:mod:`structgen.generation.tool_calls`); the answer
+    ``parallel_tool_calls``: tool calling (:mod:`structgen.calls.plan`); the answer
     carries ``message.tool_calls`` whose arguments validate against their tool's schema.
     ``reasoning`` (a structgen extension, ``extra_body`` in the OpenAI client): the model thinks
     freely inside ``<think>...</think>`` first (``thinking_budget`` tokens at most), then

@@ -63,9 +63,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import Field
 
+from structgen.calls.plan import OutputStream
 from structgen.config import MAX_COUNT
 from structgen.errors import ConfigError, RequestCancelledError, StructgenError
-from structgen.generation.tool_calls import OutputStream
 from structgen.serving.engine import ChoiceResult, Engine, EngineRequest, RequestHandle
 from structgen.serving.protocol import (
     ChatMessage,

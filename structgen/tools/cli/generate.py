@@ -309,7 +309,7 @@ def _tool_options(gen: Any) -> dict[str, Any]:
         tools = data.get("tools") if isinstance(data, dict) else data
         if not isinstance(tools, list) or not tools:
             raise _Usage(f"--tools {gen.tools}: expected a non-empty JSON list of tool specs")
-        from structgen.frontends.tools import normalize_tools, tool_choice_name
+        from structgen.calls.formats import normalize_tools, tool_choice_name
 
         try:
             normalized = normalize_tools(tools)

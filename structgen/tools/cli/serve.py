@@ -57,7 +57,7 @@ def _allowed_hosts(args: argparse.Namespace) -> tuple[str, ...]:
 def _tool_format(args: argparse.Namespace, gen: Any) -> str | None:
     """The call format of requests with tools: ``--tool-format``, else ``generation.tool_format``
     of ``--config``, else None (detected from the model); an unknown name is a usage error."""
-    from structgen.frontends.tools import tool_format
+    from structgen.calls.formats import tool_format
 
     name = getattr(args, "tool_format", None) or gen.tool_format
     if name is None:

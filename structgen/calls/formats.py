@@ -7,7 +7,7 @@ Python functions (the signature's annotations and defaults, the docstring's firs
 and its ``Args:`` lines): :func:`tool_from`.
 
 A *format* (:class:`ToolFormat`) says how a model family writes calls. It builds the grammar of
-an output for a ``tool_choice`` -- a :class:`~structgen.frontends.triggered.TriggeredGrammar`
+an output for a ``tool_choice`` -- a :class:`~structgen.calls.triggered.TriggeredGrammar`
 where calls are triggered regions in free text -- and parses an output back into text and
 calls. The call envelope (``{"name": "...", "arguments": ...}``) is written with the spacing
 the family's chat template shows; the name is one of the given tools' names and the
@@ -56,9 +56,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from structgen.calls.triggered import Region, TriggeredGrammar, body_grammar, triggered_to_grammar
 from structgen.errors import ConfigError
 from structgen.frontends.json_schema.source import is_model_class, model_schema
-from structgen.frontends.triggered import Region, TriggeredGrammar, body_grammar, triggered_to_grammar
 from structgen.grammar import ir
 from structgen.grammar.passes import prefixed_grammar
 
@@ -311,7 +311,7 @@ class TaggedFormat(ToolFormat):
     def triggered(self, tools: Sequence[Tool], choice: str, parallel: bool,
                   json_options: JsonSchemaOptions | None = None, *,
                   free_text: ir.Expr | None = None) -> TriggeredGrammar:
-        """The :class:`~structgen.frontends.triggered.TriggeredGrammar` :meth:`grammar` lowers;
+        """The :class:`~structgen.calls.triggered.TriggeredGrammar` :meth:`grammar` lowers;
         ``free_text``: a regular expression every stretch of free text must also match (the
         union format uses it to keep free text from starting like a JSON call)."""
         body = self.call_body(tools, json_options)

@@ -17,7 +17,7 @@ defined and vLLM sends as ``structured_outputs.structural_tag``) nests these for
   nothing else;
 * ``triggered_tags`` (``triggers``, ``tags``, ``at_least_one``, ``stop_after_first``,
   ``excludes``): free text in which a tag opens where one of its triggers (a prefix of the tag's
-  begin) first occurs (:mod:`structgen.frontends.triggered`).
+  begin) first occurs (:mod:`structgen.calls.triggered`).
 
 Anything else (``grammar`` in EBNF, ``token_triggered_tags``, a ``style`` other than ``json``,
 ``any_order``) is refused with :class:`~structgen.errors.UnsupportedFeatureError` naming the
@@ -29,8 +29,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from structgen.calls.triggered import Region, TriggeredGrammar, body_grammar, triggered_to_grammar
 from structgen.errors import ConfigError, UnsupportedFeatureError
-from structgen.frontends.triggered import Region, TriggeredGrammar, body_grammar, triggered_to_grammar
 from structgen.grammar import ir
 from structgen.grammar.passes import prefixed_grammar
 

@@ -3,7 +3,7 @@ parts of its result.
 
 * :func:`plan_output` turns the call's ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` /
   ``reasoning`` and constraint (a schema, Lark grammar or regex, or none) into one compiled
-  triggered grammar (:mod:`structgen.frontends.triggered`) plus what is needed to read the
+  triggered grammar (:mod:`structgen.calls.triggered`) plus what is needed to read the
   output back (an :class:`OutputPlan`);
 * :meth:`OutputPlan.split` splits an output into ``reasoning``, free ``text`` and validated
   ``tool_calls`` (:class:`ToolCall`).
@@ -197,8 +197,8 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
                 start: str = "start", strict: bool = True,
                 thinking_budget: int | None = None, tokenizer: Any = None) -> OutputPlan:
     """The grammar and reading of one output (see the module docstring). ``tool_format``:
-    a registered name or :class:`~structgen.frontends.tools.ToolFormat` (default: what
-    :func:`~structgen.frontends.tools.detect_tool_format` finds in ``chat_template`` and
+    a registered name or :class:`~structgen.calls.formats.ToolFormat` (default: what
+    :func:`~structgen.calls.formats.detect_tool_format` finds in ``chat_template`` and
     ``tokenizer``). ``tools`` with one of ``schema``/``grammar``/``regex``: the output is
     either calls or the answer in the constraint's language (module docstring).
     ``prompt_text``: the prompt, to tell whether the template already opened the thinking
@@ -206,10 +206,10 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
     the opening marker) have been generated without ``</think>``, the output must write
     ``</think>`` next. Raises :class:`~structgen.errors.ConfigError` for more than one
     constraint, a bad ``tool_choice`` or tool spec."""
+    from structgen.calls.formats import detect_tool_format, normalize_tools, tool_choice_name
+    from structgen.calls.formats import tool_format as get_format
+    from structgen.calls.triggered import Region, TriggeredGrammar, body_grammar, compile_triggered
     from structgen.config import JsonSchemaOptions
-    from structgen.frontends.tools import detect_tool_format, normalize_tools, tool_choice_name
-    from structgen.frontends.tools import tool_format as get_format
-    from structgen.frontends.triggered import Region, TriggeredGrammar, body_grammar, compile_triggered
     from structgen.grammar import ir
     from structgen.grammar.compiler import compile_grammar
 
@@ -246,7 +246,7 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
         if constraint is None:
             answer = fmt.grammar(used, choice, parallel_tool_calls, options)
         elif choice != "none":  # calls only, or (auto) calls or the answer
-            from structgen.frontends.tools import either_grammar
+            from structgen.calls.formats import either_grammar
 
             calls = fmt.grammar(used, "required", parallel_tool_calls, options)
             answer = calls if choice == "required" else either_grammar(calls, constraint)
@@ -339,7 +339,7 @@ def _literal_at(text: str, pos: int, literal: str) -> int:
 
 def _scan_call(text: str, pos: int, key: str) -> tuple[_Call | None, int]:
     """Read the call envelope ``{"name": <string>, "<key>": <arguments>}`` (what
-    :meth:`~structgen.frontends.tools.ToolFormat.call_body` writes) at ``pos``: the call so far
+    :meth:`~structgen.calls.formats.ToolFormat.call_body` writes) at ``pos``: the call so far
     and the position after it (-1: unfinished; (None, -2): the text is not that envelope)."""
     head, sep = '{"name": ', f', "{key}": '
     at = _literal_at(text, pos, head)
@@ -381,7 +381,7 @@ def _held_marker_prefix(text: str, marker: str) -> int:
 
 def _read_calls(fmt: Any, text: str, final: bool) -> tuple[str, list[_Call]] | None:
     """:meth:`CallStream.read` for the format ``fmt``."""
-    from structgen.frontends.tools import HermesJsonFormat, JsonCallFormat, Llama3JsonFormat, MistralFormat
+    from structgen.calls.formats import HermesJsonFormat, JsonCallFormat, Llama3JsonFormat, MistralFormat
 
     if isinstance(fmt, HermesJsonFormat):
         body = text.lstrip(_JSON_WS)
@@ -596,7 +596,7 @@ class CallStream:
     def for_plan(cls, plan: OutputPlan) -> CallStream | None:
         """A stream reader for outputs of ``plan``, or None where the output can only be read
         once complete (no tools, reasoning, a format other than the built-in ones)."""
-        from structgen.frontends.tools import (
+        from structgen.calls.formats import (
             HermesJsonFormat,
             JsonCallFormat,
             Llama3JsonFormat,
