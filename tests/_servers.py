@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 
@@ -36,3 +37,25 @@ def running(app: Any, *, timeout: float = 60.0) -> Iterator[str]:
     finally:
         srv.should_exit = True
         th.join(timeout)
+
+
+@contextmanager
+def tiny_server(tok: Any, *, api_key: str, **engine_kw: Any) -> Iterator[Any]:
+    """``structgen serve``'s app over a tiny random Llama on ``tok`` (tests/_tiny_lm.py), running:
+    yields ``url``, ``engine``, ``lm`` and an official ``openai`` client (no retries). Engine
+    options default to a small batch (4 rows, 16 queued, 40 tokens)."""
+    import openai
+    from _tiny_lm import build_tiny_llama
+
+    from structgen.generation.model import CausalLM
+    from structgen.serving.app import create_app
+    from structgen.serving.engine import Engine
+
+    lm = CausalLM(build_tiny_llama(tok, "random"), tok)
+    options = {"max_running": 4, "max_queued": 16, "default_max_tokens": 40, "compile_workers": 2,
+               **engine_kw}
+    engine = Engine(lm, **options)
+    app = create_app(engine, model_name="tiny", api_key=api_key, max_body_bytes=100_000)
+    with running(app) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key=api_key, max_retries=0, timeout=120)
+        yield SimpleNamespace(url=url, engine=engine, lm=lm, client=client)

@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import time
-from types import SimpleNamespace
 
 import jsonschema
 import pytest
@@ -26,7 +25,7 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from _servers import running  # noqa: E402
+from _servers import tiny_server  # noqa: E402
 
 pydantic = pytest.importorskip("pydantic")
 
@@ -56,20 +55,8 @@ class City(pydantic.BaseModel):
 
 @pytest.fixture(scope="module")
 def server(tokenizer_by_alias):
-    from _tiny_lm import build_tiny_llama
-
-    from structgen.generation.model import CausalLM
-    from structgen.serving.app import create_app
-    from structgen.serving.engine import Engine
-
-    tok = tokenizer_by_alias("gpt2")
-    lm = CausalLM(build_tiny_llama(tok, "random"), tok)
-    engine = Engine(lm, max_running=4, max_queued=16, default_max_tokens=40, compile_workers=2)
-    app = create_app(engine, model_name="tiny", api_key=KEY, max_body_bytes=100_000)
-    with running(app) as url:
-        yield SimpleNamespace(url=url, engine=engine, lm=lm,
-                              client=openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0,
-                                                    timeout=120))
+    with tiny_server(tokenizer_by_alias("gpt2"), api_key=KEY) as srv:
+        yield srv
 
 
 @pytest.fixture

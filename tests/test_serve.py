@@ -31,7 +31,7 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from _servers import free_port, running  # noqa: E402
+from _servers import free_port, tiny_server  # noqa: E402
 
 import structgen  # noqa: E402
 
@@ -61,20 +61,8 @@ GRAMMAR = 'start: "SELECT " COL ("," COL)* " FROM t"\nCOL: /[a-z]{1,6}/\n'
 
 @pytest.fixture(scope="module")
 def server(tokenizer_by_alias):
-    from _tiny_lm import build_tiny_llama
-
-    from structgen.generation.model import CausalLM
-    from structgen.serving.app import create_app
-    from structgen.serving.engine import Engine
-
-    tok = tokenizer_by_alias("gpt2")
-    lm = CausalLM(build_tiny_llama(tok, "random"), tok)
-    engine = Engine(lm, max_running=4, max_queued=16, default_max_tokens=40, compile_workers=2)
-    app = create_app(engine, model_name="tiny", api_key=KEY, max_body_bytes=100_000)
-    with running(app) as url:
-        yield SimpleNamespace(url=url, engine=engine, lm=lm,
-                              client=openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0,
-                                                    timeout=120))
+    with tiny_server(tokenizer_by_alias("gpt2"), api_key=KEY) as srv:
+        yield srv
 
 
 def _fmt(schema: dict) -> dict:
