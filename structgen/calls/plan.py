@@ -27,6 +27,13 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from structgen.calls.formats import (
+    _FENCE_CLOSE,
+    _FENCE_OPEN,
+    _JSON_WHITESPACE,
+    _skip_whitespace,
+    starts_json_call,
+)
 from structgen.errors import ConfigError
 
 __all__ = ["CallStream", "OutputPlan", "OutputStream", "ToolCall", "plan_output"]
@@ -384,10 +391,10 @@ def _read_calls(fmt: Any, text: str, final: bool) -> tuple[str, list[_Call]] | N
     from structgen.calls.formats import HermesJsonFormat, JsonCallFormat, Llama3JsonFormat, MistralFormat
 
     if isinstance(fmt, HermesJsonFormat):
-        body = text.lstrip(_JSON_WS)
-        if not body or (not final and "```json".startswith(body)):
+        body = text.lstrip(_JSON_WHITESPACE)
+        if not body or (not final and _FENCE_OPEN.startswith(body)):
             return "", []  # whitespace, or what may still become a fence: not known yet
-        inner = fmt.json_format if body.startswith(("{", "```json")) else fmt.tagged
+        inner = fmt.json_format if starts_json_call(body) else fmt.tagged
         return _read_calls(inner, text, final)
     if isinstance(fmt, JsonCallFormat):
         return _read_json_calls(text, final, fmt.arguments_key)
@@ -491,8 +498,8 @@ def _read_tagged(text: str, final: bool, begin: str, end: str, key: str) -> tupl
 def _read_json_calls(text: str, final: bool, key: str) -> tuple[str, list[_Call]] | None:
     """The JSON call format: the reply is calls (bare or fenced objects, whitespace between)
     when it starts with ``{`` or a fence, else text."""
-    fence, close = "```json", "```"
-    body_at = _skip_ws(text, 0)
+    fence, close = _FENCE_OPEN, _FENCE_CLOSE
+    body_at = _skip_whitespace(text, 0)
     body = text[body_at:]
     if not body or (not final and fence.startswith(body)):
         return "", []
@@ -506,7 +513,7 @@ def _read_json_calls(text: str, final: bool, key: str) -> tuple[str, list[_Call]
             if fence.startswith(text[pos:]):  # the next fence, or trailing whitespace, so far
                 return "", calls
             return None
-        p = _skip_ws(text, pos + len(fence)) if fenced else pos
+        p = _skip_whitespace(text, pos + len(fence)) if fenced else pos
         if p >= len(text):
             return "", calls
         call, nxt = _scan_loose_call(text, p, key)
@@ -516,23 +523,14 @@ def _read_json_calls(text: str, final: bool, key: str) -> tuple[str, list[_Call]
         if nxt < 0:
             return "", calls
         if fenced:
-            nxt = _skip_ws(text, nxt)
+            nxt = _skip_whitespace(text, nxt)
             at = _literal_at(text, nxt, close)
             if at <= 0:
                 return ("", calls) if at == 0 else None
             nxt += len(close)
-        pos = _skip_ws(text, nxt)
+        pos = _skip_whitespace(text, nxt)
         if pos >= len(text):
             return "", calls
-
-
-_JSON_WS = " \t\n\r"
-
-
-def _skip_ws(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos] in _JSON_WS:
-        pos += 1
-    return pos
 
 
 def _scan_loose_call(text: str, pos: int, key: str) -> tuple[_Call | None, int]:
@@ -544,7 +542,7 @@ def _scan_loose_call(text: str, pos: int, key: str) -> tuple[_Call | None, int]:
     p = pos
     for step in ("{", '"name"', ":", None, ",", f'"{key}"', ":", "", "}"):
         if p > pos:
-            p = _skip_ws(text, p)
+            p = _skip_whitespace(text, p)
         if p >= len(text):
             return _Call(name, args, False), -1
         if step is None:  # the name

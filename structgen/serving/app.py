@@ -405,12 +405,11 @@ def _chat_message(handle: RequestHandle, r: ChoiceResult) -> dict[str, Any]:
     """``{"message", "finish_reason"}`` of a chat choice: with tools, a complete output split
     into its free text and its validated calls (``finish_reason`` ``"tool_calls"`` when it
     has any)."""
-    plan = handle.plan
-    if plan is None or not r.complete:
+    if r.parts is None:
         return {"message": {"role": "assistant", "content": r.text}, "finish_reason": r.finish_reason}
-    thought, text, calls, _errors = plan.split(r.text)  # constrained calls parse and validate
+    thought, text, calls, _errors = r.parts
     message: dict[str, Any] = {"role": "assistant", "content": text or None}
-    if plan.reasoning:
+    if handle.plan.reasoning:
         message["reasoning_content"] = thought
     if calls:
         message["tool_calls"] = [c.openai() for c in calls]

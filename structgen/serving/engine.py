@@ -142,6 +142,9 @@ class ChoiceResult:
     # "valid" / "invalid" / "incomplete" against the request's constraint; None: plain text,
     # or cancelled (structgen.serving.validity)
     validity: str | None = None
+    # a complete output of a request with tools or reasoning, read once by its plan
+    # (OutputPlan.split): (reasoning, answer text, tool calls, errors); the routes answer from it
+    parts: tuple[Any, ...] | None = None
 
     @property
     def complete(self) -> bool:
@@ -866,7 +869,9 @@ class Engine:
                            error, logprobs=s.lp_sent)
         self.counters.requests[reason] = self.counters.requests.get(reason, 0) + 1
         try:
-            res.validity = judge_output(s.handle.output_check, reason, s.text, s.handle.plan)
+            if s.handle.plan is not None and is_complete(reason):
+                res.parts = s.handle.plan.split(s.text)  # constrained calls parse and validate
+            res.validity = judge_output(s.handle.output_check, reason, s.text, res.parts)
         except Exception:  # noqa: BLE001 - a verdict that cannot be reached is not a valid output
             res.validity = "invalid"
         if res.validity is not None:

@@ -389,7 +389,7 @@ async def _answer(request: Request, engine: Engine, model_name: str, support: Ro
     r = results[0]
     if r.reason == "error":
         raise support.error(500, f"generation failed: {r.error}", type="server_error", code="internal_error")
-    return _JSON(shape.finished(_output(handle, r), handle, r))
+    return _JSON(shape.finished(_output(r), handle, r))
 
 
 class _JSON(JSONResponse):
@@ -417,14 +417,13 @@ def _call_item(call_id: str, name: str, arguments: str, status: str) -> dict[str
             "arguments": arguments, "status": status}
 
 
-def _output(handle: RequestHandle, r: ChoiceResult) -> list[dict[str, Any]]:
+def _output(r: ChoiceResult) -> list[dict[str, Any]]:
     """The output items of a finished choice: with tools, a complete output split into its
     free text (a message, if any) and its validated calls, as the chat route splits it."""
     status = "completed" if r.finish_reason != "length" else "incomplete"
-    plan = handle.plan
-    if plan is None or not r.complete:
+    if r.parts is None:
         return [_message_item(r.text, status)]
-    _thought, text, calls, _errors = plan.split(r.text)  # constrained calls parse and validate
+    _thought, text, calls, _errors = r.parts
     items = [_message_item(text, status)] if text or not calls else []
     for call in calls:
         items.append(_call_item(call.id, call.name, call.openai()["function"]["arguments"], status))

@@ -45,16 +45,17 @@ def output_check(constraint_kind: str, *, unconstrained: bool, tools: bool, reas
     return "complete"
 
 
-def judge_output(check: str | None, reason: str, text: str, plan: Any = None) -> str | None:
+def judge_output(check: str | None, reason: str, text: str, parts: Any = None) -> str | None:
     """The verdict on one finished output (see the module docstring): ``check`` from
-    :func:`output_check`, ``reason`` the engine's finish reason, ``plan`` the request's
-    tool-calling plan (None without tools or reasoning). None: not judged."""
+    :func:`output_check`, ``reason`` the engine's finish reason, ``parts`` the output as the
+    request's tool-calling plan read it (``OutputPlan.split``; None without tools or
+    reasoning). None: not judged."""
     if check is None or reason in ("cancelled", "error"):
         return None
     if not is_complete(reason):
         return "incomplete"
-    if plan is not None:
-        _thought, text, calls, errors = plan.split(text)
+    if parts is not None:
+        _thought, text, calls, errors = parts
         if errors:
             return "invalid"
         if calls and not text.strip():  # the answer is the calls, checked above
