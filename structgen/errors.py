@@ -77,8 +77,13 @@ class SchemaError(StructgenError, ValueError):
     """The JSON Schema itself is malformed (bad JSON, wrong keyword type, unknown $ref, ...).
 
     ``pointer`` is the JSON pointer (RFC 6901) of the offending schema location and
-    ``keyword`` the keyword concerned, when known.
+    ``keyword`` the keyword concerned, when known. A schema that came from a tool's
+    ``parameters`` names the tool in ``tool``, and ``param`` says where the request gave it
+    (``tools[2].function.parameters``); both None for the answer's own schema.
     """
+
+    tool: str | None = None
+    param: str | None = None
 
     def __init__(self, message: str, *, pointer: str = "", keyword: str | None = None) -> None:
         self.pointer = pointer

@@ -442,3 +442,16 @@ def test_readme_weather_example_default_model(model_dir_by_alias) -> None:
     assert r.error is None, (r.extra.get("raw_text"), r.error)
     assert [(c.name, c.arguments) for c in r.tool_calls] == [("get_weather", {"city": "Oslo"})], \
         r.extra.get("raw_text")
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "json", "hermes_json", "llama3", "mistral"])
+def test_a_bad_tool_schema_names_the_tool(fmt: str) -> None:
+    """A malformed ``parameters`` schema is a SchemaError that says which tool of the request
+    it is (``tools[i].function.parameters``), not the answer's schema."""
+    from structgen.errors import SchemaError
+
+    broken = {"type": "function", "function": {"name": "broken", "parameters": {"type": 3}}}
+    tools = [TOOLS[0].openai(), broken]
+    with pytest.raises(SchemaError) as info:
+        plan_output(tools=tools, tool_choice="auto", tool_format=fmt)
+    assert info.value.tool == "broken" and info.value.param == "tools[1].function.parameters"

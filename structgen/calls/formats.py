@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from structgen.calls.triggered import Region, TriggeredGrammar, body_grammar, triggered_to_grammar
-from structgen.errors import ConfigError
+from structgen.errors import ConfigError, SchemaError
 from structgen.frontends.json_schema.source import is_model_class, model_schema
 from structgen.grammar import ir
 from structgen.grammar.passes import prefixed_grammar
@@ -67,8 +67,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["DEFAULT_TOOL_FORMAT", "JSON_CALL_MAX_WHITESPACE", "TOOL_CHOICES", "TOOL_FORMATS",
            "HermesJsonFormat", "JsonCallFormat", "ParsedCalls", "TaggedFormat", "Tool", "ToolFormat",
-           "detect_tool_format", "either_grammar", "format_for_template", "normalize_tools",
-           "register_tool_format", "starts_json_call", "tool_choice_name", "tool_format", "tool_from"]
+           "arguments_grammar", "detect_tool_format", "either_grammar", "format_for_template",
+           "normalize_tools", "register_tool_format", "starts_json_call", "tool_choice_name", "tool_format",
+           "tool_from"]
 
 #: the ``tool_choice`` strings (a ``{"name": ...}`` dict names one tool)
 TOOL_CHOICES = ("auto", "required", "none")
@@ -237,6 +238,16 @@ class ParsedCalls:
     errors: list[str]
 
 
+def arguments_grammar(tool: Tool, json_options: JsonSchemaOptions | None = None) -> ir.Grammar:
+    """The grammar of ``tool``'s arguments (its ``parameters`` schema); a
+    :class:`~structgen.errors.SchemaError` names the tool (``SchemaError.tool``)."""
+    try:
+        return body_grammar("json", dict(tool.parameters), json_options=json_options)
+    except SchemaError as e:
+        e.tool = tool.name
+        raise
+
+
 class ToolFormat:
     """How one model family writes tool calls. Subclasses set :attr:`name` and implement
     :meth:`grammar` and :meth:`parse`; :meth:`call_body` builds the envelope of one call."""
@@ -255,7 +266,7 @@ class ToolFormat:
         rules: dict[str, ir.Expr] = {}
         alts = []
         for i, t in enumerate(tools):
-            args = body_grammar("json", dict(t.parameters), json_options=json_options)
+            args = arguments_grammar(t, json_options)
             rules.update(prefixed_grammar(args, f"t{i}."))
             head = json.dumps({"name": t.name}, ensure_ascii=False)[:-1] + f', "{self.arguments_key}": '
             alts.append(ir.seq(ir.lit(head), ir.ref(f"t{i}.{args.start}"), ir.lit("}")))
@@ -526,7 +537,7 @@ class JsonCallFormat(ToolFormat):
         rules: dict[str, ir.Expr] = {}
         alts = []
         for i, t in enumerate(tools):
-            args = body_grammar("json", dict(t.parameters), json_options=options)
+            args = arguments_grammar(t, options)
             rules.update(prefixed_grammar(args, f"t{i}."))
             # the arguments' own root allows whitespace around the value
             alts.append(ir.seq(ir.lit("{"), ws, ir.lit('"name"'), ws, ir.lit(":"), ws,

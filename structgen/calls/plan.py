@@ -34,7 +34,7 @@ from structgen.calls.formats import (
     _skip_whitespace,
     starts_json_call,
 )
-from structgen.errors import ConfigError
+from structgen.errors import ConfigError, SchemaError
 
 __all__ = ["CallStream", "OutputPlan", "OutputStream", "ToolCall", "plan_output"]
 
@@ -250,13 +250,19 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
         if tool_format is None:
             tool_format = detect_tool_format(tokenizer, chat_template)
         fmt = get_format(tool_format)
-        if constraint is None:
-            answer = fmt.grammar(used, choice, parallel_tool_calls, options)
-        elif choice != "none":  # calls only, or (auto) calls or the answer
-            from structgen.calls.formats import either_grammar
+        try:
+            if constraint is None:
+                answer = fmt.grammar(used, choice, parallel_tool_calls, options)
+            elif choice != "none":  # calls only, or (auto) calls or the answer
+                from structgen.calls.formats import either_grammar
 
-            calls = fmt.grammar(used, "required", parallel_tool_calls, options)
-            answer = calls if choice == "required" else either_grammar(calls, constraint)
+                calls = fmt.grammar(used, "required", parallel_tool_calls, options)
+                answer = calls if choice == "required" else either_grammar(calls, constraint)
+        except SchemaError as e:  # a tool's parameters: say which, where the request gave it
+            where = [i for i, t in enumerate(tool_list) if t.name == e.tool]
+            if where:
+                e.param = f"tools[{where[0]}].function.parameters"
+            raise
     if answer is None:
         answer = ir.Grammar({"text": ir.star(ir.ANY_BYTE)}, "text")
     both = {"choice": choice, "answer": constraint if fmt is not None else None, "calls": calls}

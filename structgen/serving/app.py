@@ -164,7 +164,7 @@ def _api_error(e: StructgenError) -> ApiError:
                         keyword=getattr(e, "keyword", None), pointer=getattr(e, "pointer", None))
     if isinstance(e, SchemaError):
         code = "unsupported_keyword" if type(e).__name__ == "UnsupportedFeatureError" else "invalid_schema"
-        return ApiError(400, str(e), param="response_format.json_schema.schema", code=code,
+        return ApiError(400, str(e), param=e.param or "response_format.json_schema.schema", code=code,
                         keyword=e.keyword, pointer=e.pointer)
     if isinstance(e, ConfigError):
         return ApiError(400, str(e), param=e.key, code="invalid_value")

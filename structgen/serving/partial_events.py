@@ -1,4 +1,4 @@
-"""``structgen serve``'s typed partial streaming extension (issue 41).
+"""``structgen serve``'s typed partial streaming extension.
 
 A streamed request with ``"stream_options": {"structgen_partial": true}`` and a JSON
 ``response_format`` (``json_schema`` or ``json_object``) gets, on each chunk of a choice,

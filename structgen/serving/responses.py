@@ -350,6 +350,8 @@ def _renamed(error: Exception) -> Exception:
     body = getattr(error, "body", None)
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         param = body["error"].get("param")
+        if isinstance(param, str) and param.endswith("].function.parameters"):  # flat tools here
+            param = param.replace("].function.parameters", "].parameters")
         body["error"]["param"] = _PARAM_NAMES.get(param, param)
     return error
 

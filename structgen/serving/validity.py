@@ -1,4 +1,4 @@
-"""Whether a served output is valid: the verdict ``/metrics`` counts (issue 39, item 6).
+"""Whether a served output is valid: the verdict ``/metrics`` counts.
 
 Only outputs that had something to match are judged: a request with ``response_format``
 json_schema / json_object / grammar / regex, tools, or reasoning. Plain chat (no
