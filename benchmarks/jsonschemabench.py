@@ -346,7 +346,7 @@ def escape_variants_main(args: argparse.Namespace, envelope: dict[str, Any]) -> 
         schema = row["schema"]
         total["schemas"] += 1
         try:
-            g = compile_json_schema(schema, compile_options=copts)
+            g = compile_json_schema(schema, compile_options=copts, for_generation=False)
         except StructgenError:
             total["compile_error"] += 1
             continue
@@ -490,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
         c["schemas"] += 1
         t0 = time.perf_counter()
         try:
-            g = compile_json_schema(schema, compile_options=copts, strict=args.strict)
+            g = compile_json_schema(schema, compile_options=copts, strict=args.strict,
+                                    for_generation=False)
         except StructgenError as e:
             c["compile_error"] += 1
             errors[keyword_of(e)] += 1

@@ -399,7 +399,7 @@ VALUES = ["0", "-1", "2.5", "abc", "nan", "inf", "-inf", "1e309", "9999999999999
           "", "--", "-", "'", "\u00e9", "1"]
 FLAGS = {
     "validate": ["--schema", "-s", "--json", "--quiet", "-q", "--no-grammar"],
-    "compile": ["--explain", "--lenient", "--json"],
+    "compile": ["--explain", "--lenient", "--json", "--validation"],
     "config": ["--example", "--check"],
     "models": ["list", "path", "--json", "gpt2", "no-such-alias", "llama3"],
     "generate": ["--schema", "--grammar", "--regex", "--pydantic", "--prompt", "--prompts", "--config",

@@ -30,11 +30,13 @@ ESCAPED = [
 
 
 def _generation_grammars() -> list:
-    return [resolve_grammar(schema=SCHEMA)[0], compile_constraint("json", SCHEMA)]
+    # every door to a generation grammar, the mask front door (compile_json_schema) included
+    return [resolve_grammar(schema=SCHEMA)[0], compile_constraint("json", SCHEMA),
+            structgen.compile_json_schema(SCHEMA)]
 
 
 def test_validation_accepts_every_spelling_generation_only_the_canonical_one() -> None:
-    validating = structgen.compile_json_schema(SCHEMA)
+    validating = structgen.compile_json_schema(SCHEMA, for_generation=False)
     for text in [CANONICAL, *ESCAPED]:
         jsonschema.validate(json.loads(text), SCHEMA)  # the oracle: all are valid
         assert validating.accepts(text), text
@@ -57,6 +59,25 @@ def test_enum_rest_const_and_keys_are_forced_after_the_distinguishing_byte(prefi
         assert m.accept_tokens(list(prefix.encode())) == len(prefix.encode())
         assert m.forced_bytes() == rest.encode()
     # validating grammar: the escape forms leave nothing forced inside the enum value
-    m = structgen.Matcher(structgen.compile_json_schema(SCHEMA), vocab)
+    m = structgen.Matcher(structgen.compile_json_schema(SCHEMA, for_generation=False), vocab)
     m.accept_tokens(list(prefix.encode()))
     assert m.forced_bytes() == b""
+
+
+def test_a_decoding_loop_of_ones_own_gets_the_generation_language() -> None:
+    # compile_json_schema + Matcher, without generate(): no escape inside an enum value and no
+    # undeclared key, though the schema leaves its object open and the oracle accepts both
+    schema = {"type": "object", "properties": {"status": {"enum": ["open", "pending"]}},
+              "required": ["status"]}
+    for valid in ['{"status":"p\\u0065nding"}', '{"status":"open","extra":1}']:
+        jsonschema.validate(json.loads(valid), schema)
+    vocab = structgen.Vocabulary([bytes([b]) for b in range(256)] + [None], eos_token_ids=[256])
+    m = structgen.Matcher(structgen.compile_json_schema(schema), vocab)
+    m.accept_tokens(list(b'{"status":"p'))
+    assert not m.is_token_allowed(ord("\\"))
+    m = structgen.Matcher(structgen.compile_json_schema(schema), vocab)
+    assert m.accept_tokens(list(b'{"status":"open"')) == 16
+    assert m.allowed_token_ids() == [ord("}")]
+    validating = structgen.Matcher(structgen.compile_json_schema(schema, for_generation=False), vocab)
+    validating.accept_tokens(list(b'{"status":"open"'))
+    assert validating.is_token_allowed(ord(","))

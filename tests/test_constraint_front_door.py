@@ -175,11 +175,14 @@ CLI_NAMES = [(i, n) for i, n in enumerate(ODD_NAMES) if n in ("true_schema.json"
 def test_cli_compile_and_validate_read_odd_file_names(odd_files: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """`compile` and `validate` take file arguments as paths; `compile` gives the front door's
-    validation grammar (every JSON spelling accepted)."""
+    generation grammar, `compile --validation` its validation grammar (every JSON spelling)."""
     from structgen.tools.cli import main
 
     for i, name in CLI_NAMES:
         assert main(["compile", "--json", name]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["key"] == compile_constraint("json", _schema(i)).key[:16], name
+        assert main(["compile", "--json", "--validation", name]) == 0
         out = json.loads(capsys.readouterr().out)
         assert out["key"] == compile_constraint("json", _schema(i), for_generation=False).key[:16], name
         (odd_files / "d.jsonl").write_text(json.dumps({"k": i}) + "\n" + json.dumps({"k": i + 1}) + "\n")

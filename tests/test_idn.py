@@ -45,11 +45,16 @@ DRAFT_URI = {"4": "http://json-schema.org/draft-04/schema#",
 _GRAMMARS: dict[tuple[str, str, bool], object] = {}
 
 
+def validating_grammar(schema, **options):
+    """The schema in validation's language (every spelling of every valid document)."""
+    return compile_json_schema(schema, for_generation=False, **options)
+
+
 def grammar(fmt: str, draft: str, checks: bool = True):
     """The validation grammar (value checks on) or the generation one (off)."""
     key = (fmt, draft, checks)
     if key not in _GRAMMARS:
-        _GRAMMARS[key] = compile_json_schema({"$schema": DRAFT_URI[draft], "type": "string",
+        _GRAMMARS[key] = validating_grammar({"$schema": DRAFT_URI[draft], "type": "string",
                                               "format": fmt}, value_checks=checks)
     return _GRAMMARS[key]
 
@@ -106,15 +111,15 @@ def test_hostname_labels_per_draft():
 def test_checked_grammars_validate_and_generation_grammars_mask(fmt):
     schema = {"type": "string", "format": fmt}
     vocab = ToyVocab([b"a", b'"', b".", b"@"])
-    assert compile_json_schema(schema).has_value_checks
+    assert validating_grammar(schema).has_value_checks
     with pytest.raises(MatcherUsageError, match="generation"):
-        Matcher(compile_json_schema(schema), vocab)
+        Matcher(validating_grammar(schema), vocab)
     gen = compile_constraint("json", schema)  # generation: the safe subset, no checks
     assert not gen.has_value_checks
     Matcher(gen, vocab)
     for v in ["a.b", "a@b.c", "xn--bcher-kva", "例子.测试"]:
         if gen.accepts(json.dumps(v)):  # the safe subset is valid under the checks
-            assert compile_json_schema(schema).accepts(json.dumps(v)), v
+            assert validating_grammar(schema).accepts(json.dumps(v)), v
 
 
 def test_idn_formats_validate_per_value():
@@ -144,11 +149,11 @@ def test_value_checks_see_every_escape_spelling():
 
 def test_value_checks_inside_structures():
     # an alternative without the check still accepts the value
-    g = compile_json_schema({"anyOf": [{"type": "string", "format": "hostname"},
+    g = validating_grammar({"anyOf": [{"type": "string", "format": "hostname"},
                                        {"type": "string", "pattern": "^xn--X$"}]})
     assert g.accepts('"xn--X"') and g.accepts('"xn--bcher-kva"') and not g.accepts('"xn--Y"')
     # property names and array items are checked
-    g = compile_json_schema({"type": "object", "propertyNames": {"format": "idn-hostname"},
+    g = validating_grammar({"type": "object", "propertyNames": {"format": "idn-hostname"},
                              "additionalProperties": {"type": "array",
                                                       "items": {"format": "idn-email"}}})
     assert g.accepts('{"例子.测试":["我@例子.广告","a@b.c"],"a.b":[]}')
@@ -156,7 +161,7 @@ def test_value_checks_inside_structures():
     assert not g.accepts('{"xn--X":[]}')
     assert g.accepts_prefix('{"a.b":["x@y.z",') and not g.accepts_prefix('{"a.b":["x@xn--X",')
     # a checked format under an intersection of alternatives gets its safe subset (narrowing)
-    g = compile_json_schema({"allOf": [{"anyOf": [{"format": "hostname"}, {"maxLength": 2}]},
+    g = validating_grammar({"allOf": [{"anyOf": [{"format": "hostname"}, {"maxLength": 2}]},
                                        {"anyOf": [{"pattern": "^x"}, {"minLength": 30}]}],
                              "type": "string"})
     assert g.accepts('"xample.com"') and not g.accepts('"xn--X"')
@@ -292,7 +297,7 @@ def test_value_checks_survive_the_disk_cache(tmp_path):
     import sys
 
     code = ("import sys; from structgen.tools.grammar_cache import {f}; "
-            "g = {f}({{'type': 'string', 'format': 'hostname'}}); "
+            "g = {f}({{'type': 'string', 'format': 'hostname'}}, for_generation=False); "
             "print(g is not None and g.accepts('\"xn--bcher-kva.example\"'), "
             "g is not None and g.accepts('\"xn--X\"'), "
             "'structgen.frontends.json_schema.lower' in sys.modules)")

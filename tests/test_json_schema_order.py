@@ -36,6 +36,11 @@ from structgen.json_schema import canonical_json, compile_json_schema
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def validating_grammar(schema, **options):
+    """The schema in validation's language (every spelling of every valid document)."""
+    return compile_json_schema(schema, for_generation=False, **options)
+
+
 def _valid(schema: Any, inst: Any) -> bool:
     cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
     return cls(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER).is_valid(inst)
@@ -46,7 +51,7 @@ def _check(schema: Any, inst: Any, expected: str) -> None:
     assert json.loads(expected) == inst, "test data: the expected text must encode the instance"
     text = canonical_json(inst, schema)
     assert text == expected
-    g = compile_json_schema(schema)
+    g = validating_grammar(schema)
     assert g.accepts(text), (schema, text)
 
 
@@ -131,7 +136,7 @@ def test_canonical_order_under_applicators(schema: Any, inst: Any, expected: str
 def test_other_key_orders_are_rejected() -> None:
     """Schema order is the only order for declared keys (jsonschema accepts them all)."""
     schema = CASES[1].values[0]
-    g = compile_json_schema(schema)
+    g = validating_grammar(schema)
     for text in ('{"x":{"a":1,"m":2,"z":3}}', '{"x":{"m":2,"z":3}}', '{"x":{"z":3,"a":1,"m":2}}'):
         assert _valid(schema, json.loads(text))
         assert not g.accepts(text)
@@ -146,7 +151,7 @@ def test_compile_cache_distinguishes_property_order() -> None:
     ba = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "integer"}},
           "required": ["a", "b"]}
     inst = {"a": 1, "b": 2}
-    g_ab, g_ba = compile_json_schema(ab), compile_json_schema(ba)
+    g_ab, g_ba = validating_grammar(ab), validating_grammar(ba)
     assert canonical_json(inst, ab) == '{"a":1,"b":2}'
     assert canonical_json(inst, ba) == '{"b":2,"a":1}'
     assert g_ab.accepts('{"a":1,"b":2}') and not g_ab.accepts('{"b":2,"a":1}')
@@ -196,7 +201,7 @@ def test_benchmark_instances_leave_the_schema_alone() -> None:
     before = json.dumps(schema)
     insts = bench.valid_instances(schema, 3, 0, 20.0)
     assert json.dumps(schema) == before
-    g = compile_json_schema(schema)
+    g = validating_grammar(schema)
     assert insts
     for x in insts:
         if _valid(schema, x):
@@ -245,4 +250,4 @@ def _applicator_instances_accepted(idx: int, data: st.DataObject) -> None:
         return  # hypothesis-jsonschema is not the oracle; jsonschema is
     text = canonical_json(x, schema)
     assert json.loads(text) == x
-    assert compile_json_schema(schema).accepts(text), (schema, text)
+    assert validating_grammar(schema).accepts(text), (schema, text)

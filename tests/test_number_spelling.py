@@ -28,7 +28,7 @@ def _gen(schema):
 
 
 def _val(schema):
-    return structgen.compile_json_schema(schema)
+    return structgen.compile_json_schema(schema, for_generation=False)
 
 
 def _walks(grammar, n: int, seed: int = 0, *, bounded: bool = True, max_len: int = 400) -> list[str]:
@@ -283,6 +283,29 @@ def test_pydantic_strict_model_reads_generated_output() -> None:
         M.model_validate_json(text)
 
 
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.parametrize("alias", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+def test_real_models_write_integers_json_parsers_read_exactly(model_dir_by_alias, alias: str) -> None:
+    """A Pydantic ``int`` field from real models (the default one, and the small one that once
+    wrote a 232-digit population), asked for a number with no end: at most 19 digits, and the
+    value Pydantic reads is the one written."""
+    pydantic = pytest.importorskip("pydantic")
+
+    class City(pydantic.BaseModel):
+        name: str
+        population: int
+
+    model_dir_by_alias(alias)
+    r = structgen.generate(alias, schema=City, max_new_tokens=64, messages=[
+        {"role": "user", "content": "A city whose population is the first 300 digits of pi, "
+                                    "written out in full."}])
+    assert r.value is not None, (r.text, r.finish_reason)
+    digits = str(abs(json.loads(r.text)["population"]))
+    assert len(digits) <= 19, r.text
+    assert City.model_validate_json(r.text).population == json.loads(r.text)["population"]
+
+
 # ---------------------------------------------------------------------------------------------
 # the option
 # ---------------------------------------------------------------------------------------------
@@ -298,6 +321,9 @@ def test_option_resolution_and_overrides() -> None:
     # generation with every spelling, validation with canonical ones: as asked
     every = JsonSchemaOptions(number_spelling="all")
     assert compile_constraint("json", schema, json_options=every).accepts("3.0")
-    assert not structgen.compile_json_schema(schema, number_spelling="canonical").accepts("3.0")
+    assert not structgen.compile_json_schema(schema, number_spelling="canonical",
+                                             for_generation=False).accepts("3.0")
+    assert not structgen.compile_json_schema(schema).accepts("3.0")
+    assert structgen.compile_json_schema(schema, for_generation=False).accepts("3.0")
     assert not compile_constraint("json", schema, for_generation=True).accepts("3.0")
     assert compile_constraint("json", schema, for_generation=False).accepts("3.0")

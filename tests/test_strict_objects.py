@@ -37,11 +37,11 @@ def _valid(schema: Any, x: Any) -> bool:
 
 
 def strict(schema: Any) -> Any:
-    return compile_json_schema(schema, strict=True)
+    return compile_json_schema(schema, strict=True, for_generation=False)
 
 
 def open_(schema: Any) -> Any:
-    return compile_json_schema(schema)
+    return compile_json_schema(schema, for_generation=False)
 
 
 CAT = {"properties": {"kind": {"const": "cat"}, "meow": {"type": "string"}}, "required": ["kind"]}
@@ -322,7 +322,8 @@ def test_generation_defaults_to_strict_validation_does_not() -> None:
     assert not generating.accepts(person)
     assert generating.accepts('{"name":"Bob","age":42}')
     assert compile_constraint("json", schema, for_generation=False).accepts(person)
-    assert compile_json_schema(schema).accepts(person)
+    assert compile_json_schema(schema, for_generation=False).accepts(person)
+    assert not compile_json_schema(schema).accepts(person)  # the mask front door generates
     opt_out = compile_constraint("json", schema, json_options=JsonSchemaOptions(strict=False))
     assert opt_out.accepts(person)
     assert JsonSchemaOptions().for_generation().strict is True

@@ -192,13 +192,11 @@ def compile_constraint(kind: Any, spec: Any = None, *, start: str = "start",
         from structgen.config import JsonSchemaOptions
         from structgen.frontends.json_schema.compiler import compile_json_schema
 
-        options = json_options or JsonSchemaOptions()
-        if for_generation:
-            options = options.for_generation()
         schema = {"type": "object"} if kind == "json_object" else \
             schema_from(spec, strings_may_be_paths=strings_may_be_paths)
-        return compile_json_schema(schema, options=options, compile_options=compile_options,
-                                   remotes=remotes)
+        return compile_json_schema(schema, options=json_options or JsonSchemaOptions(),
+                                   compile_options=compile_options, remotes=remotes,
+                                   for_generation=for_generation)
     if kind == "grammar":
         from structgen.frontends.lark import compile_lark
 

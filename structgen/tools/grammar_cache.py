@@ -98,11 +98,20 @@ def _cache_key(schema: Any, remotes: Mapping[str, Any] | None, options: Any,
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def _resolved(options: Any, for_generation: bool) -> Any:
+    """``options`` with the language's defaults filled in, so that the key names the language."""
+    from structgen.config import JsonSchemaOptions
+
+    options = options or JsonSchemaOptions()
+    return options.for_generation() if for_generation else options.for_validation()
+
+
 def cached_grammar(schema: Any, *, remotes: Mapping[str, Any] | None = None, options: Any = None,
-                   compile_options: Any = None) -> Any:
+                   compile_options: Any = None, for_generation: bool = True) -> Any:
     """The grammar :func:`compile_json_schema_cached` would load from disk for these arguments,
     or None (no disk cache, nothing stored, a damaged file). Loads once per process: a second
     call, or the compile that follows, gets the same object."""
+    options = _resolved(options, for_generation)
     store = grammar_store()
     key = None if store is None else _cache_key(schema, remotes, options, compile_options)
     if store is None or key is None:
@@ -126,13 +135,16 @@ def cached_grammar(schema: Any, *, remotes: Mapping[str, Any] | None = None, opt
 
 
 def compile_json_schema_cached(schema: Any, *, remotes: Mapping[str, Any] | None = None,
-                               options: Any = None, compile_options: Any = None) -> Any:
+                               options: Any = None, compile_options: Any = None,
+                               for_generation: bool = True) -> Any:
     """:func:`structgen.frontends.json_schema.compiler.compile_json_schema` of ``schema`` (a JSON
     value), loaded from the disk cache when an earlier run stored it, else compiled and stored.
     Same result, same errors; the loaded grammar's ``metadata`` holds ``"warnings"`` and
-    ``"schema"`` as a compiled one's does (it has no IR ``source``)."""
+    ``"schema"`` as a compiled one's does (it has no IR ``source``). ``for_generation``: which
+    language, as for ``compile_json_schema``; the two are filed apart."""
     from structgen.frontends.json_schema.compiler import compile_json_schema
 
+    options = _resolved(options, for_generation)
     got = cached_grammar(schema, remotes=remotes, options=options, compile_options=compile_options)
     if got is not None:
         return got

@@ -6,7 +6,8 @@ Two independent checks run on every instance:
 
 * semantic: jsonschema's validator for the schema's ``$schema`` (Draft 2020-12 when absent), with
   its format checker on, so ``format`` keywords are checked as far as jsonschema can;
-* grammar: the schema compiled by :func:`structgen.compile_json_schema` must accept the canonical
+* grammar: the schema compiled by :func:`structgen.compile_json_schema` in validation's language
+  (``for_generation=False``: every JSON spelling, open objects) must accept the canonical
   serialisation of the instance (:func:`structgen.json_schema.canonical_json`), i.e. the text
   structgen itself would generate for that value. When the schema cannot be compiled (for
   example an :class:`~structgen.errors.UnsupportedFeatureError`), a note says so and only the
@@ -512,10 +513,11 @@ class SchemaValidator:
             if self._grammar_cache:
                 from structgen.tools.grammar_cache import compile_json_schema_cached
 
-                self._grammar = compile_json_schema_cached(self.schema, remotes=self.remotes)
+                self._grammar = compile_json_schema_cached(self.schema, remotes=self.remotes,
+                                                           for_generation=False)
             else:
                 extra = {"remotes": self.remotes} if self.remotes else {}
-                self._grammar = compile_json_schema(self.schema, **extra)
+                self._grammar = compile_json_schema(self.schema, for_generation=False, **extra)
         except UnsupportedFeatureError as e:
             self.notes.append(f"grammar check off: the schema uses a feature structgen cannot "
                               f"compile exactly ({_one_line(str(e))}); only jsonschema's verdict counts")

@@ -199,9 +199,17 @@ _WARNINGS: dict[int, list[str]] = {}
 
 def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchemaOptions | None = None,
                         compile_options: CompileOptions | None = None,
-                        remotes: Mapping[str, Any] | None = None,
+                        remotes: Mapping[str, Any] | None = None, for_generation: bool = True,
                         **option_overrides: Any) -> CompiledGrammar:
     """Compile a JSON schema to a :class:`~structgen.grammar.compiled.CompiledGrammar`.
+
+    The language is generation's by default (``for_generation``): strings in their canonical
+    spelling, objects closed to their declared properties, numbers bounded to what JSON
+    parsers read exactly (:meth:`~structgen.config.JsonSchemaOptions.for_generation`), so that
+    a decoding loop driving a :class:`~structgen.Matcher` gets what ``generate`` gets. With
+    ``for_generation=False`` the grammar accepts every valid document in every JSON spelling
+    (validation's language: :meth:`~structgen.config.JsonSchemaOptions.for_validation`, what
+    ``structgen validate`` uses). Options set explicitly win over either default.
 
     ``option_overrides`` replace fields of ``options`` (e.g. ``whitespace="flexible"``).
     Results are cached by content (canonical JSON of the schema, the options and the
@@ -216,7 +224,7 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
             options = dataclasses.replace(options, **option_overrides)
         except TypeError as e:
             raise ConfigError(f"unknown JSON schema option: {e}") from None
-    options = options.for_validation()  # validation's language unless the caller narrows it
+    options = options.for_generation() if for_generation else options.for_validation()
     schema = _coerce(schema)
     copts = compile_options or CompileOptions()
     try:

@@ -119,6 +119,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.add_argument("--remote", action="append", default=[], metavar="URI=FILE",
                    help="let $ref use FILE as the document at URI (repeatable)")
+    c.add_argument("--validation", action="store_true",
+                   help="compile validation's language (every JSON spelling, open objects) "
+                        "instead of generation's")
     c.set_defaults(func=_cmd_compile)
 
     d = sub.add_parser("demo", help="the main job: compile, validate and generate for schemas/")

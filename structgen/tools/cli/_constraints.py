@@ -29,10 +29,12 @@ class _Constraint:
         return self.kind in ("schema", "pydantic")
 
 
-def _compile_file(path: str, lenient: bool, remotes: dict[str, Any] | None = None) -> Any:
+def _compile_file(path: str, lenient: bool, remotes: dict[str, Any] | None = None, *,
+                  for_generation: bool = True) -> Any:
     """Compile ``path`` (``.lark``: Lark grammar, whose relative ``%import`` reads beside it;
     anything else: JSON Schema, whose ``$ref`` may reach ``remotes`` and nothing else outside
-    it) into the grammar validation uses (every JSON spelling accepted)."""
+    it) into the grammar generation uses, or with ``for_generation=False`` the one validation
+    uses (every JSON spelling accepted)."""
     from structgen.config import JsonSchemaOptions
     from structgen.frontends.constraint import compile_constraint, read_grammar_file, schema_from
 
@@ -47,7 +49,7 @@ def _compile_file(path: str, lenient: bool, remotes: dict[str, Any] | None = Non
     except StructgenError as e:
         raise _Usage(_text(e)) from None
     return compile_constraint("json", schema, json_options=JsonSchemaOptions(lenient=lenient),
-                              remotes=remotes, for_generation=False)
+                              remotes=remotes, for_generation=for_generation)
 
 
 def _grammar_error(path: str, e: StructgenError) -> str:

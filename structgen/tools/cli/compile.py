@@ -53,13 +53,14 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     remotes = _remotes(args.remote)
     t0 = time.perf_counter()
     try:
-        cg = _compile_file(args.input, args.lenient, remotes)
+        cg = _compile_file(args.input, args.lenient, remotes, for_generation=not args.validation)
     except UnsupportedFeatureError as first:
         # List every unsupported keyword: the lenient compile records them all as warnings.
         kw = f" [{first.keyword}]" if first.keyword else ""
         found = [f"{first.pointer or '#'}: {first.message}{kw}"]
         try:
-            found = _describe(_compile_file(args.input, True, remotes)).get("warnings") or found
+            found = _describe(_compile_file(args.input, True, remotes,
+                                            for_generation=not args.validation)).get("warnings") or found
         except Exception:  # the strict error above is the answer
             pass
         if args.json:

@@ -77,7 +77,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if getattr(args, "process_wide", False) and not args.no_grammar:
         from structgen.tools.grammar_cache import cached_grammar
 
-        if cached_grammar(schema, remotes=remotes) is not None:
+        if cached_grammar(schema, remotes=remotes, for_generation=False) is not None:
             choose_kernels(args.files)
     try:
         validator = SchemaValidator(schema, use_grammar=not args.no_grammar, remotes=remotes,
