@@ -1,4 +1,4 @@
-"""Hardening (issue 26, items 2, 5, 6 and 8): no lost output, a context-length check, every
+"""The command line and the API under bad input: no lost output, a context-length check, every
 option validated where it enters, and batch errors that name their request.
 
 Oracles: the files' bytes before and after a run (and ``os.stat`` for what else is in the

@@ -1,4 +1,4 @@
-"""Security hardening (issue 26, items 1, 7, 9, 10): what a schema, a grammar, a schema argument
+"""Security: what a schema, a grammar, a schema argument
 and a cached asset can make structgen do.
 
 * Schemas: a ``$ref`` never reaches the network or the file system. Oracles: a real HTTP server on

@@ -1,5 +1,5 @@
-"""Bad-input causes found by the fuzz suite and the bad-input battery (issue 26, "look for their
-siblings"): each is a typed error now, never a traceback."""
+"""Bad inputs the fuzz suite and the bad-input battery found (a deep YAML file, bad request
+keywords, unreadable files to validate): each is a typed error, never a traceback."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hardening of the engine layer (issue 26): matcher misuse is a typed error, deep input is
+"""The engine layer under bad input: matcher misuse is a typed error, deep input is
 a typed error or handled without recursion, and matching stays within a memory budget
 while staying exact.
 
