@@ -335,7 +335,12 @@ def selected_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def escape_variants_main(args: argparse.Namespace, envelope: dict[str, Any]) -> int:
     """The ``--escape-variants`` run (see the module docstring); returns the exit status."""
-    from structgen.json_schema import canonical_json, compile_json_schema, format_checker_for
+    from structgen.json_schema import (
+        canonical_json,
+        compile_json_schema,
+        format_checker_for,
+        schema_for_re_validators,
+    )
 
     rows = selected_rows(args)
     copts = CompileOptions(timeout_s=args.timeout)
@@ -357,7 +362,8 @@ def escape_variants_main(args: argparse.Namespace, envelope: dict[str, Any]) -> 
         total["compiled"] += 1
         try:
             cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
-            validator = cls(schema, format_checker=format_checker_for(schema))
+            # jsonschema reads patterns with Python's re: give it their ECMA-262 meaning
+            validator = cls(schema_for_re_validators(schema), format_checker=format_checker_for(schema))
         except Exception:  # noqa: BLE001
             continue
         used = False
@@ -469,7 +475,13 @@ def main(argv: list[str] | None = None) -> int:
         return escape_variants_main(args, envelope)
 
     from structgen.generation import model_store
-    from structgen.json_schema import canonical_json, compile_json_schema, format_checker_for, schema_warnings
+    from structgen.json_schema import (
+        canonical_json,
+        compile_json_schema,
+        format_checker_for,
+        schema_for_re_validators,
+        schema_warnings,
+    )
     from structgen.masks.matcher import Matcher
     from structgen.masks.vocab import Vocabulary
 
@@ -523,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
             # schema's draft defines (the global FormatChecker() would check "time" with draft
             # 3's "%H:%M:%S")
             # structgen's builder: a remote $ref in a benchmark schema must not be fetched
-            validator = jsonschema_validator(schema, cls, format_checker=format_checker_for(schema))
+            validator = jsonschema_validator(schema_for_re_validators(schema), cls,
+                                             format_checker=format_checker_for(schema))
         except Exception:  # noqa: BLE001
             validator = None
         # soundness walks

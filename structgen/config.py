@@ -153,8 +153,8 @@ class JsonSchemaOptions:
     max_enum: enum/const values above which compilation raises CompileLimitError.
     string_escapes: how characters inside JSON strings may be spelled. ``"all"``: every
         form JSON allows (``\\uXXXX`` in either hex case, surrogate pairs, ``\\/``, the
-        short escapes) -- what validation needs, and what :func:`compile_json_schema`
-        uses when this is None. ``"canonical"``: only the form
+        short escapes) -- what validation needs, and what
+        ``compile_json_schema(..., for_generation=False)`` uses when this is None. ``"canonical"``: only the form
         ``json.dumps(value, ensure_ascii=False)`` writes (raw UTF-8; ``\\"``, ``\\\\``
         and control characters escaped) -- what generation uses when this is None, so that
         enum values, consts and property names are forced text and a model cannot wander
@@ -162,7 +162,7 @@ class JsonSchemaOptions:
     number_spelling: how numbers may be written. ``"all"``: every JSON number literal the
         schema's value constraints allow (``3.0``, ``-0``, ``3e0`` and ``1e2`` are integers,
         any number of digits) -- what validation needs, and what
-        :func:`compile_json_schema` uses when this is None. ``"canonical"``: what generation
+        ``compile_json_schema(..., for_generation=False)`` uses when this is None. ``"canonical"``: what generation
         uses when this is None, so that strict parsers (a Pydantic ``int`` field) read what
         a model writes: an ``integer`` is an integer literal ``-?(0|[1-9][0-9]*)`` (no
         fraction, no exponent, no ``-0``) of at most 19 digits, or as many as the largest
@@ -178,8 +178,8 @@ class JsonSchemaOptions:
         grammar accepts the format's superset and checks each such string when it completes
         (:mod:`structgen.grammar.checks`) -- exact for validation, but such a grammar drives
         no token masks. False: the format's safe subset, every string of which is valid (a
-        narrowing), and no checks. None: true for validation and :func:`compile_json_schema`,
-        false for generation (:meth:`for_generation`).
+        narrowing), and no checks. None: true for validation (:meth:`for_validation`), false
+        for generation (:meth:`for_generation`).
     strict: close objects and arrays that leave their extent open. When true, an object
         whose schema declares property names (``properties``, ``patternProperties``,
         ``required``, through ``allOf``/``anyOf``/``oneOf``/``$ref``/``if``/``dependentSchemas``
@@ -188,8 +188,21 @@ class JsonSchemaOptions:
         (or array-form ``items``) but no ``items``/``additionalItems``/``unevaluatedItems``
         gets no items past the prefix -- unless closing it would leave no valid value, where
         it stays open (a warning on the compiled grammar says so). None: true for generation
-        (:meth:`for_generation`), false for validation and :func:`compile_json_schema`. A
+        (:meth:`for_generation`), false for validation (:meth:`for_validation`). A
         narrowing: every strict output is valid under the schema.
+    regex_dialect: how ``pattern`` and ``patternProperties`` (also inside ``propertyNames``)
+        are read. ``"ecma262"`` (the default; what JSON Schema specifies): ECMA-262, matched
+        by code point as with the ``u`` flag -- ``\\d`` and ``\\w`` are ASCII, ``\\s`` is
+        ECMA's WhiteSpace and LineTerminator set (U+FEFF included), ``.`` matches anything
+        but ``\\n``, ``\\r``, U+2028 and U+2029, ``$`` only the very end; ``\\p{..}``
+        (general categories), ``\\cX``, ``\\uXXXX`` and ``\\u{..}`` are accepted, and so
+        are the lenient escapes of non-``u`` patterns (``\\-``, ``\\_``) and a leading
+        ``(?i)``; Python-only syntax (``\\Z``, ``\\A``, ``(?P<name>..)``, possessive
+        quantifiers) raises :class:`~structgen.errors.UnsupportedFeatureError` naming the
+        keyword and schema location. ``"python"``: Python's :mod:`re`, as the ``jsonschema``
+        package reads patterns (Unicode ``\\d``/``\\w``/``\\s``, ``$`` also before a final
+        newline). In both dialects a construct the grammar cannot express exactly
+        (lookaround, backreferences, word boundaries) raises UnsupportedFeatureError.
     """
 
     whitespace: str = "compact"
@@ -204,6 +217,7 @@ class JsonSchemaOptions:
     number_spelling: str | None = None
     strict: bool | None = None
     value_checks: bool | None = None
+    regex_dialect: str = "ecma262"
 
     def __post_init__(self) -> None:
         _check_choice(self, "whitespace", ("compact", "flexible"))
@@ -220,6 +234,7 @@ class JsonSchemaOptions:
             _check_choice(self, "number_spelling", ("all", "canonical"))
         _check_bool(self, "strict", optional=True)
         _check_bool(self, "value_checks", optional=True)
+        _check_choice(self, "regex_dialect", ("ecma262", "python"))
 
     def for_generation(self) -> JsonSchemaOptions:
         """These options resolved for generation: ``string_escapes`` and ``number_spelling``

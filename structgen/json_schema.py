@@ -12,6 +12,7 @@ from structgen.frontends.json_schema.compiler import (
     schema_to_grammar,
     schema_warnings,
 )
+from structgen.frontends.json_schema.patterns import schema_for_re_validators
 
 __all__ = ["JsonSchemaOptions", "SPEC_FORMATS", "canonical_json", "compile_json_schema", "format_checker_for",
-           "schema_to_grammar", "schema_warnings"]
+           "schema_for_re_validators", "schema_to_grammar", "schema_warnings"]

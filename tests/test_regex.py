@@ -523,6 +523,28 @@ def test_ecma_errors(pattern: str, flags: str, pos: int) -> None:
     assert ei.value.position == pos, str(ei.value)
 
 
+@pytest.mark.parametrize("pattern,pos,says", [
+    ("a\\Z", 1, "not ECMA-262"), ("\\Aa", 0, "not ECMA-262"), ("[\\Z]", 1, "not ECMA-262"),
+    ("(?P<n>a)", 2, "(?<name>...)"), ("(?P=n)", 2, "Python syntax"), ("a++", 2, "Python syntax"),
+    ("a{2}+", 4, "Python syntax"), ("(?x)a b", 2, "ECMA-262 modifiers"), ("(?u:a)", 2, "ECMA-262 modifiers"),
+])
+def test_ecma_errors_name_python_only_syntax(pattern: str, pos: int, says: str) -> None:
+    with pytest.raises(RegexError) as ei:
+        compile_regex(pattern, dialect="ecma", search=True)
+    assert ei.value.position == pos and says in ei.value.message, str(ei.value)
+
+
+def test_ecma_modifier_groups() -> None:
+    """ES2025 modifiers ``(?i:..)``, ``(?-i:..)``; a leading ``(?i)`` is an extension."""
+    for pattern, good, bad in (("^(?i:a)b$", ["ab", "Ab"], ["aB"]), ("(?i)^a(?-i:b)$", ["Ab"], ["AB"]),
+                               ("^(?s:.)$", ["\n", "\u2028"], []), ("(?m)^b$", ["a\u2028b"], ["ab"])):
+        acc = _cached(pattern, dialect="ecma", search=True)
+        for t in good:
+            assert acc(t.encode()), (pattern, t)
+        for t in bad:
+            assert not acc(t.encode()), (pattern, t)
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError):
         compile_regex("a", dialect="perl")

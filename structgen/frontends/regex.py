@@ -8,11 +8,15 @@ Two dialects:
   ``re``'s case equivalence (simple lowercase plus ``re``'s table of extra cases).
   Extensions over ``re``: ``\\p{..}``/``\\P{..}`` general categories, ``(?<name>..)``
   and ``\\z``.
-* ``"ecma"``: ECMA-262 syntax (JSON Schema ``pattern``). ``\\u{..}``, ``\\p{..}`` and
-  surrogate-pair escapes are always accepted (as with the ``u`` flag); the ``u`` flag
-  additionally makes identity escapes strict. ``\\d``/``\\w`` are ASCII, ``\\s`` is
-  WhiteSpace + LineTerminator, ``.`` excludes the four line terminators. Inline flag
-  groups (``(?i)`` at the start, scoped ``(?i:..)``) are accepted as an extension.
+* ``"ecma"``: ECMA-262 syntax (JSON Schema ``pattern``), matched by code point.
+  ``\\u{..}``, ``\\p{..}`` and surrogate-pair escapes are always accepted (as with the
+  ``u`` flag); the ``u`` flag additionally makes identity escapes strict. ``\\d``/``\\w``
+  are ASCII, ``\\s`` is WhiteSpace + LineTerminator, ``.`` excludes the four line
+  terminators, ``$`` is the very end (``^``/``$`` see line terminators only with ``m``).
+  Modifier groups (``(?i:..)``, ``(?-s:..)``; flags ``i``, ``m``, ``s``) are accepted, and
+  as an extension the same flags set globally at the start (``(?i)``). Python-only syntax
+  (``\\A``, ``\\Z``, ``(?P<name>..)``, possessive quantifiers, ``(?x)``) is an error that
+  says so.
   The ``i`` flag uses the same case equivalence as the Python dialect (close to ECMA's
   ``u``-mode simple case folding), applied to every set including ``\\w`` and ``\\p``.
   Annex B leniency kept without the ``u`` flag: a ``{`` that does not start a quantifier
@@ -145,6 +149,7 @@ _ECMA_SIMPLE = {"f": 12, "n": 10, "r": 13, "t": 9, "v": 11}
 _ECMA_SYNTAX = frozenset("^$\\.*+?()[]{}|/")
 _PY_FLAGS = frozenset("aiLmsux")
 _ECMA_FLAGS = frozenset("imsux")
+_ECMA_MODIFIERS = frozenset("ims")  # the flags an ECMA-262 modifier group may set: (?i:..), (?-s:..)
 _NEWLINE: ud.RangeSet = ((0x0A, 0x0A),)
 _ECMA_LT: ud.RangeSet = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
 _PY_ASCII_SPACE: ud.RangeSet = ((0x09, 0x0D), (0x20, 0x20))
@@ -264,7 +269,7 @@ class _Parser:
         elif self.peek() == "+":
             if self.py:
                 raise self.error("possessive quantifiers are not supported")
-            raise self.error("multiple repeat")
+            raise self.error("multiple repeat (possessive quantifiers are Python syntax, not ECMA-262)")
         return lo, hi, greedy, start
 
     def braces(self, start: int) -> tuple[int, int | None] | None:
@@ -361,7 +366,10 @@ class _Parser:
             if c == ":":
                 self.pos += 1
                 capturing = False
-            elif c == "P" and self.py:
+            elif c == "P" and not self.py:
+                raise self.error("(?P...) is Python syntax, not ECMA-262 (a named group is "
+                                 "(?<name>...))")
+            elif c == "P":
                 self.pos += 1
                 c2 = self.peek()
                 if c2 == "<":
@@ -425,7 +433,7 @@ class _Parser:
         return name
 
     def flag_group(self, start: int) -> tuple[set[str], set[str], bool]:
-        allowed = _PY_FLAGS if self.py else _ECMA_FLAGS
+        allowed = _PY_FLAGS if self.py else _ECMA_MODIFIERS
         on: set[str] = set()
         off: set[str] = set()
         cur = on
@@ -440,7 +448,8 @@ class _Parser:
                     raise self.error("bad inline flags", self.pos)
                 cur = off
             elif c not in allowed or c == "L":
-                raise self.error(f"unknown or unsupported inline flag {c!r}", self.pos)
+                why = "" if self.py else " (ECMA-262 modifiers are i, m and s)"
+                raise self.error(f"unknown or unsupported inline flag {c!r}{why}", self.pos)
             else:
                 cur.add(c)
             self.pos += 1
@@ -683,6 +692,9 @@ class _Parser:
             return "cp", ord(c)
         if c in _ECMA_SYNTAX:
             return "cp", ord(c)
+        if c in "AZz":
+            raise self.error(f"invalid escape \\{c} (Python's string anchors are not ECMA-262: "
+                             "^ and $ are)", start)
         if c.isascii() and c.isalnum():
             raise self.error(f"invalid escape \\{c}", start)
         if "u" in self.flags:

@@ -476,8 +476,16 @@ class SchemaValidator:
         cls, note = _validator_class(schema)
         if note:
             self.notes.append(note)
+        # jsonschema reads patterns with Python's re; JSON Schema's (and the grammar's) dialect
+        # is ECMA-262: jsonschema gets each pattern translated, messages show the original
+        from structgen.frontends.json_schema.patterns import schema_for_re_validators
+
+        self._renamed: dict[str, str] = {}
+        re_schema = schema_for_re_validators(schema, renamed=self._renamed)
+        re_remotes = {uri: schema_for_re_validators(doc, renamed=self._renamed)
+                      for uri, doc in self.remotes.items()}
         try:
-            cls.check_schema(schema)
+            cls.check_schema(re_schema)
         except RecursionError:
             # jsonschema checks a schema against its metaschema recursively, several frames
             # per level: a schema nested about a hundred subschemas deep exhausts the stack
@@ -487,7 +495,7 @@ class SchemaValidator:
             pointer = format_pointer(e.absolute_path)
             raise SchemaError(f"not a valid JSON Schema: {_one_line(e.message)}", pointer=pointer,
                               keyword=str(e.validator)) from None
-        self._validator = jsonschema_validator(schema, cls, remotes=self.remotes,
+        self._validator = jsonschema_validator(re_schema, cls, remotes=re_remotes,
                                                format_checker=cls.FORMAT_CHECKER)
         self._grammar: Any = None
         self._canonical: Any = None
@@ -590,10 +598,10 @@ class SchemaValidator:
         out = []
         for err in raw:
             path = list(err.absolute_path)
-            message = _message(err)
+            message = _message(err, self._renamed)
             if err.validator in ("anyOf", "oneOf") and err.context:
                 best = best_match(err.context)
-                message += f" (closest: {format_path(best.absolute_path)}: {_message(best)})"
+                message += f" (closest: {format_path(best.absolute_path)}: {_message(best, self._renamed)})"
             out.append(InstanceError(format_path(path), format_pointer(path), message,
                                      str(err.validator), lines.get(tuple(path), doc.line)))
         return out
@@ -612,12 +620,15 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _message(err: Any) -> str:
-    """jsonschema's message with its leading Python repr of the instance shortened to JSON."""
+def _message(err: Any, renamed: Mapping[str, str]) -> str:
+    """jsonschema's message with its leading Python repr of the instance shortened to JSON and
+    translated patterns (``renamed``: translation -> original) shown as the schema spells them."""
     msg = str(err.message)
     rep = repr(err.instance)
     if msg.startswith(rep):
         msg = _short(err.instance) + msg[len(rep):]
+    for translated, original in renamed.items():
+        msg = msg.replace(repr(translated), repr(original))
     return _one_line(msg)
 
 

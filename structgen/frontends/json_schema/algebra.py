@@ -21,9 +21,10 @@ Evaluation annotations for ``unevaluatedProperties``/``unevaluatedItems`` are tr
 record (``Obj.ev``, ``Arr.ev_*``) as a *lower bound* of what the validator would have
 evaluated; using a lower bound can only reject more, never accept an invalid instance.
 
-Finite sets are evaluated with the validator's own semantics (``re.search`` for
-patterns, Python numeric comparison, jsonschema's ``multipleOf``, its format checker),
-so ``enum``/``const`` combined with anything else is exact.
+Finite sets are evaluated with the validator's own semantics (a pattern's search in its
+dialect, :class:`~structgen.frontends.json_schema.patterns.Pattern`; Python numeric
+comparison, jsonschema's ``multipleOf``, its format checker), so ``enum``/``const`` combined
+with anything else is exact.
 
 Modules: the string and number formulas are in :mod:`structgen.frontends.json_schema.formulas`,
 nodes, records and :class:`TS` in :mod:`structgen.frontends.json_schema.records`; this module
@@ -33,7 +34,6 @@ holds the :class:`Normalizer`, which builds them from schema locations.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
@@ -58,6 +58,7 @@ from structgen.frontends.json_schema.formulas import (
     value_key,
 )
 from structgen.frontends.json_schema.keywords import applicator_keyword
+from structgen.frontends.json_schema.patterns import Pattern
 from structgen.frontends.json_schema.records import (
     ARR_TOP,
     BOTTOM,
@@ -108,7 +109,8 @@ class Normalizer:
 
     def __init__(self, doc: SchemaDoc, *, formats: str = "enforce", lenient: bool = False,
                  max_enum: int = 5000, format_supported: Any = None,
-                 pattern_check: Any = None, annotations: bool = False) -> None:
+                 pattern_check: Any = None, annotations: bool = False,
+                 regex_dialect: str = "ecma262") -> None:
         self.doc = doc
         # track evaluation annotations precisely (anyOf branch subsets, a lone "if"): needed by
         # unevaluated* and by strict mode (which closes objects to their evaluated keys)
@@ -127,7 +129,11 @@ class Normalizer:
         self.time_limit = 0.0
         self._tick = 0
         self.format_supported = format_supported or (lambda name: True)
-        self.pattern_check = pattern_check or (lambda p: None)
+        # (pattern, dialect) -> why it cannot be evaluated or compiled exactly, or None
+        self.pattern_check = pattern_check or (lambda p, dialect: None)
+        # how patterns are read: a JsonSchemaOptions.regex_dialect value (the lowering sets
+        # its own, so that both build the same pattern atoms)
+        self.regex_dialect = regex_dialect
 
     # -- error reporting ----------------------------------------------------------
     def unsupported(self, keyword: str, pointer: str, message: str) -> None:
@@ -657,16 +663,10 @@ class Normalizer:
         return f
 
     def _pattern_ok(self, p: str, kw: str, ptr: str) -> bool:
-        """Can the validator evaluate ``p`` and can the grammar express it exactly?"""
-        try:
-            re.compile(p)
-        except re.error as e:
-            self.unsupported(kw, ptr, f"pattern {p!r} is not a valid Python regex ({e}); "
-                             "the validator cannot evaluate it")
-            return False
-        err = self.pattern_check(p)
+        """Can ``p`` be evaluated in :attr:`regex_dialect` and can the grammar express it exactly?"""
+        err = self.pattern_check(p, self.regex_dialect)
         if err is not None:
-            self.unsupported(kw, ptr, f"pattern {p!r} cannot be compiled to a grammar: {err}")
+            self.unsupported(kw, ptr, f"pattern {p!r} {err}")
             return False
         return True
 
@@ -686,7 +686,7 @@ class Normalizer:
             if not isinstance(p, str):
                 raise SchemaError("pattern must be a string", pointer=ptr, keyword="pattern")
             if self._pattern_ok(p, "pattern", ptr):
-                pats = frozenset((p,))
+                pats = frozenset((Pattern(p, self.regex_dialect),))
         fmts: frozenset[str] = frozenset()
         if "format" in node and self.formats == "enforce":
             fm = node["format"]
@@ -774,7 +774,7 @@ class Normalizer:
             for p in pp:
                 if not self._pattern_ok(p, "patternProperties", ptr):
                     continue
-                f = ("c", 0, None, frozenset((p,)), frozenset())
+                f = ("c", 0, None, frozenset((Pattern(p, self.regex_dialect),)), frozenset())
                 props.append((f, child("patternProperties", p)))
                 pats.append(f)
                 ev_parts.append(f)

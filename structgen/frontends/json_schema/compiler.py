@@ -33,10 +33,11 @@ How it works (bottom to top):
 
 Known limits (each raises ``UnsupportedFeatureError`` rather than over-accepting):
 ``uniqueItems`` is exact only when items come from a small finite set of scalars (or at
-most one item is allowed); ``$recursiveRef``; patterns Python's ``re`` cannot compile
-(such as ``\\p{..}``) or that use constructs the regex compiler cannot express
-(lookaround, backreferences); formats without a grammar; very large combinations of
-applicators. Additional (undeclared) object keys are not checked for duplicates.
+most one item is allowed); ``$recursiveRef``; patterns that are not ECMA-262 (the dialect
+JSON Schema names; ``regex_dialect="python"`` reads them with Python's ``re``) or that use
+constructs the regex compiler cannot express (lookaround, backreferences); formats without a
+grammar; very large combinations of applicators. Additional (undeclared) object keys are not
+checked for duplicates.
 Numbers: bounds are exact; ``multipleOf`` uses exact decimal arithmetic; under ``not``
 only integer literals and plain decimals with at most 15 digits are generated.
 """
@@ -66,7 +67,7 @@ from structgen.frontends.json_schema.diagnostics import explain_unsat, locate_au
 from structgen.frontends.json_schema.document import Loc, SchemaDoc, _draft_of, parse_schema_text
 from structgen.frontends.json_schema.keywords import structural_keyword
 from structgen.frontends.json_schema.lower import Lowering
-from structgen.frontends.json_schema.patterns import pattern_error
+from structgen.frontends.json_schema.patterns import Pattern, pattern_error
 from structgen.frontends.json_schema.source import is_model_class, model_schema
 from structgen.grammar import ir
 
@@ -295,7 +296,8 @@ def _compile(schema: Any, options: JsonSchemaOptions, copts: CompileOptions,
         _locate_limit_error(e, low, grammar)
         raise
     # where each compiled rule comes from, for the errors of the token-budget check
-    cg.set_rule_sources(rule_sources(cg, grammar, low.rule_where, low.rule_kw, low.expr_kw, low.doc))
+    cg.set_rule_sources(rule_sources(cg, grammar, low.rule_where, low.rule_kw, low.expr_kw, low.doc,
+                                     regex_dialect=options.regex_dialect))
     return cg, warnings
 
 
@@ -438,11 +440,5 @@ def _child(doc: SchemaDoc, ctx: tuple[Loc, ...], key: str) -> tuple[Loc, ...]:
         return ()
     if key in doc.declared_names(ctx):
         return doc.child_ctx(ctx, key, None)
-    pats = doc.ctx_patterns(ctx)
-    matches = {}
-    for p in pats:
-        try:
-            matches[p] = re.search(p, key) is not None
-        except re.error:
-            matches[p] = False
+    matches = {p: Pattern(p).search(key) for p in doc.ctx_patterns(ctx)}
     return doc.child_ctx(ctx, None, matches)

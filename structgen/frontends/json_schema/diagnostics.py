@@ -138,7 +138,8 @@ def _satisfiable_without(doc: SchemaDoc, norm: Normalizer, loc: Loc, node: dict,
     patched = {k: v for k, v in node.items() if keep(k)}
     n2 = Normalizer(_PatchedDoc(doc, loc, patched), formats=norm.formats,  # type: ignore[arg-type]
                     lenient=norm.lenient, max_enum=norm.max_enum,
-                    format_supported=norm.format_supported, pattern_check=norm.pattern_check)
+                    format_supported=norm.format_supported, pattern_check=norm.pattern_check,
+                    regex_dialect=norm.regex_dialect)
     n2.deadline = deadline
     return not _empty(n2, loc)
 
@@ -350,9 +351,10 @@ _SOURCE_WALK = 200_000  # IR nodes visited placing the rules, at most (then coar
 _ESCAPES = ("all", "canonical")
 
 
-def _pattern_sites(doc: SchemaDoc) -> dict[ir.Expr, tuple[str, str]]:
+def _pattern_sites(doc: SchemaDoc, regex_dialect: str = "ecma262") -> dict[ir.Expr, tuple[str, str]]:
     """Every regular expression of the schema documents -- ``pattern``, ``patternProperties``
-    keys, ``propertyNames``' patterns -- by its compiled language (in each escape form):
+    keys, ``propertyNames``' patterns -- by its compiled language (in each escape form, read
+    in ``regex_dialect``):
     (pointer of the schema holding it, its keyword). The patterns are the parts of a schema
     whose automata can grow exponentially when determinised."""
     sites: dict[ir.Expr, tuple[str, str]] = {}
@@ -362,7 +364,7 @@ def _pattern_sites(doc: SchemaDoc) -> dict[ir.Expr, tuple[str, str]]:
             return
         for esc in _ESCAPES:
             try:
-                sites.setdefault(compile_pattern(p, esc), (where, kw))
+                sites.setdefault(compile_pattern(p, esc, regex_dialect), (where, kw))
             except StructgenError:
                 return
 
@@ -441,19 +443,21 @@ class _RuleWalk:
 
 def rule_sources(cg: CompiledGrammar, grammar: ir.Grammar, rule_where: Mapping[str, str],
                  rule_kw: Mapping[str, str], expr_kw: Mapping[ir.Expr, str],
-                 doc: SchemaDoc) -> tuple[RuleSource, ...]:
+                 doc: SchemaDoc, *, regex_dialect: str = "ecma262") -> tuple[RuleSource, ...]:
     """Per compiled rule of ``cg`` (compiled from the lowering's ``grammar``), its schema
     location and keyword. A rule the compiler made from a sub-expression gets that
     expression's keyword and the location of the rule it sits in; a rule of the grammar gets
     the pattern in its body whose automaton is largest -- patterns are what can make a rule's
-    determinised automaton explode -- else its own location and keyword. Costs one walk of
-    the grammar (at most :data:`_SOURCE_WALK` nodes)."""
+    determinised automaton explode -- else its own location and keyword. ``regex_dialect``: how
+    the lowering read the schema's patterns (``JsonSchemaOptions.regex_dialect``), so that their
+    languages are found in the grammar. Costs one walk of the grammar (at most
+    :data:`_SOURCE_WALK` nodes)."""
     from structgen.grammar.passes import expr_size
 
     sources = cg.rule_sources
     exprs = cg.rule_exprs
     called = {r.name for r in cg.rules if isinstance(r, LazyRule)}
-    sites = _pattern_sites(doc)
+    sites = _pattern_sites(doc, regex_dialect)
     walker = _RuleWalk(grammar.rules, called, rule_where, sites)
     wanted_by_owner: dict[str, set[ir.Expr]] = {}
     for src, e in zip(sources, exprs):

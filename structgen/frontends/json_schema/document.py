@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 from urllib.parse import unquote, urldefrag, urljoin
 
 from structgen.errors import CompileLimitError, SchemaError
+from structgen.frontends.json_schema.patterns import Pattern
 
 __all__ = ["Loc", "SchemaDoc", "parse_schema_text", "escape_token", "subschemas", "DEFAULT_BASE"]
 
@@ -371,8 +372,9 @@ class SchemaDoc:
                   matches: Mapping[str, bool] | None = None) -> tuple[Loc, ...]:
         """Schema locations that apply to the value of property ``key``.
 
-        For a key that is not declared (``key=None``), ``matches`` says which of the
-        :meth:`ctx_patterns` the key matches.
+        ``matches`` says which of the :meth:`ctx_patterns` the key matches; needed for a key
+        that is not declared (``key=None``), computed here for a named key when None (reading
+        the patterns as ECMA-262).
         """
         out: list[Loc] = []
         for l in self.applicable(ctx):
@@ -445,10 +447,9 @@ def _dedup(locs: list[Loc]) -> tuple[Loc, ...]:
 
 
 def _safe_search(pattern: str, s: str) -> bool:
-    try:
-        return re.search(pattern, s) is not None
-    except re.error:
-        return False
+    """Does ECMA-262 ``pattern`` match in ``s`` (False if it cannot be evaluated)? The
+    lowering passes matches in the schema's own dialect instead."""
+    return Pattern(pattern).search(s)
 
 
 def subschemas(node: dict, ptr: str) -> Iterable[tuple[Any, str]]:

@@ -9,7 +9,8 @@ stay exact), simplified as they are built:
 * number sets: finite literal sets and intervals with integrality and ``multipleOf``.
 
 Membership of one value (:func:`s_member`, :func:`num_member`) follows the validator's own
-semantics (``re.search`` for patterns, Python numeric comparison, jsonschema's ``multipleOf``
+semantics (:meth:`Pattern.search <structgen.frontends.json_schema.patterns.Pattern.search>`,
+the pattern's search in its dialect; Python numeric comparison, jsonschema's ``multipleOf``
 and format checker), which is what makes ``enum``/``const`` combined with anything else exact.
 :func:`value_key` / :func:`key_value` turn JSON values into hashable keys with JSON Schema
 equality and back.
@@ -18,7 +19,6 @@ equality and back.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any
@@ -67,6 +67,7 @@ def key_value(k: tuple) -> Any:
 # ---------------------------------------------------------------------------
 # String-set formulas (also used for sets of property names)
 #   ("T",) ("F",) ("lits", frozenset[str]) ("c", minlen, maxlen|None, patterns, formats)
+#   (patterns: a frozenset of patterns.Pattern; formats: a frozenset of format names)
 #   ("and", frozenset) ("or", frozenset) ("not", f)
 # ---------------------------------------------------------------------------
 
@@ -195,8 +196,8 @@ def s_member(f: tuple, s: str) -> bool:
         n = len(s)
         if n < f[1] or (f[2] is not None and n > f[2]):
             return False
-        for p in f[3]:
-            if re.search(p, s) is None:
+        for p in f[3]:  # patterns.Pattern atoms
+            if not p.search(s):
                 return False
         return all(_format_ok(fm, s) for fm in f[4])
     if tag == "and":

@@ -52,7 +52,7 @@ from structgen.frontends.json_schema.formulas import (
     s_or,
 )
 from structgen.frontends.json_schema.number_lowering import NumberLowering, number_spellings, trie
-from structgen.frontends.json_schema.patterns import CONTENT_ENCODING, compile_pattern
+from structgen.frontends.json_schema.patterns import CONTENT_ENCODING, Pattern, compile_pattern
 from structgen.frontends.json_schema.records import (
     ARR_TOP,
     BOTTOM,
@@ -98,6 +98,8 @@ class Lowering(NumberLowering):
         self.deadline = deadline  # limits.now() value; CompileTimeoutError past it
         self.opt_timeout = (deadline - limits.now()) if deadline is not None else 0.0
         norm.deadline, norm.time_limit = deadline, self.opt_timeout  # normalising counts too
+        # patterns are read in one dialect: the normaliser's pattern atoms must equal ours
+        norm.regex_dialect = self.regex_dialect = options.regex_dialect
         # the language lowered at each instance position (strict mode closes it: strict.py)
         self.language = Closer(norm).language if options.strict else norm.normalize
         self.rules: dict[str, ir.Expr] = {}
@@ -326,9 +328,9 @@ class Lowering(NumberLowering):
         return not (self.value_checks and any(formats.checked_format(n, self.doc.drafts[0]) for n in fmts)) \
             and formats.formats_imply_length(fmts, lo, hi)
 
-    def pattern(self, p: str) -> ir.Expr:
-        """The content language of ``pattern`` ``p`` (``re.search`` semantics)."""
-        return compile_pattern(p, self.escapes)
+    def pattern(self, p: Pattern) -> ir.Expr:
+        """The content language of pattern ``p`` (searched anywhere, in its dialect)."""
+        return compile_pattern(p.source, self.escapes, p.dialect)
 
     def format(self, name: str) -> tuple[ir.Expr | None, int | None]:
         """Format ``name``'s content language in the spellings ``escapes`` allows (None: any
@@ -546,7 +548,8 @@ class Lowering(NumberLowering):
         for e in exists:
             s_atoms(e[0], atoms_d)
         ctx_pats = self.doc_patterns(ctx)
-        pat_atom = {p: ("c", 0, None, frozenset((p,)), frozenset()) for p in ctx_pats}
+        pat_atom = {p: ("c", 0, None, frozenset((Pattern(p, self.regex_dialect),)), frozenset())
+                    for p in ctx_pats}
         for a in pat_atom.values():
             atoms_d.setdefault(a, None)
         atoms = list(atoms_d)
@@ -812,9 +815,11 @@ class Lowering(NumberLowering):
         key = ("child", ctx, name, bits)
         got = self._cache.get(key)
         if got is None:
-            matches = None
+            pats = self.doc_patterns(ctx)
             if bits is not None:
-                matches = dict(zip(self.doc_patterns(ctx), bits))
+                matches = dict(zip(pats, bits))
+            else:  # a declared name: which patterns match it, in the schema's dialect
+                matches = {p: name is not None and Pattern(p, self.regex_dialect).search(name) for p in pats}
             got = self._cache[key] = self.doc.child_ctx(ctx, name, matches)
         return got
 
