@@ -41,7 +41,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from structgen.errors import ConfigError, StructgenError
+from structgen.errors import ConfigError, IntegrationError, TokenRejectedError
 from structgen.frontends.constraint import (
     CONSTRAINT_KINDS,
     compile_constraint,
@@ -64,32 +64,6 @@ __all__ = [
     "compile_constraint",
     "REQUEST_TYPES",
 ]
-
-
-class IntegrationError(StructgenError, ValueError):
-    """An integration was driven outside its contract (e.g. rolling back more tokens than
-    were accepted). ``request_id`` / ``row`` say which request or batch row, when known."""
-
-    def __init__(self, message: str, *, request_id: Any = None, row: int | None = None) -> None:
-        self.request_id = request_id
-        self.row = row
-        where = ""
-        if request_id is not None:
-            where = f"request {request_id!r}: "
-        elif row is not None:
-            where = f"batch row {row}: "
-        super().__init__(where + message)
-
-
-class TokenRejectedError(IntegrationError):
-    """A token fed back by the decoding loop is not allowed by the row's grammar (the mask
-    was overridden after this processor ran, or the processor was attached to a generation
-    it did not see from the start). ``position`` is the index of the token in ``input_ids``."""
-
-    def __init__(self, message: str, *, row: int, position: int, token_id: int) -> None:
-        self.position = position
-        self.token_id = token_id
-        super().__init__(message, row=row)
 
 
 # --------------------------------------------------------------------------- compiling
@@ -353,7 +327,7 @@ class _LogitsProcessorImpl:
     differences in the model's forward passes (padding, cache layout).
 
     A token the grammar rejects (the scores were changed after this processor) raises
-    :class:`TokenRejectedError` with the row and position.
+    :class:`~structgen.errors.TokenRejectedError` with the row and position.
 
     Where the grammar allows nearly every token (free text between the triggers of a
     tool-calling grammar, say: :meth:`Matcher.forbidden_token_ids

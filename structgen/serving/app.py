@@ -57,18 +57,13 @@ from structgen.calls.plan import OutputStream
 from structgen.errors import (
     CompileLimitError,
     ConfigError,
+    EngineClosedError,
     RequestCancelledError,
     SchemaError,
+    ServerBusyError,
     StructgenError,
 )
-from structgen.serving.engine import (
-    ChoiceResult,
-    Engine,
-    EngineClosedError,
-    EngineRequest,
-    RequestHandle,
-    ServerBusyError,
-)
+from structgen.serving.engine import ChoiceResult, Engine, EngineRequest, RequestHandle
 from structgen.serving.http_messages import http_message
 from structgen.serving.logprobs import chat_logprobs, completion_logprobs
 from structgen.serving.partial_events import PARTIAL_KEY, PartialChunks, partial_chunks
