@@ -123,7 +123,7 @@ def w_make_tiny_model(folder: str) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "tests"))
     from _tiny_lm import save_tiny_model
 
-    from structgen.generation.model_store import load_tokenizer
+    from structgen.assets.store import load_tokenizer
 
     save_tiny_model(Path(folder), load_tokenizer("gpt2"))
     return {}
@@ -174,7 +174,7 @@ def w_matcher(action: str) -> dict[str, Any]:
 
 
 def w_load_tokenizer(alias: str) -> dict[str, Any]:
-    from structgen.generation.model_store import load_tokenizer, tokenizer_path
+    from structgen.assets.store import load_tokenizer, tokenizer_path
 
     tokenizer_path(alias)  # fetches nothing: a damaged entry must be reported
     tok = load_tokenizer(alias)
@@ -580,7 +580,7 @@ def _listed_as_cached_when_damaged(folder: Path, outcome: Outcome) -> str | None
 
 def _damage_cache(folder: Path, damage: str) -> None:
     """Copy the real gpt2 tokenizer entry into ``folder/cache`` and damage it as named."""
-    from structgen.generation.model_store import cache_dir
+    from structgen.assets.store import cache_dir
 
     src = cache_dir() / "tokenizers" / "gpt2"
     dst = folder / "cache" / "tokenizers" / "gpt2"
@@ -804,7 +804,7 @@ def main(argv: list[str] | None = None) -> int:
 
     inputs = (schema_inputs() + grammar_inputs() + regex_inputs() + config_inputs() + cli_inputs()
               + asset_inputs())
-    from structgen.generation.model_store import cache_dir
+    from structgen.assets.store import cache_dir
 
     have_assets = (cache_dir() / "tokenizers" / "gpt2" / "manifest.json").is_file()
     records: list[dict[str, Any]] = []

@@ -468,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.escape_variants:
         return escape_variants_main(args, envelope)
 
-    from structgen.generation import model_store
+    from structgen.assets import store as model_store
     from structgen.json_schema import canonical_json, compile_json_schema, format_checker_for, schema_warnings
     from structgen.masks.matcher import Matcher
     from structgen.masks.vocab import Vocabulary

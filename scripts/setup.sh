@@ -37,7 +37,7 @@
 #      vLLM pins numba, lark, openai and transformers versions of its own, hence the second
 #      environment. The first time about 5 minutes (a few hundred MB from PyPI, then a minute or
 #      more compiling kernels); seconds later.
-#   5. Tokenizer and model assets the tests and the demo use: `python -m structgen.tools.assets pull
+#   5. Tokenizer and model assets the tests and the demo use: `python -m structgen.assets pull
 #      ALIAS...` (the same job as `structgen models pull`; cached under ~/.cache/structgen, so later
 #      runs are quick).
 set -euo pipefail
@@ -167,12 +167,12 @@ fi
 # 5. assets ----------------------------------------------------------------------------------
 if [ -z "$ASSETS" ]; then
     log "STRUCTGEN_ASSETS is empty: no assets pulled"
-elif [ -f structgen/tools/assets.py ]; then
-    log "assets: python -m structgen.tools.assets pull $ASSETS (cached after the first run)"
+elif [ -f structgen/assets/pull.py ]; then
+    log "assets: python -m structgen.assets pull $ASSETS (cached after the first run)"
     # shellcheck disable=SC2086  # word splitting intended: one alias per word
-    "$PY" -m structgen.tools.assets pull $ASSETS || die "pulling assets ($ASSETS) failed (see above)"
+    "$PY" -m structgen.assets pull $ASSETS || die "pulling assets ($ASSETS) failed (see above)"
 else
-    log "structgen/tools/assets.py does not exist yet: skipping tokenizer/model assets ($ASSETS);"
+    log "structgen/assets/pull.py does not exist yet: skipping tokenizer/model assets ($ASSETS);"
     log "tests that need them skip themselves and 'structgen demo' runs without a model"
 fi
 

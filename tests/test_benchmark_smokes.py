@@ -135,8 +135,8 @@ def _vllm_missing(script: str) -> str | None:
         return None
     if not _have_vllm():
         return "vLLM is not installed (bash scripts/setup_vllm.sh)"
+    from structgen.assets import store as model_store
     from structgen.errors import AssetError
-    from structgen.generation import model_store
 
     try:
         model_store.model_path(NEEDS_VLLM[script])
@@ -147,8 +147,8 @@ def _vllm_missing(script: str) -> str | None:
 
 def _runnable() -> list[str]:
     """The scripts whose prerequisites are here (triton; cached tokenizers: no fetching)."""
+    from structgen.assets import store as model_store
     from structgen.errors import AssetError
-    from structgen.generation import model_store
 
     out = []
     for script in START_ORDER:
@@ -481,8 +481,8 @@ def test_llamacpp_row_invariance(runs: _Runs) -> None:
 def test_default_model(runs: _Runs) -> None:
     """The stated rule, applied to the stored measurements, picks structgen's DEFAULT_MODEL
     (the script exits 1 otherwise), and every candidate has a verdict."""
+    from structgen.assets.store import MODELS
     from structgen.generation.api import DEFAULT_MODEL
-    from structgen.generation.model_store import MODELS
 
     _, report = _smoke(runs, "default_model")
     assert report["chosen"] == report["default_model"] == DEFAULT_MODEL and report["default_follows_rule"]

@@ -333,7 +333,7 @@ def test_missing_model_folder_is_unknown_model(files: Path, capsys: pytest.Captu
 # ---------------------------------------------------------------------------------------------
 
 def test_models_list(capsys: pytest.CaptureFixture[str]) -> None:
-    from structgen.tools import assets
+    from structgen.assets import pull as assets
 
     rc, out, _ = run(capsys, "models", "--json")
     assert rc == 0
@@ -346,7 +346,7 @@ def test_models_list(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_models_path(capsys: pytest.CaptureFixture[str]) -> None:
-    from structgen.tools import assets
+    from structgen.assets import pull as assets
 
     cached = [r for r in assets.list_aliases() if r.cached]
     if not cached:

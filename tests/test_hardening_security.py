@@ -556,8 +556,8 @@ def toy_asset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]
     shared ~/.cache/structgen); only the download is replaced by the local source bytes."""
     import hashlib
 
-    from structgen.generation import model_store
-    from structgen.tools import assets
+    from structgen.assets import pull as assets
+    from structgen.assets import store as model_store
 
     data = _toy_tiktoken()
     sha = hashlib.sha256(data).hexdigest()
@@ -693,7 +693,7 @@ def test_entry_without_file_list_is_recorded_on_first_load(toy_asset: dict[str, 
 def test_cli_models_verify_subprocess_on_a_copy_of_a_real_entry(tmp_path: Path) -> None:
     import shutil
 
-    from structgen.generation import model_store
+    from structgen.assets import store as model_store
 
     real = model_store.entry_dir("tokenizer", "gpt2")
     if not model_store.is_complete(real):

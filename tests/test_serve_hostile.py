@@ -48,7 +48,7 @@ import sys
 sys.path.insert(0, {tests!r})
 from _tiny_lm import build_tiny_llama
 from structgen.generation.model import CausalLM
-from structgen.generation.model_store import load_tokenizer
+from structgen.assets.store import load_tokenizer
 from structgen.serving.app import create_app, run_server
 from structgen.serving.engine import Engine
 

@@ -97,8 +97,8 @@ def tiny_model(seed: int = 0, favour: dict[str, float] | None = None) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from structgen.assets.store import load_tokenizer
     from structgen.generation.model import CausalLM
-    from structgen.generation.model_store import load_tokenizer
 
     tok = load_tokenizer("gpt2")
     torch.manual_seed(seed)

@@ -242,8 +242,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     except ConfigError as e:
         raise _Usage(str(e)) from None
 
+    from structgen.assets.store import resolve_model
     from structgen.errors import AssetError
-    from structgen.generation.model_store import resolve_model
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

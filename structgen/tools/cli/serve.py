@@ -97,7 +97,7 @@ def build_app(args: argparse.Namespace) -> Any:
             cfg = replace(cfg, temperature=args.temperature)
     except ConfigError as e:
         raise _Usage(f"--temperature: {e}") from None
-    from structgen.generation.model_store import is_gguf_path, resolve_model
+    from structgen.assets.store import is_gguf_path, resolve_model
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
