@@ -78,7 +78,7 @@ def call(func: str, **kwargs: Any) -> dict[str, Any]:
 
 def w_validate_instance(schema: Any, instance: Any) -> dict[str, Any]:
     """SchemaValidator (jsonschema + grammar) on one instance."""
-    from structgen.tools.validation import Document, SchemaValidator
+    from structgen.validation import Document, SchemaValidator
 
     v = SchemaValidator(schema)
     res = v.validate(Document(1, instance), "<battery>")
@@ -95,7 +95,7 @@ def w_nested(kind: str, depth: int) -> dict[str, Any]:
 
         compile_json_schema(schema)
     else:
-        from structgen.tools.validation import Document, SchemaValidator
+        from structgen.validation import Document, SchemaValidator
 
         SchemaValidator(schema, use_grammar=False).validate(Document(1, {"a": 1}), "<battery>")
     return {}

@@ -59,7 +59,7 @@ import jsonschema  # noqa: E402
 
 from structgen.config import CompileOptions  # noqa: E402
 from structgen.errors import StructgenError  # noqa: E402
-from structgen.tools.validation import jsonschema_validator  # noqa: E402
+from structgen.validation import jsonschema_validator  # noqa: E402
 
 
 def default_data() -> Path:

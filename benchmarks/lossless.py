@@ -40,7 +40,7 @@ from tasks.extraction import TASKS  # noqa: E402
 
 import structgen  # noqa: E402
 from structgen.generation.model import load_model  # noqa: E402
-from structgen.tools.validation import jsonschema_validator  # noqa: E402
+from structgen.validation import jsonschema_validator  # noqa: E402
 
 
 def cases(n: int) -> list[tuple[str, dict[str, Any], str]]:

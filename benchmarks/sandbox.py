@@ -349,7 +349,7 @@ def _bytes(value: Any) -> bytes:
 def _handle_schema(payload: dict[str, Any]) -> dict[str, Any]:
     from structgen.config import CompileOptions
     from structgen.json_schema import compile_json_schema
-    from structgen.tools.validation import Document, SchemaValidator
+    from structgen.validation import Document, SchemaValidator
 
     schema = payload["schema"]
     detail: dict[str, Any] = {}
@@ -518,7 +518,7 @@ def _warm_up() -> None:
     from structgen.frontends.regex import compile_regex_grammar
     from structgen.json_schema import compile_json_schema
     from structgen.settings import loads_settings
-    from structgen.tools.validation import SchemaValidator
+    from structgen.validation import SchemaValidator
 
     SchemaValidator({"type": "object", "properties": {"a": {"type": "string", "pattern": "^a+$"}}})
     for grammar in (compile_json_schema({"type": "array", "items": {"type": "integer"}}),

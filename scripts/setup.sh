@@ -17,7 +17,7 @@
 #      httpx, and the openai client the server tests use) and a check that structgen, structgen.kernels and
 #      structgen.grammars import from the repository root (docs: mkdocs for scripts/test.sh).
 #   3b. The native grammar/mask kernels compiled into numba's disk cache
-#      (`python -m structgen.tools.warm`): about a minute of CPU once, so that the first compile
+#      (`python -m structgen.warm`): about a minute of CPU once, so that the first compile
 #      or token mask a user asks for does not pay for it (seconds when already cached; numba
 #      recompiles a kernel whose source changed). STRUCTGEN_WARM=0 skips it.
 #   4. The llama.cpp backend (`.[llamacpp]`; STRUCTGEN_LLAMACPP=0 skips it, and its tests then
@@ -100,7 +100,7 @@ if [ "${STRUCTGEN_WARM:-1}" = 0 ]; then
     log "STRUCTGEN_WARM=0: native kernels not compiled now (the first compile or mask does it)"
 else
     log "compiling the native grammar/mask kernels into numba's disk cache (about a minute the first time)"
-    "$PY" -m structgen.tools.warm || log "warning: compiling the native kernels failed (see above): the first compile or mask will compile them"
+    "$PY" -m structgen.warm || log "warning: compiling the native kernels failed (see above): the first compile or mask will compile them"
 fi
 
 # 4. llama.cpp backend (STRUCTGEN_LLAMACPP=0 skips it) ---------------------------------------------------------------

@@ -28,7 +28,7 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# The command line's disk cache of compiled grammars (structgen.tools.grammar_cache): a fresh,
+# The command line's disk cache of compiled grammars (structgen.grammar_cache): a fresh,
 # empty folder per test session (subprocesses inherit it), never the user's cache.
 if "STRUCTGEN_GRAMMAR_CACHE" not in os.environ:
     os.environ["STRUCTGEN_GRAMMAR_CACHE"] = tempfile.mkdtemp(prefix="structgen-test-grammars-")

@@ -61,10 +61,10 @@ def server(tokenizer_by_alias):
     from _tiny_lm import build_tiny_llama
 
     from structgen.generation.model import CausalLM
+    from structgen.metrics import Metrics
     from structgen.serving.app import create_app
     from structgen.serving.engine import Engine
     from structgen.tools.cli.serve import _observer
-    from structgen.tools.metrics import Metrics
 
     tok = tokenizer_by_alias("gpt2")
     lm = CausalLM(build_tiny_llama(tok, "random"), tok)

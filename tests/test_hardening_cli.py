@@ -258,7 +258,7 @@ def test_interrupted_run_keeps_original_and_finished_results(files: Path, model_
 
 
 def test_atomic_output_unit(tmp_path: Path) -> None:
-    from structgen.tools._atomic import AtomicOutput, write_text_atomic
+    from structgen.atomic_files import AtomicOutput, write_text_atomic
 
     target = tmp_path / "real.txt"
     target.write_text("old")

@@ -180,7 +180,7 @@ def _ref_schemas(server_url: str, file_uri: str) -> list[tuple[dict, str]]:
 
 
 def test_validator_api_refuses_remote_and_file_refs(server: _CountingServer, secret_file: Path) -> None:
-    from structgen.tools.validation import Document, SchemaValidator
+    from structgen.validation import Document, SchemaValidator
 
     for schema, pointer in _ref_schemas(server.url(), secret_file.as_uri()):
         def build(schema: dict = schema) -> Any:
@@ -198,7 +198,7 @@ def test_validator_api_refuses_remote_and_file_refs(server: _CountingServer, sec
 
 
 def test_validator_api_does_not_hang_on_silent_server(silent: _SilentServer) -> None:
-    from structgen.tools.validation import Document, SchemaValidator
+    from structgen.validation import Document, SchemaValidator
 
     def build() -> Any:
         return SchemaValidator({"$ref": silent.url()}).validate(Document(1, 1), "x")
@@ -209,7 +209,7 @@ def test_validator_api_does_not_hang_on_silent_server(silent: _SilentServer) -> 
 
 
 def test_validator_api_never_opens_file_refs(fifo: Path) -> None:
-    from structgen.tools.validation import Document, SchemaValidator
+    from structgen.validation import Document, SchemaValidator
 
     def build() -> Any:
         return SchemaValidator({"$ref": fifo.as_uri()}).validate(Document(1, 1), "x")
@@ -219,7 +219,7 @@ def test_validator_api_never_opens_file_refs(fifo: Path) -> None:
 
 
 def test_validator_remotes_passed_explicitly_are_used(server: _CountingServer) -> None:
-    from structgen.tools.validation import Document, SchemaValidator
+    from structgen.validation import Document, SchemaValidator
 
     uri = server.url("item.json")
     v = SchemaValidator({"type": "array", "items": {"$ref": uri + "#/$defs/n"}},
@@ -231,7 +231,7 @@ def test_validator_remotes_passed_explicitly_are_used(server: _CountingServer) -
 
 
 def test_validator_metaschema_refs_resolve_offline(server: _CountingServer) -> None:
-    from structgen.tools.validation import Document, SchemaValidator
+    from structgen.validation import Document, SchemaValidator
 
     v = SchemaValidator({"$ref": "https://json-schema.org/draft/2020-12/schema"}, use_grammar=False)
     assert v.validate(Document(1, {"type": "string"}), "x").valid
@@ -239,7 +239,7 @@ def test_validator_metaschema_refs_resolve_offline(server: _CountingServer) -> N
 
 
 def test_in_document_refs_still_work() -> None:
-    from structgen.tools.validation import Document, SchemaValidator
+    from structgen.validation import Document, SchemaValidator
 
     schema = {"$id": "https://example.com/root.json", "$defs": {
         "pos": {"$id": "pos.json", "type": "integer", "minimum": 1},

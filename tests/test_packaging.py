@@ -40,7 +40,9 @@ def run_python(code: str, *, python: str = sys.executable, cwd: Path, extra_path
 
 def test_import_structgen_is_light(tmp_path):
     code = ("import sys, json, structgen, structgen.errors, structgen.config, structgen.grammar.ir, "
-            "structgen.tools.validation, structgen.tools.cli, structgen.kernels, structgen.grammars\n"
+            "structgen.validation, structgen.metrics, structgen.grammar_cache, structgen.warm, "
+            "structgen.atomic_files, structgen.assets, structgen.tools.cli, structgen.kernels, "
+            "structgen.grammars\n"
             f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
     proc = run_python(code, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr

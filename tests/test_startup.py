@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from structgen import grammar_cache
 from structgen.frontends.json_schema.compiler import canonical_json, compile_json_schema
 from structgen.grammar.store import GrammarStore, load_grammar, save_grammar
-from structgen.tools import grammar_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = ROOT / "schemas"
@@ -288,6 +288,6 @@ def test_cached_compile_round_trip_and_key(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_warm_without_numba_says_so() -> None:
-    p = subprocess.run([sys.executable, "-m", "structgen.tools.warm"], cwd=ROOT, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "structgen.warm"], cwd=ROOT, capture_output=True,
                        text=True, timeout=300, env=dict(os.environ, STRUCTGEN_NATIVE="0"))
     assert p.returncode == 0 and "nothing to compile" in p.stderr

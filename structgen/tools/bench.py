@@ -59,7 +59,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from structgen.tools._atomic import AtomicOutput, write_text_atomic
+from structgen.atomic_files import AtomicOutput, write_text_atomic
 
 __all__ = ["main", "bleu", "check_output", "tiny_model", "prompt_text", "run_structgen", "run_xgrammar",
            "run_outlines", "HEADLINE"]
@@ -345,7 +345,7 @@ def check_output(task: dict[str, Any], text: str, complete: bool | None) -> dict
     ttype = task["type"]
     out: dict[str, Any] = {"valid": False, "quality": 0.0}
     if ttype == "json":
-        from structgen.tools.validation import jsonschema_validator
+        from structgen.validation import jsonschema_validator
 
         try:
             v = json.loads(text)

@@ -23,7 +23,7 @@ Exit codes: 0 success / all valid, 1 some instance invalid (or a failed check), 
 unreadable input or malformed schema (one-line message on stderr), 130 interrupted (Ctrl-C).
 
 Files written (``generate --out/--values-out/--metrics-out``) go through
-:mod:`structgen.tools._atomic`: an existing file is replaced only when the run succeeded; a failed or
+:mod:`structgen.atomic_files`: an existing file is replaced only when the run succeeded; a failed or
 interrupted run keeps what it finished in ``OUT.partial``.
 
 One module per subcommand: :mod:`.validate`, :mod:`.compile`, :mod:`.demo`, :mod:`.generate`,

@@ -43,7 +43,7 @@ def _demo_sets(root: Path) -> list[tuple[str, Path, list[Path], list[Path]]]:
 def _cmd_demo(args: argparse.Namespace) -> int:
     import structgen
     from structgen.frontends.json_schema.source import read_schema_file
-    from structgen.tools.validation import SchemaValidator, iter_documents
+    from structgen.validation import SchemaValidator, iter_documents
 
     prog = "structgen demo"
     root = Path(args.schemas) if args.schemas else _default_schemas_dir()
@@ -105,7 +105,7 @@ def _demo_generate(structgen: Any, name: str, schema: Any, validator: Any,
     """Generate one instance for ``schema`` with the default model; 1 on failure, else 0."""
     import os
 
-    from structgen.tools.validation import Document
+    from structgen.validation import Document
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

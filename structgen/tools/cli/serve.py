@@ -85,9 +85,9 @@ def _observer(metrics: Any) -> Any:
 
 def build_app(args: argparse.Namespace) -> Any:
     """The FastAPI app for parsed ``structgen serve`` arguments (model loaded, engine built)."""
+    from structgen.metrics import process_metrics
     from structgen.serving.app import create_app
     from structgen.serving.engine import Engine
-    from structgen.tools.metrics import process_metrics
 
     settings = _load_settings(args.config)
     gen = settings.generation

@@ -64,7 +64,7 @@ def _remotes(specs: list[str]) -> dict[str, Any]:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from structgen.frontends.json_schema.source import read_schema_file
-    from structgen.tools.validation import SchemaValidator, validate_stream
+    from structgen.validation import SchemaValidator, validate_stream
 
     prog = "structgen validate"
     if args.files.count("-") > 1:
@@ -75,7 +75,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         raise _Usage(_text(e)) from None
     remotes = _remotes(args.remote)
     if getattr(args, "process_wide", False) and not args.no_grammar:
-        from structgen.tools.grammar_cache import cached_grammar
+        from structgen.grammar_cache import cached_grammar
 
         if cached_grammar(schema, remotes=remotes, for_generation=False) is not None:
             choose_kernels(args.files)
