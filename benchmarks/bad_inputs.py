@@ -836,7 +836,7 @@ def main(argv: list[str] | None = None) -> int:
             with Sandbox(memory_mb=args.memory_mb, timeout_s=args.timeout_s, warm_up=not args.smoke,
                          env=light_env) as light, \
                     Sandbox(memory_mb=args.model_memory_mb, timeout_s=args.timeout_s,
-                            imports=("structgen.tools.cli", "torch")) as heavy:
+                            imports=("structgen.cli", "torch")) as heavy:
                 if any(b.needs_model for b in runnable):
                     made = heavy.run(Case("call", call("w_make_tiny_model", folder=model), "tiny model",
                                           timeout_s=300))

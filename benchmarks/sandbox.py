@@ -18,7 +18,7 @@ Outcome classes (:attr:`Outcome.outcome`):
 * ``died``    -- the worker process died some other way (signal, exit) while running the case.
 
 Handlers (``Case.kind``): ``schema``, ``lark``, ``regex``, ``config``, ``cli`` (in-process
-``structgen.tools.cli.main``) and ``call`` (``module:function`` with keyword arguments: cases that
+``structgen.cli.main``) and ``call`` (``module:function`` with keyword arguments: cases that
 need their own code, e.g. the battery's generation and asset cases). Side effects: a case may
 write files in its ``cwd`` (a folder the caller owns); the worker changes into it and back.
 """
@@ -132,7 +132,7 @@ class Sandbox:
     """
 
     def __init__(self, *, memory_mb: int = 1536, timeout_s: float = 10.0, grace_s: float = 5.0,
-                 env: dict[str, str] | None = None, imports: Iterable[str] = ("structgen.tools.cli",),
+                 env: dict[str, str] | None = None, imports: Iterable[str] = ("structgen.cli",),
                  startup_s: float = 300.0, warm_up: bool = True) -> None:
         self.memory_mb = memory_mb
         self.timeout_s = timeout_s
@@ -402,11 +402,11 @@ def _handle_config(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _handle_cli(payload: dict[str, Any]) -> dict[str, Any]:
-    """``structgen.tools.cli.main(argv)`` in-process, with stdin/stdout/stderr captured.
+    """``structgen.cli.main(argv)`` in-process, with stdin/stdout/stderr captured.
 
     The CLI contract: exit 0/1/2; exit 2 prints exactly one ``error:`` line on stderr (a
     grammar's caret excerpt below it is allowed) and never a traceback."""
-    from structgen.tools.cli import main
+    from structgen.cli import main
 
     for name, content in payload.get("files", {}).items():
         path = Path(name)

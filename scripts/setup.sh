@@ -79,7 +79,7 @@ STAMP="$VENV/.structgen-setup"
 want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1) gpu=$GPU"
 check_import() {
     # From the repository root (cwd on sys.path), as tests and users run it.
-    "$PY" -c 'import structgen, structgen.kernels, structgen.grammars, structgen.tools.cli' 2>/dev/null
+    "$PY" -c 'import structgen, structgen.kernels, structgen.grammars, structgen.cli' 2>/dev/null
 }
 if [ "${SETUP_FORCE:-0}" != 1 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && check_import; then
     log "structgen already installed (pyproject.toml unchanged)"

@@ -22,7 +22,7 @@ import pytest
 
 import structgen
 import structgen.tools
-from structgen.tools.cli import main
+from structgen.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -176,7 +176,7 @@ def test_cli_compile_and_validate_read_odd_file_names(odd_files: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """`compile` and `validate` take file arguments as paths; `compile` gives the front door's
     generation grammar, `compile --validation` its validation grammar (every JSON spelling)."""
-    from structgen.tools.cli import main
+    from structgen.cli import main
 
     for i, name in CLI_NAMES:
         assert main(["compile", "--json", name]) == 0
@@ -194,8 +194,8 @@ def test_cli_generate_reads_odd_file_names_through_the_front_door(
         odd_files: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """`generate --schema` takes its argument as a path and compiles the front door's generation
     grammar (recorded where the front door calls the JSON Schema compiler)."""
+    from structgen.cli import main
     from structgen.frontends.json_schema import compiler
-    from structgen.tools.cli import main
 
     seen: list[Any] = []
     real = compiler.compile_json_schema

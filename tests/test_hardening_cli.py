@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import structgen
+from structgen.cli import main
 from structgen.config import (
     CompileOptions,
     GenerationOptions,
@@ -28,7 +29,6 @@ from structgen.config import (
 )
 from structgen.errors import ConfigError, ContextLengthError, SchemaError, StructgenError
 from structgen.settings import load_settings
-from structgen.tools.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -591,7 +591,7 @@ def _swap_two_ids(tokenizer_json: Path) -> None:
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    from structgen.tools.cli import main
+    from structgen.cli import main
 
     rc = main(list(argv))
     out, err = capsys.readouterr()

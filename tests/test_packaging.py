@@ -41,7 +41,7 @@ def run_python(code: str, *, python: str = sys.executable, cwd: Path, extra_path
 def test_import_structgen_is_light(tmp_path):
     code = ("import sys, json, structgen, structgen.errors, structgen.config, structgen.grammar.ir, "
             "structgen.validation, structgen.metrics, structgen.grammar_cache, structgen.warm, "
-            "structgen.atomic_files, structgen.assets, structgen.tools.cli, structgen.kernels, "
+            "structgen.atomic_files, structgen.assets, structgen.cli, structgen.kernels, "
             "structgen.grammars\n"
             f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
     proc = run_python(code, cwd=ROOT)
@@ -157,7 +157,7 @@ def test_wheel_contents(wheel):
     assert "structgen/py.typed" in names
     assert not [n for n in names if not n.startswith(("structgen/", "structgen-"))]
     assert "Requires-Python: >=3.10" in metadata
-    assert "structgen = structgen.tools.cli:main" in entry_points
+    assert "structgen = structgen.cli:main" in entry_points
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +175,7 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_wheel_installs_kernels_and_cli(installed, tmp_path):
     python = str(installed / "bin" / "python")
-    code = ("import structgen, structgen.kernels, structgen.tools.cli\n"
+    code = ("import structgen, structgen.kernels, structgen.cli\n"
             "print(structgen.__file__); print(structgen.kernels.__file__)")
     proc = run_python(code, python=python, cwd=tmp_path, extra_path=False)
     assert proc.returncode == 0, proc.stderr

@@ -308,9 +308,9 @@ def test_responses_survive_lone_surrogates() -> None:
 
 
 def test_serve_cli_flags() -> None:
-    from structgen.tools.cli import _parser
-    from structgen.tools.cli._common import _Usage
-    from structgen.tools.cli.serve import _allowed_hosts
+    from structgen.cli import _parser
+    from structgen.cli._common import _Usage
+    from structgen.cli.serve import _allowed_hosts
 
     args = _parser().parse_args(["serve"])
     assert (args.max_connections, args.keep_alive_timeout, args.header_timeout, args.body_timeout) == \

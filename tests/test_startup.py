@@ -44,7 +44,7 @@ SMALL = {
 # arguments follow (main() with no argv: the process is the program, as the console script is).
 _PROBE = """
 import json, sys
-from structgen.tools.cli import main
+from structgen.cli import main
 sys.argv = ["structgen", *sys.argv[1:]]
 rc = main()
 names = sorted(m for m in sys.modules if m.split(".")[0] in
@@ -87,7 +87,7 @@ def _has_numba() -> bool:
 
 def test_validate_large_input_uses_native_kernels(tmp_path: Path) -> None:
     pytest.importorskip("numba")
-    from structgen.tools.cli.validate import PLAIN_KERNELS_MAX_BYTES
+    from structgen.cli.validate import PLAIN_KERNELS_MAX_BYTES
 
     schema, inst = tmp_path / "s.json", tmp_path / "i.jsonl"
     schema.write_text(json.dumps(SMALL))
@@ -106,7 +106,7 @@ def test_validate_verdicts_same_as_in_process(name: str, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     """The program (plain-Python kernels, grammar cache) and main() in this process give the same
     --json lines for every example instance."""
-    from structgen.tools.cli import main
+    from structgen.cli import main
 
     files = [SCHEMAS / f"{name}.valid.json", SCHEMAS / f"{name}.invalid.json"]
     rc = main(["validate", "--json", "--schema", str(SCHEMAS / f"{name}.schema.json"), *map(str, files)])

@@ -39,14 +39,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from structgen import __version__
-from structgen.tools.cli._common import EXIT_INVALID, EXIT_USAGE, _err, _Usage
-from structgen.tools.cli.compile import _cmd_compile
-from structgen.tools.cli.config import _cmd_config
-from structgen.tools.cli.demo import _cmd_demo
-from structgen.tools.cli.generate import _cmd_generate
-from structgen.tools.cli.models import _cmd_models
-from structgen.tools.cli.serve import add_parser as _add_serve_parser
-from structgen.tools.cli.validate import _cmd_validate
+from structgen.cli._common import EXIT_INVALID, EXIT_USAGE, _err, _Usage
+from structgen.cli.compile import _cmd_compile
+from structgen.cli.config import _cmd_config
+from structgen.cli.demo import _cmd_demo
+from structgen.cli.generate import _cmd_generate
+from structgen.cli.models import _cmd_models
+from structgen.cli.serve import add_parser as _add_serve_parser
+from structgen.cli.validate import _cmd_validate
 
 __all__ = ["main"]
 

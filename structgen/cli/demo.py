@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from structgen import __version__
+from structgen.cli._common import EXIT_INVALID, EXIT_OK, _err, _Usage
 from structgen.errors import StructgenError
-from structgen.tools.cli._common import EXIT_INVALID, EXIT_OK, _err, _Usage
 
 
 def _default_schemas_dir() -> Path:
-    """``schemas/`` of the source checkout this module runs from (structgen/tools/cli/ -> root)."""
-    return Path(__file__).resolve().parents[3] / "schemas"
+    """``schemas/`` of the source checkout this module runs from (structgen/cli/ -> root)."""
+    return Path(__file__).resolve().parents[2] / "schemas"
 
 
 def _demo_sets(root: Path) -> list[tuple[str, Path, list[Path], list[Path]]]:

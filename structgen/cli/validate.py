@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
+from structgen.cli._common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, _err, _note, _text, _Usage
 from structgen.errors import StructgenError
-from structgen.tools.cli._common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, _err, _note, _text, _Usage
 
 #: When the schema's grammar comes from the disk cache, inputs up to this many bytes (regular
 #: files only) are checked with the grammar kernels run as plain Python: loading numba and its

@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from structgen.tools.cli._common import EXIT_INVALID, EXIT_OK, _err, _Usage
+from structgen.cli._common import EXIT_INVALID, EXIT_OK, _err, _Usage
 
 
 def _cmd_models(args: argparse.Namespace) -> int:

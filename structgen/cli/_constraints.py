@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from structgen.cli._common import _text, _Usage
 from structgen.errors import StructgenError
-from structgen.tools.cli._common import _text, _Usage
 
 
 @dataclass

@@ -23,8 +23,8 @@ from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
+from structgen.cli._common import EXIT_OK, _load_settings, _Usage
 from structgen.errors import AssetError, ConfigError
-from structgen.tools.cli._common import EXIT_OK, _load_settings, _Usage
 
 #: Environment variable read for the API key when ``--api-key`` is not given.
 API_KEY_ENV = "STRUCTGEN_API_KEY"

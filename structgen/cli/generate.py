@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from structgen.errors import StructgenError
-from structgen.tools.cli._common import (
+from structgen.cli._common import (
     EXIT_INVALID,
     EXIT_OK,
     _isatty,
@@ -29,7 +28,8 @@ from structgen.tools.cli._common import (
     _text,
     _Usage,
 )
-from structgen.tools.cli._constraints import _Constraint, _main_constraint, _schema_constraint
+from structgen.cli._constraints import _Constraint, _main_constraint, _schema_constraint
+from structgen.errors import StructgenError
 
 
 @dataclass
