@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
 
         lm, _path, name = _gguf.load(args.model, args.threads, args.smoke)
     elif args.smoke:
-        from structgen.tools.bench import tiny_model
+        from bench_suite import tiny_model
 
         lm = tiny_model()
         name = "tiny-random"

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     envelope = _envelope.capture(argv, __file__)
     torch.set_num_threads(args.threads)
     if args.smoke:
-        from structgen.tools import bench
+        import bench_suite as bench
 
         lm = bench.tiny_model()  # unbiased: it runs long, so the rule has to close
         args.model, args.extra = "tiny-random", 4

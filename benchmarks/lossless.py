@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.smoke:
             args.max_new_tokens = 32
     elif args.smoke:
-        from structgen.tools import bench
+        import bench_suite as bench
 
         lm = bench.tiny_model(favour=bench.SMOKE_FAVOUR)
         args.model, args.max_new_tokens = "tiny-random", 32

@@ -360,7 +360,7 @@ async def _warm(url: str, count: int, max_tokens: int, engine: str, workloads: l
 
 
 def _smoke_model(folder: Path) -> str:
-    from structgen.tools.bench import SMOKE_FAVOUR, tiny_model
+    from bench_suite import SMOKE_FAVOUR, tiny_model
 
     lm = tiny_model(favour=SMOKE_FAVOUR)
     lm.model.save_pretrained(folder)

@@ -529,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(figures["masks"]), file=sys.stderr)
     if not args.masks:
         if args.smoke:
-            from structgen.tools import bench
+            import bench_suite as bench
 
             lm = bench.tiny_model()
             args.model, todo, max_new = "tiny-random", list(SMOKE_CASES), 40

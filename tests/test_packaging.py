@@ -156,6 +156,8 @@ def test_wheel_contents(wheel):
     assert not missing, f"not in the wheel (add the package to pyproject.toml): {sorted(missing)}"
     assert "structgen/py.typed" in names
     assert not [n for n in names if not n.startswith(("structgen/", "structgen-"))]
+    suite = [n for n in names if n.endswith(("/bench_suite.py", "/bench_tasks.py")) or "/tasks/" in n]
+    assert not suite, f"benchmark code in the wheel: {suite}"
     assert "Requires-Python: >=3.10" in metadata
     assert "structgen = structgen.cli:main" in entry_points
 
@@ -184,6 +186,11 @@ def test_wheel_installs_kernels_and_cli(installed, tmp_path):
     script = subprocess.run([str(installed / "bin" / "structgen"), "--version"], capture_output=True,
                             text=True, cwd=tmp_path, timeout=120)
     assert script.returncode == 0 and script.stdout.strip() == f"structgen {structgen.__version__}"
+    # the benchmark suite is not in the wheel: `structgen bench` says it needs a source checkout
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the wheel's structgen, not ours
+    bench = subprocess.run([str(installed / "bin" / "structgen"), "bench", "--smoke"], capture_output=True,
+                           text=True, cwd=tmp_path, timeout=120, env=env)
+    assert bench.returncode == 2 and bench.stdout == "" and "source checkout" in bench.stderr
 
 
 def test_wheel_ships_grammars(installed, tmp_path):
