@@ -15,8 +15,8 @@ def load(model: str, threads: int, smoke: bool = False) -> tuple[Any, str, str]:
     """``(lm, gguf_path, name)`` for ``model``: an alias (its ``ALIAS-gguf`` twin, pulled with
     ``structgen models pull``) or a ``.gguf`` path, run by structgen's llama.cpp backend with
     ``threads`` threads; with ``smoke`` the tiny GGUF of the tests, written to a temporary folder."""
+    from structgen.assets.store import GGUF_SUFFIX, resolve_model
     from structgen.generation.llamacpp import is_gguf_path, load_gguf
-    from structgen.generation.model_store import GGUF_SUFFIX, resolve_model
 
     if smoke:
         sys.path.insert(0, str(ROOT / "tests"))

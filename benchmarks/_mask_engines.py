@@ -318,7 +318,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
 
 def load_vocab(alias: str) -> tuple[Any, Any]:
     """The tokenizer of a structgen alias and its :class:`~structgen.masks.vocab.Vocabulary`."""
-    from structgen.generation import model_store
+    from structgen.assets import store as model_store
     from structgen.masks.vocab import Vocabulary
 
     tok = model_store.load_tokenizer(alias)

@@ -78,7 +78,7 @@ def call(func: str, **kwargs: Any) -> dict[str, Any]:
 
 def w_validate_instance(schema: Any, instance: Any) -> dict[str, Any]:
     """SchemaValidator (jsonschema + grammar) on one instance."""
-    from structgen.tools.validation import Document, SchemaValidator
+    from structgen.validation import Document, SchemaValidator
 
     v = SchemaValidator(schema)
     res = v.validate(Document(1, instance), "<battery>")
@@ -95,7 +95,7 @@ def w_nested(kind: str, depth: int) -> dict[str, Any]:
 
         compile_json_schema(schema)
     else:
-        from structgen.tools.validation import Document, SchemaValidator
+        from structgen.validation import Document, SchemaValidator
 
         SchemaValidator(schema, use_grammar=False).validate(Document(1, {"a": 1}), "<battery>")
     return {}
@@ -123,7 +123,7 @@ def w_make_tiny_model(folder: str) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "tests"))
     from _tiny_lm import save_tiny_model
 
-    from structgen.generation.model_store import load_tokenizer
+    from structgen.assets.store import load_tokenizer
 
     save_tiny_model(Path(folder), load_tokenizer("gpt2"))
     return {}
@@ -174,7 +174,7 @@ def w_matcher(action: str) -> dict[str, Any]:
 
 
 def w_load_tokenizer(alias: str) -> dict[str, Any]:
-    from structgen.generation.model_store import load_tokenizer, tokenizer_path
+    from structgen.assets.store import load_tokenizer, tokenizer_path
 
     tokenizer_path(alias)  # fetches nothing: a damaged entry must be reported
     tok = load_tokenizer(alias)
@@ -580,7 +580,7 @@ def _listed_as_cached_when_damaged(folder: Path, outcome: Outcome) -> str | None
 
 def _damage_cache(folder: Path, damage: str) -> None:
     """Copy the real gpt2 tokenizer entry into ``folder/cache`` and damage it as named."""
-    from structgen.generation.model_store import cache_dir
+    from structgen.assets.store import cache_dir
 
     src = cache_dir() / "tokenizers" / "gpt2"
     dst = folder / "cache" / "tokenizers" / "gpt2"
@@ -804,7 +804,7 @@ def main(argv: list[str] | None = None) -> int:
 
     inputs = (schema_inputs() + grammar_inputs() + regex_inputs() + config_inputs() + cli_inputs()
               + asset_inputs())
-    from structgen.generation.model_store import cache_dir
+    from structgen.assets.store import cache_dir
 
     have_assets = (cache_dir() / "tokenizers" / "gpt2" / "manifest.json").is_file()
     records: list[dict[str, Any]] = []
@@ -836,7 +836,7 @@ def main(argv: list[str] | None = None) -> int:
             with Sandbox(memory_mb=args.memory_mb, timeout_s=args.timeout_s, warm_up=not args.smoke,
                          env=light_env) as light, \
                     Sandbox(memory_mb=args.model_memory_mb, timeout_s=args.timeout_s,
-                            imports=("structgen.tools.cli", "torch")) as heavy:
+                            imports=("structgen.cli", "torch")) as heavy:
                 if any(b.needs_model for b in runnable):
                     made = heavy.run(Case("call", call("w_make_tiny_model", folder=model), "tiny model",
                                           timeout_s=300))

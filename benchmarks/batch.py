@@ -63,7 +63,7 @@ from tasks.extraction import TASKS, messages  # noqa: E402
 import structgen  # noqa: E402
 from structgen.config import SpecConfig  # noqa: E402
 from structgen.generation.model import CausalLM, load_model  # noqa: E402
-from structgen.tools.validation import jsonschema_validator  # noqa: E402
+from structgen.validation import jsonschema_validator  # noqa: E402
 
 ENGINES = ("batch-spec", "batch-plain", "single-spec", "single-plain")
 EXTRA_ENGINES = ("batch-spec-serial",)
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
 
         lm, _path, name = _gguf.load(args.model, args.threads, args.smoke)
     elif args.smoke:
-        from structgen.tools.bench import tiny_model
+        from bench_suite import tiny_model
 
         lm = tiny_model()
         name = "tiny-random"

@@ -48,7 +48,7 @@ from structgen.generation.loop import run_sequence  # noqa: E402
 from structgen.generation.model import load_model, vocabulary_for  # noqa: E402
 from structgen.kernels.bitmask import allocate_bitmask  # noqa: E402
 from structgen.masks.matcher import Matcher  # noqa: E402
-from structgen.tools.validation import jsonschema_validator  # noqa: E402
+from structgen.validation import jsonschema_validator  # noqa: E402
 
 
 def cases(n: int) -> list[tuple[str, dict[str, Any], str]]:
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     envelope = _envelope.capture(argv, __file__)
     torch.set_num_threads(args.threads)
     if args.smoke:
-        from structgen.tools import bench
+        import bench_suite as bench
 
         lm = bench.tiny_model()  # unbiased: it runs long, so the rule has to close
         args.model, args.extra = "tiny-random", 4

@@ -56,7 +56,7 @@ ACCURACY_TIE_POINTS = 2.0
 
 def candidates() -> list[dict[str, Any]]:
     """Every transformers model alias of the assets, with its download size."""
-    from structgen.generation.model_store import MODELS
+    from structgen.assets.store import MODELS
 
     return [{"alias": s.alias, "download_mb": s.download_mb, "params": s.params}
             for s in MODELS.values() if not s.gguf_only]

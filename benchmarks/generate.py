@@ -21,7 +21,7 @@ structgen's llama.cpp backend, and the engines default to the llama.cpp peers:
 
 Every engine uses ``--threads`` threads (llama.cpp's threads, torch's threads).
 
-The engine runners and the oracles are shared with the full suite (:mod:`structgen.tools.bench`,
+The engine runners and the oracles are shared with the full suite (``benchmarks/bench_suite.py``,
 ``structgen bench``), which also covers code and prose tasks.
 
 Rounds are interleaved (each task runs every engine before the next task) so machine noise
@@ -55,12 +55,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import _envelope  # noqa: E402
+import bench_suite as bench  # noqa: E402
 import torch  # noqa: E402
 from tasks.extraction import TASKS, messages  # noqa: E402
 
 from structgen.config import SpecConfig  # noqa: E402
 from structgen.generation.model import CausalLM, load_model, stock_copy  # noqa: E402
-from structgen.tools import bench  # noqa: E402
 
 
 def _task(task: dict[str, Any]) -> dict[str, Any]:

@@ -59,7 +59,7 @@ import jsonschema  # noqa: E402
 
 from structgen.config import CompileOptions  # noqa: E402
 from structgen.errors import StructgenError  # noqa: E402
-from structgen.tools.validation import jsonschema_validator  # noqa: E402
+from structgen.validation import jsonschema_validator  # noqa: E402
 
 
 def default_data() -> Path:
@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.escape_variants:
         return escape_variants_main(args, envelope)
 
-    from structgen.generation import model_store
+    from structgen.assets import store as model_store
     from structgen.json_schema import (
         canonical_json,
         compile_json_schema,

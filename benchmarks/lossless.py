@@ -40,7 +40,7 @@ from tasks.extraction import TASKS  # noqa: E402
 
 import structgen  # noqa: E402
 from structgen.generation.model import load_model  # noqa: E402
-from structgen.tools.validation import jsonschema_validator  # noqa: E402
+from structgen.validation import jsonschema_validator  # noqa: E402
 
 
 def cases(n: int) -> list[tuple[str, dict[str, Any], str]]:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.smoke:
             args.max_new_tokens = 32
     elif args.smoke:
-        from structgen.tools import bench
+        import bench_suite as bench
 
         lm = bench.tiny_model(favour=bench.SMOKE_FAVOUR)
         args.model, args.max_new_tokens = "tiny-random", 32

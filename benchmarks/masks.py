@@ -136,7 +136,7 @@ def _validator(schema: Any) -> Any:
         cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
         # formats as structgen enforces them (2020-12 definitions of the draft's formats)
         from structgen.json_schema import format_checker_for
-        from structgen.tools.validation import jsonschema_validator
+        from structgen.validation import jsonschema_validator
 
         # structgen's builder: no registry-less validator, whose $ref would fetch URLs / read files
         return jsonschema_validator(schema, cls, format_checker=format_checker_for(schema))

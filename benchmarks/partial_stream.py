@@ -33,8 +33,9 @@ import _envelope  # noqa: E402
 
 def _run(lm: Any, task: dict[str, Any], partial: bool, max_new: int,
          on_budget: str = "close") -> dict[str, Any]:
+    from tasks.suite import extraction_messages
+
     import structgen
-    from structgen.tools.bench_tasks import extraction_messages
 
     steps: list[str] = []
     events = 0
@@ -73,9 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     envelope = _envelope.capture(argv, __file__)
+    from bench_suite import SMOKE_FAVOUR, tiny_model
+    from tasks.suite import EXTRACTION_TASKS
+
     from structgen.generation.model import load_model
-    from structgen.tools.bench import SMOKE_FAVOUR, tiny_model
-    from structgen.tools.bench_tasks import EXTRACTION_TASKS
 
     if args.smoke:
         lm, name, args.tasks, args.max_new_tokens = tiny_model(favour=SMOKE_FAVOUR), "tiny", 2, 60

@@ -18,7 +18,7 @@ Outcome classes (:attr:`Outcome.outcome`):
 * ``died``    -- the worker process died some other way (signal, exit) while running the case.
 
 Handlers (``Case.kind``): ``schema``, ``lark``, ``regex``, ``config``, ``cli`` (in-process
-``structgen.tools.cli.main``) and ``call`` (``module:function`` with keyword arguments: cases that
+``structgen.cli.main``) and ``call`` (``module:function`` with keyword arguments: cases that
 need their own code, e.g. the battery's generation and asset cases). Side effects: a case may
 write files in its ``cwd`` (a folder the caller owns); the worker changes into it and back.
 """
@@ -132,7 +132,7 @@ class Sandbox:
     """
 
     def __init__(self, *, memory_mb: int = 1536, timeout_s: float = 10.0, grace_s: float = 5.0,
-                 env: dict[str, str] | None = None, imports: Iterable[str] = ("structgen.tools.cli",),
+                 env: dict[str, str] | None = None, imports: Iterable[str] = ("structgen.cli",),
                  startup_s: float = 300.0, warm_up: bool = True) -> None:
         self.memory_mb = memory_mb
         self.timeout_s = timeout_s
@@ -349,7 +349,7 @@ def _bytes(value: Any) -> bytes:
 def _handle_schema(payload: dict[str, Any]) -> dict[str, Any]:
     from structgen.config import CompileOptions
     from structgen.json_schema import compile_json_schema
-    from structgen.tools.validation import Document, SchemaValidator
+    from structgen.validation import Document, SchemaValidator
 
     schema = payload["schema"]
     detail: dict[str, Any] = {}
@@ -402,11 +402,11 @@ def _handle_config(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _handle_cli(payload: dict[str, Any]) -> dict[str, Any]:
-    """``structgen.tools.cli.main(argv)`` in-process, with stdin/stdout/stderr captured.
+    """``structgen.cli.main(argv)`` in-process, with stdin/stdout/stderr captured.
 
     The CLI contract: exit 0/1/2; exit 2 prints exactly one ``error:`` line on stderr (a
     grammar's caret excerpt below it is allowed) and never a traceback."""
-    from structgen.tools.cli import main
+    from structgen.cli import main
 
     for name, content in payload.get("files", {}).items():
         path = Path(name)
@@ -518,7 +518,7 @@ def _warm_up() -> None:
     from structgen.frontends.regex import compile_regex_grammar
     from structgen.json_schema import compile_json_schema
     from structgen.settings import loads_settings
-    from structgen.tools.validation import SchemaValidator
+    from structgen.validation import SchemaValidator
 
     SchemaValidator({"type": "object", "properties": {"a": {"type": "string", "pattern": "^a+$"}}})
     for grammar in (compile_json_schema({"type": "array", "items": {"type": "integer"}}),

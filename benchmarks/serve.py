@@ -360,7 +360,7 @@ async def _warm(url: str, count: int, max_tokens: int, engine: str, workloads: l
 
 
 def _smoke_model(folder: Path) -> str:
-    from structgen.tools.bench import SMOKE_FAVOUR, tiny_model
+    from bench_suite import SMOKE_FAVOUR, tiny_model
 
     lm = tiny_model(favour=SMOKE_FAVOUR)
     lm.model.save_pretrained(folder)
@@ -388,7 +388,7 @@ def _gguf_path(args: argparse.Namespace, folder: Path) -> tuple[str, str]:
         from _tiny_gguf import write_tiny_gguf
 
         return str(write_tiny_gguf(folder / "tiny.gguf", n_ctx=N_CTX)), "tiny-gguf"
-    from structgen.generation.model_store import GGUF_SUFFIX, resolve_model
+    from structgen.assets.store import GGUF_SUFFIX, resolve_model
 
     model = args.model
     is_gguf = model.endswith((GGUF_SUFFIX, ".gguf"))

@@ -6,7 +6,7 @@ hostile constraints, hostile connections, and normal traffic beside hostile work
     python benchmarks/serve_hostile.py --only body,connection --no-fail
 
 A ``python -m structgen serve`` subprocess serves a tiny random Llama over GPT-2's tokenizer
-(``structgen.tools.bench.tiny_model``, saved to a temporary folder; ``--model`` serves another)
+(``bench_suite.tiny_model``, saved to a temporary folder; ``--model`` serves another)
 on 127.0.0.1 at a free port, with an API key, ``--max-queued 8`` and a compile budget of
 ``--compile-timeout-s`` seconds (the ``compile:`` section of a generated ``--config`` file). Its
 working folder is a temporary folder holding a canary JSON file and a canary Lark grammar
@@ -1362,7 +1362,7 @@ def main(argv: list[str] | None = None) -> int:
                            "max_queued": args.max_queued, "max_body_bytes": args.max_body_bytes,
                            "slow_cap_s": args.slow_cap_s, "idle_cap_s": args.idle_cap_s,
                            "connections": args.connections, "latency_factor": args.latency_factor,
-                           "model": args.model or "tiny random Llama (structgen.tools.bench.tiny_model)",
+                           "model": args.model or "tiny random Llama (benchmarks/bench_suite.py tiny_model)",
                            "server_args": args.server_arg},
               "concurrency": summary, "cases": records, "server_log_tail": log_tail}
     out = args.out or (None if args.smoke else ROOT / "benchmarks" / "results" / "serve-hostile.json")

@@ -8,9 +8,10 @@ machine, per build of the package (``--build NAME=DIR``, default: this checkout)
   ``__pycache__`` (no bytecode, no numba kernel cache), an empty ``STRUCTGEN_CACHE``: a first
   run with no set-up step beyond the install (``STRUCTGEN_WARM=0``). Every run its own copy.
 * ``cold``: right after ``scripts/setup.sh``: a copy of a folder where the build's set-up step
-  ran (``python -m structgen.tools.warm`` when the build has it: numba's kernel cache and
-  bytecode; nothing for builds without it), with an empty ``STRUCTGEN_CACHE`` (so an empty
-  grammar cache). Every run its own copy (``cp -p``: numba's cache checks the sources' times).
+  ran (``python -m structgen.warm``, or ``structgen.tools.warm`` in older builds, when the build
+  has it: numba's kernel cache and bytecode; nothing for builds without it), with an empty
+  ``STRUCTGEN_CACHE`` (so an empty grammar cache). Every run its own copy (``cp -p``: numba's
+  cache checks the sources' times).
 * ``warm``: the same copy after one run of the same command, so every cache is filled.
   (``--smoke`` measures the checkout itself, warm, to stay quick.)
 
@@ -109,11 +110,19 @@ def fresh_copy(parent: Path, package: Path = ROOT / "structgen") -> Path:
     return work
 
 
+def warm_module(package: Path) -> str | None:
+    """The build's warm-up module (``structgen.warm``; ``structgen.tools.warm`` in builds before
+    the tools package was split up), or None when it has none."""
+    if (package / "warm.py").exists():
+        return "structgen.warm"
+    return "structgen.tools.warm" if (package / "tools" / "warm.py").exists() else None
+
+
 def set_up(parent: Path, package: Path) -> tuple[Path, dict[str, float] | None]:
     """A fresh copy of ``package`` where the build's own set-up step ran (``python -m
-    structgen.tools.warm`` when the build has that module); returns it and that step's cost."""
+    structgen.warm`` when the build has that module); returns it and that step's cost."""
     work = fresh_copy(parent, package)
-    if not (work / "structgen" / "tools" / "warm.py").exists():
+    if warm_module(work / "structgen") is None:
         return work, None
     cost = run_once("warm", work)
     return work, cost
@@ -133,7 +142,10 @@ def run_once(command: str, work: Path, package_root: Path | None = None) -> dict
     env = dict(os.environ, PYTHONPATH=str(package_root or work), STRUCTGEN_CACHE=str(work / "cache"))
     for name in ("PYTHONDONTWRITEBYTECODE", "NUMBA_CACHE_DIR", "STRUCTGEN_NATIVE", "STRUCTGEN_GRAMMAR_CACHE"):
         env.pop(name, None)  # bytecode and numba's cache sit beside the copied sources
-    argv = [sys.executable, "-m", "structgen.tools.warm"] if command == "warm" else _argv(command, work)
+    if command == "warm":
+        argv = [sys.executable, "-m", str(warm_module((package_root or work) / "structgen"))]
+    else:
+        argv = _argv(command, work)
     load = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -178,7 +190,7 @@ def markdown(doc: dict[str, Any], envelope: dict[str, Any]) -> str:
     for b in builds:
         step = doc["setup_step"].get(b)
         lines.append(f"* {b}: {doc['builds'][b]}; set-up step: " + (
-            "none" if step is None else f"python -m structgen.tools.warm, {step['wall_s']:.1f} s wall / "
+            "none" if step is None else f"the warm-up module, {step['wall_s']:.1f} s wall / "
             f"{step['cpu_s']:.1f} s CPU"))
     lines += ["", "| command | state | " + " | ".join(f"{b} CPU s | {b} wall s" for b in builds) + " |",
               "|---|---|" + "---|---|" * len(builds)]

@@ -336,9 +336,9 @@ def mask_costs(repeats: int) -> dict[str, Any]:
     import torch
     from transformers import LogitsProcessor, LogitsProcessorList
 
+    from structgen.assets.store import load_tokenizer
     from structgen.calls.plan import plan_output
     from structgen.frontends.constraint import compile_constraint
-    from structgen.generation.model_store import load_tokenizer
     from structgen.integrations import StructgenLogitsProcessor
     from structgen.masks.matcher import Matcher, bitmask_words
     from structgen.masks.vocab import Vocabulary
@@ -529,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(figures["masks"]), file=sys.stderr)
     if not args.masks:
         if args.smoke:
-            from structgen.tools import bench
+            import bench_suite as bench
 
             lm = bench.tiny_model()
             args.model, todo, max_new = "tiny-random", list(SMOKE_CASES), 40

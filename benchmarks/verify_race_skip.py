@@ -16,7 +16,7 @@ Two sources of rows:
       python benchmarks/verify_race_skip.py
 
 - ``--logits real``: a real model's logits along grammar-constrained sampled trajectories of the
-  extraction tasks (``structgen.tools.bench_tasks``), each row masked by the grammar's bitmask at that
+  extraction tasks (``benchmarks/tasks/suite.py``), each row masked by the grammar's bitmask at that
   position, scaled by ``1 / temperature`` and rounded to bfloat16 as the kernel reads them.
   Every position is replayed as a bonus row (the race over all allowed tokens); rows are also
   reported by how many tokens the grammar allows (free-text positions allow most of the
@@ -108,11 +108,12 @@ def synthetic(splits: int, batch: int = 32, V: int = 151936) -> dict[str, Any]:
 def real_rows(model: str, temperature: float, tasks: int, max_new: int, seed: int) -> torch.Tensor:
     """Scaled, masked bfloat16-rounded logits ``[R, V]`` (float32, -inf where not allowed) of
     every sampled position of grammar-constrained trajectories."""
+    from tasks.suite import EXTRACTION_TASKS, extraction_messages
+
     from structgen.generation.api import prompt_ids, resolve_grammar
     from structgen.generation.model import load_model, vocabulary_for
     from structgen.kernels.bitmask import allocate_bitmask
     from structgen.masks.matcher import Matcher
-    from structgen.tools.bench_tasks import EXTRACTION_TASKS, extraction_messages
 
     lm = load_model(model)
     vocab = vocabulary_for(lm)

@@ -653,14 +653,14 @@ def markdown(meta: dict[str, Any], summary: dict[str, Any], ident: dict[str, Any
 # --------------------------------------------------------------------------- main
 
 def _model_path(alias: str) -> str:
-    from structgen.generation.model_store import resolve_model
+    from structgen.assets.store import resolve_model
 
     return str(resolve_model(alias))
 
 
 def _cached(alias: str) -> bool:
+    from structgen.assets.store import model_path
     from structgen.errors import AssetError
-    from structgen.generation.model_store import model_path
 
     try:
         model_path(alias)

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from structgen.generation.model_store import resolve_model
+    from structgen.assets.store import resolve_model
     from structgen.integrations import StructgenLogitsProcessor
 
     path = resolve_model(args.model)  # an alias must have been pulled (`structgen models pull`)

@@ -12,7 +12,7 @@ valid prefix of a speculative draft, no state change), ``rollback(n)``, ``is_ter
 This script is a toy engine loop (greedy, whole-sequence forwards, no KV cache) serving
 three requests with different constraint types in one batch; each step also validates a
 naive draft and rolls it back, as a speculative engine would. Prints one output per request.
-See ``structgen/integrations.py`` for wiring the backend into vLLM itself.
+For vLLM itself, use ``structgen.integrations.vllm`` (docs/guides/vllm.md) instead.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from structgen.generation.model_store import resolve_model
+    from structgen.assets.store import resolve_model
     from structgen.generation.sampling import unpack_bitmask
     from structgen.integrations import StructgenBackend
 

@@ -17,7 +17,7 @@
 #      httpx, and the openai client the server tests use) and a check that structgen, structgen.kernels and
 #      structgen.grammars import from the repository root (docs: mkdocs for scripts/test.sh).
 #   3b. The native grammar/mask kernels compiled into numba's disk cache
-#      (`python -m structgen.tools.warm`): about a minute of CPU once, so that the first compile
+#      (`python -m structgen.warm`): about a minute of CPU once, so that the first compile
 #      or token mask a user asks for does not pay for it (seconds when already cached; numba
 #      recompiles a kernel whose source changed). STRUCTGEN_WARM=0 skips it.
 #   4. The llama.cpp backend (`.[llamacpp]`; STRUCTGEN_LLAMACPP=0 skips it, and its tests then
@@ -37,7 +37,7 @@
 #      vLLM pins numba, lark, openai and transformers versions of its own, hence the second
 #      environment. The first time about 5 minutes (a few hundred MB from PyPI, then a minute or
 #      more compiling kernels); seconds later.
-#   5. Tokenizer and model assets the tests and the demo use: `python -m structgen.tools.assets pull
+#   5. Tokenizer and model assets the tests and the demo use: `python -m structgen.assets pull
 #      ALIAS...` (the same job as `structgen models pull`; cached under ~/.cache/structgen, so later
 #      runs are quick).
 set -euo pipefail
@@ -79,7 +79,7 @@ STAMP="$VENV/.structgen-setup"
 want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1) gpu=$GPU"
 check_import() {
     # From the repository root (cwd on sys.path), as tests and users run it.
-    "$PY" -c 'import structgen, structgen.kernels, structgen.grammars, structgen.tools.cli' 2>/dev/null
+    "$PY" -c 'import structgen, structgen.kernels, structgen.grammars, structgen.cli' 2>/dev/null
 }
 if [ "${SETUP_FORCE:-0}" != 1 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && check_import; then
     log "structgen already installed (pyproject.toml unchanged)"
@@ -100,7 +100,7 @@ if [ "${STRUCTGEN_WARM:-1}" = 0 ]; then
     log "STRUCTGEN_WARM=0: native kernels not compiled now (the first compile or mask does it)"
 else
     log "compiling the native grammar/mask kernels into numba's disk cache (about a minute the first time)"
-    "$PY" -m structgen.tools.warm || log "warning: compiling the native kernels failed (see above): the first compile or mask will compile them"
+    "$PY" -m structgen.warm || log "warning: compiling the native kernels failed (see above): the first compile or mask will compile them"
 fi
 
 # 4. llama.cpp backend (STRUCTGEN_LLAMACPP=0 skips it) ---------------------------------------------------------------
@@ -167,12 +167,12 @@ fi
 # 5. assets ----------------------------------------------------------------------------------
 if [ -z "$ASSETS" ]; then
     log "STRUCTGEN_ASSETS is empty: no assets pulled"
-elif [ -f structgen/tools/assets.py ]; then
-    log "assets: python -m structgen.tools.assets pull $ASSETS (cached after the first run)"
+elif [ -f structgen/assets/pull.py ]; then
+    log "assets: python -m structgen.assets pull $ASSETS (cached after the first run)"
     # shellcheck disable=SC2086  # word splitting intended: one alias per word
-    "$PY" -m structgen.tools.assets pull $ASSETS || die "pulling assets ($ASSETS) failed (see above)"
+    "$PY" -m structgen.assets pull $ASSETS || die "pulling assets ($ASSETS) failed (see above)"
 else
-    log "structgen/tools/assets.py does not exist yet: skipping tokenizer/model assets ($ASSETS);"
+    log "structgen/assets/pull.py does not exist yet: skipping tokenizer/model assets ($ASSETS);"
     log "tests that need them skip themselves and 'structgen demo' runs without a model"
 fi
 

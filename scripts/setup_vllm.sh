@@ -30,7 +30,7 @@
 #      is set. The two environments have different numba versions (.venv 0.68, this one 0.65);
 #      with one cache folder (numba's default: __pycache__ beside structgen's kernel modules)
 #      each would discard and recompile the other's kernels. Then structgen's native kernels are
-#      compiled into it (`python -m structgen.tools.warm`, about a minute once, seconds later;
+#      compiled into it (`python -m structgen.warm`, about a minute once, seconds later;
 #      STRUCTGEN_WARM=0 skips it).
 set -euo pipefail
 
@@ -126,7 +126,7 @@ if [ "${STRUCTGEN_WARM:-1}" = 0 ]; then
     log "STRUCTGEN_WARM=0: native kernels not compiled now (the first compile or mask does it)"
 else
     log "compiling the native grammar/mask kernels into $NUMBA_CACHE (about a minute the first time)"
-    NUMBA_CACHE_DIR="$NUMBA_CACHE" "$PY" -m structgen.tools.warm \
+    NUMBA_CACHE_DIR="$NUMBA_CACHE" "$PY" -m structgen.warm \
         || log "warning: compiling the native kernels failed (see above): the first compile or mask will compile them"
 fi
 

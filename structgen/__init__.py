@@ -44,8 +44,8 @@ _LAZY = {
     "CompileOptions": "structgen.config:CompileOptions",
     "JsonSchemaOptions": "structgen.config:JsonSchemaOptions",
     "SpecConfig": "structgen.config:SpecConfig",
-    "StructgenLogitsProcessor": "structgen.integrations:StructgenLogitsProcessor",
-    "StructgenBackend": "structgen.integrations:StructgenBackend",
+    "StructgenLogitsProcessor": "structgen.integrations.transformers:StructgenLogitsProcessor",
+    "StructgenBackend": "structgen.integrations.vllm_style:StructgenBackend",
     "generate": "structgen.generation.api:generate",
     "stream": "structgen.generation.api:stream",
     "generate_model": "structgen.generation.api:generate_model",
@@ -97,7 +97,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from structgen.generation.partial import PartialJsonReader
     from structgen.grammar.compiled import CompiledGrammar
     from structgen.grammar.compiler import compile_grammar
-    from structgen.integrations import StructgenBackend, StructgenLogitsProcessor
+    from structgen.integrations.transformers import StructgenLogitsProcessor
+    from structgen.integrations.vllm_style import StructgenBackend
     from structgen.kernels.bitmask import allocate_bitmask
     from structgen.masks.matcher import Matcher, fill_bitmasks
     from structgen.masks.vocab import Vocabulary

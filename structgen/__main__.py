@@ -2,6 +2,6 @@
 
 import sys
 
-from structgen.tools.cli import main
+from structgen.cli import main
 
 sys.exit(main())

@@ -151,28 +151,25 @@ class JsonSchemaOptions:
         where the schema gives none (None: unbounded).
     max_depth: nesting depth above which a schema is rejected as too deep.
     max_enum: enum/const values above which compilation raises CompileLimitError.
-    string_escapes: how characters inside JSON strings may be spelled. ``"all"``: every
-        form JSON allows (``\\uXXXX`` in either hex case, surrogate pairs, ``\\/``, the
-        short escapes) -- what validation needs, and what
-        ``compile_json_schema(..., for_generation=False)`` uses when this is None. ``"canonical"``: only the form
-        ``json.dumps(value, ensure_ascii=False)`` writes (raw UTF-8; ``\\"``, ``\\\\``
-        and control characters escaped) -- what generation uses when this is None, so that
-        enum values, consts and property names are forced text and a model cannot wander
-        into escapes. A narrowing: every canonical output is valid under "all".
-    number_spelling: how numbers may be written. ``"all"``: every JSON number literal the
-        schema's value constraints allow (``3.0``, ``-0``, ``3e0`` and ``1e2`` are integers,
-        any number of digits) -- what validation needs, and what
-        ``compile_json_schema(..., for_generation=False)`` uses when this is None. ``"canonical"``: what generation
-        uses when this is None, so that strict parsers (a Pydantic ``int`` field) read what
-        a model writes: an ``integer`` is an integer literal ``-?(0|[1-9][0-9]*)`` (no
-        fraction, no exponent, no ``-0``) of at most 19 digits, or as many as the largest
-        bound or ``multipleOf`` of the schema needs; a ``number`` has at most 17 mantissa
-        digits (not counting a lone ``0`` before the point), at most 3 exponent digits and
-        no negative zero; an ``enum``/``const`` number is written one way (an integral
-        value as an integer literal, another as ``json.dumps`` writes it). A narrowing:
-        every canonical output is valid under "all"; where the schema's numeric constraints
-        leave no canonical literal (e.g. ``"minimum": 1e1000`` for a ``number``) or its
-        automaton would be too large, that number constraint keeps the full language.
+    string_escapes: how characters inside JSON strings may be spelled. ``"all"``: every form JSON allows
+        (``\\uXXXX`` in either hex case, surrogate pairs, ``\\/``, the short escapes) -- what validation
+        needs, and what ``compile_json_schema(..., for_generation=False)`` uses when this is None.
+        ``"canonical"``: only the form ``json.dumps(value, ensure_ascii=False)`` writes (raw UTF-8;
+        ``\\"``, ``\\\\`` and control characters escaped) -- what generation uses when this is None, so
+        that enum values, consts and property names are forced text and a model cannot wander into
+        escapes. A narrowing: every canonical output is valid under "all".
+    number_spelling: how numbers may be written. ``"all"``: every JSON number literal the schema's value
+        constraints allow (``3.0``, ``-0``, ``3e0`` and ``1e2`` are integers, any number of digits) --
+        what validation needs, and what ``compile_json_schema(..., for_generation=False)`` uses when this
+        is None. ``"canonical"``: what generation uses when this is None, so that strict parsers (a
+        Pydantic ``int`` field) read what a model writes: an ``integer`` is an integer literal
+        ``-?(0|[1-9][0-9]*)`` (no fraction, no exponent, no ``-0``) of at most 19 digits, or as many as
+        the largest bound or ``multipleOf`` of the schema needs; a ``number`` has at most 17 mantissa
+        digits (not counting a lone ``0`` before the point), at most 3 exponent digits and no negative
+        zero; an ``enum``/``const`` number is written one way (an integral value as an integer literal,
+        another as ``json.dumps`` writes it). A narrowing: every canonical output is valid under "all";
+        where the schema's numeric constraints leave no canonical literal (e.g. ``"minimum": 1e1000`` for
+        a ``number``) or its automaton would be too large, that number constraint keeps the full language.
     value_checks: check string values an automaton cannot (``hostname`` A-labels under
         draft-07 and later, ``idn-hostname``, ``idn-email``; see docs/formats.md). True: the
         grammar accepts the format's superset and checks each such string when it completes

@@ -7,6 +7,8 @@ column (with a caret excerpt) into grammar text, or a character offset into a re
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "StructgenError",
     "ConfigError",
@@ -24,6 +26,12 @@ __all__ = [
     "MatcherUsageError",
     "ModelValidationError",
     "RequestCancelledError",
+    "VerifyError",
+    "IntegrationError",
+    "TokenRejectedError",
+    "VllmVersionError",
+    "ServerBusyError",
+    "EngineClosedError",
     "StructgenWarning",
     "attribute_to_request",
 ]
@@ -235,6 +243,57 @@ class ModelValidationError(StructgenError, ValueError):
         super().__init__(message)
         self.text = text
         self.finish_reason = finish_reason
+
+
+class VerifyError(StructgenError, ValueError):
+    """A sequence could not be verified: a row it reached had no viable token (every token
+    masked, or only -inf logits), had NaN/+inf logits on allowed tokens, or its drafts did not
+    fit the output. ``sequence`` is its batch index and ``position`` the row position
+    (:mod:`structgen.generation.verify`)."""
+
+    def __init__(self, message: str, *, sequence: int, position: int) -> None:
+        self.sequence = sequence
+        self.position = position
+        super().__init__(message)
+
+
+class IntegrationError(StructgenError, ValueError):
+    """An integration (:mod:`structgen.integrations`) was driven outside its contract (e.g.
+    rolling back more tokens than were accepted). ``request_id`` / ``row`` say which request or
+    batch row, when known."""
+
+    def __init__(self, message: str, *, request_id: Any = None, row: int | None = None) -> None:
+        self.request_id = request_id
+        self.row = row
+        where = ""
+        if request_id is not None:
+            where = f"request {request_id!r}: "
+        elif row is not None:
+            where = f"batch row {row}: "
+        super().__init__(where + message)
+
+
+class TokenRejectedError(IntegrationError):
+    """A token fed back by the decoding loop is not allowed by the row's grammar (the mask
+    was overridden after the logits processor ran, or the processor was attached to a generation
+    it did not see from the start). ``position`` is the index of the token in ``input_ids``."""
+
+    def __init__(self, message: str, *, row: int, position: int, token_id: int) -> None:
+        self.position = position
+        self.token_id = token_id
+        super().__init__(message, row=row)
+
+
+class VllmVersionError(StructgenError, RuntimeError):
+    """vLLM is missing, or is a version :mod:`structgen.integrations.vllm` was not tested with."""
+
+
+class ServerBusyError(StructgenError):
+    """The serving engine's queue is full (``max_queued``): try again later (HTTP 429)."""
+
+
+class EngineClosedError(StructgenError):
+    """The serving engine is shutting down and takes no new requests (HTTP 503)."""
 
 
 class StructgenWarning(UserWarning):

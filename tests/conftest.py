@@ -28,7 +28,7 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# The command line's disk cache of compiled grammars (structgen.tools.grammar_cache): a fresh,
+# The command line's disk cache of compiled grammars (structgen.grammar_cache): a fresh,
 # empty folder per test session (subprocesses inherit it), never the user's cache.
 if "STRUCTGEN_GRAMMAR_CACHE" not in os.environ:
     os.environ["STRUCTGEN_GRAMMAR_CACHE"] = tempfile.mkdtemp(prefix="structgen-test-grammars-")
@@ -66,12 +66,12 @@ def get_tokenizer_or_skip(alias: str) -> Any:
     """A Hugging Face tokenizer for a structgen alias (or model alias), loaded once per
     session; ``pytest.skip`` with the reason if it cannot be obtained."""
     if alias not in _TOKENIZERS:
+        from structgen.assets import store as model_store
         from structgen.errors import AssetError
-        from structgen.generation import model_store
 
         try:
             if _fetch_allowed():  # the library never fetches: pull first, as a user would
-                from structgen.tools import assets
+                from structgen.assets import pull as assets
 
                 if alias in model_store.TOKENIZERS:
                     assets.fetch_tokenizer(alias)
@@ -86,12 +86,12 @@ def get_tokenizer_or_skip(alias: str) -> Any:
 def get_model_dir_or_skip(alias: str) -> Path:
     """The cached Hugging Face folder of a model alias; ``pytest.skip`` if unavailable."""
     if alias not in _MODEL_DIRS:
+        from structgen.assets import store as model_store
         from structgen.errors import AssetError
-        from structgen.generation import model_store
 
         try:
             if _fetch_allowed():
-                from structgen.tools import assets
+                from structgen.assets import pull as assets
 
                 _MODEL_DIRS[alias] = assets.fetch_model(alias)
             else:

@@ -1,4 +1,5 @@
-"""The benchmark suite (``structgen bench``): task data, oracles, and a smoke run end to end.
+"""The benchmark suite (``benchmarks/bench_suite.py``, ``structgen bench``): task data, oracles,
+and a smoke run end to end.
 
 Oracles are independent of the code under test: ``jsonschema``, Lark's own Earley parser,
 SQLite, Python's ``ast`` and hand-computed BLEU values. The smoke run uses a tiny randomly
@@ -11,13 +12,17 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+import sys
+from pathlib import Path
 
 import jsonschema
 import lark
 import pytest
 
-from structgen.tools import bench
-from structgen.tools.bench_tasks import SQL_ROWS, SQL_TABLES, all_tasks
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import bench_suite as bench  # noqa: E402
+from tasks.suite import SQL_ROWS, SQL_TABLES, all_tasks  # noqa: E402
 
 
 def _lark_ok(grammar: str, text: str) -> bool:

@@ -35,6 +35,10 @@ HAVE_TRITON = importlib.util.find_spec("triton") is not None
 PEER_MODULES = {"xgrammar": "xgrammar", "llguidance": "llguidance", "outlines-core": "outlines_core"}
 # helper modules of the scripts (not benchmarks, no --smoke): sandbox.py and every _*.py
 HELPERS = {"sandbox.py"}
+# scripts whose --smoke another test file runs: the benchmark suite (structgen bench) writes a
+# report folder of its own (suite-*.json and .md, not the shared envelope), and
+# tests/test_bench_suite.py runs its smoke in process and checks those reports
+SMOKED_ELSEWHERE = {"bench_suite.py"}
 ENVELOPE_KEYS = {"commit", "date", "machine", "versions", "command"}
 # what benchmarks/serve.py's llama_cpp.server engine imports (llama-cpp-python and its server's)
 LLAMA_SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context",
@@ -135,8 +139,8 @@ def _vllm_missing(script: str) -> str | None:
         return None
     if not _have_vllm():
         return "vLLM is not installed (bash scripts/setup_vllm.sh)"
+    from structgen.assets import store as model_store
     from structgen.errors import AssetError
-    from structgen.generation import model_store
 
     try:
         model_store.model_path(NEEDS_VLLM[script])
@@ -147,8 +151,8 @@ def _vllm_missing(script: str) -> str | None:
 
 def _runnable() -> list[str]:
     """The scripts whose prerequisites are here (triton; cached tokenizers: no fetching)."""
+    from structgen.assets import store as model_store
     from structgen.errors import AssetError
-    from structgen.generation import model_store
 
     out = []
     for script in START_ORDER:
@@ -224,8 +228,10 @@ def _check_envelope(report: dict[str, Any], script: str, out: Path) -> None:
 
 
 def test_every_benchmark_script_has_a_smoke() -> None:
-    scripts = {p.name for p in BENCH.glob("*.py") if not p.name.startswith("_")} - HELPERS
+    scripts = {p.name for p in BENCH.glob("*.py") if not p.name.startswith("_")} - HELPERS - SMOKED_ELSEWHERE
     assert scripts == {f"{SCRIPT_OF.get(s, s)}.py" for s in SMOKES}
+    for name in SMOKED_ELSEWHERE:
+        assert "--smoke" in (BENCH / name).read_text(encoding="utf-8"), name
     assert set(SMOKES) == set(START_ORDER) and set(SCRIPT_OF) <= set(SMOKES)
     for s in SMOKES:
         assert "--smoke" in (BENCH / f"{SCRIPT_OF.get(s, s)}.py").read_text(encoding="utf-8"), s
@@ -481,8 +487,8 @@ def test_llamacpp_row_invariance(runs: _Runs) -> None:
 def test_default_model(runs: _Runs) -> None:
     """The stated rule, applied to the stored measurements, picks structgen's DEFAULT_MODEL
     (the script exits 1 otherwise), and every candidate has a verdict."""
+    from structgen.assets.store import MODELS
     from structgen.generation.api import DEFAULT_MODEL
-    from structgen.generation.model_store import MODELS
 
     _, report = _smoke(runs, "default_model")
     assert report["chosen"] == report["default_model"] == DEFAULT_MODEL and report["default_follows_rule"]

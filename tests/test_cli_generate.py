@@ -21,8 +21,7 @@ import jsonschema
 import pytest
 
 import structgen
-import structgen.tools
-from structgen.tools.cli import main
+from structgen.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -333,7 +332,7 @@ def test_missing_model_folder_is_unknown_model(files: Path, capsys: pytest.Captu
 # ---------------------------------------------------------------------------------------------
 
 def test_models_list(capsys: pytest.CaptureFixture[str]) -> None:
-    from structgen.tools import assets
+    from structgen.assets import pull as assets
 
     rc, out, _ = run(capsys, "models", "--json")
     assert rc == 0
@@ -346,7 +345,7 @@ def test_models_list(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_models_path(capsys: pytest.CaptureFixture[str]) -> None:
-    from structgen.tools import assets
+    from structgen.assets import pull as assets
 
     cached = [r for r in assets.list_aliases() if r.cached]
     if not cached:
@@ -360,21 +359,27 @@ def test_models_path(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_bench_delegates_argv(monkeypatch: pytest.MonkeyPatch) -> None:
+    from structgen.cli import bench
+
+    assert bench.suite_path() == Path(__file__).resolve().parents[1] / "benchmarks" / "bench_suite.py"
     seen: list[list[str]] = []
-    fake = types.ModuleType("structgen.tools.bench")
+    fake = types.ModuleType(bench.SUITE)
     fake.main = lambda argv: seen.append(list(argv)) or 7  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "structgen.tools.bench", fake)
-    monkeypatch.setattr(structgen.tools, "bench", fake, raising=False)  # once imported, the attribute wins
+    monkeypatch.setitem(sys.modules, bench.SUITE, fake)  # what the import finds
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the command adds benchmarks/ to it
     assert main(["bench", "--smoke", "--out", "x"]) == 7
     assert seen == [["--smoke", "--out", "x"]]
 
 
-def test_bench_missing_module_exit_2(monkeypatch: pytest.MonkeyPatch,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(sys.modules, "structgen.tools.bench", None)  # makes the import fail
-    monkeypatch.delattr(structgen.tools, "bench", raising=False)
+def test_bench_outside_a_checkout_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from structgen.cli import bench
+
+    # an installed wheel: no benchmarks/ beside the package
+    monkeypatch.setattr(bench, "suite_path", lambda: tmp_path / "benchmarks" / "bench_suite.py")
     rc, out, err = run(capsys, "bench", "--smoke")
-    assert rc == 2 and out == "" and "structgen.tools.bench" in one_line(err)
+    assert rc == 2 and out == ""
+    assert "source checkout" in one_line(err) and "python benchmarks/bench_suite.py" in one_line(err)
 
 
 def test_python_dash_m() -> None:

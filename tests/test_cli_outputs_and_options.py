@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import structgen
+from structgen.cli import main
 from structgen.config import (
     CompileOptions,
     GenerationOptions,
@@ -28,7 +29,6 @@ from structgen.config import (
 )
 from structgen.errors import ConfigError, ContextLengthError, SchemaError, StructgenError
 from structgen.settings import load_settings
-from structgen.tools.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -258,7 +258,7 @@ def test_interrupted_run_keeps_original_and_finished_results(files: Path, model_
 
 
 def test_atomic_output_unit(tmp_path: Path) -> None:
-    from structgen.tools._atomic import AtomicOutput, write_text_atomic
+    from structgen.atomic_files import AtomicOutput, write_text_atomic
 
     target = tmp_path / "real.txt"
     target.write_text("old")

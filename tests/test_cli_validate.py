@@ -22,8 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from structgen.cli import main
 from structgen.errors import UnsupportedFeatureError
-from structgen.tools.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -530,7 +530,7 @@ def test_validate_does_not_import_torch(tmp_path, schema_file):
     f = write(tmp_path, "bad.json", INVALID_PRETTY)
     code = (
         "import sys\n"
-        "from structgen.tools.cli import main\n"
+        "from structgen.cli import main\n"
         f"rc = main(['validate', '--quiet', '-s', {str(schema_file)!r}, {str(f)!r}])\n"
         "heavy = sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules)\n"
         "print(rc, heavy)\n"

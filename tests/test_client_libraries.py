@@ -60,11 +60,11 @@ def server(tokenizer_by_alias):
     the run metrics (here a registry of its own) that ``/metrics`` exports."""
     from _tiny_lm import build_tiny_llama
 
+    from structgen.cli.serve import _observer
     from structgen.generation.model import CausalLM
+    from structgen.metrics import Metrics
     from structgen.serving.app import create_app
     from structgen.serving.engine import Engine
-    from structgen.tools.cli.serve import _observer
-    from structgen.tools.metrics import Metrics
 
     tok = tokenizer_by_alias("gpt2")
     lm = CausalLM(build_tiny_llama(tok, "random"), tok)

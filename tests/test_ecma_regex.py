@@ -500,7 +500,7 @@ def test_structgen_validate_reads_patterns_as_ecma262() -> None:
     """`structgen validate`'s jsonschema verdict follows the same dialect as the grammar: a
     non-ASCII digit does not match ``\\d``, ``\\p{L}`` is a valid pattern, a final newline is not
     an end, and messages show the schema's own pattern."""
-    from structgen.tools.validation import SchemaValidator, iter_documents
+    from structgen.validation import SchemaValidator, iter_documents
 
     def verdicts(schema: dict, values: list) -> list[bool]:
         validator = SchemaValidator(schema)

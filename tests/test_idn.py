@@ -296,7 +296,7 @@ def test_value_checks_survive_the_disk_cache(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys; from structgen.tools.grammar_cache import {f}; "
+    code = ("import sys; from structgen.grammar_cache import {f}; "
             "g = {f}({{'type': 'string', 'format': 'hostname'}}, for_generation=False); "
             "print(g is not None and g.accepts('\"xn--bcher-kva.example\"'), "
             "g is not None and g.accepts('\"xn--X\"'), "

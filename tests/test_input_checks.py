@@ -8,9 +8,9 @@ import json
 import pytest
 
 import structgen
+from structgen.cli import main
 from structgen.errors import ConfigError
 from structgen.settings import loads_settings
-from structgen.tools.cli import main
 
 
 def test_deeply_nested_yaml_is_a_config_error() -> None:

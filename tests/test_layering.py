@@ -2,12 +2,13 @@
 works without torch, transformers or pydantic.
 
 The import layering itself (stages import only downward, no library module imports
-``structgen.tools``) is checked by import-linter, which ``scripts/test.sh`` runs; its
+``structgen.cli``) is checked by import-linter, which ``scripts/test.sh`` runs; its
 contracts are in pyproject.toml.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -46,6 +47,18 @@ def test_no_module_over_a_thousand_lines():
              for p in PACKAGE.rglob("*.py")}
     oversized = {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES}
     assert not oversized, f"modules over {MAX_MODULE_LINES} lines: {oversized}"
+
+
+def test_cli_holds_only_command_modules():
+    """structgen/cli/ is the command line and nothing else: one public module per subcommand (plus
+    private helpers of the commands); library features have homes in the library's own layers,
+    and there is no catch-all ``tools`` package."""
+    from structgen.cli import _parser
+
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    modules = {p.stem for p in (PACKAGE / "cli").glob("*.py") if not p.stem.startswith("_")}
+    assert modules == set(sub.choices)
+    assert not list((PACKAGE / "tools").rglob("*.py"))  # (a stale __pycache__ may linger)
 
 
 # Compile a JSON schema, a regex and a Lark grammar, then step matchers and fill masks over a

@@ -208,7 +208,7 @@ def test_gguf_writer_is_deterministic(tmp_path) -> None:
 
 def test_cli_names_a_missing_gguf_file(tmp_path, capsys) -> None:
     """`structgen generate --model X.gguf` with no such file: exit 2, one line naming it."""
-    from structgen.tools.cli import main
+    from structgen.cli import main
 
     (tmp_path / "s.json").write_text(json.dumps(PERSON))
     rc = main(["generate", "--model", str(tmp_path / "absent.gguf"), "--schema", str(tmp_path / "s.json"),
@@ -221,7 +221,7 @@ def test_cli_names_a_missing_gguf_file(tmp_path, capsys) -> None:
 def test_cli_generates_with_a_gguf_file(gguf_paths, tmp_path, capsys) -> None:
     """`structgen generate --model X.gguf` runs the llama.cpp backend: a complete value that
     validates (jsonschema), equal to what the Python API gives for the same file."""
-    from structgen.tools.cli import main
+    from structgen.cli import main
 
     (tmp_path / "s.json").write_text(json.dumps(PERSON))
     rc = main(["generate", "--model", gguf_paths["f32"], "--schema", str(tmp_path / "s.json"),
@@ -239,8 +239,8 @@ def test_cli_generates_with_a_gguf_file(gguf_paths, tmp_path, capsys) -> None:
 def test_cli_threads_reach_llama_cpp(gguf_paths, tmp_path, capsys, monkeypatch, how) -> None:
     """`--threads N` (or `generation.threads: N` in the YAML file) is llama.cpp's thread count:
     the context the run decodes with reports N threads (llama_n_threads)."""
+    from structgen.cli import main
     from structgen.generation import llamacpp
-    from structgen.tools.cli import main
 
     seen: list[int] = []
     real = llamacpp._Context.decode
@@ -262,7 +262,7 @@ def test_cli_threads_reach_llama_cpp(gguf_paths, tmp_path, capsys, monkeypatch, 
 
 
 def test_cli_refuses_zero_threads(tmp_path, capsys) -> None:
-    from structgen.tools.cli import main
+    from structgen.cli import main
 
     (tmp_path / "s.json").write_text(json.dumps(PERSON))
     rc = main(["generate", "--model", str(tmp_path / "m.gguf"), "--schema", str(tmp_path / "s.json"),

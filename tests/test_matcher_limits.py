@@ -256,7 +256,7 @@ def test_flushing_keeps_accepts_and_masks_exact() -> None:
 _RSS_SCRIPT = textwrap.dedent("""
     import random, re, resource, sys
     from structgen import compile_regex
-    from structgen.tools.validation import Document, SchemaValidator
+    from structgen.validation import Document, SchemaValidator
     def peak():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     pat = "(a|b)*a(a|b){20}"
@@ -360,7 +360,7 @@ def test_deep_schema_documents_are_compile_limit_errors() -> None:
 
 
 def test_schema_validator_deep_schemas_are_typed() -> None:
-    from structgen.tools.validation import SchemaValidator
+    from structgen.validation import SchemaValidator
 
     with pytest.raises(CompileLimitError):
         SchemaValidator({"x": _deep_dict(10_000)}, use_grammar=False)

@@ -1,4 +1,4 @@
-"""Run metrics (structgen.tools.metrics): counters, quantiles, alerts, JSON and Prometheus export, the
+"""Run metrics (structgen.metrics): counters, quantiles, alerts, JSON and Prometheus export, the
 HTTP endpoint, and a real (tiny-model) run whose scraped counters must add up.
 
 Oracles: numpy's percentile for quantiles; a small independent parser of the Prometheus text
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from structgen.config import MonitoringOptions
-from structgen.tools.metrics import QUANTILES, Metrics, gpu_snapshot, process_metrics, serve_metrics
+from structgen.metrics import QUANTILES, Metrics, gpu_snapshot, process_metrics, serve_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -239,7 +239,7 @@ def test_http_endpoint() -> None:
 
 
 def test_metrics_module_is_light() -> None:
-    code = ("import sys, structgen.tools.metrics as m; m.Metrics().as_dict(); "
+    code = ("import sys, structgen.metrics as m; m.Metrics().as_dict(); "
             "print([x for x in ('torch', 'transformers', 'pydantic') if x in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout

@@ -40,7 +40,9 @@ def run_python(code: str, *, python: str = sys.executable, cwd: Path, extra_path
 
 def test_import_structgen_is_light(tmp_path):
     code = ("import sys, json, structgen, structgen.errors, structgen.config, structgen.grammar.ir, "
-            "structgen.tools.validation, structgen.tools.cli, structgen.kernels, structgen.grammars\n"
+            "structgen.validation, structgen.metrics, structgen.grammar_cache, structgen.warm, "
+            "structgen.atomic_files, structgen.assets, structgen.cli, structgen.kernels, "
+            "structgen.grammars\n"
             f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
     proc = run_python(code, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
@@ -154,8 +156,10 @@ def test_wheel_contents(wheel):
     assert not missing, f"not in the wheel (add the package to pyproject.toml): {sorted(missing)}"
     assert "structgen/py.typed" in names
     assert not [n for n in names if not n.startswith(("structgen/", "structgen-"))]
+    suite = [n for n in names if n.endswith(("/bench_suite.py", "/bench_tasks.py")) or "/tasks/" in n]
+    assert not suite, f"benchmark code in the wheel: {suite}"
     assert "Requires-Python: >=3.10" in metadata
-    assert "structgen = structgen.tools.cli:main" in entry_points
+    assert "structgen = structgen.cli:main" in entry_points
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +177,7 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_wheel_installs_kernels_and_cli(installed, tmp_path):
     python = str(installed / "bin" / "python")
-    code = ("import structgen, structgen.kernels, structgen.tools.cli\n"
+    code = ("import structgen, structgen.kernels, structgen.cli\n"
             "print(structgen.__file__); print(structgen.kernels.__file__)")
     proc = run_python(code, python=python, cwd=tmp_path, extra_path=False)
     assert proc.returncode == 0, proc.stderr
@@ -182,6 +186,11 @@ def test_wheel_installs_kernels_and_cli(installed, tmp_path):
     script = subprocess.run([str(installed / "bin" / "structgen"), "--version"], capture_output=True,
                             text=True, cwd=tmp_path, timeout=120)
     assert script.returncode == 0 and script.stdout.strip() == f"structgen {structgen.__version__}"
+    # the benchmark suite is not in the wheel: `structgen bench` says it needs a source checkout
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the wheel's structgen, not ours
+    bench = subprocess.run([str(installed / "bin" / "structgen"), "bench", "--smoke"], capture_output=True,
+                           text=True, cwd=tmp_path, timeout=120, env=env)
+    assert bench.returncode == 2 and bench.stdout == "" and "source checkout" in bench.stderr
 
 
 def test_wheel_ships_grammars(installed, tmp_path):

@@ -30,6 +30,7 @@ import pytest
 from structgen.errors import SchemaError
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmark suite's oracles (bench_suite)
 SECRET = "SECRET-7f3a9c-do-not-leak"
 
 
@@ -180,7 +181,7 @@ def _ref_schemas(server_url: str, file_uri: str) -> list[tuple[dict, str]]:
 
 
 def test_validator_api_refuses_remote_and_file_refs(server: _CountingServer, secret_file: Path) -> None:
-    from structgen.tools.validation import Document, SchemaValidator
+    from structgen.validation import Document, SchemaValidator
 
     for schema, pointer in _ref_schemas(server.url(), secret_file.as_uri()):
         def build(schema: dict = schema) -> Any:
@@ -198,7 +199,7 @@ def test_validator_api_refuses_remote_and_file_refs(server: _CountingServer, sec
 
 
 def test_validator_api_does_not_hang_on_silent_server(silent: _SilentServer) -> None:
-    from structgen.tools.validation import Document, SchemaValidator
+    from structgen.validation import Document, SchemaValidator
 
     def build() -> Any:
         return SchemaValidator({"$ref": silent.url()}).validate(Document(1, 1), "x")
@@ -209,7 +210,7 @@ def test_validator_api_does_not_hang_on_silent_server(silent: _SilentServer) -> 
 
 
 def test_validator_api_never_opens_file_refs(fifo: Path) -> None:
-    from structgen.tools.validation import Document, SchemaValidator
+    from structgen.validation import Document, SchemaValidator
 
     def build() -> Any:
         return SchemaValidator({"$ref": fifo.as_uri()}).validate(Document(1, 1), "x")
@@ -219,7 +220,7 @@ def test_validator_api_never_opens_file_refs(fifo: Path) -> None:
 
 
 def test_validator_remotes_passed_explicitly_are_used(server: _CountingServer) -> None:
-    from structgen.tools.validation import Document, SchemaValidator
+    from structgen.validation import Document, SchemaValidator
 
     uri = server.url("item.json")
     v = SchemaValidator({"type": "array", "items": {"$ref": uri + "#/$defs/n"}},
@@ -231,7 +232,7 @@ def test_validator_remotes_passed_explicitly_are_used(server: _CountingServer) -
 
 
 def test_validator_metaschema_refs_resolve_offline(server: _CountingServer) -> None:
-    from structgen.tools.validation import Document, SchemaValidator
+    from structgen.validation import Document, SchemaValidator
 
     v = SchemaValidator({"$ref": "https://json-schema.org/draft/2020-12/schema"}, use_grammar=False)
     assert v.validate(Document(1, {"type": "string"}), "x").valid
@@ -239,7 +240,7 @@ def test_validator_metaschema_refs_resolve_offline(server: _CountingServer) -> N
 
 
 def test_in_document_refs_still_work() -> None:
-    from structgen.tools.validation import Document, SchemaValidator
+    from structgen.validation import Document, SchemaValidator
 
     schema = {"$id": "https://example.com/root.json", "$defs": {
         "pos": {"$id": "pos.json", "type": "integer", "minimum": 1},
@@ -252,7 +253,7 @@ def test_in_document_refs_still_work() -> None:
 
 
 def test_bench_oracle_refuses_remote_refs(server: _CountingServer, secret_file: Path) -> None:
-    from structgen.tools.bench import check_output
+    from bench_suite import check_output
 
     for ref in (server.url(), secret_file.as_uri()):
         task = {"type": "json", "schema": {"$ref": ref}, "answer": {}}
@@ -386,8 +387,9 @@ def test_resolve_grammar_reads_oddly_named_schema_files(tmp_path: Path,
 
 
 def test_integrations_and_bench_use_the_same_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench_suite import _constraint
+
     from structgen.integrations import compile_constraint
-    from structgen.tools.bench import _constraint
 
     schemas = _write_odd_files(tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -528,7 +530,7 @@ def test_cli_compile_explain_does_not_import_from_cwd(import_layout: dict[str, P
 
 
 def test_bench_lark_oracle_uses_the_same_import_rule(import_layout: dict[str, Path]) -> None:
-    from structgen.tools.bench import _lark_parses
+    from bench_suite import _lark_parses
 
     assert _lark_parses("start: NUMBER\n%import common.NUMBER\n", "42")
     with pytest.raises(Exception) as info:  # noqa: PT011 - Lark wraps loader errors its own way
@@ -556,8 +558,8 @@ def toy_asset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]
     shared ~/.cache/structgen); only the download is replaced by the local source bytes."""
     import hashlib
 
-    from structgen.generation import model_store
-    from structgen.tools import assets
+    from structgen.assets import pull as assets
+    from structgen.assets import store as model_store
 
     data = _toy_tiktoken()
     sha = hashlib.sha256(data).hexdigest()
@@ -591,7 +593,7 @@ def _swap_two_ids(tokenizer_json: Path) -> None:
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    from structgen.tools.cli import main
+    from structgen.cli import main
 
     rc = main(list(argv))
     out, err = capsys.readouterr()
@@ -693,7 +695,7 @@ def test_entry_without_file_list_is_recorded_on_first_load(toy_asset: dict[str, 
 def test_cli_models_verify_subprocess_on_a_copy_of_a_real_entry(tmp_path: Path) -> None:
     import shutil
 
-    from structgen.generation import model_store
+    from structgen.assets import store as model_store
 
     real = model_store.entry_dir("tokenizer", "gpt2")
     if not model_store.is_complete(real):

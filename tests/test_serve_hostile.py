@@ -48,7 +48,7 @@ import sys
 sys.path.insert(0, {tests!r})
 from _tiny_lm import build_tiny_llama
 from structgen.generation.model import CausalLM
-from structgen.generation.model_store import load_tokenizer
+from structgen.assets.store import load_tokenizer
 from structgen.serving.app import create_app, run_server
 from structgen.serving.engine import Engine
 
@@ -308,9 +308,9 @@ def test_responses_survive_lone_surrogates() -> None:
 
 
 def test_serve_cli_flags() -> None:
-    from structgen.tools.cli import _parser
-    from structgen.tools.cli._common import _Usage
-    from structgen.tools.cli.serve import _allowed_hosts
+    from structgen.cli import _parser
+    from structgen.cli._common import _Usage
+    from structgen.cli.serve import _allowed_hosts
 
     args = _parser().parse_args(["serve"])
     assert (args.max_connections, args.keep_alive_timeout, args.header_timeout, args.body_timeout) == \

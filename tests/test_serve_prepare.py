@@ -156,7 +156,7 @@ def test_one_client_holds_at_most_its_share_and_warm_requests_skip_the_queue(tin
 
 
 def test_a_request_that_waited_past_its_preparation_deadline_is_busy(tiny_lm: Any) -> None:
-    from structgen.serving.engine import ServerBusyError
+    from structgen.errors import ServerBusyError
 
     clock = limits.StepClock(step=0.0)
     with limits.use_clock(clock):

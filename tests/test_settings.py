@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from structgen.cli import main
 from structgen.config import SpecConfig
 from structgen.errors import ConfigError
 from structgen.settings import (
@@ -25,7 +26,6 @@ from structgen.settings import (
     loads_settings,
     option_docs,
 )
-from structgen.tools.cli import main
 
 ISSUE_SAMPLE = """\
 speculative_decoding:

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from structgen import grammar_cache
 from structgen.frontends.json_schema.compiler import canonical_json, compile_json_schema
 from structgen.grammar.store import GrammarStore, load_grammar, save_grammar
-from structgen.tools import grammar_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = ROOT / "schemas"
@@ -44,7 +44,7 @@ SMALL = {
 # arguments follow (main() with no argv: the process is the program, as the console script is).
 _PROBE = """
 import json, sys
-from structgen.tools.cli import main
+from structgen.cli import main
 sys.argv = ["structgen", *sys.argv[1:]]
 rc = main()
 names = sorted(m for m in sys.modules if m.split(".")[0] in
@@ -87,7 +87,7 @@ def _has_numba() -> bool:
 
 def test_validate_large_input_uses_native_kernels(tmp_path: Path) -> None:
     pytest.importorskip("numba")
-    from structgen.tools.cli.validate import PLAIN_KERNELS_MAX_BYTES
+    from structgen.cli.validate import PLAIN_KERNELS_MAX_BYTES
 
     schema, inst = tmp_path / "s.json", tmp_path / "i.jsonl"
     schema.write_text(json.dumps(SMALL))
@@ -106,7 +106,7 @@ def test_validate_verdicts_same_as_in_process(name: str, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     """The program (plain-Python kernels, grammar cache) and main() in this process give the same
     --json lines for every example instance."""
-    from structgen.tools.cli import main
+    from structgen.cli import main
 
     files = [SCHEMAS / f"{name}.valid.json", SCHEMAS / f"{name}.invalid.json"]
     rc = main(["validate", "--json", "--schema", str(SCHEMAS / f"{name}.schema.json"), *map(str, files)])
@@ -288,6 +288,6 @@ def test_cached_compile_round_trip_and_key(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_warm_without_numba_says_so() -> None:
-    p = subprocess.run([sys.executable, "-m", "structgen.tools.warm"], cwd=ROOT, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "structgen.warm"], cwd=ROOT, capture_output=True,
                        text=True, timeout=300, env=dict(os.environ, STRUCTGEN_NATIVE="0"))
     assert p.returncode == 0 and "nothing to compile" in p.stderr

@@ -438,7 +438,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_by_alias: Any)
 
 
 def _cli_text(capsys: pytest.CaptureFixture[str], *argv: Any) -> str:
-    from structgen.tools.cli import main
+    from structgen.cli import main
 
     rc = main([str(a) for a in argv])
     out = capsys.readouterr().out

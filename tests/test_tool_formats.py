@@ -318,9 +318,9 @@ def test_detection_on_real_tokenizers(tokenizer_by_alias, alias: str, want: str)
 
 
 def test_serve_tool_format_option() -> None:
-    from structgen.tools.cli import _parser
-    from structgen.tools.cli._common import _Usage
-    from structgen.tools.cli.serve import _tool_format
+    from structgen.cli import _parser
+    from structgen.cli._common import _Usage
+    from structgen.cli.serve import _tool_format
 
     args = _parser().parse_args(["serve", "--tool-format", "json"])
     gen = SimpleNamespace(tool_format="mistral")

@@ -19,12 +19,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from structgen.errors import StructgenError
+from structgen.errors import StructgenError, VerifyError
 from structgen.generation.verify import (
     MAX_DRAFT,
     SideStream,
     VerifyBufferPool,
-    VerifyError,
     VerifyOutput,
     load_kernels,
     pinned_empty,

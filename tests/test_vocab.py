@@ -1,5 +1,5 @@
-"""Tests for structgen.masks.vocab (token id -> bytes), structgen.generation.model_store (the offline
-cache) and structgen.tools.assets (pulling into it).
+"""Tests for structgen.masks.vocab (token id -> bytes), structgen.assets.store (the offline
+cache) and structgen.assets.pull (pulling into it).
 
 Oracles: the input table itself (toy vocabularies), transformers' own GPT-2
 byte-to-unicode table and the ``tokenizers`` Rust decoders (byte-level and
@@ -27,10 +27,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from structgen.assets import pull as assets
+from structgen.assets import store as model_store
 from structgen.errors import AssetError, VocabularyError
-from structgen.generation import model_store
 from structgen.masks.vocab import Vocabulary, byte_to_unicode, unicode_to_byte
-from structgen.tools import assets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -314,7 +314,7 @@ def test_content_hash_stable_across_processes() -> None:
 
 
 def test_import_is_light() -> None:
-    code = ("import sys, structgen.masks.vocab, structgen.generation.model_store, structgen.tools.assets;"
+    code = ("import sys, structgen.masks.vocab, structgen.assets.store, structgen.assets.pull;"
             "bad = [m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules];"
             "print(bad)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from structgen.tools.bench_tasks import EXTRACTION_TASKS
+from tasks.suite import EXTRACTION_TASKS
 
 __all__ = ["SYSTEM_PROMPT", "TOOLS", "shared_messages"]
 
@@ -58,7 +58,7 @@ SYSTEM_PROMPT = (
 
 
 def shared_messages(task: dict[str, Any]) -> list[dict[str, str]]:
-    """Chat messages for an extraction task (:data:`structgen.tools.bench_tasks.EXTRACTION_TASKS`)
+    """Chat messages for an extraction task (``tasks.suite.EXTRACTION_TASKS``)
     after the shared system prompt: the field names and the text (the schema itself goes in
     the request's ``response_format``, where the constraint enforces it)."""
     keys = ", ".join(task["schema"]["properties"])

@@ -27,6 +27,7 @@ log = logging.getLogger("mkdocs.hooks.structgen")
 ROOT = Path(__file__).resolve().parents[2]
 # modules the API reference renders whole (docs/reference/*.md), besides structgen.__all__
 DOCUMENTED_MODULES = ("structgen.config", "structgen.json_schema", "structgen.integrations",
+                      "structgen.integrations.transformers", "structgen.integrations.vllm_style",
                       "structgen.errors")
 CONFIG_MARK = "<!-- structgen:config-example -->"
 HELP_MARK = "<!-- structgen:help"

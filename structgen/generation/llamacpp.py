@@ -54,8 +54,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from structgen.assets.store import is_gguf_path
 from structgen.errors import AssetError, ConfigError
-from structgen.generation.model_store import is_gguf_path
 from structgen.generation.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
 
 __all__ = ["GGUFTokenizer", "LlamaCppBatchKV", "LlamaCppLM", "is_gguf_path", "load_gguf"]

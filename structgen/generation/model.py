@@ -662,7 +662,7 @@ def resolve_dtype(dtype: Any) -> torch.dtype:
 def load_model(model: Any, tokenizer: Any = None, *, dtype: Any = torch.float32,
                threads: int | None = None) -> CausalLM:
     """A :class:`CausalLM` from a transformers model object, a local directory, or an alias
-    of a model pulled into the cache (:mod:`structgen.generation.model_store`; an alias that is not
+    of a model pulled into the cache (:mod:`structgen.assets.store`; an alias that is not
     cached raises :class:`AssetError` naming ``structgen models pull ALIAS``). Loaded models are
     memoised per (path, dtype). ``dtype`` applies to paths and aliases (see
     :func:`resolve_dtype`); model objects keep their own. A ``.gguf`` file gives a
@@ -689,7 +689,7 @@ def load_model(model: Any, tokenizer: Any = None, *, dtype: Any = torch.float32,
         return CausalLM(model, tokenizer)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from structgen.generation.model_store import resolve_model
+    from structgen.assets.store import resolve_model
 
     path = Path(resolve_model(model))
     if is_gguf_path(path):  # a -gguf alias: the cached GGUF file, run by llama.cpp

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from structgen.errors import StructgenError
+from structgen.errors import VerifyError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -56,7 +56,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "MAX_DRAFT",
     "VerifyOutput",
-    "VerifyError",
     "VerifyBuffers",
     "VerifyBufferPool",
     "verify",
@@ -75,16 +74,6 @@ MAX_DRAFT = 127
 _KERNELS_PKG = "structgen.kernels"
 _BACKENDS = ("auto", "torch", "triton")
 
-
-class VerifyError(StructgenError, ValueError):
-    """A sequence could not be verified: a row it reached had no viable token (every token
-    masked, or only -inf logits), had NaN/+inf logits on allowed tokens, or its drafts did not
-    fit the output. ``sequence`` is its batch index and ``position`` the row position."""
-
-    def __init__(self, message: str, *, sequence: int, position: int) -> None:
-        self.sequence = sequence
-        self.position = position
-        super().__init__(message)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,7 +127,8 @@ class VerifyOutput:
         return [(b, int(p)) for b, p in enumerate(self.error_position.tolist()) if p >= 0]
 
     def raise_on_error(self) -> None:
-        """Raise :class:`VerifyError` for the first failed sequence, if any (synchronises)."""
+        """Raise :class:`~structgen.errors.VerifyError` for the first failed sequence, if any
+        (synchronises)."""
         errs = self.errors()
         if errs:
             b, pos = errs[0]
@@ -410,7 +400,7 @@ def verify(
     given instead of ``buffers``. A sequence whose reached rows
     include one without a viable token (or with NaN/+inf allowed logits) gets
     ``num_accepted = -1``, ``num_emitted = 0``, its output row all -1 and ``error_position``
-    set; :meth:`VerifyOutput.raise_on_error` turns that into :class:`VerifyError`.
+    set; :meth:`VerifyOutput.raise_on_error` turns that into :class:`~structgen.errors.VerifyError`.
 
     ``max_draft`` (the output width - 1) defaults to the out/buffers width, else the longest
     draft (read from ``cu_num_draft_tokens``: one host synchronisation). ``check_inputs``

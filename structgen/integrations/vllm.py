@@ -50,7 +50,7 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from structgen.errors import ConfigError, StructgenError
+from structgen.errors import ConfigError, StructgenError, VllmVersionError
 
 if TYPE_CHECKING:  # pragma: no cover
     from structgen.grammar.compiled import CompiledGrammar
@@ -81,10 +81,6 @@ CONFIG_KEY = "structgen"
 
 # drafting a token past this many forced bytes would only be rejected by the budget cut
 _FORCED_BYTES_LIMIT = 256
-
-
-class VllmVersionError(StructgenError, RuntimeError):
-    """vLLM is missing, or is a version this integration was not tested with."""
 
 
 def _tested_range() -> str:

@@ -3,7 +3,7 @@
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``
 (:mod:`structgen.serving.responses`), ``GET /v1/models``,
 ``GET /health`` and ``GET /metrics`` (Prometheus text: the engine's gauges and counters, then
-the run metrics of :mod:`structgen.tools.metrics` when the caller passes them). With an API
+the run metrics of :mod:`structgen.metrics` when the caller passes them). With an API
 key every route but ``/health`` needs ``Authorization: Bearer KEY``.
 
 Errors are OpenAI error objects ``{"error": {"message", "type", "param", "code"}}``; a schema
@@ -57,18 +57,13 @@ from structgen.calls.plan import OutputStream
 from structgen.errors import (
     CompileLimitError,
     ConfigError,
+    EngineClosedError,
     RequestCancelledError,
     SchemaError,
+    ServerBusyError,
     StructgenError,
 )
-from structgen.serving.engine import (
-    ChoiceResult,
-    Engine,
-    EngineClosedError,
-    EngineRequest,
-    RequestHandle,
-    ServerBusyError,
-)
+from structgen.serving.engine import ChoiceResult, Engine, EngineRequest, RequestHandle
 from structgen.serving.http_messages import http_message
 from structgen.serving.logprobs import chat_logprobs, completion_logprobs
 from structgen.serving.partial_events import PARTIAL_KEY, PartialChunks, partial_chunks
@@ -525,7 +520,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
 
     ``api_key``: required as a bearer token on every route but ``/health`` (None: open).
     ``metrics``: an object with ``to_prometheus()`` (e.g.
-    :func:`structgen.tools.metrics.process_metrics`) appended to ``/metrics``. The engine is
+    :func:`structgen.metrics.process_metrics`) appended to ``/metrics``. The engine is
     started with the application and closed (draining, at most ``drain_timeout_s``) when it
     shuts down. ``allowed_hosts``: the names the ``Host`` header may give, on every route
     (a list or a comma-separated string; ``*.example.org`` for subdomains; ``"*"``: any); None:

@@ -23,7 +23,7 @@ request's cancellation, which every compile and budget-check loop reads. A clien
 away while its request is prepared stops that work at the next check.
 
 Admission control: at most ``max_running`` sequences in the batch, at most ``max_queued``
-sequences compiling or waiting for a row (beyond that :class:`ServerBusyError`, HTTP 429),
+sequences compiling or waiting for a row (beyond that :class:`~structgen.errors.ServerBusyError`, HTTP 429),
 and a per-request deadline (``request_timeout_s``) after which a sequence ends with
 ``finish_reason="length"``. :meth:`Engine.close` drains: no new requests, running and
 waiting ones finish.
@@ -48,20 +48,17 @@ from typing import Any
 
 from structgen import limits
 from structgen.config import CompileOptions, JsonSchemaOptions, SpecConfig
-from structgen.errors import ConfigError, RequestCancelledError, StructgenError
+from structgen.errors import (
+    ConfigError,
+    EngineClosedError,
+    RequestCancelledError,
+    ServerBusyError,
+)
 from structgen.generation.results import GenerationStats, is_complete
 from structgen.serving.validity import judge_output, output_check
 
-__all__ = ["ChoiceResult", "Constraint", "Engine", "EngineClosedError", "EngineRequest", "Event",
-           "RequestHandle", "SWITCH_INTERVAL_S", "ServerBusyError", "TEXT"]
-
-
-class ServerBusyError(StructgenError):
-    """The engine's queue is full (``max_queued``): try again later (HTTP 429)."""
-
-
-class EngineClosedError(StructgenError):
-    """The engine is shutting down and takes no new requests (HTTP 503)."""
+__all__ = ["ChoiceResult", "Constraint", "Engine", "EngineRequest", "Event", "RequestHandle",
+           "SWITCH_INTERVAL_S", "TEXT"]
 
 
 @dataclass(frozen=True)
@@ -513,9 +510,10 @@ class Engine:
         and queue its sequences for the batch. ``client`` names who sent it (its share of the
         preparation workers); ``disconnected`` is polled while it is prepared, and once it
         answers true the preparation stops (:class:`~structgen.errors.RequestCancelledError`).
-        Raises :class:`ServerBusyError`, :class:`EngineClosedError`, or the typed error of a bad
-        request (a bad schema, a prompt too long for the context, a budget too small for the
-        constraint, ``n`` above ``max_queued``)."""
+        Raises :class:`~structgen.errors.ServerBusyError`,
+        :class:`~structgen.errors.EngineClosedError`, or the typed error of a bad request (a bad
+        schema, a prompt too long for the context, a budget too small for the constraint, ``n``
+        above ``max_queued``)."""
         loop = asyncio.get_running_loop()
         handle = RequestHandle(request.n, loop)
         self._admit(request.n)

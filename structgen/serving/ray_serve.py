@@ -34,8 +34,8 @@ def build_engine(model: str, *, config: str | None = None, speculative: bool = T
     :class:`~structgen.serving.engine.Engine` with the options of the YAML file ``config``
     (``speculative_decoding``, ``generation.max_new_tokens`` and ``speculative``,
     ``json_schema``, ``compile``); ``engine_options`` go to the Engine (``max_running``, ...)."""
+    from structgen.assets.store import resolve_model
     from structgen.generation.model import load_model
-    from structgen.generation.model_store import resolve_model
     from structgen.serving.engine import Engine
     from structgen.settings import Settings, load_settings
 

@@ -6,7 +6,7 @@ files (:func:`read_schema_file`), parses JSON text strictly (:func:`parse_json`:
 :func:`model_schema`) by duck typing, so that no front-end imports pydantic.
 
 Used by the constraint front door (:mod:`structgen.frontends.constraint`), the compiler and
-the validation tool (:mod:`structgen.tools.validation`), which reads instance files with the
+the validation tool (:mod:`structgen.validation`), which reads instance files with the
 same two JSON helpers.
 """
 

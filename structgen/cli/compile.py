@@ -9,10 +9,10 @@ import sys
 import time
 from typing import Any
 
+from structgen.cli._common import EXIT_INVALID, EXIT_OK, _text, _Usage
+from structgen.cli._constraints import _compile_file
+from structgen.cli.validate import _remotes
 from structgen.errors import StructgenError
-from structgen.tools.cli._common import EXIT_INVALID, EXIT_OK, _text, _Usage
-from structgen.tools.cli._constraints import _compile_file
-from structgen.tools.cli.validate import _remotes
 
 
 def _describe(cg: Any) -> dict[str, Any]:

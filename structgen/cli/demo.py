@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from structgen import __version__
+from structgen.cli._common import EXIT_INVALID, EXIT_OK, _err, _Usage
 from structgen.errors import StructgenError
-from structgen.tools.cli._common import EXIT_INVALID, EXIT_OK, _err, _Usage
 
 
 def _default_schemas_dir() -> Path:
-    """``schemas/`` of the source checkout this module runs from (structgen/tools/cli/ -> root)."""
-    return Path(__file__).resolve().parents[3] / "schemas"
+    """``schemas/`` of the source checkout this module runs from (structgen/cli/ -> root)."""
+    return Path(__file__).resolve().parents[2] / "schemas"
 
 
 def _demo_sets(root: Path) -> list[tuple[str, Path, list[Path], list[Path]]]:
@@ -43,7 +43,7 @@ def _demo_sets(root: Path) -> list[tuple[str, Path, list[Path], list[Path]]]:
 def _cmd_demo(args: argparse.Namespace) -> int:
     import structgen
     from structgen.frontends.json_schema.source import read_schema_file
-    from structgen.tools.validation import SchemaValidator, iter_documents
+    from structgen.validation import SchemaValidator, iter_documents
 
     prog = "structgen demo"
     root = Path(args.schemas) if args.schemas else _default_schemas_dir()
@@ -105,7 +105,7 @@ def _demo_generate(structgen: Any, name: str, schema: Any, validator: Any,
     """Generate one instance for ``schema`` with the default model; 1 on failure, else 0."""
     import os
 
-    from structgen.tools.validation import Document
+    from structgen.validation import Document
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

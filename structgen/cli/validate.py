@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
+from structgen.cli._common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, _err, _note, _text, _Usage
 from structgen.errors import StructgenError
-from structgen.tools.cli._common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, _err, _note, _text, _Usage
 
 #: When the schema's grammar comes from the disk cache, inputs up to this many bytes (regular
 #: files only) are checked with the grammar kernels run as plain Python: loading numba and its
@@ -64,7 +64,7 @@ def _remotes(specs: list[str]) -> dict[str, Any]:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from structgen.frontends.json_schema.source import read_schema_file
-    from structgen.tools.validation import SchemaValidator, validate_stream
+    from structgen.validation import SchemaValidator, validate_stream
 
     prog = "structgen validate"
     if args.files.count("-") > 1:
@@ -75,7 +75,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         raise _Usage(_text(e)) from None
     remotes = _remotes(args.remote)
     if getattr(args, "process_wide", False) and not args.no_grammar:
-        from structgen.tools.grammar_cache import cached_grammar
+        from structgen.grammar_cache import cached_grammar
 
         if cached_grammar(schema, remotes=remotes, for_generation=False) is not None:
             choose_kernels(args.files)

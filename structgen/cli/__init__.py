@@ -14,7 +14,8 @@ Subcommands:
   one JSON line per result; exit 1 when any output is invalid or incomplete.
 * ``models [list | pull [--force] ALIAS... | path ALIAS | verify [ALIAS...]]``: the model/tokenizer
   aliases and the cache (every converted file is hashed into its manifest and checked on load).
-* ``bench ARGS...``: the benchmark suite (:func:`structgen.tools.bench.main`).
+* ``bench ARGS...``: the benchmark suite of a source checkout (``benchmarks/bench_suite.py``; not
+  in the installed package).
 * ``config [--example | --check FILE]``: the documented YAML configuration.
 * ``serve --model ALIAS|PATH [--config spec.yaml] [--host 127.0.0.1] [--port 8000]``: the
   OpenAI-compatible HTTP server with continuous batching (:mod:`structgen.serving`).
@@ -23,12 +24,12 @@ Exit codes: 0 success / all valid, 1 some instance invalid (or a failed check), 
 unreadable input or malformed schema (one-line message on stderr), 130 interrupted (Ctrl-C).
 
 Files written (``generate --out/--values-out/--metrics-out``) go through
-:mod:`structgen.tools._atomic`: an existing file is replaced only when the run succeeded; a failed or
+:mod:`structgen.atomic_files`: an existing file is replaced only when the run succeeded; a failed or
 interrupted run keeps what it finished in ``OUT.partial``.
 
 One module per subcommand: :mod:`.validate`, :mod:`.compile`, :mod:`.demo`, :mod:`.generate`,
-:mod:`.models`, :mod:`.config`, :mod:`.serve`; :mod:`._constraints` turns inputs into compiled
-grammars.
+:mod:`.models`, :mod:`.config`, :mod:`.serve`, :mod:`.bench`; :mod:`._constraints` turns inputs into
+compiled grammars, :mod:`._common` holds the exit codes and message printers.
 """
 
 from __future__ import annotations
@@ -39,28 +40,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from structgen import __version__
-from structgen.tools.cli._common import EXIT_INVALID, EXIT_USAGE, _err, _Usage
-from structgen.tools.cli.compile import _cmd_compile
-from structgen.tools.cli.config import _cmd_config
-from structgen.tools.cli.demo import _cmd_demo
-from structgen.tools.cli.generate import _cmd_generate
-from structgen.tools.cli.models import _cmd_models
-from structgen.tools.cli.serve import add_parser as _add_serve_parser
-from structgen.tools.cli.validate import _cmd_validate
+from structgen.cli._common import EXIT_INVALID, EXIT_USAGE, _err, _Usage
+from structgen.cli.bench import _cmd_bench
+from structgen.cli.compile import _cmd_compile
+from structgen.cli.config import _cmd_config
+from structgen.cli.demo import _cmd_demo
+from structgen.cli.generate import _cmd_generate
+from structgen.cli.models import _cmd_models
+from structgen.cli.serve import add_parser as _add_serve_parser
+from structgen.cli.validate import _cmd_validate
 
 __all__ = ["main"]
-
-
-def _cmd_bench(argv: Sequence[str]) -> int:
-    try:
-        from structgen.tools import bench
-    except ModuleNotFoundError as e:
-        if e.name == "structgen.tools.bench":
-            _err("structgen bench", "the benchmark suite (structgen.tools.bench) is not available in this "
-                 "installation")
-            return EXIT_USAGE
-        raise
-    return int(bench.main(list(argv)))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -211,7 +201,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--force", action="store_true", help="pull: convert again even when cached and intact")
     m.set_defaults(func=_cmd_models)
 
-    b = sub.add_parser("bench", help="run the benchmark suite (arguments go to structgen.tools.bench)")
+    b = sub.add_parser("bench", help="run the benchmark suite of a source checkout "
+                       "(benchmarks/bench_suite.py; every further argument goes to it)")
     b.add_argument("rest", nargs=argparse.REMAINDER)
 
     k = sub.add_parser("config", help="print the documented default YAML configuration, or check a file",

@@ -3,7 +3,7 @@ as JSON and in the Prometheus text exposition format (version 0.0.4).
 
 ::
 
-    from structgen.tools.metrics import Metrics, process_metrics
+    from structgen.metrics import Metrics, process_metrics
     m = Metrics()                                   # forwards everything to process_metrics()
     m.observe(result, valid=True)                   # a GenerationResult (or SequenceResult)
     m.as_dict(); m.to_prometheus(); m.write("run.prom")
@@ -357,7 +357,7 @@ class Metrics:
     def write(self, path: str | os.PathLike[str]) -> None:
         """Write ``path``: Prometheus text for ``.prom``, JSON otherwise (through a temporary
         file renamed into place: a failed write leaves an existing file as it was)."""
-        from structgen.tools._atomic import write_text_atomic
+        from structgen.atomic_files import write_text_atomic
 
         write_text_atomic(path, self.render(path))
 

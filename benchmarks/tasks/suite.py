@@ -1,4 +1,4 @@
-"""Task data of the benchmark suite (:mod:`structgen.tools.bench`): three task types.
+"""Task data of the benchmark suite (``benchmarks/bench_suite.py``): three task types.
 
 * ``json``  -- extraction: a text that states the facts, a JSON schema (5-30 fields, nested
   objects, arrays, enums) and the reference instance (:data:`EXTRACTION_TASKS`); quality is

@@ -7,18 +7,17 @@ import json
 import sys
 import time
 
-from structgen.tools.cli._common import EXIT_INVALID, EXIT_OK, _err, _Usage
+from structgen.cli._common import EXIT_INVALID, EXIT_OK, _err, _Usage
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
+    from structgen.assets import pull, store
     from structgen.errors import AssetError
-    from structgen.generation import model_store
-    from structgen.tools import assets
 
     action = args.action or "list"
-    known = set(assets.TOKENIZERS) | set(assets.MODELS)
+    known = set(pull.TOKENIZERS) | set(pull.MODELS)
     if action == "list":
-        rows = assets.list_aliases()
+        rows = pull.list_aliases()
         if args.json:
             for r in rows:
                 # "cached": usable as it is; a damaged entry is not (its "state" says why)
@@ -31,7 +30,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
                                   **{k: v for k, v in r.extra.items() if k not in ("state", "problems")}},
                                  default=str))
             return EXIT_OK
-        print(f"cache: {assets.cache_dir()}")
+        print(f"cache: {pull.cache_dir()}")
         for r in rows:
             mark = " (default)" if r.extra.get("default") else ""
             state = {"ok": "cached", "damaged": "damaged"}.get(r.extra.get("state", ""), "not cached")
@@ -54,10 +53,10 @@ def _cmd_models(args: argparse.Namespace) -> int:
         try:
             if action == "pull":
                 t0 = time.perf_counter()
-                path = assets.pull(a, force=args.force)
+                path = pull.pull(a, force=args.force)
                 print(f"{a}: {path} ({time.perf_counter() - t0:.1f} s)")
             else:
-                fn = model_store.tokenizer_path if a in assets.TOKENIZERS else model_store.model_path
+                fn = store.tokenizer_path if a in pull.TOKENIZERS else store.model_path
                 print(fn(a))
         except AssetError as e:
             _err(f"structgen models {action}", str(e))
@@ -68,19 +67,19 @@ def _cmd_models(args: argparse.Namespace) -> int:
 def _models_verify(aliases: list[str], known: set[str]) -> int:
     """``models verify [ALIAS...]``: hash every file of each entry (all cached entries by
     default) against its manifest; one line per entry, exit 1 when any is damaged or missing."""
-    from structgen.tools import assets
+    from structgen.assets import pull
 
     for a in aliases:
         if a not in known:
             raise _Usage(f"unknown alias {a!r}; known aliases: {', '.join(sorted(known))}")
     if not aliases:
-        aliases = assets.cached_aliases()
+        aliases = pull.cached_aliases()
         if not aliases:
-            print(f"structgen models verify: nothing cached in {assets.cache_dir()}", file=sys.stderr)
+            print(f"structgen models verify: nothing cached in {pull.cache_dir()}", file=sys.stderr)
             return EXIT_OK
     status = EXIT_OK
     for a in aliases:
-        problems = assets.verify(a)
+        problems = pull.verify(a)
         if problems is None:
             print(f"{a}: not cached")
             status = EXIT_INVALID

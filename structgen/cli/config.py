@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from structgen.tools.cli._common import EXIT_OK, _load_settings
+from structgen.cli._common import EXIT_OK, _load_settings
 
 
 def _cmd_config(args: argparse.Namespace) -> int:

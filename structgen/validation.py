@@ -458,7 +458,7 @@ class SchemaValidator:
     network or read from a file. With ``use_grammar`` the schema is also compiled, once; compile
     failures become entries of :attr:`notes` and turn the grammar check off. With
     ``grammar_cache`` the compiled grammar comes from (and goes to) the disk cache of
-    :mod:`structgen.tools.grammar_cache` (the command line's choice).
+    :mod:`structgen.grammar_cache` (the command line's choice).
     """
 
     def __init__(self, schema: Any, *, use_grammar: bool = True,
@@ -519,7 +519,7 @@ class SchemaValidator:
             return
         try:
             if self._grammar_cache:
-                from structgen.tools.grammar_cache import compile_json_schema_cached
+                from structgen.grammar_cache import compile_json_schema_cached
 
                 self._grammar = compile_json_schema_cached(self.schema, remotes=self.remotes,
                                                            for_generation=False)

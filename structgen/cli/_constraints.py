@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from structgen.cli._common import _text, _Usage
 from structgen.errors import StructgenError
-from structgen.tools.cli._common import _text, _Usage
 
 
 @dataclass
@@ -69,7 +69,7 @@ def _schema_constraint(schema: Any, source: str, settings: Any, pydantic: Any = 
     """The constraint of a schema value: its generation grammar (from the front door, with the
     settings' options) and a validator for the outputs."""
     from structgen.frontends.constraint import compile_constraint
-    from structgen.tools.validation import SchemaValidator
+    from structgen.validation import SchemaValidator
 
     try:
         validator = SchemaValidator(schema, use_grammar=False)

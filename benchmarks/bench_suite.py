@@ -1,8 +1,12 @@
-"""The benchmark suite behind ``structgen bench``: JSON, code and prose, structgen vs baselines.
+"""The benchmark suite (``structgen bench`` in a checkout): JSON, code and prose, structgen vs
+baselines.
 
-Three task types (data in :mod:`structgen.tools.bench_tasks`): JSON extraction (schemas whose
-facts are in the prompt), code under a Lark grammar (SQL with ``structgen/grammars/sql.lark``, Python
-expressions with ``structgen/grammars/python_expr.lark``) and prose under a light sentence grammar.
+Benchmark code, not part of the installed package: run it from a source checkout, as
+``python benchmarks/bench_suite.py`` or ``structgen bench`` (which finds this file beside the
+``structgen`` package it runs from). Three task types (data in ``benchmarks/tasks/suite.py``):
+JSON extraction (schemas whose facts are in the prompt), code under a Lark grammar (SQL with
+``structgen/grammars/sql.lark``, Python expressions with ``structgen/grammars/python_expr.lark``)
+and prose under a light sentence grammar.
 Engines, all greedy, batch 1, on the same prompt token ids:
 
 * ``plain``    -- ``structgen.generate(..., speculative=False)``: plain grammar-constrained
@@ -33,10 +37,10 @@ Writes ``suite-<model>-<device>.json`` and ``.md`` (date, machine, versions, tab
 design's headline figures set against the measured ones) and two PNG plots (speedup against
 acceptance; speedup by task type) into ``--out`` (default ``benchmarks/results``).
 
-    structgen bench                                  # the default model, every task
-    structgen bench --model qwen2.5-coder-0.5b --types json,code --tasks-per-type 4
-    structgen bench --smoke --out /tmp/b             # tiny random model, 1 task per type
-    python -m structgen.tools.bench ...                    # the same
+    python benchmarks/bench_suite.py                 # the default model, every task
+    python benchmarks/bench_suite.py --model qwen2.5-coder-0.5b --types json,code --tasks-per-type 4
+    python benchmarks/bench_suite.py --smoke --out /tmp/b   # tiny random model, 1 task per type
+    structgen bench ...                              # the same, from a checkout
 
 Exit code 0; 1 when a greedy ``spec`` output differs from ``plain`` or a completed output
 is invalid; 2 on bad arguments.
@@ -59,7 +63,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from structgen.tools._atomic import AtomicOutput, write_text_atomic
+HERE = Path(__file__).resolve().parent  # benchmarks/
+ROOT = HERE.parent
+for _path in (str(ROOT), str(HERE)):  # the checkout's structgen; the tasks package beside this file
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from structgen.atomic_files import AtomicOutput, write_text_atomic  # noqa: E402
 
 __all__ = ["main", "bleu", "check_output", "tiny_model", "prompt_text", "run_structgen", "run_xgrammar",
            "run_outlines", "HEADLINE"]
@@ -97,8 +107,8 @@ def tiny_model(seed: int = 0, favour: dict[str, float] | None = None) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from structgen.assets.store import load_tokenizer
     from structgen.generation.model import CausalLM
-    from structgen.generation.model_store import load_tokenizer
 
     tok = load_tokenizer("gpt2")
     torch.manual_seed(seed)
@@ -301,7 +311,7 @@ def bleu(hypothesis: str, reference: str, max_n: int = 4) -> float:
 def _sql_rows(query: str) -> list[tuple[Any, ...]] | None:
     import sqlite3
 
-    from structgen.tools.bench_tasks import SQL_ROWS, SQL_TABLES
+    from tasks.suite import SQL_ROWS, SQL_TABLES
 
     con = sqlite3.connect(":memory:")
     try:
@@ -340,12 +350,12 @@ def check_output(task: dict[str, Any], text: str, complete: bool | None) -> dict
     ``valid``: the text parses and validates (``jsonschema`` Draft 2020-12; Lark's Earley
     parser over the task's grammar). ``complete``: generation stopped on its own (None: not
     known, then it is taken as "valid"). ``quality``: JSON exact match (0/1), SQL execution
-    match on :data:`~structgen.tools.bench_tasks.SQL_ROWS` (0/1, row order compared only when the
+    match on :data:`tasks.suite.SQL_ROWS` (0/1, row order compared only when the
     reference orders), Python ``ast`` equality (0/1), prose BLEU (0-100)."""
     ttype = task["type"]
     out: dict[str, Any] = {"valid": False, "quality": 0.0}
     if ttype == "json":
-        from structgen.tools.validation import jsonschema_validator
+        from structgen.validation import jsonschema_validator
 
         try:
             v = json.loads(text)
@@ -712,7 +722,7 @@ def write_plots(doc: dict[str, Any], stem: Path) -> list[str]:
 # driver
 
 def _select_tasks(types: list[str], per_type: int | None, names: list[str] | None) -> list[dict[str, Any]]:
-    from structgen.tools.bench_tasks import all_tasks
+    from tasks.suite import all_tasks
 
     tasks = [t for t in all_tasks() if t["type"] in types]
     if names:
@@ -869,7 +879,7 @@ def _run(args: argparse.Namespace, types: list[str], engines: list[str]) -> int:
             draft = CausalLM(draft.model.to(device), draft.tokenizer)
     cfg = SpecConfig()
     out_dir = args.out or (Path(tempfile.mkdtemp(prefix="structgen-bench-")) if args.smoke
-                           else Path("benchmarks") / "results")
+                           else HERE / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
     safe_model = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(model_name).name)
     stem = out_dir / f"suite-{safe_model}-{device}"

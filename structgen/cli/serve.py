@@ -23,8 +23,8 @@ from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
+from structgen.cli._common import EXIT_OK, _load_settings, _Usage
 from structgen.errors import AssetError, ConfigError
-from structgen.tools.cli._common import EXIT_OK, _load_settings, _Usage
 
 #: Environment variable read for the API key when ``--api-key`` is not given.
 API_KEY_ENV = "STRUCTGEN_API_KEY"
@@ -85,9 +85,9 @@ def _observer(metrics: Any) -> Any:
 
 def build_app(args: argparse.Namespace) -> Any:
     """The FastAPI app for parsed ``structgen serve`` arguments (model loaded, engine built)."""
+    from structgen.metrics import process_metrics
     from structgen.serving.app import create_app
     from structgen.serving.engine import Engine
-    from structgen.tools.metrics import process_metrics
 
     settings = _load_settings(args.config)
     gen = settings.generation
@@ -97,7 +97,7 @@ def build_app(args: argparse.Namespace) -> Any:
             cfg = replace(cfg, temperature=args.temperature)
     except ConfigError as e:
         raise _Usage(f"--temperature: {e}") from None
-    from structgen.generation.model_store import is_gguf_path, resolve_model
+    from structgen.assets.store import is_gguf_path, resolve_model
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

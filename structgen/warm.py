@@ -1,4 +1,4 @@
-"""``python -m structgen.tools.warm``: compile structgen's native kernels into numba's disk cache.
+"""``python -m structgen.warm``: compile structgen's native kernels into numba's disk cache.
 
 The grammar and mask kernels (``structgen/grammar/_*_kernels.py``, ``structgen/masks/_*_kernels.py``)
 are numba functions with ``cache=True``: the first process that calls one compiles it (tens of

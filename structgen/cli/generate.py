@@ -2,7 +2,7 @@
 of prompts; one JSON line per result, exit 1 when any output is invalid or incomplete.
 
 Files written (``--out``/``--values-out``/``--metrics-out``) go through
-:mod:`structgen.tools._atomic`: an existing file is replaced only when the run succeeded; a failed or
+:mod:`structgen.atomic_files`: an existing file is replaced only when the run succeeded; a failed or
 interrupted run keeps what it finished in ``OUT.partial``. Ctrl-C never cuts a micro-batch's result
 lines short: the run stops, says how many requests finished and where their results are, and exits
 130."""
@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from structgen.errors import StructgenError
-from structgen.tools.cli._common import (
+from structgen.cli._common import (
     EXIT_INVALID,
     EXIT_OK,
     _isatty,
@@ -29,7 +28,8 @@ from structgen.tools.cli._common import (
     _text,
     _Usage,
 )
-from structgen.tools.cli._constraints import _Constraint, _main_constraint, _schema_constraint
+from structgen.cli._constraints import _Constraint, _main_constraint, _schema_constraint
+from structgen.errors import StructgenError
 
 
 @dataclass
@@ -134,7 +134,7 @@ def _check_output(req: _Request, res: Any) -> tuple[bool, Any, list[str]]:
     if not c.is_json:
         ok = bool(c.compiled.accepts(res.text))
         return ok, None, [] if ok else ["the output is not a sentence of the grammar"]
-    from structgen.tools.validation import Document
+    from structgen.validation import Document
 
     try:
         value = json.loads(res.text)
@@ -194,8 +194,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     import os
     from dataclasses import replace
 
+    from structgen.atomic_files import AtomicOutput, abort_all, check_distinct
     from structgen.errors import ConfigError
-    from structgen.tools._atomic import AtomicOutput, abort_all, check_distinct
 
     prog = "structgen generate"
     settings = _load_settings(args.config)
@@ -242,8 +242,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     except ConfigError as e:
         raise _Usage(str(e)) from None
 
+    from structgen.assets.store import resolve_model
     from structgen.errors import AssetError
-    from structgen.generation.model_store import resolve_model
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -404,7 +404,7 @@ def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_
     lines to be written whole). With ``tool_mode`` (tools and/or reasoning) each request runs
     alone and its line also holds ``tool_calls`` and ``reasoning``."""
     import structgen
-    from structgen.tools.metrics import Metrics, serve_metrics
+    from structgen.metrics import Metrics, serve_metrics
 
     metrics = Metrics(thresholds=settings.monitoring)
     server = None

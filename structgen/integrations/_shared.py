@@ -1,0 +1,55 @@
+"""What both integrations share: the vocabulary of a tokenizer (memoised per tokenizer object)
+and the ``strict`` override of the JSON Schema options. Private to :mod:`structgen.integrations`."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from structgen.config import JsonSchemaOptions
+    from structgen.masks.vocab import Vocabulary
+
+_VOCAB_LOCK = threading.Lock()
+_VOCABS: weakref.WeakKeyDictionary[Any, dict[tuple[int | None, tuple[int, ...]], Any]] = (
+    weakref.WeakKeyDictionary())
+
+
+def eos_ids(tokenizer: Any, eos_token_ids: int | Iterable[int] | None) -> tuple[int, ...]:
+    """The EOS ids given (one id or several), else the tokenizer's ``eos_token_id`` (or none)."""
+    if eos_token_ids is None:
+        t = getattr(tokenizer, "eos_token_id", None)
+        return () if t is None else (int(t),)
+    if isinstance(eos_token_ids, int):
+        return (eos_token_ids,)
+    return tuple(int(x) for x in eos_token_ids)
+
+
+def vocabulary(tokenizer: Any, vocab_size: int | None, eos: tuple[int, ...]) -> Vocabulary:
+    """``Vocabulary.from_tokenizer`` memoised per (tokenizer object, size, EOS ids)."""
+    from structgen.masks.vocab import Vocabulary
+
+    key = (vocab_size, eos)
+    with _VOCAB_LOCK:
+        try:
+            per_tok = _VOCABS.setdefault(tokenizer, {})
+        except TypeError:  # not weak-referenceable / hashable: no cache
+            per_tok = {}
+        v = per_tok.get(key)
+        if v is None:
+            v = Vocabulary.from_tokenizer(tokenizer, vocab_size=vocab_size, eos_token_ids=eos)
+            per_tok[key] = v
+    return v
+
+
+def with_strict(json_options: JsonSchemaOptions | None, strict: bool | None) -> JsonSchemaOptions | None:
+    """``json_options`` with ``strict`` set, when it is given (None keeps the options' own)."""
+    if strict is None:
+        return json_options
+    from dataclasses import replace
+
+    from structgen.config import JsonSchemaOptions
+
+    return replace(json_options or JsonSchemaOptions(), strict=strict)
