@@ -1,5 +1,5 @@
-"""The package's shape: public names pinned, no oversized module, and a grammar core that
-works without torch, transformers or pydantic.
+"""The package's shape: public names pinned, no oversized module, every module named in the
+layout doc, and a grammar core that works without torch, transformers or pydantic.
 
 The import layering itself (stages import only downward, no library module imports
 ``structgen.cli``) is checked by import-linter, which ``scripts/test.sh`` runs; its
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,26 @@ def test_no_module_over_a_thousand_lines():
              for p in PACKAGE.rglob("*.py")}
     oversized = {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES}
     assert not oversized, f"modules over {MAX_MODULE_LINES} lines: {oversized}"
+
+
+def test_layout_doc_names_every_module():
+    """docs/design/layout.md is the map a newcomer reads: a top-level module appears in its tree,
+    a subpackage's module (in backticks) in that package's row of the table."""
+    doc = (ROOT / "docs" / "design" / "layout.md").read_text(encoding="utf-8")
+    tree = doc.split("```")[1]
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)/` \|(.*)$", doc, re.M)}
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if path.name in ("__init__.py", "__main__.py") or rel.parts[0] == "grammars":
+            continue
+        if len(rel.parts) == 1:
+            named = re.search(rf"\b{re.escape(path.stem)}\b", tree) is not None
+        else:
+            named = f"`{path.stem}`" in rows.get(rel.parts[0], "")
+        if not named:
+            missing.append(str(rel))
+    assert not missing, f"modules missing from docs/design/layout.md: {missing}"
 
 
 def test_cli_holds_only_command_modules():
