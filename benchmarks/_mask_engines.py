@@ -4,15 +4,23 @@ engine runs in (a compile that overruns its time limit is killed with the proces
 :class:`EngineProc` (parent side) starts a spawned worker that loads the tokenizer's vocabulary,
 builds the engine's :class:`Adapter`, warms it up, then runs one case per request and answers
 with its measurements (:class:`_Replayer`). See ``benchmarks/masks.py`` for what is measured.
+
+Every case is replayed twice in its worker: first on the matcher made right after the compile
+(the engine's caches are cold for this grammar: the *first pass*), then the same tokens again
+on a fresh matcher of the same compiled grammar (caches warm: the *warm pass*). With
+``opts["forward_ms"]`` > 0 a simulated model forward pass (``time.sleep``) runs between two
+steps, outside the timed step; an engine's own background threads get the CPU meanwhile.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib
 import importlib.util
 import json
 import multiprocessing as mp
+import os
 import signal
 import time
 import traceback
@@ -31,6 +39,37 @@ WARMUP_TABLES_SCHEMA = {"type": "object", "properties": {
     **{f"f{i}": {"type": "string", "format": f} for i, f in enumerate(
         ("date-time", "date", "time", "duration", "email", "hostname", "ipv4", "ipv6", "uri",
          "uri-reference", "uuid"))}}}
+
+
+def respell_json(text: str, spelling: str) -> str:
+    """``text`` (compact JSON) in the spelling an engine's JSON-schema grammar defines:
+    ``"compact"`` (unchanged) or ``"spaced"`` (GLRMask's: a space after every ``,`` and ``:``
+    outside strings, as ``json.dumps`` writes by default, and U+007F inside strings escaped as
+    ``\\u007f``, which its string grammar requires); nothing else changes (other escapes,
+    number spellings and property order stay as they are)."""
+    if spelling == "compact":
+        return text
+    if spelling != "spaced":
+        raise ValueError(f"unknown JSON spelling {spelling!r}")
+    out: list[str] = []
+    in_str = esc = False
+    for ch in text:
+        if in_str and ch == "\x7f":
+            out.append("\\u007f")
+            continue
+        out.append(ch)
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in ",:":
+            out.append(" ")
+    return "".join(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -57,6 +96,14 @@ class Adapter:
 
     name = ""
     module = "structgen"  # the engine's top-level module: checked before the vocabulary is loaded
+    # how the engine's JSON-schema grammars spell JSON between tokens (see respell_json): the
+    # replayed instance is written (and tokenized) in this spelling for this engine
+    spelling = "compact"
+
+    @staticmethod
+    def worker_env(opts: dict[str, Any]) -> dict[str, str]:
+        """Environment variables set in the worker before the engine's module is imported."""
+        return {}
 
     def __init__(self, tokenizer: Any, vocab: Any, opts: dict[str, Any]) -> None:
         self.tok = tokenizer
@@ -79,6 +126,11 @@ class Adapter:
     def new_matcher(self, compiled: Any) -> Any:
         raise NotImplementedError
 
+    def keep_start(self, compiled: Any, matcher: Any) -> None:
+        """Called (untimed) after the first mask of the first matcher, before any token: an
+        engine whose compiled grammar is its first matcher keeps a copy of the start state
+        here for the warm pass's fresh matcher."""
+
     def fill(self, matcher: Any, bitmask: Any) -> None:
         raise NotImplementedError
 
@@ -100,7 +152,10 @@ class StructgenAdapter(Adapter):
         from structgen.masks.matcher import Matcher
 
         self._copts = CompileOptions(timeout_s=float(opts["compile_timeout"]))
-        self._cjs, self._clark, self._Matcher = compile_json_schema, compile_lark, Matcher
+        # validation's language, as the peers are set up (every valid instance replays): the
+        # generation default would close objects and bound numbers the instances may use
+        self._cjs = functools.partial(compile_json_schema, for_generation=False)
+        self._clark, self._Matcher = compile_lark, Matcher
 
     def version(self) -> str:
         import structgen
@@ -248,10 +303,16 @@ class LlguidanceAdapter(Adapter):
             raise CompileFailed(f"{type(e).__name__}: {str(e)[:200]}") from None
         if m.is_error():
             raise CompileFailed(m.get_error()[:200])
-        return [m]  # the first matcher is the compiled grammar itself; later ones are copies
+        # the first matcher is the compiled grammar itself; later ones are copies of its start
+        return {"first": m}
 
     def new_matcher(self, compiled: Any) -> Any:
-        return compiled.pop() if compiled else None
+        if "first" in compiled:
+            return compiled.pop("first")
+        return compiled["start"].deep_copy()
+
+    def keep_start(self, compiled: Any, matcher: Any) -> None:
+        compiled["start"] = matcher.deep_copy()
 
     def fill(self, matcher: Any, bitmask: Any) -> None:
         self.fill_fn(matcher, bitmask, 0)
@@ -310,9 +371,63 @@ class OutlinesCoreAdapter(Adapter):
         return True
 
 
+class GlrmaskAdapter(Adapter):
+    name = "glrmask"
+    module = "glrmask"
+    # glrmask 0.5's JSON-schema grammars write ", " and ": " between tokens (no option for
+    # compact JSON) and U+007F in strings as an escape: the instance is replayed in that
+    # spelling (respell_json), tokenized on its own
+    spelling = "spaced"
+
+    @staticmethod
+    def worker_env(opts: dict[str, Any]) -> dict[str, str]:
+        # compile threads as for xgrammar (--threads); glrmask compiles with rayon
+        n = str(int(opts["threads"]))
+        return {"RAYON_NUM_THREADS": n, "GLRMASK_COMPILE_THREADS": n}
+
+    def __init__(self, tokenizer: Any, vocab: Any, opts: dict[str, Any]) -> None:
+        super().__init__(tokenizer, vocab, opts)
+        import glrmask
+
+        self.glr = glrmask
+        # the text tokens' bytes, as for outlines-core; special tokens have none
+        self.glrvocab = glrmask.Vocab.from_id_to_bytes(
+            {tid: bytes(b) for tid, b in enumerate(vocab.token_bytes) if b})
+        # EOS after the grammar, so that the mask allows it exactly where the grammar accepts
+        # (what the other engines' masks do)
+        self.eos = glrmask.TokenSet(list(vocab.eos_token_ids))
+        self._bm: Any = None
+        self._row: Any = None
+
+    def version(self) -> str:
+        return str(self.glr.__version__)
+
+    def compile(self, case: dict[str, Any]) -> Any:
+        glr = self.glr
+        try:
+            if case["kind"] == "schema":
+                g = glr.Grammar.from_json_schema(case["schema"])
+            else:
+                g = glr.Grammar.from_lark(case["grammar"])
+            return glr.Grammar.from_expr(glr.Expr.sequence(g, self.eos)).compile(self.glrvocab)
+        except (ValueError, RuntimeError, TypeError, OverflowError) as e:
+            raise CompileFailed(f"{type(e).__name__}: {str(e)[:200]}") from None
+
+    def new_matcher(self, compiled: Any) -> Any:
+        return compiled.start()
+
+    def fill(self, matcher: Any, bitmask: Any) -> None:
+        if bitmask is not self._bm:  # the replayer's one bitmask: its row as NumPy, once
+            self._bm, self._row = bitmask, bitmask[0].numpy()
+        matcher.fill_mask(self._row)
+
+    def advance(self, matcher: Any, token: int) -> bool:
+        return bool(matcher.commit_token(token))
+
+
 ADAPTERS: dict[str, type[Adapter]] = {
     "structgen": StructgenAdapter, "xgrammar": XgrammarAdapter, "llguidance": LlguidanceAdapter,
-    "outlines-core": OutlinesCoreAdapter,
+    "outlines-core": OutlinesCoreAdapter, "glrmask": GlrmaskAdapter,
 }
 
 
@@ -328,12 +443,13 @@ def load_vocab(alias: str) -> tuple[Any, Any]:
 class _Replayer:
     """Runs one case on one adapter and measures it (inside a worker)."""
 
-    def __init__(self, adapter: Adapter, vocab: Any) -> None:
+    def __init__(self, adapter: Adapter, vocab: Any, forward_ms: float = 0.0) -> None:
         import numpy as np
         import torch
 
         self.np = np
         self.a = adapter
+        self.forward_s = max(0.0, float(forward_ms)) / 1e3
         words = (vocab.vocab_size + 31) // 32
         self.bitmask = torch.zeros((1, words), dtype=torch.int32)
         self.words = self.bitmask[0].numpy().view(np.uint32)  # shares memory with the tensor
@@ -348,6 +464,30 @@ class _Replayer:
     def _count(self) -> int:
         np = self.np
         return int(np.bitwise_count(self.words.view(np.uint8) & self.text_bits).sum())
+
+    def _replay(self, m: Any, tokens: list[int]) -> tuple[list[int], list[int], dict[str, Any] | None]:
+        """Advance ``m`` (its first mask already in the bitmask) by ``tokens``, one timed step
+        (advance + fill) per token, a simulated forward pass (untimed sleep) before each.
+        Returns the step times (ns), the allowed-token counts (the first mask's included) and
+        the rejection (None if every token was accepted)."""
+        a, bm, clock, fwd = self.a, self.bitmask, time.perf_counter_ns, self.forward_s
+        counts = [self._count()]
+        steps: list[int] = []
+        for i, t in enumerate(tokens):
+            if not self._allowed(t):
+                return steps, counts, {"at": i, "how": "not in mask"}
+            bm.zero_()
+            if fwd:
+                time.sleep(fwd)
+            s0 = clock()
+            ok = a.advance(m, t)
+            a.fill(m, bm)
+            s1 = clock()
+            if not ok:
+                return steps, counts, {"at": i, "how": "refused on advance"}
+            steps.append(s1 - s0)
+            counts.append(self._count())
+        return steps, counts, None
 
     def run(self, case: dict[str, Any], on_compiled: Any) -> dict[str, Any]:
         a = self.a
@@ -373,30 +513,30 @@ class _Replayer:
         t2 = clock()
         res: dict[str, Any] = {"status": "ok", "compile_ns": t1 - t0, "ttfm_ns": t2 - t0,
                                "first_fill_ns": t2 - t1}
-        counts = [self._count()]
-        steps: list[int] = []
+        a.keep_start(compiled, m)
         tokens = case.get("tokens") or []
-        reject = None
-        for i, t in enumerate(tokens):
-            if not self._allowed(t):
-                reject = {"at": i, "how": "not in mask"}
-                break
-            bm.zero_()
-            s0 = clock()
-            ok = a.advance(m, t)
-            a.fill(m, bm)
-            s1 = clock()
-            if not ok:
-                reject = {"at": i, "how": "refused on advance"}
-                break
-            steps.append(s1 - s0)
-            counts.append(self._count())
+        # first pass: the matcher made right after the compile (engine caches cold)
+        steps, counts, reject = self._replay(m, tokens)
         res["steps_ns"] = steps
         res["allowed"] = counts
         res["reject"] = reject
         if tokens and reject is None and not case.get("truncated"):
             res["eos_ok"] = self._allowed(self.eos)
         res["memory"] = a.memory(compiled, m)
+        if tokens:
+            # warm pass: the same tokens on a fresh matcher of the same compiled grammar
+            del m
+            bm.zero_()
+            w0 = clock()
+            m2 = a.new_matcher(compiled)
+            a.fill(m2, bm)
+            res["warm_first_fill_ns"] = clock() - w0
+            wsteps, wcounts, wreject = self._replay(m2, tokens)
+            res["warm_steps_ns"] = wsteps
+            # a warm mask that differs from the first pass's at the same step (an engine bug)
+            res["warm_mask_differs"] = (sum(x != y for x, y in zip(counts, wcounts))
+                                        + abs(len(counts) - len(wcounts)))
+            res["warm_reject"] = wreject
         return res
 
 
@@ -404,13 +544,15 @@ def _worker(engine: str, tok_alias: str, opts: dict[str, Any], conn: Any) -> Non
     """Worker process main loop: build the adapter, warm it up, then run cases on request."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
+        cls = ADAPTERS[engine]
+        os.environ.update(cls.worker_env(opts))
         # a missing engine is reported before the tokenizer is loaded (seconds)
-        importlib.import_module(ADAPTERS[engine].module)
+        importlib.import_module(cls.module)
         tok, vocab = load_vocab(tok_alias)
-        adapter = ADAPTERS[engine](tok, vocab, opts)
-        rep = _Replayer(adapter, vocab)
+        adapter = cls(tok, vocab, opts)
+        rep = _Replayer(adapter, vocab, float(opts.get("forward_ms") or 0.0))
         warm = {"kind": "schema", "schema": WARMUP_SCHEMA,
-                "tokens": tok.encode(WARMUP_TEXT, add_special_tokens=False)}
+                "tokens": tok.encode(respell_json(WARMUP_TEXT, cls.spelling), add_special_tokens=False)}
         rep.run(warm, lambda _ns: None)
         try:
             rep.run({"kind": "schema", "schema": WARMUP_TABLES_SCHEMA, "tokens": []}, lambda _ns: None)
@@ -432,7 +574,10 @@ def _worker(engine: str, tok_alias: str, opts: dict[str, Any], conn: Any) -> Non
             return
         try:
             res = rep.run(case, lambda ns: conn.send(("compiled", ns)))
-        except Exception as e:  # noqa: BLE001 - a crash of the engine on this case
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - a crash of the engine on this case (a Rust
+            # panic surfaces as pyo3's PanicException, a BaseException)
             res = {"status": "crash", "error": f"{type(e).__name__}: {str(e)[:300]}",
                    "traceback": traceback.format_exc()[-1500:]}
         conn.send(("done", res))

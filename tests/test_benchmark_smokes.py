@@ -32,7 +32,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-PEER_MODULES = {"xgrammar": "xgrammar", "llguidance": "llguidance", "outlines-core": "outlines_core"}
+PEER_MODULES = {"xgrammar": "xgrammar", "llguidance": "llguidance", "outlines-core": "outlines_core",
+                "glrmask": "glrmask"}
 # helper modules of the scripts (not benchmarks, no --smoke): sandbox.py and every _*.py
 HELPERS = {"sandbox.py"}
 # scripts whose --smoke another test file runs: the benchmark suite (structgen bench) writes a
