@@ -123,6 +123,22 @@ def test_fill_bitmask_zeroes_extra_columns_numpy_torch_and_batch() -> None:
     assert _bits(bb[0]) == expect and (bb[0, w:] == 0).all() and (bb[1] == -1).all()
 
 
+def test_fill_bitmask_follows_a_tensor_whose_storage_moved() -> None:
+    """fill_bitmask keeps a host view of the last buffer it was given; a CPU tensor whose
+    storage is replaced in place (``set_``) is written in its new storage, not the old one."""
+    torch = pytest.importorskip("torch")
+    m, vocab = _ab_matcher()
+    w = bitmask_words(vocab.vocab_size)
+    tb = torch.full((2, w), -1, dtype=torch.int32)
+    m.fill_bitmask(tb, 0)
+    assert _bits(tb[0].numpy()) == {0, 2}
+    before = tb.data_ptr()
+    tb.set_(torch.full((3, w), 7, dtype=torch.int32))
+    assert tb.data_ptr() != before
+    m.fill_bitmask(tb, 2)
+    assert _bits(tb[2].numpy()) == {0, 2} and (tb[:2] == 7).all()
+
+
 def test_fill_bitmasks_rejects_misuse() -> None:
     m, vocab = _ab_matcher()
     w = bitmask_words(vocab.vocab_size)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -45,6 +45,10 @@ class RuleSource(NamedTuple):
     pointer: str | None = None
     keyword: str | None = None
     line: int | None = None
+
+
+# a deferred :meth:`CompiledGrammar.set_rule_sources`: the grammar -> its rules' sources
+_SourcesFn = Callable[["CompiledGrammar"], tuple[RuleSource, ...]]
 
 
 class LazyRule:
@@ -380,6 +384,9 @@ class CompiledGrammar:
         origins = rule_origins if rule_origins is not None and len(rule_origins) == len(rules) else \
             tuple(r.name for r in rules)
         self._rule_sources = tuple(RuleSource(o) for o in origins)
+        self._sources_fn: _SourcesFn | None = None  # see set_rule_sources
+        self._sources_lock = threading.RLock()
+        self._sources_busy = False
         # per rule, the IR sub-expression the compiler made it from (None: a source rule);
         # front-ends read it once to place the rule in their source, it is not pickled
         self._rule_exprs = rule_exprs if rule_exprs is not None and len(rule_exprs) == len(rules) else \
@@ -424,7 +431,10 @@ class CompiledGrammar:
     def rule_sources(self) -> tuple[RuleSource, ...]:
         """Per rule (indexed like :attr:`rules`), where it comes from (:class:`RuleSource`):
         the source rule's name from the compiler, the schema location or grammar line from the
-        front-end that compiled it (:meth:`set_rule_sources`)."""
+        front-end that compiled it (:meth:`set_rule_sources`; a deferred placement is worked
+        out here, on first read)."""
+        if self._sources_fn is not None:
+            self._resolve_sources()
         return self._rule_sources
 
     @property
@@ -434,14 +444,38 @@ class CompiledGrammar:
         rule of a grammar loaded from storage."""
         return self._rule_exprs
 
-    def set_rule_sources(self, sources: tuple[RuleSource, ...]) -> None:
+    def set_rule_sources(self, sources: tuple[RuleSource, ...] | _SourcesFn) -> None:
         """Replace :attr:`rule_sources` (a front-end placing the rules in its source, once
         compiled). The grammar is shared by content: the front-end that compiled it last
-        names the places, as with :attr:`metadata`. Raises ValueError for a tuple of the wrong
-        length."""
+        names the places, as with :attr:`metadata`. ``sources`` may be a function of the
+        grammar returning the tuple: it is called on the first read of :attr:`rule_sources`
+        (places are only needed by errors raised while the grammar is used, so compiling does
+        not pay for them), and reads the compiler's places from :attr:`rule_sources` meanwhile.
+        Raises ValueError for a tuple of the wrong length (a function's: when it is called)."""
+        if callable(sources):
+            with self._sources_lock:
+                self._sources_fn = sources
+            return
         if len(sources) != len(self._rules) or not all(isinstance(x, RuleSource) for x in sources):
             raise ValueError("rule_sources needs one RuleSource per rule")
-        self._rule_sources = tuple(sources)
+        with self._sources_lock:
+            self._rule_sources = tuple(sources)
+            self._sources_fn = None
+
+    def _resolve_sources(self) -> None:
+        """Call the deferred :meth:`set_rule_sources` function once (thread-safe; a read of
+        :attr:`rule_sources` from inside it gets the compiler's places)."""
+        with self._sources_lock:
+            fn = self._sources_fn
+            if fn is None or self._sources_busy:
+                return
+            self._sources_busy = True
+            try:
+                got = fn(self)
+            finally:
+                self._sources_busy = False
+            if self._sources_fn is fn:
+                self.set_rule_sources(got)
 
     @property
     def num_states(self) -> int:
@@ -466,7 +500,7 @@ class CompiledGrammar:
     def __getstate__(self) -> dict[str, Any]:
         return {"rules": self._rules, "root": self._root, "key": self.key,
                 "source": self._source, "metadata": self.metadata,
-                "rule_sources": tuple(tuple(x) for x in self._rule_sources)}
+                "rule_sources": tuple(tuple(x) for x in self.rule_sources)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["rules"], state["root"], state["key"], state["source"])  # type: ignore[misc]

@@ -554,13 +554,13 @@ class Runtime:
         state holding :attr:`lock`, under which no other thread can flush."""
         # the matchers' hot path: the loop of _walk, without building its tuple
         ep = self.epoch if epoch is None else epoch
-        trans = self.tab.trans
+        item = self.tab.trans.item  # Python ints, not numpy scalars: cheaper to compare
         if self.epoch != ep:
             return STALE
         for b in data:
             if cid < 0:
                 return DEAD
-            v = trans[cid, b]
+            v = item(cid, b)
             if v == UNKNOWN:
                 with self.lock:
                     if self.epoch != ep:
@@ -568,9 +568,9 @@ class Runtime:
                     if self._table_bytes > self._fresh_bytes and self.over_budget():
                         (cid,) = self.flush((cid,))
                         ep = self.epoch
-                    v = self.run_kernel(S.succ, cid, b)
-                trans = self.tab.trans
-            cid = int(v)
+                    v = int(self.run_kernel(S.succ, cid, b))
+                item = self.tab.trans.item
+            cid = v
         return STALE if self.epoch != ep else cid
 
     def _walk(self, cid: int, data: bytes, ep: int) -> tuple[int, int]:

@@ -105,6 +105,24 @@ def _write_row(view: np.ndarray, words: np.ndarray, nw: int, wide: bool) -> None
         raise MatcherUsageError(f"cannot write the bitmask: {e}") from None
 
 
+# What :meth:`Matcher.fill_bitmask` keeps about the last buffer it was given (checked once per
+# buffer, not per call): (the buffer, its host memory as uint32 ``[rows, W]`` -- a numpy view of
+# a numpy array or CPU tensor, None for a device tensor --, rows, W > words, the CPU tensor's
+# data pointer (-1 for numpy: an array with views cannot be resized in place)).
+_Target = tuple[Any, "np.ndarray | None", int, bool, int]
+
+
+def _bitmask_target(bitmask: Any, words: int) -> _Target:
+    """:data:`_Target` of ``bitmask`` (checked with :func:`_bitmask_kind`)."""
+    is_numpy = _bitmask_kind(bitmask, words)
+    rows, wide = int(bitmask.shape[0]), int(bitmask.shape[1]) > words
+    if is_numpy:
+        return bitmask, bitmask.view(np.uint32), rows, wide, -1
+    if bitmask.device.type == "cpu":
+        return bitmask, bitmask.numpy().view(np.uint32), rows, wide, int(bitmask.data_ptr())
+    return bitmask, None, rows, wide, -1
+
+
 def _row_index(row: Any, rows: int) -> int:
     """``row`` checked against ``rows``: an integer in ``[0, rows)`` (negative indices are a
     caller bug here, not Python's count from the end)."""
@@ -187,7 +205,7 @@ class Matcher:
         self._free = self._masks.free_states(self._vt)
         self._steps = self._masks.step_shortcuts(self._vt)
         self._max_rollback = max_rollback
-        self._bm_ok: tuple[Any, bool, int, bool] | None = None  # the last bitmask checked
+        self._bm_ok: _Target | None = None  # the last bitmask checked
         self._hist: list[int] = []
         self._epoch = 0
         self.reset()
@@ -234,7 +252,9 @@ class Matcher:
         """Advance by one token. Returns False (state unchanged) if the grammar forbids it;
         raises :class:`~structgen.errors.MatcherUsageError` for an id that is not an integer
         in ``[0, vocab_size)``."""
-        tid = self._token_id(token_id)
+        tid = token_id
+        if type(tid) is not int or not 0 <= tid < self._nvocab:
+            tid = self._token_id(tid)
         eng = self._eng
         ep = self._epoch
         if ep == eng.epoch:
@@ -481,25 +501,28 @@ class Matcher:
         :class:`~structgen.errors.MatcherUsageError` for anything but a writable 2-d int32
         array or tensor that wide, or a row outside ``[0, rows)`` (no negative indices).
         """
-        nw = self._vt.num_words
         ok = self._bm_ok
-        if ok is None or ok[0] is not bitmask:  # checked once per buffer, not per call
-            ok = self._bm_ok = (bitmask, _bitmask_kind(bitmask, nw), int(bitmask.shape[0]),
-                                int(bitmask.shape[1]) > nw)
-        _, is_numpy, rows, wide = ok
+        if ok is None or ok[0] is not bitmask or (ok[4] >= 0 and bitmask.data_ptr() != ok[4]):
+            # checked once per buffer (and again if a CPU tensor's storage moved: resize_, set_)
+            ok = self._bm_ok = _bitmask_target(bitmask, self._vt.num_words)
+        _, host, rows, wide, _ptr = ok
         if type(row) is not int or not 0 <= row < rows:
             row = _row_index(row, rows)
-        words = (self._mask_words() if budget is None else self._budget_words(budget)[0]).view(np.int32)
-        if is_numpy:
-            _write_row(bitmask[row], words, nw, wide)
-            return
-        if bitmask.device.type == "cpu":
-            _write_row(bitmask[row].numpy(), words, nw, wide)
-        else:
-            # the tensor's own constructor: this layer never imports torch
-            bitmask[row, :nw].copy_(bitmask.new_tensor(words, device="cpu"), non_blocking=False)
+        words = self._mask_words() if budget is None else self._budget_words(budget)[0]  # uint32
+        if host is not None:  # numpy array or CPU tensor: written through the cached uint32 view
             if wide:
-                bitmask[row, nw:].zero_()
+                _write_row(host[row], words, words.shape[0], True)
+                return
+            try:
+                host[row] = words
+            except ValueError:
+                _write_row(host[row], words, words.shape[0], False)  # raises the usage error
+            return
+        # a device tensor: the tensor's own constructor (this layer never imports torch)
+        nw = words.shape[0]
+        bitmask[row, :nw].copy_(bitmask.new_tensor(words.view(np.int32), device="cpu"), non_blocking=False)
+        if wide:
+            bitmask[row, nw:].zero_()
 
     def allowed_token_ids(self, *, budget: int | None = None) -> list[int]:
         """All token ids allowed now (EOS included when accepting), ascending; with

@@ -295,9 +295,12 @@ def _compile(schema: Any, options: JsonSchemaOptions, copts: CompileOptions,
     except CompileLimitError as e:
         _locate_limit_error(e, low, grammar)
         raise
-    # where each compiled rule comes from, for the errors of the token-budget check
-    cg.set_rule_sources(rule_sources(cg, grammar, low.rule_where, low.rule_kw, low.expr_kw, low.doc,
-                                     regex_dialect=options.regex_dialect))
+    # where each compiled rule comes from, for the errors of the token-budget check: worked
+    # out when first asked for (a walk of the grammar that compiling itself does not need)
+    where, rule_kw, expr_kw, doc = low.rule_where, low.rule_kw, low.expr_kw, low.doc
+    dialect = options.regex_dialect
+    cg.set_rule_sources(lambda g: rule_sources(g, grammar, where, rule_kw, expr_kw, doc,
+                                               regex_dialect=dialect))
     return cg, warnings
 
 
