@@ -149,7 +149,8 @@ def compile_json_schema_cached(schema: Any, *, remotes: Mapping[str, Any] | None
     if got is not None:
         return got
     extra = {"remotes": remotes} if remotes else {}
-    cg = compile_json_schema(schema, options=options, compile_options=compile_options, **extra)
+    cg = compile_json_schema(schema, options=options, compile_options=compile_options,
+                             for_generation=for_generation, **extra)
     store = grammar_store()
     key = None if store is None else _cache_key(schema, remotes, options, compile_options)
     if store is not None and key is not None:
