@@ -1,0 +1,1 @@
+from numba.experimental import structref as structref
