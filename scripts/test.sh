@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run the checks CI runs: ruff, the documentation build (mkdocs --strict), then pytest. Extra
-# arguments go to pytest
+# Run the checks CI runs: ruff, import layering, mypy, the documentation build (mkdocs --strict),
+# then pytest. Extra arguments go to pytest
 # (e.g. `bash scripts/test.sh -m "not slow"` or `bash scripts/test.sh tests/test_cli_validate.py`).
 # Needs scripts/setup.sh to have run (it makes .venv).
 #
@@ -28,6 +28,10 @@ echo "[test] ruff check"
 
 echo "[test] import layering (import-linter; contracts in pyproject.toml)"
 .venv/bin/lint-imports --no-cache || { echo "[test] import layering check failed" >&2; exit 1; }
+
+# the configuration in pyproject.toml: the whole package checked, grammar/ and masks/ strict
+echo "[test] mypy"
+"$PY" -m mypy || { echo "[test] mypy failed" >&2; exit 1; }
 
 # --strict: a broken link, a missing page or a documented public name without a docstring fails
 # the build. The site goes to a temporary folder, never into the repository. STRUCTGEN_SKIP_DOCS=1
