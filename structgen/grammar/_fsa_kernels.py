@@ -12,14 +12,17 @@ Without numba (or with ``STRUCTGEN_NATIVE=0``) they run as plain Python: correct
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TypeVar
 
-from structgen.grammar._jit import (
-    COMPILED,  # noqa: F401 - read by structgen.grammar.fsa
-    njit,
-)
+import numpy as np
+from numpy.typing import NDArray
+
+from structgen.grammar._jit import B1, I8, I32, I64, njit
+from structgen.grammar._jit import COMPILED as COMPILED  # read by structgen.grammar.fsa
 from structgen.grammar._jit import GOLD as _GOLD
 from structgen.grammar._jit import mix as _mix
+
+_S = TypeVar("_S", bound=np.generic)
 
 OK = 0
 LIMIT = 1
@@ -27,21 +30,21 @@ OUT_OF_TIME = 2
 
 
 @njit(cache=True, nogil=True)
-def _grow1(a):  # type: ignore[no-untyped-def]
+def _grow1(a: NDArray[_S]) -> NDArray[_S]:
     b = np.empty(2 * a.shape[0] + 16, dtype=a.dtype)
     b[: a.shape[0]] = a
     return b
 
 
 @njit(cache=True, nogil=True)
-def _grow2(a):  # type: ignore[no-untyped-def]
+def _grow2(a: NDArray[_S]) -> NDArray[_S]:
     b = np.empty((2 * a.shape[0] + 16, a.shape[1]), dtype=a.dtype)
     b[: a.shape[0]] = a
     return b
 
 
 @njit(cache=True, nogil=True)
-def byte_classes(edg):  # type: ignore[no-untyped-def]
+def byte_classes(edg: I32) -> tuple[I32, int]:
     """Byte classes from edge ranges ``edg[k] = (lo, hi, target)``: bytes no range boundary
     separates share a class. Returns ``class_of`` (int32 [256]) and the class count."""
     cut = np.zeros(257, dtype=np.bool_)
@@ -60,7 +63,7 @@ def byte_classes(edg):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def _closures(eps_o, eps, imp, need):  # type: ignore[no-untyped-def]
+def _closures(eps_o: I32, eps: I32, imp: B1, need: B1) -> tuple[I64, I32]:
     """For every NFA state with ``need[x]``: the important states of its epsilon closure,
     sorted (CSR ``ec_o [nx+1]``, ``ec_d``; empty for the others)."""
     nx = eps_o.shape[0] - 1
@@ -96,7 +99,8 @@ def _closures(eps_o, eps, imp, need):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def determinise(eps_o, eps, edg_o, edg, start, end, limit, budget, stop):  # type: ignore[no-untyped-def]
+def determinise(eps_o: I32, eps: I32, edg_o: I32, edg: I32, start: int, end: int, limit: int, budget: int,
+                stop: I8) -> tuple[int, I32, B1]:
     """Subset construction of a call-free NFA (CSR: epsilon edges; byte edges ``(lo, hi,
     target)``). A DFA state is the set of *important* NFA states of an epsilon closure (those
     with byte edges, or ``end``). Returns ``(status, trans [n, 256], accept [n])``."""
@@ -258,7 +262,7 @@ def determinise(eps_o, eps, edg_o, edg, start, end, limit, budget, stop):  # typ
 
 
 @njit(cache=True, nogil=True)
-def column_classes(ta, tb):  # type: ignore[no-untyped-def]
+def column_classes(ta: I32, tb: I32) -> tuple[I32, I32]:
     """Bytes on which every state of both tables agrees share a class: ``(class_of [256],
     first byte of each class)``."""
     # polynomial hash of every column, rows outer (the tables are row-major)
@@ -297,7 +301,8 @@ def column_classes(ta, tb):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def product(ta, acc_a, tb, acc_b, is_and, limit, budget, stop):  # type: ignore[no-untyped-def]
+def product(ta: I32, acc_a: B1, tb: I32, acc_b: B1, is_and: bool, limit: int, budget: int,
+            stop: I8) -> tuple[int, I32, B1]:
     """``A & B`` or ``A - B`` of two DFA tables (missing edges = dead), explored from the
     start pair. Returns ``(status, trans [n, 256], accept [n])``."""
     class_of, firsts = column_classes(ta, tb)
@@ -380,11 +385,11 @@ def product(ta, acc_a, tb, acc_b, is_and, limit, budget, stop):  # type: ignore[
 
 
 @njit(cache=True, nogil=True)
-def trim(trans, accept):  # type: ignore[no-untyped-def]
+def trim(trans: I32, accept: B1) -> tuple[I32, B1]:
     """Keep the states reachable from 0 that can reach an accepting state, renumbered in
     order (edges into dropped states removed). Returns ``(trans, accept)``; a DFA whose
     start cannot accept becomes one dead state."""
-    n = trans.shape[0]
+    n: int = trans.shape[0]
     # reverse edges (CSR by target)
     cnt = np.zeros(n + 1, dtype=np.int64)
     for q in range(n):
@@ -453,7 +458,7 @@ def trim(trans, accept):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def minimise(trans, accept, budget, stop):  # type: ignore[no-untyped-def]
+def minimise(trans: I32, accept: B1, budget: int, stop: I8) -> tuple[int, I32, B1]:
     """Hopcroft's partition refinement over the byte classes of a trimmed DFA (a dead sink
     completes it). Returns ``(status, trans, accept)``: the start state's block is state 0,
     the others in order of first occurrence."""
@@ -623,7 +628,7 @@ def minimise(trans, accept, budget, stop):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def acyclic(trans):  # type: ignore[no-untyped-def]
+def acyclic(trans: I32) -> bool:
     """Whether the DFA table ``trans`` (int32 ``[n, 256]``, -1 = no edge) has no cycle: a
     depth-first search that meets no state still on its path (for a trimmed DFA: whether
     its language is finite)."""

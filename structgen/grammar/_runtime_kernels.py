@@ -1,8 +1,10 @@
 """Compiled tables and rule states of the byte-level runtime (:mod:`structgen.grammar.runtime`).
 
 Everything the runtime interns lives in flat arrays, bundled in one compiled object ``T``
-(:class:`Tab`, fields :data:`FIELD_NAMES`; Python side :class:`~structgen.grammar.runtime.RuntimeTables`)
-so that a kernel gets the whole runtime in one argument:
+(:class:`Tab`, built by :func:`make_tables`; its fields :data:`FIELD_NAMES` and its static
+type :class:`Tables` are declared in :mod:`structgen.grammar._runtime_tables`; Python side
+:class:`~structgen.grammar.runtime.RuntimeTables`) so that a kernel gets the whole runtime in
+one argument:
 
 * rules (fixed when the runtime is built): per rule its kind (``rule_kind``: a lazily
   determinised NFA, a transition table, the difference of two tables explored pairwise, or
@@ -46,11 +48,21 @@ Without numba (or with ``STRUCTGEN_NATIVE=0``) the same functions run as plain P
 """
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
-from structgen.grammar._jit import COMPILED, njit
+import numpy as np
+from numpy.typing import NDArray
+
+from structgen.grammar._jit import B1, COMPILED, I8, I32, I64, U8, U64, Int, njit
 from structgen.grammar._jit import GOLD as _GOLD
+from structgen.grammar._jit import int64 as _int64
 from structgen.grammar._jit import mix as _mix
+from structgen.grammar._runtime_tables import FIELD_NAMES as FIELD_NAMES
+from structgen.grammar._runtime_tables import Tables as Tables
+from structgen.grammar._runtime_tables import field_types
+
+if TYPE_CHECKING:
+    from numba.types import Type as NumbaType
 
 DEAD = -1
 UNKNOWN = -2
@@ -81,51 +93,17 @@ WANT_ROOM = 9  # room a data array lacked (NEED_GROW)
 N_EXPANDED = 10  # rule states expanded
 
 
-def _fields() -> list[tuple[str, object]]:
-    """The table fields, in order (see RuntimeTables in structgen/grammar/runtime.py): name,
-    numba type."""
-    from numba import types as nt
-
-    i8, i32, i64, u8, u64, b1 = nt.int8, nt.int32, nt.int64, nt.uint8, nt.uint64, nt.boolean
-    v = lambda t: t[::1]  # noqa: E731 - C-contiguous 1-d
-    m = lambda t: t[:, ::1]  # noqa: E731 - C-contiguous 2-d
-    return [
-        ("counters", v(i64)), ("rule_kind", v(i8)), ("rule_base", v(i64)), ("rule_aux", v(i64)),
-        ("rule_class", m(i32)), ("rule_nclasses", v(i32)), ("rule_end", v(i32)), ("rule_start", v(i32)),
-        ("rule_lo", v(i64)), ("rule_hi", v(i64)), ("nfa_eps_off", v(i32)), ("nfa_eps", v(i32)),
-        ("nfa_edge_off", v(i32)), ("nfa_edges", m(i32)), ("nfa_call_off", v(i32)), ("nfa_calls", m(i32)),
-        ("nfa_important", v(u8)), ("nfa_closure", m(i32)), ("nfa_closure_data", v(i32)),
-        ("table_trans", m(i32)), ("table_accept", v(u8)), ("state_trans", m(i32)), ("state_flags", v(u8)),
-        ("state_calls", m(i32)), ("call_targets", m(i32)), ("state_rule", v(i32)), ("state_key", m(i32)),
-        ("state_key_data", v(i32)), ("state_hash_keys", v(i64)), ("state_hash_ids", v(i32)),
-        ("state_pred", v(i32)), ("state_accepting", v(b1)), ("state_loop_bytes", m(u64)),
-        ("state_loops_known", v(u8)), ("state_slice_memo", m(i8)), ("state_utf8_memo", v(i8)),
-        ("frames", m(i32)), ("frame_hash_keys", v(i64)), ("frame_hash_ids", v(i32)), ("closures", m(i32)),
-        ("closure_data", v(i32)), ("stack_config", v(i32)), ("configs", m(i32)), ("config_data", v(i32)),
-        ("config_hash_keys", v(i64)), ("config_hash_ids", v(i32)), ("trans", m(i32)), ("accepting", v(b1)),
-        ("loop_bytes", m(u64)), ("loop_known", m(u64)), ("row_done", v(u8)), ("slice_memo", m(i8)),
-        ("utf8_memo", v(i8)),
-    ]
-
-
-FIELD_NAMES = ["counters", "rule_kind", "rule_base", "rule_aux", "rule_class", "rule_nclasses", "rule_end",
-               "rule_start", "rule_lo", "rule_hi", "nfa_eps_off", "nfa_eps", "nfa_edge_off", "nfa_edges",
-               "nfa_call_off", "nfa_calls", "nfa_important", "nfa_closure", "nfa_closure_data",
-               "table_trans", "table_accept", "state_trans", "state_flags", "state_calls", "call_targets",
-               "state_rule", "state_key", "state_key_data", "state_hash_keys", "state_hash_ids",
-               "state_pred", "state_accepting", "state_loop_bytes", "state_loops_known",
-               "state_slice_memo", "state_utf8_memo", "frames", "frame_hash_keys", "frame_hash_ids",
-               "closures", "closure_data", "stack_config", "configs", "config_data", "config_hash_keys",
-               "config_hash_ids", "trans", "accepting", "loop_bytes", "loop_known", "row_done",
-               "slice_memo", "utf8_memo"]
-
-if COMPILED:
+if TYPE_CHECKING:
+    def make_tables(*arrays: NDArray[np.generic]) -> Tables:
+        """The tables holding ``arrays`` (in the order of :data:`FIELD_NAMES`)."""
+elif COMPILED:
     from numba import types as _nt
     from numba.experimental import structref as _structref
 
     @_structref.register
     class _TabType(_nt.StructRef):
-        def preprocess_fields(self, fields):  # type: ignore[no-untyped-def]
+        def preprocess_fields(self, fields: tuple[tuple[str, NumbaType], ...]
+                              ) -> tuple[tuple[str, NumbaType], ...]:
             return tuple((name, _nt.unliteral(typ)) for name, typ in fields)
 
     class Tab(_structref.StructRefProxy):
@@ -133,22 +111,25 @@ if COMPILED:
         array arguments (a tuple of arrays is copied into every call)."""
 
     _structref.define_boxing(_TabType, Tab)
-    _TAB = _TabType(_fields())
-    assert [f for f, _t in _fields()] == FIELD_NAMES
+    _TAB = _TabType(field_types())
+    assert [f for f, _t in field_types()] == FIELD_NAMES
 
     @njit(cache=True)
-    def make_tables(counters, rule_kind, rule_base, rule_aux, rule_class,
-                    rule_nclasses, rule_end, rule_start, rule_lo, rule_hi, nfa_eps_off, nfa_eps,
-                    nfa_edge_off, nfa_edges, nfa_call_off, nfa_calls, nfa_important, nfa_closure,
-                    nfa_closure_data, table_trans, table_accept, state_trans, state_flags,
-                    state_calls, call_targets, state_rule, state_key, state_key_data,
-                    state_hash_keys, state_hash_ids, state_pred, state_accepting, state_loop_bytes,
-                    state_loops_known, state_slice_memo, state_utf8_memo, frames, frame_hash_keys,
-                    frame_hash_ids, closures, closure_data, stack_config, configs, config_data,
-                    config_hash_keys, config_hash_ids, trans, accepting, loop_bytes, loop_known,
-                    row_done, slice_memo, utf8_memo):  # type: ignore[no-untyped-def]
+    def make_tables(counters: I64, rule_kind: I8, rule_base: I64, rule_aux: I64, rule_class: I32,
+                    rule_nclasses: I32, rule_end: I32, rule_start: I32, rule_lo: I64, rule_hi: I64,
+                    nfa_eps_off: I32, nfa_eps: I32, nfa_edge_off: I32, nfa_edges: I32, nfa_call_off: I32,
+                    nfa_calls: I32, nfa_important: U8, nfa_closure: I32, nfa_closure_data: I32,
+                    table_trans: I32, table_accept: U8, state_trans: I32, state_flags: U8,
+                    state_calls: I32, call_targets: I32, state_rule: I32, state_key: I32,
+                    state_key_data: I32, state_hash_keys: I64, state_hash_ids: I32, state_pred: I32,
+                    state_accepting: B1, state_loop_bytes: U64, state_loops_known: U8,
+                    state_slice_memo: I8, state_utf8_memo: I8, frames: I32, frame_hash_keys: I64,
+                    frame_hash_ids: I32, closures: I32, closure_data: I32, stack_config: I32, configs: I32,
+                    config_data: I32, config_hash_keys: I64, config_hash_ids: I32, trans: I32,
+                    accepting: B1, loop_bytes: U64, loop_known: U64, row_done: U8, slice_memo: I8,
+                    utf8_memo: I8) -> Tables:
         """The compiled tables holding ``arrays`` (in the order of :data:`FIELD_NAMES`)."""
-        t = _structref.new(_TAB)
+        t: Tables = _structref.new(_TAB)
         t.counters = counters
         t.rule_kind = rule_kind
         t.rule_base = rule_base
@@ -205,19 +186,19 @@ if COMPILED:
         return t
 
 else:  # pragma: no cover - plain Python: a namespace object with the same attributes
-    class Tab:  # type: ignore[no-redef]
+    class Tab:
         """The runtime tables as a namespace object (plain Python runs)."""
 
         def __init__(self, **kw: object) -> None:
             self.__dict__.update(kw)
 
-    def make_tables(*arrays: object) -> Tab:  # type: ignore[misc]
+    def make_tables(*arrays: NDArray[np.generic]) -> Tables:
         """The tables holding ``arrays`` (in the order of :data:`FIELD_NAMES`)."""
         return Tab(**dict(zip(FIELD_NAMES, arrays)))
 
 
 @njit(cache=True, nogil=True)
-def key_equals(data, st, buf, n):  # type: ignore[no-untyped-def]
+def key_equals(data: I32, st: Int, buf: I32, n: Int) -> bool:
     """Whether ``data[st : st + n]`` equals ``buf[:n]`` (an interned key against a probe)."""
     for i in range(n):
         if data[st + i] != buf[i]:
@@ -226,7 +207,7 @@ def key_equals(data, st, buf, n):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def seq_hash(head, buf, n):  # type: ignore[no-untyped-def]
+def seq_hash(head: Int, buf: I32, n: Int) -> np.int64:
     """The hash of an interning key: ``head`` (a rule, or an accepting flag) and ``buf[:n]``."""
     h = _mix(np.int64(head) * _GOLD + np.int64(n))
     for i in range(n):
@@ -237,7 +218,8 @@ def seq_hash(head, buf, n):  # type: ignore[no-untyped-def]
 # -- rule states ---------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True)
-def _state(meta, g_row, g_flag, g_rule, g_key, gs_d, hk, hv, g_pred, r, buf, n):  # type: ignore[no-untyped-def]
+def _state(meta: I64, g_row: I32, g_flag: U8, g_rule: I32, g_key: I32, gs_d: I32, hk: I64, hv: I32,
+           g_pred: I32, r: Int, buf: I32, n: Int) -> np.int64:
     """The rule-state id of rule ``r``'s state with key ``buf[:n]``, interned (not
     expanded); or NEED_GROW. (Hot helpers take the arrays they use, not the table tuple:
     passing the whole tuple to a call costs more than most of them do.)"""
@@ -252,15 +234,15 @@ def _state(meta, g_row, g_flag, g_rule, g_key, gs_d, hk, hv, g_pred, r, buf, n):
             g = hv[h]
             if g_rule[g] == r and g_key[g, 1] == n:
                 if key_equals(gs_d, g_key[g, 0], buf, n):
-                    return np.int64(g)
+                    return _int64(g)
         h = (h + 1) & mask
     g = meta[N_STATES]
     used = meta[N_STATE_KEY_DATA]
     if g >= g_flag.shape[0]:
-        return np.int64(NEED_GROW)
+        return _int64(NEED_GROW)
     if used + n > gs_d.shape[0]:
         meta[WANT_ROOM] = n
-        return np.int64(NEED_GROW)
+        return _int64(NEED_GROW)
     for i in range(n):
         gs_d[used + i] = buf[i]
     meta[N_STATE_KEY_DATA] = used + n
@@ -274,11 +256,11 @@ def _state(meta, g_row, g_flag, g_rule, g_key, gs_d, hk, hv, g_pred, r, buf, n):
     hk[h] = key
     hv[h] = g
     meta[N_STATES] = g + 1
-    return np.int64(g)
+    return _int64(g)
 
 
 @njit(cache=True, nogil=True)
-def state(T, r, buf, n):  # type: ignore[no-untyped-def]
+def state(T: Tables, r: Int, buf: I32, n: Int) -> np.int64:
     """:func:`_state` on the table tuple."""
     meta, g_row, g_flag, g_rule, g_key, gs_d, gshk, gshv, g_pred = (
         T.counters, T.state_trans, T.state_flags, T.state_rule, T.state_key, T.state_key_data,
@@ -288,7 +270,7 @@ def state(T, r, buf, n):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def _eclose(meta, eps_o, eps, imp, ec, ec_d, x):  # type: ignore[no-untyped-def]
+def _eclose(meta: I64, eps_o: I32, eps: I32, imp: U8, ec: I32, ec_d: I32, x: Int) -> int:
     """Memoise the important states of NFA state ``x``'s epsilon closure (sorted); 0 or
     NEED_GROW."""
     if ec[x, 1] >= 0:
@@ -324,7 +306,8 @@ def _eclose(meta, eps_o, eps, imp, ec, ec_d, x):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def _closure_key(meta, eps_o, eps, imp, ec, ec_d, targets, nt, out):  # type: ignore[no-untyped-def]
+def _closure_key(meta: I64, eps_o: I32, eps: I32, imp: U8, ec: I32, ec_d: I32, targets: I32, nt: Int,
+                 out: I32) -> int:
     """Sorted union of the epsilon closures of NFA states ``targets[:nt]`` into ``out``;
     returns its length, or NEED_GROW (``out`` must have room for the union)."""
     m = 0
@@ -347,7 +330,7 @@ def _closure_key(meta, eps_o, eps, imp, ec, ec_d, targets, nt, out):  # type: ig
 
 
 @njit(cache=True, nogil=True)
-def _closure_room(meta, eps_o, eps, imp, ec, ec_d, targets, nt):  # type: ignore[no-untyped-def]
+def _closure_room(meta: I64, eps_o: I32, eps: I32, imp: U8, ec: I32, ec_d: I32, targets: I32, nt: Int) -> int:
     """An upper bound on the size of :func:`_closure_key`'s union (closures memoised first);
     or NEED_GROW."""
     tot = 0
@@ -360,12 +343,12 @@ def _closure_room(meta, eps_o, eps, imp, ec, ec_d, targets, nt):  # type: ignore
 
 
 @njit(cache=True, nogil=True)
-def start_state(T, r):  # type: ignore[no-untyped-def]
+def start_state(T: Tables, r: Int) -> np.int64:
     """The start state of rule ``r`` (interned); or NEED_GROW."""
     rstart = T.rule_start
     got = rstart[r]
     if got >= 0:
-        return np.int64(got)
+        return _int64(got)
     kind = T.rule_kind[r]
     if kind == LAZY:
         x = np.empty(1, dtype=np.int32)
@@ -375,11 +358,11 @@ def start_state(T, r):  # type: ignore[no-untyped-def]
         ec, ec_d = T.nfa_closure, T.nfa_closure_data
         room = _closure_room(meta, eps_o, eps, imp, ec, ec_d, x, 1)
         if room < 0:
-            return np.int64(room)
+            return _int64(room)
         key = np.empty(max(room, 1), dtype=np.int32)
         n = _closure_key(meta, eps_o, eps, imp, ec, ec_d, x, 1, key)
         if n < 0:
-            return np.int64(n)
+            return _int64(n)
         g = state(T, r, key, n)
     elif kind == TABLE:
         key = np.zeros(1, dtype=np.int32)
@@ -393,11 +376,11 @@ def start_state(T, r):  # type: ignore[no-untyped-def]
         g = state(T, r, key, 2)
     if g >= 0:
         rstart[r] = g
-    return np.int64(g)
+    return _int64(g)
 
 
 @njit(cache=True, nogil=True)
-def _expand_lazy(T, g, r, row):  # type: ignore[no-untyped-def]
+def _expand_lazy(T: Tables, g: Int, r: Int, row: I32) -> Int:
     """Subset construction for one DFA state of a lazily determinised NFA rule: ``row`` gets
     the byte targets; calls are appended. Returns the flags or NEED_GROW."""
     meta, g_row, g_flag, g_rule, g_key, gs_d, gshk, gshv, g_pred = (
@@ -558,7 +541,7 @@ def _expand_lazy(T, g, r, row):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def _expand_table(T, g, r, row):  # type: ignore[no-untyped-def]
+def _expand_table(T: Tables, g: Int, r: Int, row: I32) -> Int:
     """One state of a table rule (a call-free DFA given as a table)."""
     meta, g_row, g_flag, g_rule, g_key, gs_d, gshk, gshv, g_pred = (
         T.counters, T.state_trans, T.state_flags, T.state_rule, T.state_key, T.state_key_data,
@@ -601,7 +584,7 @@ def _expand_table(T, g, r, row):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def _expand_product(T, g, r, row):  # type: ignore[no-untyped-def]
+def _expand_product(T: Tables, g: Int, r: Int, row: I32) -> Int:
     """One state ``(qa, qb)`` of ``A - B`` over two tables (``qb`` -1: B already failed)."""
     meta, g_row, g_flag, g_rule, g_key, gs_d, gshk, gshv, g_pred = (
         T.counters, T.state_trans, T.state_flags, T.state_rule, T.state_key, T.state_key_data,
@@ -659,7 +642,7 @@ def _expand_product(T, g, r, row):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def _expand_counted(T, g, r, row):  # type: ignore[no-untyped-def]
+def _expand_counted(T: Tables, g: Int, r: Int, row: I32) -> Int:
     """One state ``(c, q)`` of ``item{lo,hi}`` for an item given as a prefix-free table (no
     accepting state has an edge, so an item ends exactly where its table accepts): ``c``
     items read, ``q`` the item table's state (0 = between items)."""
@@ -713,7 +696,7 @@ def _expand_counted(T, g, r, row):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def expand(T, g):  # type: ignore[no-untyped-def]
+def expand(T: Tables, g: Int) -> Int:
     """Compute rule state ``g``'s row, calls and flags if not known; 0 or NEED_GROW."""
     g_flag = T.state_flags
     if g_flag[g] & EXPANDED:
@@ -744,7 +727,7 @@ def expand(T, g):  # type: ignore[no-untyped-def]
 # -- table maintenance -----------------------------------------------------------------------
 
 @njit(cache=True, nogil=True)
-def rehash_frames(fr, n, hk, hv):  # type: ignore[no-untyped-def]
+def rehash_frames(fr: I32, n: Int, hk: I64, hv: I32) -> None:
     """Rebuild the frame hash (all slots -1) from ``fr[1:n]``."""
     mask = hk.shape[0] - 1
     for s in range(1, n):
@@ -757,7 +740,7 @@ def rehash_frames(fr, n, hk, hv):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def rehash_seqs(heads, keys, data, n, hk, hv):  # type: ignore[no-untyped-def]
+def rehash_seqs(heads: I32, keys: I32, data: I32, n: Int, hk: I64, hv: I32) -> None:
     """Rebuild a sequence hash (all slots -1) from entries ``0..n-1``: head ``heads[i]`` and
     key ``data[keys[i, 0] : keys[i, 0] + keys[i, 1]]``."""
     mask = hk.shape[0] - 1

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from structgen.grammar._jit import B1, I32, I64, U8, U64, Int, njit
+from structgen.grammar._jit import int64 as _int64
 from structgen.grammar._jit import mix as _mix
-from structgen.grammar._jit import njit
 from structgen.grammar._runtime_kernels import (
     ACCEPT,
     BYTES,
@@ -27,6 +28,7 @@ from structgen.grammar._runtime_kernels import (
     TAIL,
     UNKNOWN,
     WANT_ROOM,
+    Tables,
     expand,
     key_equals,
     seq_hash,
@@ -34,7 +36,7 @@ from structgen.grammar._runtime_kernels import (
 
 
 @njit(cache=True, nogil=True)
-def _frame(meta, fr, hk, hv, cl, cl_cfg, parent, g):  # type: ignore[no-untyped-def]
+def _frame(meta: I64, fr: I32, hk: I64, hv: I32, cl: I32, cl_cfg: I32, parent: Int, g: Int) -> np.int64:
     """The stack id of frame (parent, g), interned; NEED_GROW when the tables are full."""
     key = (np.int64(parent) << np.int64(32)) | np.int64(g)
     mask = hk.shape[0] - 1
@@ -42,13 +44,13 @@ def _frame(meta, fr, hk, hv, cl, cl_cfg, parent, g):  # type: ignore[no-untyped-
     while True:
         k = hk[h]
         if k == key:
-            return np.int64(hv[h])
+            return _int64(hv[h])
         if k == -1:
             break
         h = (h + 1) & mask
     n = meta[N_FRAMES]
     if n >= fr.shape[0]:
-        return np.int64(NEED_GROW)
+        return _int64(NEED_GROW)
     fr[n, 0] = parent
     fr[n, 1] = g
     cl[n, 0] = 0
@@ -58,22 +60,23 @@ def _frame(meta, fr, hk, hv, cl, cl_cfg, parent, g):  # type: ignore[no-untyped-
     hk[h] = key
     hv[h] = n
     meta[N_FRAMES] = n + 1
-    return np.int64(n)
+    return _int64(n)
 
 
 @njit(cache=True, nogil=True)
-def frame(T, parent, g):  # type: ignore[no-untyped-def]
+def frame(T: Tables, parent: Int, g: Int) -> np.int64:
     """:func:`_frame` on the table tuple."""
     return _frame(T.counters, T.frames, T.frame_hash_keys, T.frame_hash_ids, T.closures, T.stack_config,
                   parent, g)
 
 
 @njit(cache=True, nogil=True)
-def _config(meta, cf, cf_d, hk, hv, trans, accepting, ls, loopok, rdone, buf, n, acc):  # type: ignore[no-untyped-def]
+def _config(meta: I64, cf: I32, cf_d: I32, hk: I64, hv: I32, trans: I32, accepting: B1, ls: U64, loopok: U64,
+            rdone: U8, buf: I32, n: Int, acc: bool) -> np.int64:
     """The configuration id of the sorted, duplicate-free stack set ``buf[:n]`` with the
     accepting flag ``acc`` (DEAD when both are empty), interned; or NEED_GROW."""
     if n == 0 and not acc:
-        return np.int64(DEAD)
+        return _int64(DEAD)
     a = 1 if acc else 0
     key = seq_hash(a, buf, n)
     mask = hk.shape[0] - 1
@@ -86,15 +89,15 @@ def _config(meta, cf, cf_d, hk, hv, trans, accepting, ls, loopok, rdone, buf, n,
             c = hv[h]
             if cf[c, 1] == n and cf[c, 2] == a:
                 if key_equals(cf_d, cf[c, 0], buf, n):
-                    return np.int64(c)
+                    return _int64(c)
         h = (h + 1) & mask
     c = meta[N_CONFIGS]
     used = meta[N_CONFIG_DATA]
     if c >= cf.shape[0]:
-        return np.int64(NEED_GROW)
+        return _int64(NEED_GROW)
     if used + n > cf_d.shape[0]:
         meta[WANT_ROOM] = n
-        return np.int64(NEED_GROW)
+        return _int64(NEED_GROW)
     for i in range(n):
         cf_d[used + i] = buf[i]
     cf[c, 0] = used
@@ -111,18 +114,18 @@ def _config(meta, cf, cf_d, hk, hv, trans, accepting, ls, loopok, rdone, buf, n,
     hk[h] = key
     hv[h] = c
     meta[N_CONFIGS] = c + 1
-    return np.int64(c)
+    return _int64(c)
 
 
 @njit(cache=True, nogil=True)
-def config(T, buf, n, acc):  # type: ignore[no-untyped-def]
+def config(T: Tables, buf: I32, n: Int, acc: bool) -> np.int64:
     """:func:`_config` on the table tuple."""
     return _config(T.counters, T.configs, T.config_data, T.config_hash_keys, T.config_hash_ids, T.trans,
                    T.accepting, T.loop_bytes, T.loop_known, T.row_done, buf, n, acc)
 
 
 @njit(cache=True, nogil=True)
-def closure(T, s):  # type: ignore[no-untyped-def]
+def closure(T: Tables, s: Int) -> Int:
     """Compute the closure of stack ``s`` (if not known): the stacks reachable by calls and
     returns whose top state has byte edges, and whether the empty stack is reachable.
     Returns 0 or NEED_GROW."""
@@ -226,14 +229,14 @@ def closure(T, s):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def _grow1(a):  # type: ignore[no-untyped-def]
+def _grow1(a: I64) -> I64:
     b = np.empty(2 * a.shape[0], dtype=a.dtype)
     b[: a.shape[0]] = a
     return b
 
 
 @njit(cache=True, nogil=True)
-def _has(a, n, x):  # type: ignore[no-untyped-def]
+def _has(a: I64, n: Int, x: Int) -> bool:
     for i in range(n):
         if a[i] == x:
             return True
@@ -241,16 +244,16 @@ def _has(a, n, x):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def closure_config(T, s):  # type: ignore[no-untyped-def]
+def closure_config(T: Tables, s: Int) -> np.int64:
     """The configuration of stack ``s``'s closure (DEAD if empty), or NEED_GROW."""
     cl, cl_d, cl_cfg = T.closures, T.closure_data, T.stack_config
     got = cl_cfg[s]
     if got != UNKNOWN:
-        return np.int64(got)
+        return _int64(got)
     if cl[s, 1] < 0:
         r = closure(T, s)
         if r < 0:
-            return np.int64(r)
+            return _int64(r)
     st = cl[s, 0]
     c = _config(T.counters, T.configs, T.config_data, T.config_hash_keys, T.config_hash_ids, T.trans,
                 T.accepting, T.loop_bytes, T.loop_known, T.row_done, cl_d[st:st + cl[s, 1]], cl[s, 1],
@@ -262,7 +265,7 @@ def closure_config(T, s):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def _succ_stacks(T, st0, n, b, alive):  # type: ignore[no-untyped-def]
+def _succ_stacks(T: Tables, st0: Int, n: Int, b: Int, alive: I64) -> np.int64:
     """For each of the ``n`` stacks ``config_data[st0:st0+n]`` of a configuration, the successor
     stack on byte ``b`` with its closure computed, into ``alive``; returns how many are
     alive, or NEED_GROW."""
@@ -276,7 +279,7 @@ def _succ_stacks(T, st0, n, b, alive):  # type: ignore[no-untyped-def]
         if g_flag[g] & EXPANDED == 0:
             r = expand(T, g)
             if r < 0:
-                return np.int64(r)
+                return _int64(r)
         t = g_row[g, b]
         if t < 0:
             continue
@@ -286,20 +289,20 @@ def _succ_stacks(T, st0, n, b, alive):  # type: ignore[no-untyped-def]
         if cl[ns, 1] < 0:
             r = closure(T, ns)
             if r < 0:
-                return np.int64(r)
+                return _int64(r)
         alive[na] = ns
         na += 1
-    return np.int64(na)
+    return _int64(na)
 
 
 @njit(cache=True, nogil=True)
-def _union_config(T, alive, na):  # type: ignore[no-untyped-def]
+def _union_config(T: Tables, alive: I64, na: Int) -> np.int64:
     """The configuration of the union of the closures of stacks ``alive[:na]`` (na >= 1)."""
     cl, cl_d, cl_cfg = T.closures, T.closure_data, T.stack_config
     if na == 1:
         got = cl_cfg[alive[0]]
         if got != UNKNOWN:
-            return np.int64(got)
+            return _int64(got)
         return closure_config(T, alive[0])
     tot = 0
     acc = False
@@ -327,16 +330,16 @@ def _union_config(T, alive, na):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def succ(T, c, b):  # type: ignore[no-untyped-def]
+def succ(T: Tables, c: Int, b: Int) -> np.int64:
     """``trans[c, b]``, computed on first use (each stack steps on its own; the successor is
     the union of the stacks' successor closures): a configuration, DEAD or NEED_GROW."""
     trans = T.trans
     got = trans[c, b]
     if got != UNKNOWN:
-        return np.int64(got)
+        return _int64(got)
     cf = T.configs
     n = cf[c, 1]
-    out = np.int64(DEAD)
+    out = _int64(DEAD)
     if n > 0:
         alive = np.empty(n, dtype=np.int64)
         na = _succ_stacks(T, cf[c, 0], n, b, alive)
@@ -351,7 +354,7 @@ def succ(T, c, b):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def fill_row(T, c):  # type: ignore[no-untyped-def]
+def fill_row(T: Tables, c: Int) -> Int:
     """Compute every unknown entry of ``trans[c, :]``; 0 or NEED_GROW. Bytes on which each
     stack steps to the same rule state share one successor."""
     trans, g_row, fr, cf, cf_d = T.trans, T.state_trans, T.frames, T.configs, T.config_data
@@ -402,21 +405,21 @@ def fill_row(T, c):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def succ_row(T, c, b):  # type: ignore[no-untyped-def]
+def succ_row(T: Tables, c: Int, b: Int) -> np.int64:
     """``trans[c, b]``, filling the whole row of ``c`` on first use (:func:`fill_row`: bytes
     with equal successor vectors share one computation, far fewer than the bytes a walk
     asks for); a configuration, DEAD or NEED_GROW."""
     if not T.row_done[c]:
         r = fill_row(T, c)
         if r == NEED_GROW:
-            return np.int64(NEED_GROW)
-    return np.int64(T.trans[c, b])
+            return _int64(NEED_GROW)
+    return _int64(T.trans[c, b])
 
 
 @njit(cache=True, nogil=True)
-def stack_of_chain(T, gs, n):  # type: ignore[no-untyped-def]
+def stack_of_chain(T: Tables, gs: I64, n: Int) -> np.int64:
     """The stack of rule states ``gs[:n]`` (bottom first) above the empty stack; or NEED_GROW."""
-    s = np.int64(0)
+    s = _int64(0)
     for i in range(n):
         s = frame(T, s, gs[i])
         if s < 0:

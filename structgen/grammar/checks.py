@@ -147,7 +147,7 @@ def run_checked(runtime: Runtime, data: bytes) -> tuple[bool, bool]:
 def _union(runtime: Runtime, cids: list[int]) -> int:
     """The configuration holding every stack of ``cids`` (accepting if any is)."""
     acc = False
-    stacks: set[tuple] = set()
+    stacks: set[tuple[tuple[int, tuple[int, ...]], ...]] = set()
     for c in cids:
         a, st = runtime.describe(c)
         acc = acc or a

@@ -11,7 +11,8 @@ and DFAs, and every algorithm on them, written once.
   when numba is present, else as numpy / plain Python with the same results;
 * for the front-ends, DFAs given implicitly or as IR: :func:`explore_dfa`,
   :func:`minimise_dfa` (canonical :class:`~structgen.grammar.ir.Dfa` nodes, so equal
-  languages give equal IR) and :func:`regular_expr_dfa`.
+  languages give equal IR) and :func:`regular_expr_dfa`, defined in
+  :mod:`structgen.grammar.dfa_ir` and re-exported here.
 
 The compiler's algorithms report through a :class:`BuildBudget` (its deadline and state
 limits), so this module raises no limit errors of its own beyond what the budget raises.
@@ -19,16 +20,16 @@ limits), so this module raises no limit errors of its own beyond what the budget
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from itertools import chain
-from typing import Any, NoReturn, Protocol
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import NoReturn, Protocol
 
 import numpy as np
+from numpy.typing import NDArray
 
 from structgen import limits
-from structgen.errors import CompileLimitError
-from structgen.grammar import ir
+from structgen.grammar.dfa_ir import explore_dfa, minimise_dfa, regular_expr_dfa
+from structgen.grammar.fsa_native import FsaKernels, dfa_kernels, native_ready
 from structgen.grammar.graphs import strongly_connected_components
 
 __all__ = ["BuildBudget", "Dfa", "Nfa", "all_states_infinite", "byte_classes", "cyclic_states",
@@ -43,7 +44,7 @@ class BuildBudget(Protocol):
     """What :func:`product` and :func:`determinise` need from their caller (the grammar
     compiler): its deadline, its state limits and the errors that name where it was."""
 
-    def dfa_kernels(self) -> Any:
+    def dfa_kernels(self) -> FsaKernels:
         """:mod:`structgen.grammar._fsa_kernels`, loaded (loading time is not charged)."""
 
     def check_time(self) -> None:
@@ -94,23 +95,26 @@ class Nfa:
 class Dfa:
     """Intermediate DFA over bytes: trans [n, 256] int32 (-1 dead), accept [n], calls."""
 
-    trans: np.ndarray
-    accept: np.ndarray
+    trans: NDArray[np.int32]
+    accept: NDArray[np.bool_]
     calls: list[tuple[tuple[int, int], ...]]
+    # memos of the language tests (a regular operand is shared by many differences)
+    _cyclic: NDArray[np.bool_] | None = field(default=None, init=False, repr=False, compare=False)
+    _all_infinite: bool | None = field(default=None, init=False, repr=False, compare=False)
 
 
 
-def all_states_infinite(d: Any) -> bool:
+def all_states_infinite(d: Dfa) -> bool:
     """Does every state of the trimmed DFA ``d`` have infinitely many completions (can
     reach a cycle)? Cached on ``d`` (a regular operand shared by many differences)."""
-    got = getattr(d, "_all_infinite", None)
+    got = d._all_infinite
     if got is None:
         got = d._all_infinite = _all_states_infinite_of(d)
     return bool(got)
 
 
-def _all_states_infinite_of(d: Any) -> bool:
-    n = d.trans.shape[0]
+def _all_states_infinite_of(d: Dfa) -> bool:
+    n: int = d.trans.shape[0]
     if n == 0:
         return False
     on_cycle = cyclic_states(d)
@@ -126,18 +130,17 @@ def _all_states_infinite_of(d: Any) -> bool:
     return bool(good.all())
 
 
-def finite_language(d: Any) -> bool:
+def finite_language(d: Dfa) -> bool:
     """Is the language of the trimmed DFA ``d`` finite (no cycle among its states)? A
     compiled cycle search, else Kahn's peeling of states without predecessors (all of them
     go exactly when there is no cycle)."""
-    got = getattr(d, "_cyclic", None)
+    got = d._cyclic
     if got is not None:
         return not got.any()
-    from structgen.grammar import _fsa_kernels as dk
-
+    dk = dfa_kernels()
     if dk.COMPILED:
         return bool(dk.acyclic(_c32(d.trans)))
-    n = d.trans.shape[0]
+    n: int = d.trans.shape[0]
     succ = _successors(d)
     indeg = np.bincount(np.fromiter((t for ts in succ for t in ts), dtype=np.int64), minlength=n).tolist()
     todo = [q for q in range(n) if indeg[q] == 0]
@@ -152,9 +155,9 @@ def finite_language(d: Any) -> bool:
     return peeled == n
 
 
-def _successors(d: Any) -> list[list[int]]:
+def _successors(d: Dfa) -> list[list[int]]:
     """Per state of DFA ``d``, its distinct successor states in ascending order."""
-    n = d.trans.shape[0]
+    n: int = d.trans.shape[0]
     rows, cols = np.nonzero(d.trans >= 0)
     pairs = np.unique(rows.astype(np.int64) * n + d.trans[rows, cols])  # distinct (state, successor)
     bounds = np.searchsorted(pairs // n, np.arange(n + 1)).tolist()
@@ -162,12 +165,12 @@ def _successors(d: Any) -> list[list[int]]:
     return [tgt[bounds[q]:bounds[q + 1]] for q in range(n)]
 
 
-def cyclic_states(d: Any) -> np.ndarray:
+def cyclic_states(d: Dfa) -> NDArray[np.bool_]:
     """States that lie on a cycle (strongly connected components); cached on ``d``."""
-    got = getattr(d, "_cyclic", None)
+    got = d._cyclic
     if got is not None:
         return got
-    n = d.trans.shape[0]
+    n: int = d.trans.shape[0]
     succ = _successors(d)
     comps = strongly_connected_components(list(range(n)), dict(enumerate(succ)))
     out = np.zeros(n, dtype=bool)
@@ -179,30 +182,11 @@ def cyclic_states(d: Any) -> np.ndarray:
 
 
 
-_NATIVE_READY = False
 
-
-def native_ready() -> float:
-    """Load the compiled DFA kernels once per process (a no-op without numba); returns the
-    seconds it took (0 once loaded), which a compile adds to its deadline: loading code is
-    a cost of the process, not of the grammar being compiled."""
-    global _NATIVE_READY
-    if _NATIVE_READY:
-        return 0.0
-    t0 = limits.now()
-    from structgen.grammar import _fsa_kernels
-
-    if _fsa_kernels.COMPILED:
-        _fsa_kernels.warm()
-    _NATIVE_READY = True
-    return limits.now() - t0
-
-
-
-def _coreachable(d: Dfa, nonempty: list[bool]) -> np.ndarray:
+def _coreachable(d: Dfa, nonempty: list[bool]) -> NDArray[np.bool_]:
     """States from which an accepting state is reachable (byte edges, and call edges to
     non-empty rules), by backward breadth-first search over a CSR of reversed edges."""
-    n = d.trans.shape[0]
+    n: int = d.trans.shape[0]
     src, _b = np.nonzero(d.trans >= 0)
     dst = d.trans[src, _b].astype(np.int64)
     extra_src = [q for q in range(n) for r, _t in d.calls[q] if nonempty[r]]
@@ -213,7 +197,7 @@ def _coreachable(d: Dfa, nonempty: list[bool]) -> np.ndarray:
     keys = np.unique(dst * n + src)
     rdst, rsrc = keys // n, keys % n  # sorted by destination
     indptr = np.searchsorted(rdst, np.arange(n + 1))
-    good = d.accept.copy()
+    good: NDArray[np.bool_] = d.accept.copy()
     frontier = np.nonzero(good)[0]
     while frontier.size:
         starts, ends = indptr[frontier], indptr[frontier + 1]
@@ -229,9 +213,9 @@ def _coreachable(d: Dfa, nonempty: list[bool]) -> np.ndarray:
     return good
 
 
-def _restrict(d: Dfa, keep: np.ndarray, nonempty: list[bool]) -> Dfa:
+def _restrict(d: Dfa, keep: NDArray[np.bool_], nonempty: list[bool]) -> Dfa:
     """Drop states not in ``keep`` (and unreachable ones), renumbering from 0."""
-    n = d.trans.shape[0]
+    n: int = d.trans.shape[0]
     if not keep[0]:
         return Dfa(np.full((1, 256), -1, np.int32), np.zeros(1, bool), [()])
     trans = np.where((d.trans >= 0) & keep[np.maximum(d.trans, 0)], d.trans, -1)
@@ -260,19 +244,18 @@ def _restrict(d: Dfa, keep: np.ndarray, nonempty: list[bool]) -> Dfa:
 
 def trim(d: Dfa) -> Dfa:
     """``d`` (call-free) restricted to states reachable from the start that can accept."""
-    from structgen.grammar import _fsa_kernels as dk
-
+    dk = dfa_kernels()
     if dk.COMPILED:
         trans, acc = dk.trim(_c32(d.trans), np.ascontiguousarray(d.accept, dtype=bool))
         return Dfa(trans, acc, [()] * trans.shape[0])
     return _restrict(d, _coreachable(d, []), [])
 
 
-def _c32(a: np.ndarray) -> np.ndarray:
+def _c32(a: NDArray[np.int32]) -> NDArray[np.int32]:
     return np.ascontiguousarray(a, dtype=np.int32)
 
 
-def _nfa_csr(nfa: Nfa) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _nfa_csr(nfa: Nfa) -> tuple[NDArray[np.int32], NDArray[np.int32], NDArray[np.int32], NDArray[np.int32]]:
     """A call-free NFA as flat arrays: epsilon CSR and byte-edge CSR ``(lo, hi, target)``."""
     n = len(nfa.eps)
     eo = np.zeros(n + 1, dtype=np.int64)
@@ -290,11 +273,10 @@ def minimise(d: Dfa, check: Callable[[], None] | None = None) -> Dfa:
     """Minimal DFA of ``d``: Hopcroft's algorithm in compiled code for call-free DFAs, else
     Moore partition refinement (vectorised with numpy); ``check`` runs once per round (the
     compiler's deadline)."""
-    n = d.trans.shape[0]
+    n: int = d.trans.shape[0]
     if n <= 1:
         return d
-    from structgen.grammar import _fsa_kernels as dk
-
+    dk = dfa_kernels()
     if dk.COMPILED and not any(d.calls):
         status, trans, acc = dk.minimise(_c32(d.trans), np.ascontiguousarray(d.accept, dtype=bool),
                                          1 << 62, limits.stop_cell())
@@ -313,8 +295,8 @@ def minimise(d: Dfa, check: Callable[[], None] | None = None) -> Dfa:
     nblocks = int(block.max()) + 1
     # columns (bytes) that behave identically in every state need to be compared only once
     if d.trans.shape[1] > 1:
-        _u, first = np.unique(_row_classes(d.trans.T), return_index=True)
-        cols = d.trans[:, first]
+        _u, first_col = np.unique(_row_classes(d.trans.T), return_index=True)
+        cols = d.trans[:, first_col]
     else:
         cols = d.trans
     while True:
@@ -359,10 +341,10 @@ def _nearly_distinct(d: Dfa) -> bool:
     many equal rows shrink a lot and are still minimised. A non-minimal table is exact all
     the same, only larger."""
     rows = _row_classes(np.concatenate([d.accept[:, None].astype(np.int32), d.trans], axis=1))
-    return int(rows.max()) + 1 >= 0.99 * d.trans.shape[0]
+    return bool(int(rows.max()) + 1 >= 0.99 * d.trans.shape[0])
 
 
-def _row_classes(mat: np.ndarray) -> np.ndarray:
+def _row_classes(mat: NDArray[np.int32] | NDArray[np.int64]) -> NDArray[np.int64]:
     """Class id per row of an int matrix (equal rows <-> equal ids), via 64-bit row hashes
     checked for collisions (falls back to an exact ``np.unique`` if any)."""
     m = mat.astype(np.int64)
@@ -377,7 +359,7 @@ def _row_classes(mat: np.ndarray) -> np.ndarray:
     return inv.astype(np.int64)
 
 
-def byte_classes(nfa: Nfa) -> tuple[np.ndarray, int, list[list[tuple[int, int, int]]]]:
+def byte_classes(nfa: Nfa) -> tuple[NDArray[np.int32], int, list[list[tuple[int, int, int]]]]:
     """Byte equivalence classes from all edge boundaries of ``nfa``: ``class_of`` int32
     ``[256]``, the number of classes, and per NFA state its edges as
     ``(class_lo, class_hi, target)``."""
@@ -398,7 +380,7 @@ def byte_classes(nfa: Nfa) -> tuple[np.ndarray, int, list[list[tuple[int, int, i
 
 def embed(nfa: Nfa, d: Dfa, s: int) -> int:
     """Copy a call-free DFA into the NFA after state ``s``; return the end state."""
-    n = d.trans.shape[0]
+    n: int = d.trans.shape[0]
     base0 = len(nfa)
     for _ in range(n + 1):
         nfa.new()
@@ -498,8 +480,8 @@ def determinise(nfa: Nfa, start: int, end: int, name: str, max_states: int,
     ``max_states`` states or the deadline; the states are added to the budget's count."""
     dk = budget.dfa_kernels()
     if dk.COMPILED and not any(nfa.calls):
-        eo, eps, do, edges = _nfa_csr(nfa)
-        status, trans, acc = dk.determinise(eo, eps, do, edges, start, end, max_states,
+        eo, eps_csr, do, edges = _nfa_csr(nfa)
+        status, trans, acc = dk.determinise(eo, eps_csr, do, edges, start, end, max_states,
                                             budget.work_budget(), limits.stop_cell())
         if status == dk.LIMIT:
             budget.rule_too_big(name)
@@ -587,348 +569,3 @@ def determinise(nfa: Nfa, start: int, end: int, name: str, max_states: int,
     ctrans = np.array(rows, dtype=np.int32).reshape(len(subsets), nclass)
     trans = ctrans[:, class_of]
     return Dfa(np.ascontiguousarray(trans), np.array(accept, dtype=bool), calls)
-
-
-# ---------------------------------------------------------------------------
-# DFAs given implicitly, as canonical IR nodes (for the front-ends)
-# ---------------------------------------------------------------------------
-
-
-def explore_dfa(start: Hashable, step: Callable[[Any, int], Any],
-                accepting: Callable[[Any], bool], alphabet: bytes | Sequence[bytes],
-                what: str, *, max_states: int, hint: str) -> ir.Expr:
-    """Build the DFA of an implicitly given automaton (trimmed and minimised).
-
-    ``step(state, byte)`` returns the next (hashable) state or None (reject);
-    ``accepting(state)``. ``alphabet`` is the bytes to try, or a sequence of byte
-    classes (``bytes`` objects) whose members behave alike: ``step`` then sees each
-    class's first byte only. Raises
-    :class:`~structgen.errors.CompileLimitError` (naming ``what``, then ``hint``: what the
-    user can do) beyond ``max_states`` states after minimisation, or twice that while
-    exploring. Returns :data:`~structgen.grammar.ir.NEVER` if nothing is
-    accepted.
-    """
-    classes = ([bytes([b]) for b in alphabet] if isinstance(alphabet, (bytes, bytearray))
-               else [bytes(c) for c in alphabet if c])
-    ids: dict[Hashable, int] = {start: 0}
-    states: list = [start]
-    edges: list[dict[int, int]] = []
-    i = 0
-    while i < len(states):
-        s = states[i]
-        out: dict[int, int] = {}
-        for cls in classes:
-            t = step(s, cls[0])
-            if t is None:
-                continue
-            j = ids.get(t)
-            if j is None:
-                j = len(states)
-                if j >= 2 * max_states:
-                    raise CompileLimitError(
-                        f"{what}: automaton exceeds {2 * max_states} states while being built; {hint}")
-                ids[t] = j
-                states.append(t)
-            for b in cls:
-                out[b] = j
-        edges.append(out)
-        i += 1
-    acc = [accepting(s) for s in states]
-    dfa = minimise_dfa(edges, acc, 0)
-    if dfa is None:
-        return ir.NEVER
-    if len(dfa.trans) > max_states:
-        raise CompileLimitError(
-            f"{what}: automaton has {len(dfa.trans)} states (limit {max_states}); {hint}")
-    return dfa
-
-
-_NATIVE_MIN = 48  # explored automata from this many states are minimised by the compiled kernels
-
-
-def _minimise_native(edges: Sequence[dict[int, int]], accept: Sequence[bool], start: int) -> ir.Dfa | None:
-    """:func:`minimise_dfa` by the compiled trim and Hopcroft kernels; the result is
-    renumbered in the same breadth-first order, so it is the same node."""
-    from structgen.grammar import _fsa_kernels as dk
-
-    n = len(edges)
-    if start != 0:  # the kernels start at state 0: swap the two
-        perm = list(range(n))
-        perm[0], perm[start] = start, 0
-        edges = [{b: perm[t] for b, t in edges[q].items()} for q in perm]
-        accept = [accept[q] for q in perm]
-    sizes = np.fromiter(map(len, edges), dtype=np.int64, count=n)
-    total = int(sizes.sum())
-    table = np.full((n, 256), -1, dtype=np.int32)
-    table[np.repeat(np.arange(n), sizes),
-          np.fromiter(chain.from_iterable(edges), dtype=np.int64, count=total)] = np.fromiter(
-        chain.from_iterable(d.values() for d in edges), dtype=np.int32, count=total)
-    trans, acc = dk.trim(table, np.array(accept, dtype=np.bool_))
-    if not acc.any():
-        return None
-    _status, trans, acc = dk.minimise(trans, acc, 1 << 62, limits.stop_cell())
-    if _status != dk.OK:  # stopped: the request was cancelled
-        limits.check()
-    rows, cols = np.nonzero(trans >= 0)  # row-major: each state's edges in byte order
-    bounds = np.searchsorted(rows, np.arange(trans.shape[0] + 1)).tolist()
-    tgt = trans[rows, cols].tolist()
-    cols_l = cols.tolist()
-    return _emit_bfs(0, lambda q: zip(cols_l[bounds[q]:bounds[q + 1]], tgt[bounds[q]:bounds[q + 1]]),
-                     lambda q: bool(acc[q]))
-
-
-def _emit_bfs(start: Hashable, edges_of: Callable[[Any], Iterable[tuple[int, Any]]],
-              accepting: Callable[[Any], bool]) -> ir.Dfa:
-    """The DFA reached from ``start``, states numbered breadth-first with each state's edges
-    (``(byte, target)``, ascending bytes) in order, runs of bytes to one target merged: the
-    canonical numbering that makes equal minimal languages equal :class:`~structgen.grammar.ir.Dfa`
-    nodes."""
-    new_id = {start: 0}
-    order = [start]
-    out: list[list[tuple[int, int, int]]] = []
-    accept_out: list[int] = []
-    k = 0
-    while k < len(order):
-        q = order[k]
-        row: list[tuple[int, int, int]] = []
-        for b, t in edges_of(q):
-            tid = new_id.get(t)
-            if tid is None:
-                tid = new_id[t] = len(order)
-                order.append(t)
-            if row and row[-1][1] == b - 1 and row[-1][2] == tid:
-                row[-1] = (row[-1][0], b, tid)
-            else:
-                row.append((b, b, tid))
-        out.append(row)
-        if accepting(q):
-            accept_out.append(k)
-        k += 1
-    return ir.Dfa(0, accept_out, out)
-
-
-def minimise_dfa(edges: Sequence[dict[int, int]], accept: Sequence[bool], start: int) -> ir.Dfa | None:
-    """Trim and minimise a partial DFA (``edges[q][byte] = target``); None if empty.
-
-    Hopcroft's partition refinement; states are renumbered in breadth-first order from
-    the start state, so equal languages give equal :class:`~structgen.grammar.ir.Dfa` nodes.
-    """
-    n = len(edges)
-    if n >= _NATIVE_MIN:
-        from structgen.grammar._jit import COMPILED
-
-        if COMPILED:
-            return _minimise_native(edges, accept, start)
-    # co-reachability (live states)
-    preds: list[list[int]] = [[] for _ in range(n)]
-    for q, out in enumerate(edges):
-        for t in out.values():
-            preds[t].append(q)
-    live = [False] * n
-    stack = [q for q in range(n) if accept[q]]
-    for q in stack:
-        live[q] = True
-    while stack:
-        q = stack.pop()
-        for p in preds[q]:
-            if not live[p]:
-                live[p] = True
-                stack.append(p)
-    if not live[start]:
-        return None
-    # reachable & live
-    keep: dict[int, int] = {start: 0}
-    order = [start]
-    k = 0
-    while k < len(order):
-        q = order[k]
-        k += 1
-        for t in edges[q].values():
-            if live[t] and t not in keep:
-                keep[t] = len(order)
-                order.append(t)
-    m = len(order)
-    sink = m
-    alphabet = sorted({b for q in order for b, t in edges[q].items() if live[t]})
-    nsym = len(alphabet)
-    sym = {b: i for i, b in enumerate(alphabet)}
-    delta = [[sink] * nsym for _ in range(m + 1)]
-    for q in order:
-        row = delta[keep[q]]
-        for b, t in edges[q].items():
-            if live[t]:
-                row[sym[b]] = keep[t]
-    # bytes with identical columns behave alike: refine over one representative each
-    reps: dict[tuple[int, ...], int] = {}
-    for a in range(nsym):
-        reps.setdefault(tuple(row[a] for row in delta), a)
-    rep_syms = list(reps.values())
-    inv: list[list[list[int]]] = [[[] for _ in range(m + 1)] for _ in rep_syms]
-    for q in range(m + 1):
-        row = delta[q]
-        for ai, a in enumerate(rep_syms):
-            inv[ai][row[a]].append(q)
-    acc_set = {keep[q] for q in order if accept[q]}
-    blocks: list[set[int]] = []
-    block_of = [0] * (m + 1)
-    for part in (acc_set, set(range(m + 1)) - acc_set):
-        if part:
-            for q in part:
-                block_of[q] = len(blocks)
-            blocks.append(set(part))
-    work = list(range(len(blocks)))
-    in_work = set(work)
-    while work:
-        bi = work.pop()
-        in_work.discard(bi)
-        splitter = list(blocks[bi])
-        for a in range(len(rep_syms)):
-            x: set[int] = set()
-            inv_a = inv[a]
-            for q in splitter:
-                x.update(inv_a[q])
-            if not x:
-                continue
-            touched: dict[int, set[int]] = {}
-            for q in x:
-                touched.setdefault(block_of[q], set()).add(q)
-            for yi, inter in touched.items():
-                y = blocks[yi]
-                if len(inter) == len(y):
-                    continue
-                y -= inter
-                ni = len(blocks)
-                blocks.append(inter)
-                for q in inter:
-                    block_of[q] = ni
-                if yi in in_work:
-                    work.append(ni)
-                    in_work.add(ni)
-                else:
-                    smaller = ni if len(inter) <= len(y) else yi
-                    work.append(smaller)
-                    in_work.add(smaller)
-    # emit in BFS order from start, dropping the sink's block (blocks stand for their states)
-    sink_block = block_of[sink]
-    rep = {block_of[0]: 0}  # a member of each block reached
-
-    def block_edges(bq: int) -> Iterator[tuple[int, int]]:
-        row = delta[rep[bq]]
-        for a, b in enumerate(alphabet):
-            tb = block_of[row[a]]
-            if tb != sink_block:
-                rep.setdefault(tb, row[a])
-                yield b, tb
-
-    return _emit_bfs(block_of[0], block_edges, lambda bq: rep[bq] in acc_set)
-
-
-def regular_expr_dfa(e: ir.Expr, *, max_nfa: int, max_dfa: int
-                     ) -> tuple[list[list[tuple[int, int, int]]], set[int]] | None:
-    """Trimmed byte DFA (start state 0) of a regular IR expression made of ByteSet, Seq,
-    Alt, Repeat and Dfa nodes, by Thompson construction and subset construction in plain
-    Python: ``(edges per state as (lo, hi, target), accepting states)``. None when ``e``
-    has other nodes (Ref, And, Diff) or needs more than ``max_nfa`` NFA or ``max_dfa`` DFA
-    states. Meant for small expressions (a front-end's analysis of one terminal); states
-    are numbered in discovery order and edges are not minimised."""
-    eps: list[list[int]] = []
-    edges: list[list[tuple[int, int, int]]] = []
-
-    def new() -> int:
-        if len(eps) >= max_nfa:
-            raise OverflowError
-        eps.append([])
-        edges.append([])
-        return len(eps) - 1
-
-    def build(x: ir.Expr, s: int) -> int:
-        if isinstance(x, ir.ByteSet):
-            t = new()
-            edges[s].extend((lo, hi, t) for lo, hi in x.ranges)
-            return t
-        if isinstance(x, ir.Seq):
-            for it in x.items:
-                s = build(it, s)
-            return s
-        if isinstance(x, ir.Alt):
-            t = new()
-            for it in x.items:
-                a = new()
-                eps[s].append(a)
-                eps[build(it, a)].append(t)
-            return t
-        if isinstance(x, ir.Repeat):
-            for _ in range(x.min):
-                s = build(x.item, s)
-            if x.max is None:
-                a = new()
-                eps[s].append(a)
-                eps[build(x.item, a)].append(a)
-                return a
-            for _ in range(x.max - x.min):
-                j = new()
-                eps[s].append(j)
-                eps[build(x.item, s)].append(j)
-                s = j
-            return s
-        if isinstance(x, ir.Dfa):
-            base = [new() for _ in x.trans]
-            t = new()
-            eps[s].append(base[x.start])
-            for q, es in enumerate(x.trans):
-                edges[base[q]].extend((lo, hi, base[r]) for lo, hi, r in es)
-                if q in x.accept:
-                    eps[base[q]].append(t)
-            return t
-        raise TypeError(type(x).__name__)
-
-    try:
-        start = new()
-        final = build(e, start)
-    except (OverflowError, TypeError):
-        return None
-
-    def close(states: set[int]) -> frozenset[int]:
-        stack, seen = list(states), set(states)
-        while stack:
-            for t in eps[stack.pop()]:
-                if t not in seen:
-                    seen.add(t)
-                    stack.append(t)
-        return frozenset(seen)
-
-    first = close({start})
-    index = {first: 0}
-    order = [first]
-    trans: list[list[tuple[int, int, int]]] = []
-    while len(trans) < len(order):
-        cur = order[len(trans)]
-        cuts = {0, 256}
-        for q in cur:
-            for lo, hi, _t in edges[q]:
-                cuts.update((lo, hi + 1))
-        bounds = sorted(cuts)
-        out: list[tuple[int, int, int]] = []
-        for lo, nxt in zip(bounds, bounds[1:]):
-            hi = nxt - 1
-            tgt = {t for q in cur for a, b, t in edges[q] if a <= lo and hi <= b}
-            if not tgt:
-                continue
-            key = close(tgt)
-            if key not in index:
-                if len(order) >= max_dfa:
-                    return None
-                index[key] = len(order)
-                order.append(key)
-            out.append((lo, hi, index[key]))
-        trans.append(out)
-    accept = {i for i, st in enumerate(order) if final in st}
-    live = set(accept)
-    changed = True
-    while changed:
-        changed = False
-        for q, out in enumerate(trans):
-            if q not in live and any(t in live for _lo, _hi, t in out):
-                live.add(q)
-                changed = True
-    return [[(lo, hi, t) for lo, hi, t in out if t in live] for out in trans], accept

@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsRichComparison
 
 __all__ = ["reachable", "strongly_connected_components"]
 
 N = TypeVar("N", bound=Hashable)
 
 
+def _sorted(xs: Iterable[N], key: Callable[[N], SupportsRichComparison] | None) -> list[N]:
+    """``sorted(xs, key=key)``; without a key the nodes themselves must be comparable."""
+    if key is None:
+        return cast("list[N]", sorted(cast("Iterable[SupportsRichComparison]", xs)))
+    return sorted(xs, key=key)
+
+
 def strongly_connected_components(nodes: Iterable[N], edges: Mapping[N, Iterable[N]],
-                                  key: Callable[[N], Any] | None = None) -> list[list[N]]:
+                                  key: Callable[[N], SupportsRichComparison] | None = None
+                                  ) -> list[list[N]]:
     """Strongly connected components by iterative Tarjan, in reverse topological order
     (a component comes after every component it reaches). Roots are visited in the order of
     ``nodes``; successors, and the members of each component, in ``key`` order (natural
@@ -23,7 +34,7 @@ def strongly_connected_components(nodes: Iterable[N], edges: Mapping[N, Iterable
     out: list[list[N]] = []
 
     def succ(v: N) -> Iterator[N]:
-        return iter(sorted(edges.get(v, ()), key=key))  # type: ignore[arg-type]
+        return iter(_sorted(edges.get(v, ()), key))
 
     for root in nodes:
         if root in index:
@@ -55,7 +66,7 @@ def strongly_connected_components(nodes: Iterable[N], edges: Mapping[N, Iterable
                     comp.append(x)
                     if x == v:
                         break
-                out.append(sorted(comp, key=key))  # type: ignore[arg-type]
+                out.append(_sorted(comp, key))
     return out
 
 

@@ -1,0 +1,80 @@
+"""The compiled automaton kernels (:mod:`structgen.grammar._fsa_kernels`) as the grammar core
+reaches them: imported on first use, since importing them imports numba, which neither
+``import structgen`` nor a compile that never needs them should pay for.
+
+:func:`dfa_kernels` returns the kernel module (typed by :class:`FsaKernels`, what its callers
+use of it); :func:`native_ready` loads and warms it once per process and says how long that
+took, so that a compile can leave that time out of its deadline.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from structgen import limits
+
+if TYPE_CHECKING:
+    from structgen.grammar._jit import B1, I8, I32
+
+__all__ = ["FsaKernels", "dfa_kernels", "native_ready"]
+
+
+class FsaKernels(Protocol):
+    """What :mod:`structgen.grammar.fsa` and the compiler use of
+    :mod:`structgen.grammar._fsa_kernels` (statuses ``OK`` / ``LIMIT``; ``COMPILED``: whether
+    the kernels are native code rather than plain Python)."""
+
+    COMPILED: bool
+    OK: int
+    LIMIT: int
+
+    def determinise(self, eps_o: I32, eps: I32, edg_o: I32, edg: I32, start: int, end: int, limit: int,
+                    budget: int, stop: I8) -> tuple[int, I32, B1]:
+        """Subset construction of a call-free NFA: ``(status, trans, accept)``."""
+        ...
+
+    def product(self, ta: I32, acc_a: B1, tb: I32, acc_b: B1, is_and: bool, limit: int, budget: int,
+                stop: I8) -> tuple[int, I32, B1]:
+        """The intersection or difference of two DFAs: ``(status, trans, accept)``."""
+        ...
+
+    def trim(self, trans: I32, accept: B1) -> tuple[I32, B1]:
+        """The DFA restricted to reachable states that can accept."""
+        ...
+
+    def minimise(self, trans: I32, accept: B1, budget: int, stop: I8) -> tuple[int, I32, B1]:
+        """Hopcroft minimisation of a trimmed DFA: ``(status, trans, accept)``."""
+        ...
+
+    def acyclic(self, trans: I32) -> bool:
+        """Whether the DFA's graph has no cycle."""
+        ...
+
+    def warm(self) -> None:
+        """Run every kernel once (loads them from numba's cache, or compiles them)."""
+        ...
+
+
+def dfa_kernels() -> FsaKernels:
+    """:mod:`structgen.grammar._fsa_kernels`, imported on first use (it imports numba)."""
+    from structgen.grammar import _fsa_kernels
+
+    return _fsa_kernels
+
+
+_NATIVE_READY = False
+
+
+def native_ready() -> float:
+    """Load the compiled DFA kernels once per process (a no-op without numba); returns the
+    seconds it took (0 once loaded), which a compile adds to its deadline: loading code is
+    a cost of the process, not of the grammar being compiled."""
+    global _NATIVE_READY
+    if _NATIVE_READY:
+        return 0.0
+    t0 = limits.now()
+    kernels = dfa_kernels()
+    if kernels.COMPILED:
+        kernels.warm()
+    _NATIVE_READY = True
+    return limits.now() - t0
