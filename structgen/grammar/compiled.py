@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, NamedTuple, TypeAlias, TypedDict
+from typing import TYPE_CHECKING, Literal, NamedTuple, TypeAlias, TypedDict
 
 import numpy as np
 from numpy.typing import NDArray
@@ -138,6 +138,8 @@ class LazyRule:
     ``(callee_rule_index, return_state)``; ``tail``: accepting with no byte or call edges.
     Thread-safe; picklable (the lazily built states are not pickled).
     """
+
+    kind: Literal["lazy"] = "lazy"  # the rule kind (what the runtime and the store dispatch on)
 
     def __init__(self, name: str, eps: tuple[tuple[int, ...], ...],
                  edges: tuple[tuple[tuple[int, int, int], ...], ...],
@@ -294,6 +296,7 @@ class CountedRule:
     :meth:`info` answers for the start state only (compile-time checks need nothing more)."""
 
     leaf = True  # never calls another rule
+    kind: Literal["counted"] = "counted"
 
     def __init__(self, name: str, trans: NDArray[np.int32], accept: NDArray[np.bool_], lo: int,
                  hi: int) -> None:
@@ -335,6 +338,7 @@ class DfaRule:
     that uses it (process-wide cache), instead of being copied into each caller's NFA."""
 
     leaf = True  # never calls another rule
+    kind: Literal["dfa"] = "dfa"
 
     def __init__(self, name: str, trans: NDArray[np.int32], accept: NDArray[np.bool_]) -> None:
         self.name = name
@@ -373,6 +377,7 @@ class ProductRule:
     :class:`LazyRule`; thread-safe; picklable (pairs are rebuilt lazily)."""
 
     leaf = True  # never calls another rule
+    kind: Literal["product"] = "product"
 
     def __init__(self, name: str, a: Dfa, b: Dfa) -> None:
         self.name = name

@@ -49,10 +49,10 @@ from numpy.typing import NDArray
 from structgen.errors import ConfigError
 from structgen.grammar import _runtime_kernels as K
 from structgen.grammar import _stack_kernels as S
-from structgen.grammar.compiled import CompiledGrammar, CountedRule, DfaRule, LazyRule, Rule
 from structgen.grammar.gcpause import gc_paused
 
 if TYPE_CHECKING:  # pragma: no cover
+    from structgen.grammar.compiled import CompiledGrammar, Rule
     from structgen.grammar.completion import CompletionLengths
 
 __all__ = ["Runtime", "RuntimeTables", "DEAD", "UNKNOWN", "STALE", "ROOT", "NEED_GROW", "COUNTED", "ACCEPT",
@@ -172,7 +172,7 @@ def _rule_arrays(rules: tuple[Rule, ...]) -> dict[str, NDArray[np.generic]]:
         return at
 
     for r, rule in enumerate(rules):
-        if isinstance(rule, LazyRule):
+        if rule.kind == "lazy":
             eo, eps, do, edges, co, calls, imp = rule.csr()
             kind[r] = K.LAZY
             base[r] = nx
@@ -194,11 +194,11 @@ def _rule_arrays(rules: tuple[Rule, ...]) -> dict[str, NDArray[np.generic]]:
             ne += eps.shape[0]
             nd += edges.shape[0]
             nc += calls.shape[0]
-        elif isinstance(rule, CountedRule):
+        elif rule.kind == "counted":
             kind[r] = K.COUNTED
             base[r] = table(rule._trans, rule._accept)
             lo[r], hi[r] = rule.lo, rule.hi
-        elif isinstance(rule, DfaRule):
+        elif rule.kind == "dfa":
             kind[r] = K.TABLE
             base[r] = table(rule._trans, rule._accept)
         else:  # ProductRule
