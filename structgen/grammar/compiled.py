@@ -20,15 +20,26 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple, TypeAlias, TypedDict
 
 import numpy as np
+from numpy.typing import NDArray
 
 from structgen.config import CompileOptions
 from structgen.grammar import ir
+from structgen.grammar.checks import run_checked
+from structgen.grammar.fsa import Dfa
+from structgen.json_types import JsonValue
 
-__all__ = ["CompiledGrammar", "CountedRule", "DfaRule", "LazyRule", "ProductRule", "RuleSource",
-           "grammar_key"]
+if TYPE_CHECKING:  # pragma: no cover
+    from structgen.grammar.runtime import Runtime
+
+__all__ = ["CompiledGrammar", "CountedRule", "DfaRule", "LazyRule", "ProductRule", "Rule", "RuleInfo",
+           "RuleSource", "grammar_key"]
+
+#: What a rule's ``info(q)`` answers for its state ``q``: ``(row, accept, has_bytes, calls, tail)``
+#: (see :meth:`LazyRule.info`).
+RuleInfo: TypeAlias = tuple[NDArray[np.int32], bool, bool, tuple[tuple[int, int], ...], bool]
 
 
 class RuleSource(NamedTuple):
@@ -51,6 +62,65 @@ class RuleSource(NamedTuple):
 _SourcesFn = Callable[["CompiledGrammar"], tuple[RuleSource, ...]]
 
 
+class _Csr(NamedTuple):
+    """A :class:`LazyRule`'s NFA as flat arrays (see :meth:`LazyRule.csr`)."""
+
+    eps_off: NDArray[np.int32]
+    eps: NDArray[np.int32]
+    edge_off: NDArray[np.int32]
+    edges: NDArray[np.int32]
+    call_off: NDArray[np.int32]
+    calls: NDArray[np.int32]
+    important: NDArray[np.uint8]
+
+
+class LazyState(TypedDict):
+    """The pickled (and stored) form of a :class:`LazyRule`: its NFA, none of its DFA states."""
+
+    name: str
+    eps: tuple[tuple[int, ...], ...]
+    edges: tuple[tuple[tuple[int, int, int], ...], ...]
+    calls: tuple[tuple[tuple[int, int], ...], ...]
+    end: int
+    class_of: NDArray[np.int32]
+    nclass: int
+
+
+class TableState(TypedDict):
+    """The pickled form of a :class:`DfaRule`: its table."""
+
+    name: str
+    trans: NDArray[np.int32]
+    accept: NDArray[np.bool_]
+
+
+class CountedState(TableState):
+    """The pickled form of a :class:`CountedRule`: its item's table and its bounds."""
+
+    lo: int
+    hi: int
+
+
+class ProductState(TypedDict):
+    """The pickled form of a :class:`ProductRule`: its two operands."""
+
+    name: str
+    a: Dfa
+    b: Dfa
+
+
+class GrammarState(TypedDict, total=False):
+    """The pickled form of a :class:`CompiledGrammar` (``metadata`` and ``rule_sources`` are
+    missing from pickles of older versions)."""
+
+    rules: tuple[Rule, ...]
+    root: int
+    key: str
+    source: ir.Grammar | None
+    metadata: dict[str, JsonValue]
+    rule_sources: tuple[tuple[str, str | None, str | None, int | None], ...]
+
+
 class LazyRule:
     """One rule of a compiled grammar: a trimmed Thompson NFA over bytes and call symbols,
     determinised lazily (subset construction one state at a time, on first use).
@@ -69,10 +139,12 @@ class LazyRule:
     Thread-safe; picklable (the lazily built states are not pickled).
     """
 
+    kind: Literal["lazy"] = "lazy"  # the rule kind (what the runtime and the store dispatch on)
+
     def __init__(self, name: str, eps: tuple[tuple[int, ...], ...],
                  edges: tuple[tuple[tuple[int, int, int], ...], ...],
                  calls: tuple[tuple[tuple[int, int], ...], ...], end: int,
-                 class_of: np.ndarray, nclass: int) -> None:
+                 class_of: NDArray[np.int32], nclass: int) -> None:
         self.name = name
         self._eps = eps            # per NFA state: epsilon targets
         self._edges = edges        # per NFA state: (class_lo, class_hi, target)
@@ -84,7 +156,7 @@ class LazyRule:
 
     def _reset(self) -> None:
         self._lock = threading.RLock()
-        self._csr: tuple[np.ndarray, ...] | None = None
+        self._csr: _Csr | None = None
         n = len(self._eps)
         self._important = [bool(self._edges[x]) or bool(self._ncalls[x]) or x == self._end
                            for x in range(n)]
@@ -92,30 +164,31 @@ class LazyRule:
         self._eclose: dict[int, frozenset[int]] = {}
         self._ids: dict[frozenset[int], int] = {}
         self._sets: list[frozenset[int]] = []
-        self._info: list[tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool] | None] = []
+        self._info: list[RuleInfo | None] = []
         self._intern(self._closure_of((0,)))
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> LazyState:
         return {"name": self.name, "eps": self._eps, "edges": self._edges, "calls": self._ncalls,
                 "end": self._end, "class_of": self._class_of, "nclass": self._nclass}
 
-    def __setstate__(self, st: dict[str, Any]) -> None:
-        self.__init__(st["name"], st["eps"], st["edges"], st["calls"], st["end"],  # type: ignore[misc]
-                      st["class_of"], st["nclass"])
+    def __setstate__(self, st: LazyState) -> None:
+        LazyRule.__init__(self, st["name"], st["eps"], st["edges"], st["calls"], st["end"], st["class_of"],
+                          st["nclass"])
 
     @property
     def num_nfa_states(self) -> int:
         """Size of the rule's (trimmed) NFA: fixed at compile time."""
         return len(self._eps)
 
-    def csr(self) -> tuple[np.ndarray, ...]:
+    def csr(self) -> _Csr:
         """The NFA as flat arrays for the compiled runtime (:mod:`structgen.grammar._runtime_kernels`),
         built once: ``(eps_off [n+1], eps, edge_off [n+1], edges [m, 3] (class_lo,
         class_hi, target), call_off [n+1], calls [k, 2] (callee, target), important [n])``,
         all int32 but ``important`` (uint8)."""
         got = self._csr
         if got is None:
-            def flat(lists: tuple[tuple[Any, ...], ...], width: int) -> tuple[np.ndarray, np.ndarray]:
+            def flat(lists: tuple[tuple[int | tuple[int, ...], ...], ...],
+                     width: int) -> tuple[NDArray[np.int32], NDArray[np.int32]]:
                 off = np.zeros(len(lists) + 1, dtype=np.int32)
                 off[1:] = np.cumsum(np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists)))
                 items = [e for x in lists for e in x]
@@ -127,7 +200,7 @@ class LazyRule:
             do, edges = flat(self._edges, 3)
             co, calls = flat(self._ncalls, 2)
             imp = np.array(self._important, dtype=np.uint8)
-            got = self._csr = (eo, eps, do, edges, co, calls, imp)
+            got = self._csr = _Csr(eo, eps, do, edges, co, calls, imp)
         return got
 
     @property
@@ -167,7 +240,7 @@ class LazyRule:
             self._info.append(None)
         return j
 
-    def info(self, q: int) -> tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool]:
+    def info(self, q: int) -> RuleInfo:
         """``(row, accept, has_bytes, calls, tail)`` of DFA state ``q`` (built on first use)."""
         got = self._info[q]
         if got is not None:
@@ -179,7 +252,7 @@ class LazyRule:
                 self._info[q] = got
         return got
 
-    def _expand(self, q: int) -> tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool]:
+    def _expand(self, q: int) -> RuleInfo:
         S = self._sets[q]
         nclass = self._nclass
         buckets: list[set[int] | None] = [None] * nclass
@@ -223,18 +296,20 @@ class CountedRule:
     :meth:`info` answers for the start state only (compile-time checks need nothing more)."""
 
     leaf = True  # never calls another rule
+    kind: Literal["counted"] = "counted"
 
-    def __init__(self, name: str, trans: np.ndarray, accept: np.ndarray, lo: int, hi: int) -> None:
+    def __init__(self, name: str, trans: NDArray[np.int32], accept: NDArray[np.bool_], lo: int,
+                 hi: int) -> None:
         self.name = name
         self._trans = trans    # int32 [n, 256], -1 dead: the item
         self._accept = accept  # bool [n]
         self.lo, self.hi = int(lo), int(hi)
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> CountedState:
         return {"name": self.name, "trans": self._trans, "accept": self._accept, "lo": self.lo, "hi": self.hi}
 
-    def __setstate__(self, st: dict[str, Any]) -> None:
-        self.__init__(st["name"], st["trans"], st["accept"], st["lo"], st["hi"])  # type: ignore[misc]
+    def __setstate__(self, st: CountedState) -> None:
+        CountedRule.__init__(self, st["name"], st["trans"], st["accept"], st["lo"], st["hi"])
 
     @property
     def num_nfa_states(self) -> int:
@@ -246,7 +321,7 @@ class CountedRule:
         """Rows of the item's table (the runtime's counted states are not counted here)."""
         return int(self._trans.shape[0])
 
-    def info(self, q: int) -> tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool]:
+    def info(self, q: int) -> RuleInfo:
         """:meth:`LazyRule.info` of the start state (``q`` must be 0; the runtime walks the
         counted states itself); raises ValueError for any other state."""
         if q != 0:
@@ -263,21 +338,22 @@ class DfaRule:
     that uses it (process-wide cache), instead of being copied into each caller's NFA."""
 
     leaf = True  # never calls another rule
+    kind: Literal["dfa"] = "dfa"
 
-    def __init__(self, name: str, trans: np.ndarray, accept: np.ndarray) -> None:
+    def __init__(self, name: str, trans: NDArray[np.int32], accept: NDArray[np.bool_]) -> None:
         self.name = name
         self._trans = trans    # int32 [n, 256], -1 dead
         self._accept = accept  # bool [n]
-        has = (trans >= 0).any(axis=1).tolist()
-        acc = accept.tolist()
-        self._infos = [(trans[q], acc[q], has[q], (), acc[q] and not has[q])
-                       for q in range(trans.shape[0])]
+        has: list[bool] = np.asarray((trans >= 0).any(axis=1)).tolist()
+        acc: list[bool] = accept.tolist()
+        self._infos: list[RuleInfo] = [(trans[q], acc[q], has[q], (), acc[q] and not has[q])
+                                       for q in range(trans.shape[0])]
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> TableState:
         return {"name": self.name, "trans": self._trans, "accept": self._accept}
 
-    def __setstate__(self, st: dict[str, Any]) -> None:
-        self.__init__(st["name"], st["trans"], st["accept"])  # type: ignore[misc]
+    def __setstate__(self, st: TableState) -> None:
+        DfaRule.__init__(self, st["name"], st["trans"], st["accept"])
 
     @property
     def num_nfa_states(self) -> int:
@@ -289,7 +365,7 @@ class DfaRule:
         """States of the table (all built at compile time)."""
         return int(self._trans.shape[0])
 
-    def info(self, q: int) -> tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool]:
+    def info(self, q: int) -> RuleInfo:
         """``(row, accept, has_bytes, calls, tail)`` of state ``q`` (see :meth:`LazyRule.info`)."""
         return self._infos[q]
 
@@ -301,8 +377,9 @@ class ProductRule:
     :class:`LazyRule`; thread-safe; picklable (pairs are rebuilt lazily)."""
 
     leaf = True  # never calls another rule
+    kind: Literal["product"] = "product"
 
-    def __init__(self, name: str, a: Any, b: Any) -> None:
+    def __init__(self, name: str, a: Dfa, b: Dfa) -> None:
         self.name = name
         self._a, self._b = a, b
         self._reset()
@@ -311,15 +388,15 @@ class ProductRule:
         self._lock = threading.RLock()
         self._ids: dict[tuple[int, int], int] = {(0, 0): 0}
         self._pairs: list[tuple[int, int]] = [(0, 0)]
-        self._infos: list[Any] = [None]
-        self._acc_a = self._a.accept.tolist()
-        self._acc_b = self._b.accept.tolist()
+        self._infos: list[RuleInfo | None] = [None]
+        self._acc_a: list[bool] = self._a.accept.tolist()
+        self._acc_b: list[bool] = self._b.accept.tolist()
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> ProductState:
         return {"name": self.name, "a": self._a, "b": self._b}
 
-    def __setstate__(self, st: dict[str, Any]) -> None:
-        self.__init__(st["name"], st["a"], st["b"])  # type: ignore[misc]
+    def __setstate__(self, st: ProductState) -> None:
+        ProductRule.__init__(self, st["name"], st["a"], st["b"])
 
     @property
     def num_nfa_states(self) -> int:
@@ -331,7 +408,7 @@ class ProductRule:
         """Pair states interned so far (grows as requests visit new pairs)."""
         return len(self._pairs)
 
-    def info(self, q: int) -> tuple[np.ndarray, bool, bool, tuple[tuple[int, int], ...], bool]:
+    def info(self, q: int) -> RuleInfo:
         """``(row, accept, has_bytes, calls, tail)`` of pair state ``q``, built on first use
         (see :meth:`LazyRule.info`)."""
         got = self._infos[q]
@@ -372,7 +449,7 @@ class CompiledGrammar:
     matching are shared by every matcher of this grammar (thread-safe).
     """
 
-    def __init__(self, rules: tuple[LazyRule | DfaRule | ProductRule, ...], root: int, key: str | None,
+    def __init__(self, rules: tuple[Rule, ...], root: int, key: str | None,
                  source: ir.Grammar | None = None, options: CompileOptions | None = None, *,
                  rule_origins: tuple[str, ...] | None = None,
                  rule_exprs: tuple[ir.Expr | None, ...] | None = None) -> None:
@@ -391,14 +468,15 @@ class CompiledGrammar:
         # front-ends read it once to place the rule in their source, it is not pickled
         self._rule_exprs = rule_exprs if rule_exprs is not None and len(rule_exprs) == len(rules) else \
             (None,) * len(rules)
-        self._engine: Any = None
+        self._engine: Runtime | None = None
         self._engine_lock = threading.Lock()
-        self.metadata: dict[str, Any] = {}
+        #: what front-ends record about the grammar (JSON values: their warnings, the schema)
+        self.metadata: dict[str, JsonValue] = {}
         self._value_checks: bool | None = None
 
     # -- identity ---------------------------------------------------------
     @property
-    def rules(self) -> tuple[LazyRule | DfaRule | ProductRule, ...]:
+    def rules(self) -> tuple[Rule, ...]:
         """The rules, indexed by the rule numbers that call edges use."""
         return self._rules
 
@@ -497,13 +575,13 @@ class CompiledGrammar:
         return (f"CompiledGrammar(rules={len(self._rules)}, states={self.num_states}, "
                 f"key={self.key[:12]})")
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> GrammarState:
         return {"rules": self._rules, "root": self._root, "key": self.key,
                 "source": self._source, "metadata": self.metadata,
-                "rule_sources": tuple(tuple(x) for x in self.rule_sources)}
+                "rule_sources": tuple((x.rule, x.pointer, x.keyword, x.line) for x in self.rule_sources)}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["rules"], state["root"], state["key"], state["source"])  # type: ignore[misc]
+    def __setstate__(self, state: GrammarState) -> None:
+        CompiledGrammar.__init__(self, state["rules"], state["root"], state["key"], state["source"])
         self.metadata = state.get("metadata", {})
         sources = state.get("rule_sources")
         if sources is not None and len(sources) == len(self._rules):
@@ -511,16 +589,18 @@ class CompiledGrammar:
 
     # -- runtime ------------------------------------------------------------
     @property
-    def engine(self) -> Any:
+    def engine(self) -> Runtime:
         """The shared byte-level runtime (:class:`structgen.grammar.runtime.Runtime`), built on
-        first use; token masks hang off it (:func:`structgen.masks.engine.engine_for`)."""
+        first use; token masks are built over it (:func:`structgen.masks.engine.engine_for`)."""
         eng = self._engine
         if eng is None:
             with self._engine_lock:
-                if self._engine is None:
-                    from structgen.grammar.runtime import Runtime
-                    self._engine = Runtime(self)
                 eng = self._engine
+                if eng is None:
+                    # lazy: the runtime loads the numba kernels, which checking a stored
+                    # grammar's text with the plain kernels must not (structgen validate)
+                    from structgen.grammar.runtime import Runtime
+                    eng = self._engine = Runtime(self)
         return eng
 
     @property
@@ -537,7 +617,6 @@ class CompiledGrammar:
         if isinstance(data, str):
             data = data.encode("utf-8")
         if self.has_value_checks:
-            from structgen.grammar.checks import run_checked
             return run_checked(self.engine, data)
         return self.engine.run_from_start(data)
 
@@ -551,7 +630,7 @@ class CompiledGrammar:
         return self._run(data)[0]
 
 
-def _uses_markers(rule: Any) -> bool:
+def _uses_markers(rule: Rule) -> bool:
     """Has ``rule`` an edge on a value-check marker byte (0xF8-0xFF) that no other byte takes?
     A marker byte that goes where some byte below 0xF8 goes too (free text over any byte, for
     example) is an ordinary byte of that rule, not a check."""
@@ -568,16 +647,17 @@ def _uses_markers(rule: Any) -> bool:
             return False
         hit = (edges[:, 0:1] <= marks[None, :]) & (marks[None, :] <= edges[:, 1:2])
         return bool(hit.any())
-    trans = rule._a.trans if isinstance(rule, ProductRule) else getattr(rule, "_trans", None)
-    if trans is None:
-        return False
-    trans = np.asarray(trans)
+    trans = np.asarray(rule._a.trans if isinstance(rule, ProductRule) else rule._trans)
     for m in range(lo, 0x100):
         col = trans[:, m]
         live = col >= 0
         if live.any() and not (trans[live, :lo] == col[live, None]).any(axis=1).all():
             return True
     return False
+
+
+#: A rule of a compiled grammar (indexed by the rule numbers that call edges use).
+Rule: TypeAlias = LazyRule | DfaRule | ProductRule | CountedRule
 
 
 def grammar_key(grammar: ir.Grammar, options: CompileOptions) -> str:

@@ -23,7 +23,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Generator
-from typing import Any, NoReturn
+from types import ModuleType
+from typing import NoReturn, TypeAlias
 
 import numpy as np
 
@@ -31,13 +32,12 @@ from structgen import limits
 from structgen.config import CompileOptions
 from structgen.errors import CompileLimitError, CompileTimeoutError, GrammarError
 from structgen.grammar import ir
-from structgen.grammar.compiled import CompiledGrammar, CountedRule, DfaRule, LazyRule, ProductRule
+from structgen.grammar.compiled import CompiledGrammar, CountedRule, DfaRule, ProductRule, Rule
 from structgen.grammar.fsa import (
     MINIMISE_MIN,
     Dfa,
     Nfa,
     all_states_infinite,
-    byte_classes,
     determinise,
     embed,
     finite_language,
@@ -57,10 +57,13 @@ from structgen.grammar.passes import (
     remove_immediate_left_recursion,
     share_common,
 )
+from structgen.grammar.rule_nfas import check_left_recursion, lazy_rule, trim_rule_nfas
 
 __all__ = ["compile_grammar"]
 
-_CACHE: OrderedDict[tuple, CompiledGrammar] = OrderedDict()
+# in-process key of a compiled grammar: (repr of the options, start rule, rules by name)
+_Key: TypeAlias = tuple[str, str, tuple[tuple[str, ir.Expr], ...]]
+_CACHE: OrderedDict[_Key, CompiledGrammar] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 256
 _INLINE_SHARED_MAX = 48   # a rule referenced more than once is inlined only up to this size
@@ -69,7 +72,7 @@ _COUNTED_MIN = 256        # a bounded repetition of a closed item unrolling to m
 _EMBED_MAX = 12           # regular sub-automata up to this many states are copied, not called
 _DFA_RULES_SIZE = 1024    # process-wide caches of regular sub-automata (by IR content)
 _KERNEL_STEPS_PER_S = 1e8  # work units per second of the compiled DFA kernels (a conservative rate)
-_REGULAR: OrderedDict[ir.Expr, Any] = OrderedDict()
+_REGULAR: OrderedDict[ir.Expr, Dfa] = OrderedDict()
 _DFA_RULES: OrderedDict[ir.Expr, DfaRule] = OrderedDict()
 _NO_CALLS: set[str] = set()  # sentinel for ``keep`` while building regular operands
 
@@ -91,7 +94,7 @@ def compile_grammar(grammar: ir.Grammar, options: CompileOptions | None = None, 
     options = options or CompileOptions()
     # in-process key: the IR itself (nodes hash structurally with cached hashes and compare
     # deeply only on a hit), not the SHA-256 fingerprint, which walks every node once more
-    key = (repr(options), grammar.start, tuple(sorted(grammar.rules.items(), key=lambda kv: kv[0])))
+    key: _Key = (repr(options), grammar.start, tuple(sorted(grammar.rules.items(), key=lambda kv: kv[0])))
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
@@ -133,8 +136,9 @@ class _Compiler:
     def __init__(self, grammar: ir.Grammar, options: CompileOptions, deadline: float | None = None) -> None:
         self.g = grammar
         self.opt = options
-        self.deadline = limits.deadline_within(limits.now() + options.timeout_s if deadline is None
-                                               else deadline)
+        own = limits.now() + options.timeout_s if deadline is None else deadline
+        within = limits.deadline_within(own)
+        self.deadline = own if within is None else within
         self.where = ""  # the rule being worked on, named by a timeout
         self.total_states = 0
         self.rule_index: dict[str, int] = {}
@@ -192,9 +196,10 @@ class _Compiler:
         self._tick |= 255
         self.check_time()
 
-    def dfa_kernels(self) -> Any:
+    def dfa_kernels(self) -> ModuleType:
         """:mod:`structgen.grammar._fsa_kernels`, loaded (the loading time extends the deadline)."""
         self.deadline += native_ready()
+        # lazy: the kernels load numba, which a process that only checks text does without
         from structgen.grammar import _fsa_kernels
 
         return _fsa_kernels
@@ -206,8 +211,7 @@ class _Compiler:
 
     def kernel_status(self, status: int, what: str) -> None:
         """Raise for a DFA kernel's LIMIT / OUT_OF_TIME status."""
-        from structgen.grammar import _fsa_kernels as dk
-
+        dk = self.dfa_kernels()  # loaded already: the status is one of theirs
         if status == dk.LIMIT:
             self.too_many_states(what)
         if status == dk.OUT_OF_TIME:
@@ -340,10 +344,9 @@ class _Compiler:
                     f"{self.origin.get(name, name)!r} (CompileOptions.max_states)"), name)
         # whole-grammar passes: a timeout names the biggest rule
         self.where = self.kept[max(range(len(built)), key=lambda i: len(built[i][0]))] if built else ""
-        trimmed = self._trim_nfas(built)
-        self._check_left_recursion_nfa(trimmed)
-        out: list[LazyRule | DfaRule | ProductRule] = [
-            _lazy_rule(n, nfa, end) for n, (nfa, end) in zip(self.kept, trimmed)]
+        trimmed = trim_rule_nfas(built, len(self.dfa_rules), self.kept[0], self.check_time)
+        check_left_recursion(trimmed, self.kept, self.dfa_rules)
+        out: list[Rule] = [lazy_rule(n, nfa, end) for n, (nfa, end) in zip(self.kept, trimmed)]
         out.extend(self.dfa_rules)
         # where each compiled rule comes from, for errors raised after compilation (the
         # token-budget check names the rule whose states it could not bound)
@@ -353,115 +356,6 @@ class _Compiler:
                                                   for i in range(len(self.dfa_rules)))
         return CompiledGrammar(tuple(out), 0, None, source=self.g, options=self.opt,
                                rule_origins=origins, rule_exprs=exprs)
-
-    # -- NFA-level trimming and checks ------------------------------------------------
-    def _trim_nfas(self, built: list[tuple[Nfa, int]]) -> list[tuple[Nfa, int]]:
-        """Keep only NFA states that can reach their rule's end (through byte edges,
-        epsilons and calls to rules whose language is non-empty); drop edges into the rest.
-        A fixpoint over rules decides which languages are non-empty."""
-        preds: list[list[list[int]]] = []
-        call_preds: list[list[list[tuple[int, int]]]] = []
-        for nfa, _end in built:
-            self.check_time()
-            n = len(nfa)
-            pr: list[list[int]] = [[] for _ in range(n)]
-            cp: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-            for x in range(n):
-                for t in nfa.eps[x]:
-                    pr[t].append(x)
-                for _lo, _hi, t in nfa.edges[x]:
-                    pr[t].append(x)
-                for r, t in nfa.calls[x]:
-                    cp[t].append((x, r))
-            preds.append(pr)
-            call_preds.append(cp)
-        # shared DFA rules are trimmed and non-empty by construction
-        nonempty = [False] * len(built) + [True] * len(self.dfa_rules)
-        good: list[list[bool]] = [[] for _ in built]
-        callees = [{r for ps in cp for _x, r in ps} for cp in call_preds]
-        fresh = [True] * len(built)  # some callee became non-empty since the last pass
-        changed = True
-        while changed:
-            changed = False
-            for i, (nfa, end) in enumerate(built):
-                if not fresh[i]:
-                    continue
-                fresh[i] = False
-                self.check_time()
-                g = [False] * len(nfa)
-                g[end] = True
-                stack = [end]
-                pr, cp = preds[i], call_preds[i]
-                while stack:
-                    y = stack.pop()
-                    for x in pr[y]:
-                        if not g[x]:
-                            g[x] = True
-                            stack.append(x)
-                    for x, r in cp[y]:
-                        if nonempty[r] and not g[x]:
-                            g[x] = True
-                            stack.append(x)
-                good[i] = g
-                if g[0] and not nonempty[i]:
-                    nonempty[i] = True
-                    changed = True
-                    for j, cs in enumerate(callees):
-                        if i in cs:
-                            fresh[j] = True
-        if not nonempty[0]:
-            raise GrammarError(f"the grammar accepts no string at all (start rule {self.kept[0]!r})")
-        out: list[tuple[Nfa, int]] = []
-        for i, (nfa, end) in enumerate(built):
-            g = good[i]
-            if all(g) and all(nonempty[r] for r in callees[i]):
-                out.append((nfa, end))  # nothing to drop
-                continue
-            t = Nfa()
-            t.eps = [[y for y in ys if g[y]] if g[x] else [] for x, ys in enumerate(nfa.eps)]
-            t.edges = [[e for e in es if g[e[2]]] if g[x] else [] for x, es in enumerate(nfa.edges)]
-            t.calls = [[(r, y) for r, y in cs if nonempty[r] and g[y]] if g[x] else []
-                       for x, cs in enumerate(nfa.calls)]
-            out.append((t, end))
-        return out
-
-    def _check_left_recursion_nfa(self, built: list[tuple[Nfa, int]]) -> None:
-        """Reject left recursion (a rule that can call itself before consuming a byte)."""
-        def reach(nfa: Nfa, nullable: list[bool]) -> tuple[set[int], set[int]]:
-            seen = {0}
-            stack = [0]
-            callees: set[int] = set()
-            while stack:
-                x = stack.pop()
-                nxt = list(nfa.eps[x])
-                for r, t in nfa.calls[x]:
-                    callees.add(r)
-                    if nullable[r]:
-                        nxt.append(t)
-                for y in nxt:
-                    if y not in seen:
-                        seen.add(y)
-                        stack.append(y)
-            return seen, callees
-
-        nullable = [False] * len(built) + [bool(r.info(0)[1]) for r in self.dfa_rules]
-        names = self.kept + [r.name for r in self.dfa_rules]
-        changed = True
-        while changed:
-            changed = False
-            for i, (nfa, end) in enumerate(built):
-                if not nullable[i] and end in reach(nfa, nullable)[0]:
-                    nullable[i] = True
-                    changed = True
-        left = {self.kept[i]: {names[r] for r in reach(nfa, nullable)[1]}
-                for i, (nfa, _end) in enumerate(built)}
-        for r in self.dfa_rules:
-            left[r.name] = set()
-        for comp in strongly_connected_components(names, left):
-            if len(comp) > 1 or comp[0] in left[comp[0]]:
-                raise GrammarError(
-                    "left recursion through rule(s) " + " -> ".join(sorted(comp))
-                    + "; rewrite it as repetition (e.g. A: A x | y  =>  A: y x*)")
 
     def _hoist(self, e: ir.Expr, hoisted: dict[ir.Expr, str], rules: dict[str, ir.Expr]) -> ir.Expr:
         """Replace the item of a large repetition with a call to a synthetic rule (each node
@@ -522,8 +416,8 @@ class _Compiler:
             j = len(self.kept) + len(self.dfa_rules)
             self.dfa_rule_index[e] = j
             self.dfa_rule_owner.append(self._owner())
-            self.dfa_rules.append(CountedRule(f"__cnt{j}", d.trans, d.accept, e.min,  # type: ignore[arg-type]
-                                              e.max))
+            assert e.max is not None  # bounded: see _countable
+            self.dfa_rules.append(CountedRule(f"__cnt{j}", d.trans, d.accept, e.min, e.max))
         return j
 
     # -- Thompson construction -------------------------------------------------
@@ -543,6 +437,8 @@ class _Compiler:
                 if error is not None:
                     req = gen.throw(error)
                     error = None
+                elif result is None:  # a generator just pushed: start it
+                    req = next(gen)
                 else:
                     req = gen.send(result)
             except StopIteration as stop:
@@ -645,7 +541,7 @@ class _Compiler:
         if isinstance(e, ir.Diff) and self.keep is not _NO_CALLS:
             lazy = self._lazy_diff(e, inline_stack)
             if lazy is not None:
-                return lazy(nfa, s)  # type: ignore[no-any-return]
+                return lazy(nfa, s)
         if isinstance(e, (ir.And, ir.Diff, ir.Dfa)):
             d = self._regular(e, inline_stack)
             if d.trans.shape[0] <= _EMBED_MAX or self.keep is _NO_CALLS:
@@ -657,7 +553,7 @@ class _Compiler:
         raise GrammarError(f"unknown IR node {type(e).__name__}")
 
     # -- regular sub-languages (And / Diff / Dfa) --------------------------------
-    def _lazy_diff(self, e: ir.Diff, inline_stack: tuple[str, ...]) -> Any:
+    def _lazy_diff(self, e: ir.Diff, inline_stack: tuple[str, ...]) -> Callable[[Nfa, int], int] | None:
         """``A - B`` without building the product, when that is exact: ``B`` finite and
         every live state of ``A`` has infinitely many completions. Then every live pair
         state can still complete outside ``B`` (finitely many strings cannot cover an
@@ -681,7 +577,7 @@ class _Compiler:
             j = len(self.kept) + len(self.dfa_rules)
             self.dfa_rule_index[e] = j
             self.dfa_rule_owner.append(self._owner())
-            self.dfa_rules.append(ProductRule(f"__diff{j}", a, b))  # type: ignore[arg-type]
+            self.dfa_rules.append(ProductRule(f"__diff{j}", a, b))
         return self._call_adder(j)
 
     @staticmethod
@@ -805,9 +701,3 @@ class _Compiler:
                 f"intersection/difference over a recursive rule ({', '.join(bad)}) cannot be "
                 "compiled to a finite automaton")
         return self._build(nfa, e, s, inline_stack)
-
-def _lazy_rule(name: str, nfa: Nfa, end: int) -> LazyRule:
-    """Freeze a trimmed NFA into a :class:`LazyRule`."""
-    class_of, nclass, cedges = byte_classes(nfa)
-    return LazyRule(name, tuple(tuple(x) for x in nfa.eps), tuple(tuple(es) for es in cedges),
-                    tuple(tuple(c) for c in nfa.calls), end, class_of, nclass)

@@ -62,13 +62,15 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from structgen import limits
 from structgen.errors import CompileLimitError, CompileTimeoutError
 from structgen.grammar import _runtime_kernels as K
+from structgen.grammar.compiled import CompiledGrammar, CountedRule, DfaRule
+from structgen.grammar.runtime import Runtime, RuntimeTables
 
 __all__ = ["CompletionLengths", "INFINITE", "LONGEST", "MIN_SOLVE_STATES", "SOLVE_STATES_PER_STATE",
            "completion_lengths", "solve_bound"]
@@ -87,19 +89,19 @@ _ROOT = 0  # the empty stack
 _CHECK_EVERY = 256  # states expanded between two reads of the clock and the cancellation test
 
 
-def completion_lengths(runtime: Any) -> CompletionLengths:
+def completion_lengths(runtime: Runtime) -> CompletionLengths:
     """The :class:`CompletionLengths` of ``runtime`` (built on first use, kept on it)."""
-    got = getattr(runtime, "completion_lengths", None)
+    got = runtime.completion_lengths
     if got is None:
         with runtime.lock:
-            got = getattr(runtime, "completion_lengths", None)
+            got = runtime.completion_lengths
             if got is None:
                 got = CompletionLengths(runtime)
                 runtime.completion_lengths = got
     return got
 
 
-def solve_bound(grammar: Any) -> int:
+def solve_bound(grammar: CompiledGrammar) -> int:
     """The most new rule states one solve may expand for ``grammar`` (a compiled grammar):
     :data:`SOLVE_STATES_PER_STATE` per NFA state, at least :data:`MIN_SOLVE_STATES`, at most
     ``CompileOptions.max_states`` (the limit of every automaton built eagerly)."""
@@ -114,7 +116,7 @@ def _plus(a: int, b: int) -> int:
     return min(a + b, LONGEST)
 
 
-def _csr_slices(off: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def _csr_slices(off: NDArray[np.int64], rows: NDArray[np.int64]) -> NDArray[np.int64]:
     """The indices ``off[r] .. off[r + 1] - 1`` of every row ``r`` of ``rows``, concatenated
     (the entries of those rows of a CSR array)."""
     starts = off[rows]
@@ -124,10 +126,11 @@ def _csr_slices(off: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     # position within the row = running index minus where that row's run begins
     run_start = np.repeat(np.cumsum(counts) - counts, counts)
-    return np.repeat(starts, counts) + (np.arange(total, dtype=np.int64) - run_start)
+    out: NDArray[np.int64] = np.repeat(starts, counts) + (np.arange(total, dtype=np.int64) - run_start)
+    return out
 
 
-def _by_key(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+def _by_key(keys: NDArray[np.int64], n: int) -> tuple[NDArray[np.int64], NDArray[np.intp]]:
     """CSR over ``keys`` (ints in ``[0, n)``): (offsets ``[n + 1]``, the positions of
     ``keys`` grouped by key, stably)."""
     order = np.argsort(keys, kind="stable")
@@ -136,7 +139,7 @@ def _by_key(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     return off, order
 
 
-def _table_distances(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
+def _table_distances(trans: NDArray[np.int32], accept: NDArray[np.bool_]) -> NDArray[np.int64]:
     """Fewest bytes from each state of a DFA table (-1 = dead edge) to an accepting state
     (INFINITE where there is none): breadth-first search backwards from the accepting
     states, one level at a time (a level costs one pass over its predecessors, so a table
@@ -162,7 +165,8 @@ def _table_distances(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
     return dist
 
 
-def _nfa_distances(tab: Any, yields: np.ndarray, tick: Callable[[int, int], None]) -> np.ndarray:
+def _nfa_distances(tab: RuntimeTables, yields: NDArray[np.int64],
+                   tick: Callable[[int, int], None]) -> NDArray[np.int64]:
     """``dN``: the fewest bytes from each NFA state of every lazy rule to its rule's end (the
     *grammar solve*, see the module docstring), by Knuth's generalised Dijkstra.
 
@@ -273,7 +277,7 @@ class CompletionLengths:
     grammar solve existed (the reference method of tests and benchmarks: exact too, but a
     lazy rule's DFA may be exponentially large, and the work bound refuses it then)."""
 
-    def __init__(self, runtime: Any, *, explore_all: bool = False) -> None:
+    def __init__(self, runtime: Runtime, *, explore_all: bool = False) -> None:
         self.runtime = runtime
         grammar = runtime.grammar
         self.max_solve_states = solve_bound(grammar)
@@ -281,13 +285,14 @@ class CompletionLengths:
         self.largest_solve = 0
         self.explore_all = explore_all
         # (dN per NFA state, shortest yield per rule): the grammar solve, read-only, made once
-        self._solved: tuple[np.ndarray, np.ndarray] | None = None
-        self._tables: dict[int, np.ndarray] = {}  # table rule -> distance per table state
+        self._solved: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None
+        self._tables: dict[int, NDArray[np.int64]] = {}  # table rule -> distance per table state
         self._state: dict[int, int] = {}  # rule state -> d
         self._stack: dict[int, int] = {}  # stack -> sum of d over its frames
         self._config: dict[int, int] = {}  # configuration -> D
         self._next: dict[int, tuple[int, int]] = {}  # configuration -> (first byte, configuration after it)
-        self._counted: dict[int, tuple[np.ndarray, int]] = {}  # rule -> (item distances, shortest item)
+        # rule -> (item distances, shortest item)
+        self._counted: dict[int, tuple[NDArray[np.int64], int]] = {}
         runtime.on_flush.append(self._forget)
 
     def _forget(self) -> None:
@@ -298,7 +303,7 @@ class CompletionLengths:
         self._next.clear()
 
     # -- the grammar solve ----------------------------------------------------------------
-    def nfa_distances(self) -> tuple[np.ndarray, np.ndarray]:
+    def nfa_distances(self) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         """(``dN`` per NFA state of the runtime's concatenated NFAs, the shortest yield per
         rule): int64, read-only, :data:`INFINITE` where there is none; solved on first use
         (see the module docstring). Raises what a solve raises (see :meth:`_solve`)."""
@@ -310,7 +315,7 @@ class CompletionLengths:
                     got = self._solved = self._solve_grammar()
         return got
 
-    def _solve_grammar(self) -> tuple[np.ndarray, np.ndarray]:
+    def _solve_grammar(self) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         """The grammar solve (hold the lock): the shortest yields of the rules that are not
         lazy first (constants of the lazy rules' equations), then ``dN``."""
         rt = self.runtime
@@ -341,12 +346,13 @@ class CompletionLengths:
         lazy = np.flatnonzero(tab.rule_kind == K.LAZY)
         return int(lazy[np.searchsorted(tab.rule_base[lazy], x, side="right") - 1])
 
-    def _table(self, r: int) -> np.ndarray:
+    def _table(self, r: int) -> NDArray[np.int64]:
         """Distance per state of table rule ``r`` (kept: it depends only on the grammar)."""
         got = self._tables.get(r)
         if got is None:
             rule = self.runtime.rules[r]
-            got = self._tables[r] = _table_distances(np.asarray(rule._trans), np.asarray(rule._accept))
+            assert isinstance(rule, DfaRule)  # a TABLE rule
+            got = self._tables[r] = _table_distances(rule._trans, rule._accept)
         return got
 
     # -- rule states ----------------------------------------------------------------------
@@ -380,7 +386,8 @@ class CompletionLengths:
         got = self._counted.get(r)
         if got is None:
             rule = self.runtime.rules[r]
-            dist = _table_distances(np.asarray(rule._trans), np.asarray(rule._accept))
+            assert isinstance(rule, CountedRule)
+            dist = _table_distances(rule._trans, rule._accept)
             got = self._counted[r] = (dist, int(dist[0]))
         dist, shortest = got
         k0 = int(tab.state_key[g, 0])
@@ -452,9 +459,9 @@ class CompletionLengths:
         self.largest_solve = max(self.largest_solve, len(new))
         # states solved before are constants: their edges give candidates at once
         for t, ps in preds.items():
-            v = known.get(t)
-            if v is not None and v < INFINITE:
-                heap.extend((min(v + 1, LONGEST), p) for p in ps)
+            kt = known.get(t)
+            if kt is not None and kt < INFINITE:
+                heap.extend((min(kt + 1, LONGEST), p) for p in ps)
         waiting = [0] * len(calls)  # per call: its arguments not settled yet
         uses: dict[int, list[int]] = {}  # state -> the calls that wait for it
         for i, (g, a, b) in enumerate(calls):

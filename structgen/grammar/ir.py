@@ -23,7 +23,7 @@ from __future__ import annotations
 import builtins
 import hashlib
 from collections.abc import Iterable, Mapping
-from typing import Any, Union
+from typing import Protocol, Union
 
 from structgen.errors import GrammarError
 
@@ -39,8 +39,12 @@ class Expr:
     """Base of IR expressions. Immutable; structural equality; cached hash."""
 
     __slots__ = ("_hash", "_fp", "_rf", "_sz")
+    # cached on first use (see __hash__, fingerprint, refs); unset until then
+    _hash: int
+    _fp: bytes
+    _rf: frozenset[str]
 
-    def _key(self) -> tuple:  # pragma: no cover - abstract
+    def _key(self) -> tuple[object, ...]:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def __eq__(self, other: object) -> bool:
@@ -53,13 +57,13 @@ class Expr:
 
     def __hash__(self) -> int:
         try:
-            return self._hash  # type: ignore[no-any-return]
+            return self._hash
         except AttributeError:
             pass
         # children first, without recursion (a deep expression must not overflow the stack)
         for x in self._post_order("_hash"):
             object.__setattr__(x, "_hash", hash((type(x).__name__, x._key())))
-        return self._hash  # type: ignore[no-any-return]
+        return self._hash
 
     def _post_order(self, attr: str) -> list[Expr]:
         """The nodes below (and including) this one that lack the cached attribute ``attr``,
@@ -82,13 +86,13 @@ class Expr:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("IR nodes are immutable")
 
-    def _args(self) -> tuple:
+    def _args(self) -> tuple[object, ...]:
         return self._key()
 
     def fingerprint(self) -> bytes:
         """SHA-256 of the node's full structure (cached); stable across processes."""
         try:
-            return self._fp  # type: ignore[no-any-return]
+            return self._fp
         except AttributeError:
             pass
         for x in self._post_order("_fp"):  # children first: each _feed below reads cached ones
@@ -98,15 +102,15 @@ class Expr:
             else:
                 _feed(h, x._key())
             object.__setattr__(x, "_fp", h.digest())
-        return self._fp  # type: ignore[no-any-return]
+        return self._fp
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[object, ...]:
         return (type(self), self._args())
 
     def refs(self) -> frozenset[str]:
         """Names of the rules referenced anywhere inside (cached on every node visited)."""
         try:
-            return self._rf  # type: ignore[no-any-return]
+            return self._rf
         except AttributeError:
             pass
         # post-order over the DAG without recursion: children first, each node once
@@ -126,7 +130,7 @@ class Expr:
             if isinstance(x, Ref):
                 out = out | {x.name}
             object.__setattr__(x, "_rf", out)
-        return self._rf  # type: ignore[no-any-return]
+        return self._rf
 
     def _children(self) -> tuple[Expr, ...]:
         return ()
@@ -137,15 +141,15 @@ class ByteSet(Expr):
 
     __slots__ = ("ranges",)
     ranges: tuple[tuple[int, int], ...]
-    _rf = frozenset()  # type: ignore[assignment]  # a leaf: no references (shadows the slot)
+    _rf: frozenset[str] = frozenset()  # a leaf: no references (shadows the slot)
 
     def __init__(self, ranges: tuple[tuple[int, int], ...]) -> None:
         object.__setattr__(self, "ranges", ranges)
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[object, ...]:
         return self.ranges
 
-    def _args(self) -> tuple:
+    def _args(self) -> tuple[object, ...]:
         return (self.ranges,)
 
     def contains(self, b: int) -> bool:
@@ -167,13 +171,13 @@ class Seq(Expr):
     def __init__(self, items: tuple[Expr, ...]) -> None:
         object.__setattr__(self, "items", items)
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[object, ...]:
         return self.items
 
     def _children(self) -> tuple[Expr, ...]:
         return self.items
 
-    def _args(self) -> tuple:
+    def _args(self) -> tuple[object, ...]:
         return (self.items,)
 
     def __repr__(self) -> str:
@@ -189,13 +193,13 @@ class Alt(Expr):
     def __init__(self, items: tuple[Expr, ...]) -> None:
         object.__setattr__(self, "items", items)
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[object, ...]:
         return self.items
 
     def _children(self) -> tuple[Expr, ...]:
         return self.items
 
-    def _args(self) -> tuple:
+    def _args(self) -> tuple[object, ...]:
         return (self.items,)
 
     def __repr__(self) -> str:
@@ -215,7 +219,7 @@ class Repeat(Expr):
         object.__setattr__(self, "min", min)
         object.__setattr__(self, "max", max)
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[object, ...]:
         return (self.item, self.min, self.max)
 
     def _children(self) -> tuple[Expr, ...]:
@@ -234,7 +238,7 @@ class Ref(Expr):
     def __init__(self, name: str) -> None:
         object.__setattr__(self, "name", name)
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[object, ...]:
         return (self.name,)
 
     def __repr__(self) -> str:
@@ -252,7 +256,7 @@ class And(Expr):
         object.__setattr__(self, "left", left)
         object.__setattr__(self, "right", right)
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[object, ...]:
         return (self.left, self.right)
 
     def _children(self) -> tuple[Expr, ...]:
@@ -273,7 +277,7 @@ class Diff(Expr):
         object.__setattr__(self, "left", left)
         object.__setattr__(self, "right", right)
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[object, ...]:
         return (self.left, self.right)
 
     def _children(self) -> tuple[Expr, ...]:
@@ -293,7 +297,7 @@ class Dfa(Expr):
     """
 
     __slots__ = ("start", "accept", "trans")
-    _rf = frozenset()  # type: ignore[assignment]  # no references (shadows the slot)
+    _rf: frozenset[str] = frozenset()  # no references (shadows the slot)
     start: int
     accept: frozenset[int]
     trans: tuple[tuple[tuple[int, int, int], ...], ...]
@@ -313,7 +317,7 @@ class Dfa(Expr):
         object.__setattr__(self, "accept", acc)
         object.__setattr__(self, "trans", t)
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[object, ...]:
         return (self.start, tuple(sorted(self.accept)), self.trans)
 
     def step(self, q: int, b: int) -> int:
@@ -327,7 +331,13 @@ class Dfa(Expr):
         return f"Dfa({len(self.trans)} states)"
 
 
-def _feed(h: Any, part: object) -> None:
+class _Hasher(Protocol):
+    """What :func:`_feed` needs of a :mod:`hashlib` hash object."""
+
+    def update(self, data: bytes, /) -> None: ...
+
+
+def _feed(h: _Hasher, part: object) -> None:
     if isinstance(part, Expr):
         h.update(b"E" + part.fingerprint())
     elif isinstance(part, (tuple, frozenset)):
@@ -487,6 +497,9 @@ class Grammar:
     """
 
     __slots__ = ("rules", "start", "_hash")
+    rules: dict[str, Expr]
+    start: str
+    _hash: int  # cached on first use
 
     def __init__(self, rules: Mapping[str, Expr], start: str) -> None:
         object.__setattr__(self, "rules", dict(rules))
@@ -497,12 +510,12 @@ class Grammar:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Grammar is immutable")
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[object, ...]:
         return (Grammar, (self.rules, self.start))
 
     def __hash__(self) -> int:
         try:
-            return self._hash  # type: ignore[no-any-return]
+            return self._hash
         except AttributeError:
             h = hash((self.start, tuple(sorted(self.rules.items(), key=lambda kv: kv[0]))))
             object.__setattr__(self, "_hash", h)
@@ -571,16 +584,16 @@ def reference_accepts(grammar: Grammar, data: bytes | str, *, prefix: bool = Fal
                 out |= ends(it, i)
             return frozenset(out)
         if isinstance(e, Repeat):
-            cur = {i}
+            at: set[int] = {i}
             for _ in range(e.min):  # mandatory repetitions
-                nxt: set[int] = set()
-                for j in cur:
-                    nxt |= ends(e.item, j)
-                cur = nxt
-                if not cur:
+                step: set[int] = set()
+                for j in at:
+                    step |= ends(e.item, j)
+                at = step
+                if not at:
                     return frozenset()
-            result = set(cur)
-            frontier = set(cur)
+            result = set(at)
+            frontier = set(at)
             count = e.min
             while frontier and (e.max is None or count < e.max):
                 nxt = set()

@@ -39,17 +39,21 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol, SupportsInt, TypeAlias, TypeVar
 
 import numpy as np
+import numpy.typing as npt
+from numpy.typing import NDArray
 
+from structgen.errors import ConfigError
 from structgen.grammar import _runtime_kernels as K
 from structgen.grammar import _stack_kernels as S
 from structgen.grammar.gcpause import gc_paused
 
 if TYPE_CHECKING:  # pragma: no cover
-    from structgen.grammar.compiled import CompiledGrammar
+    from structgen.grammar.compiled import CompiledGrammar, Rule
+    from structgen.grammar.completion import CompletionLengths
 
 __all__ = ["Runtime", "RuntimeTables", "DEAD", "UNKNOWN", "STALE", "ROOT", "NEED_GROW", "COUNTED", "ACCEPT",
            "set_table_budget", "check_budget", "env_bytes", "warm_kernels", "DEFAULT_TABLE_BYTES",
@@ -62,6 +66,20 @@ COUNTED = K.COUNTED  # rule kind of a counted repetition (RuntimeTables.rkind)
 ACCEPT = K.ACCEPT  # rule-state flag: the rule may return here (RuntimeTables.g_flag)
 STALE = -7  # walk: the tables were flushed by another thread meanwhile; redo it under the lock
 ROOT = 0  # the empty stack
+
+_G = TypeVar("_G", bound=np.generic)
+
+#: A configuration by content (:meth:`Runtime.describe`): (accepting, its stacks, each the
+#: frames bottom first, each frame (rule, rule-state key)).
+Described: TypeAlias = tuple[bool, tuple[tuple[tuple[int, tuple[int, ...]], ...], ...]]
+
+
+class HistoryHolder(Protocol):
+    """What :meth:`Runtime.register` tracks (a matcher): configuration ids ``_hist``, valid in
+    epoch ``_epoch``."""
+
+    _hist: list[int]
+    _epoch: int
 
 
 def env_bytes(name: str, default: int) -> int:
@@ -102,8 +120,6 @@ def check_budget(**values: int | None) -> None:
     that is neither None nor an integer >= 0."""
     for name, v in values.items():
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-            from structgen.errors import ConfigError
-
             raise ConfigError(f"{name} must be an integer >= 0, not {v!r}", key=name)
 
 
@@ -112,7 +128,7 @@ def _account(delta: int) -> None:
         _process_bytes[0] += delta
 
 
-def _grown(a: np.ndarray, rows: int, fill: Any) -> np.ndarray:
+def _grown(a: NDArray[_G], rows: int, fill: int | None) -> NDArray[_G]:
     """``a`` with ``rows`` rows, the new ones set to ``fill`` (left unwritten when ``fill`` is
     None: rows the kernels initialise when they intern the row's state, so that fresh pages
     are first touched as rows come into use, not all at once here)."""
@@ -123,7 +139,7 @@ def _grown(a: np.ndarray, rows: int, fill: Any) -> np.ndarray:
     return b
 
 
-def _rule_arrays(rules: tuple[Any, ...]) -> dict[str, np.ndarray]:
+def _rule_arrays(rules: tuple[Rule, ...]) -> dict[str, NDArray[np.generic]]:
     """The fixed rule part of the kernel tables (see :mod:`structgen.grammar._runtime_kernels`)."""
     nr = len(rules)
     kind = np.zeros(nr, dtype=np.int8)
@@ -134,14 +150,20 @@ def _rule_arrays(rules: tuple[Any, ...]) -> dict[str, np.ndarray]:
     end = np.full(nr, -1, dtype=np.int32)
     lo = np.zeros(nr, dtype=np.int64)
     hi = np.zeros(nr, dtype=np.int64)
-    eo_l, eps_l, do_l, edg_l, co_l, cal_l, imp_l = [], [], [], [], [], [], []
-    tb_l: list[np.ndarray] = []
-    acc_l: list[np.ndarray] = []
+    eo_l: list[npt.ArrayLike] = []
+    eps_l: list[npt.ArrayLike] = []
+    do_l: list[npt.ArrayLike] = []
+    edg_l: list[npt.ArrayLike] = []
+    co_l: list[npt.ArrayLike] = []
+    cal_l: list[npt.ArrayLike] = []
+    imp_l: list[npt.ArrayLike] = []
+    tb_l: list[npt.ArrayLike] = []
+    acc_l: list[npt.ArrayLike] = []
     nx = 0  # NFA states so far
     ne = nd = nc = 0  # epsilon / edge / call entries so far
     nt = 0  # table rows so far
 
-    def table(t: np.ndarray, a: np.ndarray) -> int:
+    def table(t: NDArray[np.int32], a: NDArray[np.bool_]) -> int:
         nonlocal nt
         at = nt
         tb_l.append(np.asarray(t, dtype=np.int32))
@@ -150,7 +172,7 @@ def _rule_arrays(rules: tuple[Any, ...]) -> dict[str, np.ndarray]:
         return at
 
     for r, rule in enumerate(rules):
-        if hasattr(rule, "csr"):  # LazyRule
+        if rule.kind == "lazy":
             eo, eps, do, edges, co, calls, imp = rule.csr()
             kind[r] = K.LAZY
             base[r] = nx
@@ -172,11 +194,11 @@ def _rule_arrays(rules: tuple[Any, ...]) -> dict[str, np.ndarray]:
             ne += eps.shape[0]
             nd += edges.shape[0]
             nc += calls.shape[0]
-        elif hasattr(rule, "lo"):  # CountedRule
+        elif rule.kind == "counted":
             kind[r] = K.COUNTED
             base[r] = table(rule._trans, rule._accept)
             lo[r], hi[r] = rule.lo, rule.hi
-        elif hasattr(rule, "_trans"):  # DfaRule
+        elif rule.kind == "dfa":
             kind[r] = K.TABLE
             base[r] = table(rule._trans, rule._accept)
         else:  # ProductRule
@@ -184,11 +206,12 @@ def _rule_arrays(rules: tuple[Any, ...]) -> dict[str, np.ndarray]:
             base[r] = table(rule._a.trans, rule._a.accept)
             aux[r] = table(rule._b.trans, rule._b.accept)
 
-    def cat(parts: list[np.ndarray], tail: int | None, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        out = np.concatenate(parts) if parts else np.zeros(shape, dtype=dtype)
+    def cat(parts: Sequence[npt.ArrayLike], tail: int | None, shape: tuple[int, ...],
+            dtype: type[_G]) -> NDArray[_G]:
+        out = np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(shape, dtype=dtype)
         if tail is not None:
             out = np.concatenate([out, np.array([tail], dtype=out.dtype)])
-        return np.ascontiguousarray(out.astype(dtype, copy=False))
+        return np.ascontiguousarray(out)
 
     return {
         "rule_kind": kind, "rule_base": base, "rule_aux": aux, "rule_class": cls, "rule_nclasses": ncls,
@@ -234,7 +257,63 @@ class RuntimeTables:
     # each group's open-addressing index: <prefix>_hash_keys, <prefix>_hash_ids
     _HASHES = {"state": "state", "frame": "frame", "config": "config"}
 
-    def __init__(self, rules: tuple[Any, ...]) -> None:
+    # the arrays: the kernels' fields (:data:`~structgen.grammar._runtime_kernels.FIELD_NAMES`)
+    counters: NDArray[np.int64]
+    rule_kind: NDArray[np.int8]
+    rule_base: NDArray[np.int64]
+    rule_aux: NDArray[np.int64]
+    rule_class: NDArray[np.int32]
+    rule_nclasses: NDArray[np.int32]
+    rule_end: NDArray[np.int32]
+    rule_start: NDArray[np.int32]
+    rule_lo: NDArray[np.int64]
+    rule_hi: NDArray[np.int64]
+    nfa_eps_off: NDArray[np.int32]
+    nfa_eps: NDArray[np.int32]
+    nfa_edge_off: NDArray[np.int32]
+    nfa_edges: NDArray[np.int32]
+    nfa_call_off: NDArray[np.int32]
+    nfa_calls: NDArray[np.int32]
+    nfa_important: NDArray[np.uint8]
+    nfa_closure: NDArray[np.int32]
+    nfa_closure_data: NDArray[np.int32]
+    table_trans: NDArray[np.int32]
+    table_accept: NDArray[np.uint8]
+    state_trans: NDArray[np.int32]
+    state_flags: NDArray[np.uint8]
+    state_calls: NDArray[np.int32]
+    call_targets: NDArray[np.int32]
+    state_rule: NDArray[np.int32]
+    state_key: NDArray[np.int32]
+    state_key_data: NDArray[np.int32]
+    state_hash_keys: NDArray[np.int64]
+    state_hash_ids: NDArray[np.int32]
+    state_pred: NDArray[np.int32]
+    state_accepting: NDArray[np.bool_]
+    state_loop_bytes: NDArray[np.uint64]
+    state_loops_known: NDArray[np.uint8]
+    state_slice_memo: NDArray[np.int8]
+    state_utf8_memo: NDArray[np.int8]
+    frames: NDArray[np.int32]
+    frame_hash_keys: NDArray[np.int64]
+    frame_hash_ids: NDArray[np.int32]
+    closures: NDArray[np.int32]
+    closure_data: NDArray[np.int32]
+    stack_config: NDArray[np.int32]
+    configs: NDArray[np.int32]
+    config_data: NDArray[np.int32]
+    config_hash_keys: NDArray[np.int64]
+    config_hash_ids: NDArray[np.int32]
+    trans: NDArray[np.int32]
+    accepting: NDArray[np.bool_]
+    loop_bytes: NDArray[np.uint64]
+    loop_known: NDArray[np.uint64]
+    row_done: NDArray[np.uint8]
+    slice_memo: NDArray[np.int8]
+    utf8_memo: NDArray[np.int8]
+    T: K.Tab  # the compiled object holding them all
+
+    def __init__(self, rules: tuple[Rule, ...]) -> None:
         self.counters = np.zeros(16, dtype=np.int64)
         for k, v in _rule_arrays(rules).items():
             setattr(self, k, v)
@@ -255,7 +334,7 @@ class RuntimeTables:
         setattr(self, h + "_hash_keys", np.full(size, -1, dtype=np.int64))
         setattr(self, h + "_hash_ids", np.zeros(size, dtype=np.int32))
 
-    def arrays(self) -> list[np.ndarray]:
+    def arrays(self) -> list[NDArray[np.generic]]:
         """Every table array, in the order of the kernels' fields."""
         return [getattr(self, f) for f in K.FIELD_NAMES]
 
@@ -324,18 +403,18 @@ class Runtime:
         _account(self._table_bytes)
         weakref.finalize(self, _account_release, self._acct)
         # matchers whose histories hold configuration ids (translated after a flush)
-        self._holders: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._holders: weakref.WeakSet[HistoryHolder] = weakref.WeakSet()
         # per past epoch: configuration id -> content, for the histories not yet translated
-        self._described: dict[int, dict[int, Any]] = {}
-        self.masks: Any = None  # the token-mask engine of this grammar, set by structgen.masks
+        self._described: dict[int, dict[int, Described]] = {}
+        self.masks: object = None  # the token-mask engine of this grammar, set by structgen.masks
         self.on_flush: list[Callable[[], None]] = []
         #: shortest-completion lengths, set by :func:`structgen.grammar.completion.completion_lengths`
-        self.completion_lengths: Any = None
+        self.completion_lengths: CompletionLengths | None = None
         with self.lock:
             g0 = self.run_kernel(K.start_state, grammar.root)
             self.start = self.closure_config(self.frame(ROOT, g0))
 
-    def run_kernel(self, fn: Any, *args: Any) -> int:
+    def run_kernel(self, fn: Callable[..., SupportsInt], *args: object) -> int:
         """``fn(tables, *args)`` (a table kernel), called again after growing the tables for
         as long as it answers NEED_GROW (hold :attr:`lock`)."""
         while True:
@@ -373,12 +452,12 @@ class Runtime:
         # engine flush at each growth)
         return 2 * _process_bytes[0] > PROCESS_TABLE_BYTES and 16 * n >= PROCESS_TABLE_BYTES
 
-    def register(self, holder: Any) -> None:
+    def register(self, holder: HistoryHolder) -> None:
         """Track ``holder`` (a matcher: ``_hist`` a list of configuration ids valid in epoch
         ``_epoch``) so that a flush keeps what it needs to translate them."""
         self._holders.add(holder)
 
-    def describe(self, cid: int) -> tuple[bool, tuple[tuple[tuple[int, tuple[int, ...]], ...], ...]]:
+    def describe(self, cid: int) -> Described:
         """Configuration ``cid`` by content, independent of table ids: (accepting, stacks),
         each stack its frames bottom first, each frame (rule, rule-state key)."""
         tab = self.tab
@@ -395,7 +474,7 @@ class Runtime:
             stacks.append(tuple(reversed(chain)))
         return bool(acc), tuple(stacks)
 
-    def intern_described(self, desc: tuple[bool, tuple[Any, ...]]) -> int:
+    def intern_described(self, desc: Described) -> int:
         """The configuration id of a :meth:`describe` result in the current tables."""
         acc, stacks = desc
         sids = set()
@@ -418,7 +497,7 @@ class Runtime:
         self.flushes += 1
         keep = {c for c in pins if c >= 0}
         keep.add(self.start)
-        desc: dict[int, Any] = {}
+        desc: dict[int, Described] = {}
         live_epochs = set()
         for h in list(self._holders):
             ep = h._epoch
@@ -475,13 +554,13 @@ class Runtime:
         empty), interned (hold :attr:`lock`)."""
         return self.run_kernel(S.closure_config, sid)
 
-    def intern_state(self, rule: int, key: np.ndarray) -> int:
+    def intern_state(self, rule: int, key: NDArray[np.int32]) -> int:
         """The rule-state id of rule ``rule``'s state with key ``key`` (int32; its layout
         depends on the rule kind, see :mod:`structgen.grammar._runtime_kernels`), interned
         but not expanded (hold :attr:`lock`)."""
         return self.run_kernel(K.state, rule, key, len(key))
 
-    def stack_of_chain(self, chain: np.ndarray) -> int:
+    def stack_of_chain(self, chain: NDArray[np.int64]) -> int:
         """The stack of rule states ``chain`` (int64, bottom first) above the empty stack,
         interned (hold :attr:`lock`)."""
         return self.run_kernel(S.stack_of_chain, chain, len(chain))
@@ -496,20 +575,21 @@ class Runtime:
         """The stack ids of configuration ``cid``."""
         cf = self.tab.configs
         st, n = int(cf[cid, 0]), int(cf[cid, 1])
-        return self.tab.config_data[st:st + n].tolist()
+        ids: list[int] = self.tab.config_data[st:st + n].tolist()
+        return ids
 
     def rule_of(self, g: int) -> int:
         """The rule index of rule state ``g``."""
         return int(self.tab.state_rule[g])
 
     @property
-    def trans(self) -> np.ndarray:
+    def trans(self) -> NDArray[np.int32]:
         """The byte transitions of the configurations (int32 ``[capacity, 256]``; -2 unknown,
         -1 dead). Replaced when the tables grow or flush: read it afresh after either."""
         return self.tab.trans
 
     @property
-    def accepting(self) -> np.ndarray:
+    def accepting(self) -> NDArray[np.bool_]:
         """Whether each configuration may end the input (bool ``[capacity]``)."""
         return self.tab.accepting
 
@@ -609,7 +689,7 @@ class Runtime:
             c, _ = self._walk(self.start, data, self.epoch)
             return c >= 0, self.is_accepting(c)
 
-    def live_bytes(self, cid: int) -> np.ndarray:
+    def live_bytes(self, cid: int) -> NDArray[np.intp]:
         """Byte values that keep the parse alive from ``cid`` (int array)."""
         self.fill_row(cid)
         return np.nonzero(self.tab.trans[cid] >= 0)[0]

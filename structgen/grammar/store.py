@@ -23,13 +23,16 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
+from numpy.typing import NDArray
 
-from structgen.grammar.compiled import CompiledGrammar, CountedRule, DfaRule, LazyRule, ProductRule
+from structgen.grammar.compiled import CompiledGrammar, CountedRule, DfaRule, LazyRule, ProductRule, Rule
+from structgen.grammar.fsa import Dfa
+from structgen.json_types import JsonObject, JsonValue
 
 __all__ = ["FORMAT_VERSION", "GrammarStore", "load_grammar", "save_grammar"]
 
@@ -37,24 +40,26 @@ __all__ = ["FORMAT_VERSION", "GrammarStore", "load_grammar", "save_grammar"]
 FORMAT_VERSION = 1
 _SUFFIX = ".npz"
 
+_T = TypeVar("_T")
+_Arrays = Mapping[str, NDArray[np.integer | np.bool_]]  # the stored tables: integers and flags
 
-def _csr(lists: tuple[tuple[Any, ...], ...], width: int) -> tuple[np.ndarray, np.ndarray]:
+
+def _csr(lists: Sequence[Sequence[int | tuple[int, ...]]],
+         width: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     off = np.zeros(len(lists) + 1, dtype=np.int64)
     off[1:] = np.cumsum([len(x) for x in lists], dtype=np.int64)
-    flat = [v for x in lists for e in x for v in (e if width > 1 else (e,))]
+    flat = [v for x in lists for e in x for v in (e if isinstance(e, tuple) else (e,))]
     data = np.array(flat, dtype=np.int64)
     return off, data.reshape(-1, width) if width > 1 else data
 
 
-def _uncsr(off: np.ndarray, data: np.ndarray) -> tuple[tuple[Any, ...], ...]:
-    items = data.tolist()
-    bounds = off.tolist()
-    if data.ndim == 1:
-        return tuple(tuple(items[a:b]) for a, b in zip(bounds, bounds[1:]))
-    return tuple(tuple(tuple(e) for e in items[a:b]) for a, b in zip(bounds, bounds[1:]))
+def _rows(off: NDArray[np.generic], items: list[_T]) -> tuple[tuple[_T, ...], ...]:
+    """``items`` cut into the rows of a CSR array with offsets ``off``."""
+    bounds: list[int] = off.tolist()
+    return tuple(tuple(items[a:b]) for a, b in zip(bounds, bounds[1:]))
 
 
-def _digest(arrays: Mapping[str, np.ndarray]) -> str:
+def _digest(arrays: _Arrays) -> str:
     h = hashlib.sha256()
     for name in sorted(arrays):
         a = np.ascontiguousarray(arrays[name])
@@ -63,13 +68,13 @@ def _digest(arrays: Mapping[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def _encode(cg: CompiledGrammar) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
-    rules: list[dict[str, Any]] = []
-    arrays: dict[str, np.ndarray] = {}
+def _encode(cg: CompiledGrammar) -> tuple[list[JsonValue], dict[str, NDArray[np.integer | np.bool_]]]:
+    rules: list[JsonValue] = []
+    arrays: dict[str, NDArray[np.integer | np.bool_]] = {}
     for i, rule in enumerate(cg.rules):
-        st = rule.__getstate__()
         p = f"r{i}_"
         if isinstance(rule, LazyRule):
+            st = rule.__getstate__()
             arrays[p + "eps_off"], arrays[p + "eps"] = _csr(st["eps"], 1)
             arrays[p + "edge_off"], arrays[p + "edges"] = _csr(st["edges"], 3)
             arrays[p + "call_off"], arrays[p + "calls"] = _csr(st["calls"], 2)
@@ -77,16 +82,19 @@ def _encode(cg: CompiledGrammar) -> tuple[list[dict[str, Any]], dict[str, np.nda
             rules.append({"kind": "lazy", "name": st["name"], "end": int(st["end"]),
                           "nclass": int(st["nclass"])})
         elif isinstance(rule, CountedRule):
-            arrays[p + "trans"], arrays[p + "accept"] = np.asarray(st["trans"]), np.asarray(st["accept"])
-            rules.append({"kind": "counted", "name": st["name"], "lo": st["lo"], "hi": st["hi"]})
+            cst = rule.__getstate__()
+            arrays[p + "trans"], arrays[p + "accept"] = np.asarray(cst["trans"]), np.asarray(cst["accept"])
+            rules.append({"kind": "counted", "name": cst["name"], "lo": cst["lo"], "hi": cst["hi"]})
         elif isinstance(rule, DfaRule):
-            arrays[p + "trans"], arrays[p + "accept"] = np.asarray(st["trans"]), np.asarray(st["accept"])
-            rules.append({"kind": "dfa", "name": st["name"]})
+            tst = rule.__getstate__()
+            arrays[p + "trans"], arrays[p + "accept"] = np.asarray(tst["trans"]), np.asarray(tst["accept"])
+            rules.append({"kind": "dfa", "name": tst["name"]})
         elif isinstance(rule, ProductRule):
-            for side in ("a", "b"):
-                arrays[p + side + "_trans"] = np.asarray(st[side].trans)
-                arrays[p + side + "_accept"] = np.asarray(st[side].accept)
-            rules.append({"kind": "product", "name": st["name"]})
+            pst = rule.__getstate__()
+            for side, d in (("a", pst["a"]), ("b", pst["b"])):
+                arrays[p + side + "_trans"] = np.asarray(d.trans)
+                arrays[p + side + "_accept"] = np.asarray(d.accept)
+            rules.append({"kind": "product", "name": pst["name"]})
         else:  # pragma: no cover - a new rule kind must be taught to this module
             raise TypeError(f"cannot store a {type(rule).__name__}")
     return rules, arrays
@@ -97,25 +105,34 @@ def _check(ok: bool) -> None:
         raise ValueError("inconsistent grammar tables")
 
 
-def _table(arrays: Mapping[str, np.ndarray], prefix: str) -> tuple[np.ndarray, np.ndarray]:
+def _table(arrays: _Arrays, prefix: str) -> tuple[NDArray[np.int32], NDArray[np.bool_]]:
     """A DFA table and its accept flags, checked: every target a state of the table or -1.
     (The native kernels index with these numbers unchecked.)"""
     trans, accept = arrays[prefix + "trans"], arrays[prefix + "accept"]
     n = trans.shape[0] if trans.ndim == 2 else -1
     _check(trans.dtype == np.int32 and trans.shape == (n, 256) and accept.dtype == np.bool_
            and accept.shape == (n,) and bool(((trans >= -1) & (trans < n)).all()))
-    return trans, accept
+    return np.asarray(trans, dtype=np.int32), np.asarray(accept, dtype=np.bool_)  # checked: no copies
 
 
-def _decode(rules: list[dict[str, Any]], arrays: Mapping[str, np.ndarray]) -> tuple[Any, ...]:
-    from structgen.grammar.fsa import Dfa
+def _int(v: JsonValue) -> int:
+    """A header's integer (ValueError for anything else: the file is not ours)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"not an integer: {v!r}")
+    return v
 
-    out: list[Any] = []
+
+def _decode(rules: JsonValue, arrays: _Arrays) -> tuple[Rule, ...]:
+    if not isinstance(rules, list):
+        raise ValueError("no rule list")
+    out: list[Rule] = []
     for i, r in enumerate(rules):
+        if not isinstance(r, dict):
+            raise ValueError("a rule header is not an object")
         p = f"r{i}_"
         kind, name = r["kind"], str(r["name"])
         if kind == "lazy":
-            class_of, nclass, end = arrays[p + "class_of"], int(r["nclass"]), int(r["end"])
+            class_of, nclass, end = arrays[p + "class_of"], _int(r["nclass"]), _int(r["end"])
             eps_off, eps = arrays[p + "eps_off"], arrays[p + "eps"]
             edge_off, edges = arrays[p + "edge_off"], arrays[p + "edges"]
             call_off, calls = arrays[p + "call_off"], arrays[p + "calls"]
@@ -131,11 +148,13 @@ def _decode(rules: list[dict[str, Any]], arrays: Mapping[str, np.ndarray]) -> tu
                          & (edges[:, 2] >= 0) & (edges[:, 2] < n)).all()))
             _check(bool(((calls[:, 0] >= 0) & (calls[:, 0] < len(rules)) & (calls[:, 1] >= 0)
                          & (calls[:, 1] < n)).all()))
-            out.append(LazyRule(name, _uncsr(eps_off, eps), _uncsr(edge_off, edges), _uncsr(call_off, calls),
-                                end, class_of, nclass))
+            out.append(LazyRule(name, _rows(eps_off, eps.tolist()),
+                                _rows(edge_off, [tuple(e) for e in edges.tolist()]),
+                                _rows(call_off, [tuple(c) for c in calls.tolist()]), end,
+                                np.asarray(class_of, dtype=np.int32), nclass))
         elif kind == "counted":
             trans, accept = _table(arrays, p)
-            lo, hi = int(r["lo"]), int(r["hi"])
+            lo, hi = _int(r["lo"]), _int(r["hi"])
             _check(0 <= lo <= hi)
             out.append(CountedRule(name, trans, accept, lo, hi))
         elif kind == "dfa":
@@ -150,11 +169,11 @@ def _decode(rules: list[dict[str, Any]], arrays: Mapping[str, np.ndarray]) -> tu
 
 
 def save_grammar(path: str | os.PathLike[str], cg: CompiledGrammar, cache_key: str,
-                 metadata: Mapping[str, Any] | None = None) -> None:
+                 metadata: Mapping[str, JsonValue] | None = None) -> None:
     """Write ``cg`` to ``path`` (through a temporary file renamed into place), filed under
     ``cache_key``, with ``metadata`` (JSON-serialisable) to hand back on load."""
     rules, arrays = _encode(cg)
-    header = {"format": FORMAT_VERSION, "cache_key": cache_key, "key": cg.key, "root": cg.root,
+    header: JsonObject = {"format": FORMAT_VERSION, "cache_key": cache_key, "key": cg.key, "root": cg.root,
               "rules": rules, "metadata": dict(metadata or {}), "digest": _digest(arrays)}
     arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     folder = os.path.dirname(os.fspath(path)) or "."
@@ -172,7 +191,7 @@ def save_grammar(path: str | os.PathLike[str], cg: CompiledGrammar, cache_key: s
 
 
 def load_grammar(path: str | os.PathLike[str],
-                 cache_key: str) -> tuple[CompiledGrammar, dict[str, Any]] | None:
+                 cache_key: str) -> tuple[CompiledGrammar, JsonObject] | None:
     """The grammar stored at ``path`` under ``cache_key`` and its metadata, or None when the file
     is missing, damaged, of another format version, filed under another key, or fails its
     checksum. Never unpickles anything, never raises for a bad file."""
@@ -188,7 +207,7 @@ def load_grammar(path: str | os.PathLike[str],
                 or header.get("cache_key") != cache_key or header.get("digest") != _digest(arrays)):
             return None
         rules = _decode(header["rules"], arrays)
-        root = int(header["root"])
+        root = _int(header["root"])
         if not 0 <= root < len(rules) or not isinstance(header["key"], str):
             return None
         metadata = header.get("metadata")
@@ -213,7 +232,7 @@ class GrammarStore:
             raise ValueError("a cache key is a lowercase hex digest")
         return self.folder / (cache_key + _SUFFIX)
 
-    def get(self, cache_key: str) -> tuple[CompiledGrammar, dict[str, Any]] | None:
+    def get(self, cache_key: str) -> tuple[CompiledGrammar, JsonObject] | None:
         """The stored grammar and metadata, or None (missing; a damaged file is deleted)."""
         path = self.path(cache_key)
         if not path.is_file():
@@ -228,7 +247,8 @@ class GrammarStore:
             pass
         return got
 
-    def put(self, cache_key: str, cg: CompiledGrammar, metadata: Mapping[str, Any] | None = None) -> bool:
+    def put(self, cache_key: str, cg: CompiledGrammar,
+            metadata: Mapping[str, JsonValue] | None = None) -> bool:
         """Store ``cg``; True when written. Trims the folder to ``max_bytes`` afterwards."""
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
