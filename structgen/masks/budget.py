@@ -48,15 +48,17 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import NDArray
 
 from structgen.grammar.completion import INFINITE, LONGEST, completion_lengths
 from structgen.masks import trie as native
 
 if TYPE_CHECKING:  # pragma: no cover
-    from structgen.masks.engine import Engine, VocabTable
+    from structgen.masks.engine import Engine
+    from structgen.masks.vocab_table import VocabTable
 
 __all__ = ["BudgetTable", "UNREACHABLE"]
 
@@ -67,11 +69,14 @@ _NEXT_KEPT = 256  # per-token needs kept (one per configuration: the live tokens
 _MASKS_KEPT = 256  # narrowed masks kept, per (configuration, threshold)
 
 
-_VOCAB_PARTS: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+#: What a budget table needs of a vocabulary (see :func:`_vocab_part`)
+_VocabPart = tuple[dict[bytes, int], list[list[int]], NDArray[np.int64], NDArray[np.bool_],
+                   "native.Trie | None"]
+_VOCAB_PARTS: weakref.WeakKeyDictionary[VocabTable, _VocabPart] = weakref.WeakKeyDictionary()
 _VOCAB_LOCK = threading.Lock()
 
 
-def _vocab_part(vt: VocabTable, compiled: bool) -> tuple[Any, ...]:
+def _vocab_part(vt: VocabTable, compiled: bool) -> _VocabPart:
     """What a budget table needs of a vocabulary, built once per vocabulary: the tokens by
     their bytes (EOS left out) for greedy tokenization, the longest token's length, the
     walk's token slots (ids, and which are EOS) and the trie (None without compiled walks)."""
