@@ -32,13 +32,16 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, runtime_checkable
 
 import numpy as np
 
 from structgen.errors import VocabularyError
 
-__all__ = ["Vocabulary", "byte_to_unicode", "unicode_to_byte"]
+if TYPE_CHECKING:  # pragma: no cover
+    from tokenizers import Tokenizer
+
+__all__ = ["Vocabulary", "VocabLike", "FlatVocabLike", "byte_to_unicode", "unicode_to_byte"]
 
 _SP_SPACE = "\u2581"
 _BYTE_FALLBACK_RE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -386,11 +389,11 @@ class Vocabulary:
 
     # ------------------------------------------------------------------ dunder
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> _State:
         return {"token_bytes": self._token_bytes, "eos": self._eos, "special": self._special,
                 "size": self._size, "scheme": self._scheme}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: _State) -> None:
         self._token_bytes = state["token_bytes"]
         self._eos = state["eos"]
         self._special = state["special"]
@@ -418,9 +421,54 @@ class Vocabulary:
                 f"text_tokens={text}, eos_token_ids={self._eos})")
 
 
+class _State(TypedDict):
+    """A pickled :class:`Vocabulary`."""
+
+    token_bytes: tuple[bytes | None, ...]
+    eos: tuple[int, ...]
+    special: frozenset[int]
+    size: int
+    scheme: str
+
+
+class VocabLike(Protocol):
+    """What the masks read of a vocabulary: a :class:`Vocabulary`, or any object with these
+    attributes (a ``content_hash`` string, when present, keys its caches)."""
+
+    @property
+    def token_bytes(self) -> Sequence[bytes | None]:
+        """Per id, the bytes the token adds to the text, or None (never allowed)."""
+
+    @property
+    def eos_token_ids(self) -> Iterable[int]:
+        """Ids that end generation."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids, padding included."""
+
+
+@runtime_checkable
+class FlatVocabLike(VocabLike, Protocol):
+    """A :class:`VocabLike` that also has :class:`Vocabulary`'s flat numpy views (the mask
+    engine then builds its tables from them)."""
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Byte length of each token, 0 for None."""
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Where each token's bytes start in :attr:`flat_bytes` (``vocab_size + 1`` entries)."""
+
+    @property
+    def flat_bytes(self) -> np.ndarray:
+        """All token bytes concatenated in id order."""
+
+
 # ---------------------------------------------------------------------- helpers
 
-def _backend_of(tokenizer: Any) -> Any:
+def _backend_of(tokenizer: object) -> Tokenizer | None:
     """The ``tokenizers.Tokenizer`` behind a fast HF tokenizer, the object itself if it
     is one, else None."""
     try:
@@ -447,7 +495,7 @@ def _decoder_types(node: Any) -> list[dict[str, Any]]:
     return [node]
 
 
-def _detect_scheme(backend: Any, vocab: dict[str, int]) -> tuple[str, bool]:
+def _detect_scheme(backend: Tokenizer | None, vocab: dict[str, int]) -> tuple[str, bool]:
     """Return ``(scheme, byte_fallback)`` from the backend decoder, else from content."""
     if backend is not None and backend.decoder is not None:
         nodes = _decoder_types(json.loads(backend.decoder.__getstate__()))
