@@ -118,7 +118,7 @@ class CappedMatcher(Matcher):
         tail, seen, n, otail = self._marks[-1]
         return otail is None and not seen and n >= self.cap and not self.is_terminated()
 
-    def _candidates_now(self) -> np.ndarray:
+    def _candidates_now(self) -> NDArray[np.uint32]:
         return self._cand[_partial(self._marks[-1][0], self.marker)]
 
     def _sync_marks(self) -> None:
@@ -183,22 +183,22 @@ class CappedMatcher(Matcher):
         return m
 
     # -- masks ----------------------------------------------------------------------------------
-    def _mask_words(self) -> np.ndarray:
+    def _mask_words(self) -> NDArray[np.uint32]:
         words = super()._mask_words()
         return words & self._candidates_now() if self._forcing() else words
 
-    def forbidden_token_ids(self) -> np.ndarray | None:
+    def forbidden_token_ids(self) -> NDArray[np.int64] | None:
         """As :meth:`Matcher.forbidden_token_ids`; None while the marker is forced."""
         if self._forcing():
             return None
         return super().forbidden_token_ids()
 
-    def _cached_words(self) -> np.ndarray | None:
+    def _cached_words(self) -> NDArray[np.uint32] | None:
         if self._forcing():
             return None
         return super()._cached_words()
 
-    def _budget_words(self, budget: int) -> tuple[np.ndarray, bool]:
+    def _budget_words(self, budget: int) -> tuple[NDArray[np.uint32], bool]:
         words, narrowed = super()._budget_words(budget)
         return (words & self._candidates_now(), narrowed) if self._forcing() else (words, narrowed)
 
@@ -212,5 +212,5 @@ class CappedMatcher(Matcher):
         return (rest + super().forced_bytes(limit, after=rest))[:limit]
 
 
-def _has(words: np.ndarray, tid: int) -> bool:
+def _has(words: NDArray[np.uint32], tid: int) -> bool:
     return bool((int(words[tid >> 5]) >> (tid & 31)) & 1)

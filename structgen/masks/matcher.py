@@ -104,7 +104,7 @@ def _bitmask_kind(bitmask: Bitmask, words: int) -> bool:
     return is_numpy
 
 
-def _write_row(view: np.ndarray, words: np.ndarray, nw: int, wide: bool) -> None:
+def _write_row(view: NDArray[np.uint32], words: NDArray[np.uint32], nw: int, wide: bool) -> None:
     """``view[:nw] = words`` and zeros beyond; a read-only array is a MatcherUsageError."""
     try:
         view[:nw] = words
@@ -416,7 +416,7 @@ class Matcher:
         return len(self._hist) - 1
 
     # -- masks ------------------------------------------------------------------------------
-    def _mask_words(self) -> np.ndarray:
+    def _mask_words(self) -> NDArray[np.uint32]:
         cid = self._hist[-1]
         vt = self._vt
         if cid == _TERMINATED:
@@ -449,7 +449,7 @@ class Matcher:
         if free.visits >= 0:
             self._visit(free)
 
-    def _cached_words(self) -> np.ndarray | None:
+    def _cached_words(self) -> NDArray[np.uint32] | None:
         """The current mask's words if the engine has them cached (no walk), else None."""
         cid = self._hist[-1]
         if cid == _TERMINATED or cid < 0:
@@ -461,7 +461,7 @@ class Matcher:
         m = self._masks.cached_mask(cid, self._vt)
         return m if eng.epoch == ep else None
 
-    def forbidden_token_ids(self) -> np.ndarray | None:
+    def forbidden_token_ids(self) -> NDArray[np.int64] | None:
         """The token ids the grammar forbids now when they are few (at most
         :data:`~structgen.masks.engine.FREE_MAX_FORBIDDEN`: free text between triggers, say),
         else None. Ascending int64, read-only; EOS is among them when the input may not end
@@ -496,7 +496,7 @@ class Matcher:
                 if self._free.get(self._hist[-1]) is free:
                     self._masks.add_jumps(self._hist[-1], self._vt, free)
 
-    def get_bitmask_words(self) -> np.ndarray:
+    def get_bitmask_words(self) -> NDArray[np.uint32]:
         """The current mask as packed uint32 words ``[ceil(vocab_size/32)]`` (read-only view)."""
         return self._mask_words()
 
@@ -547,7 +547,7 @@ class Matcher:
         return out
 
     # -- token budget (structgen.masks.budget) ---------------------------------------------
-    def _budget_words(self, budget: int) -> tuple[np.ndarray, bool]:
+    def _budget_words(self, budget: int) -> tuple[NDArray[np.uint32], bool]:
         """(the mask under the budget rule with ``budget`` tokens left, whether the rule
         removed a token the grammar allows)."""
         eng = self._eng
@@ -566,7 +566,7 @@ class Matcher:
             budget = int(budget)
             return bt.mask(cid, words, budget), bt.narrows(cid, budget)
 
-    def budget_mask_words(self, budget: int) -> tuple[np.ndarray, bool]:
+    def budget_mask_words(self, budget: int) -> tuple[NDArray[np.uint32], bool]:
         """The current mask under the budget rule (:mod:`structgen.masks.budget`) with
         ``budget`` tokens left, this position included, as packed uint32 words; and whether
         the rule removed a token the grammar allows here. A token is kept when the first
@@ -749,7 +749,7 @@ def fill_bitmasks(matchers: Iterable[Matcher | None], bitmask: Bitmask, rows: It
         raise MatcherUsageError("fill_bitmasks was given the same row twice")
     if not ms:
         return
-    words: list[np.ndarray | None] = [None] * len(ms)
+    words: list[NDArray[np.uint32] | None] = [None] * len(ms)
     pending: dict[int, list[int]] = {}  # id(engine) -> matcher indices whose mask is not cached
     for i, m in enumerate(ms):
         if m is None:

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, runtime_checkable
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from structgen.errors import VocabularyError
 
@@ -299,7 +300,7 @@ class Vocabulary:
     # ------------------------------------------------------------------ numpy views
 
     @property
-    def lengths(self) -> np.ndarray:
+    def lengths(self) -> NDArray[np.int32]:
         """int32 ``[vocab_size]``: byte length of each token, 0 for None. Read-only."""
         arr = self._cache.get("lengths")
         if arr is None:
@@ -310,7 +311,7 @@ class Vocabulary:
         return arr
 
     @property
-    def offsets(self) -> np.ndarray:
+    def offsets(self) -> NDArray[np.int64]:
         """int64 ``[vocab_size + 1]``: token ``i``'s bytes are
         ``flat_bytes[offsets[i]:offsets[i + 1]]`` (CSR layout). Read-only."""
         arr = self._cache.get("offsets")
@@ -322,7 +323,7 @@ class Vocabulary:
         return arr
 
     @property
-    def flat_bytes(self) -> np.ndarray:
+    def flat_bytes(self) -> NDArray[np.uint8]:
         """uint8 ``[sum(lengths)]``: all token bytes concatenated in id order. Read-only."""
         arr = self._cache.get("flat_bytes")
         if arr is None:
@@ -332,7 +333,7 @@ class Vocabulary:
         return arr
 
     @property
-    def ids_by_length(self) -> np.ndarray:
+    def ids_by_length(self) -> NDArray[np.int32]:
         """int32 ``[num_text_tokens]``: ids of tokens with bytes (None ids excluded),
         sorted by byte length ascending, ties by id. Read-only."""
         arr = self._cache.get("ids_by_length")
@@ -350,7 +351,7 @@ class Vocabulary:
         return int(self.lengths.max()) if self._size else 0
 
     @property
-    def byte_matrix(self) -> np.ndarray:
+    def byte_matrix(self) -> NDArray[np.uint8]:
         """uint8 ``[vocab_size, max(1, max_token_length)]``: row ``i`` holds token ``i``'s
         bytes left-aligned, zero-padded (use :attr:`lengths` to know where they end;
         None tokens are all-zero rows of length 0). Read-only. Memory: V x L bytes
@@ -454,15 +455,15 @@ class FlatVocabLike(VocabLike, Protocol):
     engine then builds its tables from them)."""
 
     @property
-    def lengths(self) -> np.ndarray:
+    def lengths(self) -> ArrayLike:
         """Byte length of each token, 0 for None."""
 
     @property
-    def offsets(self) -> np.ndarray:
+    def offsets(self) -> ArrayLike:
         """Where each token's bytes start in :attr:`flat_bytes` (``vocab_size + 1`` entries)."""
 
     @property
-    def flat_bytes(self) -> np.ndarray:
+    def flat_bytes(self) -> ArrayLike:
         """All token bytes concatenated in id order."""
 
 
