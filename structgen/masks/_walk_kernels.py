@@ -15,12 +15,16 @@ is then resumable: it returns where it stopped, the runtime grows its tables, an
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
 from structgen.grammar.native import DONE, NEED_GROW, UNKNOWN, expand, njit, succ_row
+
+if TYPE_CHECKING:  # pragma: no cover
+    # the runtime's compiled tables (``RuntimeTables.T``) as the kernels see them
+    from structgen.grammar.native import Tables
 
 # the array types of the kernels' arguments
 U8s = NDArray[np.uint8]
@@ -61,24 +65,6 @@ class TextArgs(NamedTuple):
     sp: I64s
 
 
-class WalkTables(Protocol):
-    """The fields of the runtime's compiled tables (``RuntimeTables.T``, layout in
-    :mod:`structgen.grammar.runtime`) that the walks read: configuration rows and their loop /
-    memo tables, and the same for the rule states of call-free rules (``state_*``)."""
-
-    trans: I32s
-    accepting: NDArray[np.bool_]
-    loop_bytes: U64s
-    loop_known: U64s
-    slice_memo: I8s
-    utf8_memo: I8s
-    state_trans: I32s
-    state_accepting: NDArray[np.bool_]
-    state_loop_bytes: U64s
-    state_loops_known: U8s
-    state_slice_memo: I8s
-    state_utf8_memo: I8s
-
 SLICED = -5  # walk: the node's state read the text slice (its slice tokens are set)
 SLICED_KILL = -6  # ... and rejects "plain text then a control byte" (slice_from answered 3)
 
@@ -94,7 +80,7 @@ def _loops(trans: I32s, t: int, loopset: U64s, loopok: U8s) -> None:
 
 
 @njit(cache=True, nogil=True)
-def _step(T: WalkTables, gmode: bool, trans: I32s, s: int, b: int) -> KInt:
+def _step(T: Tables, gmode: bool, trans: I32s, s: int, b: int) -> KInt:
     """The successor of state ``s`` on byte ``b`` (a rule state with ``gmode``: its row is
     expanded whole; else a configuration: one entry computed): a state, DEAD or NEED_GROW."""
     t = trans[s, b]
@@ -160,7 +146,7 @@ def _loop_check(trans: I32s, loop_bytes: U64s, loop_known: U64s, t: int, suf: U6
 
 
 @njit(cache=True, nogil=True)
-def _loop_learn(T: WalkTables, trans: I32s, loop_bytes: U64s, loop_known: U64s, t: int, suf: U64s, i: int,
+def _loop_learn(T: Tables, trans: I32s, loop_bytes: U64s, loop_known: U64s, t: int, suf: U64s, i: int,
                 first: int, nw: int) -> KInt:
     """:func:`_loop_check`, computing the successors it asks for: 1, 0 or NEED_GROW (the
     walk's fast path reads the loop bits already known without this call)."""
@@ -200,7 +186,7 @@ _U8_BUDGET = 64  # (state, UTF-8 state) pairs one multibyte-loop check may visit
 
 
 @njit(cache=True, nogil=True)
-def u8_loop(T: WalkTables, gmode: bool, t: int) -> KInt:
+def u8_loop(T: Tables, gmode: bool, t: int) -> KInt:
     """Whether every multibyte UTF-8 character leads from state ``t`` (a rule state with
     ``gmode``, else a configuration) back to ``t``, every proper prefix of it staying
     alive: then from ``t`` a byte string of well-formed characters (its last one possibly
@@ -243,8 +229,8 @@ def u8_loop(T: WalkTables, gmode: bool, t: int) -> KInt:
 
 
 @njit(cache=True, nogil=True)
-def walk(trie: TrieArrays, T: WalkTables, gmode: bool, i: int, end: int, st: I32s, tn: U8s, split: bool,
-         words: U32s, unc: I64s, cnt: I64s, text: TextArgs) -> tuple[int, int]:
+def walk(trie: TrieArrays, T: Tables, gmode: bool, i: int, end: int, st: I32s, tn: U8s, split: bool,
+         words: U32s, unc: I64s, cnt: I64s, text: TextArgs) -> tuple[int, KInt]:
     """Depth-first walk of nodes ``[i, end)`` of ``trie`` (a :data:`TrieArrays`); ``st[d]`` is
     the state after the first ``d`` bytes of the current path (``st[depth[i] - 1]`` set by the
     caller). States are configurations, or with ``gmode`` rule states of a call-free rule (a
@@ -380,8 +366,8 @@ def walk(trie: TrieArrays, T: WalkTables, gmode: bool, i: int, end: int, st: I32
 
 
 @njit(cache=True, nogil=True)
-def walk_ids(id_off: I64s, id_len: I64s, blob: U8s, T: WalkTables, gmode: bool, start: int, ids: I64s,
-             pos: I64s, words: U32s, split: bool, unc: I64s, cnt: I64s) -> int:
+def walk_ids(id_off: I64s, id_len: I64s, blob: U8s, T: Tables, gmode: bool, start: int, ids: I64s,
+             pos: I64s, words: U32s, split: bool, unc: I64s, cnt: I64s) -> KInt:
     """Walk tokens ``ids[pos[0]:]`` from state ``start``, OR-ing the accepted ones into
     ``words`` (tokens already set are skipped). With ``split``, a token that dies after
     passing an accepting state (after its first byte or later) is appended to ``unc``
@@ -448,7 +434,7 @@ def walk_ids(id_off: I64s, id_len: I64s, blob: U8s, T: WalkTables, gmode: bool, 
 
 
 @njit(cache=True, nogil=True)
-def slice_from(T: WalkTables, gmode: bool, s: int, q0: int, pd: I8s, depth: int, budget: int,
+def slice_from(T: Tables, gmode: bool, s: int, q0: int, pd: I8s, depth: int, budget: int,
                width: int) -> KInt:
     """Whether every byte string of at most ``depth`` bytes that the slice automaton ``pd``
     (int8 ``[P, 256]``, -1 = no edge) reads from its state ``q0`` (the last character cut or not) can
@@ -550,8 +536,8 @@ def slice_from(T: WalkTables, gmode: bool, s: int, q0: int, pd: I8s, depth: int,
 
 @njit(cache=True, nogil=True)
 def walk_sliced(full: TrieArrays, rest: TrieArrays, rest_node: I64s, rest_kill: TrieArrays,
-                rest_kill_node: I64s, text: TextArgs, T: WalkTables, gmode: bool, start: int, pos: I64s,
-                st: I32s, tn: U8s, split: bool, words: U32s, unc: I64s, cnt: I64s) -> int:
+                rest_kill_node: I64s, text: TextArgs, T: Tables, gmode: bool, start: int, pos: I64s,
+                st: I32s, tn: U8s, split: bool, words: U32s, unc: I64s, cnt: I64s) -> KInt:
     """The walk of :func:`walk` from ``start`` over the whole vocabulary (trie ``full``), taking
     the text slice whole where it can: at the root, and at every node of more than ``sp[3]``
     descendants whose path so far is plain text, when the node's state can read the slice
@@ -617,7 +603,7 @@ def walk_sliced(full: TrieArrays, rest: TrieArrays, rest_node: I64s, rest_kill: 
 
 
 @njit(cache=True, nogil=True)
-def walk_ends(trie: TrieArrays, T: WalkTables, i: int, end: int, st: I32s, out: I32s) -> tuple[int, int]:
+def walk_ends(trie: TrieArrays, T: Tables, i: int, end: int, st: I32s, out: I32s) -> tuple[int, int]:
     """The configuration each token leads to: a depth-first walk of nodes ``[i, end)`` of
     ``trie`` from configuration ``st[0]`` that writes, for every token slot ``q`` whose bytes
     stay alive, the configuration after them into ``out[q]`` (slots of dead tokens are left
