@@ -38,6 +38,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from structgen.errors import VocabularyError
+from structgen.json_types import JsonObject, JsonValue
 
 if TYPE_CHECKING:  # pragma: no cover
     from tokenizers import Tokenizer
@@ -152,7 +153,7 @@ class Vocabulary:
     @classmethod
     def from_tokenizer(
         cls,
-        tokenizer: Any,
+        tokenizer: object,
         vocab_size: int | None = None,
         *,
         eos_token_ids: Iterable[int] = (),
@@ -485,15 +486,23 @@ def _backend_of(tokenizer: object) -> Tokenizer | None:
     return backend if isinstance(backend, Tokenizer) else None
 
 
-def _decoder_types(node: Any) -> list[dict[str, Any]]:
+def _decoder_types(node: JsonValue) -> list[JsonObject]:
     if not isinstance(node, dict):
         return []
     if node.get("type") == "Sequence":
-        out: list[dict[str, Any]] = []
-        for child in node.get("decoders", []):
+        out: list[JsonObject] = []
+        children = node.get("decoders", [])
+        for child in children if isinstance(children, list) else []:
             out.extend(_decoder_types(child))
         return out
     return [node]
+
+
+def _is_space_replace(node: JsonObject) -> bool:
+    """Whether a decoder node is SentencePiece's ``Replace('▁', ' ')``."""
+    pattern = node.get("pattern", {})
+    return (node.get("type") == "Replace" and isinstance(pattern, dict) and pattern.get("String") == _SP_SPACE
+            and node.get("content") == " ")
 
 
 def _detect_scheme(backend: Tokenizer | None, vocab: dict[str, int]) -> tuple[str, bool]:
@@ -503,9 +512,7 @@ def _detect_scheme(backend: Tokenizer | None, vocab: dict[str, int]) -> tuple[st
         types = [n.get("type") for n in nodes]
         if "ByteLevel" in types:
             return "byte_level", False
-        sp_replace = any(n.get("type") == "Replace"
-                         and n.get("pattern", {}).get("String") == _SP_SPACE
-                         and n.get("content") == " " for n in nodes)
+        sp_replace = any(_is_space_replace(n) for n in nodes)
         if "Metaspace" in types or sp_replace:
             fallback = "ByteFallback" in types or bool(getattr(backend.model, "byte_fallback",
                                                                False))
