@@ -26,12 +26,11 @@ grammar's shared runtime (:class:`~structgen.grammar.runtime.Runtime`) and mask 
 from __future__ import annotations
 
 import hashlib
-import operator
 import threading
 import weakref
 from collections.abc import Iterable
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, SupportsIndex, TypeAlias, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
@@ -39,15 +38,20 @@ from numpy.typing import NDArray
 from structgen.errors import MatcherUsageError
 from structgen.grammar.compiled import CompiledGrammar
 from structgen.grammar.runtime import STALE, Runtime
+from structgen.masks.buffers import (
+    bitmask_kind,
+    bitmask_target,
+    bitmask_words,
+    row_index,
+    whole_number,
+    write_row,
+)
 from structgen.masks.engine import FREE_JUMPS_AFTER, FreeState, engine_for
 from structgen.masks.vocab import FlatVocabLike, VocabLike
 from structgen.masks.vocab_table import VocabTable
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
-
-    #: A packed token bitmask: int32 ``[rows, >= ceil(vocab_size / 32)]``, numpy or torch.
-    Bitmask: TypeAlias = NDArray[np.int32] | torch.Tensor
+    from structgen.masks.buffers import Bitmask, Target
 
 __all__ = ["Matcher", "vocab_table", "bitmask_words", "fill_bitmasks", "whole_number"]
 
@@ -56,92 +60,6 @@ _TERMINATED = -3  # history marker: EOS was accepted
 _VT_LOCK = threading.Lock()
 _VT_CACHE: weakref.WeakKeyDictionary[VocabLike, VocabTable] = weakref.WeakKeyDictionary()
 _VT_BY_HASH: dict[str, VocabTable] = {}
-
-
-def bitmask_words(vocab_size: int) -> int:
-    """Number of int32 words per bitmask row: ``ceil(vocab_size / 32)``."""
-    return (vocab_size + 31) // 32
-
-
-def whole_number(name: str, value: object, least: int) -> int:
-    """``value`` as an int of at least ``least`` (ints, numpy integers, 0-d integer
-    tensors; not bools or floats), else :class:`MatcherUsageError` naming ``name``."""
-    if isinstance(value, bool):
-        raise MatcherUsageError(f"{name} must be an integer, not a bool")
-    try:
-        v = operator.index(cast(SupportsIndex, value))  # raises TypeError for anything else
-    except TypeError:
-        raise MatcherUsageError(f"{name} must be an integer, not {type(value).__name__}") from None
-    if v < least:
-        raise MatcherUsageError(f"{name} must be >= {least}, not {v}")
-    return v
-
-
-_INT32 = np.dtype(np.int32)
-
-
-def _bitmask_kind(bitmask: Bitmask, words: int) -> bool:
-    """Check that ``bitmask`` is a 2-d int32 numpy array or torch tensor with at least
-    ``words`` columns; returns True for numpy. Raises :class:`MatcherUsageError`. (A
-    read-only array is reported when written: :func:`_write_row`.) Cheap: the hot path
-    calls it once per mask."""
-    if isinstance(bitmask, np.ndarray):
-        dt = bitmask.dtype
-        if dt is not _INT32 and dt != _INT32:
-            raise MatcherUsageError(f"bitmask must be int32, not {dt}")
-        is_numpy = True
-    elif type(bitmask).__module__.startswith("torch") and hasattr(bitmask, "device"):
-        if str(bitmask.dtype) != "torch.int32":
-            raise MatcherUsageError(f"bitmask must be torch.int32, not {bitmask.dtype}")
-        is_numpy = False
-    else:
-        raise MatcherUsageError("bitmask must be an int32 numpy array or torch tensor, not "
-                                f"{type(bitmask).__name__}")
-    shape = bitmask.shape
-    if len(shape) != 2 or shape[1] < words:
-        raise MatcherUsageError(f"bitmask must have shape [rows, >= {words}] (ceil(vocab_size / 32) "
-                                f"int32 words per row), not {list(shape)}")
-    return is_numpy
-
-
-def _write_row(view: NDArray[np.uint32], words: NDArray[np.uint32], nw: int, wide: bool) -> None:
-    """``view[:nw] = words`` and zeros beyond; a read-only array is a MatcherUsageError."""
-    try:
-        view[:nw] = words
-        if wide:
-            view[nw:] = 0
-    except ValueError as e:
-        if not view.flags.writeable:
-            raise MatcherUsageError("bitmask is a read-only array") from None
-        raise MatcherUsageError(f"cannot write the bitmask: {e}") from None
-
-
-# What :meth:`Matcher.fill_bitmask` keeps about the last buffer it was given (checked once per
-# buffer, not per call): (the buffer, its host memory as uint32 ``[rows, W]`` -- a numpy view of
-# a numpy array or CPU tensor, None for a device tensor --, rows, W > words, the CPU tensor's
-# data pointer (-1 for numpy: an array with views cannot be resized in place)).
-_Target: TypeAlias = "tuple[Bitmask, NDArray[np.uint32] | None, int, bool, int]"
-
-
-def _bitmask_target(bitmask: Bitmask, words: int) -> _Target:
-    """:data:`_Target` of ``bitmask`` (checked with :func:`_bitmask_kind`)."""
-    _bitmask_kind(bitmask, words)
-    rows, wide = int(bitmask.shape[0]), int(bitmask.shape[1]) > words
-    if isinstance(bitmask, np.ndarray):
-        return bitmask, bitmask.view(np.uint32), rows, wide, -1
-    if bitmask.device.type == "cpu":
-        return bitmask, bitmask.numpy().view(np.uint32), rows, wide, int(bitmask.data_ptr())
-    return bitmask, None, rows, wide, -1
-
-
-def _row_index(row: object, rows: int) -> int:
-    """``row`` checked against ``rows``: an integer in ``[0, rows)`` (negative indices are a
-    caller bug here, not Python's count from the end)."""
-    if type(row) is not int:
-        row = whole_number("row", row, 0)
-    if not 0 <= row < rows:
-        raise MatcherUsageError(f"row {row} is out of range for a bitmask of {rows} rows")
-    return row
 
 
 def vocab_table(vocab: VocabLike) -> VocabTable:
@@ -217,7 +135,7 @@ class Matcher:
         self._free = self._masks.free_states(self._vt)
         self._steps = self._masks.step_shortcuts(self._vt)
         self._max_rollback = max_rollback
-        self._bm_ok: _Target | None = None  # the last bitmask checked
+        self._bm_ok: Target | None = None  # the last bitmask checked
         self._hist: list[int] = []
         self._epoch = 0
         self.reset()
@@ -516,19 +434,19 @@ class Matcher:
         if ok is None or ok[0] is not bitmask or (ok[4] >= 0 and not isinstance(bitmask, np.ndarray)
                                                   and bitmask.data_ptr() != ok[4]):
             # checked once per buffer (and again if a CPU tensor's storage moved: resize_, set_)
-            ok = self._bm_ok = _bitmask_target(bitmask, self._vt.num_words)
+            ok = self._bm_ok = bitmask_target(bitmask, self._vt.num_words)
         _, host, rows, wide, _ptr = ok
         if type(row) is not int or not 0 <= row < rows:
-            row = _row_index(row, rows)
+            row = row_index(row, rows)
         words = self._mask_words() if budget is None else self._budget_words(budget)[0]  # uint32
         if host is not None:  # numpy array or CPU tensor: written through the cached uint32 view
             if wide:
-                _write_row(host[row], words, words.shape[0], True)
+                write_row(host[row], words, words.shape[0], True)
                 return
             try:
                 host[row] = words
             except ValueError:
-                _write_row(host[row], words, words.shape[0], False)  # raises the usage error
+                write_row(host[row], words, words.shape[0], False)  # raises the usage error
             return
         # a device tensor: the tensor's own constructor (this layer never imports torch)
         assert not isinstance(bitmask, np.ndarray)  # numpy arrays have a host view
@@ -738,13 +656,13 @@ def fill_bitmasks(matchers: Iterable[Matcher | None], bitmask: Bitmask, rows: It
             raise MatcherUsageError(f"fill_bitmasks takes Matchers (or None), not {type(m).__name__}")
         if m is not None:
             nw = max(nw, m._vt.num_words)
-    _bitmask_kind(bitmask, nw)
+    bitmask_kind(bitmask, nw)
     nrows = int(bitmask.shape[0])
     rws = list(range(len(ms))) if rows is None else [whole_number("row", r, 0) for r in rows]
     if len(rws) != len(ms):
         raise MatcherUsageError(f"{len(ms)} matchers but {len(rws)} rows")
     for r in rws:
-        _row_index(r, nrows)
+        row_index(r, nrows)
     if len(set(rws)) != len(rws):
         raise MatcherUsageError("fill_bitmasks was given the same row twice")
     if not ms:
