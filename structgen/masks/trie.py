@@ -113,7 +113,7 @@ def _warm_tables(arrays: TrieArrays, offs: NDArray[np.int64], lens: NDArray[np.i
         wk.slice_from(tab.T, gmode, g if gmode else c, 0, TEXT_AUTOMATON, 4, 128, 16)
         for split in (False, True):
             text = TextArgs(np.zeros(3, np.int64), TEXT_AUTOMATON, sps, ids,
-                               np.array([4, 128, 16, 1], np.int64))
+                            np.array([4, 128, 16, 1], np.int64))
             wk.walk_sliced(arrays, arrays, cnode, arrays, cnode, text, tab.T, gmode, g if gmode else c,
                            np.array([0, -1, 0, 0], np.int64), st, tn, split, words, unc, cnt)
 
