@@ -24,6 +24,12 @@ import sys
 import time
 from collections.abc import Sequence
 
+import numpy as np
+
+import structgen
+from structgen.grammar.native import COMPILED
+from structgen.masks import trie
+
 __all__ = ["main", "warm_native_kernels"]
 
 _SCHEMA = {
@@ -46,12 +52,6 @@ _REGEX = r"[A-Z][a-z]{2,8}( [0-9]+)?"
 def warm_native_kernels() -> bool:
     """Run the workload (see the module docstring); False when the kernels are not native
     (numba missing or switched off), so nothing was cached."""
-    import numpy as np
-
-    import structgen
-    from structgen.grammar.native import COMPILED
-    from structgen.masks import trie
-
     if not COMPILED:
         return False
     trie.available()  # loads (or compiles) the trie, runtime and walk kernels

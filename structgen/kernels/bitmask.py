@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from structgen.masks.matcher import bitmask_words, whole_number
+from structgen.masks.buffers import bitmask_words, whole_number
 
 __all__ = ["allocate_bitmask"]
 

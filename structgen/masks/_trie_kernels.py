@@ -1,4 +1,4 @@
-"""numba kernels behind :mod:`structgen.masks.trie` (imported only when numba is available).
+"""numba kernels behind :mod:`structgen.masks.trie` (used only when numba is available).
 
 All kernels are compiled on first use and cached on disk (``cache=True``), release the GIL,
 and never allocate per token. Masks are packed uint32 words: bit ``t & 31`` of word
@@ -8,11 +8,21 @@ and never allocate per token. Masks are packed uint32 words: bit ``t & 31`` of w
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numpy.typing import NDArray
+
+from structgen.grammar.native import njit
+
+# the array types of the kernels' arguments
+U8s = NDArray[np.uint8]
+I8s = NDArray[np.int8]
+I32s = NDArray[np.int32]
+I64s = NDArray[np.int64]
+U32s = NDArray[np.uint32]
+U64s = NDArray[np.uint64]
 
 
 @njit(cache=True, nogil=True)
-def _lcp(flat, offs, lens, k):  # type: ignore[no-untyped-def]
+def _lcp(flat: U8s, offs: I64s, lens: I64s, k: int) -> int:
     if k == 0:
         return 0
     a, b = offs[k - 1], offs[k]
@@ -24,7 +34,7 @@ def _lcp(flat, offs, lens, k):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def count_nodes(flat, offs, lens):  # type: ignore[no-untyped-def]
+def count_nodes(flat: U8s, offs: I64s, lens: I64s) -> int:
     """Number of distinct non-empty prefixes of the (byte-sorted) tokens."""
     n = 0
     for k in range(lens.size):
@@ -33,7 +43,7 @@ def count_nodes(flat, offs, lens):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def _parents(depth):  # type: ignore[no-untyped-def]
+def _parents(depth: I32s) -> I64s:
     """The parent of every node of a depth-first trie (``depth[0] = 0`` is the root): the
     last shallower node before it."""
     n = depth.shape[0] - 1
@@ -50,7 +60,8 @@ def _parents(depth):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def build_nodes(flat, offs, lens, byte, depth, skip, lo, own, suf):  # type: ignore[no-untyped-def]
+def build_nodes(flat: U8s, offs: I64s, lens: I64s, byte: U8s, depth: I32s, skip: I32s, lo: I32s,
+                own: I32s, suf: U64s) -> None:
     """Fill the depth-first node arrays from byte-sorted tokens (see structgen.masks.trie)."""
     maxlen = 0
     for k in range(lens.size):
@@ -92,7 +103,7 @@ def build_nodes(flat, offs, lens, byte, depth, skip, lo, own, suf):  # type: ign
 
 
 @njit(cache=True, nogil=True)
-def utf8_ok(byte, depth, u8, wf):  # type: ignore[no-untyped-def]
+def utf8_ok(byte: U8s, depth: I32s, u8: I8s, wf: U8s) -> None:
     """``wf[i] = 1`` where every byte string below trie node ``i``, read from a character
     boundary by the UTF-8 automaton ``u8`` (int8 ``[8, 256]``), stays well-formed (its last
     character may be cut). Bottom-up over the depth-first order with one bit per automaton
@@ -113,7 +124,7 @@ def utf8_ok(byte, depth, u8, wf):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def loop_split(slot_bytes, slot_ids, nonloop, words):  # type: ignore[no-untyped-def]
+def loop_split(slot_bytes: U64s, slot_ids: I64s, nonloop: U64s, words: U32s) -> I64s:
     """Set the tokens whose bytes are all in the looping set; return the ids of the others."""
     out = np.empty(slot_ids.size, dtype=np.int64)
     m = 0
@@ -130,7 +141,7 @@ def loop_split(slot_bytes, slot_ids, nonloop, words):  # type: ignore[no-untyped
 
 
 @njit(cache=True, nogil=True)
-def match_nodes(byte, depth, cbyte, cdepth, cskip, out):  # type: ignore[no-untyped-def]
+def match_nodes(byte: U8s, depth: I32s, cbyte: U8s, cdepth: I32s, cskip: I32s, out: I64s) -> None:
     """For every node of a trie, the node of the same path in a sub-trie (a trie of some of
     the same tokens, also depth-first in byte order), or -1: both orders agree, so one merge
     pass matches them (``cm[d]``: the sub-trie node matched at depth ``d``)."""
@@ -153,7 +164,7 @@ def match_nodes(byte, depth, cbyte, cdepth, cskip, out):  # type: ignore[no-unty
 
 
 @njit(cache=True, nogil=True)
-def row_shape(row, lab, tg):  # type: ignore[no-untyped-def]
+def row_shape(row: I32s, lab: U8s, tg: I32s) -> int:
     """The shape of a transition row (int32 ``[256]``): ``lab[b]`` the rank of ``row[b]``
     among the row's distinct targets in first-occurrence order, ``tg[:n]`` those targets;
     returns ``n``."""

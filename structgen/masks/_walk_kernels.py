@@ -15,26 +15,61 @@ is then resumable: it returns where it stopped, the runtime grows its tables, an
 
 from __future__ import annotations
 
-from collections import namedtuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from structgen.grammar.native import DONE, NEED_GROW, UNKNOWN, expand, njit, succ_row
 
-#: A vocabulary trie's node arrays (layout in :mod:`structgen.masks.trie`), passed to the walks
-#: as one argument (numba types a namedtuple of arrays as a tuple of array structs).
-TrieArrays = namedtuple("TrieArrays", ["byte", "depth", "skip", "lo", "own", "suf", "wf", "slot_ids"])
-#: The text slice as a walk reads it: ``pq`` (int64 ``[max depth + 1]``, scratch: the slice
-#: automaton's state after each byte of the current path), ``pd`` (the slice automaton, int8
-#: ``[P, 256]``), ``sps`` / ``sids`` (see :class:`structgen.masks.trie.TextSlice`) and ``sp``
-#: (int64 ``[4]``: slice depth, budget, width, node threshold; threshold -1 = no slice).
-TextArgs = namedtuple("TextArgs", ["pq", "pd", "sps", "sids", "sp"])
+if TYPE_CHECKING:  # pragma: no cover
+    # the runtime's compiled tables (``RuntimeTables.T``) as the kernels see them
+    from structgen.grammar.native import Tables
+
+# the array types of the kernels' arguments
+U8s = NDArray[np.uint8]
+I8s = NDArray[np.int8]
+I32s = NDArray[np.int32]
+I64s = NDArray[np.int64]
+U32s = NDArray[np.uint32]
+U64s = NDArray[np.uint64]
+
+#: An integer a kernel returns: an int64 (compiled), or an int or int64 (run as plain Python).
+KInt = int | np.int64
+
+
+class TrieArrays(NamedTuple):
+    """A vocabulary trie's node arrays (layout in :mod:`structgen.masks.trie`), passed to the walks
+    as one argument (numba types a namedtuple of arrays as a tuple of array structs)."""
+
+    byte: U8s
+    depth: I32s
+    skip: I32s
+    lo: I32s
+    own: I32s
+    suf: U64s
+    wf: U8s
+    slot_ids: I64s
+
+
+class TextArgs(NamedTuple):
+    """The text slice as a walk reads it: ``pq`` (int64 ``[max depth + 1]``, scratch: the slice
+    automaton's state after each byte of the current path), ``pd`` (the slice automaton, int8
+    ``[P, 256]``), ``sps`` / ``sids`` (see :class:`structgen.masks.trie.TextSlice`) and ``sp``
+    (int64 ``[4]``: slice depth, budget, width, node threshold; threshold -1 = no slice)."""
+
+    pq: I64s
+    pd: I8s
+    sps: I64s
+    sids: I64s
+    sp: I64s
+
 
 SLICED = -5  # walk: the node's state read the text slice (its slice tokens are set)
 SLICED_KILL = -6  # ... and rejects "plain text then a control byte" (slice_from answered 3)
 
 @njit(cache=True, nogil=True)
-def _loops(trans, t, loopset, loopok):  # type: ignore[no-untyped-def]
+def _loops(trans: I32s, t: int, loopset: U64s, loopok: U8s) -> None:
     """Bytes on which state ``t`` (row known) steps to itself, as 4 x uint64."""
     for w in range(4):
         loopset[t, w] = 0
@@ -45,22 +80,22 @@ def _loops(trans, t, loopset, loopok):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def _step(T, gmode, trans, s, b):  # type: ignore[no-untyped-def]
+def _step(T: Tables, gmode: bool, trans: I32s, s: int, b: int) -> KInt:
     """The successor of state ``s`` on byte ``b`` (a rule state with ``gmode``: its row is
     expanded whole; else a configuration: one entry computed): a state, DEAD or NEED_GROW."""
     t = trans[s, b]
     if t != UNKNOWN:
-        return np.int64(t)
+        return np.int64(t)  # type: ignore[no-any-return]  # numpy stubs: np.int64() is untyped
     if gmode:
         r = expand(T, s)
         if r < 0:
-            return np.int64(r)
-        return np.int64(trans[s, b])
+            return np.int64(r)  # type: ignore[no-any-return]  # numpy stubs: np.int64() is untyped
+        return np.int64(trans[s, b])  # type: ignore[no-any-return]  # numpy stubs: np.int64() is untyped
     return succ_row(T, s, b)
 
 
 @njit(cache=True, nogil=True)
-def _ctz(x):  # type: ignore[no-untyped-def]
+def _ctz(x: np.uint64) -> int:
     """Index of the lowest set bit of a non-zero uint64."""
     n = 0
     while (x & np.uint64(1)) == 0:
@@ -70,7 +105,8 @@ def _ctz(x):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def _loop_check(trans, loop_bytes, loop_known, t, suf, i, first, nw):  # type: ignore[no-untyped-def]
+def _loop_check(trans: I32s, loop_bytes: U64s, loop_known: U64s, t: int, suf: U64s, i: int, first: int,
+                nw: int) -> int:
     """Whether every byte in ``suf[i]`` (the bytes below trie node ``i``; with ``nw = 2``
     only its ASCII bytes) loops on configuration ``t``, learning loops byte by byte (``loop_bytes``
     loop bits, ``loop_known`` known bits; ``first``, the byte of the node's first child, needed next
@@ -110,18 +146,19 @@ def _loop_check(trans, loop_bytes, loop_known, t, suf, i, first, nw):  # type: i
 
 
 @njit(cache=True, nogil=True)
-def _loop_learn(T, trans, loop_bytes, loop_known, t, suf, i, first, nw):  # type: ignore[no-untyped-def]
+def _loop_learn(T: Tables, trans: I32s, loop_bytes: U64s, loop_known: U64s, t: int, suf: U64s, i: int,
+                first: int, nw: int) -> KInt:
     """:func:`_loop_check`, computing the successors it asks for: 1, 0 or NEED_GROW (the
     walk's fast path reads the loop bits already known without this call)."""
     r = _loop_check(trans, loop_bytes, loop_known, t, suf, i, first, nw)
     while r < 0:
         if succ_row(T, t, -1 - r) == NEED_GROW:
-            return np.int64(NEED_GROW)
+            return np.int64(NEED_GROW)  # type: ignore[no-any-return]  # numpy stubs: np.int64() is untyped
         r = _loop_check(trans, loop_bytes, loop_known, t, suf, i, first, nw)
-    return np.int64(r)
+    return np.int64(r)  # type: ignore[no-any-return]  # numpy stubs: np.int64() is untyped
 
 
-def _utf8_automaton() -> np.ndarray:
+def _utf8_automaton() -> I8s:
     """Well-formed UTF-8 (int8 ``[8, 256]``: state 0 = between characters, -1 = no edge):
     ASCII, and the multibyte sequences of RFC 3629 (no overlong forms, no surrogates)."""
     u = np.full((8, 256), -1, dtype=np.int8)
@@ -149,7 +186,7 @@ _U8_BUDGET = 64  # (state, UTF-8 state) pairs one multibyte-loop check may visit
 
 
 @njit(cache=True, nogil=True)
-def u8_loop(T, gmode, t):  # type: ignore[no-untyped-def]
+def u8_loop(T: Tables, gmode: bool, t: int) -> KInt:
     """Whether every multibyte UTF-8 character leads from state ``t`` (a rule state with
     ``gmode``, else a configuration) back to ``t``, every proper prefix of it staying
     alive: then from ``t`` a byte string of well-formed characters (its last one possibly
@@ -159,7 +196,7 @@ def u8_loop(T, gmode, t):  # type: ignore[no-untyped-def]
     memo = T.state_utf8_memo if gmode else T.utf8_memo
     got = memo[t]
     if got >= 0:
-        return np.int64(got)
+        return np.int64(got)  # type: ignore[no-any-return]  # numpy stubs: np.int64() is untyped
     trans = T.state_trans if gmode else T.trans
     todo = [np.int64(t) * 8]
     seen = {todo[0]}
@@ -188,11 +225,12 @@ def u8_loop(T, gmode, t):  # type: ignore[no-untyped-def]
                 seen.add(k2)
                 todo.append(k2)
     memo[t] = ok
-    return np.int64(ok)
+    return np.int64(ok)  # type: ignore[no-any-return]  # numpy stubs: np.int64() is untyped
 
 
 @njit(cache=True, nogil=True)
-def walk(trie, T, gmode, i, end, st, tn, split, words, unc, cnt, text):  # type: ignore[no-untyped-def]
+def walk(trie: TrieArrays, T: Tables, gmode: bool, i: int, end: int, st: I32s, tn: U8s, split: bool,
+         words: U32s, unc: I64s, cnt: I64s, text: TextArgs) -> tuple[int, KInt]:
     """Depth-first walk of nodes ``[i, end)`` of ``trie`` (a :data:`TrieArrays`); ``st[d]`` is
     the state after the first ``d`` bytes of the current path (``st[depth[i] - 1]`` set by the
     caller). States are configurations, or with ``gmode`` rule states of a call-free rule (a
@@ -328,8 +366,8 @@ def walk(trie, T, gmode, i, end, st, tn, split, words, unc, cnt, text):  # type:
 
 
 @njit(cache=True, nogil=True)
-def walk_ids(id_off, id_len, blob, T, gmode, start, ids, pos, words, split, unc,
-             cnt):  # type: ignore[no-untyped-def]
+def walk_ids(id_off: I64s, id_len: I64s, blob: U8s, T: Tables, gmode: bool, start: int, ids: I64s,
+             pos: I64s, words: U32s, split: bool, unc: I64s, cnt: I64s) -> KInt:
     """Walk tokens ``ids[pos[0]:]`` from state ``start``, OR-ing the accepted ones into
     ``words`` (tokens already set are skipped). With ``split``, a token that dies after
     passing an accepting state (after its first byte or later) is appended to ``unc``
@@ -396,7 +434,8 @@ def walk_ids(id_off, id_len, blob, T, gmode, start, ids, pos, words, split, unc,
 
 
 @njit(cache=True, nogil=True)
-def slice_from(T, gmode, s, q0, pd, depth, budget, width):  # type: ignore[no-untyped-def]
+def slice_from(T: Tables, gmode: bool, s: int, q0: int, pd: I8s, depth: int, budget: int,
+               width: int) -> KInt:
     """Whether every byte string of at most ``depth`` bytes that the slice automaton ``pd``
     (int8 ``[P, 256]``, -1 = no edge) reads from its state ``q0`` (the last character cut or not) can
     be read from state ``s`` (a rule state with ``gmode``, else a configuration): then every
@@ -413,7 +452,7 @@ def slice_from(T, gmode, s, q0, pd, depth, budget, width):  # type: ignore[no-un
     memo = T.state_slice_memo if gmode else T.slice_memo
     got = memo[s, q0]
     if got >= 0:
-        return np.int64(got)
+        return np.int64(got)  # type: ignore[no-any-return]  # numpy stubs: np.int64() is untyped
     trans = T.state_trans if gmode else T.trans
     accepting = T.state_accepting if gmode else T.accepting
     kill = 1
@@ -492,12 +531,13 @@ def slice_from(T, gmode, s, q0, pd, depth, budget, width):  # type: ignore[no-un
     if ok and kill:
         ok = 3
     memo[s, q0] = ok
-    return np.int64(ok)
+    return np.int64(ok)  # type: ignore[no-any-return]  # numpy stubs: np.int64() is untyped
 
 
 @njit(cache=True, nogil=True)
-def walk_sliced(full, rest, rest_node, rest_kill, rest_kill_node, text, T, gmode, start, pos, st, tn,
-                split, words, unc, cnt):  # type: ignore[no-untyped-def]
+def walk_sliced(full: TrieArrays, rest: TrieArrays, rest_node: I64s, rest_kill: TrieArrays,
+                rest_kill_node: I64s, text: TextArgs, T: Tables, gmode: bool, start: int, pos: I64s,
+                st: I32s, tn: U8s, split: bool, words: U32s, unc: I64s, cnt: I64s) -> KInt:
     """The walk of :func:`walk` from ``start`` over the whole vocabulary (trie ``full``), taking
     the text slice whole where it can: at the root, and at every node of more than ``sp[3]``
     descendants whose path so far is plain text, when the node's state can read the slice
@@ -563,7 +603,7 @@ def walk_sliced(full, rest, rest_node, rest_kill, rest_kill_node, text, T, gmode
 
 
 @njit(cache=True, nogil=True)
-def walk_ends(trie, T, i, end, st, out):  # type: ignore[no-untyped-def]
+def walk_ends(trie: TrieArrays, T: Tables, i: int, end: int, st: I32s, out: I32s) -> tuple[int, int]:
     """The configuration each token leads to: a depth-first walk of nodes ``[i, end)`` of
     ``trie`` from configuration ``st[0]`` that writes, for every token slot ``q`` whose bytes
     stay alive, the configuration after them into ``out[q]`` (slots of dead tokens are left

@@ -48,15 +48,17 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import NDArray
 
 from structgen.grammar.completion import INFINITE, LONGEST, completion_lengths
 from structgen.masks import trie as native
 
 if TYPE_CHECKING:  # pragma: no cover
-    from structgen.masks.engine import Engine, VocabTable
+    from structgen.masks.engine import Engine
+    from structgen.masks.vocab_table import VocabTable
 
 __all__ = ["BudgetTable", "UNREACHABLE"]
 
@@ -67,11 +69,14 @@ _NEXT_KEPT = 256  # per-token needs kept (one per configuration: the live tokens
 _MASKS_KEPT = 256  # narrowed masks kept, per (configuration, threshold)
 
 
-_VOCAB_PARTS: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+#: What a budget table needs of a vocabulary (see :func:`_vocab_part`)
+_VocabPart = tuple[dict[bytes, int], list[list[int]], NDArray[np.int64], NDArray[np.bool_],
+                   "native.Trie | None"]
+_VOCAB_PARTS: weakref.WeakKeyDictionary[VocabTable, _VocabPart] = weakref.WeakKeyDictionary()
 _VOCAB_LOCK = threading.Lock()
 
 
-def _vocab_part(vt: VocabTable, compiled: bool) -> tuple[Any, ...]:
+def _vocab_part(vt: VocabTable, compiled: bool) -> _VocabPart:
     """What a budget table needs of a vocabulary, built once per vocabulary: the tokens by
     their bytes (EOS left out) for greedy tokenization, the longest token's length, the
     walk's token slots (ids, and which are EOS) and the trie (None without compiled walks)."""
@@ -116,9 +121,9 @@ class BudgetTable:
         self._bound: dict[int, int] = {}  # configuration -> an upper bound of its worst next need
         # configuration -> (live token slots, U after each, the cap they were counted with):
         # vocabulary-sized arrays are not kept
-        self._next: OrderedDict[int, tuple[np.ndarray, np.ndarray, int | None]] = OrderedDict()
-        self._live: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
-        self._masks: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        self._next: OrderedDict[int, tuple[NDArray[np.int64], NDArray[np.int32], int | None]] = OrderedDict()
+        self._live: OrderedDict[int, tuple[NDArray[np.int64], NDArray[np.int32]]] = OrderedDict()
+        self._masks: OrderedDict[tuple[int, int], NDArray[np.uint32]] = OrderedDict()
         self._walk_out = np.empty(self._slot_ids.size, dtype=np.int32)  # reused by every walk
 
     def forget(self) -> None:
@@ -208,7 +213,7 @@ class BudgetTable:
         need.setdefault(cid, total)
         return need[cid]
 
-    def _ends(self, cid: int) -> np.ndarray:
+    def _ends(self, cid: int) -> NDArray[np.int32]:
         """Per token slot, the configuration its bytes lead to from ``cid`` (-1: rejected).
         The array is a buffer reused by the next call."""
         if self._trie is not None:
@@ -226,7 +231,7 @@ class BudgetTable:
             out[q] = c
         return out
 
-    def _live_ends(self, cid: int) -> tuple[np.ndarray, np.ndarray]:
+    def _live_ends(self, cid: int) -> tuple[NDArray[np.int64], NDArray[np.int32]]:
         """(the token slots that ``cid`` allows, EOS left out; the configuration each leads to)."""
         got = self._live.get(cid)
         if got is not None:
@@ -241,7 +246,7 @@ class BudgetTable:
             self._live.popitem(last=False)
         return got
 
-    def _live_needs(self, cid: int, cap: int | None) -> tuple[np.ndarray, np.ndarray]:
+    def _live_needs(self, cid: int, cap: int | None) -> tuple[NDArray[np.int64], NDArray[np.int32]]:
         """(the token slots ``cid`` allows, EOS left out; ``U`` of the configuration after each,
         exact up to ``cap`` and only known to be above it beyond, see :meth:`tokens_needed`)."""
         got = self._next.get(cid)
@@ -264,7 +269,7 @@ class BudgetTable:
         self._worst[cid] = (int(need.max()) if need.size else -1, cap)
         return slots, need
 
-    def next_needs(self, cid: int, cap: int | None = None) -> np.ndarray:
+    def next_needs(self, cid: int, cap: int | None = None) -> NDArray[np.int32]:
         """Per token slot, ``U`` of the configuration after that token (UNREACHABLE where
         the token is rejected; EOS slots too: EOS is decided by acceptance alone); exact up
         to ``cap``, above it only known to be above (None: exact, whatever it costs)."""
@@ -331,7 +336,7 @@ class BudgetTable:
             return True  # U(after) <= D(after)
         return self.tokens_needed(after, max(thr, -1)) <= thr
 
-    def mask(self, cid: int, words: np.ndarray, budget: int) -> np.ndarray:
+    def mask(self, cid: int, words: NDArray[np.uint32], budget: int) -> NDArray[np.uint32]:
         """The grammar's mask ``words`` (packed uint32) of ``cid`` narrowed by the rule with
         ``budget`` tokens left (this position included); ``words`` itself when the rule
         removes nothing."""

@@ -20,21 +20,27 @@ are found once per vocabulary and marker (one pass over the vocabulary) and cach
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Iterable
 
 import numpy as np
+from numpy.typing import NDArray
 
 from structgen.errors import MatcherUsageError
 from structgen.grammar.compiled import CompiledGrammar
 from structgen.masks.matcher import Matcher
+from structgen.masks.vocab import VocabLike
+from structgen.masks.vocab_table import VocabTable
 
 __all__ = ["CappedMatcher"]
 
-_CANDIDATES: dict[tuple[str, bytes], list[np.ndarray]] = {}
+_CANDIDATES: dict[tuple[str, bytes], list[NDArray[np.uint32]]] = {}
+#: per history entry: the text's tail, whether the marker occurred, tokens counted so far, the
+#: tail searched for ``count_after`` while it has not occurred (None once it has)
+_Mark = tuple[bytes, bool, int, bytes | None]
 _LOCK = threading.Lock()
 
 
-def _candidate_words(vt: Any, marker: bytes) -> list[np.ndarray]:
+def _candidate_words(vt: VocabTable, marker: bytes) -> list[NDArray[np.uint32]]:
     """For each partial match length ``k`` (0 <= k < len(marker)): the packed mask of tokens
     whose bytes are a prefix of ``marker[k:]`` or start with it."""
     key = (vt.key, marker)
@@ -42,7 +48,7 @@ def _candidate_words(vt: Any, marker: bytes) -> list[np.ndarray]:
         got = _CANDIDATES.get(key)
     if got is not None:
         return got
-    out = []
+    out: list[NDArray[np.uint32]] = []
     for k in range(len(marker)):
         rest = marker[k:]
         bits = np.zeros(vt.num_words * 32, dtype=bool)
@@ -69,7 +75,7 @@ class CappedMatcher(Matcher):
 
     __slots__ = ("marker", "cap", "count_after", "_marks", "_cand")
 
-    def __init__(self, grammar: CompiledGrammar, vocab: Any, *, marker: bytes | str, cap: int,
+    def __init__(self, grammar: CompiledGrammar, vocab: VocabLike, *, marker: bytes | str, cap: int,
                  count_after: bytes | str | None = None, max_rollback: int | None = None) -> None:
         if isinstance(marker, str):
             marker = marker.encode("utf-8")
@@ -82,17 +88,17 @@ class CappedMatcher(Matcher):
             raise MatcherUsageError(f"cap must be an integer >= 0, not {cap!r}")
         self.marker = bytes(marker)
         self.cap = cap
-        self._marks: list[tuple[bytes, bool, int, Any]] = [self._first()]
+        self._marks: list[_Mark] = [self._first()]
         super().__init__(grammar, vocab, max_rollback=max_rollback)
         self._cand = _candidate_words(self._vt, self.marker)
 
     # -- marker bookkeeping: per history entry (the text's tail, whether the marker occurred,
     # tokens counted so far, the tail searched for count_after while it has not occurred:
     # None once it has) ------------------------------------------------------------------------
-    def _first(self) -> tuple[bytes, bool, int, Any]:
+    def _first(self) -> _Mark:
         return b"", False, 0, (b"" if self.count_after else None)
 
-    def _after(self, mark: tuple[bytes, bool, int, Any], tid: int) -> tuple[bytes, bool, int, Any]:
+    def _after(self, mark: _Mark, tid: int) -> _Mark:
         tail, seen, n, otail = mark
         data = b"" if tid in self._eos else (self._tb[tid] or b"")
         if otail is not None:  # not counting yet
@@ -112,7 +118,7 @@ class CappedMatcher(Matcher):
         tail, seen, n, otail = self._marks[-1]
         return otail is None and not seen and n >= self.cap and not self.is_terminated()
 
-    def _candidates_now(self) -> np.ndarray:
+    def _candidates_now(self) -> NDArray[np.uint32]:
         return self._cand[_partial(self._marks[-1][0], self.marker)]
 
     def _sync_marks(self) -> None:
@@ -135,7 +141,7 @@ class CappedMatcher(Matcher):
         self._sync_marks()
         return True
 
-    def validate_tokens(self, token_ids: Any, *, budget: int | None = None) -> int:
+    def validate_tokens(self, token_ids: Iterable[object], *, budget: int | None = None) -> int:
         """As :meth:`Matcher.validate_tokens`, with the cap (state unchanged)."""
         ids = [self._token_id(t) for t in token_ids]
         f = self.fork()
@@ -177,22 +183,22 @@ class CappedMatcher(Matcher):
         return m
 
     # -- masks ----------------------------------------------------------------------------------
-    def _mask_words(self) -> np.ndarray:
+    def _mask_words(self) -> NDArray[np.uint32]:
         words = super()._mask_words()
         return words & self._candidates_now() if self._forcing() else words
 
-    def forbidden_token_ids(self) -> np.ndarray | None:
+    def forbidden_token_ids(self) -> NDArray[np.int64] | None:
         """As :meth:`Matcher.forbidden_token_ids`; None while the marker is forced."""
         if self._forcing():
             return None
         return super().forbidden_token_ids()
 
-    def _cached_words(self) -> np.ndarray | None:
+    def _cached_words(self) -> NDArray[np.uint32] | None:
         if self._forcing():
             return None
         return super()._cached_words()
 
-    def _budget_words(self, budget: int) -> tuple[np.ndarray, bool]:
+    def _budget_words(self, budget: int) -> tuple[NDArray[np.uint32], bool]:
         words, narrowed = super()._budget_words(budget)
         return (words & self._candidates_now(), narrowed) if self._forcing() else (words, narrowed)
 
@@ -206,5 +212,5 @@ class CappedMatcher(Matcher):
         return (rest + super().forced_bytes(limit, after=rest))[:limit]
 
 
-def _has(words: np.ndarray, tid: int) -> bool:
+def _has(words: NDArray[np.uint32], tid: int) -> bool:
     return bool((int(words[tid >> 5]) >> (tid & 31)) & 1)

@@ -18,15 +18,17 @@ keyed by configuration ids. :func:`set_memory_budget` changes the defaults.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import NDArray
 
 from structgen.grammar import runtime as rt_mod
 from structgen.grammar.runtime import ACCEPT, COUNTED, DEAD, ROOT, STALE, UNKNOWN, Runtime
 from structgen.masks import trie as native
+from structgen.masks.budget import BudgetTable
+from structgen.masks.lru import ByteLru
+from structgen.masks.vocab_table import VocabTable
 
 if TYPE_CHECKING:  # pragma: no cover
     from structgen.grammar.compiled import CompiledGrammar
@@ -60,11 +62,12 @@ def engine_for(grammar: CompiledGrammar) -> Engine:
     ``masks`` slot and shared by every matcher of the grammar)."""
     rt = grammar.engine
     eng = rt.masks
-    if eng is None:
-        with rt.lock:
-            if rt.masks is None:
-                rt.masks = Engine(rt)
-            eng = rt.masks
+    if isinstance(eng, Engine):
+        return eng
+    with rt.lock:
+        eng = rt.masks
+        if not isinstance(eng, Engine):
+            eng = rt.masks = Engine(rt)
     return eng
 
 
@@ -83,12 +86,19 @@ _HORIZON_BUDGET = 4  # pair checks one horizon query may do, per unit of depth
 _HORIZON_HOPS = 64  # predecessors followed back to a state whose class is known
 _HORIZON_MEMO = 500_000  # memoised state pairs kept per engine
 
+#: The split-walk cache's key: (vocabulary key, the top frames' rule states, top first, whether
+#: they are the whole stack) ...
+_SplitKey = tuple[str, tuple[int, ...], bool]
+#: ... and its value: the packed words of the tokens accepted whatever lies below, and the ids
+#: of the tokens that depend on it
+_Split = tuple[NDArray[np.uint32], NDArray[np.int64]]
+
 
 class _HorizonAbort(Exception):
     pass
 
 
-def _row_shape(row: np.ndarray) -> tuple[bytes, tuple[int, ...]]:
+def _row_shape(row: NDArray[np.int32]) -> tuple[bytes, tuple[int, ...]]:
     """(rank of each byte's target among the row's distinct targets in first-occurrence
     order, as bytes; those targets) of a transition row (int32 ``[256]``)."""
     if native.available():
@@ -123,17 +133,17 @@ class Engine:
         self._hfail: dict[tuple[int, int], int] = {}  # (p, q) -> depth they differ at
         self._nullable: dict[int, bool] = {}  # rule start state -> may return without a byte
         # masks: (vocab key, config) -> packed uint32 words
-        self.mask_cache = _ByteLru(mask_cache_bytes)
+        self.mask_cache: ByteLru[tuple[str, int], NDArray[np.uint32]] = ByteLru(mask_cache_bytes)
         self.stats = {"mask_hits": 0, "mask_misses": 0, "ci_hits": 0, "ci_misses": 0}
         # rooted split walks per (vocab, top frames, exact): packed words of the tokens
         # accepted whatever lies below, and the ids of the tokens that depend on it
-        self.ci_cache = _ByteLru(mask_cache_bytes // 2)
-        self._budget: dict[Any, Any] = {}  # vocab key -> BudgetTable (structgen.masks.budget)
+        self.ci_cache: ByteLru[_SplitKey, _Split] = ByteLru(mask_cache_bytes // 2)
+        self._budget: dict[str, BudgetTable] = {}  # vocab key -> its budget table
         # vocab key -> {configuration -> FreeState}; emptied in place on a flush, so that
         # matchers may hold the inner dict
-        self._free: dict[Any, dict[int, FreeState]] = {}
-        self._steps: dict[Any, dict[int, FreeState]] = {}  # the same, only those with jumps
-        self._free_bytes: dict[Any, int] = {}  # vocab key -> bytes its free states hold
+        self._free: dict[str, dict[int, FreeState]] = {}
+        self._steps: dict[str, dict[int, FreeState]] = {}  # the same, only those with jumps
+        self._free_bytes: dict[str, int] = {}  # vocab key -> bytes its free states hold
         self._free_limit = mask_cache_bytes // 2
         runtime.on_flush.append(self._forget)
 
@@ -150,7 +160,7 @@ class Engine:
             memo.clear()
 
     # -- token masks ----------------------------------------------------------------
-    def token_mask(self, cid: int, vt: VocabTable) -> np.ndarray:
+    def token_mask(self, cid: int, vt: VocabTable) -> NDArray[np.uint32]:
         """Packed allowed-token words for configuration ``cid`` (uint32 ``[vt.num_words]``).
 
         Bit ``j`` of word ``w`` allows token ``32*w + j``. EOS tokens are allowed exactly
@@ -195,7 +205,7 @@ class Engine:
                 got = self._steps.setdefault(vt.key, {})
         return got
 
-    def free_state(self, cid: int, vt: VocabTable, words: np.ndarray) -> FreeState:
+    def free_state(self, cid: int, vt: VocabTable, words: NDArray[np.uint32]) -> FreeState:
         """The :class:`FreeState` of configuration ``cid`` (``words``: its token mask, from
         :meth:`token_mask` in the current epoch), computed once and kept; hold the lock.
         A configuration whose mask forbids at most :data:`FREE_MAX_FORBIDDEN` tokens gets
@@ -265,20 +275,18 @@ class Engine:
         jumps.update(dict.fromkeys(empty.tolist(), -1))
         return usual, jumps
 
-    def budget_table(self, vt: VocabTable) -> Any:
+    def budget_table(self, vt: VocabTable) -> BudgetTable:
         """The :class:`~structgen.masks.budget.BudgetTable` of this grammar and vocabulary ``vt``
         (built on first use)."""
         got = self._budget.get(vt.key)
         if got is None:
-            from structgen.masks.budget import BudgetTable
-
             with self.lock:
                 got = self._budget.get(vt.key)
                 if got is None:
                     got = self._budget[vt.key] = BudgetTable(self, vt)
         return got
 
-    def cached_mask(self, cid: int, vt: VocabTable) -> np.ndarray | None:
+    def cached_mask(self, cid: int, vt: VocabTable) -> NDArray[np.uint32] | None:
         """The mask of configuration ``cid`` if cached (counted as a hit), else None."""
         m = self.mask_cache.get((vt.key, cid))
         if m is not None:
@@ -291,7 +299,7 @@ class Engine:
         return self.mask_cache.bytes
 
     # -- context-independent split (masks shared by every stack with the same top) -------
-    def _split_mask(self, cid: int, vt: VocabTable) -> np.ndarray | None:
+    def _split_mask(self, cid: int, vt: VocabTable) -> NDArray[np.uint32] | None:
         """The packed mask of ``cid`` assembled from per-stack-top caches, or None when the
         split does not apply (a single stack at the bottom of the parse).
 
@@ -323,7 +331,7 @@ class Engine:
                         # split would walk it once per stack: faster unless most are cached
                         return None
         words = np.zeros(vt.num_words, dtype=np.uint32)
-        pending: list[tuple[int, np.ndarray]] = []
+        pending: list[tuple[int, NDArray[np.int64]]] = []
         for sid in stacks:
             got = self._context_independent(sid, vt)
             assert got is not None
@@ -347,7 +355,7 @@ class Engine:
         return words
 
     def _context_independent(self, sid: int, vt: VocabTable,
-                             peek: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+                             peek: bool = False) -> _Split | None:
         """(certain words, undecided ids) of stack ``sid`` from its shallowest rooted top
         (at most ``_SPLIT_DEPTH`` frames) that leaves at most ``_WALK_IDS_MAX`` tokens
         undecided; a top that is the whole stack decides every token. With ``peek``, only
@@ -370,7 +378,7 @@ class Engine:
             s = parent
 
     def _split_peek(self, chain: tuple[int, ...], exact: bool,
-                    vt: VocabTable) -> tuple[np.ndarray, np.ndarray] | None:
+                    vt: VocabTable) -> _Split | None:
         """The cached rooted walk of ``chain`` (filed under the chain itself or under its
         known horizon classes), or None; the LRU order is left as it is."""
         got = self.ci_cache.peek((vt.key, chain, exact))
@@ -380,7 +388,7 @@ class Engine:
         return got
 
     def _rooted_split(self, chain: tuple[int, ...], exact: bool,
-                      vt: VocabTable) -> tuple[np.ndarray, np.ndarray]:
+                      vt: VocabTable) -> _Split:
         """The rooted walk of the top frames ``chain`` (rule states, top first): certain
         words and undecided ids (cached)."""
         key = (vt.key, chain, exact)
@@ -572,7 +580,8 @@ class Engine:
         self._hpair[key] = need
         return True
 
-    def _trie_walk(self, cid: int, vt: VocabTable, split: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    def _trie_walk(self, cid: int, vt: VocabTable,
+                   split: bool = True) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         """Level-by-level walk of the vocabulary's byte trie from ``cid``, expanding only
         children of live nodes: (tokens accepted, tokens that depend on the context). With
         ``split`` (a rooted walk, see :meth:`_split_mask`), a node reached in an accepting
@@ -581,8 +590,8 @@ class Engine:
         nodes = np.zeros(1, dtype=np.int64)
         states = np.array([cid], dtype=np.int32)
         taint = np.zeros(0, dtype=np.int64)  # previous-level nodes whose subtrees are uncertain
-        certain: list[np.ndarray] = []
-        uncertain: list[np.ndarray] = []
+        certain: list[NDArray[np.int64]] = []
+        uncertain: list[NDArray[np.int64]] = []
         for lv in vt.levels:
             if taint.size:
                 tc = lv.child_count[taint]
@@ -623,17 +632,17 @@ class Engine:
         return (np.concatenate(certain) if certain else empty,
                 np.concatenate(uncertain) if uncertain else empty)
 
-    def _walk_ids(self, cid: int, ids: np.ndarray, vt: VocabTable) -> np.ndarray:
+    def _walk_ids(self, cid: int, ids: NDArray[np.int64], vt: VocabTable) -> NDArray[np.int64]:
         """The token ids among ``ids`` (non-empty tokens) accepted from configuration ``cid``."""
         return self._walk_flat(cid, np.searchsorted(vt.flat_ids, ids), vt)
 
-    def _walk_flat(self, cid: int, act: np.ndarray, vt: VocabTable) -> np.ndarray:
+    def _walk_flat(self, cid: int, act: NDArray[np.int64], vt: VocabTable) -> NDArray[np.int64]:
         """Token ids of the flat vocabulary rows ``act`` whose bytes are consumed from ``cid``
         (all tokens walked in parallel, one byte column at a time)."""
         lens = vt.flat_lens
         mat = vt.matrix
         st = np.full(act.size, cid, dtype=np.int32)
-        found: list[np.ndarray] = []
+        found: list[NDArray[np.int64]] = []
         for j in range(vt.max_len):
             fin = lens[act] == j
             if fin.any():
@@ -651,14 +660,14 @@ class Engine:
             found.append(vt.flat_ids[act])
         return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
-    def _fill_rows(self, states: np.ndarray) -> None:
+    def _fill_rows(self, states: NDArray[np.int32]) -> None:
         """Make sure the transition rows of every configuration in ``states`` are known."""
         unknown = self.runtime.tab.row_done[states] == 0
         if unknown.any():
             for c in np.unique(states[unknown]).tolist():
                 self.runtime.fill_row(int(c))
 
-    def _allowed_tokens(self, cid: int, vt: VocabTable) -> np.ndarray:
+    def _allowed_tokens(self, cid: int, vt: VocabTable) -> NDArray[np.int64]:
         """Token ids (original numbering) whose bytes can be consumed from ``cid``.
 
         Two vectorised strategies: where most bytes loop back to ``cid`` (string bodies and
@@ -674,7 +683,7 @@ class Engine:
             return self._allowed_loop_split(cid, vt, loops)
         return self._allowed_trie(cid, vt)
 
-    def _allowed_into(self, cid: int, vt: VocabTable, words: np.ndarray) -> None:
+    def _allowed_into(self, cid: int, vt: VocabTable, words: NDArray[np.uint32]) -> None:
         """OR the tokens allowed from ``cid`` (EOS aside) into packed ``words``: the compiled
         walks when available, else :meth:`_allowed_tokens`."""
         if not self.native:
@@ -684,8 +693,8 @@ class Engine:
         elif cid >= 0 and self.runtime.tab.configs[cid, 1]:
             self._native_walk(False, cid, vt, words, split=False)
 
-    def _native_walk(self, gmode: bool, start: int, vt: VocabTable, words: np.ndarray,
-                     split: bool) -> np.ndarray:
+    def _native_walk(self, gmode: bool, start: int, vt: VocabTable, words: NDArray[np.uint32],
+                     split: bool) -> NDArray[np.int64]:
         """Compiled walk from ``start`` (a configuration, or with ``gmode`` a rule state of a
         call-free rule), first byte by first byte: where the state after a first byte can
         read the vocabulary's text slice whole, the slice's tokens with that first byte are
@@ -705,13 +714,13 @@ class Engine:
             return native.walk_loop_split(self.runtime, vt.trie(), start, gmode, loops, words, split)
         return native.walk_trie(self.runtime, vt.trie(), start, gmode, split, words)
 
-    def _allowed_loop_split(self, cid: int, vt: VocabTable, loops: np.ndarray) -> np.ndarray:
+    def _allowed_loop_split(self, cid: int, vt: VocabTable, loops: NDArray[np.bool_]) -> NDArray[np.int64]:
         words = np.packbits(~loops, bitorder="little").view(np.uint64)  # [4] non-loop bytes
         impure = (vt.byte_bits & words).any(axis=1)  # [N] token has a non-looping byte
         return np.concatenate([vt.flat_ids[~impure],
                                self._walk_flat(cid, np.nonzero(impure)[0], vt)])
 
-    def _allowed_trie(self, cid: int, vt: VocabTable) -> np.ndarray:
+    def _allowed_trie(self, cid: int, vt: VocabTable) -> NDArray[np.int64]:
         return self._trie_walk(cid, vt, split=False)[0]
 
     # -- introspection -------------------------------------------------------------
@@ -737,7 +746,7 @@ class FreeState:
 
     __slots__ = ("forbidden", "usual", "jumps", "visits", "nbytes")
 
-    def __init__(self, forbidden: np.ndarray | None, usual: int, jumps: dict[int, int] | None,
+    def __init__(self, forbidden: NDArray[np.int64] | None, usual: int, jumps: dict[int, int] | None,
                  visits: int = -1) -> None:
         self.forbidden = forbidden
         self.usual = usual
@@ -750,201 +759,12 @@ class FreeState:
 _NOT_FREE = FreeState(None, -1, None)
 
 
-class _ByteLru:
-    """An LRU map bounded by the bytes of its values (the caller states each value's size;
-    the newest entry always stays). Callers hold the engine lock around :meth:`put`."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.bytes = 0
-        self._d: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
-
-    def peek(self, key: Any) -> Any:
-        """The value of ``key`` or None, without making it the most recently used."""
-        hit = self._d.get(key)
-        return None if hit is None else hit[0]
-
-    def get(self, key: Any) -> Any:
-        hit = self._d.get(key)
-        if hit is None:
-            return None
-        self._d.move_to_end(key)
-        return hit[0]
-
-    def put(self, key: Any, value: Any, nbytes: int) -> None:
-        old = self._d.pop(key, None)
-        if old is not None:
-            self.bytes -= old[1]
-        self._d[key] = (value, nbytes)
-        self.bytes += nbytes
-        while self.bytes > self.limit and len(self._d) > 1:
-            _, (_v, n) = self._d.popitem(last=False)
-            self.bytes -= n
-
-    def clear(self) -> None:
-        self._d.clear()
-        self.bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def __iter__(self) -> Any:
-        return iter(self._d)
-
-
-
-def _set_bits(words: np.ndarray, ids: np.ndarray) -> None:
+def _set_bits(words: NDArray[np.uint32], ids: NDArray[np.int64]) -> None:
     np.bitwise_or.at(words, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
 
 
-def _expand(starts: np.ndarray, counts: np.ndarray, total: int) -> np.ndarray:
+def _expand(starts: NDArray[np.int64], counts: NDArray[np.int64], total: int) -> NDArray[np.int64]:
     """Concatenate the integer ranges ``[starts[i], starts[i] + counts[i])``."""
     ends = np.cumsum(counts)
     offs = np.repeat(starts - (ends - counts), counts)
     return offs + np.arange(total, dtype=np.int64)
-
-
-class _Level:
-    """Trie nodes at one depth, sorted by (parent, byte).
-
-    byte:        uint8 [n]        the byte on the edge into the node
-    child_start: int64 [n_prev]   first child (at this level) of each previous-level node
-    child_count: int64 [n_prev]
-    tok_start / tok_count: int64 [n]   range in ``tok_ids`` of tokens ending at the node
-    tok_ids:     int64 [k]        token ids (original numbering) ending at this level
-    """
-
-    __slots__ = ("byte", "child_start", "child_count", "tok_start", "tok_count", "tok_ids")
-
-
-
-_SLICE_BUILD_LOCK = threading.Lock()
-
-
-class VocabTable:
-    """Vectorisation-friendly view of a vocabulary (built once per vocabulary).
-
-    levels:    the byte trie of all tokens with non-empty bytes, one :class:`_Level` per depth
-    eos_ids:   int64 [E]
-    num_words: ceil(vocab_size / 32)
-    """
-
-    def __init__(self, token_bytes: list[bytes | None], eos_ids: list[int], vocab_size: int,
-                 key: Any, flat_view: tuple[Any, Any, Any] | None = None) -> None:
-        self.key = key
-        self.vocab_size = vocab_size
-        self.num_words = (vocab_size + 31) // 32
-        self.token_bytes = token_bytes
-        self.eos_ids = np.array(sorted(set(eos_ids)), dtype=np.int64)
-        if flat_view is not None:
-            # the vocabulary's own lazily built arrays: lengths [V], offsets [V+1], bytes [total]
-            all_lens, all_offs, flat = flat_view
-            ids = np.nonzero(np.asarray(all_lens) > 0)[0].astype(np.int64)
-            lens = np.asarray(all_lens, dtype=np.int64)[ids]
-            offs = np.asarray(all_offs, dtype=np.int64)[ids]
-            flat = np.asarray(flat, dtype=np.uint8)
-        else:
-            ids = np.array([i for i, b in enumerate(token_bytes) if b], dtype=np.int64)
-            blobs = [token_bytes[i] for i in ids.tolist()]
-            lens = np.array([len(b) for b in blobs], dtype=np.int64)  # type: ignore[arg-type]
-            flat = np.frombuffer(b"".join(blobs), dtype=np.uint8)  # type: ignore[arg-type]
-            offs = (np.concatenate([[0], np.cumsum(lens)[:-1]]) if lens.size
-                    else np.zeros(0, np.int64))
-        self.num_tokens = int(ids.size)
-        self.max_len = int(lens.max()) if lens.size else 0
-        node = np.zeros(self.num_tokens, dtype=np.int64)  # node of each token's prefix so far
-        n_prev = 1
-        active = np.arange(self.num_tokens, dtype=np.int64)
-        self.levels: list[_Level] = []
-        # flat per-token arrays (ids ascending): lengths, zero-padded byte matrix, byte bitmaps
-        self.flat_ids = ids
-        self.flat_lens = lens
-        width = max(self.max_len, 1)
-        mat = np.zeros((self.num_tokens, width), dtype=np.uint8)
-        col = np.arange(flat.size, dtype=np.int64) - np.repeat(offs, lens)
-        row = np.repeat(np.arange(self.num_tokens, dtype=np.int64), lens)
-        mat[row, col] = flat
-        self.matrix = mat
-        bits = np.zeros((self.num_tokens, 256), dtype=bool)
-        bits[row, flat] = True
-        self.byte_bits = np.packbits(bits, axis=1, bitorder="little").view(np.uint64)  # [N, 4]
-        for j in range(self.max_len):
-            active = active[lens[active] > j]
-            if active.size == 0:
-                break
-            keys = node[active] * 256 + flat[offs[active] + j]
-            uniq, inv = np.unique(keys, return_inverse=True)
-            lv = _Level()
-            parent = uniq // 256
-            lv.byte = (uniq % 256).astype(np.uint8)
-            lv.child_start = np.searchsorted(parent, np.arange(n_prev)).astype(np.int64)
-            lv.child_count = (np.searchsorted(parent, np.arange(n_prev), side="right")
-                              - lv.child_start).astype(np.int64)
-            node[active] = inv.reshape(-1)
-            ending = active[lens[active] == j + 1]
-            end_nodes = node[ending]
-            order = np.argsort(end_nodes, kind="stable")
-            lv.tok_ids = ids[ending[order]]
-            sorted_nodes = end_nodes[order]
-            lv.tok_start = np.searchsorted(sorted_nodes, np.arange(uniq.size)).astype(np.int64)
-            lv.tok_count = (np.searchsorted(sorted_nodes, np.arange(uniq.size), side="right")
-                            - lv.tok_start).astype(np.int64)
-            self.levels.append(lv)
-            n_prev = uniq.size
-        self._trie: native.Trie | None = None
-        self._slice: native.TextSlice | bool | None = None
-
-    def trie(self) -> native.Trie:
-        """The depth-first trie for the compiled walks (built on first use, shared per vocabulary)."""
-        if self._trie is None:
-            self._trie = native.trie_for(self.key, self.token_bytes, self.vocab_size)
-        return self._trie
-
-    def text_slice(self) -> native.TextSlice | None:
-        """The vocabulary's text slice (see :class:`native.TextSlice`), built on first use (once per
-        vocabulary, shared); None without compiled walks or when the slice would be small."""
-        if self._slice is None:
-            with _SLICE_BUILD_LOCK:
-                if self._slice is None:
-                    self._slice = self._build_slice() or False
-        return self._slice or None
-
-    def _build_slice(self) -> native.TextSlice | None:
-        if not self.num_tokens or not native.available():
-            return None
-        pd = native.TEXT_AUTOMATON
-        # run the slice automaton over every token (column by column): in the slice iff
-        # no edge is missing (a token may end inside a character: a slice check reads every
-        # path of the automaton, complete characters or not)
-        # it ends in state 0 without a missing edge; ``killed``: plain text of fewer than
-        # ``depth`` bytes, then a C0 control byte
-        st = np.zeros(self.num_tokens, dtype=np.int64)
-        killed = np.zeros(self.num_tokens, dtype=bool)
-        for j in range(self.max_len):
-            act = np.nonzero((self.flat_lens > j) & (st >= 0))[0]
-            col = self.matrix[act, j]
-            nxt = pd[st[act], col]
-            if j < native.SLICE_DEPTH - 1:
-                killed[act[(nxt < 0) & (st[act] == 0) & (col < 0x20)]] = True
-            st[act] = nxt
-        sel = (st >= 0) & (self.flat_lens <= native.SLICE_DEPTH)
-        if int(sel.sum()) < self.num_tokens // 4:
-            return None  # too small a slice to pay for a second trie
-        ids = self.flat_ids[sel]
-        inside = np.zeros(self.vocab_size, dtype=bool)
-        inside[ids] = True
-        rest = list(self.token_bytes)
-        for t in ids.tolist():
-            rest[t] = None
-        full = self.trie()
-        trie = native.trie_for((self.key, "text-slice", native.SLICE_DEPTH), rest, self.vocab_size)
-        for t in self.flat_ids[killed].tolist():
-            rest[t] = None
-        ktrie = native.trie_for((self.key, "text-slice-killed", native.SLICE_DEPTH), rest, self.vocab_size)
-        in_slot = inside[full.slot_ids]
-        sps = np.zeros(in_slot.size + 1, dtype=np.int64)
-        np.cumsum(in_slot, out=sps[1:])
-        sids = np.ascontiguousarray(full.slot_ids[in_slot], dtype=np.int64)
-        return native.TextSlice(native.SLICE_DEPTH, pd, sps, sids, trie, native.match_nodes(full, trie),
-                                ktrie, native.match_nodes(full, ktrie))
-

@@ -26,114 +26,43 @@ grammar's shared runtime (:class:`~structgen.grammar.runtime.Runtime`) and mask 
 from __future__ import annotations
 
 import hashlib
-import operator
 import threading
 import weakref
-from typing import Any
+from collections.abc import Iterable
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import NDArray
 
 from structgen.errors import MatcherUsageError
 from structgen.grammar.compiled import CompiledGrammar
-from structgen.grammar.runtime import STALE
-from structgen.masks.engine import FREE_JUMPS_AFTER, VocabTable, engine_for
+from structgen.grammar.runtime import STALE, Runtime
+from structgen.masks.buffers import (
+    bitmask_kind,
+    bitmask_target,
+    bitmask_words,
+    row_index,
+    whole_number,
+    write_row,
+)
+from structgen.masks.engine import FREE_JUMPS_AFTER, FreeState, engine_for
+from structgen.masks.vocab import FlatVocabLike, VocabLike
+from structgen.masks.vocab_table import VocabTable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from structgen.masks.buffers import Bitmask, Target
 
 __all__ = ["Matcher", "vocab_table", "bitmask_words", "fill_bitmasks", "whole_number"]
 
 _TERMINATED = -3  # history marker: EOS was accepted
 
 _VT_LOCK = threading.Lock()
-_VT_CACHE: weakref.WeakKeyDictionary[Any, VocabTable] = weakref.WeakKeyDictionary()
-_VT_BY_HASH: dict[Any, VocabTable] = {}
+_VT_CACHE: weakref.WeakKeyDictionary[VocabLike, VocabTable] = weakref.WeakKeyDictionary()
+_VT_BY_HASH: dict[str, VocabTable] = {}
 
 
-def bitmask_words(vocab_size: int) -> int:
-    """Number of int32 words per bitmask row: ``ceil(vocab_size / 32)``."""
-    return (vocab_size + 31) // 32
-
-
-def whole_number(name: str, value: Any, least: int) -> int:
-    """``value`` as an int of at least ``least`` (ints, numpy integers, 0-d integer
-    tensors; not bools or floats), else :class:`MatcherUsageError` naming ``name``."""
-    if isinstance(value, bool):
-        raise MatcherUsageError(f"{name} must be an integer, not a bool")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise MatcherUsageError(f"{name} must be an integer, not {type(value).__name__}") from None
-    if v < least:
-        raise MatcherUsageError(f"{name} must be >= {least}, not {v}")
-    return v
-
-
-_INT32 = np.dtype(np.int32)
-
-
-def _bitmask_kind(bitmask: Any, words: int) -> bool:
-    """Check that ``bitmask`` is a 2-d int32 numpy array or torch tensor with at least
-    ``words`` columns; returns True for numpy. Raises :class:`MatcherUsageError`. (A
-    read-only array is reported when written: :func:`_write_row`.) Cheap: the hot path
-    calls it once per mask."""
-    if isinstance(bitmask, np.ndarray):
-        dt = bitmask.dtype
-        if dt is not _INT32 and dt != _INT32:
-            raise MatcherUsageError(f"bitmask must be int32, not {dt}")
-        is_numpy = True
-    elif type(bitmask).__module__.startswith("torch") and hasattr(bitmask, "device"):
-        if str(bitmask.dtype) != "torch.int32":
-            raise MatcherUsageError(f"bitmask must be torch.int32, not {bitmask.dtype}")
-        is_numpy = False
-    else:
-        raise MatcherUsageError("bitmask must be an int32 numpy array or torch tensor, not "
-                                f"{type(bitmask).__name__}")
-    shape = bitmask.shape
-    if len(shape) != 2 or shape[1] < words:
-        raise MatcherUsageError(f"bitmask must have shape [rows, >= {words}] (ceil(vocab_size / 32) "
-                                f"int32 words per row), not {list(shape)}")
-    return is_numpy
-
-
-def _write_row(view: np.ndarray, words: np.ndarray, nw: int, wide: bool) -> None:
-    """``view[:nw] = words`` and zeros beyond; a read-only array is a MatcherUsageError."""
-    try:
-        view[:nw] = words
-        if wide:
-            view[nw:] = 0
-    except ValueError as e:
-        if not view.flags.writeable:
-            raise MatcherUsageError("bitmask is a read-only array") from None
-        raise MatcherUsageError(f"cannot write the bitmask: {e}") from None
-
-
-# What :meth:`Matcher.fill_bitmask` keeps about the last buffer it was given (checked once per
-# buffer, not per call): (the buffer, its host memory as uint32 ``[rows, W]`` -- a numpy view of
-# a numpy array or CPU tensor, None for a device tensor --, rows, W > words, the CPU tensor's
-# data pointer (-1 for numpy: an array with views cannot be resized in place)).
-_Target = tuple[Any, "np.ndarray | None", int, bool, int]
-
-
-def _bitmask_target(bitmask: Any, words: int) -> _Target:
-    """:data:`_Target` of ``bitmask`` (checked with :func:`_bitmask_kind`)."""
-    is_numpy = _bitmask_kind(bitmask, words)
-    rows, wide = int(bitmask.shape[0]), int(bitmask.shape[1]) > words
-    if is_numpy:
-        return bitmask, bitmask.view(np.uint32), rows, wide, -1
-    if bitmask.device.type == "cpu":
-        return bitmask, bitmask.numpy().view(np.uint32), rows, wide, int(bitmask.data_ptr())
-    return bitmask, None, rows, wide, -1
-
-
-def _row_index(row: Any, rows: int) -> int:
-    """``row`` checked against ``rows``: an integer in ``[0, rows)`` (negative indices are a
-    caller bug here, not Python's count from the end)."""
-    if type(row) is not int:
-        row = whole_number("row", row, 0)
-    if not 0 <= row < rows:
-        raise MatcherUsageError(f"row {row} is out of range for a bitmask of {rows} rows")
-    return row
-
-
-def vocab_table(vocab: Any) -> VocabTable:
+def vocab_table(vocab: VocabLike) -> VocabTable:
     """The vectorised view of a vocabulary, built once per vocabulary (cached)."""
     with _VT_LOCK:
         try:
@@ -151,7 +80,7 @@ def vocab_table(vocab: Any) -> VocabTable:
         vt = _VT_BY_HASH.get(key)
         if vt is None:
             flat_view = None
-            if all(hasattr(vocab, a) for a in ("lengths", "offsets", "flat_bytes")):
+            if isinstance(vocab, FlatVocabLike):
                 flat_view = (vocab.lengths, vocab.offsets, vocab.flat_bytes)
             vt = VocabTable(list(vocab.token_bytes), list(vocab.eos_token_ids),
                             int(vocab.vocab_size), key, flat_view)
@@ -163,7 +92,7 @@ def vocab_table(vocab: Any) -> VocabTable:
         return vt
 
 
-def _content_key(vocab: Any) -> str:
+def _content_key(vocab: VocabLike) -> str:
     d = hashlib.sha256(b"structgen.vocab-like.v1\0")
     d.update(repr((int(vocab.vocab_size), sorted(int(e) for e in vocab.eos_token_ids))).encode())
     for b in vocab.token_bytes:
@@ -181,7 +110,8 @@ class Matcher:
     __slots__ = ("grammar", "vocab", "_eng", "_masks", "_vt", "_hist", "_eos", "_max_rollback", "_tb",
                  "_nvocab", "_epoch", "_bm_ok", "_free", "_steps", "__weakref__")
 
-    def __init__(self, grammar: CompiledGrammar, vocab: Any, *, max_rollback: int | None = None) -> None:
+    def __init__(self, grammar: CompiledGrammar, vocab: VocabLike, *,
+                 max_rollback: int | None = None) -> None:
         if not isinstance(grammar, CompiledGrammar):
             raise MatcherUsageError(f"Matcher needs a CompiledGrammar, not {type(grammar).__name__}")
         if grammar.has_value_checks:
@@ -195,7 +125,7 @@ class Matcher:
             max_rollback = whole_number("max_rollback", max_rollback, 0)
         self.grammar = grammar
         self.vocab = vocab
-        self._eng = grammar.engine  # the byte-level runtime
+        self._eng: Runtime = grammar.engine  # the byte-level runtime
         self._masks = engine_for(grammar)  # token masks over it
         self._vt = vocab_table(vocab)
         self._tb = self._vt.token_bytes
@@ -205,7 +135,7 @@ class Matcher:
         self._free = self._masks.free_states(self._vt)
         self._steps = self._masks.step_shortcuts(self._vt)
         self._max_rollback = max_rollback
-        self._bm_ok: _Target | None = None  # the last bitmask checked
+        self._bm_ok: Target | None = None  # the last bitmask checked
         self._hist: list[int] = []
         self._epoch = 0
         self.reset()
@@ -223,15 +153,14 @@ class Matcher:
             self._epoch = eng.epoch
 
     # -- core verbs ---------------------------------------------------------------------
-    def _token_id(self, token_id: Any) -> int:
+    def _token_id(self, token_id: object) -> int:
         """``token_id`` as an int in ``[0, vocab_size)``, else :class:`MatcherUsageError` (an
         id outside the vocabulary is a caller bug, not a grammar verdict)."""
-        if type(token_id) is not int:
-            token_id = whole_number("token id", token_id, 0)
-        if not 0 <= token_id < self._nvocab:
-            raise MatcherUsageError(f"token id {token_id} is outside the vocabulary "
+        tid = token_id if type(token_id) is int else whole_number("token id", token_id, 0)
+        if not 0 <= tid < self._nvocab:
+            raise MatcherUsageError(f"token id {tid} is outside the vocabulary "
                                     f"[0, {self._nvocab})")
-        return token_id
+        return tid
 
     def _advance(self, cid: int, tid: int) -> int:
         if cid == _TERMINATED:
@@ -239,7 +168,7 @@ class Matcher:
         if tid in self._eos:
             return _TERMINATED if self._eng.is_accepting(cid) else -1
         free = self._steps.get(cid)
-        if free is not None:  # free text: a lookup, no walk
+        if free is not None and free.jumps is not None:  # free text: a lookup, no walk
             return free.jumps.get(tid, free.usual)
         if not (0 <= tid < len(self._tb)):
             return -1
@@ -287,7 +216,7 @@ class Matcher:
         if mr is not None and len(h) > mr + 1:
             del h[: len(h) - mr - 1]
 
-    def accept_tokens(self, token_ids: Any) -> int:
+    def accept_tokens(self, token_ids: Iterable[int]) -> int:
         """Accept tokens in order, stopping at the first rejected one; returns how many."""
         n = 0
         for t in token_ids:
@@ -296,7 +225,7 @@ class Matcher:
             n += 1
         return n
 
-    def validate_tokens(self, token_ids: Any, *, budget: int | None = None) -> int:
+    def validate_tokens(self, token_ids: Iterable[object], *, budget: int | None = None) -> int:
         """How many leading tokens of ``token_ids`` would be accepted; the state is unchanged.
         With ``budget`` (tokens left, the first of ``token_ids`` included), a token must also
         keep the budget rule (:mod:`structgen.masks.budget`) at its position."""
@@ -405,7 +334,7 @@ class Matcher:
         return len(self._hist) - 1
 
     # -- masks ------------------------------------------------------------------------------
-    def _mask_words(self) -> np.ndarray:
+    def _mask_words(self) -> NDArray[np.uint32]:
         cid = self._hist[-1]
         vt = self._vt
         if cid == _TERMINATED:
@@ -425,7 +354,7 @@ class Matcher:
             self._sync()
             return self._masks.token_mask(self._hist[-1], vt)
 
-    def _note(self, cid: int, words: np.ndarray, free: Any) -> None:
+    def _note(self, cid: int, words: NDArray[np.uint32], free: FreeState | None) -> None:
         """A mask of ``cid`` (current configuration, ``words`` its mask) was asked for: find
         out once whether ``cid`` is free, and count the visit (:meth:`_visit`), so that free
         text gets its step shortcut whichever way its masks are read."""
@@ -438,7 +367,7 @@ class Matcher:
         if free.visits >= 0:
             self._visit(free)
 
-    def _cached_words(self) -> np.ndarray | None:
+    def _cached_words(self) -> NDArray[np.uint32] | None:
         """The current mask's words if the engine has them cached (no walk), else None."""
         cid = self._hist[-1]
         if cid == _TERMINATED or cid < 0:
@@ -450,7 +379,7 @@ class Matcher:
         m = self._masks.cached_mask(cid, self._vt)
         return m if eng.epoch == ep else None
 
-    def forbidden_token_ids(self) -> np.ndarray | None:
+    def forbidden_token_ids(self) -> NDArray[np.int64] | None:
         """The token ids the grammar forbids now when they are few (at most
         :data:`~structgen.masks.engine.FREE_MAX_FORBIDDEN`: free text between triggers, say),
         else None. Ascending int64, read-only; EOS is among them when the input may not end
@@ -474,7 +403,7 @@ class Matcher:
             self._sync()  # the mask may have flushed the tables first
             return self._masks.free_state(self._hist[-1], self._vt, words).forbidden
 
-    def _visit(self, free: Any) -> None:
+    def _visit(self, free: FreeState) -> None:
         """Count a visit of a free configuration; a configuration visited often gets its
         token steps (:meth:`Engine.add_jumps <structgen.masks.engine.Engine.add_jumps>`)."""
         free.visits += 1
@@ -485,11 +414,11 @@ class Matcher:
                 if self._free.get(self._hist[-1]) is free:
                     self._masks.add_jumps(self._hist[-1], self._vt, free)
 
-    def get_bitmask_words(self) -> np.ndarray:
+    def get_bitmask_words(self) -> NDArray[np.uint32]:
         """The current mask as packed uint32 words ``[ceil(vocab_size/32)]`` (read-only view)."""
         return self._mask_words()
 
-    def fill_bitmask(self, bitmask: Any, row: int = 0, *, budget: int | None = None) -> None:
+    def fill_bitmask(self, bitmask: Bitmask, row: int = 0, *, budget: int | None = None) -> None:
         """Write the current mask into ``bitmask[row]`` (int32 ``[rows, W]``, torch or numpy,
         ``W >= ceil(vocab_size/32)``). With ``budget`` (tokens left, this position included)
         the mask is narrowed by the budget rule (:meth:`budget_mask_words`).
@@ -502,23 +431,25 @@ class Matcher:
         array or tensor that wide, or a row outside ``[0, rows)`` (no negative indices).
         """
         ok = self._bm_ok
-        if ok is None or ok[0] is not bitmask or (ok[4] >= 0 and bitmask.data_ptr() != ok[4]):
+        if ok is None or ok[0] is not bitmask or (ok[4] >= 0 and not isinstance(bitmask, np.ndarray)
+                                                  and bitmask.data_ptr() != ok[4]):
             # checked once per buffer (and again if a CPU tensor's storage moved: resize_, set_)
-            ok = self._bm_ok = _bitmask_target(bitmask, self._vt.num_words)
+            ok = self._bm_ok = bitmask_target(bitmask, self._vt.num_words)
         _, host, rows, wide, _ptr = ok
         if type(row) is not int or not 0 <= row < rows:
-            row = _row_index(row, rows)
+            row = row_index(row, rows)
         words = self._mask_words() if budget is None else self._budget_words(budget)[0]  # uint32
         if host is not None:  # numpy array or CPU tensor: written through the cached uint32 view
             if wide:
-                _write_row(host[row], words, words.shape[0], True)
+                write_row(host[row], words, words.shape[0], True)
                 return
             try:
                 host[row] = words
             except ValueError:
-                _write_row(host[row], words, words.shape[0], False)  # raises the usage error
+                write_row(host[row], words, words.shape[0], False)  # raises the usage error
             return
         # a device tensor: the tensor's own constructor (this layer never imports torch)
+        assert not isinstance(bitmask, np.ndarray)  # numpy arrays have a host view
         nw = words.shape[0]
         bitmask[row, :nw].copy_(bitmask.new_tensor(words.view(np.int32), device="cpu"), non_blocking=False)
         if wide:
@@ -530,10 +461,11 @@ class Matcher:
         words = self._mask_words() if budget is None else self._budget_words(budget)[0]
         bits = np.unpackbits(words.view(np.uint8), bitorder="little")
         ids = np.nonzero(bits)[0]
-        return ids[ids < self._vt.vocab_size].tolist()
+        out: list[int] = ids[ids < self._vt.vocab_size].tolist()
+        return out
 
     # -- token budget (structgen.masks.budget) ---------------------------------------------
-    def _budget_words(self, budget: int) -> tuple[np.ndarray, bool]:
+    def _budget_words(self, budget: int) -> tuple[NDArray[np.uint32], bool]:
         """(the mask under the budget rule with ``budget`` tokens left, whether the rule
         removed a token the grammar allows)."""
         eng = self._eng
@@ -552,7 +484,7 @@ class Matcher:
             budget = int(budget)
             return bt.mask(cid, words, budget), bt.narrows(cid, budget)
 
-    def budget_mask_words(self, budget: int) -> tuple[np.ndarray, bool]:
+    def budget_mask_words(self, budget: int) -> tuple[NDArray[np.uint32], bool]:
         """The current mask under the budget rule (:mod:`structgen.masks.budget`) with
         ``budget`` tokens left, this position included, as packed uint32 words; and whether
         the rule removed a token the grammar allows here. A token is kept when the first
@@ -704,7 +636,8 @@ class Matcher:
                 f"terminated={self.is_terminated()})")
 
 
-def fill_bitmasks(matchers: Any, bitmask: Any, rows: Any = None, *, executor: Any = None) -> None:
+def fill_bitmasks(matchers: Iterable[Matcher | None], bitmask: Bitmask, rows: Iterable[object] | None = None,
+                  *, executor: Executor | None = None) -> None:
     """Write the current mask of each matcher into one packed bitmask: ``matchers[i]`` into
     row ``rows[i]`` (default ``i``) of ``bitmask`` (int32 ``[R, ceil(V/32)]``, torch on any
     device or numpy, at least ``ceil(V/32)`` columns: columns beyond a matcher's vocabulary
@@ -723,18 +656,18 @@ def fill_bitmasks(matchers: Any, bitmask: Any, rows: Any = None, *, executor: An
             raise MatcherUsageError(f"fill_bitmasks takes Matchers (or None), not {type(m).__name__}")
         if m is not None:
             nw = max(nw, m._vt.num_words)
-    is_numpy = _bitmask_kind(bitmask, nw)
+    bitmask_kind(bitmask, nw)
     nrows = int(bitmask.shape[0])
     rws = list(range(len(ms))) if rows is None else [whole_number("row", r, 0) for r in rows]
     if len(rws) != len(ms):
         raise MatcherUsageError(f"{len(ms)} matchers but {len(rws)} rows")
     for r in rws:
-        _row_index(r, nrows)
+        row_index(r, nrows)
     if len(set(rws)) != len(rws):
         raise MatcherUsageError("fill_bitmasks was given the same row twice")
     if not ms:
         return
-    words: list[np.ndarray | None] = [None] * len(ms)
+    words: list[NDArray[np.uint32] | None] = [None] * len(ms)
     pending: dict[int, list[int]] = {}  # id(engine) -> matcher indices whose mask is not cached
     for i, m in enumerate(ms):
         if m is None:
@@ -747,7 +680,9 @@ def fill_bitmasks(matchers: Any, bitmask: Any, rows: Any = None, *, executor: An
 
     def run(idx: list[int]) -> None:
         for i in idx:
-            words[i] = ms[i]._mask_words()
+            m = ms[i]
+            if m is not None:  # (pending holds matchers only)
+                words[i] = m._mask_words()
 
     if executor is not None and len(pending) > 1:
         for f in [executor.submit(run, idx) for idx in pending.values()]:
@@ -760,7 +695,7 @@ def fill_bitmasks(matchers: Any, bitmask: Any, rows: Any = None, *, executor: An
         if w is not None:
             block[i, : w.shape[0]] = w.view(np.int32)
             block[i, w.shape[0]:] = 0  # columns beyond the vocabulary: never allowed
-    if is_numpy:
+    if isinstance(bitmask, np.ndarray):
         if not bitmask.flags.writeable:
             raise MatcherUsageError("bitmask is a read-only array")
         bitmask[rws] = block
@@ -768,12 +703,12 @@ def fill_bitmasks(matchers: Any, bitmask: Any, rows: Any = None, *, executor: An
     # Tensors are built with the destination's own constructors (new_tensor), so this layer
     # never imports torch.
     src = bitmask.new_tensor(block, device="cpu")
-    idx = bitmask.new_tensor(rws, device="cpu").long()
+    dst = bitmask.new_tensor(rws, device="cpu").long()
     if bitmask.device.type == "cpu":
-        bitmask.index_copy_(0, idx, src)
+        bitmask.index_copy_(0, dst, src)
     else:  # one pinned host-to-device copy for every row
         dev = bitmask.device
-        bitmask.index_copy_(0, idx.to(dev), src.pin_memory().to(dev, non_blocking=True))
+        bitmask.index_copy_(0, dst.to(dev), src.pin_memory().to(dev, non_blocking=True))
 
 
 class _PrefixIndex:

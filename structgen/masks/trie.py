@@ -34,9 +34,22 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import NDArray
+
+from structgen.grammar import ir
+from structgen.grammar.compiler import compile_grammar
+from structgen.grammar.native import COMPILED, warm_fsa_kernels
+from structgen.grammar.runtime import RuntimeTables, warm_kernels
+from structgen.masks import _trie_kernels as tk
+from structgen.masks import _walk_kernels as wk
+from structgen.masks._walk_kernels import UTF8, TextArgs, TrieArrays
+
+if TYPE_CHECKING:  # pragma: no cover
+    from structgen.grammar.runtime import Runtime
 
 __all__ = ["available", "Trie", "trie_for", "TextSlice", "TEXT_AUTOMATON", "SLICE_DEPTH", "SLICE_BUDGET",
            "SLICE_WIDTH", "SLICE_NODES", "walk_trie", "walk_ids", "walk_sliced", "walk_loop_split",
@@ -45,7 +58,7 @@ __all__ = ["available", "Trie", "trie_for", "TextSlice", "TEXT_AUTOMATON", "SLIC
 DONE = -3
 
 _lock = threading.Lock()
-_kernels: Any = None
+_warmed = False
 _status: bool | None = None
 
 
@@ -55,7 +68,8 @@ def available() -> bool:
     if _status is None:
         with _lock:
             if _status is None:
-                if os.environ.get("STRUCTGEN_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+                if (os.environ.get("STRUCTGEN_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
+                        or not COMPILED):  # numba missing (its kernels would run as plain Python)
                     _status = False
                 else:
                     try:
@@ -66,31 +80,25 @@ def available() -> bool:
     return _status
 
 
-def _load() -> Any:
-    global _kernels
-    if _kernels is None:
-        from structgen.masks import _trie_kernels  # imports numba
-
-        _warm(_trie_kernels)
-        _kernels = _trie_kernels
-    return _kernels
+def _load() -> None:
+    """Load (or compile) every kernel once per process (see :func:`_warm`)."""
+    global _warmed
+    if not _warmed:
+        _warm()
+        _warmed = True
 
 
-def _warm_tables(byte: Any, depth: Any, skip: Any, lo: Any, own: Any, suf: Any, wf: Any, offs: Any, lens: Any,
-                 flat: Any, ids: Any, words: Any, unc: Any, cnt: Any) -> None:
+def _warm_tables(arrays: TrieArrays, offs: NDArray[np.int64], lens: NDArray[np.int64],
+                 flat: NDArray[np.uint8], words: NDArray[np.uint32], unc: NDArray[np.int64],
+                 cnt: NDArray[np.int64]) -> None:
     """Run the runtime and walk kernels once on the tables of a small recursive grammar."""
-    from structgen.grammar import ir
-    from structgen.grammar.compiler import compile_grammar
-    from structgen.grammar.runtime import RuntimeTables, warm_kernels
-    from structgen.masks import _walk_kernels as wk
-
     t = ir.alt(ir.lit("b"), ir.seq(ir.lit("["), ir.ref("t"), ir.lit("]")))
     cg = compile_grammar(ir.Grammar({"s": ir.seq(ir.lit("a"), ir.star(ir.ref("t"))), "t": t}, "s"))
     tab = RuntimeTables(cg.rules)
     g, c = warm_kernels(tab)
     st, tn = np.zeros(3, np.int32), np.zeros(3, np.uint8)
-    n = byte.shape[0] - 1
-    arrays = wk.TrieArrays(byte, depth, skip, lo, own, suf, wf, ids)
+    ids = arrays.slot_ids
+    n = arrays.byte.shape[0] - 1
     for gmode in (False, True):
         for split in (False, True):
             st[0] = g if gmode else c
@@ -99,46 +107,44 @@ def _warm_tables(byte: Any, depth: Any, skip: Any, lo: Any, own: Any, suf: Any, 
                         unc, cnt)
     st[0] = c
     wk.walk_ends(arrays, tab.T, 1, n + 1, st, np.full(ids.size, -1, np.int32))
-    cnode = np.arange(byte.shape[0], dtype=np.int64)
+    cnode = np.arange(arrays.byte.shape[0], dtype=np.int64)
     sps = np.zeros(ids.size + 1, dtype=np.int64)
     for gmode in (False, True):
         wk.slice_from(tab.T, gmode, g if gmode else c, 0, TEXT_AUTOMATON, 4, 128, 16)
         for split in (False, True):
-            text = wk.TextArgs(np.zeros(3, np.int64), TEXT_AUTOMATON, sps, ids,
-                               np.array([4, 128, 16, 1], np.int64))
+            text = TextArgs(np.zeros(3, np.int64), TEXT_AUTOMATON, sps, ids,
+                            np.array([4, 128, 16, 1], np.int64))
             wk.walk_sliced(arrays, arrays, cnode, arrays, cnode, text, tab.T, gmode, g if gmode else c,
                            np.array([0, -1, 0, 0], np.int64), st, tn, split, words, unc, cnt)
 
 
-def _warm(k: Any) -> None:
+def _warm() -> None:
     """Call every kernel once on tiny inputs of the real argument types, so that loading
     them from numba's disk cache (or compiling them, the first time ever) happens here,
     once per process, and not inside the first mask that needs each one."""
     flat = np.frombuffer(b"ab", dtype=np.uint8)
     offs = np.array([0, 1], dtype=np.int64)
     lens = np.array([1, 1], dtype=np.int64)
-    n = k.count_nodes(flat, offs, lens)
+    n = tk.count_nodes(flat, offs, lens)
     byte, depth, skip = np.zeros(n + 1, np.uint8), np.zeros(n + 1, np.int32), np.zeros(n + 1, np.int32)
     lo, own, suf = np.zeros(n + 2, np.int32), np.zeros(n + 1, np.int32), np.zeros((n + 1, 4), np.uint64)
-    k.build_nodes(flat, offs, lens, byte, depth, skip, lo, own, suf)
+    tk.build_nodes(flat, offs, lens, byte, depth, skip, lo, own, suf)
     wf = np.zeros(n + 1, np.uint8)
-    k.utf8_ok(byte, depth, _utf8(), wf)
+    tk.utf8_ok(byte, depth, UTF8, wf)
     words, unc, cnt = np.zeros(1, np.uint32), np.zeros(2, np.int64), np.zeros(1, np.int64)
     ids = np.array([0, 1], dtype=np.int64)
-    _warm_tables(byte, depth, skip, lo, own, suf, wf, offs, lens, flat, ids, words, unc, cnt)
-    from structgen.grammar.native import warm_fsa_kernels
-
+    _warm_tables(TrieArrays(byte, depth, skip, lo, own, suf, wf, ids), offs, lens, flat, words, unc, cnt)
     warm_fsa_kernels()
-    k.loop_split(np.zeros((2, 4), np.uint64), ids, np.zeros(4, np.uint64), words)
-    k.match_nodes(byte, depth, byte, depth, skip, np.zeros(n + 1, np.int64))
-    k.row_shape(np.zeros(256, np.int32), np.zeros(256, np.uint8), np.zeros(256, np.int32))
+    tk.loop_split(np.zeros((2, 4), np.uint64), ids, np.zeros(4, np.uint64), words)
+    tk.match_nodes(byte, depth, byte, depth, skip, np.zeros(n + 1, np.int64))
+    tk.row_shape(np.zeros(256, np.int32), np.zeros(256, np.uint8), np.zeros(256, np.int32))
 
 
 class Trie:
     """Depth-first byte trie of one vocabulary (see the module docstring for the layout)."""
 
     def __init__(self, token_bytes: list[bytes | None], vocab_size: int) -> None:
-        k = _load()
+        _load()
         ids = [i for i, b in enumerate(token_bytes) if b and i < vocab_size]
         ids.sort(key=lambda i: token_bytes[i])  # type: ignore[arg-type,return-value]
         slot_ids = np.array(ids, dtype=np.int64)
@@ -148,16 +154,16 @@ class Trie:
         offs = np.zeros(len(ids), dtype=np.int64)
         if len(ids) > 1:
             offs[1:] = np.cumsum(lens)[:-1]
-        n = k.count_nodes(flat, offs, lens)
+        n = tk.count_nodes(flat, offs, lens)
         self.byte = np.zeros(n + 1, dtype=np.uint8)
         self.depth = np.zeros(n + 1, dtype=np.int32)
         self.skip = np.zeros(n + 1, dtype=np.int32)
         self.lo = np.zeros(n + 2, dtype=np.int32)
         self.own = np.zeros(n + 1, dtype=np.int32)
         self.suf = np.zeros((n + 1, 4), dtype=np.uint64)
-        k.build_nodes(flat, offs, lens, self.byte, self.depth, self.skip, self.lo, self.own, self.suf)
+        tk.build_nodes(flat, offs, lens, self.byte, self.depth, self.skip, self.lo, self.own, self.suf)
         self.wf = np.zeros(n + 1, dtype=np.uint8)
-        k.utf8_ok(self.byte, self.depth, _utf8(), self.wf)
+        tk.utf8_ok(self.byte, self.depth, UTF8, self.wf)
         self.num_nodes = n
         self.slot_ids = slot_ids
         self.max_depth = int(lens.max()) if lens.size else 0
@@ -173,28 +179,20 @@ class Trie:
             rows = np.repeat(np.arange(len(ids), dtype=np.int64), lens)
             bits[rows, flat] = True
         self.slot_bytes = np.ascontiguousarray(np.packbits(bits, axis=1, bitorder="little").view(np.uint64))
-        self._arrays: Any = None
+        self._arrays: TrieArrays | None = None
 
-    def arrays(self) -> Any:
+    def arrays(self) -> TrieArrays:
         """The node arrays as one walk argument (:data:`structgen.masks._walk_kernels.TrieArrays`)."""
         if self._arrays is None:
-            from structgen.masks._walk_kernels import TrieArrays
-
             self._arrays = TrieArrays(self.byte, self.depth, self.skip, self.lo, self.own, self.suf, self.wf,
                                       self.slot_ids)
         return self._arrays
 
 
-def _utf8() -> np.ndarray:
-    from structgen.masks._walk_kernels import UTF8
-
-    return UTF8
+_tries: dict[Hashable, Trie] = {}
 
 
-_tries: dict[Any, Trie] = {}
-
-
-def trie_for(key: Any, token_bytes: list[bytes | None], vocab_size: int) -> Trie:
+def trie_for(key: Hashable, token_bytes: list[bytes | None], vocab_size: int) -> Trie:
     """The (process-wide, cached) trie of a vocabulary table."""
     t = _tries.get(key)
     if t is None:
@@ -206,14 +204,12 @@ def trie_for(key: Any, token_bytes: list[bytes | None], vocab_size: int) -> Trie
     return t
 
 
-def _json_text_automaton() -> np.ndarray:
+def _json_text_automaton() -> NDArray[np.int8]:
     """The bytes of JSON string content without escapes: complete, well-formed UTF-8
     characters other than ``"``, ``\\`` and the C0 controls (int8 ``[8, 256]``: state 0 =
     between characters, -1 = no edge): UTF-8 (:data:`structgen.masks._walk_kernels.UTF8`) less
     those ASCII bytes."""
-    from structgen.masks._walk_kernels import UTF8
-
-    pd = UTF8.copy()
+    pd: NDArray[np.int8] = UTF8.copy()
     pd[0, 0x00:0x20] = -1
     pd[0, 0x22] = pd[0, 0x5C] = -1
     return pd
@@ -241,16 +237,14 @@ class TextSlice:
 
     __slots__ = ("depth", "pd", "sps", "sids", "trie", "cnode", "ktrie", "knode", "size")
 
-    def __init__(self, depth: int, pd: np.ndarray, sps: np.ndarray, sids: np.ndarray, trie: Trie,
-                 cnode: np.ndarray, ktrie: Trie, knode: np.ndarray) -> None:
+    def __init__(self, depth: int, pd: NDArray[np.int8], sps: NDArray[np.int64], sids: NDArray[np.int64],
+                 trie: Trie, cnode: NDArray[np.int64], ktrie: Trie, knode: NDArray[np.int64]) -> None:
         self.depth, self.pd, self.sps, self.sids, self.trie = depth, pd, sps, sids, trie
         self.cnode, self.ktrie, self.knode, self.size = cnode, ktrie, knode, int(sids.size)
 
 
-def _no_slice() -> Any:
+def _no_slice() -> TextArgs:
     """The text-slice argument of a walk that takes no slice (see :data:`_walk_kernels.TextArgs`)."""
-    from structgen.masks._walk_kernels import TextArgs
-
     return TextArgs(np.zeros(1, dtype=np.int64), np.full((1, 256), -1, dtype=np.int8),
                     np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64), np.full(4, -1, dtype=np.int64))
 
@@ -258,14 +252,12 @@ def _no_slice() -> Any:
 # -- drivers (each takes the grammar's runtime: its kernel tables, and its ``service`` that grows
 # them when a walk asks for room) ----------------------------------------------------------------
 
-def walk_trie(runtime: Any, trie: Trie, start: int, gmode: bool, split: bool,
-              words: np.ndarray) -> np.ndarray:
+def walk_trie(runtime: Runtime, trie: Trie, start: int, gmode: bool, split: bool,
+              words: NDArray[np.uint32]) -> NDArray[np.int64]:
     """OR into ``words`` the tokens accepted from ``start`` (a configuration of ``runtime``, or
     with ``gmode`` a rule state of a call-free rule); with ``split`` (a rooted walk), also
     return the ids of the rejected tokens that passed an accepting state first (they depend
     on the context), else an empty array."""
-    from structgen.masks import _walk_kernels as wk
-
     st = np.zeros(trie.max_depth + 1, dtype=np.int32)
     st[0] = start
     tn = np.zeros(trie.max_depth + 1, dtype=np.uint8)
@@ -283,13 +275,11 @@ def walk_trie(runtime: Any, trie: Trie, start: int, gmode: bool, split: bool,
     return unc[: int(cnt[0])]
 
 
-def walk_ids(runtime: Any, trie: Trie, start: int, gmode: bool, ids: np.ndarray, words: np.ndarray,
-             split: bool = False) -> np.ndarray:
+def walk_ids(runtime: Runtime, trie: Trie, start: int, gmode: bool, ids: NDArray[np.int64],
+             words: NDArray[np.uint32], split: bool = False) -> NDArray[np.int64]:
     """OR into ``words`` the tokens among ``ids`` whose bytes are consumed from ``start``
     (tokens already set in ``words`` are skipped). With ``split`` (a rooted walk), the
     rejected tokens that passed an accepting state first are returned."""
-    from structgen.masks import _walk_kernels as wk
-
     pos = np.zeros(4, dtype=np.int64)  # resume point: token index, byte index, state, passed
     pos[2] = start
     ids = np.ascontiguousarray(ids, dtype=np.int64)
@@ -303,12 +293,11 @@ def walk_ids(runtime: Any, trie: Trie, start: int, gmode: bool, ids: np.ndarray,
         runtime.service(int(status))
 
 
-def walk_ends(runtime: Any, trie: Trie, start: int, *, out: np.ndarray | None = None) -> np.ndarray:
+def walk_ends(runtime: Runtime, trie: Trie, start: int, *,
+              out: NDArray[np.int32] | None = None) -> NDArray[np.int32]:
     """Per token slot of ``trie`` (``trie.slot_ids[q]`` is slot ``q``'s token id), the
     configuration of ``runtime`` its bytes lead to from configuration ``start``; -1 where they
     are rejected (int32 ``[slots]``; written into ``out`` when given)."""
-    from structgen.masks import _walk_kernels as wk
-
     if out is None:
         out = np.full(trie.slot_ids.size, -1, dtype=np.int32)
     else:
@@ -324,13 +313,11 @@ def walk_ends(runtime: Any, trie: Trie, start: int, *, out: np.ndarray | None = 
         runtime.service(int(status))
 
 
-def walk_sliced(runtime: Any, trie: Trie, sl: Any, start: int, gmode: bool, split: bool,
-                words: np.ndarray) -> np.ndarray:
+def walk_sliced(runtime: Runtime, trie: Trie, sl: TextSlice, start: int, gmode: bool, split: bool,
+                words: NDArray[np.uint32]) -> NDArray[np.int64]:
     """:func:`walk_trie` over the whole vocabulary, taking the text slice ``sl`` (a
     :class:`TextSlice`) whole where a node's state can read it (see
     :func:`structgen.masks._walk_kernels.walk_sliced`)."""
-    from structgen.masks import _walk_kernels as wk
-
     ct, kt = sl.trie, sl.ktrie
     md = max(trie.max_depth, ct.max_depth) + 1
     st = np.zeros(md, dtype=np.int32)
@@ -340,7 +327,7 @@ def walk_sliced(runtime: Any, trie: Trie, sl: Any, start: int, gmode: bool, spli
     cnt = np.zeros(1, dtype=np.int64)
     pos = np.array([0, -1, 0, 0], dtype=np.int64)
     sp = np.array([sl.depth, SLICE_BUDGET, SLICE_WIDTH, SLICE_NODES], dtype=np.int64)
-    text = wk.TextArgs(pq, sl.pd, sl.sps, sl.sids, sp)
+    text = TextArgs(pq, sl.pd, sl.sps, sl.sids, sp)
     full, rest, rest_kill = trie.arrays(), ct.arrays(), kt.arrays()
     while True:
         status = wk.walk_sliced(full, rest, sl.cnode, rest_kill, sl.knode, text, runtime.tab.T, gmode, start,
@@ -350,27 +337,29 @@ def walk_sliced(runtime: Any, trie: Trie, sl: Any, start: int, gmode: bool, spli
         runtime.service(int(status))
 
 
-def row_shape(row: np.ndarray, lab: np.ndarray, tg: np.ndarray) -> int:
+def row_shape(row: NDArray[np.int32], lab: NDArray[np.uint8], tg: NDArray[np.int32]) -> int:
     """See :func:`structgen.masks._trie_kernels.row_shape`."""
-    return int(_load().row_shape(np.ascontiguousarray(row, dtype=np.int32), lab, tg))
+    _load()
+    return int(tk.row_shape(np.ascontiguousarray(row, dtype=np.int32), lab, tg))
 
 
-def match_nodes(full: Trie, sub: Trie) -> np.ndarray:
+def match_nodes(full: Trie, sub: Trie) -> NDArray[np.int64]:
     """For every node of ``full``, the node of ``sub`` (a trie of some of its tokens) with
     the same path, or -1."""
     out = np.empty(full.byte.shape[0], dtype=np.int64)
-    _load().match_nodes(full.byte, full.depth, sub.byte, sub.depth, sub.skip, out)
+    _load()
+    tk.match_nodes(full.byte, full.depth, sub.byte, sub.depth, sub.skip, out)
     return out
 
 
-def walk_loop_split(runtime: Any, trie: Trie, start: int, gmode: bool, loops: np.ndarray, words: np.ndarray,
-                    split: bool = False) -> np.ndarray:
+def walk_loop_split(runtime: Runtime, trie: Trie, start: int, gmode: bool, loops: NDArray[np.bool_],
+                    words: NDArray[np.uint32], split: bool = False) -> NDArray[np.int64]:
     """Tokens made only of bytes that loop on ``start`` are allowed outright; the others are
     walked byte by byte (``split`` as in :func:`walk_ids`, for a non-accepting ``start``).
     ``loops``: bool [256]."""
-    k = _load()
+    _load()
     nonloop = np.packbits(~loops, bitorder="little").view(np.uint64)
-    impure = k.loop_split(trie.slot_bytes, trie.slot_ids, nonloop, words)
+    impure = tk.loop_split(trie.slot_bytes, trie.slot_ids, nonloop, words)
     if impure.size:
         return walk_ids(runtime, trie, start, gmode, impure, words, split)
     return np.zeros(0, dtype=np.int64)

@@ -32,13 +32,18 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, runtime_checkable
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from structgen.errors import VocabularyError
+from structgen.json_types import JsonObject, JsonValue
 
-__all__ = ["Vocabulary", "byte_to_unicode", "unicode_to_byte"]
+if TYPE_CHECKING:  # pragma: no cover
+    from tokenizers import Tokenizer
+
+__all__ = ["Vocabulary", "VocabLike", "FlatVocabLike", "byte_to_unicode", "unicode_to_byte"]
 
 _SP_SPACE = "\u2581"
 _BYTE_FALLBACK_RE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -148,7 +153,7 @@ class Vocabulary:
     @classmethod
     def from_tokenizer(
         cls,
-        tokenizer: Any,
+        tokenizer: object,
         vocab_size: int | None = None,
         *,
         eos_token_ids: Iterable[int] = (),
@@ -296,7 +301,7 @@ class Vocabulary:
     # ------------------------------------------------------------------ numpy views
 
     @property
-    def lengths(self) -> np.ndarray:
+    def lengths(self) -> NDArray[np.int32]:
         """int32 ``[vocab_size]``: byte length of each token, 0 for None. Read-only."""
         arr = self._cache.get("lengths")
         if arr is None:
@@ -307,7 +312,7 @@ class Vocabulary:
         return arr
 
     @property
-    def offsets(self) -> np.ndarray:
+    def offsets(self) -> NDArray[np.int64]:
         """int64 ``[vocab_size + 1]``: token ``i``'s bytes are
         ``flat_bytes[offsets[i]:offsets[i + 1]]`` (CSR layout). Read-only."""
         arr = self._cache.get("offsets")
@@ -319,7 +324,7 @@ class Vocabulary:
         return arr
 
     @property
-    def flat_bytes(self) -> np.ndarray:
+    def flat_bytes(self) -> NDArray[np.uint8]:
         """uint8 ``[sum(lengths)]``: all token bytes concatenated in id order. Read-only."""
         arr = self._cache.get("flat_bytes")
         if arr is None:
@@ -329,7 +334,7 @@ class Vocabulary:
         return arr
 
     @property
-    def ids_by_length(self) -> np.ndarray:
+    def ids_by_length(self) -> NDArray[np.int32]:
         """int32 ``[num_text_tokens]``: ids of tokens with bytes (None ids excluded),
         sorted by byte length ascending, ties by id. Read-only."""
         arr = self._cache.get("ids_by_length")
@@ -347,7 +352,7 @@ class Vocabulary:
         return int(self.lengths.max()) if self._size else 0
 
     @property
-    def byte_matrix(self) -> np.ndarray:
+    def byte_matrix(self) -> NDArray[np.uint8]:
         """uint8 ``[vocab_size, max(1, max_token_length)]``: row ``i`` holds token ``i``'s
         bytes left-aligned, zero-padded (use :attr:`lengths` to know where they end;
         None tokens are all-zero rows of length 0). Read-only. Memory: V x L bytes
@@ -386,11 +391,11 @@ class Vocabulary:
 
     # ------------------------------------------------------------------ dunder
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> _State:
         return {"token_bytes": self._token_bytes, "eos": self._eos, "special": self._special,
                 "size": self._size, "scheme": self._scheme}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: _State) -> None:
         self._token_bytes = state["token_bytes"]
         self._eos = state["eos"]
         self._special = state["special"]
@@ -418,9 +423,54 @@ class Vocabulary:
                 f"text_tokens={text}, eos_token_ids={self._eos})")
 
 
+class _State(TypedDict):
+    """A pickled :class:`Vocabulary`."""
+
+    token_bytes: tuple[bytes | None, ...]
+    eos: tuple[int, ...]
+    special: frozenset[int]
+    size: int
+    scheme: str
+
+
+class VocabLike(Protocol):
+    """What the masks read of a vocabulary: a :class:`Vocabulary`, or any object with these
+    attributes (a ``content_hash`` string, when present, keys its caches)."""
+
+    @property
+    def token_bytes(self) -> Sequence[bytes | None]:
+        """Per id, the bytes the token adds to the text, or None (never allowed)."""
+
+    @property
+    def eos_token_ids(self) -> Iterable[int]:
+        """Ids that end generation."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids, padding included."""
+
+
+@runtime_checkable
+class FlatVocabLike(VocabLike, Protocol):
+    """A :class:`VocabLike` that also has :class:`Vocabulary`'s flat numpy views (the mask
+    engine then builds its tables from them)."""
+
+    @property
+    def lengths(self) -> ArrayLike:
+        """Byte length of each token, 0 for None."""
+
+    @property
+    def offsets(self) -> ArrayLike:
+        """Where each token's bytes start in :attr:`flat_bytes` (``vocab_size + 1`` entries)."""
+
+    @property
+    def flat_bytes(self) -> ArrayLike:
+        """All token bytes concatenated in id order."""
+
+
 # ---------------------------------------------------------------------- helpers
 
-def _backend_of(tokenizer: Any) -> Any:
+def _backend_of(tokenizer: object) -> Tokenizer | None:
     """The ``tokenizers.Tokenizer`` behind a fast HF tokenizer, the object itself if it
     is one, else None."""
     try:
@@ -436,27 +486,33 @@ def _backend_of(tokenizer: Any) -> Any:
     return backend if isinstance(backend, Tokenizer) else None
 
 
-def _decoder_types(node: Any) -> list[dict[str, Any]]:
+def _decoder_types(node: JsonValue) -> list[JsonObject]:
     if not isinstance(node, dict):
         return []
     if node.get("type") == "Sequence":
-        out: list[dict[str, Any]] = []
-        for child in node.get("decoders", []):
+        out: list[JsonObject] = []
+        children = node.get("decoders", [])
+        for child in children if isinstance(children, list) else []:
             out.extend(_decoder_types(child))
         return out
     return [node]
 
 
-def _detect_scheme(backend: Any, vocab: dict[str, int]) -> tuple[str, bool]:
+def _is_space_replace(node: JsonObject) -> bool:
+    """Whether a decoder node is SentencePiece's ``Replace('▁', ' ')``."""
+    pattern = node.get("pattern", {})
+    return (node.get("type") == "Replace" and isinstance(pattern, dict) and pattern.get("String") == _SP_SPACE
+            and node.get("content") == " ")
+
+
+def _detect_scheme(backend: Tokenizer | None, vocab: dict[str, int]) -> tuple[str, bool]:
     """Return ``(scheme, byte_fallback)`` from the backend decoder, else from content."""
     if backend is not None and backend.decoder is not None:
         nodes = _decoder_types(json.loads(backend.decoder.__getstate__()))
         types = [n.get("type") for n in nodes]
         if "ByteLevel" in types:
             return "byte_level", False
-        sp_replace = any(n.get("type") == "Replace"
-                         and n.get("pattern", {}).get("String") == _SP_SPACE
-                         and n.get("content") == " " for n in nodes)
+        sp_replace = any(_is_space_replace(n) for n in nodes)
         if "Metaspace" in types or sp_replace:
             fallback = "ByteFallback" in types or bool(getattr(backend.model, "byte_fallback",
                                                                False))
