@@ -34,6 +34,7 @@ from structgen.frontends.json_schema.patterns import compile_pattern
 from structgen.frontends.json_schema.records import FALSE, TRUE
 from structgen.grammar import ir
 from structgen.grammar.compiled import CompiledGrammar, LazyRule, RuleSource
+from structgen.grammar.passes import expr_size
 
 __all__ = ["DIAGNOSIS_BUDGET_S", "explain_unsat", "locate_automaton_error", "rule_sources"]
 
@@ -211,9 +212,8 @@ class _Sizes:
     ``calls`` are calls, other references are inlined; big repetitions call their item)."""
 
     def __init__(self, rules: Mapping[str, ir.Expr], calls: frozenset[str], deadline: float) -> None:
-        from structgen.grammar.passes import expr_size as _size
         self.rules, self.calls, self.deadline = rules, calls, deadline
-        self._size = _size
+        self._size = expr_size
         self.memo: dict[int, int] = {}
         self._ticks = 0
 
@@ -329,7 +329,7 @@ def locate_automaton_error(e: CompileLimitError, doc: SchemaDoc | None, rules: M
         kw = expr_kw.get(x)
         if kw is not None:
             break
-    if kw is None and rule in rules:
+    if kw is None and rule is not None and rule in rules:
         try:
             p2, kw = _biggest_part(rule, rules, getattr(e, "ir_calls", frozenset()), rule_where,
                                    rule_kw, expr_kw, limits.now() + budget_s)
@@ -452,8 +452,6 @@ def rule_sources(cg: CompiledGrammar, grammar: ir.Grammar, rule_where: Mapping[s
     the lowering read the schema's patterns (``JsonSchemaOptions.regex_dialect``), so that their
     languages are found in the grammar. Costs one walk of the grammar (at most
     :data:`_SOURCE_WALK` nodes)."""
-    from structgen.grammar.passes import expr_size
-
     sources = cg.rule_sources
     exprs = cg.rule_exprs
     called = {r.name for r in cg.rules if isinstance(r, LazyRule)}

@@ -24,6 +24,8 @@ from fractions import Fraction
 from typing import Any
 
 from structgen.errors import SchemaError
+from structgen.frontends.json_schema import idn
+from structgen.frontends.json_schema.jsonschema_import import import_jsonschema
 
 __all__ = ["SF", "ST", "key_value", "lits_of", "num_and", "num_c", "num_empty", "num_member", "num_not",
            "num_or", "s_and", "s_atoms", "s_empty", "s_eval_assign", "s_lits", "s_member", "s_not", "s_or",
@@ -151,7 +153,7 @@ def s_not(f: tuple) -> tuple:
     if f[0] == "not":
         return f[1]
     if f[0] == "c" and not f[3] and not f[4]:  # lengths only: complement the interval
-        parts = []
+        parts: list[tuple] = []
         if f[1] > 0:
             parts.append(("c", 0, f[1] - 1, frozenset(), frozenset()))
         if f[2] is not None:
@@ -166,16 +168,12 @@ _FORMAT_CHECKER: Any = None
 def _format_ok(name: str, s: str) -> bool:
     global _FORMAT_CHECKER
     if _FORMAT_CHECKER is None:
-        from structgen.frontends.json_schema.jsonschema_import import import_jsonschema
-
         _FORMAT_CHECKER = import_jsonschema().Draft202012Validator.FORMAT_CHECKER
     if not _FORMAT_CHECKER.conforms(s, name):
         return False
     if name not in ("hostname", "idn-hostname", "idn-email"):
         return True
     # jsonschema leaves A-labels and most of idn-email unchecked; the grammar's value checks do not
-    from structgen.frontends.json_schema import idn
-
     check = {"hostname": idn.hostname_ok, "idn-hostname": idn.idn_hostname_ok, "idn-email": idn.idn_email_ok}
     try:
         return check[name](s)

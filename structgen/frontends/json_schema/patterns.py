@@ -26,6 +26,7 @@ from functools import lru_cache
 from typing import Any
 
 from structgen.errors import RegexError
+from structgen.frontends import regex
 from structgen.grammar import ir
 
 __all__ = ["CONTENT_ENCODING", "DIALECTS", "Pattern", "compile_pattern", "pattern_error", "python_pattern",
@@ -36,12 +37,6 @@ CONTENT_ENCODING = {"all": "json", "canonical": "json-canonical"}
 
 #: ``regex_dialect`` option value -> dialect of :mod:`structgen.frontends.regex`
 DIALECTS = {"ecma262": "ecma", "python": "python"}
-
-
-def _regex() -> Any:
-    from structgen.frontends import regex  # imported lazily: building its Unicode tables costs a little
-
-    return regex
 
 
 def _dialect(dialect: str) -> str:
@@ -71,7 +66,7 @@ def compile_pattern(p: str, escapes: str = "all", dialect: str = "ecma262") -> i
     """The JSON Schema ``pattern`` ``p`` (searched, in ``dialect``) over JSON string content
     spelled with ``escapes`` (see :mod:`structgen.frontends.json_escape`). Cached (1,024
     patterns); raises :class:`~structgen.errors.RegexError` for a pattern it cannot express."""
-    return _regex().compile_regex(p, dialect=_dialect(dialect), search=True,
+    return regex.compile_regex(p, dialect=_dialect(dialect), search=True,
                                   encoding=CONTENT_ENCODING[escapes])
 
 
@@ -108,7 +103,7 @@ def _cp(c: int) -> str:
 
 def _py_source(node: Any) -> str:
     """``re`` syntax matching exactly what the parsed ``node`` matches (flags already applied)."""
-    rx = _regex()
+    rx = regex
     if isinstance(node, rx.CharSet):
         if not node.ranges:
             return "(?!)"
@@ -138,7 +133,7 @@ def python_pattern(p: str, dialect: str = "ecma262") -> str | None:
     if dialect == "python":
         return p
     try:
-        return _py_source(_regex().parse_regex(p, dialect=_dialect(dialect)))
+        return _py_source(regex.parse_regex(p, dialect=_dialect(dialect)))
     except (RegexError, RecursionError):
         return None
 
