@@ -50,7 +50,7 @@ class Concat(RegexNode):
 
 @dataclass(frozen=True)
 class Alternation(RegexNode):
-    """Any one of the items (``a|b``)."""
+    """One of the items, whichever matches (``a|b``)."""
     items: tuple[RegexNode, ...]
 
 

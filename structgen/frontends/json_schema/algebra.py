@@ -33,9 +33,8 @@ holds the :class:`Normalizer`, which builds them from schema locations.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any
 
 from structgen import limits
 from structgen.errors import CompileLimitError, CompileTimeoutError, SchemaError, UnsupportedFeatureError
@@ -97,8 +96,8 @@ class Normalizer(TypeKeywords):
     """Turns nodes into :class:`TS` values (memoised), reporting unsupported features."""
 
     def __init__(self, doc: SchemaDoc, *, formats: str = "enforce", lenient: bool = False,
-                 max_enum: int = 5000, format_supported: Any = None,
-                 pattern_check: Any = None, annotations: bool = False,
+                 max_enum: int = 5000, format_supported: Callable[[str], bool | None] | None = None,
+                 pattern_check: Callable[[str, str], str | None] | None = None, annotations: bool = False,
                  regex_dialect: str = "ecma262") -> None:
         self.doc = doc
         # track evaluation annotations precisely (anyOf branch subsets, a lone "if"): needed by
@@ -335,11 +334,11 @@ class Normalizer(TypeKeywords):
             obj = self._prune_obj(self._dnf(self._obj_meet(x, y) for x in obj for y in alts_o))
         return TS(not a.null, frozenset((False, True)) - a.bools, num_not(a.num), s_not(a.str), arr, obj)
 
-    def _dnf(self, recs: Iterable[Any]) -> tuple:
+    def _dnf(self, recs: Iterable[Arr | Obj | None]) -> tuple:
         """Canonicalise, prune provably empty records, dedup and drop subsumed ones."""
         if self.deadline is not None:
             self._tick_deadline()
-        out: dict[Any, None] = {}
+        out: dict[Arr | Obj, None] = {}
         for r in recs:
             if r is None:
                 continue

@@ -117,7 +117,7 @@ class Lowering(ObjectLowering, NumberLowering):
         return e
 
     def str_content_any(self, capped: bool) -> ir.Expr:
-        """Any string content; at most ``max_string_length`` characters when ``capped``."""
+        """Every string content; at most ``max_string_length`` characters when ``capped``."""
         cap = self.opt.max_string_length if capped else None
         return ir.rep(self.any_char(), 0, cap)
 

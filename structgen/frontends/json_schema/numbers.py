@@ -62,7 +62,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any, Union
+from typing import TypeVar, Union
 
 from structgen.errors import CompileLimitError
 from structgen.frontends.json_schema.number_dfa import Bound, Mod, NumberDfa, Spec, terminating_digits
@@ -190,11 +190,12 @@ def _int_lower(x: Fraction, strict: bool) -> Fraction:
 # Building DFAs (the algorithms live in structgen.grammar.fsa)
 # ---------------------------------------------------------------------------
 
+_S = TypeVar("_S", bound=Hashable)  # a state of an implicitly given automaton
 _LIMIT_HINT = "simplify the numeric constraints (smaller multipleOf or bounds)"
 
 
-def explore_dfa(start: Hashable, step: Callable[[Any, int], Any],
-                accepting: Callable[[Any], bool], alphabet: bytes | Sequence[bytes],
+def explore_dfa(start: _S, step: Callable[[_S, int], _S | None],
+                accepting: Callable[[_S], bool], alphabet: bytes | Sequence[bytes],
                 what: str) -> ir.Expr:
     """:func:`structgen.grammar.fsa.explore_dfa` under this module's limit: at most
     :data:`MAX_DFA_STATES` states after minimisation (twice that while exploring), else

@@ -23,11 +23,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 from structgen.errors import RegexError
 from structgen.frontends import regex
 from structgen.grammar import ir
+from structgen.json_types import JsonObject, JsonValue
 
 __all__ = ["CONTENT_ENCODING", "DIALECTS", "Pattern", "compile_pattern", "pattern_error", "python_pattern",
            "schema_for_re_validators"]
@@ -101,7 +101,7 @@ def _cp(c: int) -> str:
     return f"\\U{c:08x}"
 
 
-def _py_source(node: Any) -> str:
+def _py_source(node: regex.RegexNode) -> str:
     """``re`` syntax matching exactly what the parsed ``node`` matches (flags already applied)."""
     rx = regex
     if isinstance(node, rx.CharSet):
@@ -152,8 +152,8 @@ def _searcher(p: str, dialect: str) -> re.Pattern[str] | None:
 _INSTANCE_KEYWORDS = frozenset({"const", "enum", "examples", "default"})
 
 
-def schema_for_re_validators(schema: Any, dialect: str = "ecma262",
-                             renamed: dict[str, str] | None = None) -> Any:
+def schema_for_re_validators(schema: JsonValue, dialect: str = "ecma262",
+                             renamed: dict[str, str] | None = None) -> JsonValue:
     """A copy of ``schema`` for validators that read patterns with Python's :mod:`re` (the
     ``jsonschema`` package): every ``pattern`` value and ``patternProperties`` key becomes
     :func:`python_pattern`'s translation, so such a validator judges patterns as ``dialect``
@@ -165,7 +165,7 @@ def schema_for_re_validators(schema: Any, dialect: str = "ecma262",
     if dialect == "python":
         return schema
 
-    def translate(p: Any) -> Any:
+    def translate(p: str) -> str:
         if not isinstance(p, str):
             return p
         out = python_pattern(p, dialect) or p
@@ -173,12 +173,12 @@ def schema_for_re_validators(schema: Any, dialect: str = "ecma262",
             renamed[out] = p
         return out
 
-    def walk(node: Any) -> Any:
+    def walk(node: JsonValue) -> JsonValue:
         if isinstance(node, list):
             return [walk(x) for x in node]
         if not isinstance(node, dict):
             return node
-        out: dict[Any, Any] = {}
+        out: JsonObject = {}
         for key, value in node.items():
             if key in _INSTANCE_KEYWORDS:
                 out[key] = value

@@ -102,7 +102,7 @@ def is_model_class(obj: object) -> bool:
 def model_schema(cls: type) -> JsonObject:
     """The JSON Schema of model class ``cls``, from its ``model_json_schema()``.
 
-    Cost: whatever that method costs (Pydantic builds and caches the schema). Any exception
+    Cost: whatever that method costs (Pydantic builds and caches the schema). An exception
     it raises becomes a :class:`~structgen.errors.SchemaError` naming the class.
     """
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 from structgen.errors import CompileLimitError, SchemaError
 from structgen.frontends.json_schema.formulas import SF, ST, num_and, num_c, s_lits, s_not, s_or, value_key
@@ -68,7 +67,7 @@ class TypeKeywords:
             raise SchemaError(f"invalid type {t!r}", pointer=ptr, keyword="type")
         return of_types(names)
 
-    def _enum(self, values: Any, ptr: str) -> TS:
+    def _enum(self, values: object, ptr: str) -> TS:
         if not isinstance(values, list):
             raise SchemaError("enum must be an array", pointer=ptr, keyword="enum")
         if len(values) > self.max_enum:
@@ -76,7 +75,7 @@ class TypeKeywords:
                                     f"at {ptr}", pointer=ptr, keyword="enum")
         null = False
         bools: set[bool] = set()
-        nums: set[Any] = set()
+        nums: set[int | float] = set()
         strs: set[str] = set()
         arr: list[Arr] = []
         obj: list[Obj] = []
@@ -96,7 +95,7 @@ class TypeKeywords:
         return TS(null, frozenset(bools), ("lits", frozenset(nums)) if nums else SF,
                   s_lits(strs), tuple(dict.fromkeys(arr)), tuple(dict.fromkeys(obj)))
 
-    def _number(self, node: dict, kw: str, ptr: str) -> Any:
+    def _number(self, node: dict, kw: str, ptr: str) -> int | float:
         v = node[kw]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and
                                                                       not math.isfinite(v)):
@@ -179,7 +178,7 @@ class TypeKeywords:
             return SF
         return ("c", lo, hi, pats, fmts)
 
-    def _arr_kw(self, node: dict, ptr: str, child: Any) -> Arr | None:
+    def _arr_kw(self, node: dict, ptr: str, child: Callable[..., Node]) -> Arr | None:
         prefix: tuple[Node, ...] = ()
         rest: Node = TRUE
         ev_prefix = 0
@@ -224,7 +223,7 @@ class TypeKeywords:
             return None
         return arr_norm(rec) or Arr(min_items=1, max_items=0)
 
-    def _obj_kw(self, node: dict, ptr: str, child: Any, ts: TS) -> TS:
+    def _obj_kw(self, node: dict, ptr: str, child: Callable[..., Node], ts: TS) -> TS:
         props: list[tuple[tuple, Node]] = []
         ev_parts: list[tuple] = []
         names: list[str] = []
@@ -271,7 +270,7 @@ class TypeKeywords:
         if rec != OBJ_TOP:
             ts = self.meet(ts, only(obj=self._prune_obj((rec,))))
         # dependencies
-        deps: list[tuple[str, Any, tuple]] = []
+        deps: list[tuple[str, object, tuple[str, str]]] = []
         for kw in ("dependentRequired", "dependentSchemas", "dependencies"):
             d = node.get(kw)
             if d is None:
