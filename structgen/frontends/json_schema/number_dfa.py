@@ -62,6 +62,8 @@ class Bound:
     @staticmethod
     def make(value: Fraction, *, on_int: bool, on_frac: bool, on_exp: bool, upper: bool,
              strict: bool) -> Bound:
+        """The bound ``v <= value`` (``upper``) or ``v >= value``, strict or not, on the
+        literal shapes named by ``on_int`` / ``on_frac`` / ``on_exp``."""
         a = abs(value)
         xi, xf = terminating_digits(a)
         if xi:
@@ -76,6 +78,7 @@ class Bound:
         return Bound(on_int, on_frac, on_exp, upper, strict, value < 0, value == 0, xi, xf, xm, xe)
 
     def ok(self, c: int) -> bool:
+        """Is a literal whose comparison with the threshold is ``c`` (-1, 0, 1) within the bound?"""
         if self.upper:
             return c < 0 or (c == 0 and not self.strict)
         return c > 0 or (c == 0 and not self.strict)
@@ -124,6 +127,9 @@ class Mod:
 
 @dataclass(frozen=True)
 class Spec:
+    """What a number literal must satisfy: thresholds, a ``multipleOf`` residue, which shapes
+    (fraction, exponent) are allowed and how many digits they may have."""
+
     ths: tuple[Bound, ...]
     mod: Mod | None
     allow_frac: bool
@@ -253,6 +259,10 @@ def _signed_cmp(eneg: bool, ec: tuple, x: int) -> int:
 
 
 class NumberDfa:
+    """The automaton of the literals :class:`Spec` ``spec`` accepts, given implicitly: start
+    state ``("S",)``, :meth:`step` per byte, :meth:`accepting` per state (the state tuples are
+    described above)."""
+
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
         self.ths = spec.ths
@@ -365,6 +375,7 @@ class NumberDfa:
 
     # -- transition function ----------------------------------------------
     def step(self, st: tuple, b: int) -> tuple | None:
+        """The state after byte ``b`` in state ``st``; None when no accepted literal continues so."""
         ph = st[0]
         spec = self.spec
         if ph == "S":
@@ -504,6 +515,7 @@ class NumberDfa:
 
     # -- acceptance --------------------------------------------------------
     def accepting(self, st: tuple) -> bool:
+        """Does a literal that ends in state ``st`` satisfy the spec?"""
         ph = st[0]
         if ph in ("I", "F"):
             _, neg, cs, mk, _ms, md, _ = st
