@@ -48,7 +48,7 @@ def choose_kernels(files: list[str]) -> None:
 def _remotes(specs: list[str]) -> dict[str, Any]:
     """``--remote URI=FILE`` options -> {URI: the parsed FILE}: the only documents a ``$ref``
     outside the schema may reach (read here, once; nothing is fetched)."""
-    from structgen.frontends.constraint import schema_from
+    from structgen.frontends.json_schema.source import schema_from
 
     remotes: dict[str, Any] = {}
     for spec in specs:

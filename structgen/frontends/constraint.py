@@ -37,20 +37,21 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
 
-from structgen.errors import ConfigError, GrammarError, SchemaError
+from structgen.config import CompileOptions, JsonSchemaOptions
+from structgen.errors import ConfigError, GrammarError
 from structgen.frontends.json_schema.source import (
     is_model_class,
-    model_schema,
-    parse_json,
     read_schema_file,
     read_utf8_file,
+    schema_from,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    from structgen.config import CompileOptions, JsonSchemaOptions
-    from structgen.grammar.compiled import CompiledGrammar
+from structgen.frontends.lark import compile_lark
+from structgen.frontends.regex import compile_regex
+from structgen.grammar import ir
+from structgen.grammar.compiled import CompiledGrammar
+from structgen.grammar.compiler import compile_grammar
+from structgen.json_types import JsonValue
 
 __all__ = ["CONSTRAINT_KINDS", "compile_constraint", "constraint_kind", "is_model_class",
            "read_grammar_file", "read_schema_file", "schema_from"]
@@ -60,7 +61,7 @@ __all__ = ["CONSTRAINT_KINDS", "compile_constraint", "constraint_kind", "is_mode
 CONSTRAINT_KINDS = ("json", "json_object", "regex", "grammar", "lark", "choice")
 
 
-def constraint_kind(kind: Any) -> str:
+def constraint_kind(kind: object) -> str:
     """The canonical name of constraint kind ``kind``: case-insensitive, surrounding spaces
     ignored, an enum member by its ``name``, ``"lark"`` as ``"grammar"``. Raises
     :class:`~structgen.errors.ConfigError` (key ``request_type``) for anything else."""
@@ -75,59 +76,6 @@ def constraint_kind(kind: Any) -> str:
     return "grammar" if canonical == "lark" else canonical
 
 
-def _is_file(text: str) -> bool:
-    try:
-        return os.path.isfile(text)
-    except (OSError, ValueError):  # a name too long for the OS, an embedded NUL
-        return False
-
-
-def schema_from(spec: Any, *, strings_may_be_paths: bool = True) -> Any:
-    """The schema value ``spec`` stands for (see the module docstring for the rules).
-
-    ``dict``/``bool``: returned as is; a model class: its ``model_json_schema()``; an
-    ``os.PathLike``: the file's JSON; ``bytes``: UTF-8 JSON text; a ``str``: JSON text when,
-    stripped of whitespace, it parses as a JSON object or boolean, otherwise (only when
-    ``strings_may_be_paths``) the path of an existing file.
-
-    Side effect: reads the file when ``spec`` is a path; nothing else is opened. Raises
-    :class:`~structgen.errors.SchemaError` for JSON text that is not an object or a boolean, a
-    string that is neither JSON text nor an existing file, an unreadable file, and a model
-    class that cannot describe itself.
-    """
-    if isinstance(spec, (dict, bool)):
-        return spec
-    if is_model_class(spec):
-        return model_schema(spec)
-    if isinstance(spec, os.PathLike):
-        return read_schema_file(spec)
-    if isinstance(spec, bytes):
-        try:
-            spec = spec.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise SchemaError(f"schema bytes are not UTF-8 (byte {e.start})") from None
-    if not isinstance(spec, str):
-        raise SchemaError(f"a JSON schema must be a dict, a bool, JSON text, a file path or a "
-                          f"pydantic model class, not {type(spec).__name__}")
-    value, error, line, column = parse_json(spec.strip())
-    if error is None and isinstance(value, (dict, bool)):
-        return value
-    if error is None:
-        why = f"it is JSON but a {type(value).__name__ if value is not None else 'null'}, " \
-              "not an object or a boolean"
-    elif line and column:
-        why = f"{error} (line {line}, column {column})"
-    else:
-        why = error
-    short = spec if len(spec) <= 80 else spec[:77] + "..."
-    if not strings_may_be_paths:
-        raise SchemaError(f"schema text {short!r} is not a JSON Schema: {why} (a string schema here "
-                          "is JSON text; pass a pathlib.Path to read a file)")
-    if _is_file(spec):
-        return read_schema_file(spec)
-    raise SchemaError(f"schema {short!r} is neither JSON Schema text ({why}) nor an existing file")
-
-
 def read_grammar_file(path: str | os.PathLike[str]) -> str:
     """The text of the Lark grammar file at ``path``. Side effect: reads that one file.
     Raises :class:`~structgen.errors.GrammarError` (one line, naming the file) when it cannot
@@ -135,7 +83,7 @@ def read_grammar_file(path: str | os.PathLike[str]) -> str:
     return read_utf8_file(path, GrammarError)
 
 
-def _choices(spec: Any) -> list[str]:
+def _choices(spec: object) -> list[str]:
     if isinstance(spec, str):
         try:
             spec = json.loads(spec)
@@ -150,10 +98,10 @@ def _choices(spec: Any) -> list[str]:
     return list(spec)
 
 
-def compile_constraint(kind: Any, spec: Any = None, *, start: str = "start",
+def compile_constraint(kind: object, spec: object = None, *, start: str = "start",
                        json_options: JsonSchemaOptions | None = None,
                        compile_options: CompileOptions | None = None,
-                       remotes: Mapping[str, Any] | None = None, for_generation: bool = True,
+                       remotes: Mapping[str, JsonValue] | None = None, for_generation: bool = True,
                        strings_may_be_paths: bool = False,
                        import_paths: Sequence[str | os.PathLike[str]] = (),
                        grammar_path: str | os.PathLike[str] | None = None) -> CompiledGrammar:
@@ -183,35 +131,27 @@ def compile_constraint(kind: Any, spec: Any = None, *, start: str = "start",
     the front-ends raise for a bad schema, grammar or regex (SchemaError, GrammarError,
     RegexError, UnsupportedFeatureError, CompileLimitError).
     """
-    from structgen.grammar.compiled import CompiledGrammar
-
     kind = constraint_kind(kind)
     if kind in ("json", "grammar") and isinstance(spec, CompiledGrammar):
         return spec
     if kind in ("json", "json_object"):
-        from structgen.config import JsonSchemaOptions
-        from structgen.frontends.json_schema.compiler import compile_json_schema
-
         schema = {"type": "object"} if kind == "json_object" else \
             schema_from(spec, strings_may_be_paths=strings_may_be_paths)
+        # imported at each call: the compiler module in sys.modules at that moment is the one
+        # used (a stand-in installed there, a wrapper set on it), as for the validator's check
+        from structgen.frontends.json_schema.compiler import compile_json_schema
+
         return compile_json_schema(schema, options=json_options or JsonSchemaOptions(),
                                    compile_options=compile_options, remotes=remotes,
                                    for_generation=for_generation)
     if kind == "grammar":
-        from structgen.frontends.lark import compile_lark
-
         if isinstance(spec, os.PathLike):
             grammar_path, spec = spec, read_grammar_file(spec)
         if not isinstance(spec, str):
             raise ConfigError("a 'grammar' spec must be Lark grammar text", key="grammar")
         return compile_lark(spec, start=start, compile_options=compile_options,
                             import_paths=import_paths, grammar_path=grammar_path)
-    from structgen.grammar import ir
-    from structgen.grammar.compiler import compile_grammar
-
     if kind == "regex":
-        from structgen.frontends.regex import compile_regex
-
         if not isinstance(spec, str):
             raise ConfigError("a 'regex' spec must be a string", key="regex")
         return compile_grammar(ir.Grammar({"start": compile_regex(spec)}, "start"), compile_options)

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from functools import lru_cache
+from typing import cast
 
 from structgen.errors import GrammarError
 from structgen.frontends import unicode_data as ud
@@ -524,10 +525,10 @@ def _json_dfa(d: ir.Dfa, escapes: str) -> ir.Expr:
         return edges
 
     def hex_edges(k: int, m: _CpMap) -> list[tuple[int, int, int]]:
-        edges = []
+        edges: list[tuple[int, int, int]] = []
         for digit, sub in _split(m, 16 ** (k - 1)):
             if k == 1:
-                tag, val = sub[0][2]  # type: ignore[misc]
+                tag, val = cast("tuple[str, Hashable]", sub[0][2])  # a last digit's (tag, value)
                 target = sid(("S", val)) if tag == "T" else sid(("lbs", val))
             else:
                 target = sid(("hex", k - 1, sub))

@@ -80,9 +80,12 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
+from structgen import grammars
+from structgen.config import CompileOptions
 from structgen.errors import GrammarError, RegexError
+from structgen.frontends import regex as rx
 from structgen.frontends.lark_loader import (
     definition_lines,
     directive_line,
@@ -94,11 +97,16 @@ from structgen.frontends.lark_loader import (
     token_position,
 )
 from structgen.grammar import fsa, ir
+from structgen.grammar.compiled import CompiledGrammar
+from structgen.grammar.compiler import compile_grammar
+from structgen.grammar.gcpause import gc_paused
 from structgen.grammar.passes import eliminate_left_recursion, expanded_size, nullable
 
-if TYPE_CHECKING:  # pragma: no cover
-    from structgen.config import CompileOptions
-    from structgen.grammar.compiled import CompiledGrammar
+if TYPE_CHECKING:  # pragma: no cover - lark itself is imported when a grammar is read
+    from lark.grammar import Symbol
+    from lark.lexer import Token as LarkToken
+    from lark.load_grammar import Grammar
+    from lark.tree import Tree
 
 __all__ = [
     "MAX_REPEAT", "MAX_EXPANDED_SIZE", "lark_to_grammar", "compile_lark",
@@ -125,9 +133,7 @@ _KNOWN_LAZY = {
 # Conversion
 # ---------------------------------------------------------------------------
 
-def _regex_nodes(node: Any) -> Iterator[Any]:
-    from structgen.frontends import regex as rx
-
+def _regex_nodes(node: rx.RegexNode) -> Iterator[rx.RegexNode]:
     stack = [node]
     while stack:
         n = stack.pop()
@@ -141,18 +147,18 @@ def _regex_nodes(node: Any) -> Iterator[Any]:
 class _Converter:
     """Turns Lark's loaded grammar (rule and terminal trees) into IR rules."""
 
-    def __init__(self, grammar: Any, text: str) -> None:
+    def __init__(self, grammar: Grammar, text: str) -> None:
         from lark.grammar import NonTerminal, Terminal
         from lark.lexer import Token
         from lark.tree import Tree
 
         self.Tree, self.Token, self.NonTerminal, self.Terminal = Tree, Token, NonTerminal, Terminal
         self.text = text
-        self.term_trees: dict[str, Any] = {}
+        self.term_trees: dict[str, Tree | None] = {}
         for name, (tree, _prio) in grammar.term_defs:
             self.term_trees[name] = tree
-        self.rule_trees: dict[str, Any] = {}
-        self.templates: dict[str, tuple[tuple[str, ...], Any]] = {}
+        self.rule_trees: dict[str, Tree | None] = {}
+        self.templates: dict[str, tuple[tuple[str, ...], Tree]] = {}
         for name, params, tree, _opts in grammar.rule_defs:
             if params:
                 self.templates[name] = (tuple(params), tree)
@@ -167,7 +173,7 @@ class _Converter:
         self.terms: dict[str, ir.Expr] = {}        # terminal name -> regular expr
         self.term_busy: set[str] = set()
         self.rules: dict[str, ir.Expr] = {}
-        self.pending: list[tuple[str, Any, dict[str, tuple[ir.Expr, str]]]] = []
+        self.pending: list[tuple[str, object, dict[str, tuple[ir.Expr, str]]]] = []
         self.instances: dict[tuple[str, tuple[ir.Expr, ...]], str] = {}
         self.ignore = _Ignore([self.terminal(n) for n in grammar.ignore])
 
@@ -191,7 +197,7 @@ class _Converter:
         self.terms[name] = e
         return e
 
-    def term_tree(self, t: Any, where: str) -> ir.Expr:
+    def term_tree(self, t: object, where: str) -> ir.Expr:
         Tree, Token = self.Tree, self.Token
         if isinstance(t, self.Terminal):
             return self.terminal(t.name)
@@ -213,7 +219,7 @@ class _Converter:
         if d == "value":
             return self.term_tree(t.children[0], where)
         if d == "literal":
-            return self.literal(t.children[0], where)
+            return self.literal(cast("LarkToken", t.children[0]), where)
         if d == "range":
             return self.char_range(t.children[0], t.children[1], where)
         if d == "maybe":
@@ -226,7 +232,7 @@ class _Converter:
             raise GrammarError(f"templates cannot be used inside terminals (in {where})")
         raise GrammarError(f"unsupported construct {d!r} in {where}")
 
-    def _literal_signature(self, t: Any) -> tuple[str, ...] | None:
+    def _literal_signature(self, t: object) -> tuple[str, ...] | None:
         """Raw literal texts of an expansion made only of (nested) literals, else None."""
         out: list[str] = []
         stack = [t]
@@ -242,7 +248,7 @@ class _Converter:
             return None
         return tuple(out)
 
-    def literal(self, tok: Any, where: str) -> ir.Expr:
+    def literal(self, tok: LarkToken, where: str) -> ir.Expr:
         from lark.exceptions import LarkError
         from lark.lexer import PatternStr
         from lark.load_grammar import _literal_to_pattern
@@ -269,9 +275,7 @@ class _Converter:
                                     self.text, line, col) from exc
         return self.regex(pat.value, flags, where, tok, check=True)
 
-    def regex(self, pattern: str, flags: str, where: str, tok: Any, *, check: bool) -> ir.Expr:
-        from structgen.frontends import regex as rx
-
+    def regex(self, pattern: str, flags: str, where: str, tok: object, *, check: bool) -> ir.Expr:
         line, col = token_position(tok)
         try:
             if check:
@@ -296,11 +300,9 @@ class _Converter:
             raise grammar_error(GrammarError, f"unsupported regex {tok if tok is not None else pattern} in "
                                 f"{where}: {exc.message}", self.text, line, col) from exc
 
-    def char_range(self, a: Any, b: Any, where: str) -> ir.Expr:
+    def char_range(self, a: object, b: object, where: str) -> ir.Expr:
         from lark.exceptions import LarkError
         from lark.load_grammar import eval_escaping
-
-        from structgen.frontends.regex import char_class_expr
 
         try:
             lo, hi = eval_escaping(str(a)[1:-1]), eval_escaping(str(b)[1:-1])
@@ -310,9 +312,9 @@ class _Converter:
         if len(lo) != 1 or len(hi) != 1 or ord(lo) > ord(hi):
             raise grammar_error(GrammarError, f"bad range {a}..{b} in {where}: endpoints must be single "
                                 "characters in order", self.text, *token_position(a))
-        return char_class_expr([(ord(lo), ord(hi))])
+        return rx.char_class_expr([(ord(lo), ord(hi))])
 
-    def repeat(self, item: ir.Expr, args: list[Any], where: str) -> ir.Expr:
+    def repeat(self, item: ir.Expr, args: list[object], where: str) -> ir.Expr:
         op = str(args[0])
         if op == "?":
             return ir.opt(item)
@@ -352,7 +354,7 @@ class _Converter:
         """A terminal occurrence at the rule level: the ignored text before it, then it."""
         return self.ignore.before(e)
 
-    def rule_tree(self, t: Any, where: str, env: dict[str, tuple[ir.Expr, str]]) -> ir.Expr:
+    def rule_tree(self, t: object, where: str, env: dict[str, tuple[ir.Expr, str]]) -> ir.Expr:
         Tree = self.Tree
         if isinstance(t, self.NonTerminal):
             if t.name in env:
@@ -372,7 +374,7 @@ class _Converter:
         if d == "value":
             return self.rule_tree(t.children[0], where, env)
         if d == "literal":
-            return self.token(self.literal(t.children[0], f"rule {where!r}"))
+            return self.token(self.literal(cast("LarkToken", t.children[0]), f"rule {where!r}"))
         if d == "range":
             return self.token(self.char_range(t.children[0], t.children[1], f"rule {where!r}"))
         if d == "maybe":
@@ -383,7 +385,7 @@ class _Converter:
             return self.template(t, where, env)
         raise GrammarError(f"unsupported construct {d!r} in rule {where!r}")
 
-    def _display(self, t: Any, env: dict[str, tuple[ir.Expr, str]]) -> str:
+    def _display(self, t: object, env: dict[str, tuple[ir.Expr, str]]) -> str:
         if isinstance(t, (self.NonTerminal, self.Terminal)):
             return env[t.name][1] if t.name in env else t.name
         if isinstance(t, self.Tree):
@@ -395,8 +397,8 @@ class _Converter:
             return ",".join(self._display(c, env) for c in t.children)
         return str(t)
 
-    def template(self, t: Any, where: str, env: dict[str, tuple[ir.Expr, str]]) -> ir.Expr:
-        head = t.children[0]
+    def template(self, t: Tree, where: str, env: dict[str, tuple[ir.Expr, str]]) -> ir.Expr:
+        head = cast("Symbol", t.children[0])  # the template's name
         name = head.name
         if name in env:
             raise GrammarError(f"template parameter {name!r} used as a template in {where!r} "
@@ -678,7 +680,9 @@ def _collect_refs(e: ir.Expr, out: set[str]) -> None:
             stack.extend((x.left, x.right))
 
 
-_LRU: OrderedDict[tuple[Any, ...], CompiledGrammar] = OrderedDict()
+#: (text, start, compile options, import folders, grammar file) -> its compiled grammar
+_LRU: OrderedDict[tuple[str, str, CompileOptions | None, tuple[str, ...], str | None], CompiledGrammar] = \
+    OrderedDict()
 _LRU_LOCK = threading.Lock()
 _LRU_SIZE = 32
 
@@ -696,10 +700,6 @@ def compile_lark(text: str, *, start: str = "start",
     Raises what :func:`lark_to_grammar` and :func:`~structgen.grammar.compiler.compile_grammar`
     raise (GrammarError, CompileLimitError, CompileTimeoutError).
     """
-    from structgen.config import CompileOptions
-    from structgen.grammar.compiler import compile_grammar
-    from structgen.grammar.gcpause import gc_paused
-
     imports = tuple(import_folders(import_paths))
     where = os.fspath(grammar_path) if grammar_path is not None else None
     key = (text, start, compile_options, imports, where)
@@ -727,8 +727,6 @@ def compile_lark(text: str, *, start: str = "start",
 
 def list_builtin_grammars() -> list[str]:
     """Names (without ``.lark``) of the grammars shipped with structgen, sorted."""
-    from structgen import grammars
-
     return grammars.available()
 
 
@@ -736,8 +734,6 @@ def builtin_grammar(name: str) -> str:
     """Text of the shipped grammar ``name`` (``"json"`` or ``"json.lark"``), read from the
     package data of :mod:`structgen.grammars`. Raises :class:`GrammarError` listing the
     available names."""
-    from structgen import grammars
-
     try:
         return grammars.read_grammar(name)
     except FileNotFoundError:

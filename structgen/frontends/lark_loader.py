@@ -12,10 +12,15 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
+from structgen import grammars
+from structgen.config import CompileOptions
 from structgen.errors import GrammarError, GrammarSyntaxError
+
+if TYPE_CHECKING:  # pragma: no cover - lark itself is imported when a grammar is read
+    from lark.load_grammar import Grammar, PackageResource
 
 __all__ = ["check_literal_lengths", "definition_lines", "directive_line", "grammar_error", "import_folders",
            "lark_import_loader", "load_lark_grammar", "locate", "token_position"]
@@ -41,7 +46,7 @@ def _caret(text: str, line: int | None, column: int | None) -> str | None:
     return f"{src}\n{pad}^"
 
 
-def token_position(tok: Any) -> tuple[int | None, int | None]:
+def token_position(tok: object) -> tuple[int | None, int | None]:
     """(line, column) of a Lark token, when it has them."""
     return getattr(tok, "line", None), getattr(tok, "column", None)
 
@@ -250,7 +255,8 @@ class _ImportLoader:
         except (OSError, UnicodeDecodeError) as e:
             raise _ImportRefused(f"%import {dotted}: cannot read {path}: {e}", dotted) from None
 
-    def __call__(self, base_path: Any, grammar_path: str) -> tuple[Any, str]:
+    def __call__(self, base_path: str | PackageResource | None, grammar_path: str
+                 ) -> tuple[str | PackageResource, str]:
         from lark.load_grammar import PackageResource, stdlib_loader
 
         dotted = grammar_path[: -len(".lark")].replace(os.sep, ".")
@@ -267,8 +273,6 @@ class _ImportLoader:
             except OSError:
                 pass
             if os.sep not in grammar_path:
-                from structgen import grammars
-
                 try:
                     text = grammars.read_grammar(grammar_path)
                 except FileNotFoundError:
@@ -291,7 +295,7 @@ class _ImportLoader:
 
 
 def lark_import_loader(import_paths: Sequence[str | os.PathLike[str]] = (),
-                       grammar_path: str | os.PathLike[str] | None = None) -> Any:
+                       grammar_path: str | os.PathLike[str] | None = None) -> _ImportLoader:
     """A loader for ``lark.Lark(text, import_paths=[loader])`` with the same rule as
     :func:`compile_lark`: ``%import`` reads only packaged grammars, ``import_paths`` and (relative
     imports) the folder of ``grammar_path``. A refused import raises an exception that is not an
@@ -300,12 +304,12 @@ def lark_import_loader(import_paths: Sequence[str | os.PathLike[str]] = (),
     return _ImportLoader(import_folders(import_paths), grammar_dir)
 
 
-def import_folders(import_paths: Any) -> list[str]:
+def import_folders(import_paths: str | bytes | os.PathLike[str] | Iterable[object]) -> list[str]:
     """``import_paths`` as a list of folder names (one path alone is one folder, not its letters)."""
-    if isinstance(import_paths, (str, bytes, os.PathLike)):
-        import_paths = [import_paths]
+    paths: Iterable[object] = [import_paths] if isinstance(import_paths, (str, bytes, os.PathLike)) \
+        else import_paths
     out = []
-    for p in import_paths:
+    for p in paths:
         if not isinstance(p, (str, os.PathLike)):
             raise GrammarError(f"import_paths holds {type(p).__name__}, not a folder path")
         out.append(os.fspath(p))
@@ -322,7 +326,7 @@ def _import_position(text: str, dotted: str, positions: dict[str, tuple[int, int
 
 def load_lark_grammar(text: str, *, import_paths: Sequence[str | os.PathLike[str]] = (),
                       grammar_path: str | os.PathLike[str] | None = None,
-                      max_literal_length: int | None = None) -> Any:
+                      max_literal_length: int | None = None) -> Grammar:
     """Parse ``text`` with Lark's grammar loader; returns its ``Grammar`` (pre-EBNF trees).
 
     ``%import`` reads only through :class:`_ImportLoader`: packaged grammars, ``import_paths``
@@ -335,8 +339,6 @@ def load_lark_grammar(text: str, *, import_paths: Sequence[str | os.PathLike[str
     from lark.load_grammar import GrammarBuilder
 
     if max_literal_length is None:
-        from structgen.config import CompileOptions
-
         max_literal_length = CompileOptions().max_literal_length
     check_literal_lengths(text, max_literal_length)
 

@@ -44,6 +44,7 @@ only integer literals and plain decimals with at most 15 digits are generated.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import re
@@ -62,17 +63,25 @@ from structgen.errors import (
     SchemaError,
     UnsupportedFeatureError,
 )
+from structgen.frontends.json_schema import formats
 from structgen.frontends.json_schema.algebra import Normalizer
 from structgen.frontends.json_schema.diagnostics import explain_unsat, locate_automaton_error, rule_sources
 from structgen.frontends.json_schema.document import Loc, SchemaDoc, _draft_of, parse_schema_text
+from structgen.frontends.json_schema.jsonschema_import import import_jsonschema
 from structgen.frontends.json_schema.keywords import structural_keyword
+from structgen.frontends.json_schema.limits import check_schema_depth
 from structgen.frontends.json_schema.lower import Lowering
 from structgen.frontends.json_schema.patterns import Pattern, pattern_error
 from structgen.frontends.json_schema.source import is_model_class, model_schema
+from structgen.frontends.json_schema.type_keywords import DRAFT_FORMATS
 from structgen.grammar import ir
+from structgen.grammar.compiled import CompiledGrammar
+from structgen.grammar.compiler import compile_grammar
+from structgen.grammar.gcpause import gc_paused
+from structgen.json_types import JsonValue
 
 if TYPE_CHECKING:  # pragma: no cover
-    from structgen.grammar.compiled import CompiledGrammar
+    from jsonschema import FormatChecker
 
 __all__ = ["schema_to_grammar", "compile_json_schema", "canonical_json", "format_checker_for",
            "schema_warnings", "SPEC_FORMATS"]
@@ -87,18 +96,16 @@ SPEC_FORMATS = frozenset({
 Other format names are annotations (the validator ignores them too)."""
 
 
-def _coerce(schema: Any) -> Any:
+def _coerce(schema: object) -> JsonValue:
     """``schema`` as a JSON value, nested no deeper than
     :data:`structgen.frontends.json_schema.limits.MAX_JSON_DEPTH`
     (checked iteratively before any recursive code sees it)."""
-    from structgen.frontends.json_schema.limits import check_schema_depth
-
     out = _coerce_value(schema)
     check_schema_depth(out)
     return out
 
 
-def _coerce_value(schema: Any) -> Any:
+def _coerce_value(schema: object) -> JsonValue:
     """``schema`` as a JSON value: dicts and booleans as they are, ``str`` parsed as JSON text,
     a model class (duck-typed: a class with ``model_json_schema()``, as Pydantic v2 models have;
     the front-ends never import pydantic) converted by that method."""
@@ -106,7 +113,7 @@ def _coerce_value(schema: Any) -> Any:
         return schema
     if isinstance(schema, str):
         return parse_schema_text(schema)
-    if is_model_class(schema):
+    if isinstance(schema, type) and is_model_class(schema):
         return model_schema(schema)
     raise SchemaError(f"a JSON schema must be a dict, a bool, JSON text or a pydantic model class, "
                       f"not {type(schema).__name__}")
@@ -114,11 +121,7 @@ def _coerce_value(schema: Any) -> Any:
 
 def _format_support(name: str) -> bool | None:
     """True: enforceable; False: a spec format without a grammar; None: annotation only."""
-    try:
-        from structgen.frontends.json_schema import formats
-    except ImportError:  # pragma: no cover - formats module not available
-        formats = None  # type: ignore[assignment]
-    if formats is not None and formats.format_expr(name) is not None:
+    if formats.format_expr(name) is not None:
         return True
     return False if name in SPEC_FORMATS else None
 
@@ -126,7 +129,7 @@ def _format_support(name: str) -> bool | None:
 _UNSAT = "schema is unsatisfiable: no JSON value is valid"
 
 
-def _build(schema: Any, options: JsonSchemaOptions, remotes: Mapping[str, Any] | None,
+def _build(schema: object, options: JsonSchemaOptions, remotes: Mapping[str, JsonValue] | None,
            deadline: float | None = None) -> tuple[ir.Grammar, list[str], Lowering]:
     schema = _coerce(schema)
     try:
@@ -151,7 +154,7 @@ def _build(schema: Any, options: JsonSchemaOptions, remotes: Mapping[str, Any] |
     return grammar, list(dict.fromkeys(norm.warnings)), low
 
 
-def _build_guarded(schema: Any, options: JsonSchemaOptions, remotes: Mapping[str, Any] | None,
+def _build_guarded(schema: object, options: JsonSchemaOptions, remotes: Mapping[str, JsonValue] | None,
                    deadline: float | None = None) -> tuple[ir.Grammar, list[str], Lowering]:
     """:func:`_build`, with a stack overflow in the lowering (nesting that the documented
     limits -- ``max_depth``, :data:`~structgen.frontends.json_schema.limits.MAX_JSON_DEPTH`,
@@ -179,8 +182,8 @@ def _unsat_error(low: Lowering) -> SchemaError:
     return SchemaError(msg, pointer=ptr, keyword=kw)
 
 
-def schema_to_grammar(schema: dict | bool | str | type, options: JsonSchemaOptions | None = None, *,
-                      remotes: Mapping[str, Any] | None = None) -> ir.Grammar:
+def schema_to_grammar(schema: object, options: JsonSchemaOptions | None = None, *,
+                      remotes: Mapping[str, JsonValue] | None = None) -> ir.Grammar:
     """Lower a JSON schema (dict, bool, JSON text, or pydantic model class) to IR.
 
     ``remotes`` maps absolute URIs to schema documents that ``$ref`` may use; other
@@ -192,15 +195,15 @@ def schema_to_grammar(schema: dict | bool | str | type, options: JsonSchemaOptio
     return _build_guarded(schema, options or JsonSchemaOptions(), remotes)[0]
 
 
-_CACHE: OrderedDict[str, tuple[Any, list[str]]] = OrderedDict()
+_CACHE: OrderedDict[str, tuple[CompiledGrammar, list[str]]] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 128
 _WARNINGS: dict[int, list[str]] = {}
 
 
-def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchemaOptions | None = None,
+def compile_json_schema(schema: object, *, options: JsonSchemaOptions | None = None,
                         compile_options: CompileOptions | None = None,
-                        remotes: Mapping[str, Any] | None = None, for_generation: bool = True,
+                        remotes: Mapping[str, JsonValue] | None = None, for_generation: bool = True,
                         **option_overrides: Any) -> CompiledGrammar:
     """Compile a JSON schema to a :class:`~structgen.grammar.compiled.CompiledGrammar`.
 
@@ -278,12 +281,10 @@ def compile_json_schema(schema: dict | bool | str | type, *, options: JsonSchema
     return cg
 
 
-def _compile(schema: Any, options: JsonSchemaOptions, copts: CompileOptions,
-             remotes: Mapping[str, Any] | None, deadline: float) -> tuple[CompiledGrammar, list[str]]:
+def _compile(schema: JsonValue, options: JsonSchemaOptions, copts: CompileOptions,
+             remotes: Mapping[str, JsonValue] | None, deadline: float | None
+             ) -> tuple[CompiledGrammar, list[str]]:
     """The compiled grammar of a coerced schema, and the warnings of its lowering."""
-    from structgen.grammar.compiler import compile_grammar
-    from structgen.grammar.gcpause import gc_paused
-
     with gc_paused():
         grammar, warnings, low = _build_guarded(schema, options, remotes, deadline)
     try:
@@ -342,23 +343,18 @@ def _locate_limit_error(e: CompileLimitError, low: Lowering | None,
     e.pointer, e.keyword = ptr, kw
 
 
-def format_checker_for(schema: Any) -> Any:
+def format_checker_for(schema: object) -> FormatChecker:
     """A ``jsonschema`` format checker that checks formats the way compiled grammars enforce
     them: the 2020-12 definitions, restricted to the format names the schema's own draft
     defines (a name its draft does not define is an annotation there). For oracles."""
-    import copy
-
-    from structgen.frontends.json_schema.algebra import _DRAFT_FORMATS
-    from structgen.frontends.json_schema.jsonschema_import import import_jsonschema
-
     fc = copy.copy(import_jsonschema().Draft202012Validator.FORMAT_CHECKER)
-    known = _DRAFT_FORMATS.get(_draft_of(schema, "2020-12"))
+    known = DRAFT_FORMATS.get(_draft_of(schema, "2020-12"))
     if known is not None:
         fc.checkers = {k: v for k, v in fc.checkers.items() if k in known}
     return fc
 
 
-def schema_warnings(cg: Any) -> list[str]:
+def schema_warnings(cg: object) -> list[str]:
     """Warnings recorded for a grammar made by :func:`compile_json_schema` (lenient mode)."""
     meta = getattr(cg, "metadata", None)
     if isinstance(meta, dict) and "warnings" in meta:
@@ -369,7 +365,7 @@ def schema_warnings(cg: Any) -> list[str]:
 _DOC_CACHE: OrderedDict[str, SchemaDoc] = OrderedDict()
 
 
-def _doc_for(schema: Any, remotes: Mapping[str, Any] | None = None) -> SchemaDoc:
+def _doc_for(schema: JsonValue, remotes: Mapping[str, JsonValue] | None = None) -> SchemaDoc:
     # key order matters (it is the canonical property order): no sort_keys
     key = json.dumps([schema, sorted(remotes.items()) if remotes else None])
     with _CACHE_LOCK:
@@ -385,8 +381,8 @@ def _doc_for(schema: Any, remotes: Mapping[str, Any] | None = None) -> SchemaDoc
     return doc
 
 
-def canonical_json(instance: Any, schema: dict | bool | str | type, *,
-                   remotes: Mapping[str, Any] | None = None) -> str:
+def canonical_json(instance: object, schema: object, *,
+                   remotes: Mapping[str, JsonValue] | None = None) -> str:
     """Serialise ``instance`` the way structgen's grammar for ``schema`` expects it.
 
     Compact separators, ``ensure_ascii=False``; object keys declared at that position
@@ -399,7 +395,7 @@ def canonical_json(instance: Any, schema: dict | bool | str | type, *,
     doc = _doc_for(_coerce(schema), remotes)
     out: list[str] = []
 
-    def emit(v: Any, ctx: tuple[Loc, ...]) -> None:
+    def emit(v: object, ctx: tuple[Loc, ...]) -> None:
         if isinstance(v, dict):
             declared = doc.declared_names(ctx) if ctx else []
             dset = set(declared)

@@ -17,7 +17,7 @@ from (:func:`rule_sources`), for errors raised when the grammar is used rather t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from structgen import limits
@@ -34,6 +34,8 @@ from structgen.frontends.json_schema.patterns import compile_pattern
 from structgen.frontends.json_schema.records import FALSE, TRUE
 from structgen.grammar import ir
 from structgen.grammar.compiled import CompiledGrammar, LazyRule, RuleSource
+from structgen.grammar.passes import expr_size
+from structgen.json_types import JsonValue
 
 __all__ = ["DIAGNOSIS_BUDGET_S", "explain_unsat", "locate_automaton_error", "rule_sources"]
 
@@ -68,10 +70,10 @@ _DEPTH = 3  # emptiness is tested as deep as the lowering does, and one level mo
 class _PatchedDoc:
     """A document view with one schema node replaced (everything else delegated)."""
 
-    def __init__(self, doc: SchemaDoc, loc: Loc, node: Any) -> None:
+    def __init__(self, doc: SchemaDoc, loc: Loc, node: JsonValue) -> None:
         self._doc, self._loc, self._replacement = doc, loc, node
 
-    def node(self, loc: Loc) -> Any:
+    def node(self, loc: Loc) -> JsonValue:
         return self._replacement if loc == self._loc else self._doc.node(loc)
 
     def __getattr__(self, name: str) -> Any:
@@ -132,7 +134,7 @@ def _must_children(doc: SchemaDoc, loc: Loc) -> list[Loc]:
     return out
 
 
-def _satisfiable_without(doc: SchemaDoc, norm: Normalizer, loc: Loc, node: dict, keep: Any,
+def _satisfiable_without(doc: SchemaDoc, norm: Normalizer, loc: Loc, node: dict, keep: Callable[..., bool],
                          deadline: float) -> bool:
     """Is the schema at ``loc`` (not provably) empty once reduced to the keys ``keep``?"""
     patched = {k: v for k, v in node.items() if keep(k)}
@@ -211,9 +213,8 @@ class _Sizes:
     ``calls`` are calls, other references are inlined; big repetitions call their item)."""
 
     def __init__(self, rules: Mapping[str, ir.Expr], calls: frozenset[str], deadline: float) -> None:
-        from structgen.grammar.passes import expr_size as _size
         self.rules, self.calls, self.deadline = rules, calls, deadline
-        self._size = _size
+        self._size = expr_size
         self.memo: dict[int, int] = {}
         self._ticks = 0
 
@@ -329,7 +330,7 @@ def locate_automaton_error(e: CompileLimitError, doc: SchemaDoc | None, rules: M
         kw = expr_kw.get(x)
         if kw is not None:
             break
-    if kw is None and rule in rules:
+    if kw is None and rule is not None and rule in rules:
         try:
             p2, kw = _biggest_part(rule, rules, getattr(e, "ir_calls", frozenset()), rule_where,
                                    rule_kw, expr_kw, limits.now() + budget_s)
@@ -359,7 +360,7 @@ def _pattern_sites(doc: SchemaDoc, regex_dialect: str = "ecma262") -> dict[ir.Ex
     whose automata can grow exponentially when determinised."""
     sites: dict[ir.Expr, tuple[str, str]] = {}
 
-    def add(p: Any, where: str, kw: str) -> None:
+    def add(p: object, where: str, kw: str) -> None:
         if not isinstance(p, str):
             return
         for esc in _ESCAPES:
@@ -452,8 +453,6 @@ def rule_sources(cg: CompiledGrammar, grammar: ir.Grammar, rule_where: Mapping[s
     the lowering read the schema's patterns (``JsonSchemaOptions.regex_dialect``), so that their
     languages are found in the grammar. Costs one walk of the grammar (at most
     :data:`_SOURCE_WALK` nodes)."""
-    from structgen.grammar.passes import expr_size
-
     sources = cg.rule_sources
     exprs = cg.rule_exprs
     called = {r.name for r in cg.rules if isinstance(r, LazyRule)}

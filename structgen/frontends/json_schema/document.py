@@ -24,11 +24,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 from urllib.parse import unquote, urldefrag, urljoin
 
 from structgen.errors import CompileLimitError, SchemaError
 from structgen.frontends.json_schema.patterns import Pattern
+from structgen.json_types import JsonObject, JsonValue
 
 __all__ = ["Loc", "SchemaDoc", "parse_schema_text", "escape_token", "subschemas", "DEFAULT_BASE"]
 
@@ -67,10 +68,11 @@ def _unescape_token(token: str) -> str:
     return token.replace("~1", "/").replace("~0", "~")
 
 
-def parse_schema_text(text: str) -> Any:
+def parse_schema_text(text: str) -> JsonValue:
     """Parse JSON text; malformed JSON raises SchemaError naming line and column."""
     try:
-        return json.loads(text)
+        value: JsonValue = json.loads(text)
+        return value
     except RecursionError:
         raise CompileLimitError("invalid JSON schema text: nested too deeply to parse",
                                 pointer="#") from None
@@ -82,7 +84,7 @@ def parse_schema_text(text: str) -> Any:
                           + caret) from None
 
 
-def _draft_of(schema: Any, default: str) -> str:
+def _draft_of(schema: object, default: str) -> str:
     if isinstance(schema, dict):
         uri = schema.get("$schema")
         if isinstance(uri, str):
@@ -110,9 +112,9 @@ class SchemaDoc:
     may load; any other remote reference is a :class:`SchemaError`.
     """
 
-    def __init__(self, root: Any, *, remotes: Mapping[str, Any] | None = None,
+    def __init__(self, root: JsonValue, *, remotes: Mapping[str, JsonValue] | None = None,
                  max_depth: int = 128) -> None:
-        self.docs: list[Any] = []
+        self.docs: list[JsonValue] = []
         self.drafts: list[str] = []
         self.max_depth = max_depth
         self.remotes = dict(remotes or {})
@@ -123,12 +125,13 @@ class SchemaDoc:
         self.resource_of: dict[Loc, str] = {}  # subschema location -> its resource URI
         self.has_dynamic = False
         self.uses_unevaluated = False
-        self._node_cache: dict[Loc, Any] = {}
-        self._memo: dict[tuple, Any] = {}
+        self._node_cache: dict[Loc, JsonValue] = {}
+        self._applicable_memo: dict[tuple[Loc, ...], list[Loc]] = {}
+        self._declared_memo: dict[tuple[Loc, ...], list[str]] = {}
         self._load(root, DEFAULT_BASE, default_draft="2020-12")
 
     # -- loading and indexing ---------------------------------------------------
-    def _load(self, schema: Any, uri: str, default_draft: str) -> int:
+    def _load(self, schema: JsonValue, uri: str, default_draft: str) -> int:
         idx = len(self.docs)
         self.docs.append(schema)
         draft = _draft_of(schema, default_draft)
@@ -143,8 +146,8 @@ class SchemaDoc:
         ``"2020-12"``)."""
         return self.drafts[loc.doc]
 
-    def _index(self, doc: int, schema: Any, base: str, draft: str) -> None:
-        stack: list[tuple[Any, str, str, int]] = [(schema, "", base, 0)]
+    def _index(self, doc: int, schema: JsonValue, base: str, draft: str) -> None:
+        stack: list[tuple[JsonValue, str, str, int]] = [(schema, "", base, 0)]
         old = draft in ("3", "4", "6", "7")
         while stack:
             node, ptr, base, depth = stack.pop()
@@ -181,7 +184,7 @@ class SchemaDoc:
                 self.has_dynamic = True
             if old and "$ref" in node:
                 # only definitions are still reachable by pointer
-                children: list[tuple[Any, str]] = []
+                children: list[tuple[JsonValue, str]] = []
                 defs = node.get("definitions")
                 if isinstance(defs, dict):
                     children += [(v, f"{ptr}/definitions/{escape_token(k)}") for k, v in defs.items()]
@@ -191,11 +194,10 @@ class SchemaDoc:
                 stack.append((child, cptr, base, depth + 1))
 
     # -- access -----------------------------------------------------------------
-    def node(self, loc: Loc) -> Any:
+    def node(self, loc: Loc) -> JsonValue:
         """The schema value at ``loc`` (SchemaError if the pointer does not exist)."""
-        got = self._node_cache.get(loc, _MISSING)
-        if got is not _MISSING:
-            return got
+        if loc in self._node_cache:
+            return self._node_cache[loc]
         cur = self.docs[loc.doc]
         if loc.ptr:
             for raw in loc.ptr.split("/")[1:]:
@@ -233,7 +235,7 @@ class SchemaDoc:
         return f"{uri}#{loc.ptr}"
 
     # -- references -------------------------------------------------------------
-    def resolve(self, ref: Any, at: Loc, keyword: str = "$ref") -> Loc:
+    def resolve(self, ref: object, at: Loc, keyword: str = "$ref") -> Loc:
         """Resolve a ``$ref``-like value found at ``at`` to the target location."""
         if not isinstance(ref, str):
             raise SchemaError(f"{keyword} must be a string", pointer=self.pointer(at), keyword=keyword)
@@ -284,10 +286,9 @@ class SchemaDoc:
     def applicable(self, locs: Iterable[Loc]) -> list[Loc]:
         """Close ``locs`` under the in-place applicators (static resolution), in order."""
         locs = tuple(locs)
-        key = ("app", locs)
-        got = self._memo.get(key)
+        got = self._applicable_memo.get(locs)
         if got is None:
-            got = self._memo[key] = self._applicable(locs)
+            got = self._applicable_memo[locs] = self._applicable(locs)
         return got
 
     def _applicable(self, locs: tuple[Loc, ...]) -> list[Loc]:
@@ -313,8 +314,9 @@ class SchemaDoc:
                         pass
             if not (old and "$ref" in node):
                 for kw in ("allOf", "anyOf", "oneOf"):
-                    if isinstance(node.get(kw), list):
-                        nxt += [Loc(loc.doc, f"{loc.ptr}/{kw}/{i}") for i in range(len(node[kw]))]
+                    branches = node.get(kw)
+                    if isinstance(branches, list):
+                        nxt += [Loc(loc.doc, f"{loc.ptr}/{kw}/{i}") for i in range(len(branches))]
                 for kw in ("not", "if", "then", "else"):
                     if kw in node:
                         nxt.append(Loc(loc.doc, f"{loc.ptr}/{kw}"))
@@ -336,10 +338,9 @@ class SchemaDoc:
 
     def declared_names(self, ctx: tuple[Loc, ...]) -> list[str]:
         """Declared property names at a position (see module docstring), in order."""
-        key = ("decl", ctx)
-        got = self._memo.get(key)
+        got = self._declared_memo.get(ctx)
         if got is None:
-            got = self._memo[key] = self._declared_names(ctx)
+            got = self._declared_memo[ctx] = self._declared_names(ctx)
         return got
 
     def _declared_names(self, ctx: tuple[Loc, ...]) -> list[str]:
@@ -439,8 +440,6 @@ class SchemaDoc:
         return _dedup(out)
 
 
-_MISSING = object()
-
 
 def _dedup(locs: list[Loc]) -> tuple[Loc, ...]:
     return tuple(dict.fromkeys(locs))
@@ -452,7 +451,7 @@ def _safe_search(pattern: str, s: str) -> bool:
     return Pattern(pattern).search(s)
 
 
-def subschemas(node: dict, ptr: str) -> Iterable[tuple[Any, str]]:
+def subschemas(node: JsonObject, ptr: str) -> Iterable[tuple[JsonValue, str]]:
     """The direct subschemas of the schema object ``node`` at JSON pointer ``ptr``: each with
     its own JSON pointer."""
     for kw in _SCHEMA_MAP_KW:

@@ -59,7 +59,9 @@ The languages follow the RFCs that JSON Schema names, narrowed where the checker
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
+from structgen.frontends.json_schema import idn
 from structgen.frontends.json_schema.numbers import explore_dfa
 from structgen.grammar import ir
 
@@ -319,7 +321,7 @@ def _uri_parts() -> dict[str, ir.Expr]:
 # Registry
 # ---------------------------------------------------------------------------
 
-_BUILDERS = {
+_BUILDERS: dict[str, Callable[[], ir.Expr]] = {
     "date": _date,
     "time": _time,
     "date-time": _date_time,
@@ -349,7 +351,8 @@ def length_bounds(e: ir.Expr) -> tuple[int, int | None] | None:
     if isinstance(e, ir.ByteSet):
         return (1, 1) if e.ranges else None
     if isinstance(e, ir.Seq):
-        lo, hi = 0, 0
+        lo = 0
+        hi: int | None = 0
         for x in e.items:
             b = length_bounds(x)
             if b is None:
@@ -501,8 +504,6 @@ def checked_format(name: str, draft: str | None = None) -> tuple[ir.Expr | None,
     """
     if name not in _CHECKED or (name == "hostname" and draft in _LDH_HOSTNAME_DRAFTS):
         return None
-    from structgen.frontends.json_schema import idn  # imports idna: only when a schema needs it
-
     if name == "hostname":
         return _hostname(allow_rldh=True), idn.HOSTNAME_CHECK
     if name == "idn-hostname":

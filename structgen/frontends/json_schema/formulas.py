@@ -21,9 +21,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING
 
 from structgen.errors import SchemaError
+from structgen.frontends.json_schema import idn
+from structgen.frontends.json_schema.jsonschema_import import import_jsonschema
+from structgen.json_types import JsonValue
+
+if TYPE_CHECKING:  # pragma: no cover
+    from jsonschema import FormatChecker
 
 __all__ = ["SF", "ST", "key_value", "lits_of", "num_and", "num_c", "num_empty", "num_member", "num_not",
            "num_or", "s_and", "s_atoms", "s_empty", "s_eval_assign", "s_lits", "s_member", "s_not", "s_or",
@@ -34,7 +40,7 @@ __all__ = ["SF", "ST", "key_value", "lits_of", "num_and", "num_c", "num_empty", 
 # object key order irrelevant)
 # ---------------------------------------------------------------------------
 
-def value_key(v: Any) -> tuple:
+def value_key(v: object) -> tuple:
     """The hashable key of JSON value ``v`` under JSON Schema equality (``1 == 1.0``,
     ``true != 1``, object key order ignored). Raises SchemaError for a non-JSON value."""
     if v is None:
@@ -52,7 +58,7 @@ def value_key(v: Any) -> tuple:
     raise SchemaError(f"not a JSON value: {type(v).__name__}")
 
 
-def key_value(k: tuple) -> Any:
+def key_value(k: tuple) -> JsonValue:
     """The JSON value of key ``k`` (inverse of :func:`value_key`; object keys sorted)."""
     tag = k[0]
     if tag == "z":
@@ -151,7 +157,7 @@ def s_not(f: tuple) -> tuple:
     if f[0] == "not":
         return f[1]
     if f[0] == "c" and not f[3] and not f[4]:  # lengths only: complement the interval
-        parts = []
+        parts: list[tuple] = []
         if f[1] > 0:
             parts.append(("c", 0, f[1] - 1, frozenset(), frozenset()))
         if f[2] is not None:
@@ -160,22 +166,18 @@ def s_not(f: tuple) -> tuple:
     return ("not", f)
 
 
-_FORMAT_CHECKER: Any = None
+_FORMAT_CHECKER: FormatChecker | None = None
 
 
 def _format_ok(name: str, s: str) -> bool:
     global _FORMAT_CHECKER
     if _FORMAT_CHECKER is None:
-        from structgen.frontends.json_schema.jsonschema_import import import_jsonschema
-
         _FORMAT_CHECKER = import_jsonschema().Draft202012Validator.FORMAT_CHECKER
     if not _FORMAT_CHECKER.conforms(s, name):
         return False
     if name not in ("hostname", "idn-hostname", "idn-email"):
         return True
     # jsonschema leaves A-labels and most of idn-email unchecked; the grammar's value checks do not
-    from structgen.frontends.json_schema import idn
-
     check = {"hostname": idn.hostname_ok, "idn-hostname": idn.idn_hostname_ok, "idn-email": idn.idn_email_ok}
     try:
         return check[name](s)
@@ -274,8 +276,8 @@ def s_eval_assign(f: tuple, assign: dict[tuple, bool]) -> bool:
 #   ("and", ...) ("or", ...) ("not", f)
 # ---------------------------------------------------------------------------
 
-def num_c(lo: Any = None, lo_excl: bool = False, hi: Any = None, hi_excl: bool = False,
-          integer: bool = False, multiples: Iterable[Any] = ()) -> tuple:
+def num_c(lo: float | None = None, lo_excl: bool = False, hi: float | None = None, hi_excl: bool = False,
+          integer: bool = False, multiples: Iterable[float] = ()) -> tuple:
     """A number constraint: the interval ``lo..hi`` (each end optional, open when
     ``*_excl``), integers only when ``integer``, and multiples of every value in ``multiples``."""
     return ("c", lo, lo_excl, hi, hi_excl, integer, frozenset(multiples))
@@ -411,7 +413,7 @@ def num_not(f: tuple) -> tuple:
 
 
 
-def _is_multiple(x: Any, m: Any) -> bool:
+def _is_multiple(x: float, m: float) -> bool:
     """Exact decimal multipleOf (as the specification and
     :mod:`structgen.frontends.json_schema.numbers` define it).
 
@@ -424,11 +426,11 @@ def _is_multiple(x: Any, m: Any) -> bool:
     return (_dec(x) / _dec(m)).denominator == 1
 
 
-def _dec(v: Any) -> Fraction:
+def _dec(v: float) -> Fraction:
     return Fraction(v) if isinstance(v, int) else Fraction(repr(v))
 
 
-def num_member(f: tuple, x: Any) -> bool:
+def num_member(f: tuple, x: float) -> bool:
     """Does number ``x`` belong to formula ``f`` (validator semantics: Python comparison,
     jsonschema's ``multipleOf``)?"""
     tag = f[0]

@@ -22,13 +22,13 @@ import importlib.util
 import sys
 import threading
 import types
-from typing import Any
+from collections.abc import Callable
 
 __all__ = ["import_jsonschema"]
 
 _NAME = "rfc3987_syntax"
 _LOCK = threading.Lock()
-_real_is_valid_syntax: Any = None
+_real_is_valid_syntax: Callable[[str, str], object] | None = None
 
 
 def _is_valid_syntax(term: str, value: str) -> bool:

@@ -10,10 +10,10 @@ an unsatisfiable subschema or an automaton limit. Both import this module; it im
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from structgen.errors import StructgenError
 from structgen.frontends.json_schema.document import Loc, SchemaDoc
+from structgen.json_types import JsonValue
 
 __all__ = ["OLD_DRAFTS", "applicator_keyword", "json_size", "keyword_at", "loc_of", "node_at",
            "structural_keyword"]
@@ -46,7 +46,7 @@ def loc_of(doc: SchemaDoc, pointer: str) -> Loc | None:
     return Loc(root.doc, frag) if root is not None and root.ptr == "" else None
 
 
-def node_at(doc: SchemaDoc, loc: Loc) -> Any:
+def node_at(doc: SchemaDoc, loc: Loc) -> JsonValue:
     """The schema value at ``loc``, or None where ``doc`` cannot resolve it."""
     try:
         return doc.node(loc)
@@ -54,7 +54,7 @@ def node_at(doc: SchemaDoc, loc: Loc) -> Any:
         return None
 
 
-def json_size(v: Any) -> int:
+def json_size(v: object) -> int:
     """Length of ``v``'s JSON text: how large a keyword's value is (0 when it cannot be
     serialised)."""
     try:

@@ -14,7 +14,7 @@ than these documented limits with a typed error:
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
 
 from structgen.errors import CompileLimitError
 
@@ -26,16 +26,16 @@ MAX_JSON_DEPTH = 600
 MAX_INSTANCE_DEPTH = 256
 
 
-def json_depth(value: Any, limit: int) -> tuple[int, str]:
+def json_depth(value: object, limit: int) -> tuple[int, str]:
     """(depth, pointer): the nesting depth of arrays/objects in ``value`` (a scalar is 0),
     measured iteratively; stops at the first container deeper than ``limit`` and returns
     its depth and JSON pointer (RFC 6901)."""
     best = 0
-    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(value, 0, ())]
+    stack: list[tuple[object, int, tuple[object, ...]]] = [(value, 0, ())]
     while stack:
         node, depth, path = stack.pop()
         if isinstance(node, dict):
-            items: Any = node.items()
+            items: Iterable[tuple[object, object]] = node.items()
         elif isinstance(node, (list, tuple)):
             items = enumerate(node)
         else:
@@ -52,7 +52,7 @@ def json_depth(value: Any, limit: int) -> tuple[int, str]:
     return best, ""
 
 
-def check_schema_depth(schema: Any, limit: int = MAX_JSON_DEPTH) -> None:
+def check_schema_depth(schema: object, limit: int = MAX_JSON_DEPTH) -> None:
     """Raise :class:`CompileLimitError` if ``schema`` nests arrays/objects deeper than
     ``limit``."""
     depth, ptr = json_depth(schema, limit)

@@ -31,38 +31,30 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from itertools import product
-from typing import Any
+from typing import TypeVar, cast
 
 from structgen import limits
 from structgen.config import JsonSchemaOptions
 from structgen.errors import CompileLimitError, CompileTimeoutError, SchemaError
-from structgen.frontends import json_escape
+from structgen.frontends import json_escape, regex
+from structgen.frontends.json_schema import formats
 from structgen.frontends.json_schema.algebra import Normalizer
 from structgen.frontends.json_schema.document import Loc, SchemaDoc
 from structgen.frontends.json_schema.formulas import (
     SF,
-    ST,
-    lits_of,
-    s_and,
-    s_atoms,
-    s_eval_assign,
-    s_lits,
-    s_member,
-    s_not,
-    s_or,
 )
 from structgen.frontends.json_schema.number_lowering import NumberLowering, number_spellings, trie
+from structgen.frontends.json_schema.object_lowering import ObjectLowering
 from structgen.frontends.json_schema.patterns import CONTENT_ENCODING, Pattern, compile_pattern
 from structgen.frontends.json_schema.records import (
     ARR_TOP,
     BOTTOM,
     FALSE,
-    OBJ_TOP,
     TOP,
     TRUE,
     TS,
     Arr,
-    Obj,
+    Node,
     n_and,
     n_not,
 )
@@ -72,19 +64,13 @@ from structgen.grammar.graphs import reachable
 
 __all__ = ["Lowering", "number_spellings"]
 
-MAX_DP_STATES = 4000
-MAX_KEY_ATOMS = 8
 MAX_UNIQUE_DOMAIN = 10
 
 Ctx = tuple[Loc, ...]
+_T = TypeVar("_T")  # what a cached document query returns
 
 
-def _regex():  # imported lazily: building its Unicode tables costs a little
-    from structgen.frontends import regex
-    return regex
-
-
-class Lowering(NumberLowering):
+class Lowering(ObjectLowering, NumberLowering):
     """Builds the IR grammar for one schema document."""
 
     def __init__(self, norm: Normalizer, doc: SchemaDoc, options: JsonSchemaOptions, *,
@@ -103,8 +89,8 @@ class Lowering(NumberLowering):
         # the language lowered at each instance position (strict mode closes it: strict.py)
         self.language = Closer(norm).language if options.strict else norm.normalize
         self.rules: dict[str, ir.Expr] = {}
-        self._memo: dict[tuple[Any, Ctx], str] = {}
-        self._queue: list[tuple[str, Any, Ctx]] = []
+        self._memo: dict[tuple[Node, Ctx], str] = {}
+        self._queue: list[tuple[str, Node, Ctx]] = []
         self._count = 0
         # error locations (never used to build the grammar): rule name -> schema pointer, and
         # the keyword a rule or an IR expression was made for (the pointer of an expression
@@ -119,18 +105,19 @@ class Lowering(NumberLowering):
             self.ws = ir.EMPTY
         self.comma = ir.seq(ir.lit(","), self.ws)
         self.colon = ir.seq(self.ws, ir.lit(":"), self.ws)
-        self._cache: dict[Any, Any] = {}
+        self._cache: dict[Hashable, ir.Expr] = {}
+        self._doc_cache: dict[Hashable, object] = {}  # SchemaDoc query results
 
     # -- shared leaf languages -------------------------------------------------------
     def any_char(self) -> ir.Expr:
         """One string character in any spelling ``escapes`` allows (cached)."""
         e = self._cache.get("char")
         if e is None:
-            e = self._cache["char"] = _regex().any_char_expr(CONTENT_ENCODING[self.escapes])
+            e = self._cache["char"] = regex.any_char_expr(CONTENT_ENCODING[self.escapes])
         return e
 
     def str_content_any(self, capped: bool) -> ir.Expr:
-        """Any string content; at most ``max_string_length`` characters when ``capped``."""
+        """Every string content; at most ``max_string_length`` characters when ``capped``."""
         cap = self.opt.max_string_length if capped else None
         return ir.rep(self.any_char(), 0, cap)
 
@@ -156,7 +143,7 @@ class Lowering(NumberLowering):
             self.expr_kw.setdefault(e, self._key_kw or keyword)
         return e
 
-    def node_pointer(self, node: Any) -> str | None:
+    def node_pointer(self, node: Node) -> str | None:
         """The schema location a node stands for: its own for a reference, the shortest one
         among its parts for a Boolean combination (``#/properties/a`` for the meet of
         ``#/properties/a`` and ``#/allOf/0/properties/a``), None for other nodes."""
@@ -195,7 +182,7 @@ class Lowering(NumberLowering):
         self.rule_where[name] = self.norm.where()
         return name
 
-    def node_ref(self, node: Any, ctx: Ctx) -> ir.Expr:
+    def node_ref(self, node: Node, ctx: Ctx) -> ir.Expr:
         """A reference to the rule of ``node`` in context ``ctx`` (made and queued once)."""
         if node == TRUE:
             return self.any_value()
@@ -212,7 +199,7 @@ class Lowering(NumberLowering):
             self._queue.append((name, node, ctx))
         return ir.ref(name)
 
-    def build(self, root: Any, ctx: Ctx) -> ir.Grammar:
+    def build(self, root: Node, ctx: Ctx) -> ir.Grammar:
         """The grammar of the schema whose root node is ``root``: lowers every queued rule,
         then drops rules the root cannot reach. Raises SchemaError for a root that accepts nothing."""
         ts = self.language(root)
@@ -324,7 +311,6 @@ class Lowering(NumberLowering):
         """Do the formats alone keep every string's length within [lo, hi]
         (:func:`formats.formats_imply_length`)? Never for a format checked per value: its
         superset may be longer than its safe subset."""
-        from structgen.frontends.json_schema import formats
         return not (self.value_checks and any(formats.checked_format(n, self.doc.drafts[0]) for n in fmts)) \
             and formats.formats_imply_length(fmts, lo, hi)
 
@@ -336,7 +322,6 @@ class Lowering(NumberLowering):
         """Format ``name``'s content language in the spellings ``escapes`` allows (None: any
         string) and the marker of its value check (None: the automaton is exact). Value
         checks off, a format that needs one gets its safe subset (:func:`formats.checked_format`)."""
-        from structgen.frontends.json_schema import formats
         checked = formats.checked_format(name, self.doc.drafts[0]) if self.value_checks else None
         e = formats.format_expr(name, self.doc.drafts[0]) if checked is None else checked[0]
         if e is None and checked is None:  # pragma: no cover - filtered by the normaliser
@@ -398,7 +383,7 @@ class Lowering(NumberLowering):
         caps = [max(lo, (hi + 1) if hi is not None else 0) for _c, lo, hi, _s in contains]
         n_cap = max(P, r.min_items, (r.max_items + 1) if r.max_items is not None else 0, 1)
 
-        def variants(n: int) -> list[tuple[Any, tuple[int, ...]]]:
+        def variants(n: int) -> list[tuple[Node, tuple[int, ...]]]:
             base = r.item(n) if n < P else r.rest
             act = [j for j, (_c, _lo, _hi, st) in enumerate(contains) if st <= n]
             out = []
@@ -439,7 +424,7 @@ class Lowering(NumberLowering):
         body = self.state_machine((0, tuple(0 for _ in contains)), trans, accept, "contains")
         return self.note(ir.seq(ir.lit("["), ws, body, ir.lit("]")), "contains")
 
-    def finite_domain(self, node: Any) -> list[tuple] | None:
+    def finite_domain(self, node: Node) -> list[tuple] | None:
         """The value keys of a finite node language (scalars only), or None."""
         if node == FALSE:
             return []
@@ -490,7 +475,7 @@ class Lowering(NumberLowering):
             dom = domains[n] if n < P else rest_dom
             sep = comma if n > 0 else ir.EMPTY
             return [(ir.seq(sep, self.value_lit(v), ws), (n + 1, used | {v}))
-                    for v in dom if v not in used]  # type: ignore[union-attr]
+                    for v in dom if v not in used]
 
         def accept(state: tuple) -> bool:
             return state[0] >= r.min_items
@@ -498,308 +483,14 @@ class Lowering(NumberLowering):
         body = self.state_machine((0, frozenset()), trans, accept, "uniqueItems")
         return self.note(ir.seq(ir.lit("["), ws, body, ir.lit("]")), "uniqueItems")
 
-    # -- objects ------------------------------------------------------------------------------------
-    def lower_obj(self, r: Obj, ctx: Ctx) -> ir.Expr:
-        """The IR of the objects of record ``r`` in context ``ctx``: declared keys in
-        canonical order, then the other keys."""
-        if r == OBJ_TOP:
-            self.any_value()
-            return ir.ref("any_obj")
-        ws, comma, colon = self.ws, self.comma, self.colon
-        declared = self.doc_declared(ctx)
-        dset = set(declared)
-        exists = [e for e in r.exists if e[2] > 0 or e[3] is not None]
-
-        def value_of(member: Callable[[tuple], bool]) -> tuple[Any, tuple[int, ...]]:
-            v = n_and(*(s for k, s in r.props if member(k)))
-            ex = tuple(j for j, e in enumerate(exists) if member(e[0]))
-            return v, ex
-
-        # declared slots
-        slots: list[tuple[str, Any, bool, tuple[int, ...]]] = []
-        for p in declared:
-            v, ex = value_of(lambda k, p=p: s_member(k, p))
-            req = p in r.required
-            if v == FALSE or self.norm.is_empty(v, 1):
-                if req:
-                    return ir.NEVER
-                continue
-            slots.append((p, v, req, ex))
-        # literal regions: names mentioned by key sets or required, not declared here
-        specials: set[str] = set(r.required)
-        for k, _s in r.props:
-            specials |= lits_of(k)
-        for e in exists:
-            specials |= lits_of(e[0])
-        specials -= dset
-        lit_regions: list[tuple[str, Any, bool, tuple[int, ...]]] = []
-        for l in sorted(specials):
-            v, ex = value_of(lambda k, l=l: s_member(k, l))
-            req = l in r.required
-            if v == FALSE or self.norm.is_empty(v, 1):
-                if req:
-                    return ir.NEVER
-                continue
-            lit_regions.append((l, v, req, ex))
-        # pattern regions
-        atoms_d: dict[tuple, None] = {}
-        for k, _s in r.props:
-            s_atoms(k, atoms_d)
-        for e in exists:
-            s_atoms(e[0], atoms_d)
-        ctx_pats = self.doc_patterns(ctx)
-        pat_atom = {p: ("c", 0, None, frozenset((Pattern(p, self.regex_dialect),)), frozenset())
-                    for p in ctx_pats}
-        for a in pat_atom.values():
-            atoms_d.setdefault(a, None)
-        atoms = list(atoms_d)
-        if len(atoms) > MAX_KEY_ATOMS:
-            raise CompileLimitError(f"object schema combines more than {MAX_KEY_ATOMS} property-name "
-                                    f"patterns at {self.norm.where()}", pointer=self.norm.where(),
-                                    keyword="patternProperties")
-        exclude = s_not(s_lits(dset | specials)) if (dset | specials) else ST
-        groups: dict[tuple, list[tuple]] = {}
-        for bits in product((False, True), repeat=len(atoms)):
-            sigma = dict(zip(atoms, bits))
-            v, ex = value_of(lambda k, sigma=sigma: s_eval_assign(k, sigma))
-            if v == FALSE:
-                continue
-            kf = s_and(*(a if b else s_not(a) for a, b in sigma.items()), exclude)
-            if kf == SF:
-                continue
-            cctx = self.doc_child_ctx(ctx, None, tuple(sigma[pat_atom[p]] for p in ctx_pats))
-            groups.setdefault((v, ex, cctx), []).append(kf)
-        regions: list[tuple[ir.Expr, Any, Ctx, tuple[int, ...]]] = []
-        # property-name languages: errors name the keyword that made them
-        self._key_kw = "patternProperties" if ctx_pats else "additionalProperties"
-        try:
-            for (v, ex, cctx), kfs in groups.items():
-                key = ir.seq(ir.lit('"'), self.lower_str(s_or(*kfs), True), ir.lit('"'))
-                if key != ir.NEVER:
-                    regions.append((key, v, cctx, ex))
-        finally:
-            self._key_kw = None
-
-        def key_expr(name: str) -> ir.Expr:
-            # Declared property names in every JSON spelling (the escape layer); a name
-            # holding a lone surrogate has no spelling that decodes to it and gives NEVER.
-            return ir.seq(ir.lit('"'), json_escape.json_literal(name, self.escapes), ir.lit('"'))
-
-        def pair(key: ir.Expr, node: Any, cctx: Ctx) -> ir.Expr:
-            return ir.seq(key, colon, self.node_ref(node, cctx), ws)
-
-        req_specials = frozenset(l for l, _v, req, _ex in lit_regions if req)
-        simple = (not exists and r.min_props == 0 and r.max_props is None and not req_specials)
-        if simple:
-            rest_pairs = [pair(k, v, c) for k, v, c, _ex in regions]
-            rest_pairs += [pair(key_expr(l), v, self.doc_child_ctx(ctx, l, None))
-                           for l, v, _req, _ex in lit_regions]
-            # undeclared keys: one alternative per region of the property-name patterns
-            rp = self.note(ir.alt(*rest_pairs), "patternProperties" if ctx_pats else "additionalProperties")
-            # tails[j]: slots j.. when something came before (each present pair is
-            # comma-prefixed); shared as rules so no pair is copied more than twice
-            tail = ir.star(ir.seq(comma, rp))
-            tails: list[ir.Expr] = [tail]
-            pairs: list[ir.Expr] = []
-            for p, v, req, _ex in reversed(slots):
-                pr = pair(key_expr(p), v, self.doc_child_ctx(ctx, p, None))
-                pairs.append(pr)
-                tail = ir.seq(ir.seq(comma, pr) if req else ir.opt(ir.seq(comma, pr)), tail)
-                if len(slots) > 1 and not _small(tail):
-                    name = self.new_rule("o")
-                    self.rule_kw[name] = "properties"
-                    self.rules[name] = tail
-                    tail = ir.ref(name)
-                tails.append(tail)
-            tails.reverse()  # tails[j] covers slots j..
-            pairs.reverse()
-            # the first present pair has no comma: it is slot j, or a rest pair
-            firsts: list[ir.Expr] = []
-            for j, (_p, _v, req, _ex) in enumerate(slots):
-                firsts.append(ir.seq(pairs[j], tails[j + 1]))
-                if req:
-                    break
-            else:
-                firsts.append(ir.opt(ir.seq(rp, tails[len(slots)])))
-            t_t = ir.alt(*firsts)
-            return self.note(ir.seq(ir.lit("{"), ws, t_t, ir.lit("}")), "properties")
-
-        # general case: a counting automaton
-        caps = [max(lo, (hi + 1) if hi is not None else 0) for _k, _s, lo, hi in exists]
-        c_cap = max(1, r.min_props, (r.max_props + 1) if r.max_props is not None else 0)
-
-        def split(v: Any, ex: tuple[int, ...]) -> list[tuple[Any, tuple[int, ...]]]:
-            out = []
-            for bits in product((False, True), repeat=len(ex)):
-                node = v
-                inc = [0] * len(exists)
-                for j, b in zip(ex, bits):
-                    node = n_and(node, exists[j][1] if b else n_not(exists[j][1]))
-                    inc[j] = 1 if b else 0
-                if node != FALSE and (not ex or not self.norm.is_empty(node, 1)):
-                    out.append((node, tuple(inc)))
-            return out
-
-        slot_vars = [(key_expr(p), split(v, ex), req, self.doc_child_ctx(ctx, p, None))
-                     for p, v, req, ex in slots]
-        rest_vars: list[tuple[ir.Expr, Any, tuple[int, ...], Ctx, str | None]] = []
-        for key, v, cctx, ex in regions:
-            for node, inc in split(v, ex):
-                rest_vars.append((key, node, inc, cctx, None))
-        for l, v, _req, ex in lit_regions:
-            lctx = self.doc_child_ctx(ctx, l, None)
-            for node, inc in split(v, ex):
-                rest_vars.append((key_expr(l), node, inc, lctx, l))
-
-        def bump(c: int, counts: tuple, inc: tuple) -> tuple[int, tuple]:
-            return min(c + 1, c_cap), tuple(min(x + i, cap) for x, i, cap in zip(counts, inc, caps))
-
-        # Duplicate keys: JSON parsers keep one of them, so a lower bound of 2 or more
-        # (minProperties, or a count of keys matching a pattern) must count distinct names.
-        # Then every literal name appears at most once and at most one non-literal key
-        # (pattern or additional property) is written: a narrowing, never an invalid object.
-        distinct = r.min_props >= 2 or any(lo >= 2 for _k, _s, lo, _hi in exists)
-
-        def machine(distinct: bool) -> ir.Expr:
-            def trans(state: tuple) -> list[tuple[ir.Expr, tuple]]:
-                phase, c, counts, seen = state
-                if r.max_props is not None and c > r.max_props:
-                    return []
-                sep = comma if c > 0 else ir.EMPTY
-                out = []
-                if phase < len(slot_vars):
-                    key, vs, req, cctx = slot_vars[phase]
-                    if not req:
-                        out.append((ir.EMPTY, (phase + 1, c, counts, seen)))
-                    for node, inc in vs:
-                        c2, counts2 = bump(c, counts, inc)
-                        out.append((ir.seq(sep, pair(key, node, cctx)), (phase + 1, c2, counts2, seen)))
-                    return out
-                for key, node, inc, cctx, lit_name in rest_vars:
-                    if distinct:
-                        # None stands for "the non-literal key"
-                        if lit_name in seen:
-                            continue
-                        seen2 = seen | {lit_name}
-                    else:
-                        if lit_name is not None and lit_name in seen:
-                            continue
-                        seen2 = seen | {lit_name} if lit_name in req_specials else seen
-                    c2, counts2 = bump(c, counts, inc)
-                    out.append((ir.seq(sep, pair(key, node, cctx)), (phase, c2, counts2, seen2)))
-                return out
-
-            def accept(state: tuple) -> bool:
-                phase, c, counts, seen = state
-                if phase < len(slot_vars):
-                    return False
-                if c < r.min_props or (r.max_props is not None and c > r.max_props):
-                    return False
-                if not req_specials <= seen:
-                    return False
-                return all(lo <= x and (hi is None or x <= hi)
-                           for x, (_k, _s, lo, hi) in zip(counts, exists))
-
-            return self.state_machine((0, 0, tuple(0 for _ in exists), frozenset()), trans, accept, count_kw)
-
-        count_kw = ("minProperties" if r.min_props else "maxProperties" if r.max_props is not None
-                    else "required" if req_specials else "patternProperties" if exists else "properties")
-
-        body = machine(distinct)
-        if distinct and body == ir.NEVER and regions and machine(False) != ir.NEVER:
-            # only objects with several pattern / additional keys would do
-            kw = "minProperties" if r.min_props >= 2 else "patternProperties"
-            self.norm.unsupported(kw, self.norm.where(),
-                                  f"{kw} needs two or more keys matched by patterns or "
-                                  "additionalProperties, which a grammar cannot keep distinct "
-                                  "(a duplicated key would count twice)")
-            body = machine(False)  # lenient mode: duplicates may count
-        return self.note(ir.seq(ir.lit("{"), ws, body, ir.lit("}")), count_kw)
-
-    # -- acyclic state machines (self-loops allowed) -> rules --------------------------------------
-    def state_machine(self, start: Hashable, trans: Callable[[Any], list[tuple[ir.Expr, Any]]],
-                      accept: Callable[[Any], bool], keyword: str | None = None) -> ir.Expr:
-        """``keyword``: the schema keyword that needs the counting (error messages)."""
-        edges: dict[Any, list[tuple[ir.Expr, Any]]] = {}
-        order: list[Any] = []
-        stack = [start]
-        while stack:
-            s = stack.pop()
-            if s in edges:
-                continue
-            out = trans(s)
-            edges[s] = out
-            order.append(s)
-            if len(edges) & 63 == 0:
-                self.check_deadline(keyword)
-            if len(edges) > MAX_DP_STATES:
-                raise CompileLimitError(f"counting constraints need more than {MAX_DP_STATES} automaton "
-                                        f"states at {self.norm.where()}", pointer=self.norm.where(),
-                                        keyword=keyword)
-            for _e, t in out:
-                if t not in edges:
-                    stack.append(t)
-        # live states: can reach acceptance
-        preds: dict[Any, set] = {s: set() for s in edges}
-        for s, out in edges.items():
-            for _e, t in out:
-                preds[t].add(s)
-        live = {s for s in edges if accept(s)}
-        work = list(live)
-        while work:
-            t = work.pop()
-            for s in preds[t]:
-                if s not in live:
-                    live.add(s)
-                    work.append(s)
-        if start not in live:
-            return ir.NEVER
-        indeg: dict[Any, int] = {s: 0 for s in edges}
-        for s, out in edges.items():
-            for _e, t in out:
-                if t != s and t in live:
-                    indeg[t] += 1
-        # topological order of the DAG without self-loops (reverse post-order)
-        topo: list[Any] = []
-        seen: set = set()
-        for s0 in order:
-            if s0 in seen or s0 not in live:
-                continue
-            st = [(s0, iter([t for _e, t in edges[s0] if t != s0 and t in live]))]
-            seen.add(s0)
-            while st:
-                s, it = st[-1]
-                nxt = next(it, None)
-                if nxt is None:
-                    st.pop()
-                    topo.append(s)
-                elif nxt not in seen:
-                    seen.add(nxt)
-                    st.append((nxt, iter([t for _e, t in edges[nxt] if t != nxt and t in live])))
-        expr: dict[Any, ir.Expr] = {}
-        for s in topo:  # successors first
-            loops = [e for e, t in edges[s] if t == s]
-            outs = [ir.seq(e, expr[t]) for e, t in edges[s] if t != s and t in live]
-            if accept(s):
-                outs.append(ir.EMPTY)
-            body = ir.seq(ir.star(ir.alt(*loops)) if loops else ir.EMPTY, ir.alt(*outs))
-            if indeg[s] > 1 and not _small(body):
-                name = self.new_rule("q")
-                if keyword is not None:
-                    self.rule_kw[name] = keyword
-                self.rules[name] = body
-                body = ir.ref(name)
-            expr[s] = body
-        return expr[start]
-
     # -- cached document queries ---------------------------------------------------------------------
-    def _doc_query(self, tag: str, query: Callable[..., Any], *args: Any) -> Any:
+    def _doc_query(self, tag: str, query: Callable[..., _T], *args: Hashable) -> _T:
         """``query(*args)`` (a :class:`SchemaDoc` method), cached by ``(tag, *args)``."""
         key = (tag, *args)
-        got = self._cache.get(key)
+        got = self._doc_cache.get(key)
         if got is None:
-            got = self._cache[key] = query(*args)
-        return got
+            got = self._doc_cache[key] = query(*args)
+        return cast(_T, got)  # stored by this method under a key naming the query
 
     def doc_declared(self, ctx: Ctx) -> list[str]:
         """The property names declared in key-order context ``ctx``, in canonical order (cached)."""
@@ -813,14 +504,14 @@ class Lowering(NumberLowering):
         """The context of the value of key ``name`` (None: an undeclared key whose matches
         against :meth:`doc_patterns` are ``bits``) in context ``ctx`` (cached)."""
         key = ("child", ctx, name, bits)
-        got = self._cache.get(key)
+        got = cast("Ctx | None", self._doc_cache.get(key))
         if got is None:
             pats = self.doc_patterns(ctx)
             if bits is not None:
                 matches = dict(zip(pats, bits))
             else:  # a declared name: which patterns match it, in the schema's dialect
                 matches = {p: name is not None and Pattern(p, self.regex_dialect).search(name) for p in pats}
-            got = self._cache[key] = self.doc.child_ctx(ctx, name, matches)
+            got = self._doc_cache[key] = self.doc.child_ctx(ctx, name, matches)
         return got
 
     def doc_item_ctx(self, ctx: Ctx, i: int) -> Ctx:
@@ -830,24 +521,6 @@ class Lowering(NumberLowering):
     def doc_prefix_len(self, ctx: Ctx) -> int:
         """How many array items context ``ctx`` gives their own context (cached)."""
         return self._doc_query("plen", self.doc.prefix_len, ctx)
-
-
-def _small(e: ir.Expr, budget: int = 24) -> bool:
-    """Is ``e`` a small expression (cheap to duplicate)?"""
-    stack = [e]
-    n = 0
-    while stack:
-        x = stack.pop()
-        n += 1
-        if n > budget:
-            return False
-        if isinstance(x, (ir.Seq, ir.Alt)):
-            stack.extend(x.items)
-        elif isinstance(x, ir.Repeat):
-            stack.append(x.item)
-        elif isinstance(x, (ir.And, ir.Diff)):
-            stack += [x.left, x.right]
-    return True
 
 
 def _reachable(rules: dict[str, ir.Expr], start: str) -> dict[str, ir.Expr]:

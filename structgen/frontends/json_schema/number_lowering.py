@@ -31,10 +31,11 @@ import json
 import math
 from collections.abc import Callable, Hashable, Iterable
 from fractions import Fraction
-from typing import Any
+from typing import TypeVar
 
 from structgen.config import JsonSchemaOptions
 from structgen.errors import CompileLimitError
+from structgen.frontends.json_schema import numbers as numeric
 from structgen.frontends.json_schema.document import SchemaDoc
 from structgen.grammar import ir
 
@@ -48,13 +49,10 @@ MANTISSA_DIGITS = 17
 #: digits of a canonical number's exponent (doubles reach 1e308 and 5e-324)
 EXPONENT_DIGITS = 3
 
-
-def _numeric():
-    from structgen.frontends.json_schema import numbers as numeric
-    return numeric
+_K = TypeVar("_K", bound=Hashable)  # a symbol of a trie
 
 
-def number_spellings(v: Any) -> list[str]:
+def number_spellings(v: float) -> list[str]:
     """The texts ``json.dumps`` produces for Python numbers equal to ``v``."""
     out: dict[str, None] = {}
     if isinstance(v, int):
@@ -77,7 +75,7 @@ def number_spellings(v: Any) -> list[str]:
     return list(out)
 
 
-def canonical_spelling(v: Any) -> str | None:
+def canonical_spelling(v: float) -> str | None:
     """The one text generation writes for number ``v``: an integral value as an integer
     literal (``3.0`` -> ``3``, ``-0.0`` -> ``0``), another as ``json.dumps`` writes it;
     None for a non-finite float."""
@@ -88,7 +86,7 @@ def canonical_spelling(v: Any) -> str | None:
     return str(v)
 
 
-def trie(seqs: Iterable[tuple[Hashable, ...]], leaf: Callable[[Any], ir.Expr]) -> ir.Expr:
+def trie(seqs: Iterable[tuple[_K, ...]], leaf: Callable[[_K], ir.Expr]) -> ir.Expr:
     """Alternation of symbol sequences as a trie (shared prefixes factored), iteratively."""
     root: dict = {}
     END = object()
@@ -115,11 +113,11 @@ def trie(seqs: Iterable[tuple[Hashable, ...]], leaf: Callable[[Any], ir.Expr]) -
     return result[id(root)]
 
 
-def _finite(v: Any) -> bool:
+def _finite(v: object) -> bool:
     return not (isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))))
 
 
-def _digits(x: Any) -> int:
+def _digits(x: float | Fraction) -> int:
     """Digits of the integer part of ``|x|`` rounded up."""
     return len(str(math.ceil(abs(Fraction(x)))))
 
@@ -130,7 +128,7 @@ class NumberLowering:
 
     opt: JsonSchemaOptions
     doc: SchemaDoc
-    _cache: dict[Any, Any]
+    _cache: dict[Hashable, ir.Expr]
     expr_kw: dict[ir.Expr, str]
     note: Callable[[ir.Expr, str], ir.Expr]
 
@@ -138,7 +136,7 @@ class NumberLowering:
         """Every JSON number (cached)."""
         e = self._cache.get("num")
         if e is None:
-            e = self._cache["num"] = _numeric().number_expr()
+            e = self._cache["num"] = numeric.number_expr()
         return e
 
     def number_any(self) -> ir.Expr:
@@ -147,12 +145,12 @@ class NumberLowering:
             return self.number_all()
         e = self._cache.get("num_canon")
         if e is None:
-            e = self._cache["num_canon"] = _numeric().number_expr(
+            e = self._cache["num_canon"] = numeric.number_expr(
                 max_mantissa_digits=MANTISSA_DIGITS, max_exponent_digits=EXPONENT_DIGITS,
                 negative_zero=False)
         return e
 
-    def spellings(self, v: Any) -> list[str]:
+    def spellings(self, v: float) -> list[str]:
         """The texts number value ``v`` may be written as at ``+`` polarity."""
         if self.opt.number_spelling != "canonical":
             return number_spellings(v)
@@ -188,7 +186,7 @@ class NumberLowering:
         if got is not None:
             return got
         tag = f[0]
-        num = _numeric()
+        num = numeric
         if tag == "T":
             e = self.number_any() if canon else self.number_all()
         elif tag == "F":
@@ -244,9 +242,10 @@ class NumberLowering:
         else:
             universe = self.safe_number() if pos else self.number_all()
             if canon:
-                universe = self._cache.get("safe_canon")
-                if universe is None:
-                    universe = self._cache["safe_canon"] = ir.and_(self.safe_number(), self.number_any())
+                got = self._cache.get("safe_canon")
+                if got is None:
+                    got = self._cache["safe_canon"] = ir.and_(self.safe_number(), self.number_any())
+                universe = got
             e = self.note(ir.diff(universe, self._lower_num(f[1], not pos, False)), "not")
         self._cache[key] = e
         return e
@@ -257,7 +256,7 @@ class NumberLowering:
         _, lo, lo_x, hi, hi_x, integer, mults = f
         if not all(_finite(x) for x in (lo, hi, *mults) if x is not None):
             return ir.NEVER
-        num = _numeric()
+        num = numeric
         ms = sorted(mults) or [None]
         try:
             if integer:

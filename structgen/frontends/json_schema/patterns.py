@@ -23,10 +23,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 from structgen.errors import RegexError
+from structgen.frontends import regex
 from structgen.grammar import ir
+from structgen.json_types import JsonObject, JsonValue
 
 __all__ = ["CONTENT_ENCODING", "DIALECTS", "Pattern", "compile_pattern", "pattern_error", "python_pattern",
            "schema_for_re_validators"]
@@ -36,12 +37,6 @@ CONTENT_ENCODING = {"all": "json", "canonical": "json-canonical"}
 
 #: ``regex_dialect`` option value -> dialect of :mod:`structgen.frontends.regex`
 DIALECTS = {"ecma262": "ecma", "python": "python"}
-
-
-def _regex() -> Any:
-    from structgen.frontends import regex  # imported lazily: building its Unicode tables costs a little
-
-    return regex
 
 
 def _dialect(dialect: str) -> str:
@@ -71,7 +66,7 @@ def compile_pattern(p: str, escapes: str = "all", dialect: str = "ecma262") -> i
     """The JSON Schema ``pattern`` ``p`` (searched, in ``dialect``) over JSON string content
     spelled with ``escapes`` (see :mod:`structgen.frontends.json_escape`). Cached (1,024
     patterns); raises :class:`~structgen.errors.RegexError` for a pattern it cannot express."""
-    return _regex().compile_regex(p, dialect=_dialect(dialect), search=True,
+    return regex.compile_regex(p, dialect=_dialect(dialect), search=True,
                                   encoding=CONTENT_ENCODING[escapes])
 
 
@@ -106,9 +101,9 @@ def _cp(c: int) -> str:
     return f"\\U{c:08x}"
 
 
-def _py_source(node: Any) -> str:
+def _py_source(node: regex.RegexNode) -> str:
     """``re`` syntax matching exactly what the parsed ``node`` matches (flags already applied)."""
-    rx = _regex()
+    rx = regex
     if isinstance(node, rx.CharSet):
         if not node.ranges:
             return "(?!)"
@@ -138,7 +133,7 @@ def python_pattern(p: str, dialect: str = "ecma262") -> str | None:
     if dialect == "python":
         return p
     try:
-        return _py_source(_regex().parse_regex(p, dialect=_dialect(dialect)))
+        return _py_source(regex.parse_regex(p, dialect=_dialect(dialect)))
     except (RegexError, RecursionError):
         return None
 
@@ -157,8 +152,8 @@ def _searcher(p: str, dialect: str) -> re.Pattern[str] | None:
 _INSTANCE_KEYWORDS = frozenset({"const", "enum", "examples", "default"})
 
 
-def schema_for_re_validators(schema: Any, dialect: str = "ecma262",
-                             renamed: dict[str, str] | None = None) -> Any:
+def schema_for_re_validators(schema: JsonValue, dialect: str = "ecma262",
+                             renamed: dict[str, str] | None = None) -> JsonValue:
     """A copy of ``schema`` for validators that read patterns with Python's :mod:`re` (the
     ``jsonschema`` package): every ``pattern`` value and ``patternProperties`` key becomes
     :func:`python_pattern`'s translation, so such a validator judges patterns as ``dialect``
@@ -170,7 +165,7 @@ def schema_for_re_validators(schema: Any, dialect: str = "ecma262",
     if dialect == "python":
         return schema
 
-    def translate(p: Any) -> Any:
+    def translate(p: str) -> str:
         if not isinstance(p, str):
             return p
         out = python_pattern(p, dialect) or p
@@ -178,12 +173,12 @@ def schema_for_re_validators(schema: Any, dialect: str = "ecma262",
             renamed[out] = p
         return out
 
-    def walk(node: Any) -> Any:
+    def walk(node: JsonValue) -> JsonValue:
         if isinstance(node, list):
             return [walk(x) for x in node]
         if not isinstance(node, dict):
             return node
-        out: dict[Any, Any] = {}
+        out: JsonObject = {}
         for key, value in node.items():
             if key in _INSTANCE_KEYWORDS:
                 out[key] = value

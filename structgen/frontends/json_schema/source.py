@@ -2,8 +2,9 @@
 
 The lowest module of the JSON Schema front-end that touches input: it reads and parses schema
 files (:func:`read_schema_file`), parses JSON text strictly (:func:`parse_json`: ``NaN`` and
-``Infinity`` are not JSON), and recognises model classes (:func:`is_model_class`,
-:func:`model_schema`) by duck typing, so that no front-end imports pydantic.
+``Infinity`` are not JSON), recognises model classes (:func:`is_model_class`,
+:func:`model_schema`) by duck typing, so that no front-end imports pydantic, and tells which
+of these a user's schema argument is (:func:`schema_from`).
 
 Used by the constraint front door (:mod:`structgen.frontends.constraint`), the compiler and
 the validation tool (:mod:`structgen.validation`), which reads instance files with the
@@ -14,19 +15,20 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import NoReturn
 
 from structgen.errors import SchemaError, StructgenError
+from structgen.json_types import JsonObject, JsonValue
 
 __all__ = ["decode_utf8", "is_model_class", "model_schema", "parse_json", "read_schema_file",
-           "read_utf8_file"]
+           "read_utf8_file", "schema_from"]
 
 
-def _reject_constant(name: str) -> Any:
+def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def parse_json(text: str) -> tuple[Any, str | None, int, int]:
+def parse_json(text: str) -> tuple[JsonValue, str | None, int, int]:
     """Parse strict JSON text: ``(value, error, error_line, error_column)``.
 
     ``error`` is None on success; otherwise a one-line reason, with the 1-based line and
@@ -76,7 +78,7 @@ def read_utf8_file(path: str | os.PathLike[str], error: type[StructgenError], wh
     return text
 
 
-def read_schema_file(path: str | os.PathLike[str]) -> Any:
+def read_schema_file(path: str | os.PathLike[str]) -> JsonValue:
     """Parse the JSON file at ``path`` (any JSON value; the caller checks it is a schema).
 
     Side effect: reads that one file, whole. Raises :class:`~structgen.errors.SchemaError`
@@ -91,22 +93,76 @@ def read_schema_file(path: str | os.PathLike[str]) -> Any:
     return value
 
 
-def is_model_class(obj: Any) -> bool:
+def is_model_class(obj: object) -> bool:
     """True for a class with a callable ``model_json_schema`` (a Pydantic v2 model, or any
     class that describes itself the same way)."""
     return isinstance(obj, type) and callable(getattr(obj, "model_json_schema", None))
 
 
-def model_schema(cls: type) -> Any:
+def model_schema(cls: type) -> JsonObject:
     """The JSON Schema of model class ``cls``, from its ``model_json_schema()``.
 
-    Cost: whatever that method costs (Pydantic builds and caches the schema). Any exception
+    Cost: whatever that method costs (Pydantic builds and caches the schema). An exception
     it raises becomes a :class:`~structgen.errors.SchemaError` naming the class.
     """
     try:
-        return cls.model_json_schema()  # type: ignore[attr-defined]
+        schema: JsonObject = cls.model_json_schema()  # type: ignore[attr-defined]  # duck-typed
+        return schema
     except StructgenError:
         raise
     except Exception as e:  # noqa: BLE001 - the user's class cannot describe itself
         raise SchemaError(f"model class {cls.__qualname__} has no JSON schema: "
                           f"{type(e).__name__}: {e}") from None
+
+
+def _is_file(text: str) -> bool:
+    try:
+        return os.path.isfile(text)
+    except (OSError, ValueError):  # a name too long for the OS, an embedded NUL
+        return False
+
+
+def schema_from(spec: object, *, strings_may_be_paths: bool = True) -> JsonValue:
+    """The schema value ``spec`` stands for (the rules: :mod:`structgen.frontends.constraint`).
+
+    ``dict``/``bool``: returned as is; a model class: its ``model_json_schema()``; an
+    ``os.PathLike``: the file's JSON; ``bytes``: UTF-8 JSON text; a ``str``: JSON text when,
+    stripped of whitespace, it parses as a JSON object or boolean, otherwise (only when
+    ``strings_may_be_paths``) the path of an existing file.
+
+    Side effect: reads the file when ``spec`` is a path; nothing else is opened. Raises
+    :class:`~structgen.errors.SchemaError` for JSON text that is not an object or a boolean, a
+    string that is neither JSON text nor an existing file, an unreadable file, and a model
+    class that cannot describe itself.
+    """
+    if isinstance(spec, (dict, bool)):
+        return spec
+    if isinstance(spec, type) and is_model_class(spec):
+        return model_schema(spec)
+    if isinstance(spec, os.PathLike):
+        return read_schema_file(spec)
+    if isinstance(spec, bytes):
+        try:
+            spec = spec.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise SchemaError(f"schema bytes are not UTF-8 (byte {e.start})") from None
+    if not isinstance(spec, str):
+        raise SchemaError(f"a JSON schema must be a dict, a bool, JSON text, a file path or a "
+                          f"pydantic model class, not {type(spec).__name__}")
+    value, error, line, column = parse_json(spec.strip())
+    if error is None and isinstance(value, (dict, bool)):
+        return value
+    if error is None:
+        why = f"it is JSON but a {type(value).__name__ if value is not None else 'null'}, " \
+              "not an object or a boolean"
+    elif line and column:
+        why = f"{error} (line {line}, column {column})"
+    else:
+        why = error
+    short = spec if len(spec) <= 80 else spec[:77] + "..."
+    if not strings_may_be_paths:
+        raise SchemaError(f"schema text {short!r} is not a JSON Schema: {why} (a string schema here "
+                          "is JSON text; pass a pathlib.Path to read a file)")
+    if _is_file(spec):
+        return read_schema_file(spec)
+    raise SchemaError(f"schema {short!r} is neither JSON Schema text ({why}) nor an existing file")

@@ -25,7 +25,6 @@ strict grammar is valid under the original schema.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from structgen.frontends.json_schema.algebra import Normalizer
 from structgen.frontends.json_schema.formulas import (
@@ -117,7 +116,7 @@ class Closer:
         if why:
             self._note("array", why)
             return r
-        extra: Any = n_or(*r.ev_nodes)  # FALSE when there is no contains
+        extra: Node = n_or(*r.ev_nodes)  # FALSE when there is no contains
         prefix = tuple(r.item(i) for i in range(r.ev_prefix))  # arr_norm trims the prefix
         closed = arr_norm(replace(r, prefix=prefix, rest=n_and(r.rest, extra), ev_all=True))
         return r if closed is None else arr_canon(closed)
