@@ -15,23 +15,34 @@ Imports torch and transformers (only when this module is imported).
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, Union, cast
 
 import torch
 
-from structgen.errors import AssetError
+from structgen.assets.store import resolve_model
+from structgen.errors import AssetError, ContextLengthError
+from structgen.generation.llamacpp import LlamaCppLM, is_gguf_path, load_gguf
 from structgen.generation.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
+from structgen.masks.vocab import Vocabulary
 
-__all__ = ["BatchKV", "CausalLM", "check_context", "context_length", "load_model", "make_row_invariant",
-           "resolve_dtype", "stock_copy", "vocabulary_for"]
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+#: what :func:`load_model` takes: a model alias or local path, a transformers model, or a
+#: model already loaded
+ModelSource: TypeAlias = Union[str, "os.PathLike[str]", "PreTrainedModel", "CausalLM", LlamaCppLM]
+
+__all__ = ["BatchKV", "CausalLM", "ModelSource", "check_context", "context_length", "load_model",
+           "make_row_invariant", "resolve_dtype", "stock_copy", "vocabulary_for"]
 
 _LOAD_LOCK = threading.Lock()
-_LOADED: dict[tuple[str, str], tuple[Any, Any]] = {}
+_LOADED: dict[tuple[str, str], tuple[PreTrainedModel, PreTrainedTokenizerBase]] = {}
 
 
 def _cache_kwarg(model: Any) -> str:
@@ -131,9 +142,7 @@ class CausalLM:
         # The weights of a GGUF model (``LlamaCppLM.model``) get a llama.cpp model with its own
         # cache, as a transformers model gets a CausalLM (a draft model's own copy, say).
         if getattr(model, "is_gguf_model", False):
-            from structgen.generation.llamacpp import LlamaCppLM
-
-            return LlamaCppLM(model)
+            return _as_causal_lm(LlamaCppLM(model))
         return super().__new__(cls)
 
     def __init__(self, model: Any, tokenizer: Any, *, row_invariant: bool | None = None) -> None:
@@ -281,16 +290,15 @@ def _two_row_linear(lin: torch.nn.Linear) -> None:
             return y[:1].reshape(*x.shape[:-1], y.shape[-1])
         return inner(x)
 
-    lin.forward = forward  # type: ignore[method-assign]
-    lin._structgen_two_row = True  # type: ignore[attr-defined]
+    # instance attributes over the class's forward (stock_copy deletes them again)
+    setattr(lin, "forward", forward)  # noqa: B010
+    setattr(lin, "_structgen_two_row", True)  # noqa: B010
 
 
 def stock_copy(model: Any) -> Any:
     """A deep copy of a model made row-invariant by :func:`make_row_invariant`, with the stock
     transformers forward back (SDPA attention, the modules' own linear forwards): the model as
     a user would load it, e.g. for peers in a benchmark."""
-    import copy
-
     m = copy.deepcopy(model)
     for mod in m.modules():
         if getattr(mod, "_structgen_two_row", False):
@@ -371,8 +379,8 @@ class BatchKV:
         self.padded_positions = 0  # dummy positions fed to square the batch
         self._fed = torch.zeros(0, dtype=torch.long)  # [B] tokens fed per row by the last extend
         model = lm.model
-        self._base = None
-        self._head = None
+        self._base: torch.nn.Module | None = None
+        self._head: torch.nn.Module | None = None
         if getattr(model.config, "model_type", None) in _PLAIN_HEAD_TYPES:
             base = getattr(model, "model", None)
             head = model.get_output_embeddings()
@@ -402,13 +410,13 @@ class BatchKV:
                   "attention_mask": mask.to(dev, dtype=torch.long), "position_ids": pos.to(dev)}
         ids = ids.to(dev)
         self.forward_passes += 1
-        if self._base is not None:
+        if self._base is not None and self._head is not None:
             hidden = self._base(input_ids=ids, **kwargs).last_hidden_state  # [B, K, H]
-            if rows is None:
+            if rows is None or cols is None:
                 return None
             out = self._head(hidden[rows.to(dev), cols.to(dev)])  # [R, V]
             return out.float() if float32 else out
-        if rows is None:
+        if rows is None or cols is None:
             self.lm.model(input_ids=ids, logits_to_keep=1, **kwargs)
             return None
         logits = self.lm.model(input_ids=ids, **kwargs).logits  # [B, K, V]
@@ -641,7 +649,7 @@ def _cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_dtype(dtype: Any) -> torch.dtype:
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
     """``torch.dtype`` or a name (``"float32"``/``"fp32"``, ``"bfloat16"``/``"bf16"``,
     ``"float16"``/``"fp16"``, ``"auto"``). ``"auto"`` is bfloat16 where the hardware computes
     it natively (a CUDA device with bf16 support, or a CPU with AVX512-BF16 / AMX) and float32
@@ -659,8 +667,8 @@ def resolve_dtype(dtype: Any) -> torch.dtype:
     return _DTYPES[name]
 
 
-def load_model(model: Any, tokenizer: Any = None, *, dtype: Any = torch.float32,
-               threads: int | None = None) -> CausalLM:
+def load_model(model: ModelSource, tokenizer: PreTrainedTokenizerBase | None = None, *,
+               dtype: torch.dtype | str = torch.float32, threads: int | None = None) -> CausalLM:
     """A :class:`CausalLM` from a transformers model object, a local directory, or an alias
     of a model pulled into the cache (:mod:`structgen.assets.store`; an alias that is not
     cached raises :class:`AssetError` naming ``structgen models pull ALIAS``). Loaded models are
@@ -672,12 +680,11 @@ def load_model(model: Any, tokenizer: Any = None, *, dtype: Any = torch.float32,
     dtype = resolve_dtype(dtype)
     if isinstance(model, CausalLM):
         return model
-    from structgen.generation.llamacpp import LlamaCppLM, is_gguf_path, load_gguf
-
     if isinstance(model, LlamaCppLM):
-        return model
-    if is_gguf_path(model):  # llama.cpp backend (needs structgen[llamacpp]); dtype is the file's
-        return load_gguf(model, n_threads=threads)
+        return _as_causal_lm(model)
+    if isinstance(model, (str, os.PathLike)) and is_gguf_path(model):
+        # llama.cpp backend (needs structgen[llamacpp]); dtype is the file's
+        return _as_causal_lm(load_gguf(model, n_threads=threads))
     if not isinstance(model, (str, os.PathLike)):
         if tokenizer is None:
             name = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
@@ -689,37 +696,38 @@ def load_model(model: Any, tokenizer: Any = None, *, dtype: Any = torch.float32,
         return CausalLM(model, tokenizer)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from structgen.assets.store import resolve_model
-
     path = Path(resolve_model(model))
     if is_gguf_path(path):  # a -gguf alias: the cached GGUF file, run by llama.cpp
-        return load_gguf(path, n_threads=threads)
+        return _as_causal_lm(load_gguf(path, n_threads=threads))
     key = (str(path), str(dtype))
     with _LOAD_LOCK:
         got = _LOADED.get(key)
         if got is None:
-            m = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-            tok = AutoTokenizer.from_pretrained(str(path))
-            got = (m, tok)
+            got = (AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype),
+                   AutoTokenizer.from_pretrained(str(path)))
             _LOADED[key] = got
-    m, tok = got
-    return CausalLM(m, tokenizer if tokenizer is not None else tok)
+    weights, own_tokenizer = got
+    return CausalLM(weights, tokenizer if tokenizer is not None else own_tokenizer)
 
 
-_VOCABS: dict[int, Any] = {}
+def _as_causal_lm(lm: LlamaCppLM) -> CausalLM:
+    """``lm`` where a :class:`CausalLM` is expected: the llama.cpp backend has the same
+    attributes and methods (the generation loop duck-types its model)."""
+    return cast(CausalLM, lm)
 
 
-def vocabulary_for(lm: CausalLM) -> Any:
+_VOCABS: dict[int, Vocabulary] = {}
+
+
+def vocabulary_for(lm: CausalLM) -> Vocabulary:
     """The grammar-side :class:`~structgen.masks.vocab.Vocabulary` of ``lm`` (cached per tokenizer),
     with the model's logits width as vocab size and the generation config's EOS ids."""
     own = getattr(lm, "vocabulary", None)
     if callable(own):  # a backend that knows its vocabulary (llama.cpp: from the GGUF)
-        return own()
+        return cast(Vocabulary, own())
     key = id(lm.tokenizer)
     v = _VOCABS.get(key)
     if v is None:
-        from structgen.masks.vocab import Vocabulary
-
         eos: list[int] = []
         gc = getattr(lm.model, "generation_config", None)
         ge = getattr(gc, "eos_token_id", None) if gc is not None else None
@@ -771,8 +779,6 @@ def check_context(lm: CausalLM, prompt_tokens: int, max_new_tokens: int, *,
     """Raise :class:`~structgen.errors.ContextLengthError` when ``prompt_tokens +
     max_new_tokens`` exceeds the context of ``lm`` (or of ``draft_lm``, which reads the same
     positions). Models whose context is unknown are not checked."""
-    from structgen.errors import ContextLengthError
-
     limits = [(context_length(m), what) for m, what in ((lm, "model"), (draft_lm, "draft model"))
               if m is not None]
     known = [(n, what) for n, what in limits if n is not None]
