@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from structgen.config import SpecConfig
+from structgen.generation import verify as verification
 from structgen.generation.drafters import Candidate
 from structgen.generation.pacing import StepCost, best_draft_length, expected_accepts
-from structgen.generation.verify import VerifyBufferPool, VerifyOutput, token_logprobs, verify
+from structgen.generation.verify import VerifyBufferPool, VerifyOutput, token_logprobs
 
 if TYPE_CHECKING:
     from structgen.generation.step import Sequence
@@ -236,8 +237,10 @@ class StepVerifier:
         full = buf.out
         out = VerifyOutput(full.output_token_ids[:b], full.num_accepted[:b], full.num_emitted[:b],
                            full.error_position[:b])
-        verify(drafts, cu_t, logits, bitmask, draft_probs=draft_probs, temperature=temperature, top_p=top_p,
-               uniforms=uniforms, backend=cfg.backend, out=out, workspace=buf.workspace, check_inputs=False)
+        # looked up on its module at each call, so that a wrapper installed there sees every step
+        verification.verify(drafts, cu_t, logits, bitmask, draft_probs=draft_probs, temperature=temperature,
+                            top_p=top_p, uniforms=uniforms, backend=cfg.backend, out=out,
+                            workspace=buf.workspace, check_inputs=False)
         accepted = out.num_accepted.tolist()
         tokens = out.output_token_ids.tolist()
         results: list[tuple[int, list[int]]] = []
