@@ -20,6 +20,7 @@ import functools
 import inspect
 import os
 import threading
+from collections.abc import Hashable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, Union, cast
 
@@ -32,7 +33,7 @@ from structgen.generation.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCac
 from structgen.masks.vocab import Vocabulary
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 #: what :func:`load_model` takes: a model alias or local path, a transformers model, or a
 #: model already loaded
@@ -45,7 +46,7 @@ _LOAD_LOCK = threading.Lock()
 _LOADED: dict[tuple[str, str], tuple[PreTrainedModel, PreTrainedTokenizerBase]] = {}
 
 
-def _cache_kwarg(model: Any) -> str:
+def _cache_kwarg(model: torch.nn.Module) -> str:
     params = inspect.signature(model.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
@@ -58,7 +59,11 @@ def _cache_kwarg(model: Any) -> str:
 PREFILL_BLOCK = 128
 
 
-def prefix_cache_of(model: Any) -> PrefixCache:
+#: a transformers prefix state: each layer's (keys, values)
+KVState = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def prefix_cache_of(model: torch.nn.Module) -> PrefixCache[KVState]:
     """The :class:`~structgen.generation.prefix_cache.PrefixCache` of a transformers model's
     weights (shared by every :class:`CausalLM` and :class:`BatchKV` on them)."""
     cache = getattr(model, "structgen_prefix_cache", None)
@@ -66,12 +71,12 @@ def prefix_cache_of(model: Any) -> PrefixCache:
         with _LOAD_LOCK:
             cache = getattr(model, "structgen_prefix_cache", None)
             if cache is None:
-                cache = PrefixCache(DEFAULT_PREFIX_CACHE_MB << 20, block=PREFILL_BLOCK)
+                cache = PrefixCache[KVState](DEFAULT_PREFIX_CACHE_MB << 20, block=PREFILL_BLOCK)
                 object.__setattr__(model, "structgen_prefix_cache", cache)
     return cache
 
 
-def _cache_layers(cache: Any) -> list[Any] | None:
+def _cache_layers(cache: object) -> list[Any] | None:  # transformers' DynamicLayer: keys, values
     """A ``DynamicCache``'s per-layer holders, when every one is a plain, filled dynamic layer
     (None otherwise: a cache of another kind cannot be copied or assembled row by row)."""
     from transformers.cache_utils import DynamicLayer
@@ -83,8 +88,9 @@ def _cache_layers(cache: Any) -> list[Any] | None:
 
 
 @torch.inference_mode()
-def prefill_cache(model: Any, cache_kw: str, ids: list[int], prefix_cache: PrefixCache, variant: Any, *,
-                  shared_prefix: int = 0, noted: bool = False, logits_to_keep: bool = True) -> Any:
+def prefill_cache(model: torch.nn.Module, cache_kw: str, ids: list[int], prefix_cache: PrefixCache[KVState],
+                  variant: Hashable, *, shared_prefix: int = 0, noted: bool = False,
+                  logits_to_keep: bool = True) -> DynamicCache:
     """A ``DynamicCache`` holding ``ids`` prefilled by ``model`` (a causal LM, or its base model
     with ``logits_to_keep=False``): restored from ``prefix_cache`` up to the longest saved
     prefix, the rest run in aligned blocks of :data:`PREFILL_BLOCK` positions (the same blocks a
@@ -111,7 +117,7 @@ def prefill_cache(model: Any, cache_kw: str, ids: list[int], prefix_cache: Prefi
             prefix_cache.note([ids])
         cuts = prefix_cache.plan(variant, ids, start, anywhere, shared_prefix)
     dev = next(model.parameters()).device
-    kwargs: dict[str, Any] = {cache_kw: cache, "use_cache": True}
+    kwargs: dict[str, object] = {cache_kw: cache, "use_cache": True}
     if logits_to_keep:
         kwargs["logits_to_keep"] = 1
     for lo in range(start, n, PREFILL_BLOCK):
@@ -122,9 +128,9 @@ def prefill_cache(model: Any, cache_kw: str, ids: list[int], prefix_cache: Prefi
             if layers is None:  # a cache of another kind: nothing to save
                 cuts = []
                 continue
-            state = [(layer.keys.clone(), layer.values.clone()) for layer in layers]
-            nbytes = sum(t.numel() * t.element_size() for kv in state for t in kv)
-            prefix_cache.save(variant, ids[:hi], state, nbytes)
+            saved: KVState = [(layer.keys.clone(), layer.values.clone()) for layer in layers]
+            nbytes = sum(t.numel() * t.element_size() for kv in saved for t in kv)
+            prefix_cache.save(variant, ids[:hi], saved, nbytes)
     return cache
 
 
@@ -163,7 +169,7 @@ class CausalLM:
         self.prefix_cache = prefix_cache_of(model)
 
     @property
-    def prefix_variant(self) -> Any:
+    def prefix_variant(self) -> Hashable:
         """What the prefix cache keeps apart: states computed with another dtype, thread count,
         device or row-invariant patching are not this model's fresh-prefill bytes."""
         return (str(getattr(self.model, "dtype", "")), str(self.device), torch.get_num_threads(),
@@ -295,7 +301,7 @@ def _two_row_linear(lin: torch.nn.Linear) -> None:
     setattr(lin, "_structgen_two_row", True)  # noqa: B010
 
 
-def stock_copy(model: Any) -> Any:
+def stock_copy(model: PreTrainedModel) -> PreTrainedModel:
     """A deep copy of a model made row-invariant by :func:`make_row_invariant`, with the stock
     transformers forward back (SDPA attention, the modules' own linear forwards): the model as
     a user would load it, e.g. for peers in a benchmark."""
@@ -303,13 +309,13 @@ def stock_copy(model: Any) -> Any:
     for mod in m.modules():
         if getattr(mod, "_structgen_two_row", False):
             del mod.forward  # the instance attribute: back to the class's forward
-            mod._structgen_two_row = False
+            setattr(mod, "_structgen_two_row", False)  # noqa: B010
     if getattr(getattr(m, "config", None), "_attn_implementation", None) == _ROWWISE_NAME:
         m.set_attn_implementation("sdpa")
     return m
 
 
-def make_row_invariant(model: Any) -> bool:
+def make_row_invariant(model: PreTrainedModel) -> bool:
     """Make ``model``'s forward row-invariant on the CPU in bfloat16/float16: the logits of a
     position do not depend on how many positions the pass computes, so a speculative verify
     pass of ``k`` positions gives bit for bit the logits that ``k`` one-token passes give,
@@ -459,7 +465,7 @@ class BatchKV:
         model = self._base if self._base is not None else self.lm.model
         pc = self.lm.prefix_cache
         pc.note([p for p in prompts if p])
-        parts: list[tuple[int, Any]] = []
+        parts: list[tuple[int, list[Any]]] = []
         for i, p in enumerate(prompts):
             if not p:
                 continue
