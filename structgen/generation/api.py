@@ -21,12 +21,12 @@ from __future__ import annotations
 import codecs
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, cast, overload
 
 from structgen.assets.store import DEFAULT_MODEL
-from structgen.calls.formats import normalize_tools
+from structgen.calls.formats import Tool, normalize_tools
 from structgen.calls.plan import OutputPlan, OutputStream, ToolCall, plan_output
 from structgen.config import SpecConfig
 from structgen.errors import ConfigError, ModelValidationError, StructgenError, attribute_to_request
@@ -70,11 +70,11 @@ __all__ = ["BatchResults", "GenerationResult", "StreamEvent", "generate", "strea
            "DEFAULT_MODEL", "conversation_prefix", "prompt_ids", "resolve_grammar", "template_messages"]
 
 M = TypeVar("M", bound="BaseModel")
-#: ``tools=``: OpenAI function specs, Pydantic model classes or Python functions (see
-#: :func:`~structgen.calls.formats.normalize_tools`)
-Tools = Sequence[object]
+#: ``tools=``: OpenAI function specs, Pydantic model classes or Python functions, one or a list
+#: (see :func:`~structgen.calls.formats.normalize_tools`)
+Tools = Union[Sequence[object], Mapping[str, object], Callable[..., object], Tool]
 #: one conversation (OpenAI-style messages)
-Conversation = Sequence[Message]
+Conversation = Sequence[Mapping[str, object]]
 
 
 @dataclass
@@ -161,7 +161,7 @@ def generate(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, gramm
 @overload
 def generate(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, grammar: object = None,
              regex: str | Sequence[str] | None = None, prompt: None = None,
-             messages: list[Conversation] | tuple[Conversation, ...],
+             messages: Sequence[Conversation],
              tokenizer: PreTrainedTokenizerBase | None = None, max_new_tokens: int = 256,
              temperature: float | Sequence[float] | None = None, top_p: float | Sequence[float] | None = None,
              seed: int | None = None, speculative: bool = True, config: ConfigSource = None,

@@ -25,17 +25,18 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import torch
+
 from structgen.config import SpecConfig
 from structgen.generation.prompts import Tokenizer
 from structgen.generation.results import DrafterStats
+from structgen.generation.sampling import DistributionBuffers
+from structgen.kernels.bitmask import allocate_bitmask
 from structgen.masks.matcher import Matcher
 from structgen.masks.vocab import Vocabulary
 
 if TYPE_CHECKING:
-    import torch
-
     from structgen.generation.model import CausalLM
-    from structgen.generation.sampling import DistributionBuffers
 
 __all__ = ["Candidate", "Drafter", "GrammarForcedDrafter", "PromptLookupDrafter", "NgramDrafter",
            "DraftModelDrafter", "canonical_tokens", "cut_value"]
@@ -471,11 +472,6 @@ class DraftModelDrafter(Drafter):
         KV cache for the prefix ``context`` shares with the previous call. ``matcher`` is
         forked, not advanced. ``budget``: tokens left at the first drafted position; each
         position is then masked by the budget rule as the target's will be (None: off)."""
-        import torch
-
-        from structgen.generation.sampling import DistributionBuffers
-        from structgen.kernels.bitmask import allocate_bitmask
-
         if limit <= 0:
             return [], None
         # sync the cache with the context: keep the common prefix, feed the rest
@@ -537,8 +533,6 @@ class DraftModelDrafter(Drafter):
 
 def _single_allowed(words: torch.Tensor) -> int | None:
     """The token id when the packed int32 mask row ``words`` allows exactly one token."""
-    import torch
-
     if int(torch.count_nonzero(words)) != 1:   # (no [W]-sized index tensor for dense masks)
         return None
     nz = torch.nonzero(words).flatten()

@@ -160,7 +160,7 @@ class CausalLM:
                              and getattr(model, "dtype", None) in (torch.bfloat16, torch.float16))
         self.row_invariant = bool(row_invariant) and make_row_invariant(model)
         self._cache_kw = _cache_kwarg(model)
-        self.cache: Any = None
+        self.cache: DynamicCache | None = None
         self.length = 0  # tokens held in the cache
         out_emb = model.get_output_embeddings()
         self.vocab_size = (int(out_emb.weight.shape[0]) if out_emb is not None
@@ -203,7 +203,7 @@ class CausalLM:
         if self.cache is None:
             self.reset()
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
-        kwargs = {self._cache_kw: self.cache, "use_cache": True}
+        kwargs: dict[str, object] = {self._cache_kw: self.cache, "use_cache": True}
         if not all_logits:
             kwargs["logits_to_keep"] = 1
         out = self.model(input_ids=ids, **kwargs)
@@ -218,6 +218,7 @@ class CausalLM:
         if remove < 0:
             raise ValueError(f"cannot crop a cache of {self.length} tokens to {length}")
         if remove:
+            assert self.cache is not None, "an empty cache holds no positions"
             self.cache.crop(-remove)
             self.length = length
 
