@@ -240,8 +240,8 @@ def generate(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, gramm
         given = [prompt if prompt is not None else messages]
     n = len(given)
     opts = merge_options(config, n=n, batch=batch, temperature=temperature, top_p=top_p,
-                          draft_model=draft_model, max_new_tokens=max_new_tokens, seed=seed,
-                          speculative=speculative, start=start, on_budget=on_budget)
+                         draft_model=draft_model, max_new_tokens=max_new_tokens, seed=seed,
+                         speculative=speculative, start=start, on_budget=on_budget)
     gen = opts.generation
     lp_count = logprob_count(logprobs, top_logprobs)
     items = check_requests(given, batch, "prompt" if prompt is not None else "messages")
@@ -551,8 +551,7 @@ def _stream(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, gramma
             speculative: bool = True, config: ConfigSource = None, draft_model: ModelSource | None = None,
             start: str = "start", strict: bool = True, on_budget: str = "close",
             tool_choice: str | dict[str, object] = "auto", parallel_tool_calls: bool = True,
-            tool_format: object = None,
-           tools: Tools | None = None, reasoning: bool = False,
+            tool_format: object = None, tools: Tools | None = None, reasoning: bool = False,
             thinking_budget: int | None = None, partial: bool | _StepBatches = False,
             string_deltas: bool = False) -> Iterator[str | StreamEvent | StepBatch]:
     """:func:`stream` (``partial=_STEP_BATCHES``: :func:`stream_model`'s steps instead of events)."""
@@ -560,15 +559,16 @@ def _stream(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, gramma
         raise ConfigError("stream() takes one prompt (a string); use generate() for a batch",
                           key="prompt")
     opts = merge_options(config, n=1, batch=False, temperature=temperature, top_p=top_p,
-                          draft_model=draft_model, max_new_tokens=max_new_tokens, seed=seed,
-                          speculative=speculative, start=start, on_budget=on_budget)
+                         draft_model=draft_model, max_new_tokens=max_new_tokens, seed=seed,
+                         speculative=speculative, start=start, on_budget=on_budget)
     cfg, gen = opts.config, opts.generation
     if prompt is not None and messages is not None:
         raise ConfigError("give prompt= or messages=, not both")
     conversation: list[Message] | None = None
     if messages is not None:
         checked = check_requests([messages], False, "messages")[0]
-        assert not isinstance(checked, str)
+        if isinstance(checked, str):
+            raise ConfigError("messages= takes a list of messages; give a text as prompt=", key="messages")
         conversation = checked
     if string_deltas and not partial:
         raise ConfigError("string_deltas=True needs partial=True", key="string_deltas")
