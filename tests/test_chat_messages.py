@@ -105,7 +105,7 @@ def test_python_api_converts_tool_history_like_the_server() -> None:
     """``generate``/``stream`` take the same OpenAI-style conversation as the server: the same
     template dicts come out (arguments as a mapping, never JSON text the template would encode
     a second time), and malformed messages are errors naming ``messages[i]``."""
-    from structgen.generation.api import _check_requests
+    from structgen.generation.call_options import check_requests as _check_requests
     from structgen.generation.messages import template_messages_of
 
     served = ChatCompletionRequest.model_validate({"messages": OPENAI_MESSAGES}).message_dicts()

@@ -42,7 +42,7 @@ def test_issue_sample_maps_onto_spec_config(tmp_path: Path) -> None:
     cfg = load_spec_config(f)
     assert cfg == SpecConfig(draft_num=6, temperature=0.7, verify_threshold=0.9, batch_size=32)
     # the API reads the same file through its config= argument
-    from structgen.generation.api import _load_config
+    from structgen.generation.call_options import load_config as _load_config
 
     assert _load_config(str(f)) == cfg
 

@@ -21,20 +21,60 @@ from __future__ import annotations
 import codecs
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, cast, overload
 
+from structgen.assets.store import DEFAULT_MODEL
+from structgen.calls.formats import Tool, normalize_tools
+from structgen.calls.plan import OutputPlan, OutputStream, ToolCall, plan_output
 from structgen.config import SpecConfig
-from structgen.errors import ConfigError, ModelValidationError
-from structgen.generation.results import is_complete
+from structgen.errors import ConfigError, ModelValidationError, StructgenError, attribute_to_request
+from structgen.frontends.constraint import is_model_class
+from structgen.generation.call_options import (
+    CallOptions,
+    ConfigSource,
+    Constraint,
+    Request,
+    check_requests,
+    compile_all,
+    logprob_count,
+    merge_options,
+    per_request,
+    resolve_grammar,
+)
+from structgen.generation.loop import (
+    BatchStats,
+    check_budget,
+    run_batch,
+    run_sequence,
+    sequence_result,
+    stream_sequence,
+)
+from structgen.generation.messages import Message
+from structgen.generation.model import CausalLM, ModelSource, check_context, load_model, vocabulary_for
+from structgen.generation.partial import PartialEvent, PartialJsonReader, partial_instance
+from structgen.generation.prompts import conversation_prefix, prompt_ids, template_messages
+from structgen.generation.results import GenerationStats, SequenceResult, TokenLogprob, is_complete
+from structgen.generation.step import Sequence as SequenceState
+from structgen.json_types import JsonValue
+from structgen.masks.matcher import Matcher
+from structgen.masks.vocab import Vocabulary
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["BatchResults", "GenerationResult", "StreamEvent", "generate", "stream", "generate_model",
            "stream_model",
            "DEFAULT_MODEL", "conversation_prefix", "prompt_ids", "resolve_grammar", "template_messages"]
 
-DEFAULT_MODEL = "qwen2.5-coder-0.5b"  # chosen by benchmarks/default_model.py's rule
+M = TypeVar("M", bound="BaseModel")
+#: ``tools=``: OpenAI function specs, Pydantic model classes or Python functions, one or a list
+#: (see :func:`~structgen.calls.formats.normalize_tools`)
+Tools = Union[Sequence[object], Mapping[str, object], Callable[..., object], Tool]
+#: one conversation (OpenAI-style messages)
+Conversation = Sequence[Mapping[str, object]]
 
 
 @dataclass
@@ -56,15 +96,15 @@ class GenerationResult:
     """
 
     text: str
-    value: Any
+    value: object
     tokens: list[int]
     finish_reason: str
-    stats: Any
+    stats: GenerationStats
     error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    tool_calls: list[Any] = field(default_factory=list)
+    extra: dict[str, object] = field(default_factory=dict)
+    tool_calls: list[ToolCall] = field(default_factory=list)
     reasoning: str | None = None
-    logprobs: list[Any] | None = None
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def complete(self) -> bool:
@@ -72,133 +112,10 @@ class GenerationResult:
         return is_complete(self.finish_reason)
 
 
-def _load_config(config: SpecConfig | str | os.PathLike[str] | dict | None) -> SpecConfig:
-    if config is None:
-        return SpecConfig()
-    if isinstance(config, SpecConfig):
-        return config
-    if isinstance(config, dict):
-        import difflib
-        from dataclasses import fields
-
-        known = [f.name for f in fields(SpecConfig)]
-        for key in config:
-            if key not in known:
-                close = difflib.get_close_matches(str(key), known, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(f"config: unknown key {key!r}{hint}; known: {', '.join(known)}",
-                                  key=str(key))
-        return SpecConfig(**config)
-    if not isinstance(config, (str, os.PathLike)):
-        raise ConfigError(f"config must be a SpecConfig, a dict or a YAML file path, not "
-                          f"{type(config).__name__}", key="config")
-    from structgen.settings import load_spec_config  # YAML file
-
-    return load_spec_config(Path(config))
-
-
-def resolve_grammar(*, schema: Any = None, grammar: Any = None, regex: str | None = None,
-                    start: str = "start", strict: bool = True) -> tuple[Any, Any]:
-    """(compiled grammar, model class or None) from exactly one constraint, compiled by the
-    front door :func:`structgen.frontends.constraint.compile_constraint` for generation.
-
-    ``schema`` is a dict, a bool, a Pydantic class, JSON text or a file path (a ``str`` that is
-    not JSON text, or an ``os.PathLike``), told apart by
-    :func:`structgen.frontends.constraint.schema_from`; reading that file is the only file
-    access. ``$ref`` only reaches inside the schema. ``grammar`` is Lark text, a path of a Lark
-    file or an already compiled grammar; ``regex`` a pattern. The model class (returned second)
-    is the ``schema`` itself when it is a Pydantic class: generation validates its output with
-    it. ``strict`` (:attr:`~structgen.config.JsonSchemaOptions.strict`): objects get only their
-    declared keys and prefix arrays no extra items; False generates the schema's open language.
-    Raises :class:`~structgen.errors.ConfigError` unless exactly one constraint is given.
-    """
-    from structgen.config import JsonSchemaOptions
-    from structgen.frontends.constraint import compile_constraint, is_model_class
-
-    given = [x is not None for x in (schema, grammar, regex)]
-    if sum(given) != 1:
-        raise ConfigError("give exactly one of schema=, grammar= or regex=")
-    if schema is not None:
-        model = schema if is_model_class(schema) else None
-        return compile_constraint("json", schema, json_options=JsonSchemaOptions(strict=strict),
-                                  strings_may_be_paths=True), model
-    if grammar is not None:
-        return compile_constraint("grammar", grammar, start=start), None
-    return compile_constraint("regex", regex), None
-
-
-def _spellable(text: str, key: str) -> str:
-    """``text``, or a ConfigError naming ``key`` when it holds a lone surrogate (a code point
-    no UTF-8 text, and so no tokenizer, can hold)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ConfigError(f"{key}: the text has a lone surrogate (U+{ord(text[e.start]):04X}) at character "
-                          f"{e.start}; give valid Unicode", key=key) from None
-    return text
-
-
-def template_messages(template: str | None, messages: list[dict]) -> list[dict]:
-    """``messages`` as a chat template can render them: OpenAI's ``developer`` role becomes
-    ``system`` unless the template itself knows ``developer`` (templates skip roles they do not
-    know, and the instructions would vanish)."""
-    if template and "developer" in template:
-        return messages
-    return [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
-
-
-def prompt_ids(lm: Any, prompt: str | None, messages: list[dict] | None,
-               tools: list[dict] | None = None) -> list[int]:
-    """The token ids of a request: ``messages`` rendered by the tokenizer's chat template (with
-    the generation prompt, and ``tools`` when given; see :func:`template_messages`), or
-    ``role: content`` lines when it has none; else the ``prompt`` text. Raises
-    :class:`~structgen.errors.ConfigError` when neither is given or the text cannot be spelled
-    (a lone surrogate)."""
-    tok = lm.tokenizer
-    if messages is not None:
-        return _render(tok, messages, tools, generation_prompt=True)
-    if prompt is None:
-        raise ConfigError("give prompt= or messages=")
-    return list(tok.encode(_spellable(prompt, "prompt")))
-
-
-def _render(tok: Any, messages: list[dict], tools: list[dict] | None, *,
-            generation_prompt: bool) -> list[int]:
-    """The token ids of ``messages`` in the chat template (``role: content`` lines without one),
-    with the assistant's turn opened when ``generation_prompt``."""
-    if getattr(tok, "chat_template", None):
-        extra = {"tools": tools} if tools else {}
-        text = tok.apply_chat_template(template_messages(tok.chat_template, messages),
-                                       add_generation_prompt=generation_prompt, tokenize=False, **extra)
-        return list(tok.encode(_spellable(text, "messages"), add_special_tokens=False))
-    text = "\n".join(f"{m['role']}: {m['content']}" for m in template_messages(None, messages)) + "\n"
-    return list(tok.encode(_spellable(text + ("assistant: " if generation_prompt else ""), "messages")))
-
-
-def conversation_prefix(lm: Any, messages: list[dict] | None, tools: list[dict] | None,
-                        ids: list[int]) -> int:
-    """How many leading tokens of ``ids`` (the prompt :func:`prompt_ids` made of ``messages``
-    and ``tools``) the conversation before the last message renders to: the chat template over
-    ``messages[:-1]`` without the generation prompt, with the same tools. That is the part later
-    calls of the same conversation, or with the same system prompt, are likely to share (a hint
-    for the model's prefix cache). 0 when ``messages`` is None, has fewer than 2 messages, or
-    the rendering fails."""
-    if messages is None or len(messages) < 2:
-        return 0
-    try:
-        earlier = _render(lm.tokenizer, messages[:-1], tools, generation_prompt=False)
-    except Exception:  # noqa: BLE001 - a hint only: a template that needs the last message is no error
-        return 0
-    n = 0
-    for a, b in zip(earlier, ids):
-        if a != b:
-            break
-        n += 1
-    return n
-
-
-def _finish(res: Any, pyd: Any, is_json: bool) -> GenerationResult:
-    value = None
+def _finish(res: SequenceResult, pyd: type[BaseModel] | None, is_json: bool) -> GenerationResult:
+    """The :class:`GenerationResult` of a finished sequence: its JSON value parsed (validated
+    by ``pyd`` when given) where ``is_json`` and the output is complete."""
+    value: object = None
     error = None
     if is_complete(res.finish_reason) and is_json:
         try:
@@ -211,36 +128,63 @@ def _finish(res: Any, pyd: Any, is_json: bool) -> GenerationResult:
                             logprobs=res.logprobs)
 
 
-def _logprob_count(logprobs: Any, top_logprobs: Any) -> int | None:
-    """The per-sequence ``logprobs`` setting of the step machine from :func:`generate`'s
-    ``logprobs`` / ``top_logprobs``: None (off), or how many alternatives to list per token.
-    ``top_logprobs`` without ``logprobs``, or outside 0..20, is a ConfigError."""
-    from structgen.generation.results import MAX_TOP_LOGPROBS
-
-    if not isinstance(logprobs, bool):
-        raise ConfigError(f"logprobs must be True or False, not {logprobs!r}", key="logprobs")
-    if top_logprobs is not None:
-        if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or \
-                not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
-            raise ConfigError(f"top_logprobs must be an integer in 0..{MAX_TOP_LOGPROBS}, not "
-                              f"{top_logprobs!r}", key="top_logprobs")
-        if not logprobs:
-            raise ConfigError("top_logprobs needs logprobs=True", key="top_logprobs")
-    return (top_logprobs or 0) if logprobs else None
-
-
-def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | None = None,
-             regex: str | None = None, prompt: str | Sequence[str] | None = None,
-             messages: list[dict] | Sequence[list[dict]] | None = None, tokenizer: Any = None,
-             max_new_tokens: int = 256, temperature: float | Sequence[float] | None = None,
-             top_p: float | Sequence[float] | None = None,
-             seed: int | None = None, speculative: bool = True,
-             config: SpecConfig | str | os.PathLike[str] | dict | None = None,
-             draft_model: Any = None, start: str = "start", strict: bool = True,
-             on_budget: str = "close", tools: Any = None, tool_choice: Any = "auto",
-             parallel_tool_calls: bool = True, tool_format: Any = None,
+@overload
+def generate(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, grammar: object = None,
+             regex: str | Sequence[str] | None = None, prompt: str | None = None,
+             messages: Conversation | None = None,
+             tokenizer: PreTrainedTokenizerBase | None = None, max_new_tokens: int = 256,
+             temperature: float | Sequence[float] | None = None, top_p: float | Sequence[float] | None = None,
+             seed: int | None = None, speculative: bool = True, config: ConfigSource = None,
+             draft_model: ModelSource | None = None, start: str = "start", strict: bool = True,
+             on_budget: str = "close", tools: Tools | None = None,
+             tool_choice: str | dict[str, object] = "auto",
+             parallel_tool_calls: bool = True, tool_format: object = None,
              reasoning: bool = False, thinking_budget: int | None = None,
-             logprobs: bool = False, top_logprobs: int | None = None) -> Any:
+             logprobs: bool = False, top_logprobs: int | None = None) -> GenerationResult: ...
+
+
+@overload
+def generate(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, grammar: object = None,
+             regex: str | Sequence[str] | None = None, prompt: list[str] | tuple[str, ...],
+             messages: None = None,
+             tokenizer: PreTrainedTokenizerBase | None = None, max_new_tokens: int = 256,
+             temperature: float | Sequence[float] | None = None, top_p: float | Sequence[float] | None = None,
+             seed: int | None = None, speculative: bool = True, config: ConfigSource = None,
+             draft_model: ModelSource | None = None, start: str = "start", strict: bool = True,
+             on_budget: str = "close", tools: Tools | None = None,
+             tool_choice: str | dict[str, object] = "auto",
+             parallel_tool_calls: bool = True, tool_format: object = None,
+             reasoning: bool = False, thinking_budget: int | None = None,
+             logprobs: bool = False, top_logprobs: int | None = None) -> BatchResults: ...
+
+
+@overload
+def generate(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, grammar: object = None,
+             regex: str | Sequence[str] | None = None, prompt: None = None,
+             messages: Sequence[Conversation],
+             tokenizer: PreTrainedTokenizerBase | None = None, max_new_tokens: int = 256,
+             temperature: float | Sequence[float] | None = None, top_p: float | Sequence[float] | None = None,
+             seed: int | None = None, speculative: bool = True, config: ConfigSource = None,
+             draft_model: ModelSource | None = None, start: str = "start", strict: bool = True,
+             on_budget: str = "close", tools: Tools | None = None,
+             tool_choice: str | dict[str, object] = "auto",
+             parallel_tool_calls: bool = True, tool_format: object = None,
+             reasoning: bool = False, thinking_budget: int | None = None,
+             logprobs: bool = False, top_logprobs: int | None = None) -> BatchResults: ...
+
+
+def generate(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, grammar: object = None,
+             regex: str | Sequence[str] | None = None, prompt: str | Sequence[str] | None = None,
+             messages: Conversation | Sequence[Conversation] | None = None,
+             tokenizer: PreTrainedTokenizerBase | None = None, max_new_tokens: int = 256,
+             temperature: float | Sequence[float] | None = None, top_p: float | Sequence[float] | None = None,
+             seed: int | None = None, speculative: bool = True, config: ConfigSource = None,
+             draft_model: ModelSource | None = None, start: str = "start", strict: bool = True,
+             on_budget: str = "close", tools: Tools | None = None,
+             tool_choice: str | dict[str, object] = "auto",
+             parallel_tool_calls: bool = True, tool_format: object = None,
+             reasoning: bool = False, thinking_budget: int | None = None,
+             logprobs: bool = False, top_logprobs: int | None = None) -> GenerationResult | BatchResults:
     """Generate constrained output. Returns a :class:`GenerationResult`, or a list of them
     when ``prompt`` is a list of strings or ``messages`` a list of conversations.
 
@@ -285,24 +229,22 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
     :class:`~structgen.generation.results.TokenLogprob`) with its ``top_logprobs`` (0..20)
     most likely alternatives. Off by default: generation then computes none of it.
     """
-    from structgen.generation.loop import run_sequence
-    from structgen.generation.model import check_context, load_model, vocabulary_for
-
     batch = isinstance(prompt, (list, tuple)) or (
         messages is not None and len(messages) > 0 and isinstance(messages[0], (list, tuple)))
+    given: list[object]
     if batch:
         if prompt is not None and messages is not None:
             raise ConfigError("give prompt= or messages=, not both")
-        items = list(prompt) if prompt is not None else list(messages)  # type: ignore[arg-type]
+        given = list(prompt) if prompt is not None else list(messages or ())
     else:
-        items = [prompt if prompt is not None else messages]
-    n = len(items)
-    opts = _merge_options(config, n=n, batch=batch, temperature=temperature, top_p=top_p,
-                          draft_model=draft_model, max_new_tokens=max_new_tokens, seed=seed,
-                          speculative=speculative, start=start, on_budget=on_budget)
+        given = [prompt if prompt is not None else messages]
+    n = len(given)
+    opts = merge_options(config, n=n, batch=batch, temperature=temperature, top_p=top_p,
+                         draft_model=draft_model, max_new_tokens=max_new_tokens, seed=seed,
+                         speculative=speculative, start=start, on_budget=on_budget)
     gen = opts.generation
-    lp_count = _logprob_count(logprobs, top_logprobs)
-    items = _check_requests(items, batch, "prompt" if prompt is not None else "messages")
+    lp_count = logprob_count(logprobs, top_logprobs)
+    items = check_requests(given, batch, "prompt" if prompt is not None else "messages")
     if tools is not None or reasoning or thinking_budget is not None:
         if batch:
             raise ConfigError("tools= and reasoning= take one prompt or conversation", key="tools")
@@ -311,11 +253,11 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
                                     tool_format=tool_format, reasoning=reasoning, schema=schema,
                                     grammar=grammar, regex=regex, strict=strict,
                                     thinking_budget=thinking_budget, logprobs=lp_count)
-    schemas = _per_request("schema", schema, n, batch)
-    grammars = _per_request("grammar", grammar, n, batch)
-    regexes = _per_request("regex", regex, n, batch)
+    schemas = per_request("schema", schema, n, batch)
+    grammars = per_request("grammar", grammar, n, batch)
+    regexes = per_request("regex", regex, n, batch)
     # every constraint of the call is compiled before the model loads and anything is generated
-    compiled = _compile_all(schemas, grammars, regexes, gen.start, batch, strict)
+    compiled = compile_all(schemas, grammars, regexes, gen.start, batch, strict)
 
     lm = load_model(model, tokenizer)
     vocab = vocabulary_for(lm)
@@ -337,15 +279,19 @@ def generate(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | N
                            draft_lm=draft_lm, seed=gen.seed, on_budget=gen.on_budget, logprobs=lp_count)
 
 
-def _generate_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_model: Any, *,
-                         schema: Any, logprobs: int | None = None, **plan_kw: Any) -> GenerationResult:
+def _generate_structured(model: ModelSource, tokenizer: PreTrainedTokenizerBase | None, item: Request,
+                         opts: CallOptions, draft_model: ModelSource | None, *, tools: Tools | None,
+                         tool_choice: str | dict[str, object], parallel_tool_calls: bool,
+                         tool_format: object, reasoning: bool, schema: object, grammar: object,
+                         regex: str | Sequence[str] | None, strict: bool, thinking_budget: int | None,
+                         logprobs: int | None = None) -> GenerationResult:
     """:func:`generate` with tools and/or reasoning: one triggered grammar
     (:func:`~structgen.calls.plan.plan_output`), the output split into its parts."""
-    from structgen.generation.loop import run_sequence
-
     gen = opts.generation
-    lm, vocab, draft_lm, ids, shared, plan = _plan_structured(model, tokenizer, item, opts, draft_model,
-                                                              schema=schema, **plan_kw)
+    lm, vocab, draft_lm, ids, shared, plan = _plan_structured(
+        model, tokenizer, item, opts, draft_model, tools=tools, tool_choice=tool_choice,
+        parallel_tool_calls=parallel_tool_calls, tool_format=tool_format, reasoning=reasoning,
+        schema=schema, grammar=grammar, regex=regex, strict=strict, thinking_budget=thinking_budget)
     res = run_sequence(lm, vocab, plan.grammar, ids, opts.requests[0], speculative=gen.speculative,
                        max_new_tokens=gen.max_new_tokens, draft_lm=draft_lm, seed=gen.seed,
                        on_budget=gen.on_budget, new_matcher=plan.new_matcher, shared_prefix=shared,
@@ -353,17 +299,15 @@ def _generate_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft
     return _structured_result(plan, res, schema)
 
 
-def _plan_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_model: Any, *,
-                     tools: Any, tool_choice: Any, parallel_tool_calls: bool, tool_format: Any,
-                     reasoning: bool, schema: Any, grammar: Any, regex: Any,
-                     strict: bool, thinking_budget: int | None) -> tuple[Any, Any, Any, list[int], int, Any]:
+def _plan_structured(model: ModelSource, tokenizer: PreTrainedTokenizerBase | None, item: Request | None,
+                     opts: CallOptions, draft_model: ModelSource | None, *, tools: Tools | None,
+                     tool_choice: str | dict[str, object], parallel_tool_calls: bool, tool_format: object,
+                     reasoning: bool, schema: object, grammar: object, regex: str | Sequence[str] | None,
+                     strict: bool, thinking_budget: int | None
+                     ) -> tuple[CausalLM, Vocabulary, CausalLM | None, list[int], int, OutputPlan]:
     """(model, vocabulary, draft model, prompt ids, their :func:`conversation_prefix`,
     :class:`OutputPlan`) of a request with tools and/or reasoning: the model loaded, the prompt
     rendered with the tools, the grammar planned."""
-    from structgen.calls.formats import normalize_tools
-    from structgen.calls.plan import plan_output
-    from structgen.generation.model import check_context, load_model, vocabulary_for
-
     gen = opts.generation
     template_tools = [t.openai() for t in normalize_tools(tools)] or None  # bad specs fail early
     lm = load_model(model, tokenizer)
@@ -384,14 +328,12 @@ def _plan_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_mod
     return lm, vocab, draft_lm, ids, shared, plan
 
 
-def _structured_result(plan: Any, res: Any, schema: Any,
+def _structured_result(plan: OutputPlan, res: SequenceResult, schema: object,
                        call_ids: list[str] | None = None) -> GenerationResult:
     """The :class:`GenerationResult` of a finished output ``res`` of ``plan``: split into
     reasoning, text and validated calls (``call_ids``: the ids a stream already gave them)."""
-    from structgen.frontends.constraint import is_model_class
-
     out = GenerationResult(res.text, None, res.tokens, res.finish_reason, res.stats,
-                           logprobs=getattr(res, "logprobs", None))
+                           logprobs=res.logprobs)
     out.extra["raw_text"] = res.text
     if not is_complete(res.finish_reason):
         return out
@@ -405,131 +347,15 @@ def _structured_result(plan: Any, res: Any, schema: Any,
         try:
             out.value = json.loads(text)
             if is_model_class(schema):
-                out.value = schema.model_validate_json(text)
+                out.value = cast("type[BaseModel]", schema).model_validate_json(text)
         except Exception as e:  # noqa: BLE001 - reported, not raised
             out.error = f"{type(e).__name__}: {e}"
     return out
 
 
-@dataclass(frozen=True)
-class _CallOptions:
-    """The options of one :func:`generate` / :func:`stream` call, merged and checked once.
-
-    config: the call's :class:`SpecConfig` (``config=`` with the scalar keyword overrides);
-    requests: one SpecConfig per request, equal to ``config`` except where a per-request
-    ``temperature`` / ``top_p`` list gives that request its own sampling values;
-    generation: the per-call :class:`~structgen.config.GenerationOptions`."""
-
-    config: SpecConfig
-    requests: list[SpecConfig]
-    generation: Any
-
-
-def _merge_options(config: Any, *, n: int, batch: bool, temperature: Any, top_p: Any,
-                   draft_model: Any, max_new_tokens: Any, seed: Any, speculative: Any,
-                   start: Any, on_budget: Any = "close") -> _CallOptions:
-    """Merge ``config`` (a SpecConfig, dict or YAML path) with the call's keywords, the one
-    place :func:`generate` and :func:`stream` do it. Every value is checked by the dataclass
-    that owns it (``temperature=float("nan")``, ``max_new_tokens=2.5``, ``seed=2**70`` are
-    ConfigErrors); a bad value in a per-request list names its request. Reads the YAML file
-    when ``config`` is a path; loads no model."""
-    from structgen.config import GenerationOptions
-    from structgen.errors import attribute_to_request
-
-    cfg = _load_config(config)
-    over: dict[str, Any] = {}
-    temperatures = _per_request("temperature", temperature, n, batch)
-    top_ps = _per_request("top_p", top_p, n, batch)
-    scalar_t = not isinstance(temperature, (list, tuple))
-    scalar_p = not isinstance(top_p, (list, tuple))
-    if temperature is not None and scalar_t:
-        over["temperature"] = temperature
-    if top_p is not None and scalar_p:
-        over["top_p"] = top_p
-    if draft_model is not None and isinstance(draft_model, (str, os.PathLike)):
-        over["draft_model"] = str(draft_model)
-    cfg = replace(cfg, **over) if over else cfg
-    requests = [cfg] * n
-    if not (scalar_t and scalar_p):
-        made: dict[tuple[Any, Any], SpecConfig] = {}
-        for i, (t, p) in enumerate(zip(temperatures, top_ps)):
-            key = (None if scalar_t else t, None if scalar_p else p)
-            if key not in made:
-                own = {k: v for k, v in zip(("temperature", "top_p"), key) if v is not None}
-                try:
-                    made[key] = replace(cfg, **own) if own else cfg
-                except ConfigError as e:
-                    raise attribute_to_request(e, i) from None
-            requests[i] = made[key]
-    generation = GenerationOptions(max_new_tokens=max_new_tokens, seed=seed, speculative=speculative,
-                                   start=start, on_budget=on_budget)
-    return _CallOptions(cfg, requests, generation)
-
-
-def _check_requests(items: list[Any], batch: bool, name: str) -> list[Any]:
-    """Each request is a prompt string or a conversation (a list of OpenAI-style messages,
-    :mod:`structgen.generation.messages`); anything else is a ConfigError naming the request,
-    before any work. Returns the requests with each conversation converted for the chat
-    template."""
-    from structgen.generation.messages import template_messages_of
-
-    if batch and not items:
-        raise ConfigError(f"{name}= is an empty list: give at least one request", key=name)
-    out: list[Any] = []
-    for i, item in enumerate(items):
-        where = f"request {i}: " if batch else ""
-        if item is None:
-            raise ConfigError("give prompt= or messages=")
-        if isinstance(item, str):
-            out.append(item)
-            continue
-        if not isinstance(item, (list, tuple)) or not item:
-            raise ConfigError(f"{where}{name} must be a string or a non-empty list of messages, not "
-                              f"{type(item).__name__}", key=name)
-        out.append(template_messages_of(item, where=where))
-    return out
-
-
-def _per_request(name: str, value: Any, n: int, batch: bool) -> list[Any]:
-    """One ``schema`` / ``grammar`` / ``regex`` per request. A list (or tuple) always means one
-    per prompt (a JSON Schema is never a list): it needs a batch of the same length."""
-    if value is None:
-        return [None] * n
-    if isinstance(value, (list, tuple)):
-        if not batch:
-            raise ConfigError(f"{name}= is a list of {len(value)} but prompt= / messages= is a single "
-                              "request: give a list of prompts (one per " + name + ")", key=name)
-        if len(value) != n:
-            raise ConfigError(f"{len(value)} {name} values for {n} prompts: give one {name} per "
-                              f"prompt, or a single {name} for all", key=name)
-        return list(value)
-    return [value] * n
-
-
-def _compile_all(schemas: list[Any], grammars: list[Any], regexes: list[Any], start: str,
-                 batch: bool, strict: bool = True) -> list[tuple[Any, Any]]:
-    """Compile every request's constraint (a constraint shared by several requests once); in a
-    batch an error names its request (``request 1: ...``, ``error.request_index``)."""
-    from structgen.errors import StructgenError, attribute_to_request
-
-    done: dict[tuple[int, int, int], tuple[Any, Any]] = {}
-    out = []
-    for i, (s, g, r) in enumerate(zip(schemas, grammars, regexes)):
-        key = (id(s), id(g), id(r))
-        if key not in done:
-            try:
-                done[key] = resolve_grammar(schema=s, grammar=g, regex=r, start=start, strict=strict)
-            except StructgenError as e:
-                if batch:
-                    raise attribute_to_request(e, i) from None
-                raise
-        out.append(done[key])
-    return out
-
-
-def _load_draft(draft_model: Any, cfg: SpecConfig) -> Any:
-    from structgen.generation.model import CausalLM, load_model
-
+def _load_draft(draft_model: ModelSource | None, cfg: SpecConfig) -> CausalLM | None:
+    """The draft model of a call (``draft_model=`` as a model object, or the configuration's
+    ``draft_model`` name), with its own cache; None without one."""
     draft_lm = None
     if draft_model is not None and not isinstance(draft_model, (str, os.PathLike)):
         draft_lm = load_model(draft_model)
@@ -540,30 +366,25 @@ def _load_draft(draft_model: Any, cfg: SpecConfig) -> Any:
     return draft_lm
 
 
-class BatchResults(list):  # type: ignore[type-arg]
+class BatchResults(list[GenerationResult]):
     """The results of a batched :func:`generate` call, in prompt order (a plain list of
     :class:`GenerationResult`), plus ``stats``: the call's
     :class:`~structgen.generation.loop.BatchStats` (counts summed over the sequences, target
     forward passes as actually batched, wall-clock times; ``stats.tokens_per_second`` is the
     call's throughput)."""
 
-    stats: Any = None
+    stats: BatchStats | None = None
 
 
-def _generate_batch(lm: Any, vocab: Any, cfgs: list[SpecConfig], items: list[Any], schemas: list[Any],
-                    compiled: list[tuple[Any, Any]], *, speculative: bool, max_new_tokens: int,
-                    draft_lm: Any, seed: int | None, on_budget: str = "close",
-                    logprobs: int | None = None) -> BatchResults:
+def _generate_batch(lm: CausalLM, vocab: Vocabulary, cfgs: list[SpecConfig], items: list[Request],
+                    schemas: list[object], compiled: list[Constraint], *, speculative: bool,
+                    max_new_tokens: int, draft_lm: CausalLM | None, seed: int | None,
+                    on_budget: str = "close", logprobs: int | None = None) -> BatchResults:
     """Micro-batches of ``batch_size`` sequences, each run by
     :func:`~structgen.generation.loop.run_batch` (one batched target forward per step);
     ``cfgs`` holds one SpecConfig per request (they differ at most in temperature and top-p,
     which reach the verifier per sequence). Every prompt is encoded and checked against the
     context first: a bad request fails the call before any micro-batch is generated."""
-    from structgen.errors import StructgenError, attribute_to_request
-    from structgen.generation.loop import BatchStats, check_budget, run_batch
-    from structgen.generation.model import check_context
-    from structgen.masks.matcher import Matcher
-
     n = len(items)
     ids: list[list[int]] = []
     shared: list[int] = []
@@ -602,16 +423,81 @@ def _generate_batch(lm: Any, vocab: Any, cfgs: list[SpecConfig], items: list[Any
     return results
 
 
-def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | None = None,
-           regex: str | None = None, prompt: str | None = None, messages: list[dict] | None = None,
-           tokenizer: Any = None, max_new_tokens: int = 256, temperature: float | None = None,
-           top_p: float | None = None, seed: int | None = None, speculative: bool = True,
-           config: SpecConfig | str | os.PathLike[str] | dict | None = None,
-           draft_model: Any = None, start: str = "start", strict: bool = True,
-           on_budget: str = "close", tools: Any = None, tool_choice: Any = "auto",
-           parallel_tool_calls: bool = True, tool_format: Any = None, reasoning: bool = False,
-           thinking_budget: int | None = None, partial: bool = False,
-           string_deltas: bool = False) -> Iterator[Any]:
+@overload
+def stream(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, grammar: object = None,
+           regex: str | None = None, prompt: str | None = None, messages: Conversation | None = None,
+           tokenizer: PreTrainedTokenizerBase | None = None, max_new_tokens: int = 256,
+           temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
+           speculative: bool = True, config: ConfigSource = None, draft_model: ModelSource | None = None,
+           start: str = "start", strict: bool = True, on_budget: str = "close",
+           tool_choice: str | dict[str, object] = "auto", parallel_tool_calls: bool = True,
+           tool_format: object = None,
+           tools: None = None, reasoning: Literal[False] = False, thinking_budget: None = None,
+           partial: Literal[False] = False, string_deltas: bool = False) -> Iterator[str]: ...
+
+
+@overload
+def stream(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, grammar: object = None,
+           regex: str | None = None, prompt: str | None = None, messages: Conversation | None = None,
+           tokenizer: PreTrainedTokenizerBase | None = None, max_new_tokens: int = 256,
+           temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
+           speculative: bool = True, config: ConfigSource = None, draft_model: ModelSource | None = None,
+           start: str = "start", strict: bool = True, on_budget: str = "close",
+           tool_choice: str | dict[str, object] = "auto", parallel_tool_calls: bool = True,
+           tool_format: object = None,
+           tools: None = None, reasoning: Literal[False] = False, thinking_budget: None = None,
+           partial: Literal[True], string_deltas: bool = False) -> Iterator[StreamEvent]: ...
+
+
+@overload
+def stream(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, grammar: object = None,
+           regex: str | None = None, prompt: str | None = None, messages: Conversation | None = None,
+           tokenizer: PreTrainedTokenizerBase | None = None, max_new_tokens: int = 256,
+           temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
+           speculative: bool = True, config: ConfigSource = None, draft_model: ModelSource | None = None,
+           start: str = "start", strict: bool = True, on_budget: str = "close",
+           tool_choice: str | dict[str, object] = "auto", parallel_tool_calls: bool = True,
+           tool_format: object = None,
+           tools: Tools, reasoning: bool = False, thinking_budget: int | None = None,
+           partial: Literal[False] = False, string_deltas: bool = False) -> Iterator[StreamEvent]: ...
+
+
+@overload
+def stream(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, grammar: object = None,
+           regex: str | None = None, prompt: str | None = None, messages: Conversation | None = None,
+           tokenizer: PreTrainedTokenizerBase | None = None, max_new_tokens: int = 256,
+           temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
+           speculative: bool = True, config: ConfigSource = None, draft_model: ModelSource | None = None,
+           start: str = "start", strict: bool = True, on_budget: str = "close",
+           tool_choice: str | dict[str, object] = "auto", parallel_tool_calls: bool = True,
+           tool_format: object = None,
+           tools: Tools | None = None, reasoning: Literal[True], thinking_budget: int | None = None,
+           partial: Literal[False] = False, string_deltas: bool = False) -> Iterator[StreamEvent]: ...
+
+
+@overload
+def stream(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, grammar: object = None,
+           regex: str | None = None, prompt: str | None = None, messages: Conversation | None = None,
+           tokenizer: PreTrainedTokenizerBase | None = None, max_new_tokens: int = 256,
+           temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
+           speculative: bool = True, config: ConfigSource = None, draft_model: ModelSource | None = None,
+           start: str = "start", strict: bool = True, on_budget: str = "close",
+           tool_choice: str | dict[str, object] = "auto", parallel_tool_calls: bool = True,
+           tool_format: object = None,
+           tools: Tools | None = None, reasoning: bool = False, thinking_budget: int | None = None,
+           partial: bool = False, string_deltas: bool = False) -> Iterator[str | StreamEvent]: ...
+
+
+def stream(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, grammar: object = None,
+           regex: str | None = None, prompt: str | None = None, messages: Conversation | None = None,
+           tokenizer: PreTrainedTokenizerBase | None = None, max_new_tokens: int = 256,
+           temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
+           speculative: bool = True, config: ConfigSource = None, draft_model: ModelSource | None = None,
+           start: str = "start", strict: bool = True, on_budget: str = "close",
+           tool_choice: str | dict[str, object] = "auto", parallel_tool_calls: bool = True,
+           tool_format: object = None,
+           tools: Tools | None = None, reasoning: bool = False, thinking_budget: int | None = None,
+           partial: bool = False, string_deltas: bool = False) -> Iterator[str | StreamEvent]:
     """Yield text increments as each verify step commits them (never text a later
     rollback could take back). Same arguments as :func:`generate` (``strict`` included), one
     prompt.
@@ -636,27 +522,61 @@ def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | Non
     ``text`` and each call's arguments its ``arguments_text``. A call format that cannot be
     read as it grows (not a built-in one) gives its content and calls at the end.
     """
-    from structgen.generation.loop import stream_sequence
-    from structgen.generation.model import check_context, load_model, vocabulary_for
+    # _stream is a generator: the arguments are checked when the first piece is asked for
+    return cast("Iterator[str | StreamEvent]", _stream(
+        model, schema=schema, grammar=grammar, regex=regex, prompt=prompt, messages=messages,
+        tokenizer=tokenizer, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+        seed=seed, speculative=speculative, config=config, draft_model=draft_model, start=start,
+        strict=strict, on_budget=on_budget, tools=tools, tool_choice=tool_choice,
+        parallel_tool_calls=parallel_tool_calls, tool_format=tool_format, reasoning=reasoning,
+        thinking_budget=thinking_budget, partial=partial, string_deltas=string_deltas))
 
+
+class _StepBatches:
+    """``partial=_STEP_BATCHES`` of :func:`_stream`: :func:`stream_model`'s private way to get
+    the partial events one step at a time (it shows a partial instance as soon as a step's
+    events are in)."""
+
+
+_STEP_BATCHES = _StepBatches()
+#: one step of a partial stream: its text, the partial events it completes, the document so
+#: far, and (last) the result
+StepBatch = tuple[str, list[PartialEvent], JsonValue, "GenerationResult | None"]
+
+
+def _stream(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, grammar: object = None,
+            regex: str | None = None, prompt: str | None = None, messages: Conversation | None = None,
+            tokenizer: PreTrainedTokenizerBase | None = None, max_new_tokens: int = 256,
+            temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
+            speculative: bool = True, config: ConfigSource = None, draft_model: ModelSource | None = None,
+            start: str = "start", strict: bool = True, on_budget: str = "close",
+            tool_choice: str | dict[str, object] = "auto", parallel_tool_calls: bool = True,
+            tool_format: object = None, tools: Tools | None = None, reasoning: bool = False,
+            thinking_budget: int | None = None, partial: bool | _StepBatches = False,
+            string_deltas: bool = False) -> Iterator[str | StreamEvent | StepBatch]:
+    """:func:`stream` (``partial=_STEP_BATCHES``: :func:`stream_model`'s steps instead of events)."""
     if not (prompt is None or isinstance(prompt, str)):
         raise ConfigError("stream() takes one prompt (a string); use generate() for a batch",
                           key="prompt")
-    opts = _merge_options(config, n=1, batch=False, temperature=temperature, top_p=top_p,
-                          draft_model=draft_model, max_new_tokens=max_new_tokens, seed=seed,
-                          speculative=speculative, start=start, on_budget=on_budget)
+    opts = merge_options(config, n=1, batch=False, temperature=temperature, top_p=top_p,
+                         draft_model=draft_model, max_new_tokens=max_new_tokens, seed=seed,
+                         speculative=speculative, start=start, on_budget=on_budget)
     cfg, gen = opts.config, opts.generation
     if prompt is not None and messages is not None:
         raise ConfigError("give prompt= or messages=, not both")
+    conversation: list[Message] | None = None
     if messages is not None:
-        messages = _check_requests([messages], False, "messages")[0]
+        checked = check_requests([messages], False, "messages")[0]
+        if isinstance(checked, str):
+            raise ConfigError("messages= takes a list of messages; give a text as prompt=", key="messages")
+        conversation = checked
     if string_deltas and not partial:
         raise ConfigError("string_deltas=True needs partial=True", key="string_deltas")
     if partial and (schema is None or tools is not None or reasoning or thinking_budget is not None):
         raise ConfigError("partial=True streams the value of a schema= (without tools or reasoning)",
                           key="partial")
     if tools is not None or reasoning or thinking_budget is not None:
-        yield from _stream_structured(model, tokenizer, prompt if prompt is not None else messages, opts,
+        yield from _stream_structured(model, tokenizer, prompt if prompt is not None else conversation, opts,
                                       draft_model, tools=tools, tool_choice=tool_choice,
                                       parallel_tool_calls=parallel_tool_calls, tool_format=tool_format,
                                       reasoning=reasoning, schema=schema, grammar=grammar, regex=regex,
@@ -667,9 +587,9 @@ def stream(model: Any = DEFAULT_MODEL, *, schema: Any = None, grammar: str | Non
     lm = load_model(model, tokenizer)
     vocab = vocabulary_for(lm)
     draft_lm = _load_draft(draft_model, cfg)
-    ids = prompt_ids(lm, prompt, messages)
+    ids = prompt_ids(lm, prompt, conversation)
     check_context(lm, len(ids), gen.max_new_tokens, draft_lm=draft_lm)
-    shared = conversation_prefix(lm, messages, None, ids)
+    shared = conversation_prefix(lm, conversation, None, ids)
     max_new_tokens, seed, speculative = gen.max_new_tokens, gen.seed, gen.speculative
     dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
     eos = set(vocab.eos_token_ids)
@@ -708,23 +628,15 @@ class StreamEvent:
     name: str | None = None
     result: GenerationResult | None = None
     pointer: str | None = None
-    value: Any = None
-    partial: Any = None
+    value: JsonValue = None
+    partial: JsonValue = None
 
 
-# ``stream(partial=_STEP_BATCHES)``: :func:`stream_model`'s private way to get the partial
-# events one step at a time (it shows a partial instance as soon as a step's events are in).
-_STEP_BATCHES = object()
-
-
-def _partial_steps(steps: Iterator[tuple[list[int], Any]], vocab: Any, pyd: Any,
-                   string_deltas: bool) -> Iterator[tuple[str, list[Any], Any, GenerationResult | None]]:
+def _partial_steps(steps: Iterator[tuple[list[int], SequenceState]], vocab: Vocabulary,
+                   pyd: type[BaseModel] | None, string_deltas: bool) -> Iterator[StepBatch]:
     """``(text, events, document, None)`` for each step of a ``partial=True`` stream (its
     text, the :class:`~structgen.generation.partial.PartialEvent` list it completes and the
     document so far), then ``(tail, events, document, result)`` once the output has ended."""
-    from structgen.generation.loop import _sequence_result
-    from structgen.generation.partial import PartialJsonReader
-
     reader = PartialJsonReader(string_deltas=string_deltas)
     dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
     eos = set(vocab.eos_token_ids)
@@ -737,10 +649,10 @@ def _partial_steps(steps: Iterator[tuple[list[int], Any]], vocab: Any, pyd: Any,
     tail = dec.decode(b"", final=True)
     events = reader.feed(tail) + reader.finish()
     assert seq is not None
-    yield tail, events, reader.document, _finish(_sequence_result(seq), pyd, True)
+    yield tail, events, reader.document, _finish(sequence_result(seq), pyd, True)
 
 
-def _stream_partial(batches: Iterator[tuple[str, list[Any], Any, Any]]) -> Iterator[StreamEvent]:
+def _stream_partial(batches: Iterator[StepBatch]) -> Iterator[StreamEvent]:
     """:func:`stream` with ``partial=True``: each step's text, then the events it completes."""
     for text, events, document, result in batches:
         if text:
@@ -751,22 +663,24 @@ def _stream_partial(batches: Iterator[tuple[str, list[Any], Any, Any]]) -> Itera
             yield StreamEvent("done", result=result)
 
 
-def _stream_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_model: Any, *,
-                       schema: Any, **plan_kw: Any) -> Iterator[StreamEvent]:
+def _stream_structured(model: ModelSource, tokenizer: PreTrainedTokenizerBase | None, item: Request | None,
+                       opts: CallOptions, draft_model: ModelSource | None, *, tools: Tools | None,
+                       tool_choice: str | dict[str, object], parallel_tool_calls: bool,
+                       tool_format: object, reasoning: bool, schema: object, grammar: object,
+                       regex: str | None, strict: bool, thinking_budget: int | None) -> Iterator[StreamEvent]:
     """:func:`stream` with tools and/or reasoning: the events of
     :class:`~structgen.calls.plan.OutputStream`, then the result."""
-    from structgen.calls.plan import OutputStream
-    from structgen.generation.loop import _sequence_result, stream_sequence
-
     gen = opts.generation
-    lm, vocab, draft_lm, ids, shared, plan = _plan_structured(model, tokenizer, item, opts, draft_model,
-                                                              schema=schema, **plan_kw)
+    lm, vocab, draft_lm, ids, shared, plan = _plan_structured(
+        model, tokenizer, item, opts, draft_model, tools=tools, tool_choice=tool_choice,
+        parallel_tool_calls=parallel_tool_calls, tool_format=tool_format, reasoning=reasoning,
+        schema=schema, grammar=grammar, regex=regex, strict=strict, thinking_budget=thinking_budget)
     reader = OutputStream(plan)
     dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
     eos = set(vocab.eos_token_ids)
     seq = None
 
-    def events(raw: list[tuple[Any, ...]]) -> Iterator[StreamEvent]:
+    def events(raw: list[tuple[Any, ...]]) -> Iterator[StreamEvent]:  # OutputStream.feed's events
         for e in raw:
             if e[0] == "call":
                 yield StreamEvent("tool_call", index=e[1], id=e[2], name=e[3])
@@ -785,11 +699,12 @@ def _stream_structured(model: Any, tokenizer: Any, item: Any, opts: Any, draft_m
             yield from events(reader.feed(text))
     yield from events(reader.feed(dec.decode(b"", final=True), final=True))
     assert seq is not None
-    yield StreamEvent("done", result=_structured_result(plan, _sequence_result(seq), schema,
+    yield StreamEvent("done", result=_structured_result(plan, sequence_result(seq), schema,
                                                         reader.call_ids()))
 
 
-def stream_model(model: Any, cls: type, prompt: str | None = None, **kw: Any) -> Iterator[Any]:
+def stream_model(model: ModelSource, cls: type[M], prompt: str | None = None,
+                 **kw: Any) -> Iterator[M]:  # kw: stream()'s keyword arguments
     """Stream an instance of the Pydantic class ``cls``: yields partial instances as fields
     complete, then the validated final instance (equal to :func:`generate_model`'s).
 
@@ -801,14 +716,13 @@ def stream_model(model: Any, cls: type, prompt: str | None = None, **kw: Any) ->
     :func:`generate_model`). An output that does not validate, or is cut short
     (``on_budget="cut"``), raises :class:`~structgen.errors.ModelValidationError`.
     """
-    from structgen.generation.partial import partial_instance
-
     if "messages" not in kw and prompt is not None:
         kw["messages"] = [{"role": "user", "content": prompt}]
         prompt = None
     unfinished: set[str] = set()  # pointers of the values begun and not yet complete
-    for _text, events, document, result in stream(model, schema=cls, prompt=prompt,
-                                                  partial=_STEP_BATCHES, **kw):  # type: ignore[arg-type]
+    for batch in _stream(model, schema=cls, prompt=prompt, partial=_STEP_BATCHES, **kw):
+        assert isinstance(batch, tuple)
+        _text, events, document, result = batch
         completed = False
         for event in events:
             if event.kind == "begin":
@@ -826,14 +740,14 @@ def stream_model(model: Any, cls: type, prompt: str | None = None, **kw: Any) ->
                 f"generation did not complete a {cls.__name__} (finish_reason={result.finish_reason})",
                 text=result.text, finish_reason=result.finish_reason)
         try:
-            final = cls.model_validate_json(result.text)  # type: ignore[attr-defined]
+            final = cls.model_validate_json(result.text)
         except ValueError as e:  # pydantic's ValidationError is a ValueError
             raise ModelValidationError(f"the output is not a valid {cls.__name__}: {e}",
                                        text=result.text, finish_reason=result.finish_reason) from e
         yield final
 
 
-def _in_open_list(document: Any, pointer: str, unfinished: set[str]) -> bool:
+def _in_open_list(document: JsonValue, pointer: str, unfinished: set[str]) -> bool:
     """Whether the value at ``pointer`` lies inside an array that is still being written."""
     node, at = document, ""
     for part in pointer.split("/")[1:]:
@@ -842,12 +756,14 @@ def _in_open_list(document: Any, pointer: str, unfinished: set[str]) -> bool:
                 return True
             node = node[int(part)]
         else:
+            assert isinstance(node, dict)
             node = node[part.replace("~1", "/").replace("~0", "~")]
         at += "/" + part
     return False
 
 
-def generate_model(model: Any, cls: type, prompt: str | None = None, **kw: Any) -> Any:
+def generate_model(model: ModelSource, cls: type[M], prompt: str | None = None,
+                   **kw: Any) -> M:  # kw: generate()'s keyword arguments
     """Generate an instance of the Pydantic class ``cls``; raises
     :class:`~structgen.errors.ModelValidationError` (a ValueError) when the output is
     incomplete (``max_new_tokens`` reached)."""
@@ -855,8 +771,9 @@ def generate_model(model: Any, cls: type, prompt: str | None = None, **kw: Any) 
         kw["messages"] = [{"role": "user", "content": prompt}]
         prompt = None
     r = generate(model, schema=cls, prompt=prompt, **kw)
+    assert isinstance(r, GenerationResult), "generate_model takes one prompt"
     if r.value is None:
         raise ModelValidationError(f"generation did not complete a {cls.__name__} "
                                    f"(finish_reason={r.finish_reason}, error={r.error})",
                                    text=r.text, finish_reason=r.finish_reason)
-    return r.value
+    return cast(M, r.value)

@@ -23,10 +23,20 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+import torch
 
 from structgen.config import SpecConfig
+from structgen.generation.prompts import Tokenizer
+from structgen.generation.results import DrafterStats
+from structgen.generation.sampling import DistributionBuffers
+from structgen.kernels.bitmask import allocate_bitmask
 from structgen.masks.matcher import Matcher
+from structgen.masks.vocab import Vocabulary
+
+if TYPE_CHECKING:
+    from structgen.generation.model import CausalLM
 
 __all__ = ["Candidate", "Drafter", "GrammarForcedDrafter", "PromptLookupDrafter", "NgramDrafter",
            "DraftModelDrafter", "canonical_tokens", "cut_value"]
@@ -42,7 +52,7 @@ class Candidate:
 
     tokens: list[int]
     segments: list[tuple[Drafter, int]] = field(default_factory=list)
-    probs: Any = None
+    probs: torch.Tensor | None = None
 
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` tokens (and their probabilities and drafter segments)."""
@@ -146,7 +156,7 @@ class Drafter:
                 and self.name not in ("grammar", "ngram")):
             self.enabled = False
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> DrafterStats:
         """Proposed and accepted token counts, their ratio (None before any proposal) and whether
         the drafter is still enabled, as a JSON-ready dict."""
         rate = self.accepted / self.proposed if self.proposed else None
@@ -159,7 +169,7 @@ class Drafter:
 ESTIMATE_DECAY = 0.95
 
 
-def canonical_tokens(tokenizer: Any, vocab: Any, committed: list[int], data: bytes,
+def canonical_tokens(tokenizer: Tokenizer, vocab: Vocabulary, committed: list[int], data: bytes,
                      context_tokens: int = 3) -> list[int]:
     """Tokens the model's tokenizer produces for ``data`` following ``committed`` output.
 
@@ -201,7 +211,7 @@ class GrammarForcedDrafter(Drafter):
     name = "grammar"
     prior = 0.8
 
-    def __init__(self, cfg: SpecConfig, tokenizer: Any, vocab: Any) -> None:
+    def __init__(self, cfg: SpecConfig, tokenizer: Tokenizer, vocab: Vocabulary) -> None:
         super().__init__(cfg)
         self.tokenizer = tokenizer
         self.vocab = vocab
@@ -322,7 +332,8 @@ class PromptLookupDrafter(Drafter):
             if j < 0:
                 break
             cont = source[j + len(key): j + len(key) + max_bytes]
-            cont = cont[self._FILLER.match(cont).end():] if self._FILLER.match(cont) else cont
+            filler = self._FILLER.match(cont)
+            cont = cont[filler.end():] if filler else cont
             if cont and cont not in out:
                 out.append(cont)
             end = j
@@ -402,9 +413,10 @@ class NgramDrafter(Drafter):
         for n in self.sizes:
             if n > n_hist - 1:
                 continue
-            end = index.get(tuple(history[n_hist - n:]))
-            if end is None:
+            found = index.get(tuple(history[n_hist - n:]))
+            if found is None:
                 continue
+            end = found
             reach = n
             while (reach < self.REACH and end - reach - 1 >= 0
                    and history[end - reach - 1] == history[n_hist - reach - 1]):
@@ -435,13 +447,14 @@ class DraftModelDrafter(Drafter):
     name = "draft_model"
     prior = 0.6
 
-    def __init__(self, cfg: SpecConfig, lm: Any, vocab: Any) -> None:
+    def __init__(self, cfg: SpecConfig, lm: CausalLM, vocab: Vocabulary) -> None:
         super().__init__(cfg)
         self.lm = lm
         self.vocab = vocab
         self.cached: list[int] = []
-        self._bm: Any = None      # int32 [1, W] and the distribution rows: allocated on first use
-        self._dist: Any = None
+        # int32 [1, W] and the distribution rows: allocated on first use
+        self._bm: torch.Tensor | None = None
+        self._dist: DistributionBuffers | None = None
 
     def reset(self) -> None:
         """Drop the draft model's KV cache (start of a new request)."""
@@ -449,8 +462,8 @@ class DraftModelDrafter(Drafter):
         self.cached = []
 
     def propose(self, matcher: Matcher, context: list[int], limit: int, *,
-                temperature: float = 0.0, generator: Any = None,
-                budget: int | None = None) -> tuple[list[int], Any]:
+                temperature: float = 0.0, generator: torch.Generator | None = None,
+                budget: int | None = None) -> tuple[list[int], torch.Tensor | None]:
         """Up to ``limit`` tokens drafted after ``context`` under the grammar mask, greedily at
         ``temperature`` 0, else sampled with ``generator``; and the float32 ``[n, V]`` rows of the
         distributions they were drawn from (None with no tokens). The rows live in this
@@ -459,11 +472,6 @@ class DraftModelDrafter(Drafter):
         KV cache for the prefix ``context`` shares with the previous call. ``matcher`` is
         forked, not advanced. ``budget``: tokens left at the first drafted position; each
         position is then masked by the budget rule as the target's will be (None: off)."""
-        import torch
-
-        from structgen.generation.sampling import DistributionBuffers
-        from structgen.kernels.bitmask import allocate_bitmask
-
         if limit <= 0:
             return [], None
         # sync the cache with the context: keep the common prefix, feed the rest
@@ -481,10 +489,10 @@ class DraftModelDrafter(Drafter):
         logits = self.lm.extend(feed, all_logits=False)[-1]
         self.cached = list(context)
         m = matcher.fork()
-        if self._dist is None or self._dist.probs.shape[0] < limit:
-            self._bm = allocate_bitmask(1, self.lm.vocab_size)
-            self._dist = DistributionBuffers(self.lm.vocab_size, max(limit, self.cfg.max_draft_tokens))
         bm, dist = self._bm, self._dist
+        if bm is None or dist is None or dist.probs.shape[0] < limit:
+            bm = self._bm = allocate_bitmask(1, self.lm.vocab_size)
+            dist = self._dist = DistributionBuffers(self.lm.vocab_size, max(limit, self.cfg.max_draft_tokens))
         toks: list[int] = []
         pending: list[int] = []  # drafted tokens not fed to the draft model yet
         for step in range(limit):
@@ -523,10 +531,8 @@ class DraftModelDrafter(Drafter):
         return toks, dist.probs[: len(toks)]
 
 
-def _single_allowed(words: Any) -> int | None:
+def _single_allowed(words: torch.Tensor) -> int | None:
     """The token id when the packed int32 mask row ``words`` allows exactly one token."""
-    import torch
-
     if int(torch.count_nonzero(words)) != 1:   # (no [W]-sized index tensor for dense masks)
         return None
     nz = torch.nonzero(words).flatten()

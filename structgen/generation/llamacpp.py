@@ -49,14 +49,19 @@ import ctypes
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 import numpy as np
 import torch
 
 from structgen.assets.store import is_gguf_path
 from structgen.errors import AssetError, ConfigError
+from structgen.generation.messages import Message
 from structgen.generation.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
+from structgen.masks.vocab import Vocabulary
+
+#: a sequence's saved llama.cpp state (``llama_state_seq_get_data``'s bytes)
+SeqState = ctypes.Array[ctypes.c_uint8]
 
 __all__ = ["GGUFTokenizer", "LlamaCppBatchKV", "LlamaCppLM", "is_gguf_path", "load_gguf"]
 
@@ -85,7 +90,7 @@ _TILED_TYPES = frozenset({"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2
 _LOCK = threading.Lock()
 _MODELS: dict[tuple[str, bool], _GGUFModel] = {}
 _BACKEND_READY = False
-_LOG_CALLBACK: Any = None  # keeps the ctypes callback alive while llama.cpp holds it
+_LOG_CALLBACK: object = None  # keeps the ctypes callback alive while llama.cpp holds it
 
 
 def tiled_kernel_enabled() -> bool:
@@ -116,7 +121,7 @@ def _default_threads() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
 
-def _lib() -> Any:
+def _lib() -> ModuleType:
     """The ``llama_cpp`` module, its backend initialised and its log output silenced once."""
     global _BACKEND_READY, _LOG_CALLBACK
     try:
@@ -127,7 +132,7 @@ def _lib() -> Any:
     with _LOCK:
         if not _BACKEND_READY:
             @llama_cpp.llama_log_callback
-            def _quiet(level: int, text: bytes, user_data: Any) -> None:  # llama.cpp's load chatter
+            def _quiet(level: int, text: bytes, user_data: object) -> None:  # llama.cpp's load chatter
                 return None
 
             _LOG_CALLBACK = _quiet
@@ -161,11 +166,11 @@ class _GGUFModel:
         # position's logits do not depend on the pass (see the module docstring)
         self.max_logit_columns = (ROW_INVARIANT_COLUMNS if tiled_kernel_enabled() and _tiled_weights(path)
                                   else None)
-        self._vocabulary: Any = None
+        self._vocabulary: Vocabulary | None = None
         self.tokenizer = GGUFTokenizer(self)
         self.name_or_path = str(path)
         # KV states of prompt prefixes, shared by every context of these weights
-        self.prefix_cache = PrefixCache(DEFAULT_PREFIX_CACHE_MB << 20, block=PREFIX_BLOCK)
+        self.prefix_cache = PrefixCache[SeqState](DEFAULT_PREFIX_CACHE_MB << 20, block=PREFIX_BLOCK)
 
     def meta(self, key: str) -> str | None:
         """A GGUF metadata value as text, or None when the key is absent."""
@@ -182,14 +187,12 @@ class _GGUFModel:
             n = self.lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
 
-    def vocabulary(self) -> Any:
+    def vocabulary(self) -> Vocabulary:
         """The grammar-side vocabulary (built once, a few milliseconds per thousand tokens):
         per id the bytes llama.cpp outputs for it; control tokens and other tokens that output
         no text are None; EOS ids are the GGUF's EOS first, then every other end-of-generation
         token llama.cpp knows (``<|im_end|>``, ``<|eot_id|>``, ...)."""
         if self._vocabulary is None:
-            from structgen.masks.vocab import Vocabulary
-
             lib, vocab = self.lib, self.vocab
             table: list[bytes | None] = []
             special: list[int] = []
@@ -250,8 +253,8 @@ class GGUFTokenizer:
         data = b"".join(self._model.piece(int(i), special=not skip_special_tokens) for i in ids)
         return data.decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            tokenize: bool = False, **kwargs: Any) -> Any:
+    def apply_chat_template(self, messages: list[Message], add_generation_prompt: bool = True,
+                            tokenize: bool = False, **kwargs: object) -> str | list[int]:
         """Render the GGUF's chat template for ``messages``; token ids when ``tokenize``."""
         if not self.chat_template:
             raise ConfigError(f"{self.name_or_path} has no chat template: give prompt= instead of messages=")
@@ -312,14 +315,14 @@ class _Context:
         """Drop positions ``start <= p < stop`` (``stop=-1``: to the end) of sequence ``seq``."""
         self.lib.llama_memory_seq_rm(self.mem, seq, start, stop)
 
-    def snapshot(self, seq: int) -> tuple[Any, int]:
+    def snapshot(self, seq: int) -> tuple[SeqState, int]:
         """A copy of sequence ``seq``'s cache cells (positions, keys, values): ``(state, bytes)``."""
         size = int(self.lib.llama_state_seq_get_size(self.ptr, seq))
         buf = (ctypes.c_uint8 * size)()
         written = int(self.lib.llama_state_seq_get_data(self.ptr, buf, size, seq))
         return buf, written
 
-    def restore(self, seq: int, state: Any, length: int) -> bool:
+    def restore(self, seq: int, state: SeqState, length: int) -> bool:
         """Load a :meth:`snapshot` of ``length`` positions into the empty sequence ``seq``;
         False (and ``seq`` left empty) when llama.cpp refuses it."""
         ok = int(self.lib.llama_state_seq_set_data(self.ptr, state, len(state), seq)) > 0
@@ -415,7 +418,7 @@ class LlamaCppLM:
                                  flash_attn=self.flash_attn)
         return self._ctx
 
-    def vocabulary(self) -> Any:
+    def vocabulary(self) -> Vocabulary:
         """The grammar-side :class:`~structgen.masks.vocab.Vocabulary` of the GGUF (cached)."""
         return self.gguf.vocabulary()
 

@@ -36,23 +36,30 @@ import codecs
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from structgen.config import SpecConfig
 from structgen.generation.model import CausalLM, check_context
 from structgen.generation.pacing import SequencePacer, StepCost, pacing_prior, shared_step_cost
 from structgen.generation.results import GenerationStats, SequenceResult
-from structgen.generation.step import BatchStep, Sequence, StepPlan, StepVerifier, check_budget
+from structgen.generation.step import (
+    BatchStep,
+    MatcherFactory,
+    Sequence,
+    StepPlan,
+    StepVerifier,
+    check_budget,
+)
 from structgen.grammar.compiled import CompiledGrammar
+from structgen.masks.vocab import Vocabulary
 
 __all__ = ["BatchStats", "GenerationStats", "SequenceResult", "check_budget", "run_batch", "run_sequence",
-           "stream_sequence"]
+           "sequence_result", "stream_sequence"]
 
 
-def stream_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
+def stream_sequence(lm: CausalLM, vocab: Vocabulary, grammar: CompiledGrammar, prompt_ids: list[int],
                     cfg: SpecConfig, *, speculative: bool = True, max_new_tokens: int = 256,
                     draft_lm: CausalLM | None = None, seed: int | None = None, on_budget: str = "close",
-                    new_matcher: Any = None, shared_prefix: int = 0,
+                    new_matcher: MatcherFactory | None = None, shared_prefix: int = 0,
                     logprobs: int | None = None) -> Iterator[tuple[list[int], Sequence]]:
     """Yield ``(committed_tokens, state)`` after every verify step. ``on_budget``: ``"close"``
     keeps every output complete within ``max_new_tokens`` (raises
@@ -88,15 +95,21 @@ def stream_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_i
     seq.finalize_stats()
 
 
-def run_sequence(lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
-                 cfg: SpecConfig, **kw: Any) -> SequenceResult:
+def run_sequence(lm: CausalLM, vocab: Vocabulary, grammar: CompiledGrammar, prompt_ids: list[int],
+                 cfg: SpecConfig, *, speculative: bool = True, max_new_tokens: int = 256,
+                 draft_lm: CausalLM | None = None, seed: int | None = None, on_budget: str = "close",
+                 new_matcher: MatcherFactory | None = None, shared_prefix: int = 0,
+                 logprobs: int | None = None) -> SequenceResult:
     """Generate one sequence to the end (see :func:`stream_sequence` for the keywords) and
     return its :class:`SequenceResult`."""
     seq = None
-    for _new, state in stream_sequence(lm, vocab, grammar, prompt_ids, cfg, **kw):
+    for _new, state in stream_sequence(lm, vocab, grammar, prompt_ids, cfg, speculative=speculative,
+                                       max_new_tokens=max_new_tokens, draft_lm=draft_lm, seed=seed,
+                                       on_budget=on_budget, new_matcher=new_matcher,
+                                       shared_prefix=shared_prefix, logprobs=logprobs):
         seq = state
     assert seq is not None
-    return _sequence_result(seq)
+    return sequence_result(seq)
 
 
 # run_batch and the serving engine cut the drafts of a step to the common length with the best
@@ -108,7 +121,8 @@ BATCH_DRAFT_CUT = True
 SEQUENCE_PACING = True
 
 
-def _sequence_result(seq: Sequence) -> SequenceResult:
+def sequence_result(seq: Sequence) -> SequenceResult:
+    """The :class:`SequenceResult` of a finished (or stopped) sequence: its output decoded."""
     text_tokens = [t for t in seq.output if t not in seq.eos]
     data = seq.vocab.decode_bytes(text_tokens)
     text = codecs.decode(data, "utf-8", errors="replace")
@@ -145,7 +159,7 @@ class BatchStats(GenerationStats):
             self.time_to_first_token = other.time_to_first_token
 
 
-def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts: list[list[int]],
+def run_batch(lm: CausalLM, vocab: Vocabulary, grammars: list[CompiledGrammar], prompts: list[list[int]],
               cfg: SpecConfig, *, speculative: bool = True, max_new_tokens: int | list[int] = 256,
               draft_lm: CausalLM | None = None, seeds: list[int | None] | None = None,
               configs: list[SpecConfig] | None = None, on_budget: str = "close",
@@ -234,11 +248,11 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
     live = list(range(n))  # live[r] is the sequence held in row r of the batched cache
     while live:
         plans: dict[int, StepPlan] = {}
-        for i, p in zip(live, step.prepare([seqs[i] for i in live])):
-            if isinstance(p, StepPlan):
-                plans[i] = p
+        for i, prep in zip(live, step.prepare([seqs[i] for i in live])):
+            if isinstance(prep, StepPlan):
+                plans[i] = prep
             else:  # finished without a forward pass
-                committed(seqs[i], p)
+                committed(seqs[i], prep)
         if len(plans) < len(live):
             step.select([r for r, i in enumerate(live) if i in plans])
             live = [i for i in live if i in plans]
@@ -259,7 +273,7 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
         s.finalize_stats()
         bst.merge(s.stats)
         bst.row_forward_passes += s.stats.forward_passes
-        out.append(_sequence_result(s))
+        out.append(sequence_result(s))
     # merge() summed the sequences' forward counts and times; the batch's own are wall-clock
     # (masks and drafting stay summed: that CPU work runs one sequence after another)
     bst.forward_passes = step.passes
@@ -267,5 +281,5 @@ def run_batch(lm: CausalLM, vocab: Any, grammars: list[CompiledGrammar], prompts
     bst.time_total = time.perf_counter() - t_start
     firsts = [s.stats.time_to_first_token for s in seqs if s.stats.time_to_first_token is not None]
     bst.time_to_first_token = min(firsts) if firsts else None
-    bst.real_positions, bst.padded_positions = step.kv.real_positions, step.kv.padded_positions
+    bst.real_positions, bst.padded_positions = step.cache.real_positions, step.cache.padded_positions
     return out, bst

@@ -23,17 +23,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
 
 from structgen.errors import ConfigError
 
-__all__ = ["ROLES", "message_text", "template_call", "template_message", "template_messages_of"]
+__all__ = ["ROLES", "Message", "message_text", "template_call", "template_message", "template_messages_of"]
 
 #: the roles a message may have
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
+#: one message as a chat template takes it (``role``, ``content``, ...); the values are passed
+#: to the template as they are
+Message = dict[str, object]
 
-def template_messages_of(messages: Any, *, where: str = "") -> list[dict[str, Any]]:
+
+def template_messages_of(messages: object, *, where: str = "") -> list[Message]:
     """``messages`` (a non-empty list of OpenAI-style messages) converted for the chat template
     (see the module docstring); ``where`` prefixes errors (``"request 2: "``)."""
     if not isinstance(messages, (list, tuple)) or not messages:
@@ -42,7 +45,7 @@ def template_messages_of(messages: Any, *, where: str = "") -> list[dict[str, An
     return [template_message(m, i, where=where) for i, m in enumerate(messages)]
 
 
-def template_message(message: Any, index: int, *, where: str = "") -> dict[str, Any]:
+def template_message(message: object, index: int, *, where: str = "") -> Message:
     """One message converted for the chat template; ``index`` its place, for errors."""
     at = f"{where}messages[{index}]"
     if not isinstance(message, Mapping):
@@ -56,7 +59,7 @@ def template_message(message: Any, index: int, *, where: str = "") -> dict[str, 
         # only an assistant turn that calls tools may leave its text out (OpenAI's rule)
         raise ConfigError(f"{at}: a {role} message needs 'content' (a string or text parts)",
                           key="messages")
-    out: dict[str, Any] = {"role": role, "content": message_text(content, at)}
+    out: Message = {"role": role, "content": message_text(content, at)}
     for key in ("name", "tool_call_id"):
         value = message.get(key)
         if value is not None:
@@ -74,7 +77,7 @@ def template_message(message: Any, index: int, *, where: str = "") -> dict[str, 
     return out
 
 
-def message_text(content: Any, at: str) -> str:
+def message_text(content: object, at: str) -> str:
     """A message's ``content`` as text: a string, None (empty) or text parts joined."""
     if content is None:
         return ""
@@ -93,7 +96,7 @@ def message_text(content: Any, at: str) -> str:
     return "".join(out)
 
 
-def template_call(call: Any, at: str) -> dict[str, Any]:
+def template_call(call: object, at: str) -> Message:
     """One of an assistant message's ``tool_calls`` for the chat template, its arguments as a
     mapping; ``at`` names it in errors."""
     fn = call.get("function") if isinstance(call, Mapping) else None
@@ -107,7 +110,7 @@ def template_call(call: Any, at: str) -> dict[str, Any]:
             args = json.loads(args) if args.strip() else {}
         except ValueError as e:
             raise ConfigError(f"{at}.function.arguments: not JSON ({e})", key="messages") from None
-    out: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
+    out: Message = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
     if isinstance(call.get("id"), str):
         out["id"] = call["id"]
     return out

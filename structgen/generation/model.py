@@ -19,22 +19,34 @@ import functools
 import inspect
 import os
 import threading
+from collections.abc import Hashable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, Union, cast
 
 import torch
 
-from structgen.errors import AssetError
+from structgen.assets.store import resolve_model
+from structgen.errors import AssetError, ContextLengthError
+from structgen.generation.llamacpp import LlamaCppLM, is_gguf_path, load_gguf
 from structgen.generation.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
+from structgen.generation.rowinvariant import make_row_invariant, stock_copy
+from structgen.masks.vocab import Vocabulary
 
-__all__ = ["BatchKV", "CausalLM", "check_context", "context_length", "load_model", "make_row_invariant",
-           "resolve_dtype", "stock_copy", "vocabulary_for"]
+if TYPE_CHECKING:
+    from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+#: what :func:`load_model` takes: a model alias or local path, a transformers model, or a
+#: model already loaded
+ModelSource: TypeAlias = Union[str, "os.PathLike[str]", "PreTrainedModel", "CausalLM", LlamaCppLM]
+
+__all__ = ["BatchKV", "CausalLM", "ModelSource", "check_context", "context_length", "load_model",
+           "make_row_invariant", "resolve_dtype", "stock_copy", "vocabulary_for"]
 
 _LOAD_LOCK = threading.Lock()
-_LOADED: dict[tuple[str, str], tuple[Any, Any]] = {}
+_LOADED: dict[tuple[str, str], tuple[PreTrainedModel, PreTrainedTokenizerBase]] = {}
 
 
-def _cache_kwarg(model: Any) -> str:
+def _cache_kwarg(model: torch.nn.Module) -> str:
     params = inspect.signature(model.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
@@ -47,7 +59,11 @@ def _cache_kwarg(model: Any) -> str:
 PREFILL_BLOCK = 128
 
 
-def prefix_cache_of(model: Any) -> PrefixCache:
+#: a transformers prefix state: each layer's (keys, values)
+KVState = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def prefix_cache_of(model: torch.nn.Module) -> PrefixCache[KVState]:
     """The :class:`~structgen.generation.prefix_cache.PrefixCache` of a transformers model's
     weights (shared by every :class:`CausalLM` and :class:`BatchKV` on them)."""
     cache = getattr(model, "structgen_prefix_cache", None)
@@ -55,12 +71,12 @@ def prefix_cache_of(model: Any) -> PrefixCache:
         with _LOAD_LOCK:
             cache = getattr(model, "structgen_prefix_cache", None)
             if cache is None:
-                cache = PrefixCache(DEFAULT_PREFIX_CACHE_MB << 20, block=PREFILL_BLOCK)
+                cache = PrefixCache[KVState](DEFAULT_PREFIX_CACHE_MB << 20, block=PREFILL_BLOCK)
                 object.__setattr__(model, "structgen_prefix_cache", cache)
     return cache
 
 
-def _cache_layers(cache: Any) -> list[Any] | None:
+def _cache_layers(cache: object) -> list[Any] | None:  # transformers' DynamicLayer: keys, values
     """A ``DynamicCache``'s per-layer holders, when every one is a plain, filled dynamic layer
     (None otherwise: a cache of another kind cannot be copied or assembled row by row)."""
     from transformers.cache_utils import DynamicLayer
@@ -72,8 +88,9 @@ def _cache_layers(cache: Any) -> list[Any] | None:
 
 
 @torch.inference_mode()
-def prefill_cache(model: Any, cache_kw: str, ids: list[int], prefix_cache: PrefixCache, variant: Any, *,
-                  shared_prefix: int = 0, noted: bool = False, logits_to_keep: bool = True) -> Any:
+def prefill_cache(model: torch.nn.Module, cache_kw: str, ids: list[int], prefix_cache: PrefixCache[KVState],
+                  variant: Hashable, *, shared_prefix: int = 0, noted: bool = False,
+                  logits_to_keep: bool = True) -> DynamicCache:
     """A ``DynamicCache`` holding ``ids`` prefilled by ``model`` (a causal LM, or its base model
     with ``logits_to_keep=False``): restored from ``prefix_cache`` up to the longest saved
     prefix, the rest run in aligned blocks of :data:`PREFILL_BLOCK` positions (the same blocks a
@@ -100,7 +117,7 @@ def prefill_cache(model: Any, cache_kw: str, ids: list[int], prefix_cache: Prefi
             prefix_cache.note([ids])
         cuts = prefix_cache.plan(variant, ids, start, anywhere, shared_prefix)
     dev = next(model.parameters()).device
-    kwargs: dict[str, Any] = {cache_kw: cache, "use_cache": True}
+    kwargs: dict[str, object] = {cache_kw: cache, "use_cache": True}
     if logits_to_keep:
         kwargs["logits_to_keep"] = 1
     for lo in range(start, n, PREFILL_BLOCK):
@@ -111,9 +128,9 @@ def prefill_cache(model: Any, cache_kw: str, ids: list[int], prefix_cache: Prefi
             if layers is None:  # a cache of another kind: nothing to save
                 cuts = []
                 continue
-            state = [(layer.keys.clone(), layer.values.clone()) for layer in layers]
-            nbytes = sum(t.numel() * t.element_size() for kv in state for t in kv)
-            prefix_cache.save(variant, ids[:hi], state, nbytes)
+            saved: KVState = [(layer.keys.clone(), layer.values.clone()) for layer in layers]
+            nbytes = sum(t.numel() * t.element_size() for kv in saved for t in kv)
+            prefix_cache.save(variant, ids[:hi], saved, nbytes)
     return cache
 
 
@@ -131,9 +148,7 @@ class CausalLM:
         # The weights of a GGUF model (``LlamaCppLM.model``) get a llama.cpp model with its own
         # cache, as a transformers model gets a CausalLM (a draft model's own copy, say).
         if getattr(model, "is_gguf_model", False):
-            from structgen.generation.llamacpp import LlamaCppLM
-
-            return LlamaCppLM(model)
+            return _as_causal_lm(LlamaCppLM(model))
         return super().__new__(cls)
 
     def __init__(self, model: Any, tokenizer: Any, *, row_invariant: bool | None = None) -> None:
@@ -145,7 +160,7 @@ class CausalLM:
                              and getattr(model, "dtype", None) in (torch.bfloat16, torch.float16))
         self.row_invariant = bool(row_invariant) and make_row_invariant(model)
         self._cache_kw = _cache_kwarg(model)
-        self.cache: Any = None
+        self.cache: DynamicCache | None = None
         self.length = 0  # tokens held in the cache
         out_emb = model.get_output_embeddings()
         self.vocab_size = (int(out_emb.weight.shape[0]) if out_emb is not None
@@ -154,7 +169,7 @@ class CausalLM:
         self.prefix_cache = prefix_cache_of(model)
 
     @property
-    def prefix_variant(self) -> Any:
+    def prefix_variant(self) -> Hashable:
         """What the prefix cache keeps apart: states computed with another dtype, thread count,
         device or row-invariant patching are not this model's fresh-prefill bytes."""
         return (str(getattr(self.model, "dtype", "")), str(self.device), torch.get_num_threads(),
@@ -188,7 +203,7 @@ class CausalLM:
         if self.cache is None:
             self.reset()
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
-        kwargs = {self._cache_kw: self.cache, "use_cache": True}
+        kwargs: dict[str, object] = {self._cache_kw: self.cache, "use_cache": True}
         if not all_logits:
             kwargs["logits_to_keep"] = 1
         out = self.model(input_ids=ids, **kwargs)
@@ -203,129 +218,9 @@ class CausalLM:
         if remove < 0:
             raise ValueError(f"cannot crop a cache of {self.length} tokens to {length}")
         if remove:
+            assert self.cache is not None, "an empty cache holds no positions"
             self.cache.crop(-remove)
             self.length = length
-
-
-# -- row-invariant forward (bitwise-equal logits whatever the number of positions per pass)
-
-_ROWWISE_MAX = 64  # query rows computed one by one; longer passes (a prompt) use plain SDPA
-_ROWWISE_NAME = "structgen_rowwise"
-
-
-def _rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """SDPA that computes every query row exactly as a one-token pass of that sequence at that
-    position does: the row attends to the key/value slots it may see, gathered in order
-    (``kv - q + 1 + i`` leading slots for row ``i`` of an unpadded sequence; the unmasked
-    slots of its mask row in a padded batch), in its own single-query call; a one-token pass
-    makes that same call.
-
-    query ``[B, H, q, d]``, key/value ``[B, Hkv, kv, d]`` (cache included) -> output
-    ``[B, q, H, d]``. The mask is the one transformers builds for SDPA (bool, True = attend;
-    None where it can be skipped). Long unbatched passes (a prompt), non-boolean masks and
-    models with extra attention arguments (soft-capping, sliding windows, position biases)
-    go to transformers' SDPA unchanged."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    bsz, h, q, d = query.shape
-    kv, hkv = key.shape[2], key.shape[1]
-    extra = any(kwargs.get(k) is not None for k in ("softcap", "sliding_window", "position_bias"))
-    odd_mask = attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.dim() != 4
-                                               or tuple(attention_mask.shape[-2:]) != (q, kv))
-    if (extra or kwargs.get("dropout", 0.0) or h % hkv or odd_mask or (bsz == 1 and q > _ROWWISE_MAX)
-            or q * bsz > _ROWWISE_MAX * 8):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    scale = kwargs.get("scaling")
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    out = torch.zeros((bsz, q, h, value.shape[-1]), dtype=query.dtype, device=query.device)
-    for b in range(bsz):
-        rows = None if attention_mask is None else attention_mask[b, 0]  # [q, kv]
-        leading: list[int] | None = None  # slots per row where each row sees leading slots only
-        if rows is None:
-            leading = [kv - q + 1 + i for i in range(q)]
-        else:
-            counts = rows.sum(-1)  # [q]
-            if torch.equal(rows, torch.arange(kv, device=rows.device)[None, :] < counts[:, None]):
-                leading = counts.tolist()
-        for i in range(q):
-            if leading is not None:  # as an unpadded sequence has them: a slice of the cache
-                n = leading[i]
-                k_i, v_i = key[b:b + 1, :, :n], value[b:b + 1, :, :n]
-            else:
-                idx = rows[i].nonzero().reshape(-1)  # type: ignore[index]
-                n = idx.numel()
-                k_i, v_i = key[b:b + 1, :, idx], value[b:b + 1, :, idx]
-            if n == 0:  # a padding row: nothing to attend to
-                continue
-            # grouped-query heads packed as rows of their key/value head: [1, Hkv, H/Hkv, d]
-            # (torch's CPU SDPA is several times slower with enable_gqa for one query)
-            qi = query[b:b + 1, :, i:i + 1].reshape(1, hkv, h // hkv, d)
-            o = sdpa(qi, k_i, v_i, attn_mask=None, dropout_p=0.0, scale=scale,
-                     is_causal=False)  # [1, Hkv, H/Hkv, dv]
-            out[b, i] = o.reshape(h, -1)
-    return out, None
-
-
-def _two_row_linear(lin: torch.nn.Linear) -> None:
-    """Run a one-row input as two identical rows (and keep the first): oneDNN's reduced-
-    precision GEMM takes a different kernel for a single row, while every row of a
-    two-or-more-row product is computed the same way whatever the row count."""
-    if getattr(lin, "_structgen_two_row", False):
-        return
-    inner = lin.forward
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        if x.dim() >= 2 and x.numel() == x.shape[-1]:  # exactly one row
-            y = inner(x.reshape(1, -1).repeat(2, 1))  # [2, out]
-            return y[:1].reshape(*x.shape[:-1], y.shape[-1])
-        return inner(x)
-
-    lin.forward = forward  # type: ignore[method-assign]
-    lin._structgen_two_row = True  # type: ignore[attr-defined]
-
-
-def stock_copy(model: Any) -> Any:
-    """A deep copy of a model made row-invariant by :func:`make_row_invariant`, with the stock
-    transformers forward back (SDPA attention, the modules' own linear forwards): the model as
-    a user would load it, e.g. for peers in a benchmark."""
-    import copy
-
-    m = copy.deepcopy(model)
-    for mod in m.modules():
-        if getattr(mod, "_structgen_two_row", False):
-            del mod.forward  # the instance attribute: back to the class's forward
-            mod._structgen_two_row = False
-    if getattr(getattr(m, "config", None), "_attn_implementation", None) == _ROWWISE_NAME:
-        m.set_attn_implementation("sdpa")
-    return m
-
-
-def make_row_invariant(model: Any) -> bool:
-    """Make ``model``'s forward row-invariant on the CPU in bfloat16/float16: the logits of a
-    position do not depend on how many positions the pass computes, so a speculative verify
-    pass of ``k`` positions gives bit for bit the logits that ``k`` one-token passes give,
-    and greedy speculative output equals plain decoding token for token, batched or not
-    (``tests/test_model_rowinvariant.py``). Linear layers run one-row inputs as two rows;
-    attention runs row by row (:func:`_rowwise_attention`). Returns False (model unchanged)
-    where the model's attention is not SDPA/eager. A pass costs about what the stock forward
-    costs (the per-row attention calls are offset by packing grouped-query heads)."""
-    cfg = getattr(model, "config", None)
-    impl = getattr(cfg, "_attn_implementation", None)
-    if impl not in ("sdpa", "eager", _ROWWISE_NAME) or not hasattr(model, "set_attn_implementation"):
-        return False
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(_ROWWISE_NAME, _rowwise_attention)
-    # the same masks as SDPA (an attention function without a mask function gets none)
-    AttentionMaskInterface.register(_ROWWISE_NAME, sdpa_mask)
-    if impl != _ROWWISE_NAME:
-        model.set_attn_implementation(_ROWWISE_NAME)
-    for mod in model.modules():
-        if isinstance(mod, torch.nn.Linear):
-            _two_row_linear(mod)
-    return True
 
 
 # model types whose ``ForCausalLM`` logits are exactly ``lm_head(last_hidden_state)`` (no
@@ -371,8 +266,8 @@ class BatchKV:
         self.padded_positions = 0  # dummy positions fed to square the batch
         self._fed = torch.zeros(0, dtype=torch.long)  # [B] tokens fed per row by the last extend
         model = lm.model
-        self._base = None
-        self._head = None
+        self._base: torch.nn.Module | None = None
+        self._head: torch.nn.Module | None = None
         if getattr(model.config, "model_type", None) in _PLAIN_HEAD_TYPES:
             base = getattr(model, "model", None)
             head = model.get_output_embeddings()
@@ -402,13 +297,13 @@ class BatchKV:
                   "attention_mask": mask.to(dev, dtype=torch.long), "position_ids": pos.to(dev)}
         ids = ids.to(dev)
         self.forward_passes += 1
-        if self._base is not None:
+        if self._base is not None and self._head is not None:
             hidden = self._base(input_ids=ids, **kwargs).last_hidden_state  # [B, K, H]
-            if rows is None:
+            if rows is None or cols is None:
                 return None
             out = self._head(hidden[rows.to(dev), cols.to(dev)])  # [R, V]
             return out.float() if float32 else out
-        if rows is None:
+        if rows is None or cols is None:
             self.lm.model(input_ids=ids, logits_to_keep=1, **kwargs)
             return None
         logits = self.lm.model(input_ids=ids, **kwargs).logits  # [B, K, V]
@@ -451,7 +346,7 @@ class BatchKV:
         model = self._base if self._base is not None else self.lm.model
         pc = self.lm.prefix_cache
         pc.note([p for p in prompts if p])
-        parts: list[tuple[int, Any]] = []
+        parts: list[tuple[int, list[Any]]] = []
         for i, p in enumerate(prompts):
             if not p:
                 continue
@@ -641,7 +536,7 @@ def _cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_dtype(dtype: Any) -> torch.dtype:
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
     """``torch.dtype`` or a name (``"float32"``/``"fp32"``, ``"bfloat16"``/``"bf16"``,
     ``"float16"``/``"fp16"``, ``"auto"``). ``"auto"`` is bfloat16 where the hardware computes
     it natively (a CUDA device with bf16 support, or a CPU with AVX512-BF16 / AMX) and float32
@@ -659,8 +554,8 @@ def resolve_dtype(dtype: Any) -> torch.dtype:
     return _DTYPES[name]
 
 
-def load_model(model: Any, tokenizer: Any = None, *, dtype: Any = torch.float32,
-               threads: int | None = None) -> CausalLM:
+def load_model(model: ModelSource, tokenizer: PreTrainedTokenizerBase | None = None, *,
+               dtype: torch.dtype | str = torch.float32, threads: int | None = None) -> CausalLM:
     """A :class:`CausalLM` from a transformers model object, a local directory, or an alias
     of a model pulled into the cache (:mod:`structgen.assets.store`; an alias that is not
     cached raises :class:`AssetError` naming ``structgen models pull ALIAS``). Loaded models are
@@ -672,12 +567,11 @@ def load_model(model: Any, tokenizer: Any = None, *, dtype: Any = torch.float32,
     dtype = resolve_dtype(dtype)
     if isinstance(model, CausalLM):
         return model
-    from structgen.generation.llamacpp import LlamaCppLM, is_gguf_path, load_gguf
-
     if isinstance(model, LlamaCppLM):
-        return model
-    if is_gguf_path(model):  # llama.cpp backend (needs structgen[llamacpp]); dtype is the file's
-        return load_gguf(model, n_threads=threads)
+        return _as_causal_lm(model)
+    if isinstance(model, (str, os.PathLike)) and is_gguf_path(model):
+        # llama.cpp backend (needs structgen[llamacpp]); dtype is the file's
+        return _as_causal_lm(load_gguf(model, n_threads=threads))
     if not isinstance(model, (str, os.PathLike)):
         if tokenizer is None:
             name = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
@@ -689,37 +583,38 @@ def load_model(model: Any, tokenizer: Any = None, *, dtype: Any = torch.float32,
         return CausalLM(model, tokenizer)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from structgen.assets.store import resolve_model
-
     path = Path(resolve_model(model))
     if is_gguf_path(path):  # a -gguf alias: the cached GGUF file, run by llama.cpp
-        return load_gguf(path, n_threads=threads)
+        return _as_causal_lm(load_gguf(path, n_threads=threads))
     key = (str(path), str(dtype))
     with _LOAD_LOCK:
         got = _LOADED.get(key)
         if got is None:
-            m = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-            tok = AutoTokenizer.from_pretrained(str(path))
-            got = (m, tok)
+            got = (AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype),
+                   AutoTokenizer.from_pretrained(str(path)))
             _LOADED[key] = got
-    m, tok = got
-    return CausalLM(m, tokenizer if tokenizer is not None else tok)
+    weights, own_tokenizer = got
+    return CausalLM(weights, tokenizer if tokenizer is not None else own_tokenizer)
 
 
-_VOCABS: dict[int, Any] = {}
+def _as_causal_lm(lm: LlamaCppLM) -> CausalLM:
+    """``lm`` where a :class:`CausalLM` is expected: the llama.cpp backend has the same
+    attributes and methods (the generation loop duck-types its model)."""
+    return cast(CausalLM, lm)
 
 
-def vocabulary_for(lm: CausalLM) -> Any:
+_VOCABS: dict[int, Vocabulary] = {}
+
+
+def vocabulary_for(lm: CausalLM) -> Vocabulary:
     """The grammar-side :class:`~structgen.masks.vocab.Vocabulary` of ``lm`` (cached per tokenizer),
     with the model's logits width as vocab size and the generation config's EOS ids."""
     own = getattr(lm, "vocabulary", None)
     if callable(own):  # a backend that knows its vocabulary (llama.cpp: from the GGUF)
-        return own()
+        return cast(Vocabulary, own())
     key = id(lm.tokenizer)
     v = _VOCABS.get(key)
     if v is None:
-        from structgen.masks.vocab import Vocabulary
-
         eos: list[int] = []
         gc = getattr(lm.model, "generation_config", None)
         ge = getattr(gc, "eos_token_id", None) if gc is not None else None
@@ -771,8 +666,6 @@ def check_context(lm: CausalLM, prompt_tokens: int, max_new_tokens: int, *,
     """Raise :class:`~structgen.errors.ContextLengthError` when ``prompt_tokens +
     max_new_tokens`` exceeds the context of ``lm`` (or of ``draft_lm``, which reads the same
     positions). Models whose context is unknown are not checked."""
-    from structgen.errors import ContextLengthError
-
     limits = [(context_length(m), what) for m, what in ((lm, "model"), (draft_lm, "draft model"))
               if m is not None]
     known = [(n, what) for n, what in limits if n is not None]

@@ -26,7 +26,13 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from structgen.generation.drafters import Candidate
+    from structgen.generation.model import CausalLM
 
 __all__ = ["SequencePacer", "StepCost", "best_draft_length", "expected_accepts", "pacing_prior",
            "shared_step_cost"]
@@ -102,11 +108,11 @@ class StepCost:
         return min(max((my - slope * mx) / slope, 0.0), 4 * self.prior + 64)
 
 
-_SHARED: weakref.WeakKeyDictionary[Any, StepCost] = weakref.WeakKeyDictionary()
+_SHARED: weakref.WeakKeyDictionary[object, StepCost] = weakref.WeakKeyDictionary()
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_step_cost(lm: Any, prior_fixed_positions: float) -> StepCost:
+def shared_step_cost(lm: CausalLM, prior_fixed_positions: float) -> StepCost:
     """The one-sequence step-cost model of ``lm``'s weights, shared by every call on them in
     this process (a request's first steps then know what earlier requests measured); a fresh
     model when the weights cannot be weakly referenced."""
@@ -121,7 +127,7 @@ def shared_step_cost(lm: Any, prior_fixed_positions: float) -> StepCost:
     return cost
 
 
-def expected_accepts(cand: Any, k: int) -> list[float]:
+def expected_accepts(cand: Candidate | None, k: int) -> list[float]:
     """Probability, under each drafter's running acceptance, that positions 0..j of the first
     ``k`` tokens of the candidate ``cand`` are all accepted (the terms of
     :meth:`~structgen.generation.drafters.Candidate.score`); [] for no candidate."""
@@ -175,7 +181,7 @@ class SequencePacer:
         self.off_steps = 0   # steps whose draft was cut to nothing (for statistics)
         self.probes = 0
 
-    def length(self, cand: Any, k: int) -> int:
+    def length(self, cand: Candidate | None, k: int) -> int:
         """Draft tokens to send of the candidate ``cand``'s pre-validated ``k``."""
         self.probing = False
         if k <= 0:
@@ -203,7 +209,7 @@ class SequencePacer:
                              else min(2 * self.interval, self.MAX_INTERVAL))
 
 
-def pacing_prior(device: Any) -> float:
+def pacing_prior(device: torch.device | str) -> float:
     """The cost model's prior ``fixed`` (in positions) before any pass was timed: large on
     CUDA, where a pass is memory-bound and extra positions are nearly free; moderate on the
     CPU, where a float32 pass grows with its positions from a few upwards (bfloat16 passes of

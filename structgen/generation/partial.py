@@ -38,10 +38,20 @@ from __future__ import annotations
 
 import json
 import re
+import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar, Union
 
 from structgen.errors import ConfigError
+from structgen.json_types import JsonArray, JsonObject, JsonValue
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel, TypeAdapter
+    from pydantic.fields import FieldInfo
+
+M = TypeVar("M", bound="BaseModel")
+#: an object or array of the document
+Container = Union[JsonObject, JsonArray]
 
 __all__ = ["PartialEvent", "PartialJsonReader", "json_pointer",
            "partial_instance"]
@@ -63,7 +73,8 @@ _WHITESPACE = frozenset(" \t\n\r")
 _STRING_STOP = re.compile(r'["\\]')
 _NUMBER_RUN = re.compile(r"[0-9+\-.eE]*")
 _NUMBER_START = frozenset("-0123456789")
-_LITERALS = {"t": ("true", True), "f": ("false", False), "n": ("null", None)}
+_LITERALS: dict[str, tuple[str, JsonValue]] = {"t": ("true", True), "f": ("false", False),
+                                               "n": ("null", None)}
 # the tail of a growing string that cannot be decoded yet: an escape cut short, or a high
 # surrogate whose low half may still follow
 _ESCAPE = re.compile(r"\\(?:u[0-9a-fA-F]{0,4}|.)?", re.S)
@@ -87,7 +98,7 @@ class PartialEvent:
 
     kind: str
     pointer: str
-    value: Any = None
+    value: JsonValue = None
 
 
 class _Frame:
@@ -95,7 +106,7 @@ class _Frame:
 
     __slots__ = ("container", "pointer", "count")
 
-    def __init__(self, container: dict | list, pointer: str) -> None:
+    def __init__(self, container: Container, pointer: str) -> None:
         self.container = container
         self.pointer = pointer
         self.count = 0
@@ -110,7 +121,7 @@ class PartialJsonReader:
     ``complete`` whether the whole document has been read."""
 
     def __init__(self, *, string_deltas: bool = False) -> None:
-        self.document: Any = None
+        self.document: JsonValue = None
         self.complete = False
         self._string_deltas = string_deltas
         self._stack: list[_Frame] = []
@@ -118,7 +129,7 @@ class PartialJsonReader:
         self._events: list[PartialEvent] = []
         self._offset = 0  # characters fed before the current piece (for error messages)
         # the value being read: its parent container (None for the root), key and pointer
-        self._parent: dict | list | None = None
+        self._parent: Container | None = None
         self._key: str | int | None = None
         self._pointer = ""
         # the string or number being read, in raw pieces
@@ -127,11 +138,11 @@ class PartialJsonReader:
         self._escape_pending = False  # the previous piece ended on a backslash
         self._undecoded = ""          # string_deltas: raw text not yet reported
         self._literal = ""            # the rest of true / false / null still to come
-        self._literal_value: Any = None
+        self._literal_value: JsonValue = None
 
     def feed(self, text: str) -> list[PartialEvent]:
         """Read the next piece of the document; returns the events it completes, in order."""
-        self._events = events = []
+        self._events = events = list[PartialEvent]()
         i, n = 0, len(text)
         try:
             while i < n:
@@ -139,7 +150,9 @@ class PartialJsonReader:
                 if mode is _STRING:
                     i = self._read_string(text, i, n)
                 elif mode is _NUMBER:
-                    end = _NUMBER_RUN.match(text, i).end()  # type: ignore[union-attr]
+                    run = _NUMBER_RUN.match(text, i)
+                    assert run is not None  # the pattern also matches the empty run
+                    end = run.end()
                     self._raw.append(text[i:end])
                     i = end
                     if i < n:  # a character that cannot continue the number: it is complete
@@ -167,7 +180,7 @@ class PartialJsonReader:
         """The text has ended: complete a number that ends the document. Returns its events
         (none when the document ended otherwise); ``complete`` then says whether the whole
         document was read."""
-        self._events = events = []
+        self._events = events = list[PartialEvent]()
         if self._mode is _NUMBER:
             self._end_number()
         return events
@@ -218,13 +231,13 @@ class PartialJsonReader:
             return self._start_value(ch)
         return False
 
-    def _begin(self, parent: dict | list | None, key: str | int | None, pointer: str) -> None:
+    def _begin(self, parent: Container | None, key: str | int | None, pointer: str) -> None:
         self._parent, self._key, self._pointer = parent, key, pointer
         self._events.append(PartialEvent("begin", pointer))
 
     def _start_value(self, ch: str) -> bool:
         if ch == "{" or ch == "[":
-            container: dict | list = {} if ch == "{" else []
+            container: Container = {} if ch == "{" else []
             self._place(container)
             self._stack.append(_Frame(container, self._pointer))
             self._mode = _KEY_OR_CLOSE if ch == "{" else _ITEM_OR_CLOSE
@@ -241,7 +254,7 @@ class PartialJsonReader:
             return False
         return True
 
-    def _place(self, value: Any) -> None:
+    def _place(self, value: JsonValue) -> None:
         """Put ``value`` where the value being read goes."""
         parent = self._parent
         if parent is None:
@@ -249,9 +262,10 @@ class PartialJsonReader:
         elif isinstance(parent, list):
             parent.append(value)  # items are placed in order: this one is the next index
         else:
-            parent[self._key] = value  # type: ignore[index]
+            assert isinstance(self._key, str)
+            parent[self._key] = value
 
-    def _complete_scalar(self, value: Any) -> None:
+    def _complete_scalar(self, value: JsonValue) -> None:
         self._place(value)
         self._events.append(PartialEvent("value", self._pointer, value))
         self._after_value()
@@ -355,23 +369,21 @@ def _high_surrogate(escape: str) -> bool:
     return len(escape) == 6 and escape[1] == "u" and 0xD800 <= int(escape[2:], 16) <= 0xDBFF
 
 
-_ADAPTERS: dict[tuple[type, str], Any] = {}
+_ADAPTERS: dict[tuple[type, str], TypeAdapter[object]] = {}
 
 
-def _field_adapter(cls: type, name: str, info: Any) -> Any:
+def _field_adapter(cls: type[BaseModel], name: str, info: FieldInfo) -> TypeAdapter[object]:
     """A cached Pydantic TypeAdapter validating one field's values (its constraints included)."""
     adapter = _ADAPTERS.get((cls, name))
     if adapter is None:
         from pydantic import TypeAdapter
 
-        adapter = _ADAPTERS[(cls, name)] = TypeAdapter(info.rebuild_annotation())
+        adapter = _ADAPTERS[(cls, name)] = TypeAdapter[object](info.rebuild_annotation())
     return adapter
 
 
-def _model_in(annotation: Any) -> type | None:
+def _model_in(annotation: object) -> type[BaseModel] | None:
     """The Pydantic model class of a field annotation (``M``, ``M | None``), else None."""
-    import typing
-
     from pydantic import BaseModel
 
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
@@ -383,7 +395,7 @@ def _model_in(annotation: Any) -> type | None:
     return None
 
 
-def partial_instance(cls: type, data: dict, unfinished: set[str], pointer: str = "") -> Any:
+def partial_instance(cls: type[M], data: JsonObject, unfinished: set[str], pointer: str = "") -> M:
     """An instance of the Pydantic model ``cls`` with the fields of the partial object
     ``data`` (at JSON ``pointer`` of a document read by :class:`PartialJsonReader`) that are
     complete. ``unfinished``: the pointers of the values begun and not yet complete (from
@@ -392,8 +404,8 @@ def partial_instance(cls: type, data: dict, unfinished: set[str], pointer: str =
     object still being read that is a model field becomes a partial instance itself; a list
     appears once closed. ``model_fields_set`` names the fields set; the others are None (or
     their default)."""
-    values: dict[str, Any] = {}
-    fields = cls.model_fields  # type: ignore[attr-defined]
+    values: dict[str, object] = {}
+    fields = cls.model_fields
     for name, info in fields.items():
         key = info.alias or name
         if key not in data:
@@ -407,4 +419,4 @@ def partial_instance(cls: type, data: dict, unfinished: set[str], pointer: str =
             continue
         values[name] = _field_adapter(cls, name, info).validate_python(value)
     missing = {name: None for name, info in fields.items() if name not in values and info.is_required()}
-    return cls.model_construct(_fields_set=set(values), **values, **missing)  # type: ignore[attr-defined]
+    return cls.model_construct(_fields_set=set(values), **values, **missing)

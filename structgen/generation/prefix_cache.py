@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, TypeVar
 
 __all__ = ["BLOCK", "DEFAULT_PREFIX_CACHE_MB", "PrefixCache", "PrefixCacheStats"]
 
@@ -56,10 +56,15 @@ class PrefixCacheStats:
     bytes: int = 0
 
 
+#: a backend's saved KV state (transformers: per-layer key and value tensors; llama.cpp: a
+#: sequence's state bytes)
+S = TypeVar("S")
+
+
 @dataclass
-class _Entry:
+class _Entry(Generic[S]):
     tokens: tuple[int, ...]
-    state: Any
+    state: S
     nbytes: int
 
 
@@ -81,7 +86,7 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-class PrefixCache:
+class PrefixCache(Generic[S]):
     """KV states of prompt prefixes (see the module docstring), thread-safe.
 
     ``max_bytes``: the memory bound (0 disables the cache: nothing is saved or found).
@@ -93,16 +98,16 @@ class PrefixCache:
     def __init__(self, max_bytes: int = DEFAULT_PREFIX_CACHE_MB << 20, block: int = BLOCK) -> None:
         self.max_bytes = int(max_bytes)
         self.block = int(block)
-        self._entries: OrderedDict[tuple[Any, int, int], _Entry] = OrderedDict()
+        self._entries: OrderedDict[tuple[Hashable, int, int], _Entry[S]] = OrderedDict()
         self._recent: deque[tuple[int, ...]] = deque(maxlen=_RECENT)
         self._lock = threading.Lock()
         self.stats = PrefixCacheStats()
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> PrefixCache:
+    def __deepcopy__(self, memo: dict[int, object]) -> PrefixCache[S]:
         # a copy of the model (a stock copy, a peer in a benchmark) computes its own states
         return PrefixCache(self.max_bytes, block=self.block)
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[type[PrefixCache[S]], tuple[int, int]]:
         # saved states are host copies tied to this process's backend objects: not sent along
         return (PrefixCache, (self.max_bytes, self.block))
 
@@ -111,7 +116,8 @@ class PrefixCache:
         """Whether anything can be saved."""
         return self.max_bytes > 0
 
-    def lookup(self, variant: Any, tokens: Sequence[int], allowed: Any) -> tuple[int, Any]:
+    def lookup(self, variant: Hashable, tokens: Sequence[int],
+               allowed: Callable[[int], bool]) -> tuple[int, S | None]:
         """The longest saved prefix of ``tokens`` whose length ``allowed(length)`` accepts:
         ``(length, state)``, or ``(0, None)``."""
         if not self.enabled:
@@ -152,7 +158,7 @@ class PrefixCache:
                 if t and t not in self._recent:
                     self._recent.append(t)
 
-    def plan(self, variant: Any, tokens: Sequence[int], start: int, allowed: Any,
+    def plan(self, variant: Hashable, tokens: Sequence[int], start: int, allowed: Callable[[int], bool],
              shared_prefix: int = 0, min_gap: int = 1) -> list[int]:
         """Prefix lengths of ``tokens`` to save while prefilling from ``start`` (ascending,
         each a multiple of ``block`` above ``start`` that ``allowed`` accepts and that is not
@@ -180,7 +186,7 @@ class PrefixCache:
                 kept.append(length)
         return kept
 
-    def save(self, variant: Any, tokens: Sequence[int], state: Any, nbytes: int) -> None:
+    def save(self, variant: Hashable, tokens: Sequence[int], state: S, nbytes: int) -> None:
         """Keep ``state`` (``nbytes`` of memory) as the KV state of ``tokens`` (a multiple of
         ``block`` long); evicts the least recently used states beyond the bound."""
         n = len(tokens)

@@ -13,10 +13,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
-__all__ = ["BUDGET_CLOSE", "COMPLETE", "GenerationStats", "MAX_TOP_LOGPROBS", "ON_BUDGET_CHOICES",
-           "SequenceResult", "TokenLogprob", "TopLogprob", "is_complete"]
+__all__ = ["BUDGET_CLOSE", "COMPLETE", "DrafterStats", "GenerationStats", "MAX_TOP_LOGPROBS",
+           "ON_BUDGET_CHOICES", "SequenceResult", "TokenLogprob", "TopLogprob", "is_complete"]
 
 #: finish_reason of an output closed by the budget rule
 BUDGET_CLOSE = "budget_close"
@@ -26,6 +26,17 @@ COMPLETE = frozenset({"stop", BUDGET_CLOSE})
 ON_BUDGET_CHOICES = ("close", "cut")
 #: the most alternatives ``top_logprobs`` may ask for (OpenAI's bound)
 MAX_TOP_LOGPROBS = 20
+
+
+class DrafterStats(TypedDict, total=False):
+    """One drafter's counters (:meth:`structgen.generation.drafters.Drafter.stats`): draft
+    tokens proposed and accepted, their ratio (None before any proposal), whether it is still
+    enabled (absent once summed over sequences)."""
+
+    proposed: int
+    accepted: int
+    acceptance: float | None
+    enabled: bool
 
 
 def is_complete(finish_reason: str) -> bool:
@@ -49,7 +60,7 @@ class GenerationStats:
     accepted: int = 0
     bonus: int = 0  # recovered or bonus tokens emitted by verification
     draft_cut: int = 0  # pre-validated draft tokens not sent: a longer pass would not pay (pacing)
-    drafters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    drafters: dict[str, DrafterStats] = field(default_factory=dict)
     time_masks: float = 0.0
     time_drafting: float = 0.0
     time_forward: float = 0.0
@@ -75,9 +86,9 @@ class GenerationStats:
         """New tokens per second of ``time_total`` (0.0 before any time passed)."""
         return self.new_tokens / self.time_total if self.time_total else 0.0
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """Every field plus the derived rates, as a JSON-ready dict."""
-        d = {k: v for k, v in self.__dict__.items()}
+        d: dict[str, object] = {k: v for k, v in self.__dict__.items()}
         d["tokens_per_pass"] = self.tokens_per_pass
         d["acceptance"] = self.acceptance
         d["tokens_per_second"] = self.tokens_per_second

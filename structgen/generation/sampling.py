@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 __all__ = ["unpack_bitmask", "masked_logits", "masked_distribution", "DistributionBuffers"]
@@ -28,7 +26,7 @@ def masked_logits(logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~allowed, float("-inf"))
 
 
-def masked_distribution(logits: torch.Tensor, words: torch.Tensor, temperature: float) -> Any:
+def masked_distribution(logits: torch.Tensor, words: torch.Tensor, temperature: float) -> torch.Tensor | None:
     """Masked next-token distribution ``[V]`` float32: softmax(masked / T) for T > 0, a point
     mass on the masked argmax for T == 0; None when every token is masked."""
     ml = masked_logits(logits.float(), words)
@@ -47,7 +45,7 @@ class DistributionBuffers:
     per token. ``probs`` float32 ``[rows, V]``; :meth:`compute` returns a view of one row (valid
     until that row is computed again)."""
 
-    def __init__(self, vocab_size: int, rows: int, device: Any = "cpu") -> None:
+    def __init__(self, vocab_size: int, rows: int, device: torch.device | str = "cpu") -> None:
         words = (vocab_size + 31) // 32
         self.vocab_size = vocab_size
         self.probs = torch.empty((rows, vocab_size), dtype=torch.float32, device=device)
@@ -64,7 +62,8 @@ class DistributionBuffers:
         p[token] = 1.0
         return p
 
-    def compute(self, row: int, logits: torch.Tensor, words: torch.Tensor, temperature: float) -> Any:
+    def compute(self, row: int, logits: torch.Tensor, words: torch.Tensor,
+                temperature: float) -> torch.Tensor | None:
         """Row ``row`` set to the masked distribution of ``logits`` ``[V]`` under the packed mask
         ``words`` ``[W]``: softmax(masked / T) for T > 0, a point mass on the masked argmax
         for T == 0; None when no token is viable (every one masked, or NaN logits)."""
@@ -85,7 +84,7 @@ class DistributionBuffers:
         p.div_(p.sum())
         return p
 
-    def sample(self, row: int, generator: Any = None) -> int:
+    def sample(self, row: int, generator: torch.Generator | None = None) -> int:
         """A token drawn from row ``row`` by inverting its cumulative sum (kept in a scratch
         buffer): the first token whose cumulative mass exceeds ``u * total``, so a token of
         probability 0 is never drawn."""

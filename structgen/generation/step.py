@@ -25,31 +25,24 @@ the KV cache keeps only what was accepted.
 from __future__ import annotations
 
 import functools
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from structgen.config import SpecConfig
+from structgen.errors import ConfigError, TokenBudgetError
 from structgen.generation.drafters import (
     Candidate,
+    Drafter,
     DraftModelDrafter,
     GrammarForcedDrafter,
     NgramDrafter,
     PromptLookupDrafter,
     canonical_tokens,
 )
-from structgen.generation.model import CausalLM
-from structgen.generation.pacing import (
-    SequencePacer,
-    StepCost,
-    best_draft_length,
-    expected_accepts,
-)
+from structgen.generation.model import BatchKV, CausalLM
+from structgen.generation.pacing import SequencePacer, StepCost
 from structgen.generation.results import (
     BUDGET_CLOSE,
     MAX_TOP_LOGPROBS,
@@ -58,28 +51,18 @@ from structgen.generation.results import (
     TokenLogprob,
     TopLogprob,
 )
+from structgen.generation.sampling import masked_logits
+from structgen.generation.verifier import StepPlan, StepVerifier, cut_drafts, overlap_masks_enabled
 from structgen.grammar.compiled import CompiledGrammar
+from structgen.masks.budget import UNREACHABLE
 from structgen.masks.matcher import Matcher, bitmask_words
+from structgen.masks.vocab import Vocabulary
+
+#: ``(grammar, vocabulary) -> Matcher``: how a sequence makes its matcher
+MatcherFactory = Callable[[CompiledGrammar, Vocabulary], Matcher]
 
 __all__ = ["BatchStep", "Sequence", "StepPlan", "StepVerifier", "check_budget", "cut_drafts",
            "overlap_masks_enabled"]
-
-
-@dataclass
-class StepPlan:
-    """One sequence's step up to the target forward (see :meth:`Sequence.prepare`): the
-    pre-validated draft, the candidate it came from, the sequence's uniforms for verification,
-    its remaining budget and, once :meth:`Sequence.fill_masks` ran, its mask rows."""
-
-    draft: list[int]            # pre-validated draft tokens (k)
-    cand: Candidate | None      # the candidate they came from (drafter segments, probs)
-    uniforms: torch.Tensor      # float64 [k+1, 2]: the sequence's own draws for verification
-    budget: int                 # tokens the sequence may still emit
-    narrowed: list[bool] = field(default_factory=list)  # per mask row: the budget rule removed a token
-    bitmask: torch.Tensor | None = None  # int32 [k+1, W]: one mask per draft position plus the
-                                         # bonus row (rows of the step's pooled host buffer)
-    # per emitted token (sequences recording logprobs only): (logprob, [(token, logprob)] top)
-    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 class Sequence:
@@ -95,16 +78,15 @@ class Sequence:
     :class:`~structgen.generation.results.TokenLogprob` per committed token, with its ``k``
     most likely alternatives, in :attr:`token_logprobs` (aligned with :attr:`output`)."""
 
-    def __init__(self, lm: CausalLM, vocab: Any, grammar: CompiledGrammar, prompt_ids: list[int],
+    def __init__(self, lm: CausalLM, vocab: Vocabulary, grammar: CompiledGrammar, prompt_ids: list[int],
                  cfg: SpecConfig, *, speculative: bool, max_new_tokens: int,
                  draft_lm: CausalLM | None, seed: int | None, on_budget: str = "close",
-                 new_matcher: Any = None, shared_prefix: int = 0, logprobs: int | None = None) -> None:
+                 new_matcher: MatcherFactory | None = None, shared_prefix: int = 0,
+                 logprobs: int | None = None) -> None:
         if on_budget not in ON_BUDGET_CHOICES:
             raise ValueError(f"on_budget must be one of {ON_BUDGET_CHOICES}, not {on_budget!r}")
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
                                      or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
-            from structgen.errors import ConfigError
-
             raise ConfigError(f"top_logprobs must be an integer in 0..{MAX_TOP_LOGPROBS}, not {logprobs!r}",
                               key="top_logprobs")
         # None: no logprobs (nothing computed, the default); k: alternatives per token
@@ -156,7 +138,7 @@ class Sequence:
         return self.max_new - len(self.output) if self.close else None
 
     # -- drafting ---------------------------------------------------------------------------
-    def _text_tokens(self, parts: list[tuple[Any, bytes]], limit: int) -> Candidate | None:
+    def _text_tokens(self, parts: list[tuple[Drafter, bytes]], limit: int) -> Candidate | None:
         """Tokenize the concatenated text parts; attribute each token to the part (drafter)
         holding its first byte; cut at the first grammar-invalid token.
 
@@ -193,7 +175,7 @@ class Sequence:
         for d, p in parts:
             acc += len(p)
             bounds.append((acc, d))
-        segs: list[tuple[Any, int]] = []
+        segs: list[tuple[Drafter, int]] = []
         pos = 0
         tb = self.vocab.token_bytes
         for t in toks:
@@ -211,7 +193,7 @@ class Sequence:
         if self.ngram_d is not None:  # first: _choose looks at the first few candidates only
             toks = self.ngram_d.propose(self.prompt + self.output, limit)
             if toks:
-                cands.append(Candidate(toks, [(self.ngram_d, len(toks))]))  # type: ignore[list-item]
+                cands.append(Candidate(toks, [(self.ngram_d, len(toks))]))
         forced = b""
         if self.grammar_d is not None and self.grammar_d.enabled:
             forced = m.forced_bytes(limit=256)
@@ -223,11 +205,12 @@ class Sequence:
                 self._prompt_text = self.vocab.decode_bytes(self.prompt)
             for copied in self.lookup_d.propose(m, self._prompt_text, out_text, forced, self.cfg.draft_num):
                 # what the lookup drafter adds after the forced text counts as its proposal
-                parts = [(self.grammar_d, forced), (self.lookup_d, copied)]
-                cand = self._text_tokens([(d, p) for d, p in parts if p], limit)
+                parts: list[tuple[Drafter | None, bytes]] = [(self.grammar_d, forced),
+                                                             (self.lookup_d, copied)]
+                cand = self._text_tokens([(d, p) for d, p in parts if p and d is not None], limit)
                 if cand is not None:
                     cands.append(cand)
-        if forced:
+        if forced and self.grammar_d is not None:
             cand = self._text_tokens([(self.grammar_d, forced)], limit)
             if cand is not None:
                 cands.append(cand)
@@ -240,7 +223,7 @@ class Sequence:
                 m.fork(), self.prompt + self.output, min(self.model_d.length, limit),
                 temperature=self.cfg.temperature, generator=self.generator, budget=self._rule_budget())
             if toks:
-                cand = Candidate(list(toks), [(self.model_d, len(toks))])  # type: ignore[list-item]
+                cand = Candidate(list(toks), [(self.model_d, len(toks))])
                 if self.cfg.temperature > 0 and probs is not None:
                     cand.probs = probs  # [len(toks), V]
                 cands.append(cand)
@@ -350,7 +333,7 @@ class Sequence:
             keep = pacer.length(plan.cand, len(plan.draft))
             if keep < len(plan.draft):
                 st.draft_cut += len(plan.draft) - keep
-                _truncate(plan, keep)
+                plan.truncate(keep)
         k = len(plan.draft)
         ver = self.verifier
         assert ver is not None and self.pending is not None
@@ -462,7 +445,7 @@ class Sequence:
             self._splits[text] = tuple(self.output[i:j])
         self._forced_at = keep
 
-    def _draft_probs(self, cand: Candidate | None) -> torch.Tensor | None:
+    def draft_probs(self, cand: Candidate | None) -> torch.Tensor | None:
         """The candidate's draft distributions ``[k, V_draft]`` as the draft model gave them
         (None: deterministic proposals); :meth:`StepVerifier.run` copies them into its
         pooled ``[N, V_target]`` rows."""
@@ -470,13 +453,11 @@ class Sequence:
             return None
         return cand.probs
 
-    def _lossy(self, draft: list[int], logits: torch.Tensor, bm: torch.Tensor, n_acc: int,
+    def lossy_accept(self, draft: list[int], logits: torch.Tensor, bm: torch.Tensor, n_acc: int,
                emitted: list[int]) -> tuple[int, list[int]]:
         """Opt-in LOSSY typical acceptance (``verify_threshold``): beyond the exact verdict,
         keep accepting draft tokens whose masked target probability is at least
         ``threshold`` times the top token's. Changes the output distribution."""
-        from structgen.generation.sampling import masked_logits
-
         thr = float(self.cfg.verify_threshold or 1.0)
         k = len(draft)
         scaled = masked_logits(logits.float(), bm[: k + 1]) / max(self.cfg.temperature, 1e-5)
@@ -504,9 +485,6 @@ class Sequence:
                 self.stats.drafters[d.name] = d.stats()
 
 
-_MASK_WORKER: ThreadPoolExecutor | None = None
-_MASK_WORKER_LOCK = threading.Lock()
-
 
 def check_budget(matcher: Matcher, max_new_tokens: int, *, request_index: int | None = None) -> None:
     """Raise :class:`~structgen.errors.TokenBudgetError` when ``max_new_tokens`` is below what
@@ -516,12 +494,8 @@ def check_budget(matcher: Matcher, max_new_tokens: int, *, request_index: int | 
     shortest output is; the error's ``needed`` is then a lower bound. Raises
     :class:`~structgen.errors.CompileLimitError` for a constraint whose automaton is too large
     to measure."""
-    from structgen.masks.budget import UNREACHABLE
-
     need = matcher.tokens_to_finish(limit=max_new_tokens)
     if need > max_new_tokens:
-        from structgen.errors import TokenBudgetError
-
         # above the budget the count may have stopped early: "at least" is all that is known
         what = (f"needs more than {max_new_tokens} tokens (at least {need}: its shortest output, "
                 "tokenized greedily, plus EOS)"
@@ -529,242 +503,6 @@ def check_budget(matcher: Matcher, max_new_tokens: int, *, request_index: int | 
         raise TokenBudgetError(f"max_new_tokens={max_new_tokens} is too small: the constraint {what}; "
                                "raise max_new_tokens, or pass on_budget='cut' to allow cut-short outputs",
                                needed=need, max_new_tokens=max_new_tokens, request_index=request_index)
-
-
-def _mask_worker() -> ThreadPoolExecutor:
-    """One process-wide worker thread that fills masks while the main thread runs a CPU forward
-    (torch's CPU kernels and the compiled mask walks release the GIL)."""
-    global _MASK_WORKER
-    with _MASK_WORKER_LOCK:
-        if _MASK_WORKER is None:
-            _MASK_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="structgen-masks")
-        return _MASK_WORKER
-
-
-def overlap_masks_enabled(cfg: SpecConfig, device: Any) -> bool:
-    """Whether a step builds its masks while the target forward runs (``SpecConfig.overlap_masks``;
-    None = on for CUDA only: on the CPU the masks are a small part of a step and the hand-off to
-    the worker thread gains nothing; see ``benchmarks/results/overlap-*.json``)."""
-    if cfg.overlap_masks is not None:
-        return bool(cfg.overlap_masks)
-    return torch.device(device).type == "cuda"
-
-
-class StepVerifier:
-    """The verify half of a generation loop's steps, over buffers allocated once per call.
-
-    Holds a :class:`~structgen.generation.verify.VerifyBufferPool` entry for ``capacity`` sequences of up
-    to ``max_draft_tokens`` drafts: the packed masks (filled in place by the sequences; pinned
-    host memory uploaded with a non-blocking copy on CUDA), drafts, cumulative counts, uniforms,
-    outputs and the Triton kernels' scratch, plus the temperatures / top-p values and, once a
-    draft model proposes with probabilities, an ``[capacity * max_draft_tokens, V]`` float32
-    block for them. A step only writes into these (views of their first rows): the loop itself
-    allocates no vocabulary-sized tensor per step. The logits are the target model's own output
-    tensor, passed as it is (its dtype: the kernels read bf16 / fp16 directly).
-    """
-
-    def __init__(self, cfg: SpecConfig, vocab_size: int, device: Any, capacity: int) -> None:
-        from structgen.generation.verify import VerifyBufferPool
-
-        self.cfg = cfg
-        self.vocab_size = vocab_size
-        self.device = torch.device(device)
-        self.capacity = capacity
-        self.max_draft = cfg.max_draft_tokens
-        self.pool = VerifyBufferPool()
-        self.buf = self.pool.get(capacity, self.max_draft, vocab_size, torch.float32, self.device,
-                                 logits=False)
-        # per-sequence sampling rows of the verify contract, fp32 [capacity] each: filled with
-        # the call's values once; rewritten (one small host-to-device copy) only in a step
-        # whose sequences bring other values (per-request temperature / top-p in a batch)
-        f32 = torch.float32
-        self.temperature = torch.full((capacity,), cfg.temperature, dtype=f32, device=self.device)
-        self.top_p = torch.full((capacity,), cfg.top_p, dtype=f32, device=self.device)
-        self._written: dict[str, list[float]] = {"temperature": [cfg.temperature] * capacity,
-                                                 "top_p": [cfg.top_p] * capacity}
-        self._dprobs: torch.Tensor | None = None   # float32 [capacity * max_draft, V], on first use
-        self.overlap = overlap_masks_enabled(cfg, self.device)
-
-    def mask_rows(self, plans: list[StepPlan]) -> list[torch.Tensor]:
-        """Each plan's ``[k+1, W]`` rows of the pooled host bitmask, in batch order."""
-        views = []
-        row = 0
-        host = self.buf.bitmask_host
-        for p in plans:
-            n = len(p.draft) + 1
-            views.append(host[row: row + n])
-            row += n
-        return views
-
-    def forward_with_masks(self, forward: Callable[[], torch.Tensor], seqs: list[Sequence],
-                           plans: list[StepPlan]) -> tuple[torch.Tensor, float]:
-        """Run the target ``forward`` and fill every plan's masks into the pooled rows; with
-        overlap the masks are built while the forward runs (CUDA: after its kernels are queued;
-        CPU: on the mask worker thread). Returns the logits and the seconds the forward call
-        took (the masks' own time goes to each sequence's ``time_masks``)."""
-        views = self.mask_rows(plans)
-
-        def fill() -> None:
-            for s, p, v in zip(seqs, plans, views):
-                s.fill_masks(p, v)
-
-        if not self.overlap:
-            fill()
-            t0 = time.perf_counter()
-            return forward(), time.perf_counter() - t0
-        if self.device.type == "cuda":
-            t0 = time.perf_counter()
-            logits = forward()          # queued on the GPU; the CPU returns at once
-            dt = time.perf_counter() - t0
-            fill()
-            return logits, dt
-        fut = _mask_worker().submit(fill)
-        t0 = time.perf_counter()
-        try:
-            logits = forward()
-            dt = time.perf_counter() - t0
-        finally:
-            fut.result()                # the masks (and any error raised while building them)
-        return logits, dt
-
-    def _rows(self, name: str, values: list[float]) -> torch.Tensor:
-        """The first ``len(values)`` rows of the ``name`` buffer holding ``values`` (written
-        only when they differ from what the buffer holds)."""
-        buf: torch.Tensor = getattr(self, name)
-        b = len(values)
-        if self._written[name][:b] != values:
-            buf[:b].copy_(torch.tensor(values, dtype=torch.float32))
-            self._written[name][:b] = values
-        return buf[:b]
-
-    def _draft_prob_rows(self, n: int) -> torch.Tensor:
-        if self._dprobs is None:
-            self._dprobs = torch.zeros((self.capacity * self.max_draft, self.vocab_size),
-                                       dtype=torch.float32, device=self.device)
-            self.pool.vocab_allocations += 1
-        return self._dprobs[:n]
-
-    def run(self, seqs: list[Sequence], plans: list[StepPlan],
-            logits: torch.Tensor) -> list[tuple[int, list[int]]]:
-        """Verify the steps of several sequences in ONE call of :func:`structgen.generation.verify.verify`.
-
-        ``logits`` ``[sum(k_b + 1), V]``: sequence ``b``'s rows are the target logits at its
-        ``[pending] + draft`` positions, in batch order (the verify contract's flattened layout);
-        its masks are in the pooled rows :meth:`forward_with_masks` filled. Each sequence brings
-        its own masks and uniforms, so its verdict is the one it would get alone. Returns
-        ``(num_accepted, emitted tokens)`` per sequence (after the opt-in lossy acceptance, when
-        configured)."""
-        from structgen.generation.verify import VerifyOutput, token_logprobs, verify
-
-        cfg = self.cfg
-        buf = self.buf
-        b = len(plans)
-        lens = [len(p.draft) for p in plans]
-        n = sum(lens)
-        rows = n + b
-        cu: list[int] = []
-        total = 0
-        for k in lens:
-            total += k
-            cu.append(total)
-        cu_t = buf.cu_num_draft_tokens[:b]
-        cu_t.copy_(torch.tensor(cu, dtype=torch.int32))                              # [B]
-        drafts = buf.draft_token_ids[:n]
-        if n:
-            drafts.copy_(torch.tensor([t for p in plans for t in p.draft], dtype=torch.int32))  # [N]
-        bitmask = buf.bitmask[:rows]                                                   # [N+B, W]
-        ev = buf.upload_bitmask(rows)
-        if ev is not None:
-            torch.cuda.current_stream(self.device).wait_event(ev)
-        uniforms = None
-        draft_probs = None
-        temperature = top_p = None
-        temps = [s.cfg.temperature for s in seqs]
-        if any(t > 0 for t in temps):  # else every row is greedy: no sampling rows at all
-            temperature = self._rows("temperature", temps)                            # [B]
-            tops = [s.cfg.top_p for s in seqs]
-            if any(t > 0 and q < 1 for t, q in zip(temps, tops)):
-                top_p = self._rows("top_p", tops)                                      # [B]
-            uniforms = buf.uniforms[:rows]                                             # [N+B, 2]
-            row = 0
-            for p in plans:
-                uniforms[row: row + len(p.draft) + 1].copy_(p.uniforms)
-                row += len(p.draft) + 1
-            probs = [s._draft_probs(p.cand) for s, p in zip(seqs, plans)]
-            if any(q is not None for q in probs):
-                # a sequence without draft probabilities proposed deterministically: point masses
-                draft_probs = self._draft_prob_rows(n)                                 # [N, V]
-                row = 0
-                for q, p in zip(probs, plans):
-                    k = len(p.draft)
-                    if not k:
-                        continue
-                    dst = draft_probs[row: row + k]
-                    if q is None:
-                        dst.zero_()
-                        dst[torch.arange(k), torch.tensor(p.draft)] = 1.0
-                    else:
-                        w = min(int(q.shape[1]), self.vocab_size)
-                        dst[:, :w].copy_(q[:k, :w])
-                        if w < self.vocab_size:
-                            dst[:, w:].zero_()
-                    row += k
-        full = buf.out
-        out = VerifyOutput(full.output_token_ids[:b], full.num_accepted[:b], full.num_emitted[:b],
-                           full.error_position[:b])
-        verify(drafts, cu_t, logits, bitmask, draft_probs=draft_probs, temperature=temperature, top_p=top_p,
-               uniforms=uniforms, backend=cfg.backend, out=out, workspace=buf.workspace, check_inputs=False)
-        accepted = out.num_accepted.tolist()
-        tokens = out.output_token_ids.tolist()
-        results: list[tuple[int, list[int]]] = []
-        row = 0
-        for i, (s, p) in enumerate(zip(seqs, plans)):
-            k = lens[i]
-            n_acc = int(accepted[i])
-            if n_acc < 0:
-                raise RuntimeError(f"verification found a fully masked row (grammar dead end) in "
-                                   f"sequence {i} of the batch")
-            emitted = [int(t) for t in tokens[i][: n_acc + 1]]
-            if cfg.verify_threshold is not None and k:
-                n_acc, emitted = s._lossy(p.draft, logits[row: row + k + 1], bitmask[row: row + k + 1],
-                                          n_acc, emitted)
-            if s.top_logprobs is not None:
-                # emitted token j was drawn at the sequence's row j (a draft position, then the
-                # recovered / bonus row): only a sequence that asked pays for this
-                keep = emitted[: p.budget]
-                p.logprobs = token_logprobs(logits[row: row + len(keep)], bitmask[row: row + len(keep)],
-                                            keep, temperature=s.cfg.temperature, top_p=s.cfg.top_p,
-                                            top=s.top_logprobs)
-            results.append((n_acc, emitted))
-            row += k + 1
-        return results
-
-
-def cut_drafts(plans: list[StepPlan], cost: StepCost) -> None:
-    """Cut every draft to the common length that maximises expected tokens per unit of forward
-    time (:func:`~structgen.generation.pacing.best_draft_length`; pre-validated prefixes stay
-    valid, so this is lossless for greedy decoding and keeps sampling exact)."""
-    top = max(len(p.draft) for p in plans)
-    if top == 0:
-        return
-    best_k = best_draft_length([expected_accepts(p.cand, len(p.draft)) for p in plans],
-                               cost.fixed_positions())
-    if best_k >= top:
-        return
-    for p in plans:
-        if len(p.draft) > best_k:
-            _truncate(p, best_k)
-
-
-def _truncate(plan: StepPlan, k: int) -> None:
-    plan.draft = plan.draft[:k]
-    plan.uniforms = plan.uniforms[: k + 1]
-    c = plan.cand
-    if c is None:
-        return
-    c.truncate(k)
-    if not k:
-        plan.cand = None
 
 
 class BatchStep:
@@ -782,7 +520,7 @@ class BatchStep:
     constrained decoding). The batch's own counters: :attr:`passes` (target forwards) and the
     wall-clock seconds of the forwards and the verify calls."""
 
-    def __init__(self, lm: Any, cfg: SpecConfig, capacity: int, *, speculative: bool = True,
+    def __init__(self, lm: CausalLM, cfg: SpecConfig, capacity: int, *, speculative: bool = True,
                  cut: bool = True, cost: StepCost | None = None) -> None:
         self.lm = lm
         self.capacity = capacity
@@ -790,7 +528,7 @@ class BatchStep:
         self.cut = cut
         self.verifier = StepVerifier(cfg, lm.vocab_size, lm.device, capacity)
         self.cost = cost if cost is not None else StepCost()
-        self.kv: Any = None
+        self.kv: BatchKV | None = None
         self.passes = 0
         self.time_forward = 0.0
         self.time_verify = 0.0
@@ -798,8 +536,6 @@ class BatchStep:
     def prefill(self, seqs: list[Sequence]) -> float:
         """Start a fresh cache whose rows are ``seqs`` (each prompt but its last token, with its
         :attr:`Sequence.shared_prefix` hint); returns the seconds it took."""
-        from structgen.generation.model import BatchKV
-
         self.kv = BatchKV(self.lm, rows=self.capacity)
         t0 = time.perf_counter()
         self.kv.prefill([s.prompt[:-1] for s in seqs], shared=[s.shared_prefix for s in seqs])
@@ -821,9 +557,15 @@ class BatchStep:
             s.pending = s.prompt[-1]
         return True
 
+    @property
+    def cache(self) -> BatchKV:
+        """The batched cache (after :meth:`prefill` or :meth:`join`)."""
+        assert self.kv is not None, "no batched cache: prefill() or join() first"
+        return self.kv
+
     def select(self, rows: list[int]) -> None:
         """Keep only the given rows of the cache, in that order (the others' sequences left)."""
-        self.kv.select(rows)
+        self.cache.select(rows)
 
     def drop(self) -> None:
         """Forget the cache (every row left): the next :meth:`join` starts a fresh one."""
@@ -831,7 +573,7 @@ class BatchStep:
 
     def compact(self) -> None:
         """Squeeze the holes rejected drafts left in the cache, where they are many."""
-        self.kv.compact(0.5)
+        self.cache.compact(0.5)
 
     @staticmethod
     def prepare(seqs: list[Sequence]) -> list[StepPlan | list[int]]:
@@ -848,14 +590,18 @@ class BatchStep:
             cut_drafts(plans, self.cost)
             for s, k, p in zip(seqs, before, plans):
                 s.stats.draft_cut += k - len(p.draft)
-        feed = [[s.pending] + p.draft for s, p in zip(seqs, plans)]
+        feed: list[list[int]] = []
+        for s, p in zip(seqs, plans):
+            assert s.pending is not None
+            feed.append([s.pending] + p.draft)
         ver = self.verifier
-        logits, dt_f = ver.forward_with_masks(functools.partial(self.kv.extend, feed, float32=False),
+        kv = self.cache
+        logits, dt_f = ver.forward_with_masks(functools.partial(kv.extend, feed, float32=False),
                                               seqs, plans)                               # [sum(k+1), V]
         self.cost.add(len(seqs) * max(len(p.draft) + 1 for p in plans), dt_f)
         t0 = time.perf_counter()
         results = ver.run(seqs, plans, logits)
-        self.kv.commit([1 + n_acc for n_acc, _ in results])
+        kv.commit([1 + n_acc for n_acc, _ in results])
         dt_v = time.perf_counter() - t0
         self.passes += 1
         self.time_forward += dt_f

@@ -46,12 +46,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Union
 
 from structgen.errors import VerifyError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+
+#: ``uniforms=`` of :func:`verify`: float64 ``[N + B, 2]`` draws, a generator or a seed to draw
+#: them with, or None (fresh draws)
+Uniforms = Union["torch.Tensor", "torch.Generator", int, None]
 
 __all__ = [
     "MAX_DRAFT",
@@ -112,7 +116,7 @@ class VerifyOutput:
     error_position: torch.Tensor     # int32 [B]
 
     @classmethod
-    def allocate(cls, batch: int, max_draft: int, device: Any = "cpu") -> VerifyOutput:
+    def allocate(cls, batch: int, max_draft: int, device: torch.device | str = "cpu") -> VerifyOutput:
         """Fresh output tensors for ``batch`` sequences of at most ``max_draft`` drafts."""
         import torch
 
@@ -180,17 +184,17 @@ class SideStream:
     blocking). On a CPU device every method is a no-op, so callers need no branches.
     """
 
-    def __init__(self, device: Any = None) -> None:
+    def __init__(self, device: torch.device | str | None = None) -> None:
         import torch
 
         dev = torch.device(device) if device is not None else (
             torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
         self.device = dev
         self.stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
-        self._event: Any = None
+        self._event: torch.cuda.Event | None = None
 
     @contextmanager
-    def launch(self) -> Iterator[Any]:
+    def launch(self) -> Iterator[torch.cuda.Stream | None]:
         """Context manager: CUDA work queued inside it goes to the side stream (yielded; None
         on a CPU device), and an event recorded after it is what :meth:`join` waits for."""
         if self.stream is None:
@@ -248,7 +252,8 @@ class VerifyBuffers:
             raise ValueError(f"num_rows must be in 1..{self.logits.shape[0]}, got {num_rows}")
         return self.logits[:num_rows], self.bitmask[:num_rows]
 
-    def upload_bitmask(self, num_rows: int, stream: Any = None) -> Any:
+    def upload_bitmask(self, num_rows: int,
+                       stream: torch.cuda.Stream | None = None) -> torch.cuda.Event | None:
         """Queue the copy of ``bitmask_host[:num_rows]`` to the device (see :func:`upload_async`)."""
         if self.bitmask_host is self.bitmask:
             return None
@@ -264,15 +269,15 @@ class VerifyBufferPool:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[Any, ...], VerifyBuffers] = {}
+        self._entries: dict[tuple[object, ...], VerifyBuffers] = {}
         self.vocab_allocations = 0
         self.allocations = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, batch: int, max_draft: int, vocab_size: int, dtype: Any, device: Any, *,
-            logits: bool = True) -> VerifyBuffers:
+    def get(self, batch: int, max_draft: int, vocab_size: int, dtype: torch.dtype,
+            device: torch.device | str, *, logits: bool = True) -> VerifyBuffers:
         """The buffers of that shape, allocated on first request. ``logits=False``: no logits
         buffer (a caller that passes the model's own logits tensor; ``buffers.logits`` is None)."""
         import torch
@@ -322,7 +327,8 @@ def _bad(name: str, message: str) -> ValueError:
     return ValueError(f"verify: {name}: {message}")
 
 
-def _check_tensor(t: Any, name: str, ndim: int, dtypes: tuple[Any, ...], device: Any) -> None:
+def _check_tensor(t: object, name: str, ndim: int, dtypes: tuple[torch.dtype, ...],
+                  device: torch.device | None) -> None:
     import torch
 
     if not isinstance(t, torch.Tensor):
@@ -342,7 +348,7 @@ def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.contiguous()
 
 
-def _resolve_uniforms(uniforms: Any, rows: int, device: torch.device) -> torch.Tensor:
+def _resolve_uniforms(uniforms: Uniforms, rows: int, device: torch.device) -> torch.Tensor:
     import torch
 
     f64 = torch.float64
@@ -372,14 +378,14 @@ def verify(
     draft_probs: torch.Tensor | None = None,   # float [N, V] or None: deterministic proposals
     temperature: torch.Tensor | None = None,   # fp32 [B]; < 1e-5 (0) -> greedy; None -> all greedy
     top_p: torch.Tensor | None = None,         # fp32 [B] in (0, 1] or None
-    uniforms: Any = None,                 # float64 [N + B, 2] | torch.Generator | int seed | None
+    uniforms: Uniforms = None,            # float64 [N + B, 2] | torch.Generator | int seed | None
     *,
     backend: str = "auto",
     out: VerifyOutput | None = None,
     buffers: VerifyBuffers | None = None,
     max_draft: int | None = None,
     check_inputs: bool = True,
-    workspace: dict[str, Any] | None = None,
+    workspace: dict[str, torch.Tensor] | None = None,
 ) -> VerifyOutput:
     """Verify the drafts of ``B`` sequences against the target logits in one step.
 
