@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from structgen.errors import IntegrationError, TokenRejectedError
 from structgen.frontends.constraint import compile_constraint
+from structgen.integrations import transformers as _transformers
 from structgen.integrations.vllm_style import REQUEST_TYPES, StructgenBackend, StructgenGrammar
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -29,7 +30,5 @@ __all__ = ["IntegrationError", "TokenRejectedError", "StructgenLogitsProcessor",
 
 def __getattr__(name: str) -> Any:
     if name == "StructgenLogitsProcessor":  # built on first access: imports transformers
-        from structgen.integrations import transformers
-
-        return transformers.StructgenLogitsProcessor
+        return _transformers.StructgenLogitsProcessor
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

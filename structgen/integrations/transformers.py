@@ -19,14 +19,14 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from structgen.errors import ConfigError, TokenRejectedError
-from structgen.frontends.constraint import compile_constraint
+from structgen.errors import ConfigError, SchemaError, TokenRejectedError
+from structgen.frontends.constraint import compile_constraint, schema_from
+from structgen.grammar.compiled import CompiledGrammar
 from structgen.integrations._shared import eos_ids, vocabulary, with_strict
+from structgen.masks.matcher import Matcher, bitmask_words, fill_bitmasks
 
 if TYPE_CHECKING:  # pragma: no cover
     from structgen.config import JsonSchemaOptions
-    from structgen.grammar.compiled import CompiledGrammar
-    from structgen.masks.matcher import Matcher
     from structgen.masks.vocab import Vocabulary
 
 __all__ = ["StructgenLogitsProcessor"]
@@ -152,14 +152,9 @@ class _LogitsProcessorImpl:
 
     @staticmethod
     def _compile(x: Any, json_options: JsonSchemaOptions | None) -> CompiledGrammar:
-        from structgen.grammar.compiled import CompiledGrammar
-
         if isinstance(x, CompiledGrammar):
             return x
         if isinstance(x, str):
-            from structgen.errors import SchemaError
-            from structgen.frontends.constraint import schema_from
-
             try:
                 x = schema_from(x, strings_may_be_paths=False)
             except SchemaError:
@@ -203,8 +198,6 @@ class _LogitsProcessorImpl:
         return v
 
     def _start(self, ids: Any, vocab: Vocabulary) -> None:
-        from structgen.masks.matcher import Matcher
-
         batch = int(ids.shape[0])
         if self._per_row and len(self.grammars) != batch:
             raise ConfigError(f"{len(self.grammars)} grammars/schemas given for a batch of "
@@ -300,7 +293,6 @@ class _LogitsProcessorImpl:
         import torch
 
         from structgen.generation.sampling import unpack_bitmask
-        from structgen.masks.matcher import bitmask_words, fill_bitmasks
         batch = int(ids.shape[0])
         words = bitmask_words(width)
         bm = self._bitmask

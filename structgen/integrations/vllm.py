@@ -50,11 +50,17 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+from structgen.calls.structural_tag import compile_structural_tag
+from structgen.config import JsonSchemaOptions, SpecConfig
 from structgen.errors import ConfigError, StructgenError, VllmVersionError
+from structgen.frontends.constraint import compile_constraint
+from structgen.generation.drafters import PromptLookupDrafter, canonical_tokens
+from structgen.integrations._shared import allocate_bitmask
+from structgen.masks.matcher import Matcher
+from structgen.masks.vocab import Vocabulary
 
 if TYPE_CHECKING:  # pragma: no cover
     from structgen.grammar.compiled import CompiledGrammar
-    from structgen.masks.vocab import Vocabulary
 
 __all__ = [
     "BACKEND_NAME",
@@ -225,9 +231,6 @@ class _Compiler:
         self._cache: OrderedDict[tuple[str, str], CompiledGrammar] = OrderedDict()
 
     def compile(self, kind: str, spec: str) -> CompiledGrammar:
-        from structgen.config import JsonSchemaOptions
-        from structgen.frontends.constraint import compile_constraint
-
         why = _refusal(kind, spec)
         if why is not None:
             raise ConfigError(why, key="structured_outputs")
@@ -246,8 +249,6 @@ class _Compiler:
             value = spec
         options = JsonSchemaOptions(strict=self.strict)
         if kind == "structural_tag":
-            from structgen.calls.structural_tag import compile_structural_tag
-
             grammar = compile_structural_tag(value, json_options=options)
         else:
             grammar = compile_constraint(kind, value, json_options=options)
@@ -320,10 +321,6 @@ def _build_classes() -> dict[str, type]:
             StructuredOutputBackend,
             StructuredOutputGrammar,
         )
-
-        from structgen.config import SpecConfig
-        from structgen.generation.drafters import PromptLookupDrafter, canonical_tokens
-        from structgen.masks.matcher import Matcher
 
         class _Grammar(StructuredOutputGrammar):
             """One request's grammar state (a structgen Matcher) in vLLM's contract.
@@ -418,8 +415,6 @@ def _build_classes() -> dict[str, type]:
                 self._lock = threading.Lock()
 
             def _vocab(self, stop_token_ids: Any) -> Vocabulary:
-                from structgen.masks.vocab import Vocabulary
-
                 stops = tuple(sorted(int(t) for t in stop_token_ids or ()))
                 with self._lock:
                     v = self._vocabs.get(stops)
@@ -440,9 +435,7 @@ def _build_classes() -> dict[str, type]:
                 return _Grammar(grammar, self._vocab(stop_token_ids), self.tokenizer)
 
             def allocate_token_bitmask(self, max_num_seqs: int) -> Any:
-                from structgen.kernels.bitmask import allocate_bitmask
-
-                return allocate_bitmask(int(max_num_seqs), self.vocab_size)
+                return allocate_bitmask(max_num_seqs, self.vocab_size)
 
             def destroy(self) -> None:
                 with self._lock:

@@ -32,12 +32,12 @@ from structgen.frontends.constraint import (
     constraint_kind,
     is_model_class,
 )
-from structgen.integrations._shared import eos_ids, vocabulary, with_strict
+from structgen.integrations._shared import allocate_bitmask, eos_ids, vocabulary, with_strict
+from structgen.masks.matcher import Matcher
 
 if TYPE_CHECKING:  # pragma: no cover
     from structgen.config import JsonSchemaOptions
     from structgen.grammar.compiled import CompiledGrammar
-    from structgen.masks.matcher import Matcher
     from structgen.masks.vocab import Vocabulary
 
 __all__ = ["REQUEST_TYPES", "StructgenBackend", "StructgenGrammar"]
@@ -78,8 +78,6 @@ class StructgenGrammar:
 
     def __init__(self, grammar: CompiledGrammar, vocab: Vocabulary, *,
                  max_rollback: int | None = None, request_type: str | None = None) -> None:
-        from structgen.masks.matcher import Matcher
-
         self.matcher: Matcher = Matcher(grammar, vocab, max_rollback=max_rollback)
         self.request_type = request_type
         self.num_processed_tokens = 0  # accepted tokens, as vLLM counts them
@@ -206,9 +204,7 @@ class StructgenBackend:
     def allocate_token_bitmask(self, max_num_seqs: int) -> Any:
         """A CPU int32 torch tensor ``[max_num_seqs, ceil(vocab_size/32)]``, every token
         allowed. Imports torch."""
-        from structgen.kernels.bitmask import allocate_bitmask
-
-        return allocate_bitmask(int(max_num_seqs), self.vocab_size)
+        return allocate_bitmask(max_num_seqs, self.vocab_size)
 
     def destroy(self) -> None:
         """Drop the compiled-grammar cache."""

@@ -29,6 +29,7 @@ from typing import Any
 
 from structgen import limits
 from structgen.errors import CompileTimeoutError, RequestCancelledError, StructgenError
+from structgen.frontends.constraint import compile_constraint
 
 __all__ = ["CompileWorkers", "RECYCLE_RSS_BYTES"]
 
@@ -39,8 +40,6 @@ _POLL_S = 0.02  # how often a waiting compile checks its request's cancellation 
 
 def _worker_main(inbox: Any, outbox: Any) -> None:
     """The loop of one worker process: compile what arrives, answer, until the pipe closes."""
-    from structgen.frontends.constraint import compile_constraint
-
     try:
         compile_constraint("json", {"type": "object", "properties": {"a": {"type": "string"}}})
         compile_constraint("grammar", 'start: "a" | "b"')

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from structgen.config import MAX_COUNT
 from structgen.errors import ConfigError
 from structgen.generation.messages import message_text, template_message
-from structgen.serving.engine import TEXT, ChoiceResult, Constraint
+from structgen.serving.submission import TEXT, ChoiceResult, Constraint
 
 __all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "JsonSchemaFormat",
            "ResponseFormat", "StreamOptions", "UNSUPPORTED_FIELDS", "constraint_of", "speculative_usage"]

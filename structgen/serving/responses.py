@@ -66,7 +66,7 @@ from pydantic import Field
 from structgen.calls.plan import OutputStream
 from structgen.config import MAX_COUNT
 from structgen.errors import ConfigError, RequestCancelledError, StructgenError
-from structgen.serving.engine import ChoiceResult, Engine, EngineRequest, RequestHandle
+from structgen.serving.engine import Engine
 from structgen.serving.protocol import (
     ChatMessage,
     ResponseFormat,
@@ -74,6 +74,7 @@ from structgen.serving.protocol import (
     constraint_of,
     speculative_usage,
 )
+from structgen.serving.submission import ChoiceResult, EngineRequest, RequestHandle
 
 __all__ = ["ResponsesRequest", "RouteSupport", "TextFormat", "add_responses_route"]
 
