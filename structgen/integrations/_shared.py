@@ -8,13 +8,18 @@ import threading
 import weakref
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from structgen.config import JsonSchemaOptions
 from structgen.masks.vocab import Vocabulary
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
     import torch
+    from numpy.typing import NDArray
+
+    #: the packed int32 bitmask ``[rows, ceil(vocab_size / 32)]`` a host engine hands over
+    Bitmask: TypeAlias = "torch.Tensor | NDArray[np.int32]"
 
 _VOCAB_LOCK = threading.Lock()
 _VOCABS: weakref.WeakKeyDictionary[object, dict[tuple[int | None, tuple[int, ...]], Vocabulary]] = (

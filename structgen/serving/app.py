@@ -41,14 +41,14 @@ import logging
 import math
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import ValidationError
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -62,6 +62,9 @@ from structgen.errors import (
     ServerBusyError,
     StructgenError,
 )
+from structgen.generation.results import TokenLogprob
+from structgen.json_types import JsonObject, JsonValue
+from structgen.serving.api_errors import ApiError, SafeJSONResponse
 from structgen.serving.engine import Engine
 from structgen.serving.http_messages import http_message
 from structgen.serving.logprobs import chat_logprobs, completion_logprobs
@@ -105,38 +108,19 @@ _POLL_S = 0.1  # how often a non-streamed request checks that its client is stil
 _log = logging.getLogger("uvicorn.error")
 
 
-class ApiError(Exception):
-    """An error answered as an OpenAI error object with HTTP ``status`` (and extra response
-    ``headers``, e.g. ``Connection: close``)."""
+_Model = TypeVar("_Model", bound=BaseModel)
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",  # noqa: A002
-                 param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None, **extra: Any) -> None:
-        super().__init__(message)
-        self.status = status
-        self.headers = headers
-        self.body = {"error": {"message": message, "type": type, "param": param, "code": code, **extra}}
 
-    def response(self) -> Response:
-        """This error as an HTTP response."""
-        return _SafeJSONResponse(self.body, status_code=self.status, headers=self.headers)
+class _MetricsSource(Protocol):
+    """Metrics ``/metrics`` appends to the engine's (:func:`structgen.metrics.process_metrics`)."""
+
+    def to_prometheus(self) -> str:
+        """The metrics in the Prometheus text format."""
+        ...
 
 
 class _ClientGone(Exception):
     """The client closed its connection before its request was read or answered."""
-
-
-class _SafeJSONResponse(JSONResponse):
-    """Starlette's JSON response (UTF-8, non-ASCII characters as themselves), except that a
-    body whose text cannot be UTF-8 (a lone surrogate) is sent with ``\\uXXXX`` escapes
-    instead of failing while the response is sent."""
-
-    def render(self, content: Any) -> bytes:
-        """The body's bytes."""
-        try:
-            return super().render(content)
-        except UnicodeEncodeError:
-            return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
 
 
 @dataclass
@@ -181,7 +165,7 @@ def _require_json(request: Request) -> None:
                        code="unsupported_media_type")
 
 
-async def _json_body(request: Request, limit: int, timeout_s: float | None) -> dict[str, Any]:
+async def _json_body(request: Request, limit: int, timeout_s: float | None) -> JsonObject:
     """The request's body parsed as a JSON object, read within ``timeout_s`` seconds in all:
     a 413 past ``limit`` bytes, a 408 past the deadline (and the connection is closed: its
     sender is too slow to wait for), :class:`_ClientGone` when the client drops mid-body, a
@@ -223,7 +207,7 @@ async def _json_body(request: Request, limit: int, timeout_s: float | None) -> d
     return data
 
 
-def _dotted(path: tuple[Any, ...]) -> str | None:
+def _dotted(path: tuple[str | int, ...]) -> str | None:
     """``("messages", 0, "content")`` -> ``"messages.0.content"`` (None for the body itself)."""
     return ".".join(str(p) for p in path) or None
 
@@ -244,14 +228,14 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
-def _check_body(data: dict[str, Any]) -> None:
+def _check_body(data: JsonObject) -> None:
     """A 400 naming the first offending field (document order) of a parsed body that nests
     past :data:`MAX_BODY_DEPTH`, holds a non-finite number (``NaN``, ``Infinity``, ``1e999``:
     Python's ``json`` reads them all) or a string or key with a lone UTF-16 surrogate (JSON's
     ``"\\ud800"`` escape decodes to one; a tokenizer, a regex compiler or a UTF-8 response would
     fail on it later, far from here). One iterative walk, so no body can exhaust the stack and
     every field, whatever reads it later, is covered."""
-    stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
+    stack: list[tuple[JsonValue, tuple[str | int, ...]]] = [(data, ())]
     while stack:
         value, path = stack.pop()
         if isinstance(value, str):
@@ -272,18 +256,18 @@ def _check_body(data: dict[str, Any]) -> None:
                         where = _dotted((*path, _printable(key)))
                         raise ApiError(400, f"{where}: the key holds a lone UTF-16 surrogate (not "
                                        "Unicode text)", param=where, code="invalid_unicode")
-                items: Iterable[tuple[Any, Any]] = value.items()
+                items: Iterable[tuple[str | int, JsonValue]] = value.items()
             else:
                 items = enumerate(value)
             # pushed in reverse so that the walk meets fields in document order
             stack.extend((item, (*path, key)) for key, item in reversed(list(items)))
 
 
-def _error_path(loc: tuple[Any, ...], data: Any, missing: bool) -> tuple[Any, ...]:
+def _error_path(loc: tuple[str | int, ...], data: JsonValue, missing: bool) -> tuple[str | int, ...]:
     """The part of a Pydantic error location that names fields of the body: Pydantic also
     puts the member of a union it tried in the location (``("stop", "list[str]", 0)``), which
     is no field. Each step is kept only where the body has it (a missing field: the last step)."""
-    out: list[Any] = []
+    out: list[str | int] = []
     node = data
     for i, step in enumerate(loc):
         if isinstance(node, dict) and isinstance(step, str) and step in node:
@@ -298,7 +282,7 @@ def _error_path(loc: tuple[Any, ...], data: Any, missing: bool) -> tuple[Any, ..
     return tuple(out)
 
 
-def _parse(cls: Any, data: dict[str, Any]) -> Any:
+def _parse(cls: type[_Model], data: JsonObject) -> _Model:
     """``data`` validated as the request model ``cls``; a 400 naming the first bad field.
     Of the errors Pydantic reports for that field (one per member of a union), the one that
     reached deepest names it: ``content: [5]`` is ``messages.0.content.0`` (not a dict), more
@@ -362,7 +346,7 @@ def _host_rule(allowed_hosts: str | Iterable[str] | None) -> Callable[[str | Non
     return allowed
 
 
-def _usage(handle: RequestHandle, results: list[ChoiceResult]) -> dict[str, Any]:
+def _usage(handle: RequestHandle, results: list[ChoiceResult]) -> dict[str, object]:
     completion = sum(len(r.tokens) for r in results)
     return {"prompt_tokens": handle.prompt_tokens, "completion_tokens": completion,
             "total_tokens": handle.prompt_tokens + completion, "structgen": speculative_usage(results)}
@@ -390,19 +374,19 @@ async def _collect(handle: RequestHandle, request: Request) -> list[ChoiceResult
             task.cancel()
 
 
-def _sse(data: Any) -> str:
+def _sse(data: object) -> str:
     return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-def _chat_message(handle: RequestHandle, r: ChoiceResult) -> dict[str, Any]:
+def _chat_message(handle: RequestHandle, r: ChoiceResult) -> dict[str, object]:
     """``{"message", "finish_reason"}`` of a chat choice: with tools, a complete output split
     into its free text and its validated calls (``finish_reason`` ``"tool_calls"`` when it
     has any)."""
     if r.parts is None:
         return {"message": {"role": "assistant", "content": r.text}, "finish_reason": r.finish_reason}
     thought, text, calls, _errors = r.parts
-    message: dict[str, Any] = {"role": "assistant", "content": text or None}
-    if handle.plan.reasoning:
+    message: dict[str, object] = {"role": "assistant", "content": text or None}
+    if handle.plan is not None and handle.plan.reasoning:
         message["reasoning_content"] = thought
     if calls:
         message["tool_calls"] = [c.openai() for c in calls]
@@ -421,10 +405,10 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, in
     results: list[ChoiceResult] = []
     # logprobs: each delta's entries ride on the next chunk of their choice (with tools, whatever
     # chunk the delta's text produced first: content, reasoning or a call)
-    lp_pending: dict[int, list[Any]] = {}
+    lp_pending: dict[int, list[TokenLogprob]] = {}
     lp_offset: dict[int, int] = {}
 
-    def take_lp(index: int) -> dict[str, Any] | None:
+    def take_lp(index: int) -> dict[str, object] | None:
         entries = lp_pending.pop(index, None)
         if not entries:
             return None
@@ -434,9 +418,9 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, in
         lp_offset[index] = lp_offset.get(index, 0) + sum(len(e.token) for e in entries)
         return out
 
-    def choice(index: int, text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
+    def choice(index: int, text: str | None, finish: str | None, first: bool = False) -> dict[str, object]:
         if chat:
-            delta: dict[str, Any] = {}
+            delta: dict[str, object] = {}
             if first:
                 delta["role"] = "assistant"
             if text is not None:
@@ -448,10 +432,10 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, in
     # read (OutputStream)
     calls_in = {i: OutputStream(handle.plan) for i in range(handle.n)} if handle.plan else {}
 
-    def call_chunks(index: int, events: list[tuple[Any, ...]]) -> Iterator[str]:
+    def call_chunks(index: int, events: Iterable[tuple[object, ...]]) -> Iterator[str]:
         for e in events:
             if e[0] == "content":
-                yield _sse({**head, "choices": [choice(index, e[1], None)]})
+                yield _sse({**head, "choices": [choice(index, str(e[1]), None)]})
                 continue
             if e[0] == "reasoning":
                 yield _sse({**head, "choices": [{"index": index, "delta": {"reasoning_content": e[1]},
@@ -479,8 +463,8 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, in
                         chunk[PARTIAL_KEY] = partial.events(ev.index, ev.text)
                     yield _sse(chunk)
                 else:
-                    for chunk in call_chunks(ev.index, calls_in[ev.index].feed(ev.text)):
-                        yield chunk
+                    for line in call_chunks(ev.index, calls_in[ev.index].feed(ev.text)):
+                        yield line
                 continue
             res = ev.result
             assert res is not None
@@ -492,8 +476,8 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, in
             finish = res.finish_reason
             reader = calls_in.get(ev.index)
             if reader is not None:
-                for chunk in call_chunks(ev.index, reader.feed("", final=True)):
-                    yield chunk
+                for line in call_chunks(ev.index, reader.feed("", final=True)):
+                    yield line
                 if reader.call_ids() and res.complete:
                     finish = "tool_calls"
             chunk = {**head, "choices": [choice(ev.index, None if chat else "", finish)]}
@@ -511,7 +495,7 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, in
 
 
 def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics: Any = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics: _MetricsSource | None = None,
                drain_timeout_s: float = 30.0, allowed_hosts: str | Iterable[str] | None = None,
                body_timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S) -> FastAPI:
     """The FastAPI application serving ``engine`` under the model id ``model_name``.
@@ -539,7 +523,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                   f"{c.requests.get('cancelled', 0)} cancelled)", file=sys.stderr, flush=True)
 
     app = FastAPI(title="structgen serve", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None, default_response_class=_SafeJSONResponse)
+                  openapi_url=None, default_response_class=SafeJSONResponse)
     app.state.engine = engine
     counters = app.state.http_counters = _HttpCounters()
     host_allowed = _host_rule(allowed_hosts)
@@ -557,7 +541,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         return ApiError(e.status_code, str(e.detail), code=codes.get(e.status_code)).response()
 
     @app.middleware("http")
-    async def _gate(request: Request, call_next: Any) -> Response:
+    async def _gate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         # the Host check comes first and covers /health too: a page that rebinds its own DNS
         # name to 127.0.0.1 must not learn even whether a server is there
         local = request.scope.get("server")
@@ -575,12 +559,12 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
     @app.get("/health")
     async def health() -> Response:
         if engine.failure is not None:
-            return _SafeJSONResponse({"status": "failed", "error": str(engine.failure)}, status_code=503)
-        return _SafeJSONResponse({"status": "ok", "running": engine.running, "queued": engine.queued})
+            return SafeJSONResponse({"status": "failed", "error": str(engine.failure)}, status_code=503)
+        return SafeJSONResponse({"status": "ok", "running": engine.running, "queued": engine.queued})
 
     @app.get("/v1/models")
     async def models() -> Response:
-        return _SafeJSONResponse({"object": "list", "data": [
+        return SafeJSONResponse({"object": "list", "data": [
             {"id": model_name, "object": "model", "created": 0, "owned_by": "structgen"}]})
 
     @app.get("/metrics")
@@ -611,21 +595,23 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
     async def answer(request: Request, chat: bool) -> Response:
         _require_json(request)
         data = await _json_body(request, max_body_bytes, body_timeout_s)
-        req = _parse(ChatCompletionRequest if chat else CompletionRequest, data)
+        req: ChatCompletionRequest | CompletionRequest = (
+            _parse(ChatCompletionRequest, data) if chat else _parse(CompletionRequest, data))
         try:
             req.refuse_unsupported()
             partial = partial_chunks(req, req.n)
-            er = EngineRequest(constraint_of(req.response_format), max_tokens=req.budget() if chat
-                               else req.max_tokens, temperature=req.temperature, top_p=req.top_p,
+            er = EngineRequest(constraint_of(req.response_format), max_tokens=req.budget()
+                               if isinstance(req, ChatCompletionRequest) else req.max_tokens,
+                               temperature=req.temperature, top_p=req.top_p,
                                seed=req.seed, stop=req.stops(), n=req.n, on_budget=req.on_budget())
             er.logprobs = req.logprob_count()
-            if chat and req.tools:
-                er.tools = req.tools
-                er.tool_choice = "auto" if req.tool_choice is None else req.tool_choice
-                er.parallel_tool_calls = True if req.parallel_tool_calls is None else req.parallel_tool_calls
-            if chat and req.reasoning:
-                er.reasoning, er.thinking_budget = True, req.thinking_budget
-            if chat:
+            if isinstance(req, ChatCompletionRequest):  # chat
+                if req.tools:
+                    er.tools = req.tools
+                    er.tool_choice = "auto" if req.tool_choice is None else req.tool_choice
+                    er.parallel_tool_calls = req.parallel_tool_calls is not False
+                if req.reasoning:
+                    er.reasoning, er.thinking_budget = True, req.thinking_budget
                 er.messages = req.message_dicts()
             else:
                 er.prompt = req.prompt_text()
@@ -656,7 +642,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         else:
             choices = [{"index": r.index, "text": r.text, "finish_reason": r.finish_reason,
                         "logprobs": completion_logprobs(r.logprobs)} for r in results]
-        return _SafeJSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
+        return SafeJSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
                                   "created": int(handle.created), "model": model, "choices": choices,
                                   "usage": _usage(handle, results), "system_fingerprint": None})
 
@@ -688,7 +674,7 @@ def _engine_metrics(engine: Engine) -> str:
     c = engine.counters
     lines: list[str] = []
 
-    def family(name: str, kind: str, help_text: str, samples: list[tuple[str, Any]]) -> None:
+    def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
         lines.append(f"# HELP structgen_serve_{name} {help_text}")
         lines.append(f"# TYPE structgen_serve_{name} {kind}")
         for labels, value in samples:

@@ -520,8 +520,11 @@ class Engine:
         on_budget = req.on_budget or ("cut" if plain else "close")
         handle.output_check = output_check(req.constraint.kind, unconstrained=req.constraint.unconstrained,
                                            tools=bool(req.tools), reasoning=req.reasoning)
-        over = {k: v for k, v in (("temperature", req.temperature), ("top_p", req.top_p)) if v is not None}
-        cfg = replace(self.cfg, **over) if over else self.cfg
+        cfg = self.cfg
+        if req.temperature is not None:
+            cfg = replace(cfg, temperature=req.temperature)
+        if req.top_p is not None:
+            cfg = replace(cfg, top_p=req.top_p)
         handle.prompt_tokens = len(ids)
         timeout = req.timeout_s if req.timeout_s is not None else self.request_timeout_s
         deadline = None if timeout is None else time.perf_counter() + timeout
@@ -644,8 +647,9 @@ class Engine:
         """Finish and drop the rows that ended; whether any did."""
         keep = []
         for r, s in enumerate(self._live):
-            if s.ended is not None or s.seq.finish is not None:
-                self._finish(s, s.ended or s.seq.finish)
+            reason = s.ended or s.seq.finish
+            if reason is not None:
+                self._finish(s, reason)
             else:
                 keep.append(r)
         changed = len(keep) < len(self._live)

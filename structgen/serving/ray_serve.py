@@ -60,7 +60,7 @@ def deployment(model: str, *, config: str | None = None, name: str = "structgen"
                num_replicas: int | str | None = None, autoscaling_config: dict[str, object] | None = None,
                ray_actor_options: dict[str, object] | None = None, max_ongoing_requests: int = 256,
                api_key: str | None = None, served_model_name: str | None = None,
-               engine_options: dict[str, object] | None = None,
+               engine_options: dict[str, Any] | None = None,
                allowed_hosts: tuple[str, ...] | None = None) -> Application:
     """A bound Ray Serve application serving ``model`` with the routes of ``structgen serve``
     (pass it to ``serve.run``). ``num_replicas`` / ``autoscaling_config`` /
@@ -75,7 +75,7 @@ def deployment(model: str, *, config: str | None = None, name: str = "structgen"
         """One replica: a model, its engine and the FastAPI app."""
 
         def __init__(self, model: str, config: str | None, api_key: str | None, served: str,
-                     engine_options: dict[str, object], hosts: tuple[str, ...] | None) -> None:
+                     engine_options: dict[str, Any], hosts: tuple[str, ...] | None) -> None:
             self._args = (model, config, api_key, served, engine_options, hosts)
 
         def __serve_build_asgi_app__(self) -> FastAPI:
@@ -101,14 +101,14 @@ def deployment(model: str, *, config: str | None = None, name: str = "structgen"
             if engine is not None:
                 engine.close(drain=False, timeout=5)
 
-    options: dict[str, object] = {"name": name, "max_ongoing_requests": max_ongoing_requests}
+    options: dict[str, Any] = {"name": name, "max_ongoing_requests": max_ongoing_requests}
     if autoscaling_config is not None:
         options["autoscaling_config"] = autoscaling_config
     elif num_replicas is not None:
         options["num_replicas"] = num_replicas
     if ray_actor_options is not None:
         options["ray_actor_options"] = ray_actor_options
-    dep = serve.deployment(StructgenReplica, **options)
+    dep = serve.deployment(**options)(StructgenReplica)
     return dep.bind(model, config, api_key, served_model_name or model, dict(engine_options or {}),
                     None if allowed_hosts is None else tuple(allowed_hosts))
 

@@ -13,7 +13,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from structgen import limits
@@ -69,7 +69,7 @@ class EngineRequest:
     on_budget: str | None = None
     timeout_s: float | None = None
     # tool calling (structgen.calls.plan): OpenAI function specs, the choice
-    tools: list[object] | None = None
+    tools: Sequence[object] | None = None
     tool_choice: str | dict[str, object] = "auto"
     parallel_tool_calls: bool = True
     # reasoning first (<think>...</think>, at most thinking_budget tokens), then the answer
