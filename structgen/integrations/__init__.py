@@ -14,10 +14,11 @@ One module per host library, all plain grammar-constrained decoding:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from structgen.errors import IntegrationError, TokenRejectedError
 from structgen.frontends.constraint import compile_constraint
+from structgen.integrations import transformers as _transformers
 from structgen.integrations.vllm_style import REQUEST_TYPES, StructgenBackend, StructgenGrammar
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -27,9 +28,7 @@ __all__ = ["IntegrationError", "TokenRejectedError", "StructgenLogitsProcessor",
            "StructgenGrammar", "compile_constraint", "REQUEST_TYPES"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> type:
     if name == "StructgenLogitsProcessor":  # built on first access: imports transformers
-        from structgen.integrations import transformers
-
-        return transformers.StructgenLogitsProcessor
+        return _transformers.StructgenLogitsProcessor
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

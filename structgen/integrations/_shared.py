@@ -1,23 +1,32 @@
-"""What both integrations share: the vocabulary of a tokenizer (memoised per tokenizer object)
-and the ``strict`` override of the JSON Schema options. Private to :mod:`structgen.integrations`."""
+"""What the integrations share: the vocabulary of a tokenizer (memoised per tokenizer object),
+the ``strict`` override of the JSON Schema options and the bitmask tensor a host engine fills.
+Private to :mod:`structgen.integrations`."""
 
 from __future__ import annotations
 
 import threading
 import weakref
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, TypeAlias
+
+from structgen.config import JsonSchemaOptions
+from structgen.masks.vocab import Vocabulary
 
 if TYPE_CHECKING:  # pragma: no cover
-    from structgen.config import JsonSchemaOptions
-    from structgen.masks.vocab import Vocabulary
+    import numpy as np
+    import torch
+    from numpy.typing import NDArray
+
+    #: the packed int32 bitmask ``[rows, ceil(vocab_size / 32)]`` a host engine hands over
+    Bitmask: TypeAlias = "torch.Tensor | NDArray[np.int32]"
 
 _VOCAB_LOCK = threading.Lock()
-_VOCABS: weakref.WeakKeyDictionary[Any, dict[tuple[int | None, tuple[int, ...]], Any]] = (
+_VOCABS: weakref.WeakKeyDictionary[object, dict[tuple[int | None, tuple[int, ...]], Vocabulary]] = (
     weakref.WeakKeyDictionary())
 
 
-def eos_ids(tokenizer: Any, eos_token_ids: int | Iterable[int] | None) -> tuple[int, ...]:
+def eos_ids(tokenizer: object, eos_token_ids: int | Iterable[int] | None) -> tuple[int, ...]:
     """The EOS ids given (one id or several), else the tokenizer's ``eos_token_id`` (or none)."""
     if eos_token_ids is None:
         t = getattr(tokenizer, "eos_token_id", None)
@@ -27,10 +36,8 @@ def eos_ids(tokenizer: Any, eos_token_ids: int | Iterable[int] | None) -> tuple[
     return tuple(int(x) for x in eos_token_ids)
 
 
-def vocabulary(tokenizer: Any, vocab_size: int | None, eos: tuple[int, ...]) -> Vocabulary:
+def vocabulary(tokenizer: object, vocab_size: int | None, eos: tuple[int, ...]) -> Vocabulary:
     """``Vocabulary.from_tokenizer`` memoised per (tokenizer object, size, EOS ids)."""
-    from structgen.masks.vocab import Vocabulary
-
     key = (vocab_size, eos)
     with _VOCAB_LOCK:
         try:
@@ -44,12 +51,16 @@ def vocabulary(tokenizer: Any, vocab_size: int | None, eos: tuple[int, ...]) -> 
     return v
 
 
+def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
+    """A CPU int32 torch tensor ``[rows, ceil(vocab_size/32)]``, every token allowed. Imports
+    torch (the integrations themselves do not)."""
+    from structgen.kernels.bitmask import allocate_bitmask as allocate
+
+    return allocate(int(rows), vocab_size)
+
+
 def with_strict(json_options: JsonSchemaOptions | None, strict: bool | None) -> JsonSchemaOptions | None:
     """``json_options`` with ``strict`` set, when it is given (None keeps the options' own)."""
     if strict is None:
         return json_options
-    from dataclasses import replace
-
-    from structgen.config import JsonSchemaOptions
-
     return replace(json_options or JsonSchemaOptions(), strict=strict)

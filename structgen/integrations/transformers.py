@@ -17,16 +17,20 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from structgen.errors import ConfigError, TokenRejectedError
-from structgen.frontends.constraint import compile_constraint
+import numpy as np
+
+from structgen.errors import ConfigError, SchemaError, TokenRejectedError
+from structgen.frontends.constraint import compile_constraint, schema_from
+from structgen.grammar.compiled import CompiledGrammar
 from structgen.integrations._shared import eos_ids, vocabulary, with_strict
+from structgen.masks.matcher import Matcher, bitmask_words, fill_bitmasks
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from structgen.config import JsonSchemaOptions
-    from structgen.grammar.compiled import CompiledGrammar
-    from structgen.masks.matcher import Matcher
     from structgen.masks.vocab import Vocabulary
 
 __all__ = ["StructgenLogitsProcessor"]
@@ -92,7 +96,7 @@ class _LogitsProcessorImpl:
 
     supports_continuous_batching = False
 
-    def __init__(self, grammar_or_schema: Any = None, tokenizer: Any = None, *,
+    def __init__(self, grammar_or_schema: object = None, tokenizer: object = None, *,
                  grammar: str | None = None, regex: str | None = None, start: str = "start",
                  vocab: Vocabulary | None = None, eos_token_ids: int | Iterable[int] | None = None,
                  pad_token_id: int | None = None,
@@ -113,21 +117,20 @@ class _LogitsProcessorImpl:
             raise ConfigError(f"inplace must be True, False or None, not {inplace!r}", key="inplace")
         self.inplace = inplace
         if grammar is not None:
-            constraints: list[Any] = [compile_constraint("grammar", grammar, start=start)]
+            constraints: list[CompiledGrammar] = [compile_constraint("grammar", grammar, start=start)]
             self._per_row = False
         elif regex is not None:
             constraints = [compile_constraint("regex", regex)]
             self._per_row = False
         else:
-            items = grammar_or_schema
-            self._per_row = isinstance(items, (list, tuple))
-            if not self._per_row:
-                items = [items]
+            self._per_row = isinstance(grammar_or_schema, (list, tuple))
+            items: list[object] | tuple[object, ...] = (
+                grammar_or_schema if isinstance(grammar_or_schema, (list, tuple)) else [grammar_or_schema])
             if not items:
                 raise ConfigError("an empty list of grammars/schemas", key="grammar_or_schema")
             options = with_strict(json_options, strict)
             constraints = [self._compile(x, options) for x in items]
-        self.grammars: list[CompiledGrammar] = constraints
+        self.grammars = constraints
         self.tokenizer = tokenizer
         self._vocab = vocab
         self._eos = eos_ids(tokenizer, eos_token_ids) if vocab is None else tuple(vocab.eos_token_ids)
@@ -140,26 +143,23 @@ class _LogitsProcessorImpl:
         # the last input_ids seen: their bytes (a copy, safe from a caller reusing its buffer)
         # and (batch, length, dtype)
         self._prev: bytes | None = None
-        self._prev_key: tuple[int, int, Any] | None = None
-        self._bitmask: Any = None
-        self._index: dict[int, tuple[Any, Any]] = {}  # forbidden ids -> on self._index_device
-        self._index_device: Any = None
-        self._out: Any = None  # the copy returned last step, reused when nothing else holds it
+        self._prev_key: tuple[int, int, object] | None = None
+        self._bitmask: torch.Tensor | None = None
+        # forbidden ids -> the same on self._index_device
+        self._index: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
+        self._index_device: torch.device | None = None
+        # the copy returned last step, reused when nothing else holds it
+        self._out: torch.Tensor | None = None
         # inplace=None: the scores the previous call was given; whether this generation copies
-        self._last_in: Any = None
+        self._last_in: torch.Tensor | None = None
         self._copying = True
         self._caller_keeps = False
 
     @staticmethod
-    def _compile(x: Any, json_options: JsonSchemaOptions | None) -> CompiledGrammar:
-        from structgen.grammar.compiled import CompiledGrammar
-
+    def _compile(x: object, json_options: JsonSchemaOptions | None) -> CompiledGrammar:
         if isinstance(x, CompiledGrammar):
             return x
         if isinstance(x, str):
-            from structgen.errors import SchemaError
-            from structgen.frontends.constraint import schema_from
-
             try:
                 x = schema_from(x, strings_may_be_paths=False)
             except SchemaError:
@@ -202,9 +202,7 @@ class _LogitsProcessorImpl:
                               f"{v.vocab_size} tokens", key="vocab")
         return v
 
-    def _start(self, ids: Any, vocab: Vocabulary) -> None:
-        from structgen.masks.matcher import Matcher
-
+    def _start(self, ids: np.ndarray, vocab: Vocabulary) -> None:
         batch = int(ids.shape[0])
         if self._per_row and len(self.grammars) != batch:
             raise ConfigError(f"{len(self.grammars)} grammars/schemas given for a batch of "
@@ -223,18 +221,17 @@ class _LogitsProcessorImpl:
         self._copying = True  # the first call copies: a generation may end after it
         self._caller_keeps = False
 
-    def _follow(self, ids: Any) -> bool:
+    def _follow(self, ids: np.ndarray) -> bool:
         """Advance every row by its newest token; False when ``ids`` (numpy ``[B, L]``) does
         not continue the previous call (a new generation)."""
-        import numpy as np
-
-        key = self._prev_key
+        key, prev_bytes = self._prev_key, self._prev
         batch, length = ids.shape
-        if key is None or key[0] != batch or key[1] != length - 1 or key[2] != ids.dtype:
+        if key is None or prev_bytes is None or key[0] != batch or key[1] != length - 1 \
+                or key[2] != ids.dtype:
             return False
         head = ids[:, :-1]
-        if head.tobytes() != self._prev:  # (one comparison; cheaper than numpy's per step)
-            prev = np.frombuffer(self._prev, dtype=ids.dtype).reshape(batch, length - 1)
+        if head.tobytes() != prev_bytes:  # (one comparison; cheaper than numpy's per step)
+            prev = np.frombuffer(prev_bytes, dtype=ids.dtype).reshape(batch, length - 1)
             same = (head == prev).all(axis=1)  # [B]
             # beam search reorders rows: take over the matcher of the row each one came from
             src: list[int] = []
@@ -265,7 +262,7 @@ class _LogitsProcessorImpl:
         return True
 
     # -- the processor ---------------------------------------------------------------------------
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Mask ``scores`` ``[batch, vocab]`` to the grammar-allowed tokens of each row.
 
         ``input_ids`` ``[batch, seq]``: the prompt on the first call, then prompt plus the
@@ -300,7 +297,6 @@ class _LogitsProcessorImpl:
         import torch
 
         from structgen.generation.sampling import unpack_bitmask
-        from structgen.masks.matcher import bitmask_words, fill_bitmasks
         batch = int(ids.shape[0])
         words = bitmask_words(width)
         bm = self._bitmask
@@ -323,7 +319,7 @@ class _LogitsProcessorImpl:
             return scores.masked_fill_(~allowed, float("-inf"))
         return scores.masked_fill(~allowed, float("-inf"))
 
-    def _check_kept(self, scores: Any) -> None:
+    def _check_kept(self, scores: torch.Tensor) -> None:
         """``inplace=None``, from the second call of a generation on: whether the caller kept
         the scores it passed last time (``generate(output_logits=True)`` keeps every step's;
         ``output_scores=True`` keeps what was returned, the same tensor when it was written in
@@ -339,14 +335,14 @@ class _LogitsProcessorImpl:
         else:  # nothing but this processor holds them, or the caller reuses one buffer
             self._copying = False
 
-    def _forbidden(self, rows: list[Any], ids: Any) -> list[Any | None] | None:
+    def _forbidden(self, rows: list[Matcher | None], ids: np.ndarray) -> list[np.ndarray | None] | None:
         """Per row, the few token ids forbidden now (None for a row stopped outside the
         grammar: it allows every token); None when some row forbids many tokens, or the
         budget rule narrows its mask (then the whole masks are applied)."""
         left = None
         if self.max_new_tokens is not None:
             left = max(self.max_new_tokens - (int(ids.shape[1]) - int(self.prompt_length or 0)), 1)
-        out = []
+        out: list[np.ndarray | None] = []
         for m in rows:
             if m is None:
                 out.append(None)
@@ -357,7 +353,7 @@ class _LogitsProcessorImpl:
             out.append(f)
         return out
 
-    def _set_forbidden(self, scores: Any, few: list[Any]) -> Any:
+    def _set_forbidden(self, scores: torch.Tensor, few: list[np.ndarray | None]) -> torch.Tensor:
         """``scores`` with each row's ``few`` ids (None: none) at -inf, in place or in a copy
         as ``inplace`` and what the caller keeps say (``scores`` itself when nothing is
         forbidden)."""
@@ -378,8 +374,6 @@ class _LogitsProcessorImpl:
             self._last_in = scores
         device = scores.device
         if viewable:
-            import numpy as np
-
             rows = out.numpy()  # a view: numpy's fancy assignment costs less than a torch op here
             for i, f in enumerate(few):
                 if f is not None and f.size:
@@ -404,7 +398,7 @@ class _LogitsProcessorImpl:
                 out[i].index_fill_(0, got[1], float("-inf"))
         return out
 
-    def _copy(self, scores: Any) -> Any:
+    def _copy(self, scores: torch.Tensor) -> torch.Tensor:
         """A copy of CPU ``scores``, written into the tensor this processor returned last time
         when nothing else holds that one any more (no reference, view or numpy array of it:
         ``generate(output_scores=True)`` keeps every step's scores, so each step then gets a new
@@ -433,20 +427,21 @@ _LogitsProcessorImpl.__call__.__signature__ = inspect.signature(  # type: ignore
     _LogitsProcessorImpl.__call__)
 
 
-def _storage_uses(t: Any) -> int:
+def _storage_uses(t: torch.Tensor) -> int:
     """How many tensors share ``t``'s storage (views and numpy arrays of it count)."""
     import torch
 
     return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
 
 
-def _counts(t: Any) -> tuple[int, int, int] | None:
+def _counts(t: torch.Tensor) -> tuple[int, int, int] | None:
     """References to the tensor ``t`` (Python ones, C++ handles, tensors and arrays sharing
     its storage); None where this torch cannot tell. Call with ``t`` held by one local
     variable of the caller: the counts then equal :func:`_solo_counts` exactly when nothing
     else holds it."""
     try:
-        return sys.getrefcount(t), t._use_count(), _storage_uses(t)
+        # (_use_count: a private torch method its type stubs leave out)
+        return sys.getrefcount(t), t._use_count(), _storage_uses(t)  # type: ignore[attr-defined]
     except (AttributeError, RuntimeError):
         return None
 
@@ -466,10 +461,10 @@ def _solo_counts() -> tuple[int, int, int]:
     return _SOLO
 
 
-_NUMPY_FLOATS: frozenset[Any] = frozenset()
+_NUMPY_FLOATS: frozenset[torch.dtype] = frozenset()
 
 
-def _numpy_floats() -> frozenset[Any]:
+def _numpy_floats() -> frozenset[torch.dtype]:
     """The torch dtypes whose CPU tensors numpy can view (made on first use: no torch import
     before it)."""
     global _NUMPY_FLOATS
@@ -480,10 +475,10 @@ def _numpy_floats() -> frozenset[Any]:
     return _NUMPY_FLOATS
 
 
-_LP_CLASS: Any = None
+_LP_CLASS: type | None = None
 
 
-def _logits_processor_class() -> Any:
+def _logits_processor_class() -> type:
     global _LP_CLASS
     if _LP_CLASS is None:
         from transformers import LogitsProcessor
@@ -499,7 +494,7 @@ if TYPE_CHECKING:  # pragma: no cover
     # static tools (type checkers, the API reference) see the class under its public name
     from structgen.integrations.transformers import _LogitsProcessorImpl as StructgenLogitsProcessor
 else:
-    def __getattr__(name: str) -> Any:
+    def __getattr__(name: str) -> type:
         if name == "StructgenLogitsProcessor":
             cls = _logits_processor_class()
             globals()[name] = cls

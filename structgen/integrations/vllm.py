@@ -50,11 +50,27 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+from structgen.calls.structural_tag import compile_structural_tag
+from structgen.config import JsonSchemaOptions, SpecConfig
 from structgen.errors import ConfigError, StructgenError, VllmVersionError
+from structgen.frontends.constraint import compile_constraint
+from structgen.generation.drafters import PromptLookupDrafter, canonical_tokens
+from structgen.integrations._shared import allocate_bitmask
+from structgen.masks.matcher import Matcher
+from structgen.masks.vocab import Vocabulary
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Iterable
+
+    import torch
+    from vllm.config import ModelConfig, StructuredOutputsConfig, VllmConfig
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
     from structgen.grammar.compiled import CompiledGrammar
-    from structgen.masks.vocab import Vocabulary
+    from structgen.json_types import JsonValue
 
 __all__ = [
     "BACKEND_NAME",
@@ -114,7 +130,7 @@ def check_vllm_version(version: str | None = None) -> str:
 
 # --------------------------------------------------------------------------- settings
 
-def _structgen_settings(vllm_config: Any) -> dict[str, Any]:
+def _structgen_settings(vllm_config: VllmConfig) -> dict[str, object]:
     extra = getattr(vllm_config, "additional_config", None)
     if isinstance(extra, dict):
         got = extra.get(CONFIG_KEY)
@@ -125,8 +141,8 @@ def _structgen_settings(vllm_config: Any) -> dict[str, Any]:
 
 def engine_args(grammar_drafts: bool = True, *, num_speculative_tokens: int = 8,
                 ngram: bool = False, prompt_lookup_min: int = 2, prompt_lookup_max: int = 5,
-                speculative_config: dict[str, Any] | None = None, prompt_lookup: bool = True,
-                budget_closing: bool = True, strict: bool = True, **overrides: Any) -> dict[str, Any]:
+                speculative_config: dict[str, object] | None = None, prompt_lookup: bool = True,
+                budget_closing: bool = True, strict: bool = True, **overrides: object) -> dict[str, object]:
     """Keyword arguments for ``vllm.LLM(model=..., **engine_args(...))`` (or
     ``vllm.EngineArgs``) that serve structured output with structgen.
 
@@ -156,7 +172,7 @@ def engine_args(grammar_drafts: bool = True, *, num_speculative_tokens: int = 8,
             raise ConfigError(f"{name} must be a positive integer, not {value!r}", key=name)
     if ngram and speculative_config is not None:
         raise ConfigError("give ngram=True or speculative_config, not both", key="speculative_config")
-    args: dict[str, Any] = {
+    args: dict[str, object] = {
         "structured_outputs_config": {"backend": BACKEND_NAME},
         "scheduler_cls": f"{__name__}.GrammarDraftScheduler",
         "async_scheduling": False,
@@ -175,13 +191,14 @@ def engine_args(grammar_drafts: bool = True, *, num_speculative_tokens: int = 8,
         args["speculative_config"] = {"method": "custom_class",
                                       "model": f"{__name__}.NoDraftProposer",
                                       "num_speculative_tokens": num_speculative_tokens}
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(args.get(key), dict):
-            merged = dict(args[key])
-            merged.update(value)
+    for key, override in overrides.items():
+        current = args.get(key)
+        if isinstance(override, dict) and isinstance(current, dict):
+            merged = dict(current)
+            merged.update(override)
             args[key] = merged
         else:
-            args[key] = value
+            args[key] = override
     return args
 
 
@@ -211,7 +228,7 @@ def _refusal(kind: str, spec: str) -> str | None:
     return None
 
 
-def _kind_of(request_type: Any) -> str:
+def _kind_of(request_type: object) -> str:
     return str(getattr(request_type, "name", request_type)).strip().lower()
 
 
@@ -225,9 +242,6 @@ class _Compiler:
         self._cache: OrderedDict[tuple[str, str], CompiledGrammar] = OrderedDict()
 
     def compile(self, kind: str, spec: str) -> CompiledGrammar:
-        from structgen.config import JsonSchemaOptions
-        from structgen.frontends.constraint import compile_constraint
-
         why = _refusal(kind, spec)
         if why is not None:
             raise ConfigError(why, key="structured_outputs")
@@ -239,15 +253,13 @@ class _Compiler:
                 return hit
         if kind == "json":
             try:
-                value: Any = json.loads(spec)
+                value: JsonValue = json.loads(spec)
             except ValueError as exc:
                 raise ConfigError(f"the JSON schema is not JSON: {exc}", key="json") from exc
         else:
             value = spec
         options = JsonSchemaOptions(strict=self.strict)
         if kind == "structural_tag":
-            from structgen.calls.structural_tag import compile_structural_tag
-
             grammar = compile_structural_tag(value, json_options=options)
         else:
             grammar = compile_constraint(kind, value, json_options=options)
@@ -321,17 +333,13 @@ def _build_classes() -> dict[str, type]:
             StructuredOutputGrammar,
         )
 
-        from structgen.config import SpecConfig
-        from structgen.generation.drafters import PromptLookupDrafter, canonical_tokens
-        from structgen.masks.matcher import Matcher
-
         class _Grammar(StructuredOutputGrammar):
             """One request's grammar state (a structgen Matcher) in vLLM's contract.
 
             ``token_limit``: the accepted-token count at which ``max_tokens`` is reached
             (set by :class:`GrammarDraftScheduler`; None: no budget rule)."""
 
-            def __init__(self, grammar: CompiledGrammar, vocab: Vocabulary, tokenizer: Any) -> None:
+            def __init__(self, grammar: CompiledGrammar, vocab: Vocabulary, tokenizer: object) -> None:
                 self.matcher = Matcher(grammar, vocab)
                 self.vocab = vocab
                 self.tokenizer = tokenizer
@@ -354,7 +362,7 @@ def _build_classes() -> dict[str, type]:
                 self.matcher.rollback(n)
                 self.num_processed_tokens -= n
 
-            def fill_bitmask(self, bitmask: Any, batch_index: int) -> None:
+            def fill_bitmask(self, bitmask: torch.Tensor, batch_index: int) -> None:
                 m = self.matcher
                 limit = self.token_limit
                 if limit is None:
@@ -408,8 +416,8 @@ def _build_classes() -> dict[str, type]:
         class _Backend(StructuredOutputBackend):
             """structgen as vLLM's structured-output backend."""
 
-            _compiler: Any = field(default=None, init=False)
-            _vocabs: Any = field(default=None, init=False)
+            _compiler: _Compiler = field(default_factory=_Compiler, init=False)
+            _vocabs: OrderedDict[tuple[int, ...], Vocabulary] = field(default_factory=OrderedDict, init=False)
 
             def __post_init__(self) -> None:
                 settings = _structgen_settings(self.vllm_config)
@@ -417,9 +425,7 @@ def _build_classes() -> dict[str, type]:
                 self._vocabs = OrderedDict()
                 self._lock = threading.Lock()
 
-            def _vocab(self, stop_token_ids: Any) -> Vocabulary:
-                from structgen.masks.vocab import Vocabulary
-
+            def _vocab(self, stop_token_ids: Iterable[int] | None) -> Vocabulary:
                 stops = tuple(sorted(int(t) for t in stop_token_ids or ()))
                 with self._lock:
                     v = self._vocabs.get(stops)
@@ -434,15 +440,13 @@ def _build_classes() -> dict[str, type]:
                         self._vocabs.popitem(last=False)
                 return v
 
-            def compile_grammar(self, request_type: Any, grammar_spec: str,
-                                stop_token_ids: Any = None) -> StructuredOutputGrammar:
+            def compile_grammar(self, request_type: object, grammar_spec: str,
+                                stop_token_ids: Iterable[int] | None = None) -> StructuredOutputGrammar:
                 grammar = self._compiler.compile(_kind_of(request_type), grammar_spec)
                 return _Grammar(grammar, self._vocab(stop_token_ids), self.tokenizer)
 
-            def allocate_token_bitmask(self, max_num_seqs: int) -> Any:
-                from structgen.kernels.bitmask import allocate_bitmask
-
-                return allocate_bitmask(int(max_num_seqs), self.vocab_size)
+            def allocate_token_bitmask(self, max_num_seqs: int) -> torch.Tensor:
+                return allocate_bitmask(max_num_seqs, self.vocab_size)
 
             def destroy(self) -> None:
                 with self._lock:
@@ -451,7 +455,7 @@ def _build_classes() -> dict[str, type]:
         class _Scheduler(Scheduler):
             """vLLM's scheduler with grammar-forced drafts and budget-safe closing."""
 
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
+            def __init__(self, *args: object, **kwargs: object) -> None:
                 super().__init__(*args, **kwargs)
                 settings = _structgen_settings(self.vllm_config)
                 spec = self.vllm_config.speculative_config
@@ -467,7 +471,7 @@ def _build_classes() -> dict[str, type]:
                 self._lookup = PromptLookupDrafter(SpecConfig())
                 self._prompt_texts: dict[str, bytes] = {}
 
-            def schedule(self, *args: Any, **kwargs: Any) -> Any:
+            def schedule(self, *args: object, **kwargs: object) -> SchedulerOutput:
                 if self.grammar_drafts or self.budget_closing:
                     for request in self.running:
                         self._prepare(request)
@@ -477,7 +481,7 @@ def _build_classes() -> dict[str, type]:
                             self._prepare(request)
                 return super().schedule(*args, **kwargs)
 
-            def _prepare(self, request: Any) -> None:
+            def _prepare(self, request: Request) -> None:
                 so = request.structured_output_request
                 if so is None or not so.is_grammar_ready:
                     return
@@ -515,7 +519,7 @@ def _build_classes() -> dict[str, type]:
                 stats["drafted"] += len(forced)
                 request.spec_token_ids = forced
 
-            def _lookup_draft(self, request: Any, grammar: Any, output: list[int], forced: list[int],
+            def _lookup_draft(self, request: Request, grammar: _Grammar, output: list[int], forced: list[int],
                               data: bytes, limit: int) -> list[int]:
                 """The forced tokens, then a value copied from the prompt: the text that
                 followed the end of the output (or the property's name) there, cut where a
@@ -536,7 +540,7 @@ def _build_classes() -> dict[str, type]:
                     return tokens[: m.validate_tokens(tokens)]
                 return []
 
-            def _learn(self, request_id: str, grammar: Any, output: list[int]) -> None:
+            def _learn(self, request_id: str, grammar: _Grammar, output: list[int]) -> None:
                 """Remember how the model split the forced texts drafted for this request,
                 once its output covers each on token boundaries."""
                 pending = self._forced_at.pop(request_id, [])
@@ -565,7 +569,7 @@ def _build_classes() -> dict[str, type]:
                 if keep:
                     self._forced_at[request_id] = keep[-4:]
 
-            def _constrained_now(self, request: Any) -> bool:
+            def _constrained_now(self, request: Request) -> bool:
                 manager = self.structured_output_manager
                 if manager.enable_in_reasoning or manager.reasoner_cls is None:
                     return True
@@ -575,13 +579,14 @@ def _build_classes() -> dict[str, type]:
             """vLLM's custom proposer slot filled with no drafts: the scheduler's grammar
             drafts are the only ones."""
 
-            def __init__(self, vllm_config: Any) -> None:
+            def __init__(self, vllm_config: VllmConfig) -> None:
                 self.vllm_config = vllm_config
 
-            def load_model(self, target_model: Any) -> None:
+            def load_model(self, target_model: object) -> None:
                 """Nothing to load (the CPU model runner calls this on any drafter)."""
 
-            def propose(self, sampled_token_ids: Any, *args: Any, **kwargs: Any) -> list[list[int]]:
+            def propose(self, sampled_token_ids: list[list[int]], *args: object,
+                        **kwargs: object) -> list[list[int]]:
                 return [[] for _ in sampled_token_ids]
 
         for cls, name in ((_Grammar, "StructgenVllmGrammar"), (_Backend, "StructgenVllmBackend"),
@@ -592,7 +597,7 @@ def _build_classes() -> dict[str, type]:
         return _CLASSES
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> type:
     if name in ("StructgenVllmBackend", "StructgenVllmGrammar", "GrammarDraftScheduler",
                 "NoDraftProposer"):
         return _build_classes()[name]
@@ -625,8 +630,10 @@ def register() -> None:
 
         names = typing.get_args(so_config.StructuredOutputsBackend)
         if BACKEND_NAME not in names:
-            extended = typing.Literal[(*names, BACKEND_NAME)]  # type: ignore[valid-type]
-            so_config.StructuredOutputsBackend = extended  # type: ignore[misc]
+            choices = (*names, BACKEND_NAME)
+            # a Literal built at run time (vLLM's backend names and ours): no static type has it
+            extended = typing.Literal[choices]  # type: ignore[valid-type]
+            so_config.StructuredOutputsBackend = extended
             StructuredOutputsConfig.__annotations__["backend"] = extended
             for f in dataclasses.fields(StructuredOutputsConfig):
                 if f.name == "backend":
@@ -635,8 +642,9 @@ def register() -> None:
 
         original_validate = SamplingParams._validate_structured_outputs
 
-        def _validate_structured_outputs(self: Any, model_config: Any, structured_outputs_config: Any,
-                                         tokenizer: Any) -> None:
+        def _validate_structured_outputs(self: SamplingParams, model_config: ModelConfig,
+                                         structured_outputs_config: StructuredOutputsConfig | None,
+                                         tokenizer: object) -> None:
             if (structured_outputs_config is None or self.structured_outputs is None
                     or structured_outputs_config.backend != BACKEND_NAME):
                 return original_validate(self, model_config, structured_outputs_config, tokenizer)
@@ -646,7 +654,7 @@ def register() -> None:
 
         original_init = StructuredOutputManager.grammar_init
 
-        def grammar_init(manager: Any, request: Any) -> None:
+        def grammar_init(manager: StructuredOutputManager, request: Request) -> None:
             so = request.structured_output_request
             if (manager.backend is None and so is not None and request.sampling_params is not None
                     and request.sampling_params.structured_outputs._backend == BACKEND_NAME):
@@ -660,7 +668,8 @@ def register() -> None:
         _REGISTERED = True
 
 
-def _validate_request(params: Any, structured_outputs_config: Any, tokenizer: Any) -> None:
+def _validate_request(params: SamplingParams, structured_outputs_config: StructuredOutputsConfig,
+                      tokenizer: object) -> None:
     """The front end's check of one request for the structgen backend: the spec compiles
     (structgen's error text, as vLLM's validation error, otherwise)."""
     from vllm.exceptions import VLLMValidationError

@@ -23,7 +23,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from structgen.errors import ConfigError, IntegrationError
 from structgen.frontends.constraint import (
@@ -32,12 +32,15 @@ from structgen.frontends.constraint import (
     constraint_kind,
     is_model_class,
 )
-from structgen.integrations._shared import eos_ids, vocabulary, with_strict
+from structgen.integrations._shared import allocate_bitmask, eos_ids, vocabulary, with_strict
+from structgen.masks.matcher import Matcher
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from structgen.config import JsonSchemaOptions
     from structgen.grammar.compiled import CompiledGrammar
-    from structgen.masks.matcher import Matcher
+    from structgen.integrations._shared import Bitmask
     from structgen.masks.vocab import Vocabulary
 
 __all__ = ["REQUEST_TYPES", "StructgenBackend", "StructgenGrammar"]
@@ -46,11 +49,12 @@ __all__ = ["REQUEST_TYPES", "StructgenBackend", "StructgenGrammar"]
 REQUEST_TYPES = CONSTRAINT_KINDS
 
 
-def _cache_key(kind: str, spec: Any) -> Hashable:
+def _cache_key(kind: str, spec: object) -> Hashable:
     """A backend cache key for a constraint: its content where it is JSON (a model class: its
     JSON schema), else its identity."""
     if is_model_class(spec):
-        return (kind, "pydantic", json.dumps(spec.model_json_schema(), sort_keys=True))
+        schema = getattr(spec, "model_json_schema")()  # noqa: B009 - is_model_class checked it
+        return (kind, "pydantic", json.dumps(schema, sort_keys=True))
     if isinstance(spec, type):
         return (kind, "type", id(spec))
     try:
@@ -78,13 +82,11 @@ class StructgenGrammar:
 
     def __init__(self, grammar: CompiledGrammar, vocab: Vocabulary, *,
                  max_rollback: int | None = None, request_type: str | None = None) -> None:
-        from structgen.masks.matcher import Matcher
-
         self.matcher: Matcher = Matcher(grammar, vocab, max_rollback=max_rollback)
         self.request_type = request_type
         self.num_processed_tokens = 0  # accepted tokens, as vLLM counts them
 
-    def accept_tokens(self, request_id: Any, tokens: Sequence[int]) -> bool:
+    def accept_tokens(self, request_id: object, tokens: Sequence[int]) -> bool:
         """Accept ``tokens`` in order. True when all were accepted; False (nothing accepted,
         state unchanged) when the grammar rejects any of them. ``request_id`` is only used
         to name the request in errors/logs. Cost: one table walk per token byte."""
@@ -117,7 +119,7 @@ class StructgenGrammar:
         self.matcher.rollback(n)
         self.num_processed_tokens -= n
 
-    def fill_bitmask(self, bitmask: Any, idx: int) -> None:
+    def fill_bitmask(self, bitmask: Bitmask, idx: int) -> None:
         """Write the allowed tokens of the current state into ``bitmask[idx]`` (int32
         ``[rows, ceil(vocab_size/32)]``, torch on any device, or numpy)."""
         self.matcher.fill_bitmask(bitmask, idx)
@@ -155,7 +157,7 @@ class StructgenBackend:
     language, where undeclared keys are allowed (:attr:`~structgen.config.JsonSchemaOptions.strict`).
     """
 
-    def __init__(self, tokenizer: Any = None, vocab_size: int | None = None, *,
+    def __init__(self, tokenizer: object = None, vocab_size: int | None = None, *,
                  vocab: Vocabulary | None = None, eos_token_ids: int | Iterable[int] | None = None,
                  max_rollback: int | None = None, json_options: JsonSchemaOptions | None = None,
                  cache_size: int = 128, strict: bool | None = None) -> None:
@@ -178,7 +180,7 @@ class StructgenBackend:
         self.cache_hits = 0
         self.cache_misses = 0
 
-    def compile(self, request_type: Any, grammar_spec: Any) -> CompiledGrammar:
+    def compile(self, request_type: object, grammar_spec: object) -> CompiledGrammar:
         """The compiled grammar of a constraint (cached; see :func:`compile_constraint`)."""
         kind = constraint_kind(request_type)
         key = _cache_key(kind, grammar_spec)
@@ -197,18 +199,16 @@ class StructgenBackend:
                 self._cache.popitem(last=False)
         return compiled
 
-    def compile_grammar(self, request_type: Any, grammar_spec: Any) -> StructgenGrammar:
+    def compile_grammar(self, request_type: object, grammar_spec: object) -> StructgenGrammar:
         """A fresh per-request :class:`StructgenGrammar` for the constraint (compiled once)."""
         kind = constraint_kind(request_type)
         return StructgenGrammar(self.compile(kind, grammar_spec), self.vocab,
                                 max_rollback=self.max_rollback, request_type=kind)
 
-    def allocate_token_bitmask(self, max_num_seqs: int) -> Any:
+    def allocate_token_bitmask(self, max_num_seqs: int) -> torch.Tensor:
         """A CPU int32 torch tensor ``[max_num_seqs, ceil(vocab_size/32)]``, every token
         allowed. Imports torch."""
-        from structgen.kernels.bitmask import allocate_bitmask
-
-        return allocate_bitmask(int(max_num_seqs), self.vocab_size)
+        return allocate_bitmask(max_num_seqs, self.vocab_size)
 
     def destroy(self) -> None:
         """Drop the compiled-grammar cache."""

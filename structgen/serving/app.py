@@ -39,17 +39,16 @@ import hmac
 import json
 import logging
 import math
-import re
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import ValidationError
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -63,7 +62,10 @@ from structgen.errors import (
     ServerBusyError,
     StructgenError,
 )
-from structgen.serving.engine import ChoiceResult, Engine, EngineRequest, RequestHandle
+from structgen.generation.results import TokenLogprob
+from structgen.json_types import JsonObject, JsonValue
+from structgen.serving.api_errors import ApiError, SafeJSONResponse
+from structgen.serving.engine import Engine
 from structgen.serving.http_messages import http_message
 from structgen.serving.logprobs import chat_logprobs, completion_logprobs
 from structgen.serving.partial_events import PARTIAL_KEY, PartialChunks, partial_chunks
@@ -74,6 +76,16 @@ from structgen.serving.protocol import (
     speculative_usage,
 )
 from structgen.serving.responses import RouteSupport, add_responses_route
+from structgen.serving.server import (
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_KEEP_ALIVE_S,
+    DEFAULT_MAX_CONNECTIONS,
+    MAX_HEAD_BYTES,
+    protocol_class,
+    run_server,
+    server_config,
+)
+from structgen.serving.submission import ChoiceResult, EngineRequest, RequestHandle
 from structgen.serving.validity import VALIDITIES
 
 __all__ = ["ApiError", "create_app", "default_allowed_hosts", "protocol_class", "run_server",
@@ -85,21 +97,10 @@ __all__ = ["ApiError", "create_app", "default_allowed_hosts", "protocol_class", 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 #: Seconds a client has to send a request's whole body once its head is in; then 408.
 DEFAULT_BODY_TIMEOUT_S = 30.0
-#: Seconds a client has to send a request's head (request line and headers); then the
-#: connection is closed. Also bounds a new connection that sends nothing.
-DEFAULT_HEADER_TIMEOUT_S = 10.0
-#: Seconds an idle keep-alive connection is kept open between requests.
-DEFAULT_KEEP_ALIVE_S = 5.0
-#: Connections served at once; a request on one more gets a 503.
-DEFAULT_MAX_CONNECTIONS = 256
 #: Deepest nesting of arrays and objects a request body may have. A real request needs a few
 #: levels of envelope plus its schema (whose own limit, ``JsonSchemaOptions.max_depth``, is
 #: 128); far below the depth at which Python's recursion limit would strike in code that walks it.
 MAX_BODY_DEPTH = 256
-#: Largest request head (request line and headers) :func:`run_server` reads; larger: 431.
-#: The same as h11's limit for a head that arrives in pieces.
-MAX_HEAD_BYTES = 16 * 1024
-_HEAD_END = re.compile(rb"\n\r?\n")  # the blank line that ends a head, as h11 finds it
 #: Host names every server answers to unless ``allowed_hosts`` says otherwise.
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 _POLL_S = 0.1  # how often a non-streamed request checks that its client is still there
@@ -107,38 +108,19 @@ _POLL_S = 0.1  # how often a non-streamed request checks that its client is stil
 _log = logging.getLogger("uvicorn.error")
 
 
-class ApiError(Exception):
-    """An error answered as an OpenAI error object with HTTP ``status`` (and extra response
-    ``headers``, e.g. ``Connection: close``)."""
+_Model = TypeVar("_Model", bound=BaseModel)
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",  # noqa: A002
-                 param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None, **extra: Any) -> None:
-        super().__init__(message)
-        self.status = status
-        self.headers = headers
-        self.body = {"error": {"message": message, "type": type, "param": param, "code": code, **extra}}
 
-    def response(self) -> Response:
-        """This error as an HTTP response."""
-        return _SafeJSONResponse(self.body, status_code=self.status, headers=self.headers)
+class _MetricsSource(Protocol):
+    """Metrics ``/metrics`` appends to the engine's (:func:`structgen.metrics.process_metrics`)."""
+
+    def to_prometheus(self) -> str:
+        """The metrics in the Prometheus text format."""
+        ...
 
 
 class _ClientGone(Exception):
     """The client closed its connection before its request was read or answered."""
-
-
-class _SafeJSONResponse(JSONResponse):
-    """Starlette's JSON response (UTF-8, non-ASCII characters as themselves), except that a
-    body whose text cannot be UTF-8 (a lone surrogate) is sent with ``\\uXXXX`` escapes
-    instead of failing while the response is sent."""
-
-    def render(self, content: Any) -> bytes:
-        """The body's bytes."""
-        try:
-            return super().render(content)
-        except UnicodeEncodeError:
-            return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
 
 
 @dataclass
@@ -183,7 +165,7 @@ def _require_json(request: Request) -> None:
                        code="unsupported_media_type")
 
 
-async def _json_body(request: Request, limit: int, timeout_s: float | None) -> dict[str, Any]:
+async def _json_body(request: Request, limit: int, timeout_s: float | None) -> JsonObject:
     """The request's body parsed as a JSON object, read within ``timeout_s`` seconds in all:
     a 413 past ``limit`` bytes, a 408 past the deadline (and the connection is closed: its
     sender is too slow to wait for), :class:`_ClientGone` when the client drops mid-body, a
@@ -225,7 +207,7 @@ async def _json_body(request: Request, limit: int, timeout_s: float | None) -> d
     return data
 
 
-def _dotted(path: tuple[Any, ...]) -> str | None:
+def _dotted(path: tuple[str | int, ...]) -> str | None:
     """``("messages", 0, "content")`` -> ``"messages.0.content"`` (None for the body itself)."""
     return ".".join(str(p) for p in path) or None
 
@@ -246,14 +228,14 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
-def _check_body(data: dict[str, Any]) -> None:
+def _check_body(data: JsonObject) -> None:
     """A 400 naming the first offending field (document order) of a parsed body that nests
     past :data:`MAX_BODY_DEPTH`, holds a non-finite number (``NaN``, ``Infinity``, ``1e999``:
     Python's ``json`` reads them all) or a string or key with a lone UTF-16 surrogate (JSON's
     ``"\\ud800"`` escape decodes to one; a tokenizer, a regex compiler or a UTF-8 response would
     fail on it later, far from here). One iterative walk, so no body can exhaust the stack and
     every field, whatever reads it later, is covered."""
-    stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
+    stack: list[tuple[JsonValue, tuple[str | int, ...]]] = [(data, ())]
     while stack:
         value, path = stack.pop()
         if isinstance(value, str):
@@ -274,18 +256,18 @@ def _check_body(data: dict[str, Any]) -> None:
                         where = _dotted((*path, _printable(key)))
                         raise ApiError(400, f"{where}: the key holds a lone UTF-16 surrogate (not "
                                        "Unicode text)", param=where, code="invalid_unicode")
-                items: Iterable[tuple[Any, Any]] = value.items()
+                items: Iterable[tuple[str | int, JsonValue]] = value.items()
             else:
                 items = enumerate(value)
             # pushed in reverse so that the walk meets fields in document order
             stack.extend((item, (*path, key)) for key, item in reversed(list(items)))
 
 
-def _error_path(loc: tuple[Any, ...], data: Any, missing: bool) -> tuple[Any, ...]:
+def _error_path(loc: tuple[str | int, ...], data: JsonValue, missing: bool) -> tuple[str | int, ...]:
     """The part of a Pydantic error location that names fields of the body: Pydantic also
     puts the member of a union it tried in the location (``("stop", "list[str]", 0)``), which
     is no field. Each step is kept only where the body has it (a missing field: the last step)."""
-    out: list[Any] = []
+    out: list[str | int] = []
     node = data
     for i, step in enumerate(loc):
         if isinstance(node, dict) and isinstance(step, str) and step in node:
@@ -300,7 +282,7 @@ def _error_path(loc: tuple[Any, ...], data: Any, missing: bool) -> tuple[Any, ..
     return tuple(out)
 
 
-def _parse(cls: Any, data: dict[str, Any]) -> Any:
+def _parse(cls: type[_Model], data: JsonObject) -> _Model:
     """``data`` validated as the request model ``cls``; a 400 naming the first bad field.
     Of the errors Pydantic reports for that field (one per member of a union), the one that
     reached deepest names it: ``content: [5]`` is ``messages.0.content.0`` (not a dict), more
@@ -364,7 +346,7 @@ def _host_rule(allowed_hosts: str | Iterable[str] | None) -> Callable[[str | Non
     return allowed
 
 
-def _usage(handle: RequestHandle, results: list[ChoiceResult]) -> dict[str, Any]:
+def _usage(handle: RequestHandle, results: list[ChoiceResult]) -> dict[str, object]:
     completion = sum(len(r.tokens) for r in results)
     return {"prompt_tokens": handle.prompt_tokens, "completion_tokens": completion,
             "total_tokens": handle.prompt_tokens + completion, "structgen": speculative_usage(results)}
@@ -392,19 +374,19 @@ async def _collect(handle: RequestHandle, request: Request) -> list[ChoiceResult
             task.cancel()
 
 
-def _sse(data: Any) -> str:
+def _sse(data: object) -> str:
     return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-def _chat_message(handle: RequestHandle, r: ChoiceResult) -> dict[str, Any]:
+def _chat_message(handle: RequestHandle, r: ChoiceResult) -> dict[str, object]:
     """``{"message", "finish_reason"}`` of a chat choice: with tools, a complete output split
     into its free text and its validated calls (``finish_reason`` ``"tool_calls"`` when it
     has any)."""
     if r.parts is None:
         return {"message": {"role": "assistant", "content": r.text}, "finish_reason": r.finish_reason}
     thought, text, calls, _errors = r.parts
-    message: dict[str, Any] = {"role": "assistant", "content": text or None}
-    if handle.plan.reasoning:
+    message: dict[str, object] = {"role": "assistant", "content": text or None}
+    if handle.plan is not None and handle.plan.reasoning:
         message["reasoning_content"] = thought
     if calls:
         message["tool_calls"] = [c.openai() for c in calls]
@@ -423,10 +405,10 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, in
     results: list[ChoiceResult] = []
     # logprobs: each delta's entries ride on the next chunk of their choice (with tools, whatever
     # chunk the delta's text produced first: content, reasoning or a call)
-    lp_pending: dict[int, list[Any]] = {}
+    lp_pending: dict[int, list[TokenLogprob]] = {}
     lp_offset: dict[int, int] = {}
 
-    def take_lp(index: int) -> dict[str, Any] | None:
+    def take_lp(index: int) -> dict[str, object] | None:
         entries = lp_pending.pop(index, None)
         if not entries:
             return None
@@ -436,9 +418,9 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, in
         lp_offset[index] = lp_offset.get(index, 0) + sum(len(e.token) for e in entries)
         return out
 
-    def choice(index: int, text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
+    def choice(index: int, text: str | None, finish: str | None, first: bool = False) -> dict[str, object]:
         if chat:
-            delta: dict[str, Any] = {}
+            delta: dict[str, object] = {}
             if first:
                 delta["role"] = "assistant"
             if text is not None:
@@ -450,10 +432,10 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, in
     # read (OutputStream)
     calls_in = {i: OutputStream(handle.plan) for i in range(handle.n)} if handle.plan else {}
 
-    def call_chunks(index: int, events: list[tuple[Any, ...]]) -> Iterator[str]:
+    def call_chunks(index: int, events: Iterable[tuple[object, ...]]) -> Iterator[str]:
         for e in events:
             if e[0] == "content":
-                yield _sse({**head, "choices": [choice(index, e[1], None)]})
+                yield _sse({**head, "choices": [choice(index, str(e[1]), None)]})
                 continue
             if e[0] == "reasoning":
                 yield _sse({**head, "choices": [{"index": index, "delta": {"reasoning_content": e[1]},
@@ -481,8 +463,8 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, in
                         chunk[PARTIAL_KEY] = partial.events(ev.index, ev.text)
                     yield _sse(chunk)
                 else:
-                    for chunk in call_chunks(ev.index, calls_in[ev.index].feed(ev.text)):
-                        yield chunk
+                    for line in call_chunks(ev.index, calls_in[ev.index].feed(ev.text)):
+                        yield line
                 continue
             res = ev.result
             assert res is not None
@@ -494,8 +476,8 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, in
             finish = res.finish_reason
             reader = calls_in.get(ev.index)
             if reader is not None:
-                for chunk in call_chunks(ev.index, reader.feed("", final=True)):
-                    yield chunk
+                for line in call_chunks(ev.index, reader.feed("", final=True)):
+                    yield line
                 if reader.call_ids() and res.complete:
                     finish = "tool_calls"
             chunk = {**head, "choices": [choice(ev.index, None if chat else "", finish)]}
@@ -513,7 +495,7 @@ async def _stream(handle: RequestHandle, *, chat: bool, rid: str, model: str, in
 
 
 def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics: Any = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics: _MetricsSource | None = None,
                drain_timeout_s: float = 30.0, allowed_hosts: str | Iterable[str] | None = None,
                body_timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S) -> FastAPI:
     """The FastAPI application serving ``engine`` under the model id ``model_name``.
@@ -541,7 +523,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                   f"{c.requests.get('cancelled', 0)} cancelled)", file=sys.stderr, flush=True)
 
     app = FastAPI(title="structgen serve", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None, default_response_class=_SafeJSONResponse)
+                  openapi_url=None, default_response_class=SafeJSONResponse)
     app.state.engine = engine
     counters = app.state.http_counters = _HttpCounters()
     host_allowed = _host_rule(allowed_hosts)
@@ -559,7 +541,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         return ApiError(e.status_code, str(e.detail), code=codes.get(e.status_code)).response()
 
     @app.middleware("http")
-    async def _gate(request: Request, call_next: Any) -> Response:
+    async def _gate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         # the Host check comes first and covers /health too: a page that rebinds its own DNS
         # name to 127.0.0.1 must not learn even whether a server is there
         local = request.scope.get("server")
@@ -577,12 +559,12 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
     @app.get("/health")
     async def health() -> Response:
         if engine.failure is not None:
-            return _SafeJSONResponse({"status": "failed", "error": str(engine.failure)}, status_code=503)
-        return _SafeJSONResponse({"status": "ok", "running": engine.running, "queued": engine.queued})
+            return SafeJSONResponse({"status": "failed", "error": str(engine.failure)}, status_code=503)
+        return SafeJSONResponse({"status": "ok", "running": engine.running, "queued": engine.queued})
 
     @app.get("/v1/models")
     async def models() -> Response:
-        return _SafeJSONResponse({"object": "list", "data": [
+        return SafeJSONResponse({"object": "list", "data": [
             {"id": model_name, "object": "model", "created": 0, "owned_by": "structgen"}]})
 
     @app.get("/metrics")
@@ -613,21 +595,23 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
     async def answer(request: Request, chat: bool) -> Response:
         _require_json(request)
         data = await _json_body(request, max_body_bytes, body_timeout_s)
-        req = _parse(ChatCompletionRequest if chat else CompletionRequest, data)
+        req: ChatCompletionRequest | CompletionRequest = (
+            _parse(ChatCompletionRequest, data) if chat else _parse(CompletionRequest, data))
         try:
             req.refuse_unsupported()
             partial = partial_chunks(req, req.n)
-            er = EngineRequest(constraint_of(req.response_format), max_tokens=req.budget() if chat
-                               else req.max_tokens, temperature=req.temperature, top_p=req.top_p,
+            er = EngineRequest(constraint_of(req.response_format), max_tokens=req.budget()
+                               if isinstance(req, ChatCompletionRequest) else req.max_tokens,
+                               temperature=req.temperature, top_p=req.top_p,
                                seed=req.seed, stop=req.stops(), n=req.n, on_budget=req.on_budget())
             er.logprobs = req.logprob_count()
-            if chat and req.tools:
-                er.tools = req.tools
-                er.tool_choice = "auto" if req.tool_choice is None else req.tool_choice
-                er.parallel_tool_calls = True if req.parallel_tool_calls is None else req.parallel_tool_calls
-            if chat and req.reasoning:
-                er.reasoning, er.thinking_budget = True, req.thinking_budget
-            if chat:
+            if isinstance(req, ChatCompletionRequest):  # chat
+                if req.tools:
+                    er.tools = req.tools
+                    er.tool_choice = "auto" if req.tool_choice is None else req.tool_choice
+                    er.parallel_tool_calls = req.parallel_tool_calls is not False
+                if req.reasoning:
+                    er.reasoning, er.thinking_budget = True, req.thinking_budget
                 er.messages = req.message_dicts()
             else:
                 er.prompt = req.prompt_text()
@@ -658,7 +642,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         else:
             choices = [{"index": r.index, "text": r.text, "finish_reason": r.finish_reason,
                         "logprobs": completion_logprobs(r.logprobs)} for r in results]
-        return _SafeJSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
+        return SafeJSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
                                   "created": int(handle.created), "model": model, "choices": choices,
                                   "usage": _usage(handle, results), "system_fingerprint": None})
 
@@ -690,7 +674,7 @@ def _engine_metrics(engine: Engine) -> str:
     c = engine.counters
     lines: list[str] = []
 
-    def family(name: str, kind: str, help_text: str, samples: list[tuple[str, Any]]) -> None:
+    def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
         lines.append(f"# HELP structgen_serve_{name} {help_text}")
         lines.append(f"# TYPE structgen_serve_{name} {kind}")
         for labels, value in samples:
@@ -732,211 +716,3 @@ def _engine_metrics(engine: Engine) -> str:
         family("prefix_cache_evictions_total", "counter", "Saved states dropped for memory.",
                [("", st.evicted)])
     return "\n".join(lines) + "\n"
-
-
-def _error_bytes(status: int, message: str, *, type: str, code: str) -> bytes:  # noqa: A002
-    """The body of an OpenAI error object for a response the protocol layer writes itself."""
-    return json.dumps(ApiError(status, message, type=type, code=code).body).encode()
-
-
-def _too_many_connections(limit: int) -> bytes:
-    """The body of the 503 answered past ``limit`` open connections."""
-    return _error_bytes(503, f"the server has too many open connections (limit {limit}); retry later",
-                        type="server_error", code="too_many_connections")
-
-
-def protocol_class(header_timeout_s: float | None = DEFAULT_HEADER_TIMEOUT_S) -> type:
-    """uvicorn's h11 HTTP protocol (pass it as ``uvicorn.Config(http=...)``) with what a
-    server facing untrusted clients needs and uvicorn lacks:
-
-    * a deadline for a request's head: a connection must deliver a request line and its
-      headers within ``header_timeout_s`` seconds of its first byte (a new connection: of
-      opening), else it is closed (with a 408 if part of a head arrived). uvicorn itself waits
-      for ever, so a few slow senders at a byte a second ("slowloris") would hold every
-      connection. The same deadline bounds the rest of a body nobody reads any more (the
-      server answered early, e.g. 401). Bodies being read are bounded by ``create_app``'s
-      ``body_timeout_s``;
-    * the answer past ``uvicorn.Config(limit_concurrency=...)`` open connections: a 503 with
-      an OpenAI error object (uvicorn's own is plain text), at once on the connection past the
-      cap (uvicorn waits for its request);
-    * a cap on a request head: :data:`MAX_HEAD_BYTES`, else 431 (h11 caps only a head that
-      arrives in pieces, so one sent at once could be any size);
-    * the answer to malformed HTTP: a 400 with an OpenAI error object (uvicorn's own is plain
-      text).
-
-    None: no head deadline. uvicorn is imported here, not with the module: only the runner
-    needs it."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    class GuardedH11Protocol(H11Protocol):
-        """uvicorn's h11 protocol with a head deadline and JSON error answers."""
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._read_timer: asyncio.TimerHandle | None = None
-            # take over uvicorn's concurrency check (it would answer plain text): the limit
-            # moves into an app wrapper that answers JSON
-            self._connection_limit = self.limit_concurrency
-            self.limit_concurrency = None
-            self._inner_app = self.app
-            if self._connection_limit is not None:
-                self.app = self._app_within_limit
-
-        async def _app_within_limit(self, scope: Any, receive: Any, send: Any) -> None:
-            # this connection and this request's task are counted already
-            limit = self._connection_limit
-            assert limit is not None
-            if len(self.connections) > limit or len(self.tasks) > limit:
-                self.logger.warning("Exceeded the limit of %d connections.", limit)
-                body = _too_many_connections(limit)
-                await send({"type": "http.response.start", "status": 503, "headers": [
-                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"), (b"retry-after", b"1")]})
-                await send({"type": "http.response.body", "body": body, "more_body": False})
-                return
-            await self._inner_app(scope, receive, send)
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            """uvicorn's, then the head deadline starts. A connection past the cap is answered
-            503 and closed at once, so that silent connections cannot pile up past it either
-            (uvicorn would keep it open until it sent a request)."""
-            super().connection_made(transport)
-            limit = self._connection_limit
-            if limit is not None and len(self.connections) > limit:
-                self.logger.warning("Exceeded the limit of %d connections.", limit)
-                self._write_response(503, _too_many_connections(limit), retry_after=True)
-                transport.close()
-                return
-            self._watch_reads()
-
-        def data_received(self, data: bytes) -> None:
-            """A request head over :data:`MAX_HEAD_BYTES` is answered 431 and the connection
-            closed (h11 limits only a head that arrives in pieces); then uvicorn's."""
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                pending = self.conn.trailing_data[0] + data
-                if len(pending) > MAX_HEAD_BYTES and not _HEAD_END.search(pending, 0, MAX_HEAD_BYTES + 4):
-                    self.logger.warning("Request head over %d bytes.", MAX_HEAD_BYTES)
-                    body = _error_bytes(431, f"the request line and headers are over {MAX_HEAD_BYTES} bytes",
-                                        type="invalid_request_error", code="request_header_too_large")
-                    self._write_response(431, body)
-                    self.transport.close()
-                    return
-            super().data_received(data)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            """The deadline is dropped, then uvicorn's."""
-            self._stop_read_timer()
-            super().connection_lost(exc)
-
-        def handle_events(self) -> None:
-            """uvicorn's, then the deadline follows the connection's new state."""
-            super().handle_events()
-            self._watch_reads()
-
-        def on_response_complete(self) -> None:
-            """uvicorn's, then the deadline follows the connection's new state."""
-            super().on_response_complete()
-            self._watch_reads()
-
-        def _watch_reads(self) -> None:
-            """Start the deadline when the connection waits for bytes that must come in time,
-            stop it once they have come."""
-            if self.transport is None or self.transport.is_closing() or header_timeout_s is None:
-                self._stop_read_timer()
-                return
-            state = self.conn.their_state
-            if state is h11.IDLE:
-                # a new connection, or part of the next request's head (between requests with
-                # nothing sent, the keep-alive timeout applies instead)
-                waiting = self.cycle is None or bool(self.conn.trailing_data[0])
-            elif state is h11.SEND_BODY:
-                # a body still arriving after the answer went out: nobody reads it
-                waiting = self.cycle is not None and self.cycle.response_complete
-            else:
-                waiting = False
-            if not waiting:
-                self._stop_read_timer()
-            elif self._read_timer is None:
-                self._read_timer = self.loop.call_later(header_timeout_s, self._read_timed_out)
-
-        def _stop_read_timer(self) -> None:
-            if self._read_timer is not None:
-                self._read_timer.cancel()
-                self._read_timer = None
-
-        def _read_timed_out(self) -> None:
-            self._read_timer = None
-            if self.transport.is_closing():
-                return
-            self.logger.debug("Closed a connection that was too slow to send its request.")
-            if self.conn.our_state is h11.IDLE and self.conn.trailing_data[0]:
-                # part of a head came: the client is there to read why it is cut off (a silent
-                # connection gets no answer, which a client's pool could take for the answer
-                # to a later request)
-                body = _error_bytes(408, f"the request head was not received within {header_timeout_s:g} s",
-                                    type="invalid_request_error", code="request_timeout")
-                self._write_response(408, body)
-            self.transport.close()
-
-        def _write_response(self, status: int, body: bytes, *, retry_after: bool = False) -> None:
-            """Write a whole JSON response (and ``Connection: close``) outside any ASGI cycle."""
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                       (b"connection", b"close")]
-            if retry_after:
-                headers.append((b"retry-after", b"1"))
-            try:
-                for event in (h11.Response(status_code=status, headers=headers),
-                              h11.Data(data=body), h11.EndOfMessage()):
-                    self.transport.write(self.conn.send(event) or b"")
-            except h11.LocalProtocolError:
-                pass  # the connection is past the point of an answer: it is closed all the same
-
-        def send_400_response(self, msg: str) -> None:
-            """The answer to malformed HTTP (called by uvicorn): an OpenAI error object, then
-            the connection is closed."""
-            if self.cycle is not None and not self.cycle.response_complete:
-                # the request in progress can no longer be read or answered: its app sees a
-                # disconnect, and its sends do nothing
-                self.cycle.disconnected = True
-                self.cycle.message_event.set()
-            if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                body = _error_bytes(400, f"{msg} The request is not valid HTTP/1.1.",
-                                    type="invalid_request_error", code="bad_request")
-                self._write_response(400, body)
-            self.transport.close()
-
-    GuardedH11Protocol.__qualname__ = "GuardedH11Protocol"
-    return GuardedH11Protocol
-
-
-def server_config(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-                  graceful_timeout_s: float = 30.0, keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
-                  max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
-                  header_timeout_s: float | None = DEFAULT_HEADER_TIMEOUT_S) -> Any:
-    """The ``uvicorn.Config`` :func:`run_server` serves ``app`` with (tests start a
-    ``uvicorn.Server`` on it in a thread): the :func:`protocol_class` protocol, idle
-    keep-alive connections closed after ``keep_alive_s``, at most ``max_connections``
-    connections served at once (None: no cap), no access log."""
-    import uvicorn
-
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                          timeout_graceful_shutdown=int(graceful_timeout_s), access_log=False,
-                          http=protocol_class(header_timeout_s),
-                          timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type] # a float works
-                          limit_concurrency=max_connections)
-
-
-def run_server(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-               graceful_timeout_s: float = 30.0, keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
-               max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
-               header_timeout_s: float | None = DEFAULT_HEADER_TIMEOUT_S) -> None:
-    """Serve ``app`` with uvicorn until SIGINT / SIGTERM; open requests get up to
-    ``graceful_timeout_s`` to finish (the engine drains), then the process exits. The
-    connection limits are :func:`server_config`'s."""
-    import uvicorn
-
-    uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level,
-                                 graceful_timeout_s=graceful_timeout_s, keep_alive_s=keep_alive_s,
-                                 max_connections=max_connections,
-                                 header_timeout_s=header_timeout_s)).run()

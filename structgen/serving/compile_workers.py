@@ -25,10 +25,12 @@ import subprocess
 import sys
 import threading
 from multiprocessing.connection import Connection
-from typing import Any
 
 from structgen import limits
+from structgen.config import CompileOptions, JsonSchemaOptions
 from structgen.errors import CompileTimeoutError, RequestCancelledError, StructgenError
+from structgen.frontends.constraint import compile_constraint
+from structgen.grammar.compiled import CompiledGrammar
 
 __all__ = ["CompileWorkers", "RECYCLE_RSS_BYTES"]
 
@@ -37,10 +39,8 @@ RECYCLE_RSS_BYTES = 1 << 30
 _POLL_S = 0.02  # how often a waiting compile checks its request's cancellation and deadline
 
 
-def _worker_main(inbox: Any, outbox: Any) -> None:
+def _worker_main(inbox: Connection, outbox: Connection) -> None:
     """The loop of one worker process: compile what arrives, answer, until the pipe closes."""
-    from structgen.frontends.constraint import compile_constraint
-
     try:
         compile_constraint("json", {"type": "object", "properties": {"a": {"type": "string"}}})
         compile_constraint("grammar", 'start: "a" | "b"')
@@ -56,7 +56,7 @@ def _worker_main(inbox: Any, outbox: Any) -> None:
         try:
             grammar = compile_constraint(kind, spec, start=start, json_options=json_options,
                                          compile_options=compile_options)
-            answer: tuple[Any, ...] = ("ok", grammar)
+            answer: tuple[object, ...] = ("ok", grammar)
         except StructgenError as e:
             answer = ("error", type(e).__module__, type(e).__qualname__, e.args, dict(vars(e)))
         except RecursionError:
@@ -67,7 +67,8 @@ def _worker_main(inbox: Any, outbox: Any) -> None:
         outbox.send(answer)
 
 
-def _rebuild(module: str, qualname: str, args: tuple[Any, ...], fields: dict[str, Any]) -> BaseException:
+def _rebuild(module: str, qualname: str, args: tuple[object, ...],
+             fields: dict[str, object]) -> BaseException:
     """The typed error a worker raised, rebuilt without calling its constructor."""
     cls = getattr(importlib.import_module(module), qualname)
     err = cls.__new__(cls)
@@ -182,15 +183,18 @@ class CompileWorkers:
             raise CompileTimeoutError("grammar compilation did not finish before the request's deadline "
                                       "(--prepare-timeout / CompileOptions.timeout_s)")
 
-    def _answer(self, worker: _Worker, deadline: float | None) -> Any:
+    def _answer(self, worker: _Worker, deadline: float | None) -> tuple[object, ...]:
         """The worker's next message, waited for within the request's limits."""
         while not worker.conn.poll(_POLL_S):
             self._check(deadline)
             if not worker.alive():
                 raise RuntimeError("a compile worker process died")
-        return worker.conn.recv()
+        answer = worker.conn.recv()
+        assert isinstance(answer, tuple)  # what _worker_main sends
+        return answer
 
-    def compile(self, kind: str, spec: Any, *, start: str, json_options: Any, compile_options: Any) -> Any:
+    def compile(self, kind: str, spec: object, *, start: str, json_options: JsonSchemaOptions,
+                compile_options: CompileOptions | None) -> CompiledGrammar:
         """The compiled grammar of one constraint, compiled in a worker process, within the
         current :func:`structgen.limits.scope` (its deadline, and ``compile_options.timeout_s``;
         once it is cancelled the worker is killed and
@@ -215,11 +219,15 @@ class CompileWorkers:
             self._give_back(None)
         else:
             self._give_back(worker)
-        if answer[0] == "ok":
-            return answer[1]
-        if answer[0] == "error":
-            raise _rebuild(*answer[1:])
-        raise RuntimeError(f"compile worker: {answer[1]}")
+        status, *rest = answer
+        if status == "ok" and isinstance(rest[0], CompiledGrammar):
+            return rest[0]
+        if status == "error":
+            module, qualname, args, fields = rest
+            assert isinstance(module, str) and isinstance(qualname, str)
+            assert isinstance(args, tuple) and isinstance(fields, dict)
+            raise _rebuild(module, qualname, args, fields)
+        raise RuntimeError(f"compile worker: {rest[0]}")
 
     def close(self) -> None:
         """Stop every worker (jobs in flight end with RequestCancelledError)."""

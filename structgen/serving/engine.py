@@ -36,211 +36,58 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import itertools
 import json
+import sys
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TypeVar
 
 from structgen import limits
+from structgen.calls.formats import ToolFormat, normalize_tools
+from structgen.calls.formats import tool_format as get_tool_format
+from structgen.calls.plan import plan_output
 from structgen.config import CompileOptions, JsonSchemaOptions, SpecConfig
 from structgen.errors import (
     ConfigError,
     EngineClosedError,
     RequestCancelledError,
     ServerBusyError,
+    TokenBudgetError,
 )
-from structgen.generation.results import GenerationStats, is_complete
+from structgen.frontends.constraint import compile_constraint
+from structgen.generation.api import conversation_prefix, prompt_ids
+from structgen.generation.loop import BATCH_DRAFT_CUT
+from structgen.generation.model import CausalLM, check_context, context_length, vocabulary_for
+from structgen.generation.results import TokenLogprob, is_complete
+from structgen.generation.step import BatchStep, Sequence, StepPlan
+from structgen.grammar.compiled import CompiledGrammar
+from structgen.serving.compile_workers import CompileWorkers
+from structgen.serving.submission import TEXT, ChoiceResult, Constraint, EngineRequest, Event, RequestHandle
 from structgen.serving.validity import judge_output, output_check
 
 __all__ = ["ChoiceResult", "Constraint", "Engine", "EngineRequest", "Event", "RequestHandle",
            "SWITCH_INTERVAL_S", "TEXT"]
 
-
-@dataclass(frozen=True)
-class Constraint:
-    """What a request's output must match: a constraint kind of
-    :func:`structgen.frontends.constraint.compile_constraint` (``"json"``, ``"json_object"``,
-    ``"grammar"``, ``"regex"``) and its spec; ``start`` is a Lark grammar's start rule and
-    ``strict`` the JSON Schema option (:attr:`~structgen.config.JsonSchemaOptions.strict`)."""
-
-    kind: str
-    spec: Any = None
-    start: str = "start"
-    strict: bool = True
-
-    @property
-    def unconstrained(self) -> bool:
-        """Whether this is :data:`TEXT` (any text: plain chat, no ``response_format``)."""
-        return self == TEXT
-
-
-#: Any text at all: the constraint of a request without ``response_format``.
-TEXT = Constraint("regex", r"[\s\S]*")
+_T = TypeVar("_T")
 
 
 @dataclass
-class EngineRequest:
-    """One request: a prompt (text) or messages (a chat template renders them), its
-    constraint and options. ``None`` options take the engine's defaults: ``max_tokens`` the
-    engine's ``default_max_tokens`` (or what the context leaves), ``temperature`` / ``top_p``
-    the engine's :class:`~structgen.config.SpecConfig`, ``on_budget`` ``"close"`` for a
-    constraint (``"cut"`` when ``max_tokens`` is below its shortest output: OpenAI's
-    ``finish_reason="length"``) and ``"cut"`` for :data:`TEXT`; an explicit ``"close"`` refuses
-    that ``max_tokens`` (:class:`~structgen.errors.TokenBudgetError`). ``n`` sequences are
-    generated (choice ``i`` seeded ``seed + i``); generation of a choice stops at the first of
-    ``stop``'s strings (which is not part of its text)."""
+class _Lane:
+    """One client's share of the cold preparation workers: a semaphore, and the requests
+    using it now (the lane is dropped when none does)."""
 
-    constraint: Constraint = TEXT
-    prompt: str | None = None
-    messages: list[dict[str, Any]] | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    n: int = 1
-    on_budget: str | None = None
-    timeout_s: float | None = None
-    # tool calling (structgen.calls.plan): OpenAI function specs, the choice
-    tools: list[Any] | None = None
-    tool_choice: Any = "auto"
-    parallel_tool_calls: bool = True
-    # reasoning first (<think>...</think>, at most thinking_budget tokens), then the answer
-    reasoning: bool = False
-    thinking_budget: int | None = None
-    # None: no log-probabilities (nothing computed); k: each output token's logprob and its k
-    # most likely alternatives (structgen.generation.results.TokenLogprob)
-    logprobs: int | None = None
-
-
-@dataclass
-class ChoiceResult:
-    """One finished sequence of a request. ``finish_reason`` is OpenAI's (``"stop"``:
-    complete or a stop string; ``"length"``: cut at ``max_tokens`` or at the deadline;
-    ``"cancelled"``: the client went away); ``reason`` the engine's own (the loop's
-    ``stop`` / ``budget_close`` / ``length``, or ``stop_string``, ``timeout``, ``cancelled``,
-    ``error``); ``complete``: the output matches its constraint in full. ``logprobs`` (when
-    the request asked): a :class:`~structgen.generation.results.TokenLogprob` per token of
-    ``text`` (EOS and tokens after a stop string left out)."""
-
-    index: int
-    text: str
-    tokens: list[int]
-    finish_reason: str
-    reason: str
-    stats: GenerationStats
-    error: str | None = None
-    logprobs: list[Any] | None = None
-    # "valid" / "invalid" / "incomplete" against the request's constraint; None: plain text,
-    # or cancelled (structgen.serving.validity)
-    validity: str | None = None
-    # a complete output of a request with tools or reasoning, read once by its plan
-    # (OutputPlan.split): (reasoning, answer text, tool calls, errors); the routes answer from it
-    parts: tuple[Any, ...] | None = None
-
-    @property
-    def complete(self) -> bool:
-        """Whether the output ended complete (its constraint matched in full)."""
-        return is_complete(self.reason)
-
-
-@dataclass
-class Event:
-    """What a :class:`RequestHandle` yields: ``kind`` ``"delta"`` (``text`` newly committed to
-    choice ``index``, never taken back) or ``"done"`` (choice ``index`` finished: ``result``).
-    A delta of a request that asked for logprobs carries in ``logprobs`` the entries of the
-    tokens whose text begins in it (a token that adds no text rides with the next delta)."""
-
-    kind: str
-    index: int
-    text: str = ""
-    result: ChoiceResult | None = None
-    logprobs: list[Any] | None = None
-
-
-class RequestHandle:
-    """A submitted request: iterate :meth:`events` (or await :meth:`results`); :meth:`cancel`
-    frees its batch rows at the next step boundary. ``prompt_tokens`` is the prompt's length
-    in tokens, ``created`` the submission time (``time.time()``)."""
-
-    _ids = itertools.count(1)
-
-    def __init__(self, n: int, loop: asyncio.AbstractEventLoop | None) -> None:
-        self.id = next(self._ids)
-        self.n = n
-        self.prompt_tokens = 0
-        self.created = time.time()
-        self.submitted = time.perf_counter()
-        self.cancelled = False
-        self.stop_cell = limits.new_stop_cell()  # read by the compiled kernels of its preparation
-        self.plan: Any = None  # the tool-calling plan (OutputPlan) of a request with tools
-        self.output_check: str | None = None  # how its outputs are judged (serving.validity)
-        self._loop = loop
-        self._queue: asyncio.Queue[Event] | None = asyncio.Queue() if loop is not None else None
-        self._sync: deque[Event] = deque()
-        self._sync_ready = threading.Condition()
-        self._done = 0
-
-    def cancel(self) -> None:
-        """Stop preparing or generating this request (its rows leave the batch at the next
-        step; its preparation stops at its next check)."""
-        self.cancelled = True
-        self.stop_cell[0] = 1
-
-    def _push(self, event: Event) -> None:
-        if self._loop is None:
-            with self._sync_ready:
-                self._sync.append(event)
-                self._sync_ready.notify_all()
-            return
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)  # type: ignore[union-attr]
-        except RuntimeError:  # the event loop is closed: nobody listens any more
-            self.cancel()
-
-    async def events(self) -> AsyncIterator[Event]:
-        """The request's events in order, until every choice is done."""
-        assert self._queue is not None, "a handle submitted with submit_sync has no async events"
-        done = 0
-        while done < self.n:
-            ev = await self._queue.get()
-            done += ev.kind == "done"
-            yield ev
-
-    async def results(self) -> list[ChoiceResult]:
-        """Wait for every choice; the results in choice order."""
-        out: list[ChoiceResult] = []
-        async for ev in self.events():
-            if ev.kind == "done" and ev.result is not None:
-                out.append(ev.result)
-        return sorted(out, key=lambda r: r.index)
-
-    def wait(self, timeout: float | None = None) -> list[ChoiceResult]:
-        """Blocking :meth:`results` for a handle from :meth:`Engine.submit_sync`."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        out: list[ChoiceResult] = []
-        with self._sync_ready:
-            while len(out) < self.n:
-                while not self._sync:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise TimeoutError(f"request {self.id} did not finish in {timeout} s")
-                    self._sync_ready.wait(left)
-                ev = self._sync.popleft()
-                if ev.kind == "done" and ev.result is not None:
-                    out.append(ev.result)
-        return sorted(out, key=lambda r: r.index)
+    semaphore: asyncio.Semaphore
+    users: int = 0
 
 
 class _Slot:
     """One sequence of a request inside the engine: its loop state and its text so far."""
 
-    def __init__(self, handle: RequestHandle, index: int, seq: Any, stop: tuple[str, ...],
+    def __init__(self, handle: RequestHandle, index: int, seq: Sequence, stop: tuple[str, ...],
                  deadline: float | None) -> None:
         self.handle = handle
         self.index = index
@@ -252,10 +99,10 @@ class _Slot:
         self.sent = 0          # characters of ``text`` already sent as deltas
         self.ended: str | None = None  # an end the loop does not know: stop_string, timeout, ...
         # logprobs asked: (text offset where the token's text begins, its entry), not yet sent
-        self.lp_pending: list[tuple[int, Any]] = []
-        self.lp_sent: list[Any] | None = [] if getattr(seq, "token_logprobs", None) is not None else None
+        self.lp_pending: list[tuple[int, TokenLogprob]] = []
+        self.lp_sent: list[TokenLogprob] | None = [] if seq.token_logprobs is not None else None
 
-    def take_logprobs(self, upto: int, final: bool = False) -> list[Any] | None:
+    def take_logprobs(self, upto: int, final: bool = False) -> list[TokenLogprob] | None:
         """The pending logprob entries of tokens whose text begins before ``upto`` (``final``:
         every pending one, but those after a stop string's cut); None when none are asked."""
         if self.lp_sent is None:
@@ -307,7 +154,7 @@ def _held_back(text: str, start: int, stops: tuple[str, ...]) -> int:
     return best
 
 
-def _fit_budget(seq: Any, *, strict: bool) -> str:
+def _fit_budget(seq: Sequence, *, strict: bool) -> str:
     """The ``on_budget`` a request's sequences run with, decided on its first sequence.
 
     With ``"close"`` every output must end complete within ``max_tokens``; when ``max_tokens`` is
@@ -316,8 +163,6 @@ def _fit_budget(seq: Any, *, strict: bool) -> str:
     :class:`~structgen.errors.TokenBudgetError`, while a request that left the choice to the
     engine is generated as OpenAI does: cut at ``max_tokens`` (``finish_reason="length"``).
     """
-    from structgen.errors import TokenBudgetError
-
     if not seq.close:
         return "cut"
     try:
@@ -371,16 +216,14 @@ class Engine:
     :meth:`start` before submitting, :meth:`close` at the end.
     """
 
-    def __init__(self, lm: Any, *, cfg: SpecConfig | None = None, speculative: bool = True,
+    def __init__(self, lm: CausalLM, *, cfg: SpecConfig | None = None, speculative: bool = True,
                  max_running: int = 16, max_queued: int = 64, default_max_tokens: int = 256,
                  request_timeout_s: float | None = 600.0, compile_workers: int = 2,
                  prepare_timeout_s: float | None = 30.0, compile_processes: int = 0,
                  json_options: JsonSchemaOptions | None = None,
-                 compile_options: CompileOptions | None = None, draft_lm: Any = None,
+                 compile_options: CompileOptions | None = None, draft_lm: CausalLM | None = None,
                  on_result: Callable[[ChoiceResult], None] | None = None,
-                 tool_format: Any = None) -> None:
-        from structgen.generation.model import vocabulary_for
-
+                 tool_format: str | ToolFormat | None = None) -> None:
         if max_running < 1 or max_queued < 1 or default_max_tokens < 1:
             raise ConfigError("max_running, max_queued and default_max_tokens must be at least 1")
         self.lm = lm
@@ -396,9 +239,7 @@ class Engine:
         self.draft_lm = draft_lm
         self.on_result = on_result
         if tool_format is not None:  # an unknown name fails here, not on the first request
-            from structgen.calls.formats import tool_format as get_format
-
-            get_format(tool_format)
+            get_tool_format(tool_format)
         self.tool_format = tool_format
         self.counters = EngineCounters()
         self._eos = set(self.vocab.eos_token_ids)
@@ -411,20 +252,18 @@ class Engine:
         self._warm_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="structgen-prepare")
         self._warm: OrderedDict[str, None] = OrderedDict()  # keys of constraints prepared before
         self._client_share = max(1, compile_workers // 2)  # cold preparations one client may run
-        self._lanes: dict[str, list[Any]] = {}  # client -> [semaphore, users]
-        self._workers: Any = None
+        self._lanes: dict[str, _Lane] = {}  # client -> its lane
+        self._workers: CompileWorkers | None = None
         if compile_processes > 0:
-            from structgen.serving.compile_workers import CompileWorkers
-
             self._workers = CompileWorkers(compile_processes)
         # grammars the workers compiled, by constraint (the front-ends' caches are theirs)
-        self._compiled: OrderedDict[str, Any] = OrderedDict()
+        self._compiled: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._compiled_lock = threading.Lock()
         self._cond = threading.Condition()
         self._waiting: deque[_Slot] = deque()
         self._pending = 0       # sequences admitted and not yet in the batch (compiling or waiting)
         self._live: list[_Slot] = []   # row r of the batched cache holds _live[r]
-        self._batch: Any = None  # the BatchStep: the batched cache and the step over its rows
+        self._batch: BatchStep | None = None  # the batched cache and the step over its rows
         self._closing = False
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
@@ -433,11 +272,6 @@ class Engine:
     def start(self) -> Engine:
         """Start the scheduler thread (once). Also shortens the interpreter's thread switch
         interval to :data:`SWITCH_INTERVAL_S` when it is longer (process-wide; see there)."""
-        import sys
-
-        from structgen.generation.loop import BATCH_DRAFT_CUT
-        from structgen.generation.step import BatchStep
-
         if self._thread is None:
             if SWITCH_INTERVAL_S is not None and sys.getswitchinterval() > SWITCH_INTERVAL_S:
                 sys.setswitchinterval(SWITCH_INTERVAL_S)
@@ -526,16 +360,16 @@ class Engine:
             else:
                 lane = self._lane(client or "")
                 try:
-                    await self._watch(lane[0].acquire(), handle, disconnected, running=False)
+                    await self._watch(lane.semaphore.acquire(), handle, disconnected, running=False)
                     try:
                         prepared = loop.run_in_executor(self._pool, self._prepare_within, request,
                                                         handle, deadline)
                         slots = await self._watch(prepared, handle, disconnected)
                     finally:
-                        lane[0].release()
+                        lane.semaphore.release()
                 finally:
-                    lane[1] -= 1
-                    if lane[1] == 0:
+                    lane.users -= 1
+                    if lane.users == 0:
                         del self._lanes[client or ""]
                 if key is not None:
                     self._warm[key] = None
@@ -547,16 +381,16 @@ class Engine:
         self._enqueue(slots)
         return handle
 
-    def _lane(self, client: str) -> list[Any]:
+    def _lane(self, client: str) -> _Lane:
         lane = self._lanes.get(client)
         if lane is None:
-            lane = self._lanes[client] = [asyncio.Semaphore(self._client_share), 0]
-        lane[1] += 1
+            lane = self._lanes[client] = _Lane(asyncio.Semaphore(self._client_share))
+        lane.users += 1
         return lane
 
     @staticmethod
-    async def _watch(work: Awaitable[Any], handle: RequestHandle,
-                     disconnected: Callable[[], Awaitable[bool]] | None, *, running: bool = True) -> Any:
+    async def _watch(work: Awaitable[_T], handle: RequestHandle,
+                     disconnected: Callable[[], Awaitable[bool]] | None, *, running: bool = True) -> _T:
         """Await ``work``, polling ``disconnected``. Once the client is gone the handle is
         cancelled and :class:`~structgen.errors.RequestCancelledError` raised: at once when the
         work is a wait (``running=False``: a lane), else when the preparation running on a
@@ -608,11 +442,9 @@ class Engine:
             self._waiting.extend(slots)
             self._cond.notify_all()
 
-    def compile(self, constraint: Constraint) -> Any:
+    def compile(self, constraint: Constraint) -> CompiledGrammar:
         """The compiled grammar of ``constraint`` (cached by content: by the front-ends, or
         here for grammars compiled in worker processes)."""
-        from structgen.frontends.constraint import compile_constraint
-
         options = replace(self.json_options, strict=constraint.strict)
         if self._workers is None or constraint.unconstrained:
             return compile_constraint(constraint.kind, constraint.spec, start=constraint.start,
@@ -639,27 +471,18 @@ class Engine:
 
     def _prepare(self, req: EngineRequest, handle: RequestHandle) -> list[_Slot]:
         """Everything before the batch, on a pool thread: compile, tokenise, check."""
-        from structgen.generation.api import conversation_prefix, prompt_ids
-        from structgen.generation.model import CausalLM, check_context, context_length
-        from structgen.generation.step import Sequence
-
         if req.n < 1:
             raise ConfigError("n must be at least 1", key="n")
         vocab = self.vocab
         new_matcher = None
         if req.tools or req.reasoning:
-            from structgen.calls.formats import normalize_tools
-            from structgen.calls.plan import plan_output
-
             c = req.constraint  # with tools: the output is calls or this answer
             template_tools = [t.openai() for t in normalize_tools(req.tools)] if req.tools else None
             ids = prompt_ids(self.lm, req.prompt, req.messages, template_tools)
-            answer: dict[str, Any] = {}
-            if not c.unconstrained:  # the answer (after the reasoning; instead of calls)
-                answer = {"json": {"schema": c.spec, "strict": c.strict},
-                          "json_object": {"schema": {"type": "object"}, "strict": False},
-                          "grammar": {"grammar": c.spec, "start": c.start},
-                          "regex": {"regex": c.spec}}[c.kind]
+            # the answer (after the reasoning; instead of calls), unless it is any text
+            kind = None if c.unconstrained else c.kind
+            if kind not in (None, "json", "json_object", "grammar", "regex"):
+                raise KeyError(kind)
             plan = plan_output(tools=req.tools or None, tool_choice=req.tool_choice,
                                parallel_tool_calls=req.parallel_tool_calls, tool_format=self.tool_format,
                                chat_template=getattr(self.lm.tokenizer, "chat_template", None),
@@ -667,7 +490,12 @@ class Engine:
                                reasoning=req.reasoning, thinking_budget=req.thinking_budget,
                                # did the chat template open the thinking block itself?
                                prompt_text=self.vocab.decode_bytes(ids[-8:]).decode("utf-8", "replace"),
-                               **answer)
+                               schema={"type": "object"} if kind == "json_object" else
+                               c.spec if kind == "json" else None,
+                               strict=c.strict if kind == "json" else kind != "json_object",
+                               grammar=c.spec if kind == "grammar" else None,
+                               start=c.start if kind == "grammar" else "start",
+                               regex=c.spec if kind == "regex" else None)
             handle.plan = plan
             grammar = plan.grammar
             new_matcher = plan.new_matcher
@@ -692,8 +520,11 @@ class Engine:
         on_budget = req.on_budget or ("cut" if plain else "close")
         handle.output_check = output_check(req.constraint.kind, unconstrained=req.constraint.unconstrained,
                                            tools=bool(req.tools), reasoning=req.reasoning)
-        over = {k: v for k, v in (("temperature", req.temperature), ("top_p", req.top_p)) if v is not None}
-        cfg = replace(self.cfg, **over) if over else self.cfg
+        cfg = self.cfg
+        if req.temperature is not None:
+            cfg = replace(cfg, temperature=req.temperature)
+        if req.top_p is not None:
+            cfg = replace(cfg, top_p=req.top_p)
         handle.prompt_tokens = len(ids)
         timeout = req.timeout_s if req.timeout_s is not None else self.request_timeout_s
         deadline = None if timeout is None else time.perf_counter() + timeout
@@ -749,9 +580,11 @@ class Engine:
         if not slots:
             return
         seqs = [s.seq for s in slots]
+        batch = self._batch
+        assert batch is not None  # made by start()
         if not self._live:
-            self._batch.prefill(seqs)
-        elif not self._batch.join(seqs):
+            batch.prefill(seqs)
+        elif not batch.join(seqs):
             with self._cond:  # this cache cannot take rows mid-flight: wait for the batch to empty
                 self._waiting.extendleft(reversed(slots))
                 self._pending += len(slots)
@@ -767,6 +600,7 @@ class Engine:
         if len(keep) == len(self._live):
             return
         self._live = [self._live[r] for r in keep]
+        assert self._batch is not None  # made by start()
         if self._live:
             self._batch.select(keep)
         else:
@@ -789,10 +623,9 @@ class Engine:
     def _step(self) -> None:
         """One batched step of every live row (:meth:`~structgen.generation.step.BatchStep.run`);
         rows that finish before the forward or after it leave the batch."""
-        from structgen.generation.step import StepPlan
-
         batch = self._batch
-        plans: dict[int, Any] = {}  # id(slot) -> its plan
+        assert batch is not None  # made by start()
+        plans: dict[int, StepPlan] = {}  # id(slot) -> its plan
         for s, p in zip(self._live, batch.prepare([s.seq for s in self._live])):
             if isinstance(p, StepPlan):
                 plans[id(s)] = p
@@ -814,8 +647,9 @@ class Engine:
         """Finish and drop the rows that ended; whether any did."""
         keep = []
         for r, s in enumerate(self._live):
-            if s.ended is not None or s.seq.finish is not None:
-                self._finish(s, s.ended or s.seq.finish)
+            reason = s.ended or s.seq.finish
+            if reason is not None:
+                self._finish(s, reason)
             else:
                 keep.append(r)
         changed = len(keep) < len(self._live)
@@ -852,7 +686,7 @@ class Engine:
         else:
             upto = len(s.text) - (0 if finished or not s.stop else _held_back(s.text, s.sent, s.stop))
         if upto > s.sent:
-            s.handle._push(Event("delta", s.index, s.text[s.sent:upto], logprobs=s.take_logprobs(upto)))
+            s.handle.push(Event("delta", s.index, s.text[s.sent:upto], logprobs=s.take_logprobs(upto)))
             s.sent = upto
 
     def _finish(self, s: _Slot, reason: str, error: str | None = None) -> None:
@@ -861,7 +695,7 @@ class Engine:
         seq.stats.time_total = time.perf_counter() - s.handle.submitted
         rest = s.take_logprobs(len(s.text), final=True) if reason != "cancelled" else None
         if (s.sent < len(s.text) or rest) and reason != "cancelled":
-            s.handle._push(Event("delta", s.index, s.text[s.sent:], logprobs=rest))
+            s.handle.push(Event("delta", s.index, s.text[s.sent:], logprobs=rest))
             s.sent = len(s.text)
         res = ChoiceResult(s.index, s.text, list(seq.output), _openai_finish(reason), reason, seq.stats,
                            error, logprobs=s.lp_sent)
@@ -874,7 +708,7 @@ class Engine:
             res.validity = "invalid"
         if res.validity is not None:
             self.counters.outputs[res.validity] = self.counters.outputs.get(res.validity, 0) + 1
-        s.handle._push(Event("done", s.index, result=res))
+        s.handle.push(Event("done", s.index, result=res))
         if self.on_result is not None:
             try:
                 self.on_result(res)

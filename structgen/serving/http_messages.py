@@ -37,7 +37,7 @@ def http_message(e: StructgenError) -> str:
     if name == "ContextLengthError":
         prompt, given, limit = (getattr(e, k, None) for k in ("prompt_tokens", "max_new_tokens",
                                                                "context_length"))
-        if None in (prompt, given, limit):
+        if not (isinstance(prompt, int) and isinstance(given, int) and isinstance(limit, int)):
             return str(e)
         room = limit - prompt
         hint = f"lower max_tokens to at most {room}" if room >= 1 else "shorten the messages"

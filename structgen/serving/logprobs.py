@@ -20,7 +20,8 @@ the non-streamed list.
 from __future__ import annotations
 
 import math
-from typing import Any
+
+from structgen.generation.results import TokenLogprob
 
 __all__ = ["UNLIKELY_LOGPROB", "chat_logprobs", "completion_logprobs"]
 
@@ -34,7 +35,7 @@ def _finite(value: float) -> float:
     return value if math.isfinite(value) else UNLIKELY_LOGPROB
 
 
-def chat_logprobs(entries: list[Any] | None) -> dict[str, Any] | None:
+def chat_logprobs(entries: list[TokenLogprob] | None) -> dict[str, object] | None:
     """Chat Completions' ``choices[i].logprobs`` for ``entries`` (None when none were asked)."""
     if entries is None:
         return None
@@ -48,7 +49,7 @@ def chat_logprobs(entries: list[Any] | None) -> dict[str, Any] | None:
     return {"content": content, "refusal": None}
 
 
-def completion_logprobs(entries: list[Any] | None, offset: int = 0) -> dict[str, Any] | None:
+def completion_logprobs(entries: list[TokenLogprob] | None, offset: int = 0) -> dict[str, object] | None:
     """Legacy Completions' ``choices[i].logprobs`` for ``entries`` (None when none were asked);
     ``offset``: the ``text_offset`` of the first entry (a stream's characters before it)."""
     if entries is None:

@@ -13,7 +13,7 @@ completes on the choice's finish chunk.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 from structgen.errors import ConfigError
 from structgen.generation.partial import PartialEvent, PartialJsonReader
@@ -23,8 +23,14 @@ __all__ = ["PARTIAL_KEY", "PartialChunks", "partial_chunks"]
 PARTIAL_KEY = "structgen_partial"  # the chunk field the events ride in
 
 
-def _wire(event: PartialEvent) -> dict[str, Any]:
-    out: dict[str, Any] = {"kind": event.kind, "pointer": event.pointer}
+class _PartialRequest(Protocol):
+    """What :func:`partial_chunks` reads of a request model (chat or completion)."""
+
+    stream: bool
+
+
+def _wire(event: PartialEvent) -> dict[str, object]:
+    out: dict[str, object] = {"kind": event.kind, "pointer": event.pointer}
     if event.kind == "value":  # an "end" leaves out its container: the values already came
         out["value"] = event.value
     return out
@@ -36,7 +42,7 @@ class PartialChunks:
     def __init__(self, n: int) -> None:
         self._readers = [PartialJsonReader() for _ in range(n)]
 
-    def events(self, index: int, text: str, *, final: bool = False) -> list[dict[str, Any]]:
+    def events(self, index: int, text: str, *, final: bool = False) -> list[dict[str, object]]:
         """The wire events that choice ``index``'s next ``text`` completes (``final``: the
         choice's output has ended)."""
         reader = self._readers[index]
@@ -46,7 +52,7 @@ class PartialChunks:
         return [_wire(e) for e in events]
 
 
-def partial_chunks(req: Any, n: int) -> PartialChunks | None:
+def partial_chunks(req: _PartialRequest, n: int) -> PartialChunks | None:
     """The readers for a request that asked for partial events, else None. Asking without
     ``stream``, without a JSON ``response_format``, or with tools or reasoning is a
     ConfigError naming ``stream_options.structgen_partial``."""

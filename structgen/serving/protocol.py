@@ -23,20 +23,21 @@ Responses carry ``usage`` with a ``structgen`` extension: speculative statistics
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from structgen.config import MAX_COUNT
 from structgen.errors import ConfigError
 from structgen.generation.messages import message_text, template_message
-from structgen.serving.engine import TEXT, ChoiceResult, Constraint
+from structgen.serving.submission import TEXT, ChoiceResult, Constraint
 
 __all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "JsonSchemaFormat",
            "ResponseFormat", "StreamOptions", "UNSUPPORTED_FIELDS", "constraint_of", "speculative_usage"]
 
 #: Request fields structgen refuses when they ask for something (value -> neutral test).
-UNSUPPORTED_FIELDS: dict[str, Any] = {
+UNSUPPORTED_FIELDS: dict[str, Callable[[object], bool]] = {
     "logit_bias": lambda v: not v,
     "presence_penalty": lambda v: v in (None, 0, 0.0),
     "frequency_penalty": lambda v: v in (None, 0, 0.0),
@@ -62,7 +63,7 @@ class JsonSchemaFormat(_Model):
 
     name: str = "output"
     description: str | None = None
-    schema_: dict[str, Any] | bool = Field(default=True, alias="schema")
+    schema_: dict[str, object] | bool = Field(default=True, alias="schema")
     strict: bool | None = None
 
 
@@ -88,12 +89,12 @@ class ChatMessage(_Model):
     # OpenAI's roles only: any other string would reach the chat template, which may fail on
     # it or, worse, render it as a role the model was trained to obey
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[dict[str, object]] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, object]] | None = None
     tool_call_id: str | None = None
 
-    def template_dict(self, index: int) -> dict[str, Any]:
+    def template_dict(self, index: int) -> dict[str, object]:
         """The message as the chat templates of Hugging Face models read it
         (:func:`structgen.generation.messages.template_message`: each call's arguments as a
         mapping). ``index``: the message's place, for errors."""
@@ -167,13 +168,13 @@ class ChatCompletionRequest(_Common):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_COUNT)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[dict[str, object]] | None = None
+    tool_choice: str | dict[str, object] | None = None
     parallel_tool_calls: bool | None = None
-    functions: list[dict[str, Any]] | None = None
+    functions: list[dict[str, object]] | None = None
     reasoning: bool = False
     thinking_budget: int | None = Field(default=None, ge=0, le=MAX_COUNT)
-    function_call: str | dict[str, Any] | None = None
+    function_call: str | dict[str, object] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
@@ -201,7 +202,7 @@ class ChatCompletionRequest(_Common):
         if self.top_logprobs is not None and not self.logprobs:
             raise ConfigError("top_logprobs: needs logprobs set to true", key="top_logprobs")
 
-    def message_dicts(self) -> list[dict[str, Any]]:
+    def message_dicts(self) -> list[dict[str, object]]:
         """The messages as dicts for the chat template (:meth:`ChatMessage.template_dict`)."""
         return [m.template_dict(i) for i, m in enumerate(self.messages)]
 
@@ -250,7 +251,7 @@ def constraint_of(fmt: ResponseFormat | None) -> Constraint:
     return Constraint("regex", fmt.regex)
 
 
-def speculative_usage(results: list[ChoiceResult]) -> dict[str, Any]:
+def speculative_usage(results: list[ChoiceResult]) -> dict[str, object]:
     """The ``usage.structgen`` extension: the request's speculative statistics."""
     passes = sum(r.stats.forward_passes for r in results)
     tokens = sum(len(r.tokens) for r in results)

@@ -23,36 +23,45 @@ that served them in the ``X-Structgen-Replica`` header. Needs ``pip install 'str
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from structgen.assets.store import resolve_model
+from structgen.errors import ConfigError
+from structgen.generation.model import load_model
+from structgen.serving.app import create_app
+from structgen.serving.engine import Engine
+from structgen.serving.submission import Constraint, EngineRequest
+from structgen.settings import Settings, load_settings
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fastapi import FastAPI, Request, Response
+    from ray.serve import Application
 
 __all__ = ["Extractor", "build_engine", "deployment"]
 
 
 def build_engine(model: str, *, config: str | None = None, speculative: bool = True,
-                 **engine_options: Any) -> Any:
+                 **engine_options: Any) -> Engine:
     """Load ``model`` (alias or folder) and build a started
     :class:`~structgen.serving.engine.Engine` with the options of the YAML file ``config``
     (``speculative_decoding``, ``generation.max_new_tokens`` and ``speculative``,
     ``json_schema``, ``compile``); ``engine_options`` go to the Engine (``max_running``, ...)."""
-    from structgen.assets.store import resolve_model
-    from structgen.generation.model import load_model
-    from structgen.serving.engine import Engine
-    from structgen.settings import Settings, load_settings
-
     settings = load_settings(config) if config else Settings()
     lm = load_model(str(resolve_model(model)))
-    opts = {"cfg": settings.speculative_decoding, "default_max_tokens": settings.generation.max_new_tokens,
-            "json_options": settings.json_schema, "compile_options": settings.compile,
-            "speculative": speculative and settings.generation.speculative, **engine_options}
+    opts: dict[str, Any] = {
+        "cfg": settings.speculative_decoding, "default_max_tokens": settings.generation.max_new_tokens,
+        "json_options": settings.json_schema, "compile_options": settings.compile,
+        "speculative": speculative and settings.generation.speculative, **engine_options}
     return Engine(lm, **opts).start()
 
 
 def deployment(model: str, *, config: str | None = None, name: str = "structgen",
-               num_replicas: int | str | None = None, autoscaling_config: dict[str, Any] | None = None,
-               ray_actor_options: dict[str, Any] | None = None, max_ongoing_requests: int = 256,
+               num_replicas: int | str | None = None, autoscaling_config: dict[str, object] | None = None,
+               ray_actor_options: dict[str, object] | None = None, max_ongoing_requests: int = 256,
                api_key: str | None = None, served_model_name: str | None = None,
                engine_options: dict[str, Any] | None = None,
-               allowed_hosts: tuple[str, ...] | None = None) -> Any:
+               allowed_hosts: tuple[str, ...] | None = None) -> Application:
     """A bound Ray Serve application serving ``model`` with the routes of ``structgen serve``
     (pass it to ``serve.run``). ``num_replicas`` / ``autoscaling_config`` /
     ``ray_actor_options`` / ``max_ongoing_requests`` go to ``serve.deployment``; ``config``,
@@ -69,9 +78,7 @@ def deployment(model: str, *, config: str | None = None, name: str = "structgen"
                      engine_options: dict[str, Any], hosts: tuple[str, ...] | None) -> None:
             self._args = (model, config, api_key, served, engine_options, hosts)
 
-        def __serve_build_asgi_app__(self) -> Any:
-            from structgen.serving.app import create_app
-
+        def __serve_build_asgi_app__(self) -> FastAPI:
             model, config, key, served, opts, hosts = self._args
             engine = build_engine(model, config=config, **opts)
             app = create_app(engine, model_name=served, api_key=key, allowed_hosts=hosts)
@@ -81,7 +88,7 @@ def deployment(model: str, *, config: str | None = None, name: str = "structgen"
                 replica = "local"
 
             @app.middleware("http")
-            async def tag(request: Any, call_next: Any) -> Any:
+            async def tag(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
                 response = await call_next(request)
                 response.headers["X-Structgen-Replica"] = replica
                 return response
@@ -101,7 +108,7 @@ def deployment(model: str, *, config: str | None = None, name: str = "structgen"
         options["num_replicas"] = num_replicas
     if ray_actor_options is not None:
         options["ray_actor_options"] = ray_actor_options
-    dep = serve.deployment(StructgenReplica, **options)
+    dep = serve.deployment(**options)(StructgenReplica)
     return dep.bind(model, config, api_key, served_model_name or model, dict(engine_options or {}),
                     None if allowed_hosts is None else tuple(allowed_hosts))
 
@@ -112,16 +119,12 @@ class Extractor:
     under ``schema`` (or ``grammar`` / ``regex``), all rows of the batch in one continuous
     batch. Adds the columns ``text``, ``finish_reason`` and ``output_tokens``."""
 
-    def __init__(self, model: str, *, schema: Any = None, grammar: str | None = None,
+    def __init__(self, model: str, *, schema: object = None, grammar: str | None = None,
                  regex: str | None = None, max_tokens: int = 256, config: str | None = None,
                  **engine_options: Any) -> None:
-        from structgen.serving.engine import Constraint
-
         kinds = (("json", schema), ("grammar", grammar), ("regex", regex))
         given = [(k, v) for k, v in kinds if v is not None]
         if len(given) != 1:
-            from structgen.errors import ConfigError
-
             raise ConfigError("give exactly one of schema=, grammar= or regex=")
         self.constraint = Constraint(*given[0])
         self.max_tokens = max_tokens
@@ -130,8 +133,6 @@ class Extractor:
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Generate for every row of ``batch`` (a dict of columns) and add the output columns."""
-        from structgen.serving.engine import EngineRequest
-
         rows = len(next(iter(batch.values())))
         handles = []
         for i in range(rows):

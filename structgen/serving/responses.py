@@ -55,18 +55,20 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, TypeAlias, TypedDict
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import Field
 
 from structgen.calls.plan import OutputStream
 from structgen.config import MAX_COUNT
 from structgen.errors import ConfigError, RequestCancelledError, StructgenError
-from structgen.serving.engine import ChoiceResult, Engine, EngineRequest, RequestHandle
+from structgen.json_types import JsonObject
+from structgen.serving.api_errors import ApiError, SafeJSONResponse
+from structgen.serving.engine import Engine
 from structgen.serving.protocol import (
     ChatMessage,
     ResponseFormat,
@@ -74,13 +76,14 @@ from structgen.serving.protocol import (
     constraint_of,
     speculative_usage,
 )
+from structgen.serving.submission import ChoiceResult, EngineRequest, RequestHandle
 
 __all__ = ["ResponsesRequest", "RouteSupport", "TextFormat", "add_responses_route"]
 
 _log = logging.getLogger("uvicorn.error")  # where the chat routes report unexpected errors
 
 #: Request fields this route refuses when they ask for something (value -> neutral test).
-_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
+_UNSUPPORTED: dict[str, Callable[[object], bool]] = {
     "background": lambda v: v in (None, False),
     "prompt": lambda v: v is None,
     "top_logprobs": lambda v: v in (None, 0),
@@ -114,7 +117,7 @@ class TextFormat(_Model):
     type: Literal["text", "json_object", "json_schema", "grammar", "regex"]
     name: str | None = None
     description: str | None = None
-    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    schema_: dict[str, object] | bool | None = Field(default=None, alias="schema")
     strict: bool | None = None
     grammar: str | None = None
     start: str = "start"
@@ -122,7 +125,7 @@ class TextFormat(_Model):
 
     def response_format(self) -> ResponseFormat:
         """The chat ``response_format`` that asks for the same output."""
-        fields: dict[str, Any] = {"type": self.type, "grammar": self.grammar, "start": self.start,
+        fields: dict[str, object] = {"type": self.type, "grammar": self.grammar, "start": self.start,
                                   "regex": self.regex}
         if self.type == "json_schema":
             if self.schema_ is None:
@@ -143,11 +146,11 @@ class ResponsesRequest(_Model):
     """``POST /v1/responses`` (see the module's text for what each field does here)."""
 
     model: str | None = None
-    input: str | list[dict[str, Any]]
+    input: str | list[dict[str, object]]
     instructions: str | None = None
     text: TextConfig | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[dict[str, object]] | None = None
+    tool_choice: str | dict[str, object] | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -156,10 +159,10 @@ class ResponsesRequest(_Model):
     stream: bool = False
     store: bool | None = None
     previous_response_id: str | None = None
-    conversation: str | dict[str, Any] | None = None
+    conversation: str | dict[str, object] | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
-    reasoning: dict[str, Any] | None = None
+    reasoning: dict[str, object] | None = None
     include: list[str] | None = None
 
     def refuse_unsupported(self) -> None:
@@ -177,12 +180,12 @@ class ResponsesRequest(_Model):
             raise ConfigError("include: message.output_text.logprobs is not supported by structgen serve",
                               key="include")
 
-    def function_tools(self) -> list[dict[str, Any]] | None:
+    def function_tools(self) -> list[dict[str, object]] | None:
         """``tools`` as chat function specs (``{"type": "function", "function": {...}}``);
         a tool of another type is refused, naming ``tools[i].type``."""
         if not self.tools:
             return None
-        out = []
+        out: list[dict[str, object]] = []
         for i, tool in enumerate(self.tools):
             kind = tool.get("type")
             if kind != "function":
@@ -198,7 +201,7 @@ class ResponsesRequest(_Model):
             out.append({"type": "function", "function": spec})
         return out
 
-    def engine_tool_choice(self) -> Any:
+    def engine_tool_choice(self) -> str | dict[str, object]:
         """``tool_choice`` as the engine takes it (``{"type": "function", "name"}`` is already
         one of its forms); other choice types (built-in tools, ``allowed_tools``) are refused."""
         choice = self.tool_choice
@@ -210,13 +213,14 @@ class ResponsesRequest(_Model):
             raise ConfigError("tool_choice: needs tools", key="tool_choice")
         return "auto" if choice is None else choice
 
-    def message_dicts(self) -> list[dict[str, Any]]:
+    def message_dicts(self) -> list[dict[str, object]]:
         """``instructions`` and ``input`` as chat messages for the chat template (through
         :meth:`ChatMessage.template_dict`, as on the chat route)."""
-        messages: list[dict[str, Any]] = []
+        messages: list[dict[str, object]] = []
         if self.instructions:
             messages.append({"role": "system", "content": self.instructions})
-        items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
+        items: list[dict[str, object]] = (
+            [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input)
         if not items:
             raise ConfigError("input: give a string or at least one item", key="input")
         call_names: dict[str, str] = {}  # call_id -> function name, for the tool messages
@@ -235,8 +239,11 @@ class ResponsesRequest(_Model):
                 call_names[call["id"]] = call["function"]["name"]
                 last = messages[-1] if messages else None
                 # one assistant turn: its text and the calls that follow it, as chat writes it
-                if last is not None and last["role"] == "assistant":
-                    last.setdefault("tool_calls", []).append(call)
+                calls = last.get("tool_calls") if last is not None and last["role"] == "assistant" else None
+                if isinstance(calls, list):
+                    calls.append(call)
+                elif last is not None and last["role"] == "assistant":
+                    last["tool_calls"] = [call]
                 else:
                     messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
             elif kind == "function_call_output":
@@ -244,7 +251,7 @@ class ResponsesRequest(_Model):
                 if not isinstance(call_id, str):
                     raise ConfigError(f"{where}.call_id: give the call_id of the function_call answered",
                                       key=f"{where}.call_id")
-                message = {"role": "tool", "tool_call_id": call_id,
+                message: dict[str, object] = {"role": "tool", "tool_call_id": call_id,
                            "content": _item_text(item.get("output"), f"{where}.output")}
                 if call_id in call_names:
                     message["name"] = call_names[call_id]
@@ -260,7 +267,7 @@ class ResponsesRequest(_Model):
         return [ChatMessage.model_validate(m).template_dict(k) for k, m in enumerate(messages)]
 
 
-def _item_text(content: Any, where: str) -> str:
+def _item_text(content: object, where: str) -> str:
     """The text of a message's ``content`` or a call output's ``output``: a string, or a list
     of text parts joined."""
     if content is None:
@@ -282,18 +289,36 @@ def _item_text(content: Any, where: str) -> str:
     return "".join(out)
 
 
-def _tool_call(item: dict[str, Any], where: str) -> dict[str, Any]:
+class _Function(TypedDict):
+    name: str
+    arguments: str
+
+
+class _ToolCallEntry(TypedDict):
+    """A chat ``tool_calls`` entry."""
+
+    id: str
+    type: str
+    function: _Function
+
+
+def _text_field(item: dict[str, object], name: str, where: str) -> str:
+    """``item[name]``, which a function_call item must have as a string."""
+    value = item.get(name)
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}.{name}: a function_call item needs {name} (a string)",
+                          key=f"{where}.{name}")
+    return value
+
+
+def _tool_call(item: dict[str, object], where: str) -> _ToolCallEntry:
     """A ``function_call`` input item as a chat ``tool_calls`` entry."""
-    for name in ("call_id", "name", "arguments"):
-        if not isinstance(item.get(name), str):
-            raise ConfigError(f"{where}.{name}: a function_call item needs {name} (a string)",
-                              key=f"{where}.{name}")
+    call_id, name, arguments = (_text_field(item, k, where) for k in ("call_id", "name", "arguments"))
     try:
-        json.loads(item["arguments"] or "{}")
+        json.loads(arguments or "{}")
     except ValueError as e:
         raise ConfigError(f"{where}.arguments: not JSON ({e})", key=f"{where}.arguments") from None
-    return {"id": item["call_id"], "type": "function",
-            "function": {"name": item["name"], "arguments": item["arguments"]}}
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 @dataclass
@@ -312,10 +337,10 @@ class RouteSupport:
     ``on_client_gone()``: counts a client that went away."""
 
     require_json: Callable[[Request], None]
-    read_body: Callable[[Request], Awaitable[dict[str, Any]]]
-    parse: Callable[[type, dict[str, Any]], Any]
-    api_error: Callable[[StructgenError], Exception]
-    error: type[Exception]
+    read_body: Callable[[Request], Awaitable[JsonObject]]
+    parse: Callable[[type[ResponsesRequest], JsonObject], ResponsesRequest]
+    api_error: Callable[[StructgenError], ApiError]
+    error: type[ApiError]
     client_gone: type[Exception]
     collect: Callable[[RequestHandle, Request], Awaitable[list[ChoiceResult]]]
     on_client_gone: Callable[[], None]
@@ -344,22 +369,22 @@ def add_responses_route(app: FastAPI, engine: Engine, *, model_name: str, suppor
                                 code="internal_error") from None
 
 
-def _renamed(error: Exception) -> Exception:
+def _renamed(error: ApiError) -> ApiError:
     """An error of the shared chat machinery with its ``param`` named as this route names it
     (``messages`` -> ``input``, ``max_tokens`` -> ``max_output_tokens``, ...)."""
-    body = getattr(error, "body", None)
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        param = body["error"].get("param")
-        if isinstance(param, str) and param.endswith("].function.parameters"):  # flat tools here
+    fields = error.body["error"]
+    param = fields.get("param")
+    if isinstance(param, str):
+        if param.endswith("].function.parameters"):  # flat tools here
             param = param.replace("].function.parameters", "].parameters")
-        body["error"]["param"] = _PARAM_NAMES.get(param, param)
+        fields["param"] = _PARAM_NAMES.get(param, param)
     return error
 
 
 async def _answer(request: Request, engine: Engine, model_name: str, support: RouteSupport) -> Response:
     support.require_json(request)
     data = await support.read_body(request)
-    req: ResponsesRequest = support.parse(ResponsesRequest, data)
+    req = support.parse(ResponsesRequest, data)
     try:
         req.refuse_unsupported()
         fmt = req.text.format if req.text is not None else None
@@ -391,45 +416,78 @@ async def _answer(request: Request, engine: Engine, model_name: str, support: Ro
     r = results[0]
     if r.reason == "error":
         raise support.error(500, f"generation failed: {r.error}", type="server_error", code="internal_error")
-    return _JSON(shape.finished(_output(r), handle, r))
-
-
-class _JSON(JSONResponse):
-    """A JSON response whose text may hold a lone surrogate (escaped rather than failing), as
-    the app's own responses."""
-
-    def render(self, content: Any) -> bytes:
-        try:
-            return super().render(content)
-        except UnicodeEncodeError:
-            return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+    return SafeJSONResponse(shape.finished(_output(r), handle, r))
 
 
 def _id(prefix: str) -> str:
     return prefix + uuid.uuid4().hex[:24]
 
 
-def _message_item(text: str, status: str) -> dict[str, Any]:
+class _OutputText(TypedDict):
+    type: str
+    text: str
+    annotations: list[object]
+    logprobs: list[object]
+
+
+class _MessageItem(TypedDict):
+    """An output item of type ``message``."""
+
+    type: str
+    id: str
+    status: str
+    role: str
+    content: list[_OutputText]
+
+
+class _CallItem(TypedDict):
+    """An output item of type ``function_call``."""
+
+    type: str
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: str
+
+
+_Item: TypeAlias = "_MessageItem | _CallItem"
+
+
+class _Where(TypedDict):
+    """Where an item is, as its events name it."""
+
+    item_id: str
+    output_index: int
+
+
+def _message_item(text: str, status: str) -> _MessageItem:
     return {"type": "message", "id": _id("msg_"), "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
 
 
-def _call_item(call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+def _call_item(call_id: str, name: str, arguments: str, status: str) -> _CallItem:
     return {"type": "function_call", "id": _id("fc_"), "call_id": call_id, "name": name,
             "arguments": arguments, "status": status}
 
 
-def _output(r: ChoiceResult) -> list[dict[str, Any]]:
+def _output(r: ChoiceResult) -> list[_Item]:
     """The output items of a finished choice: with tools, a complete output split into its
     free text (a message, if any) and its validated calls, as the chat route splits it."""
     status = "completed" if r.finish_reason != "length" else "incomplete"
     if r.parts is None:
         return [_message_item(r.text, status)]
     _thought, text, calls, _errors = r.parts
-    items = [_message_item(text, status)] if text or not calls else []
+    items: list[_Item] = [_message_item(text, status)] if text or not calls else []
     for call in calls:
         items.append(_call_item(call.id, call.name, call.openai()["function"]["arguments"], status))
     return items
+
+
+def _function_of(tool: dict[str, object]) -> dict[str, object]:
+    """The ``function`` of a chat function spec (:meth:`ResponsesRequest.function_tools`)."""
+    function = tool.get("function")
+    return function if isinstance(function, dict) else {}
 
 
 class _Shape:
@@ -439,11 +497,10 @@ class _Shape:
     def __init__(self, req: ResponsesRequest, *, model: str, created: int) -> None:
         self.created = created
         fmt = req.text.format if req.text is not None else None
-        tools = [{"type": "function", "name": t["function"]["name"],
-                  "description": t["function"].get("description") or None,
-                  "parameters": t["function"].get("parameters"), "strict": True}
-                 for t in (req.function_tools() or [])]
-        self.head: dict[str, Any] = {
+        tools = [{"type": "function", "name": f.get("name"), "description": f.get("description") or None,
+                  "parameters": f.get("parameters"), "strict": True}
+                 for f in map(_function_of, req.function_tools() or [])]
+        self.head: dict[str, object] = {
             "id": _id("resp_"), "object": "response", "created_at": created, "status": "in_progress",
             "background": False, "error": None, "incomplete_details": None, "instructions": req.instructions,
             "max_output_tokens": req.max_output_tokens, "model": model, "output": [],
@@ -455,12 +512,12 @@ class _Shape:
             "tool_choice": "auto" if req.tool_choice is None else req.tool_choice, "tools": tools,
             "truncation": "disabled", "usage": None, "user": req.user, "metadata": req.metadata or {}}
 
-    def in_progress(self) -> dict[str, Any]:
+    def in_progress(self) -> dict[str, object]:
         """The response before any output."""
         return dict(self.head)
 
-    def finished(self, output: list[dict[str, Any]], handle: RequestHandle,
-                 r: ChoiceResult) -> dict[str, Any]:
+    def finished(self, output: Sequence[_Item], handle: RequestHandle,
+                 r: ChoiceResult) -> dict[str, object]:
         """The whole response: ``output``, status, usage."""
         cut = r.finish_reason == "length"
         out_tokens = len(r.tokens)
@@ -473,7 +530,7 @@ class _Shape:
                 "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
                 "output": output, "usage": usage}
 
-    def failed(self, message: str) -> dict[str, Any]:
+    def failed(self, message: str) -> dict[str, object]:
         """The response of a generation that failed."""
         return {**self.head, "status": "failed", "error": {"code": "server_error", "message": message}}
 
@@ -484,21 +541,21 @@ class _EventWriter:
 
     def __init__(self) -> None:
         self.sequence = 0
-        self.output: list[dict[str, Any]] = []
-        self.message: dict[str, Any] | None = None  # the message item being written
-        self.call: dict[str, Any] | None = None     # the function_call item being written
-        self.call_items: dict[int, dict[str, Any]] = {}  # the stream's call index -> its item
+        self.output: list[_Item] = []
+        self.message: _MessageItem | None = None  # the message item being written
+        self.call: _CallItem | None = None     # the function_call item being written
+        self.call_items: dict[int, _CallItem] = {}  # the stream's call index -> its item
 
-    def event(self, kind: str, **fields: Any) -> str:
+    def event(self, kind: str, **fields: object) -> str:
         """One server-sent event: ``event: <type>`` and the JSON ``data``."""
         data = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
         return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
-    def _where(self, item: dict[str, Any]) -> dict[str, Any]:
+    def _where(self, item: _Item) -> _Where:
         return {"item_id": item["id"], "output_index": self.output.index(item)}
 
-    def _add(self, item: dict[str, Any]) -> str:
+    def _add(self, item: _Item) -> str:
         self.output.append(item)
         return self.event("response.output_item.added", output_index=len(self.output) - 1, item=item)
 
@@ -577,14 +634,18 @@ async def _stream(handle: RequestHandle, shape: _Shape, on_gone: Callable[[], No
     reader = OutputStream(handle.plan) if handle.plan is not None else None
     finished = False
 
-    def events(pieces: list[tuple[Any, ...]]) -> Iterator[str]:
+    def events(pieces: Iterable[tuple[object, ...]]) -> Iterator[str]:
         for e in pieces:
             if e[0] == "content":
-                yield from w.text(e[1])
+                yield from w.text(str(e[1]))
             elif e[0] == "call":
-                yield from w.start_call(e[1], e[2], e[3])
+                index, call_id, name = e[1:4]
+                assert isinstance(index, int) and isinstance(call_id, str) and isinstance(name, str)
+                yield from w.start_call(index, call_id, name)
             elif e[0] == "arguments":
-                yield from w.arguments(e[1], e[2])
+                index, delta = e[1:3]
+                assert isinstance(index, int) and isinstance(delta, str)
+                yield from w.arguments(index, delta)
             # ("reasoning", ...) never comes: this route does not ask for reasoning
 
     try:

@@ -25,9 +25,12 @@ the scheduler thread a validator per schema, and a schema's ``$ref`` could make 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 from structgen.generation.results import is_complete
+
+if TYPE_CHECKING:  # pragma: no cover
+    from structgen.calls.plan import ToolCall
 
 __all__ = ["VALIDITIES", "judge_output", "output_check"]
 
@@ -45,7 +48,8 @@ def output_check(constraint_kind: str, *, unconstrained: bool, tools: bool, reas
     return "complete"
 
 
-def judge_output(check: str | None, reason: str, text: str, parts: Any = None) -> str | None:
+def judge_output(check: str | None, reason: str, text: str,
+                 parts: tuple[str | None, str, list[ToolCall], list[str]] | None = None) -> str | None:
     """The verdict on one finished output (see the module docstring): ``check`` from
     :func:`output_check`, ``reason`` the engine's finish reason, ``parts`` the output as the
     request's tool-calling plan read it (``OutputPlan.split``; None without tools or
