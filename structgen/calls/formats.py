@@ -48,28 +48,37 @@ instance of :class:`TaggedFormat` for the common "marker + JSON + end marker" sh
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import re
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, cast
 
 from structgen.calls.triggered import Region, TriggeredGrammar, body_grammar, triggered_to_grammar
+from structgen.config import JsonSchemaOptions
 from structgen.errors import ConfigError, SchemaError
 from structgen.frontends.json_schema.source import is_model_class, model_schema
 from structgen.grammar import ir
 from structgen.grammar.passes import prefixed_grammar
-
-if TYPE_CHECKING:  # pragma: no cover
-    from structgen.config import JsonSchemaOptions
+from structgen.json_types import JsonObject, JsonValue
 
 __all__ = ["DEFAULT_TOOL_FORMAT", "JSON_CALL_MAX_WHITESPACE", "TOOL_CHOICES", "TOOL_FORMATS",
            "HermesJsonFormat", "JsonCallFormat", "ParsedCalls", "TaggedFormat", "Tool", "ToolFormat",
            "arguments_grammar", "detect_tool_format", "either_grammar", "format_for_template",
            "normalize_tools", "register_tool_format", "starts_json_call", "tool_choice_name", "tool_format",
            "tool_from"]
+
+class Tokenizer(Protocol):
+    """What format detection reads of a tokenizer (a Hugging Face one, or any other backend's:
+    each attribute is looked up with a fallback)."""
+
+    added_tokens_decoder: Mapping[int, object]
+
+    def get_added_vocab(self) -> Mapping[str, int]: ...
+
 
 #: the ``tool_choice`` strings (a ``{"name": ...}`` dict names one tool)
 TOOL_CHOICES = ("auto", "required", "none")
@@ -82,28 +91,28 @@ class Tool:
 
     name: str
     description: str
-    parameters: Mapping[str, Any]
+    parameters: Mapping[str, JsonValue]
 
-    def openai(self) -> dict[str, Any]:
+    def openai(self) -> JsonObject:
         """The OpenAI-style spec ``{"type": "function", "function": {...}}`` (what chat
         templates take as ``tools=``)."""
         return {"type": "function", "function": {"name": self.name, "description": self.description,
                                                  "parameters": dict(self.parameters)}}
 
 
-_PY_TYPES: dict[Any, dict[str, Any]] = {
+_PY_TYPES: dict[object, JsonObject] = {
     str: {"type": "string"}, int: {"type": "integer"}, float: {"type": "number"},
     bool: {"type": "boolean"}, type(None): {"type": "null"}, dict: {"type": "object"},
     list: {"type": "array"},
 }
 
 
-def _annotation_schema(ann: Any, where: str) -> dict[str, Any]:
+def _annotation_schema(ann: object, where: str) -> JsonObject:
     if ann is inspect.Parameter.empty or ann is Any:
         return {}
     if ann in _PY_TYPES:
         return dict(_PY_TYPES[ann])
-    if is_model_class(ann):
+    if isinstance(ann, type) and is_model_class(ann):
         return model_schema(ann)
     origin = typing.get_origin(ann)
     args = typing.get_args(ann)
@@ -115,7 +124,7 @@ def _annotation_schema(ann: Any, where: str) -> dict[str, Any]:
                     "minItems": len(args), "maxItems": len(args)}
         return {"type": "array", "items": _annotation_schema(args[0], where)} if args else {"type": "array"}
     if origin in (dict, Mapping):
-        out: dict[str, Any] = {"type": "object"}
+        out: JsonObject = {"type": "object"}
         if len(args) == 2:
             out["additionalProperties"] = _annotation_schema(args[1], where)
         return out
@@ -141,7 +150,7 @@ def _docstring_parts(doc: str | None) -> tuple[str, dict[str, str]]:
     return summary, params
 
 
-def _function_tool(fn: Callable[..., Any]) -> Tool:
+def _function_tool(fn: Callable[..., object]) -> Tool:
     name = getattr(fn, "__name__", None)
     if not isinstance(name, str) or not name.isidentifier():
         raise ConfigError("a tool function needs a name", key="tools")
@@ -150,8 +159,8 @@ def _function_tool(fn: Callable[..., Any]) -> Tool:
         hints = typing.get_type_hints(fn)
     except Exception:  # noqa: BLE001 - unresolvable forward references: raw annotations
         hints = {}
-    props: dict[str, Any] = {}
-    required: list[str] = []
+    props: JsonObject = {}
+    required: list[JsonValue] = []
     for p in inspect.signature(fn).parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
@@ -161,11 +170,12 @@ def _function_tool(fn: Callable[..., Any]) -> Tool:
         props[p.name] = schema
         if p.default is inspect.Parameter.empty:
             required.append(p.name)
-    params = {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+    params: JsonObject = {"type": "object", "properties": props, "required": required,
+                          "additionalProperties": False}
     return Tool(name, summary, params)
 
 
-def tool_from(spec: Any) -> Tool:
+def tool_from(spec: object) -> Tool:
     """A :class:`Tool` from an OpenAI function spec (with or without the ``{"type":
     "function", "function": ...}`` wrapper), a Pydantic model class, a Python function or a
     :class:`Tool`. Raises :class:`~structgen.errors.ConfigError` (key ``tools``) otherwise."""
@@ -183,7 +193,7 @@ def tool_from(spec: Any) -> Tool:
             raise ConfigError(f"tool {fn['name']!r}: parameters must be a JSON Schema object",
                               key=f"tools/{fn['name']}/parameters")
         return Tool(fn["name"], str(fn.get("description") or ""), dict(params))
-    if is_model_class(spec):
+    if isinstance(spec, type) and is_model_class(spec):
         summary, _ = _docstring_parts(spec.__doc__)
         schema = dict(model_schema(spec))
         schema.pop("title", None)
@@ -194,13 +204,13 @@ def tool_from(spec: Any) -> Tool:
                       f"not {type(spec).__name__}", key="tools")
 
 
-def normalize_tools(tools: Any) -> list[Tool]:
+def normalize_tools(tools: object) -> list[Tool]:
     """The tools of ``tools`` (a list of anything :func:`tool_from` takes), names unique."""
     if tools is None:
         return []
     if isinstance(tools, (Mapping, Tool)) or callable(tools):
         tools = [tools]
-    out = [tool_from(t) for t in tools]
+    out = [tool_from(t) for t in cast("Iterable[object]", tools)]  # (else: Python's TypeError)
     seen: set[str] = set()
     for t in out:
         if t.name in seen:
@@ -209,7 +219,7 @@ def normalize_tools(tools: Any) -> list[Tool]:
     return out
 
 
-def tool_choice_name(choice: Any, tools: Sequence[Tool]) -> str | None:
+def tool_choice_name(choice: object, tools: Sequence[Tool]) -> str | None:
     """The tool a ``tool_choice`` names (``{"name": ...}`` or ``{"type": "function",
     "function": {"name": ...}}``), or None for ``"auto"``/``"required"``/``"none"``.
     Raises :class:`~structgen.errors.ConfigError` (key ``tool_choice``) for anything else."""
@@ -234,7 +244,7 @@ class ParsedCalls:
     parse (unconstrained output may have them; constrained output never does)."""
 
     text: str
-    calls: list[tuple[str, Any]]
+    calls: list[tuple[str, JsonValue]]
     errors: list[str]
 
 
@@ -287,7 +297,7 @@ class ToolFormat:
 _DECODER = json.JSONDecoder()
 
 
-def _decode_call(raw: str, arguments_key: str) -> tuple[str, Any]:
+def _decode_call(raw: str, arguments_key: str) -> tuple[str, JsonValue]:
     value = json.loads(raw)
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         raise ValueError("a call must be an object with a string \"name\"")
@@ -330,10 +340,11 @@ class TaggedFormat(ToolFormat):
             rules = dict(body.rules)
             rules["padded"] = ir.seq(ir.lit(self.padding), ir.ref(body.start), ir.lit(self.padding))
             body = ir.Grammar(rules, "padded")
-        region = Region(self.begin, body, self.end)
+        region = Region(self.begin.encode(), body, self.end.encode())
         at_most = None if parallel else 1
         if choice == "required":
-            return TriggeredGrammar((region,), 1, at_most, regions_only=True, separator=self.separator)
+            return TriggeredGrammar((region,), 1, at_most, regions_only=True,
+                                   separator=self.separator.encode())
         if choice == "none":
             return TriggeredGrammar((region,), 0, 0, free_text=free_text)
         return TriggeredGrammar((region,), 0, at_most, free_text=free_text)
@@ -343,7 +354,7 @@ class TaggedFormat(ToolFormat):
         hold the end marker), then ``end`` after optional whitespace; a block whose JSON does
         not parse (unconstrained output) is an error and ends at the next ``end``. The rest
         is text."""
-        calls: list[tuple[str, Any]] = []
+        calls: list[tuple[str, JsonValue]] = []
         errors: list[str] = []
         parts: list[str] = []
         pos = 0
@@ -400,7 +411,7 @@ class Llama3JsonFormat(ToolFormat):
             body = body[len("<|python_tag|>"):].lstrip()
         if not body.startswith("{"):
             return ParsedCalls(text.strip(), [], [])
-        calls: list[tuple[str, Any]] = []
+        calls: list[tuple[str, JsonValue]] = []
         errors: list[str] = []
         pos = 0
         while pos < len(body):
@@ -435,7 +446,7 @@ class MistralFormat(ToolFormat):
         one = ir.ref("c." + body.start)
         more = ir.rep(ir.seq(ir.lit(", "), one), 0, None if parallel else 0)
         rules["array"] = ir.seq(ir.lit("["), one, more, ir.lit("]"))
-        region = Region(self.marker, ir.Grammar(rules, "array"), "")
+        region = Region(self.marker.encode(), ir.Grammar(rules, "array"), b"")
         if choice == "required":
             spec = TriggeredGrammar((region,), 1, 1, regions_only=True)
         else:
@@ -447,7 +458,7 @@ class MistralFormat(ToolFormat):
         i = text.find(self.marker)
         if i < 0:
             return ParsedCalls(text.strip(), [], [])
-        calls: list[tuple[str, Any]] = []
+        calls: list[tuple[str, JsonValue]] = []
         errors: list[str] = []
         try:
             value, _ = _DECODER.raw_decode(text[i + len(self.marker):].lstrip())
@@ -495,7 +506,7 @@ def _not_call_start(*, any_fence: bool = False) -> ir.Expr:
     starts = [ir.lit("{"), ir.lit(_FENCE_OPEN)]
     if any_fence:
         lang = ir.star(ir.byteset([(ord("a"), ord("z")), (ord("A"), ord("Z")), (ord("0"), ord("9")),
-                                   ord("_"), ord("-"), ord("+")]))
+                                   (ord("_"), ord("_")), (ord("-"), ord("-")), (ord("+"), ord("+"))]))
         starts[1] = ir.seq(ir.lit("```"), lang, ws, ir.lit("{"))
     return ir.diff(any_text, ir.seq(ws, ir.alt(*starts), any_text))
 
@@ -527,10 +538,6 @@ class JsonCallFormat(ToolFormat):
     def call_body(self, tools: Sequence[Tool], json_options: JsonSchemaOptions | None = None) -> ir.Grammar:
         """One call, ``{"name": "<tool>", "arguments": <arguments>}`` with JSON whitespace
         between its tokens (the arguments' schema compiled with flexible whitespace)."""
-        import dataclasses
-
-        from structgen.config import JsonSchemaOptions
-
         options = dataclasses.replace(json_options or JsonSchemaOptions(), whitespace="flexible",
                                       max_whitespace=self.max_whitespace)
         ws = _whitespace(self.max_whitespace)
@@ -570,7 +577,7 @@ class JsonCallFormat(ToolFormat):
         is the text; a call that does not parse is an error and the rest is text."""
         if not starts_json_call(text):
             return ParsedCalls(text.strip(), [], [])
-        calls: list[tuple[str, Any]] = []
+        calls: list[tuple[str, JsonValue]] = []
         errors: list[str] = []
         pos = _skip_whitespace(text, 0)
         while pos < len(text) and (text.startswith("{", pos) or text.startswith(_FENCE_OPEN, pos)):
@@ -665,7 +672,7 @@ def tool_format(name: str | ToolFormat) -> ToolFormat:
     return fmt
 
 
-def _template_format(template: Any) -> str | None:
+def _template_format(template: object) -> str | None:
     """The format a chat template's text shows, or None when it shows none."""
     if isinstance(template, Mapping):  # several named templates: any of them
         template = "\n".join(str(t) for t in template.values())
@@ -687,7 +694,7 @@ def format_for_template(template: str | None) -> str:
     return _template_format(template) or DEFAULT_TOOL_FORMAT
 
 
-def _added_token_texts(tokenizer: Any) -> set[str]:
+def _added_token_texts(tokenizer: Tokenizer) -> set[str]:
     """The texts of a tokenizer's added (special) tokens; empty when it cannot say."""
     texts: set[str] = set()
     try:
@@ -701,7 +708,7 @@ def _added_token_texts(tokenizer: Any) -> set[str]:
     return texts
 
 
-def detect_tool_format(tokenizer: Any = None, chat_template: Any = None) -> str:
+def detect_tool_format(tokenizer: Tokenizer | None = None, chat_template: object = None) -> str:
     """The name of the call format a model writes, from its chat template (``chat_template``,
     else the tokenizer's) and then its tokenizer's added tokens: ``[TOOL_CALLS]`` ->
     ``"mistral"``, ``<|python_tag|>`` -> ``"llama3"``, ``<tool_call>`` -> ``"hermes_json"``

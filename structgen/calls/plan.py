@@ -24,22 +24,54 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol
 
 from structgen.calls.formats import (
     _FENCE_CLOSE,
     _FENCE_OPEN,
     _JSON_WHITESPACE,
+    HermesJsonFormat,
+    JsonCallFormat,
+    Llama3JsonFormat,
+    MistralFormat,
+    TaggedFormat,
+    Tokenizer,
+    Tool,
+    ToolFormat,
     _skip_whitespace,
+    detect_tool_format,
+    either_grammar,
+    normalize_tools,
     starts_json_call,
+    tool_choice_name,
 )
+from structgen.calls.formats import tool_format as get_format
+from structgen.calls.triggered import Region, TriggeredGrammar, body_grammar, compile_triggered
+from structgen.config import JsonSchemaOptions
 from structgen.errors import ConfigError, SchemaError
+from structgen.grammar import ir
+from structgen.grammar.compiled import CompiledGrammar
+from structgen.grammar.compiler import compile_grammar
+from structgen.grammar.passes import prefixed_grammar
+from structgen.json_types import JsonObject, JsonValue
+
+if TYPE_CHECKING:  # pragma: no cover
+    from structgen.masks.capped import CappedMatcher
+    from structgen.masks.vocab import Vocabulary
 
 __all__ = ["CallStream", "OutputPlan", "OutputStream", "ToolCall", "plan_output"]
 
 THINK_START = "<think>"
 THINK_END = "</think>"
+
+
+class _TokenNames(Protocol):
+    """The one tokenizer method :meth:`OutputPlan.vocabulary` uses."""
+
+    def convert_ids_to_tokens(self, ids: int) -> object: ...
 
 
 @dataclass
@@ -49,19 +81,25 @@ class ToolCall:
 
     id: str
     name: str
-    arguments: Any
+    arguments: JsonValue
     #: the arguments' JSON text as the model wrote it (None: unknown, :meth:`openai` writes it)
     arguments_text: str | None = None
 
-    def openai(self) -> dict[str, Any]:
+    def openai(self) -> JsonObject:
         """The OpenAI message form ``{"id", "type": "function", "function": {"name",
         "arguments": <JSON text>}}`` (to put back into ``messages``): the text the model
         wrote where it is known (what a stream of the same output sends), else the arguments
         written by ``json.dumps``."""
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments_json()}}
+
+    def arguments_json(self) -> str:
+        """The arguments as JSON text: as the model wrote them where known, else
+        ``json.dumps`` of :attr:`arguments` (the ``arguments`` of :meth:`openai`)."""
         text = self.arguments_text
         if text is None:
             text = json.dumps(self.arguments, ensure_ascii=False)
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": text}}
+        return text
 
 
 @dataclass
@@ -73,37 +111,37 @@ class OutputPlan:
     generation loop uses (a :class:`~structgen.masks.capped.CappedMatcher` under a thinking
     budget, else None)."""
 
-    grammar: Any
-    tools: list[Any] = field(default_factory=list)
-    format: Any = None
+    grammar: CompiledGrammar
+    tools: list[Tool] = field(default_factory=list)
+    format: ToolFormat | None = None
     reasoning: bool = False
     think_prefix: str = ""
-    template_tools: list[dict[str, Any]] | None = None
-    new_matcher: Any = None
+    template_tools: list[JsonObject] | None = None
+    new_matcher: Callable[..., CappedMatcher] | None = None
     #: the ``tool_choice`` as the grammar has it: "auto", "required" (a named tool too) or "none"
     choice: str = "auto"
     #: with tools and a constraint together: the IR grammars of the answer and of the calls
     #: (None without; ``calls`` is None under "none")
-    answer: Any = None
-    calls: Any = None
-    _compiled: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    answer: ir.Grammar | None = None
+    calls: ir.Grammar | None = None
+    _compiled: dict[str, CompiledGrammar] = field(default_factory=dict, repr=False, compare=False)
 
     def markers(self) -> list[str]:
         """The marker texts of the output (the format's, the thinking markers)."""
         out = list(self.format.markers) if self.format is not None else []
         return out + ([THINK_START, THINK_END] if self.reasoning else [])
 
-    def vocabulary(self, vocab: Any, tokenizer: Any) -> Any:
+    def vocabulary(self, vocab: Vocabulary, tokenizer: _TokenNames) -> Vocabulary:
         """``vocab``, with every special token whose text lies inside one of :meth:`markers`
         given that text (:meth:`~structgen.masks.vocab.Vocabulary.with_token_text`), so the
         model's own control token (Mistral's ``[TOOL_CALLS]``, a special ``<think>``) can write
         the marker; ``vocab`` itself when there is none."""
         markers = [m for m in self.markers() if m]
-        specials = getattr(vocab, "special_ids", frozenset())
+        specials: frozenset[int] = getattr(vocab, "special_ids", frozenset())
         if not markers or not specials or not hasattr(vocab, "with_token_text"):
             return vocab
         eos = set(vocab.eos_token_ids)
-        texts = {}
+        texts: dict[int, bytes | str] = {}
         for i in sorted(specials - eos):
             try:
                 content = tokenizer.convert_ids_to_tokens(int(i))
@@ -113,11 +151,9 @@ class OutputPlan:
                 texts[int(i)] = content
         return vocab.with_token_text(texts) if texts else vocab
 
-    def _grammar_of(self, which: str) -> Any:
+    def _grammar_of(self, which: str) -> CompiledGrammar:
         """The compiled ``answer`` or ``calls`` grammar (compiled once, cached by content)."""
         if which not in self._compiled:
-            from structgen.grammar.compiler import compile_grammar
-
             self._compiled[which] = compile_grammar(getattr(self, which))
         return self._compiled[which]
 
@@ -187,8 +223,8 @@ class OutputPlan:
         return reasoning, parsed.text, calls, errors
 
 
-def _validation_error(value: Any, schema: Any) -> str | None:
-    import jsonschema
+def _validation_error(value: JsonValue, schema: Mapping[str, JsonValue]) -> str | None:
+    import jsonschema  # (only to check calls: importing calls stays cheap)
 
     try:
         jsonschema.validate(value, dict(schema))
@@ -198,11 +234,12 @@ def _validation_error(value: Any, schema: Any) -> str | None:
     return None
 
 
-def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_calls: bool = True,
-                tool_format: Any = None, chat_template: str | None = None, reasoning: bool = False,
-                prompt_text: str = "", schema: Any = None, grammar: Any = None, regex: Any = None,
-                start: str = "start", strict: bool = True,
-                thinking_budget: int | None = None, tokenizer: Any = None) -> OutputPlan:
+def plan_output(*, tools: object = None, tool_choice: object = "auto", parallel_tool_calls: bool = True,
+                tool_format: str | ToolFormat | None = None, chat_template: str | None = None,
+                reasoning: bool = False, prompt_text: str = "", schema: object = None,
+                grammar: str | None = None, regex: str | None = None, start: str = "start",
+                strict: bool = True, thinking_budget: int | None = None,
+                tokenizer: Tokenizer | None = None) -> OutputPlan:
     """The grammar and reading of one output (see the module docstring). ``tool_format``:
     a registered name or :class:`~structgen.calls.formats.ToolFormat` (default: what
     :func:`~structgen.calls.formats.detect_tool_format` finds in ``chat_template`` and
@@ -213,13 +250,6 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
     the opening marker) have been generated without ``</think>``, the output must write
     ``</think>`` next. Raises :class:`~structgen.errors.ConfigError` for more than one
     constraint, a bad ``tool_choice`` or tool spec."""
-    from structgen.calls.formats import detect_tool_format, normalize_tools, tool_choice_name
-    from structgen.calls.formats import tool_format as get_format
-    from structgen.calls.triggered import Region, TriggeredGrammar, body_grammar, compile_triggered
-    from structgen.config import JsonSchemaOptions
-    from structgen.grammar import ir
-    from structgen.grammar.compiler import compile_grammar
-
     tool_list = normalize_tools(tools)
     constraints = sum(x is not None for x in (schema, grammar, regex))
     if constraints > 1:
@@ -232,7 +262,7 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
     if not isinstance(parallel_tool_calls, bool):
         raise ConfigError("parallel_tool_calls must be true or false", key="parallel_tool_calls")
     options = JsonSchemaOptions(strict=strict)
-    constraint: Any = None  # the constraint's IR grammar (None: none given)
+    constraint: ir.Grammar | None = None  # the constraint's IR grammar (None: none given)
     if schema is not None:
         constraint = body_grammar("json", schema, json_options=options)
     elif grammar is not None:
@@ -241,11 +271,11 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
         constraint = body_grammar("regex", regex)
     fmt = None
     choice = "auto"
-    calls: Any = None  # the calls-only grammar, where tools and a constraint combine
-    answer: Any = constraint  # the IR grammar of what follows any reasoning (None: any text)
+    calls: ir.Grammar | None = None  # the calls-only grammar, where tools and a constraint combine
+    answer: ir.Grammar | None = constraint  # the IR grammar of what follows any reasoning (None: any text)
     if tool_list:
         name = tool_choice_name(tool_choice, tool_list)
-        choice = "required" if name is not None else tool_choice
+        choice = "required" if name is not None else str(tool_choice)  # (checked: a choice string)
         used = [t for t in tool_list if name is None or t.name == name]
         if tool_format is None:
             tool_format = detect_tool_format(tokenizer, chat_template)
@@ -254,8 +284,6 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
             if constraint is None:
                 answer = fmt.grammar(used, choice, parallel_tool_calls, options)
             elif choice != "none":  # calls only, or (auto) calls or the answer
-                from structgen.calls.formats import either_grammar
-
                 calls = fmt.grammar(used, "required", parallel_tool_calls, options)
                 answer = calls if choice == "required" else either_grammar(calls, constraint)
         except SchemaError as e:  # a tool's parameters: say which, where the request gave it
@@ -265,28 +293,26 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
             raise
     if answer is None:
         answer = ir.Grammar({"text": ir.star(ir.ANY_BYTE)}, "text")
-    both = {"choice": choice, "answer": constraint if fmt is not None else None, "calls": calls}
+    both_answer = constraint if fmt is not None else None
     template_tools = [t.openai() for t in tool_list] or None
     if not reasoning:
-        return OutputPlan(compile_grammar(answer), tool_list, fmt, False, "", template_tools, **both)
+        return OutputPlan(compile_grammar(answer), tool_list, fmt, False, "", template_tools,
+                          choice=choice, answer=both_answer, calls=calls)
     opened = prompt_text.rstrip().endswith(THINK_START)
     prefix = "" if opened else THINK_START + "\n"
-    from structgen.grammar.passes import prefixed_grammar
-
     rules = prefixed_grammar(answer, "a.")
     rules["after_think"] = ir.seq(ir.rep(ir.byteset(b" \n"), 0, 4), ir.ref("a." + answer.start))
-    region = Region(THINK_END, ir.Grammar(rules, "after_think"), "")
-    spec = TriggeredGrammar((region,), 1, 1, stop_after=True, prefix=prefix)
+    region = Region(THINK_END.encode(), ir.Grammar(rules, "after_think"), b"")
+    spec = TriggeredGrammar((region,), 1, 1, stop_after=True, prefix=prefix.encode())
     new_matcher = None
     if thinking_budget is not None:
-        from functools import partial
-
+        # (masks.capped loads numba: only a thinking budget needs it, and calls stays light)
         from structgen.masks.capped import CappedMatcher
 
         new_matcher = partial(CappedMatcher, marker=THINK_END, cap=thinking_budget,
                               count_after=None if opened else prefix)
     return OutputPlan(compile_triggered(spec), tool_list, fmt, True, THINK_START if opened else "",
-                      template_tools, new_matcher, **both)
+                      template_tools, new_matcher, choice=choice, answer=both_answer, calls=calls)
 
 
 def _json_end(text: str, pos: int) -> int | None:
@@ -392,10 +418,8 @@ def _held_marker_prefix(text: str, marker: str) -> int:
     return 0
 
 
-def _read_calls(fmt: Any, text: str, final: bool) -> tuple[str, list[_Call]] | None:
+def _read_calls(fmt: ToolFormat, text: str, final: bool) -> tuple[str, list[_Call]] | None:
     """:meth:`CallStream.read` for the format ``fmt``."""
-    from structgen.calls.formats import HermesJsonFormat, JsonCallFormat, Llama3JsonFormat, MistralFormat
-
     if isinstance(fmt, HermesJsonFormat):
         body = text.lstrip(_JSON_WHITESPACE)
         if not body or (not final and _FENCE_OPEN.startswith(body)):
@@ -408,7 +432,9 @@ def _read_calls(fmt: Any, text: str, final: bool) -> tuple[str, list[_Call]] | N
         return _read_llama3(text, final, fmt.arguments_key)
     if isinstance(fmt, MistralFormat):
         return _read_mistral(text, final, fmt.marker, fmt.arguments_key)
-    return _read_tagged(text, final, fmt.begin, fmt.end, fmt.arguments_key)
+    if isinstance(fmt, TaggedFormat):
+        return _read_tagged(text, final, fmt.begin, fmt.end, fmt.arguments_key)
+    return None  # (CallStream.for_plan takes only the formats above)
 
 
 def _read_llama3(text: str, final: bool, key: str) -> tuple[str, list[_Call]] | None:
@@ -589,7 +615,7 @@ class CallStream:
     None for the others, and for reasoning, whose parts are only known once the output is
     complete."""
 
-    def __init__(self, fmt: Any, *, calls_allowed: bool = True) -> None:
+    def __init__(self, fmt: ToolFormat, *, calls_allowed: bool = True) -> None:
         self.fmt = fmt
         self.calls_allowed = calls_allowed  # False under tool_choice="none": all text
         self.text = ""
@@ -600,14 +626,6 @@ class CallStream:
     def for_plan(cls, plan: OutputPlan) -> CallStream | None:
         """A stream reader for outputs of ``plan``, or None where the output can only be read
         once complete (no tools, reasoning, a format other than the built-in ones)."""
-        from structgen.calls.formats import (
-            HermesJsonFormat,
-            JsonCallFormat,
-            Llama3JsonFormat,
-            MistralFormat,
-            TaggedFormat,
-        )
-
         if plan.format is None or plan.reasoning:
             return None
         builtin = (TaggedFormat, Llama3JsonFormat, MistralFormat, JsonCallFormat, HermesJsonFormat)
@@ -717,7 +735,7 @@ class OutputStream:
                 for k, call in enumerate(calls):
                     self._whole_ids.append(call.id)
                     events += [("call", k, call.id, call.name),
-                               ("arguments", k, call.openai()["function"]["arguments"])]
+                               ("arguments", k, call.arguments_json())]
             return events
         new, self.answer_fed = answer[self.answer_fed:], len(answer)
         return events + self.calls.feed(new, final=final)

@@ -45,10 +45,10 @@ from structgen.frontends.constraint import schema_from
 from structgen.generation.api import DEFAULT_MODEL, GenerationResult, prompt_ids
 from structgen.generation.loop import check_budget
 from structgen.generation.model import CausalLM, check_context, load_model, vocabulary_for
-from structgen.json_types import JsonObject, JsonValue
+from structgen.json_types import JsonValue
 from structgen.masks.matcher import Matcher
 from structgen.metrics import Metrics, serve_metrics
-from structgen.settings import Settings
+from structgen.settings import Settings, with_overrides
 from structgen.validation import Document
 
 __all__ = ["run"]
@@ -163,6 +163,7 @@ def _check_output(req: _Request, res: GenerationResult) -> tuple[bool, JsonValue
         value = json.loads(res.text)
     except ValueError as e:
         return False, None, [f"not JSON: {e}"]
+    assert c.validator is not None  # every JSON kind has one (_schema_constraint)
     result = c.validator.validate(Document(1, value), "<output>")
     errors = [f"{e.path}: {e.message}" for e in result.errors]
     if c.pydantic is not None and not errors:
@@ -237,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
                                                     "tool_format", "reasoning", "thinking_budget")}
         over = {k: v for k, v in over.items() if v is not None}
         if over:
-            gen = replace(gen, **over)
+            gen = with_overrides(replace(settings, generation=gen), "generation", **over).generation
     except ConfigError as e:
         raise _Usage(f"--{(e.key or '').replace('_', '-')}: {e}") from None
     speculative = gen.speculative and not args.no_speculative
@@ -320,8 +321,8 @@ def _tool_options(gen: GenerationOptions) -> ToolMode:
         try:
             normalized = normalize_tools(tools)
             choice: str | dict[str, str] = gen.tool_choice
-            if choice not in ("auto", "required", "none"):
-                choice = {"name": choice}
+            if gen.tool_choice not in ("auto", "required", "none"):
+                choice = {"name": gen.tool_choice}
             tool_choice_name(choice, normalized)
         except StructgenError as e:
             raise _Usage(f"--tools {gen.tools}: {_text(e)}") from None
@@ -435,7 +436,7 @@ def _generate_all(args: argparse.Namespace, prog: str, lm: CausalLM, requests: l
                         valid, errors = False, errors + [res.error]
                     metrics.observe(res, valid=valid)
                     failed += not valid
-                    line: JsonObject = {"index": req.index}
+                    line: dict[str, object] = {"index": req.index}
                     if req.id is not None:
                         line["id"] = req.id
                     line.update({"text": res.text, "value": value, "finish_reason": res.finish_reason,
