@@ -57,6 +57,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+from structgen.calls.scan import (
+    FENCE_CLOSE,
+    FENCE_OPEN,
+    JSON_WHITESPACE,
+    PartialCall,
+    read_json_calls,
+    read_llama3,
+    read_mistral,
+    read_tagged,
+    skip_whitespace,
+)
 from structgen.calls.triggered import Region, TriggeredGrammar, body_grammar, triggered_to_grammar
 from structgen.config import JsonSchemaOptions
 from structgen.errors import ConfigError, SchemaError
@@ -293,6 +304,16 @@ class ToolFormat:
         """Split an output into free text and calls (tolerant: unconstrained output too)."""
         raise NotImplementedError
 
+    #: whether :meth:`read_calls` reads this format's outputs as they grow (the built-in
+    #: formats); a format without it has its calls read once the output is complete
+    streams: bool = False
+
+    def read_calls(self, text: str, final: bool) -> tuple[str, list[PartialCall]] | None:
+        """(content so far, calls so far) of ``text``, an output of this format's grammar as far
+        as it is written (``final``: complete); None when the text leaves the shapes the grammar
+        writes. Only where :attr:`streams` (:mod:`structgen.calls.scan`)."""
+        raise NotImplementedError
+
 
 _DECODER = json.JSONDecoder()
 
@@ -349,6 +370,12 @@ class TaggedFormat(ToolFormat):
             return TriggeredGrammar((region,), 0, 0, free_text=free_text)
         return TriggeredGrammar((region,), 0, at_most, free_text=free_text)
 
+    streams = True
+
+    def read_calls(self, text: str, final: bool) -> tuple[str, list[PartialCall]] | None:
+        """See :meth:`ToolFormat.read_calls`: tagged blocks amid free text."""
+        return read_tagged(text, final, self.begin, self.end, self.arguments_key)
+
     def parse(self, text: str) -> ParsedCalls:
         """Each block: ``begin``, the call's JSON value read as JSON (so an argument string may
         hold the end marker), then ``end`` after optional whitespace; a block whose JSON does
@@ -403,6 +430,12 @@ class Llama3JsonFormat(ToolFormat):
         rules["reply"] = {"required": calls, "none": text}.get(choice, ir.alt(calls, text))
         return ir.Grammar(rules, "reply")
 
+    streams = True
+
+    def read_calls(self, text: str, final: bool) -> tuple[str, list[PartialCall]] | None:
+        """See :meth:`ToolFormat.read_calls`: the whole reply, calls joined by ``"; "``."""
+        return read_llama3(text, final, self.arguments_key)
+
     def parse(self, text: str) -> ParsedCalls:
         """Calls when the reply starts with ``{`` (after an optional ``<|python_tag|>``), as
         the grammar has it: a reply starting with anything else (a space included) is text."""
@@ -453,6 +486,12 @@ class MistralFormat(ToolFormat):
             spec = TriggeredGrammar((region,), 0, 0 if choice == "none" else 1, stop_after=choice != "none")
         return triggered_to_grammar(spec)
 
+    streams = True
+
+    def read_calls(self, text: str, final: bool) -> tuple[str, list[PartialCall]] | None:
+        """See :meth:`ToolFormat.read_calls`: free text, the marker, a JSON array of calls."""
+        return read_mistral(text, final, self.marker, self.arguments_key)
+
     def parse(self, text: str) -> ParsedCalls:
         """The array after the first marker; the text before it."""
         i = text.find(self.marker)
@@ -474,26 +513,17 @@ class MistralFormat(ToolFormat):
 #: few levels deep, bounded so that a model cannot run away writing whitespace
 JSON_CALL_MAX_WHITESPACE = 16
 
-_JSON_WHITESPACE = " \t\n\r"
-_FENCE_OPEN = "```json"
-_FENCE_CLOSE = "```"
 
 
 def _whitespace(limit: int = JSON_CALL_MAX_WHITESPACE) -> ir.Expr:
-    return ir.rep(ir.byteset(_JSON_WHITESPACE.encode()), 0, limit)
-
-
-def _skip_whitespace(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos] in _JSON_WHITESPACE:
-        pos += 1
-    return pos
+    return ir.rep(ir.byteset(JSON_WHITESPACE.encode()), 0, limit)
 
 
 def starts_json_call(text: str) -> bool:
     """Does ``text``, after JSON whitespace, start the way a JSON-format call does (``{`` or
     ````` ```json `````)? Such a reply is calls in the ``json`` and ``hermes_json`` formats."""
-    body = text.lstrip(_JSON_WHITESPACE)
-    return body.startswith("{") or body.startswith(_FENCE_OPEN)
+    body = text.lstrip(JSON_WHITESPACE)
+    return body.startswith("{") or body.startswith(FENCE_OPEN)
 
 
 def _not_call_start(*, any_fence: bool = False) -> ir.Expr:
@@ -502,8 +532,8 @@ def _not_call_start(*, any_fence: bool = False) -> ir.Expr:
     (``tool_choice="none"``: a call fenced as ````` ```xml ````` is still a call, a JSON array
     in a fence is not)."""
     any_text = ir.star(ir.ANY_BYTE)
-    ws = ir.star(ir.byteset(_JSON_WHITESPACE.encode()))
-    starts = [ir.lit("{"), ir.lit(_FENCE_OPEN)]
+    ws = ir.star(ir.byteset(JSON_WHITESPACE.encode()))
+    starts = [ir.lit("{"), ir.lit(FENCE_OPEN)]
     if any_fence:
         lang = ir.star(ir.byteset([(ord("a"), ord("z")), (ord("A"), ord("Z")), (ord("0"), ord("9")),
                                    (ord("_"), ord("_")), (ord("-"), ord("-")), (ord("+"), ord("+"))]))
@@ -565,10 +595,17 @@ class JsonCallFormat(ToolFormat):
         rules = prefixed_grammar(body, "c.")
         one = ir.ref("c." + body.start)
         ws = _whitespace(self.max_whitespace)
-        item = ir.alt(one, ir.seq(ir.lit(_FENCE_OPEN), ws, one, ws, ir.lit(_FENCE_CLOSE)))
+        item = ir.alt(one, ir.seq(ir.lit(FENCE_OPEN), ws, one, ws, ir.lit(FENCE_CLOSE)))
         calls = ir.seq(item, ir.rep(ir.seq(ws, item), 0, None if parallel else 0), ws)
         rules["reply"] = calls if choice == "required" else ir.alt(calls, _not_call_start())
         return ir.Grammar(rules, "reply")
+
+    streams = True
+
+    def read_calls(self, text: str, final: bool) -> tuple[str, list[PartialCall]] | None:
+        """See :meth:`ToolFormat.read_calls`: calls when the reply starts with ``{`` or a
+        fence, else text."""
+        return read_json_calls(text, final, self.arguments_key)
 
     def parse(self, text: str) -> ParsedCalls:
         """Calls when the reply starts (after whitespace) with ``{`` or ````` ```json `````, as
@@ -579,25 +616,25 @@ class JsonCallFormat(ToolFormat):
             return ParsedCalls(text.strip(), [], [])
         calls: list[tuple[str, JsonValue]] = []
         errors: list[str] = []
-        pos = _skip_whitespace(text, 0)
-        while pos < len(text) and (text.startswith("{", pos) or text.startswith(_FENCE_OPEN, pos)):
-            fenced = text.startswith(_FENCE_OPEN, pos)
-            start = _skip_whitespace(text, pos + len(_FENCE_OPEN)) if fenced else pos
+        pos = skip_whitespace(text, 0)
+        while pos < len(text) and (text.startswith("{", pos) or text.startswith(FENCE_OPEN, pos)):
+            fenced = text.startswith(FENCE_OPEN, pos)
+            start = skip_whitespace(text, pos + len(FENCE_OPEN)) if fenced else pos
             try:
                 value, end = _DECODER.raw_decode(text, start)
                 call = _decode_call(json.dumps(value), self.arguments_key)
             except (ValueError, TypeError) as e:
                 errors.append(f"{type(e).__name__}: {e}")
                 break
-            end = _skip_whitespace(text, end)
+            end = skip_whitespace(text, end)
             if fenced:
-                if text.startswith(_FENCE_CLOSE, end):
-                    end += len(_FENCE_CLOSE)
+                if text.startswith(FENCE_CLOSE, end):
+                    end += len(FENCE_CLOSE)
                 elif end < len(text):
-                    errors.append(f"the fenced call is not closed by {_FENCE_CLOSE!r}")
+                    errors.append(f"the fenced call is not closed by {FENCE_CLOSE!r}")
                     break
             calls.append(call)
-            pos = _skip_whitespace(text, end)
+            pos = skip_whitespace(text, end)
         return ParsedCalls(text[pos:].strip(), calls, errors)
 
 
@@ -626,6 +663,17 @@ class HermesJsonFormat(ToolFormat):
         tagged = triggered_to_grammar(self.tagged.triggered(tools, choice, parallel, json_options,
                                                             free_text=free_text))
         return either_grammar(tagged, json_calls)
+
+    streams = True
+
+    def read_calls(self, text: str, final: bool) -> tuple[str, list[PartialCall]] | None:
+        """See :meth:`ToolFormat.read_calls`: the JSON format's reading where the reply starts
+        like a JSON call, else the tagged format's (nothing while it may still become a fence)."""
+        body = text.lstrip(JSON_WHITESPACE)
+        if not body or (not final and FENCE_OPEN.startswith(body)):
+            return "", []  # whitespace, or what may still become a fence: not known yet
+        inner = self.json_format if starts_json_call(body) else self.tagged
+        return inner.read_calls(text, final)
 
     def parse(self, text: str) -> ParsedCalls:
         """The JSON format's parse for a reply that starts like a JSON call, else the tagged
