@@ -88,7 +88,9 @@ class Tokenizer(Protocol):
 
     added_tokens_decoder: Mapping[int, object]
 
-    def get_added_vocab(self) -> Mapping[str, int]: ...
+    def get_added_vocab(self) -> Mapping[str, int]:
+        """The added (special) tokens' texts and ids."""
+        ...
 
 
 #: the ``tool_choice`` strings (a ``{"name": ...}`` dict names one tool)
