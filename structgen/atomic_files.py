@@ -24,7 +24,8 @@ import os
 import stat
 import tempfile
 from collections.abc import Iterable
-from typing import IO, Any
+from types import TracebackType
+from typing import IO
 
 from structgen.errors import ConfigError
 
@@ -59,10 +60,15 @@ class AtomicOutput:
         self.partial_path: str | None = None
         self.direct = _is_special(self.target)
         self._closed = False
+        # one of the two is open: bytes with ``binary``, else text
+        self._bytes: IO[bytes] | None = None
+        self._text: IO[str] | None = None
         if self.direct:
             self._tmp: str | None = None
-            self.stream: IO[Any] = open(self.target, "wb" if binary else "w",
-                                        **({} if binary else {"encoding": encoding}))
+            if binary:
+                self._bytes = open(self.target, "wb")
+            else:
+                self._text = open(self.target, "w", encoding=encoding)
             return
         folder, name = os.path.split(self.target)
         fd, self._tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder or ".")
@@ -73,12 +79,27 @@ class AtomicOutput:
             os.umask(umask)
             mode = 0o666 & ~umask
         os.chmod(self._tmp, mode)
-        self.stream = os.fdopen(fd, "wb" if binary else "w",
-                                **({} if binary else {"encoding": encoding}))
+        if binary:
+            self._bytes = os.fdopen(fd, "wb")
+        else:
+            self._text = os.fdopen(fd, "w", encoding=encoding)
 
-    def write(self, data: Any) -> int:
-        """Write ``data`` to the temporary file; returns what the stream's ``write`` returns."""
-        return self.stream.write(data)
+    @property
+    def stream(self) -> IO[str] | IO[bytes]:
+        """The open file (bytes with ``binary``, else text)."""
+        stream = self._bytes if self._text is None else self._text
+        assert stream is not None  # (one of them is always open)
+        return stream
+
+    def write(self, data: str | bytes) -> int:
+        """Write ``data`` (str; bytes with ``binary``) to the temporary file; returns what the
+        stream's ``write`` returns."""
+        if isinstance(data, str) and self._text is not None:
+            return self._text.write(data)
+        if isinstance(data, (bytes, bytearray)) and self._bytes is not None:
+            return self._bytes.write(data)
+        raise TypeError(f"write() argument must be {'bytes' if self._text is None else 'str'}, "
+                        f"not {type(data).__name__}")
 
     def flush(self) -> None:
         """Flush Python's buffer to the operating system (survives a crash of this process)."""
@@ -125,7 +146,8 @@ class AtomicOutput:
     def __enter__(self) -> AtomicOutput:
         return self
 
-    def __exit__(self, kind: Any, value: Any, tb: Any) -> None:
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if kind is None:
             self.commit()
         else:

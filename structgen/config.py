@@ -3,11 +3,13 @@ configuration file and the CLI map onto these same classes."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import operator
 from dataclasses import dataclass
-from typing import Any
+
+from structgen.errors import ConfigError
 
 __all__ = ["CompileOptions", "GenerationOptions", "JsonSchemaOptions", "MonitoringOptions", "SpecConfig"]
 
@@ -26,17 +28,15 @@ MAX_DRAFT = 1024
 # the CLI flags all get the same ConfigError naming the key)
 # ---------------------------------------------------------------------------------------------
 
-def _fail(name: str, problem: str, value: Any) -> None:
-    from structgen.errors import ConfigError
-
+def _fail(name: str, problem: str, value: object) -> None:
     raise ConfigError(f"{name} must be {problem}, got {value!r}", key=name)
 
 
-def _set(obj: Any, name: str, value: Any) -> None:
+def _set(obj: object, name: str, value: object) -> None:
     object.__setattr__(obj, name, value)  # the dataclasses are frozen
 
 
-def _check_int(obj: Any, name: str, lo: int, hi: int = MAX_COUNT, *, optional: bool = False) -> None:
+def _check_int(obj: object, name: str, lo: int, hi: int = MAX_COUNT, *, optional: bool = False) -> None:
     """An integer (not a bool; numpy integers accepted and converted) in [lo, hi]."""
     value = getattr(obj, name)
     if value is None and optional:
@@ -53,7 +53,7 @@ def _check_int(obj: Any, name: str, lo: int, hi: int = MAX_COUNT, *, optional: b
     _set(obj, name, number)
 
 
-def _check_float(obj: Any, name: str, lo: float, hi: float = math.inf, *, lo_open: bool = False,
+def _check_float(obj: object, name: str, lo: float, hi: float = math.inf, *, lo_open: bool = False,
                  hi_open: bool = False, optional: bool = False) -> None:
     """A finite real number (not a bool, not NaN or infinite) in the given interval."""
     value = getattr(obj, name)
@@ -74,7 +74,7 @@ def _check_float(obj: Any, name: str, lo: float, hi: float = math.inf, *, lo_ope
     _set(obj, name, number)
 
 
-def _check_bool(obj: Any, name: str, *, optional: bool = False) -> None:
+def _check_bool(obj: object, name: str, *, optional: bool = False) -> None:
     value = getattr(obj, name)
     if value is None and optional:
         return
@@ -82,13 +82,13 @@ def _check_bool(obj: Any, name: str, *, optional: bool = False) -> None:
         _fail(name, "true or false" + (" or null" if optional else ""), value)
 
 
-def _check_choice(obj: Any, name: str, choices: tuple[str, ...]) -> None:
+def _check_choice(obj: object, name: str, choices: tuple[str, ...]) -> None:
     value = getattr(obj, name)
     if not isinstance(value, str) or value not in choices:
         _fail(name, "one of " + ", ".join(repr(c) for c in choices), value)
 
 
-def _check_text(obj: Any, name: str, *, optional: bool = False) -> None:
+def _check_text(obj: object, name: str, *, optional: bool = False) -> None:
     value = getattr(obj, name)
     if value is None and optional:
         return
@@ -236,30 +236,24 @@ class JsonSchemaOptions:
     def for_generation(self) -> JsonSchemaOptions:
         """These options resolved for generation: ``string_escapes`` and ``number_spelling``
         "canonical", ``strict`` true and ``value_checks`` false, unless set."""
-        resolved: dict[str, Any] = {}
-        if self.string_escapes is None:
-            resolved["string_escapes"] = "canonical"
-        if self.number_spelling is None:
-            resolved["number_spelling"] = "canonical"
-        if self.strict is None:
-            resolved["strict"] = True
-        if self.value_checks is None:
-            resolved["value_checks"] = False
-        return dataclasses.replace(self, **resolved) if resolved else self
+        return self._resolved("canonical", strict=True, value_checks=False)
 
     def for_validation(self) -> JsonSchemaOptions:
         """These options resolved for validation: ``string_escapes`` and ``number_spelling``
         "all", ``strict`` false and ``value_checks`` true, unless set."""
-        resolved: dict[str, Any] = {}
-        if self.string_escapes is None:
-            resolved["string_escapes"] = "all"
-        if self.number_spelling is None:
-            resolved["number_spelling"] = "all"
-        if self.strict is None:
-            resolved["strict"] = False
-        if self.value_checks is None:
-            resolved["value_checks"] = True
-        return dataclasses.replace(self, **resolved) if resolved else self
+        return self._resolved("all", strict=False, value_checks=True)
+
+    def _resolved(self, spelling: str, *, strict: bool, value_checks: bool) -> JsonSchemaOptions:
+        """These options with the unset ones of :meth:`for_generation` / :meth:`for_validation`
+        filled in (``self`` when all are set)."""
+        if None not in (self.string_escapes, self.number_spelling, self.strict, self.value_checks):
+            return self
+        return dataclasses.replace(
+            self,
+            string_escapes=spelling if self.string_escapes is None else self.string_escapes,
+            number_spelling=spelling if self.number_spelling is None else self.number_spelling,
+            strict=strict if self.strict is None else self.strict,
+            value_checks=value_checks if self.value_checks is None else self.value_checks)
 
 
 @dataclass(frozen=True)
@@ -313,8 +307,6 @@ class SpecConfig:
     overlap_masks: bool | None = None
 
     def __post_init__(self) -> None:
-        from structgen.errors import ConfigError
-
         _check_int(self, "draft_num", 1, MAX_DRAFT)
         _check_int(self, "max_draft_tokens", 1, MAX_DRAFT)
         _check_int(self, "min_draft_tokens", 1, MAX_DRAFT)
@@ -439,8 +431,6 @@ class MonitoringOptions:
 
 def positive_int_arg(text: str) -> int:
     """An argparse ``type``: an integer from 1 to :data:`MAX_COUNT` (the CLI's counts)."""
-    import argparse
-
     try:
         value = int(text)
     except ValueError:

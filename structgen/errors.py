@@ -7,8 +7,6 @@ column (with a caret excerpt) into grammar text, or a character offset into a re
 
 from __future__ import annotations
 
-from typing import Any
-
 __all__ = [
     "StructgenError",
     "ConfigError",
@@ -262,7 +260,7 @@ class IntegrationError(StructgenError, ValueError):
     rolling back more tokens than were accepted). ``request_id`` / ``row`` say which request or
     batch row, when known."""
 
-    def __init__(self, message: str, *, request_id: Any = None, row: int | None = None) -> None:
+    def __init__(self, message: str, *, request_id: object = None, row: int | None = None) -> None:
         self.request_id = request_id
         self.row = row
         where = ""

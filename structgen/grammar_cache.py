@@ -28,13 +28,18 @@ import os
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+
+import structgen
+from structgen.config import CompileOptions, JsonSchemaOptions
+from structgen.grammar.compiled import CompiledGrammar
+from structgen.grammar.store import FORMAT_VERSION, GrammarStore
+from structgen.json_types import JsonObject, JsonValue
 
 __all__ = ["cache_folder", "cached_grammar", "code_stamp", "compile_json_schema_cached", "grammar_store"]
 
 _OFF = ("0", "off", "no", "false")
 _STAMP: str | None = None
-_LOADED: OrderedDict[str, Any] = OrderedDict()  # cache key -> grammar loaded from disk (last few)
+_LOADED: OrderedDict[str, CompiledGrammar] = OrderedDict()  # cache key -> grammar loaded from disk (last few)
 _LOADED_MAX = 16
 
 
@@ -49,10 +54,8 @@ def cache_folder() -> Path | None:
     return (Path(root).expanduser() if root else Path.home() / ".cache" / "structgen") / "grammars"
 
 
-def grammar_store() -> Any:
+def grammar_store() -> GrammarStore | None:
     """The :class:`~structgen.grammar.store.GrammarStore` at :func:`cache_folder`, or None."""
-    from structgen.grammar.store import GrammarStore
-
     try:
         folder = cache_folder()
     except (RuntimeError, OSError):  # no home folder to put it in
@@ -71,8 +74,6 @@ def code_stamp() -> str:
     ``.py`` file of the installed package (computed once per process)."""
     global _STAMP
     if _STAMP is None:
-        import structgen
-
         package = Path(structgen.__file__).resolve().parent
         h = hashlib.sha256(structgen.__version__.encode())
         for path in sorted(package.rglob("*.py")):
@@ -85,10 +86,8 @@ def code_stamp() -> str:
     return _STAMP
 
 
-def _cache_key(schema: Any, remotes: Mapping[str, Any] | None, options: Any,
-               compile_options: Any) -> str | None:
-    from structgen.grammar.store import FORMAT_VERSION
-
+def _cache_key(schema: JsonValue, remotes: Mapping[str, JsonValue] | None, options: JsonSchemaOptions,
+               compile_options: CompileOptions | None) -> str | None:
     try:
         text = json.dumps(["json-schema", FORMAT_VERSION, code_stamp(), schema,
                            sorted(remotes.items()) if remotes else None, repr(options),
@@ -98,16 +97,15 @@ def _cache_key(schema: Any, remotes: Mapping[str, Any] | None, options: Any,
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _resolved(options: Any, for_generation: bool) -> Any:
+def _resolved(options: JsonSchemaOptions | None, for_generation: bool) -> JsonSchemaOptions:
     """``options`` with the language's defaults filled in, so that the key names the language."""
-    from structgen.config import JsonSchemaOptions
-
     options = options or JsonSchemaOptions()
     return options.for_generation() if for_generation else options.for_validation()
 
 
-def cached_grammar(schema: Any, *, remotes: Mapping[str, Any] | None = None, options: Any = None,
-                   compile_options: Any = None, for_generation: bool = True) -> Any:
+def cached_grammar(schema: JsonValue, *, remotes: Mapping[str, JsonValue] | None = None,
+                   options: JsonSchemaOptions | None = None, compile_options: CompileOptions | None = None,
+                   for_generation: bool = True) -> CompiledGrammar | None:
     """The grammar :func:`compile_json_schema_cached` would load from disk for these arguments,
     or None (no disk cache, nothing stored, a damaged file). Loads once per process: a second
     call, or the compile that follows, gets the same object."""
@@ -124,33 +122,36 @@ def cached_grammar(schema: Any, *, remotes: Mapping[str, Any] | None = None, opt
         return None
     cg, meta = loaded
     if cg.has_value_checks:  # its predicates are registered by the module that defines them
+        # (imported only then: it loads idna, which no other grammar needs)
         import structgen.frontends.json_schema.idn  # noqa: F401
     warnings = [str(w) for w in meta.get("warnings", [])]
     cg.metadata.update({"warnings": warnings, "schema": schema})
-    cg.warnings, cg.schema = warnings, schema  # as compile_json_schema sets them
+    for attr, value in (("warnings", warnings), ("schema", schema)):  # as compile_json_schema does
+        setattr(cg, attr, value)
     _LOADED[key] = cg
     while len(_LOADED) > _LOADED_MAX:
         _LOADED.popitem(last=False)
     return cg
 
 
-def compile_json_schema_cached(schema: Any, *, remotes: Mapping[str, Any] | None = None,
-                               options: Any = None, compile_options: Any = None,
-                               for_generation: bool = True) -> Any:
+def compile_json_schema_cached(schema: JsonObject | bool, *, remotes: Mapping[str, JsonValue] | None = None,
+                               options: JsonSchemaOptions | None = None,
+                               compile_options: CompileOptions | None = None,
+                               for_generation: bool = True) -> CompiledGrammar:
     """:func:`structgen.frontends.json_schema.compiler.compile_json_schema` of ``schema`` (a JSON
     value), loaded from the disk cache when an earlier run stored it, else compiled and stored.
     Same result, same errors; the loaded grammar's ``metadata`` holds ``"warnings"`` and
     ``"schema"`` as a compiled one's does (it has no IR ``source``). ``for_generation``: which
     language, as for ``compile_json_schema``; the two are filed apart."""
+    # imported here, on a miss: a test may stand in for the compiler module
     from structgen.frontends.json_schema.compiler import compile_json_schema
 
     options = _resolved(options, for_generation)
     got = cached_grammar(schema, remotes=remotes, options=options, compile_options=compile_options)
     if got is not None:
         return got
-    extra = {"remotes": remotes} if remotes else {}
     cg = compile_json_schema(schema, options=options, compile_options=compile_options,
-                             for_generation=for_generation, **extra)
+                             for_generation=for_generation, remotes=remotes or None)
     store = grammar_store()
     key = None if store is None else _cache_key(schema, remotes, options, compile_options)
     if store is not None and key is not None:

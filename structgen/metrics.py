@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from structgen.atomic_files import write_text_atomic
 from structgen.config import MonitoringOptions
 
 __all__ = ["Metrics", "Alert", "MetricsServer", "process_metrics", "serve_metrics", "gpu_snapshot",
@@ -67,7 +68,7 @@ class Alert:
     threshold: float
     message: str
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, str | float]:
         """The alert as a JSON-ready dict (name, value, threshold, message)."""
         return {"name": self.name, "value": self.value, "threshold": self.threshold,
                 "message": self.message}
@@ -105,10 +106,10 @@ class _Samples:
         hi = min(lo + 1, len(v) - 1)
         return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
-    def as_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"count": self.count, "sum": self.total,
-                             "mean": self.total / self.count if self.count else None,
-                             "max": self.max if self.count else None}
+    def as_dict(self) -> dict[str, float | None]:
+        d: dict[str, float | None] = {"count": self.count, "sum": self.total,
+                                      "mean": self.total / self.count if self.count else None,
+                                      "max": self.max if self.count else None}
         for q in QUANTILES:
             d[f"p{round(q * 100)}"] = self.quantile(q)
         return d
@@ -357,8 +358,6 @@ class Metrics:
     def write(self, path: str | os.PathLike[str]) -> None:
         """Write ``path``: Prometheus text for ``.prom``, JSON otherwise (through a temporary
         file renamed into place: a failed write leaves an existing file as it was)."""
-        from structgen.atomic_files import write_text_atomic
-
         write_text_atomic(path, self.render(path))
 
     def render(self, path: str | os.PathLike[str]) -> str:
@@ -417,7 +416,11 @@ class _Exposition:
         return "\n".join(self.lines) + "\n"
 
 
-def gpu_snapshot() -> list[dict[str, Any]]:
+#: One CUDA device's figures in :func:`gpu_snapshot`.
+GpuRow = dict[str, int | float | str]
+
+
+def gpu_snapshot() -> list[GpuRow]:
     """Per CUDA device: torch allocator figures and (with ``pynvml``) NVML utilisation and memory.
     Empty when torch is not loaded yet (never imports it) or CUDA is unavailable."""
     torch = sys.modules.get("torch")
@@ -429,9 +432,9 @@ def gpu_snapshot() -> list[dict[str, Any]]:
         n = torch.cuda.device_count()
     except Exception:  # noqa: BLE001 - monitoring must never break a run
         return []
-    out: list[dict[str, Any]] = []
+    out: list[GpuRow] = []
     for i in range(n):
-        row: dict[str, Any] = {"device": i, "name": torch.cuda.get_device_name(i),
+        row: GpuRow = {"device": i, "name": torch.cuda.get_device_name(i),
                                "memory_allocated_bytes": int(torch.cuda.memory_allocated(i)),
                                "max_memory_allocated_bytes": int(torch.cuda.max_memory_allocated(i)),
                                "memory_reserved_bytes": int(torch.cuda.memory_reserved(i))}
@@ -440,9 +443,9 @@ def gpu_snapshot() -> list[dict[str, Any]]:
     return out
 
 
-def _nvml(index: int) -> dict[str, Any]:
+def _nvml(index: int) -> dict[str, float]:
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except ImportError:
         return {}
     try:
@@ -490,7 +493,7 @@ class MetricsServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
                 pass
 
         self._server = http.server.ThreadingHTTPServer((host, port), Handler)

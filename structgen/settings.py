@@ -42,7 +42,7 @@ import types
 import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from structgen.config import (
     CompileOptions,
@@ -52,6 +52,9 @@ from structgen.config import (
     SpecConfig,
 )
 from structgen.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from yaml import Node
 
 __all__ = ["Settings", "SECTIONS", "load_settings", "loads_settings", "load_spec_config", "dump",
            "example", "option_docs"]
@@ -93,7 +96,7 @@ def _allowed_types(cls: type) -> dict[str, tuple[type, ...]]:
     return out
 
 
-def _describe(value: Any) -> str:
+def _describe(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -112,7 +115,7 @@ def _describe(value: Any) -> str:
 _PLAIN_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
-def _coerce(value: Any, allowed: tuple[type, ...], plain: bool) -> tuple[bool, Any]:
+def _coerce(value: object, allowed: tuple[type, ...], plain: bool) -> tuple[bool, object]:
     """(ok, value converted to the field's type). ``plain``: an unquoted YAML scalar."""
     if value is None:
         return type(None) in allowed, None
@@ -140,11 +143,11 @@ def _coerce(value: Any, allowed: tuple[type, ...], plain: bool) -> tuple[bool, A
 # loading
 # ---------------------------------------------------------------------------------------------
 
-def _line(node: Any) -> int:
+def _line(node: Node) -> int:
     return int(node.start_mark.line) + 1
 
 
-def _mapping(node: Any, what: str, where: str) -> list[tuple[str, Any, Any]]:
+def _mapping(node: Node, what: str, where: str) -> list[tuple[str, Node, Node]]:
     """[(key, key node, value node)] of a YAML mapping node; duplicate and non-string keys fail."""
     import yaml
 
@@ -174,7 +177,7 @@ def _unknown(dotted: str, key: str, known: list[str], kind: str) -> str:
     return f"{dotted}: unknown {kind}{hint}; known: {', '.join(known)}"
 
 
-def _section(name: str, cls: type, node: Any, where: str, section_line: int) -> Any:
+def _section(name: str, cls: type, node: Node, where: str, section_line: int) -> object:
     import yaml
     from yaml.constructor import SafeConstructor
 
@@ -182,7 +185,7 @@ def _section(name: str, cls: type, node: Any, where: str, section_line: int) -> 
         return cls()  # "speculative_decoding:" with nothing under it
     allowed = _allowed_types(cls)
     known = [f.name for f in fields(cls)]
-    values: dict[str, Any] = {}
+    values: dict[str, object] = {}
     lines: dict[str, int] = {}
     constructor = SafeConstructor()
     for key, knode, vnode in _mapping(node, name, where):
@@ -308,7 +311,7 @@ def option_docs(cls: type) -> tuple[str, dict[str, str]]:
     return summary, docs
 
 
-def _yaml_value(value: Any) -> str:
+def _yaml_value(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -348,6 +351,6 @@ def example() -> str:
     return dump(Settings())
 
 
-def with_overrides(settings: Settings, section: str, **values: Any) -> Settings:
+def with_overrides(settings: Settings, section: str, **values: object) -> Settings:
     """A copy of ``settings`` with some fields of one section replaced (values already typed)."""
     return replace(settings, **{section: replace(getattr(settings, section), **values)})

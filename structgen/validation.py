@@ -28,13 +28,25 @@ from __future__ import annotations
 import bisect
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, NoReturn
+from urllib.parse import urldefrag
 
-from structgen.errors import CompileLimitError, SchemaError, StructgenError
+from structgen.errors import CompileLimitError, SchemaError, StructgenError, UnsupportedFeatureError
+from structgen.frontends.json_schema.document import Loc, SchemaDoc, join_uri, subschemas
 from structgen.frontends.json_schema.jsonschema_import import import_jsonschema
+from structgen.frontends.json_schema.limits import MAX_INSTANCE_DEPTH, check_schema_depth, json_depth
+from structgen.frontends.json_schema.patterns import schema_for_re_validators
 from structgen.frontends.json_schema.source import decode_utf8, parse_json
+from structgen.grammar.compiled import CompiledGrammar
+from structgen.grammar_cache import compile_json_schema_cached
+from structgen.json_types import JsonObject, JsonValue
+
+if TYPE_CHECKING:  # pragma: no cover
+    from jsonschema.exceptions import ValidationError
+    from jsonschema.protocols import Validator
+    from referencing import Registry
 
 __all__ = [
     "Document",
@@ -83,7 +95,7 @@ def format_pointer(path: Iterable[str | int]) -> str:
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     """A JSON rendering of ``value`` cut to a readable length."""
     try:
         text = json.dumps(value, ensure_ascii=False)
@@ -108,7 +120,7 @@ class Document:
     """
 
     line: int
-    value: Any = None
+    value: JsonValue = None
     error: str | None = None
     text: str | None = None
 
@@ -277,7 +289,7 @@ class InstanceError:
     keyword: str
     line: int
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         """The error as a JSON-ready dict (path, pointer, keyword, message, line)."""
         return {"path": self.path, "pointer": self.pointer, "keyword": self.keyword,
                 "message": self.message, "line": self.line}
@@ -304,14 +316,14 @@ class InstanceResult:
         """True when no error was found."""
         return not self.errors
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         """The verdict as a JSON-ready dict (the ``--json`` line of ``structgen validate``)."""
         return {"file": self.source, "line": self.line, "valid": self.valid,
                 "errors": [e.as_dict() for e in self.errors], "grammar": self.grammar,
                 "notes": list(self.notes)}
 
 
-def _validator_class(schema: Any) -> tuple[type, str | None]:
+def _validator_class(schema: JsonValue) -> tuple[type[Validator], str | None]:
     """jsonschema validator class for ``schema``'s ``$schema`` (2020-12 default), and a note."""
     jsonschema = import_jsonschema()
 
@@ -350,7 +362,7 @@ def _metaschema_uris() -> frozenset[str]:
     return frozenset(uri.rstrip("#") for uri in REGISTRY)
 
 
-def check_references(schema: Any, remotes: Mapping[str, Any] | None = None) -> None:
+def check_references(schema: JsonValue, remotes: Mapping[str, JsonValue] | None = None) -> None:
     """Raise :class:`~structgen.errors.SchemaError` for the first ``$ref`` / ``$dynamicRef``
     whose target lies outside ``schema``, ``remotes`` and the JSON Schema metaschemas.
 
@@ -359,10 +371,6 @@ def check_references(schema: Any, remotes: Mapping[str, Any] | None = None) -> N
     file system (``http://``, ``file://``, relative URIs against a remote ``$id``...). Pure
     computation over ``schema``; iterative, so deep schemas cannot overflow the stack.
     """
-    from urllib.parse import urldefrag
-
-    from structgen.frontends.json_schema.document import Loc, SchemaDoc, join_uri, subschemas
-
     if not isinstance(schema, dict):
         return
     remote_uris = {urldefrag(u)[0] for u in (remotes or {})}
@@ -414,7 +422,7 @@ def check_references(schema: Any, remotes: Mapping[str, Any] | None = None) -> N
                               "remotes= to allow it)", pointer=doc.pointer(loc), keyword=kw)
 
 
-def reference_registry(remotes: Mapping[str, Any] | None = None) -> Any:
+def reference_registry(remotes: Mapping[str, JsonValue] | None = None) -> Registry[JsonValue]:
     """A :class:`referencing.Registry` holding exactly ``remotes`` (URI -> schema document).
 
     Its retriever refuses every other URI without any network or file access, replacing
@@ -424,18 +432,19 @@ def reference_registry(remotes: Mapping[str, Any] | None = None) -> Any:
     from referencing.exceptions import NoSuchResource
     from referencing.jsonschema import DRAFT202012
 
-    def refuse(uri: str) -> Any:
-        raise NoSuchResource(ref=uri)
+    def refuse(uri: str) -> NoReturn:
+        raise NoSuchResource(ref=uri)  # type: ignore[call-arg]  # attrs class mypy cannot see
 
-    registry: Any = Registry(retrieve=refuse)  # type: ignore[call-arg]
+    registry: Registry[JsonValue] = Registry(retrieve=refuse)  # type: ignore[call-arg]
     for uri, document in (remotes or {}).items():
         resource = Resource.from_contents(document, default_specification=DRAFT202012)
         registry = registry.with_resource(uri, resource)
     return registry
 
 
-def jsonschema_validator(schema: Any, cls: Any = None, *, remotes: Mapping[str, Any] | None = None,
-                         format_checker: Any = None) -> Any:
+def jsonschema_validator(schema: JsonValue, cls: type[Validator] | None = None, *,
+                         remotes: Mapping[str, JsonValue] | None = None,
+                         format_checker: object = None) -> Validator:
     """A jsonschema validator for ``schema`` that cannot reach outside ``schema`` and ``remotes``.
 
     ``cls`` defaults to the class for ``schema``'s ``$schema`` (Draft 2020-12 when absent).
@@ -461,25 +470,21 @@ class SchemaValidator:
     :mod:`structgen.grammar_cache` (the command line's choice).
     """
 
-    def __init__(self, schema: Any, *, use_grammar: bool = True,
-                 remotes: Mapping[str, Any] | None = None, grammar_cache: bool = False) -> None:
+    def __init__(self, schema: JsonValue, *, use_grammar: bool = True,
+                 remotes: Mapping[str, JsonValue] | None = None, grammar_cache: bool = False) -> None:
         jsonschema = import_jsonschema()
 
-        self.schema = schema
-        self.remotes = dict(remotes or {})
-        self.notes: list[str] = []
         if not isinstance(schema, (dict, bool)):
             raise SchemaError(f"a JSON Schema is an object or a boolean, not {type(schema).__name__}")
-        from structgen.frontends.json_schema.limits import check_schema_depth
-
+        self.schema: JsonObject | bool = schema
+        self.remotes = dict(remotes or {})
+        self.notes: list[str] = []
         check_schema_depth(schema)  # before any recursive code (jsonschema's) sees it
         cls, note = _validator_class(schema)
         if note:
             self.notes.append(note)
         # jsonschema reads patterns with Python's re; JSON Schema's (and the grammar's) dialect
         # is ECMA-262: jsonschema gets each pattern translated, messages show the original
-        from structgen.frontends.json_schema.patterns import schema_for_re_validators
-
         self._renamed: dict[str, str] = {}
         re_schema = schema_for_re_validators(schema, renamed=self._renamed)
         re_remotes = {uri: schema_for_re_validators(doc, renamed=self._renamed)
@@ -497,8 +502,8 @@ class SchemaValidator:
                               keyword=str(e.validator)) from None
         self._validator = jsonschema_validator(re_schema, cls, remotes=re_remotes,
                                                format_checker=cls.FORMAT_CHECKER)
-        self._grammar: Any = None
-        self._canonical: Any = None
+        self._grammar: CompiledGrammar | None = None
+        self._canonical: Callable[[JsonValue, JsonObject | bool], str] | None = None
         self._grammar_cache = grammar_cache
         if use_grammar:
             self._compile()
@@ -509,9 +514,7 @@ class SchemaValidator:
         return self._grammar is not None
 
     def _compile(self) -> None:
-        from structgen.errors import UnsupportedFeatureError
-
-        try:
+        try:  # imported here: a missing compiler (or a test's stand-in) turns the check off
             from structgen.frontends.json_schema.compiler import canonical_json, compile_json_schema
         except ImportError as e:
             self.notes.append(f"grammar check unavailable (structgen.frontends.json_schema.compiler: {e}); "
@@ -519,13 +522,11 @@ class SchemaValidator:
             return
         try:
             if self._grammar_cache:
-                from structgen.grammar_cache import compile_json_schema_cached
-
                 self._grammar = compile_json_schema_cached(self.schema, remotes=self.remotes,
                                                            for_generation=False)
             else:
-                extra = {"remotes": self.remotes} if self.remotes else {}
-                self._grammar = compile_json_schema(self.schema, for_generation=False, **extra)
+                self._grammar = compile_json_schema(self.schema, for_generation=False,
+                                                    remotes=self.remotes or None)
         except UnsupportedFeatureError as e:
             self.notes.append(f"grammar check off: the schema uses a feature structgen cannot "
                               f"compile exactly ({_one_line(str(e))}); only jsonschema's verdict counts")
@@ -559,8 +560,6 @@ class SchemaValidator:
             result.errors.append(InstanceError("$", "", doc.error, "json", doc.line))
             return result
         instance = doc.value
-        from structgen.frontends.json_schema.limits import MAX_INSTANCE_DEPTH, json_depth
-
         depth, ptr = json_depth(instance, MAX_INSTANCE_DEPTH)
         if depth > MAX_INSTANCE_DEPTH:
             # jsonschema and the serialiser recurse per level: an instance this deep cannot be
@@ -583,7 +582,7 @@ class SchemaValidator:
                                     "rejects it (the grammar over-approximates the schema)")
         return result
 
-    def _semantic_errors(self, instance: Any, doc: Document) -> list[InstanceError]:
+    def _semantic_errors(self, instance: JsonValue, doc: Document) -> list[InstanceError]:
         from jsonschema.exceptions import best_match
         from referencing.exceptions import Unresolvable
 
@@ -606,10 +605,13 @@ class SchemaValidator:
                                      str(err.validator), lines.get(tuple(path), doc.line)))
         return out
 
-    def _grammar_verdict(self, instance: Any, result: InstanceResult) -> bool | None:
+    def _grammar_verdict(self, instance: JsonValue, result: InstanceResult) -> bool | None:
+        grammar, canonical = self._grammar, self._canonical
+        if grammar is None or canonical is None:  # (only called with a compiled grammar)
+            return None
         try:
-            text = self._canonical(instance, self.schema)
-            return bool(self._grammar.accepts(text))
+            text = canonical(instance, self.schema)
+            return bool(grammar.accepts(text))
         except Exception as e:  # never let the secondary check crash validation
             result.notes.append(f"grammar check failed on this instance ({type(e).__name__}: "
                                 f"{_one_line(str(e))})")
@@ -620,7 +622,7 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _message(err: Any, renamed: Mapping[str, str]) -> str:
+def _message(err: ValidationError, renamed: Mapping[str, str]) -> str:
     """jsonschema's message with its leading Python repr of the instance shortened to JSON and
     translated patterns (``renamed``: translation -> original) shown as the schema spells them."""
     msg = str(err.message)

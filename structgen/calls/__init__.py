@@ -3,7 +3,10 @@ reading of an output that may hold calls.
 
 * :mod:`structgen.calls.formats`: :class:`~structgen.calls.formats.Tool`, the call formats
   (hermes, json, hermes_json, llama3, mistral; :func:`~structgen.calls.formats.register_tool_format`
-  adds one), each with its grammar and parser, and format detection from a tokenizer;
+  adds one), each with its grammar, its parser and its stream reader, and format detection
+  from a tokenizer;
+* :mod:`structgen.calls.scan`: the text scanning the formats' stream readers share (calls
+  read out of an output as it grows);
 * :mod:`structgen.calls.triggered`: free text with constrained regions that a trigger opens
   (the grammar shape of calls amid text);
 * :mod:`structgen.calls.structural_tag`: XGrammar-style structural tags over those regions;

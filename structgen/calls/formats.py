@@ -48,28 +48,50 @@ instance of :class:`TaggedFormat` for the common "marker + JSON + end marker" sh
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import re
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, cast
 
+from structgen.calls.scan import (
+    FENCE_CLOSE,
+    FENCE_OPEN,
+    JSON_WHITESPACE,
+    PartialCall,
+    read_json_calls,
+    read_llama3,
+    read_mistral,
+    read_tagged,
+    skip_whitespace,
+)
 from structgen.calls.triggered import Region, TriggeredGrammar, body_grammar, triggered_to_grammar
+from structgen.config import JsonSchemaOptions
 from structgen.errors import ConfigError, SchemaError
 from structgen.frontends.json_schema.source import is_model_class, model_schema
 from structgen.grammar import ir
 from structgen.grammar.passes import prefixed_grammar
-
-if TYPE_CHECKING:  # pragma: no cover
-    from structgen.config import JsonSchemaOptions
+from structgen.json_types import JsonObject, JsonValue
 
 __all__ = ["DEFAULT_TOOL_FORMAT", "JSON_CALL_MAX_WHITESPACE", "TOOL_CHOICES", "TOOL_FORMATS",
            "HermesJsonFormat", "JsonCallFormat", "ParsedCalls", "TaggedFormat", "Tool", "ToolFormat",
            "arguments_grammar", "detect_tool_format", "either_grammar", "format_for_template",
            "normalize_tools", "register_tool_format", "starts_json_call", "tool_choice_name", "tool_format",
            "tool_from"]
+
+class Tokenizer(Protocol):
+    """What format detection reads of a tokenizer (a Hugging Face one, or any other backend's:
+    each attribute is looked up with a fallback)."""
+
+    added_tokens_decoder: Mapping[int, object]
+
+    def get_added_vocab(self) -> Mapping[str, int]:
+        """The added (special) tokens' texts and ids."""
+        ...
+
 
 #: the ``tool_choice`` strings (a ``{"name": ...}`` dict names one tool)
 TOOL_CHOICES = ("auto", "required", "none")
@@ -82,28 +104,28 @@ class Tool:
 
     name: str
     description: str
-    parameters: Mapping[str, Any]
+    parameters: Mapping[str, JsonValue]
 
-    def openai(self) -> dict[str, Any]:
+    def openai(self) -> JsonObject:
         """The OpenAI-style spec ``{"type": "function", "function": {...}}`` (what chat
         templates take as ``tools=``)."""
         return {"type": "function", "function": {"name": self.name, "description": self.description,
                                                  "parameters": dict(self.parameters)}}
 
 
-_PY_TYPES: dict[Any, dict[str, Any]] = {
+_PY_TYPES: dict[object, JsonObject] = {
     str: {"type": "string"}, int: {"type": "integer"}, float: {"type": "number"},
     bool: {"type": "boolean"}, type(None): {"type": "null"}, dict: {"type": "object"},
     list: {"type": "array"},
 }
 
 
-def _annotation_schema(ann: Any, where: str) -> dict[str, Any]:
+def _annotation_schema(ann: object, where: str) -> JsonObject:
     if ann is inspect.Parameter.empty or ann is Any:
         return {}
     if ann in _PY_TYPES:
         return dict(_PY_TYPES[ann])
-    if is_model_class(ann):
+    if isinstance(ann, type) and is_model_class(ann):
         return model_schema(ann)
     origin = typing.get_origin(ann)
     args = typing.get_args(ann)
@@ -115,7 +137,7 @@ def _annotation_schema(ann: Any, where: str) -> dict[str, Any]:
                     "minItems": len(args), "maxItems": len(args)}
         return {"type": "array", "items": _annotation_schema(args[0], where)} if args else {"type": "array"}
     if origin in (dict, Mapping):
-        out: dict[str, Any] = {"type": "object"}
+        out: JsonObject = {"type": "object"}
         if len(args) == 2:
             out["additionalProperties"] = _annotation_schema(args[1], where)
         return out
@@ -141,7 +163,7 @@ def _docstring_parts(doc: str | None) -> tuple[str, dict[str, str]]:
     return summary, params
 
 
-def _function_tool(fn: Callable[..., Any]) -> Tool:
+def _function_tool(fn: Callable[..., object]) -> Tool:
     name = getattr(fn, "__name__", None)
     if not isinstance(name, str) or not name.isidentifier():
         raise ConfigError("a tool function needs a name", key="tools")
@@ -150,8 +172,8 @@ def _function_tool(fn: Callable[..., Any]) -> Tool:
         hints = typing.get_type_hints(fn)
     except Exception:  # noqa: BLE001 - unresolvable forward references: raw annotations
         hints = {}
-    props: dict[str, Any] = {}
-    required: list[str] = []
+    props: JsonObject = {}
+    required: list[JsonValue] = []
     for p in inspect.signature(fn).parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
@@ -161,11 +183,12 @@ def _function_tool(fn: Callable[..., Any]) -> Tool:
         props[p.name] = schema
         if p.default is inspect.Parameter.empty:
             required.append(p.name)
-    params = {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+    params: JsonObject = {"type": "object", "properties": props, "required": required,
+                          "additionalProperties": False}
     return Tool(name, summary, params)
 
 
-def tool_from(spec: Any) -> Tool:
+def tool_from(spec: object) -> Tool:
     """A :class:`Tool` from an OpenAI function spec (with or without the ``{"type":
     "function", "function": ...}`` wrapper), a Pydantic model class, a Python function or a
     :class:`Tool`. Raises :class:`~structgen.errors.ConfigError` (key ``tools``) otherwise."""
@@ -183,7 +206,7 @@ def tool_from(spec: Any) -> Tool:
             raise ConfigError(f"tool {fn['name']!r}: parameters must be a JSON Schema object",
                               key=f"tools/{fn['name']}/parameters")
         return Tool(fn["name"], str(fn.get("description") or ""), dict(params))
-    if is_model_class(spec):
+    if isinstance(spec, type) and is_model_class(spec):
         summary, _ = _docstring_parts(spec.__doc__)
         schema = dict(model_schema(spec))
         schema.pop("title", None)
@@ -194,13 +217,13 @@ def tool_from(spec: Any) -> Tool:
                       f"not {type(spec).__name__}", key="tools")
 
 
-def normalize_tools(tools: Any) -> list[Tool]:
+def normalize_tools(tools: object) -> list[Tool]:
     """The tools of ``tools`` (a list of anything :func:`tool_from` takes), names unique."""
     if tools is None:
         return []
     if isinstance(tools, (Mapping, Tool)) or callable(tools):
         tools = [tools]
-    out = [tool_from(t) for t in tools]
+    out = [tool_from(t) for t in cast("Iterable[object]", tools)]  # (else: Python's TypeError)
     seen: set[str] = set()
     for t in out:
         if t.name in seen:
@@ -209,7 +232,7 @@ def normalize_tools(tools: Any) -> list[Tool]:
     return out
 
 
-def tool_choice_name(choice: Any, tools: Sequence[Tool]) -> str | None:
+def tool_choice_name(choice: object, tools: Sequence[Tool]) -> str | None:
     """The tool a ``tool_choice`` names (``{"name": ...}`` or ``{"type": "function",
     "function": {"name": ...}}``), or None for ``"auto"``/``"required"``/``"none"``.
     Raises :class:`~structgen.errors.ConfigError` (key ``tool_choice``) for anything else."""
@@ -234,7 +257,7 @@ class ParsedCalls:
     parse (unconstrained output may have them; constrained output never does)."""
 
     text: str
-    calls: list[tuple[str, Any]]
+    calls: list[tuple[str, JsonValue]]
     errors: list[str]
 
 
@@ -283,11 +306,21 @@ class ToolFormat:
         """Split an output into free text and calls (tolerant: unconstrained output too)."""
         raise NotImplementedError
 
+    #: whether :meth:`read_calls` reads this format's outputs as they grow (the built-in
+    #: formats); a format without it has its calls read once the output is complete
+    streams: bool = False
+
+    def read_calls(self, text: str, final: bool) -> tuple[str, list[PartialCall]] | None:
+        """(content so far, calls so far) of ``text``, an output of this format's grammar as far
+        as it is written (``final``: complete); None when the text leaves the shapes the grammar
+        writes. Only where :attr:`streams` (:mod:`structgen.calls.scan`)."""
+        raise NotImplementedError
+
 
 _DECODER = json.JSONDecoder()
 
 
-def _decode_call(raw: str, arguments_key: str) -> tuple[str, Any]:
+def _decode_call(raw: str, arguments_key: str) -> tuple[str, JsonValue]:
     value = json.loads(raw)
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         raise ValueError("a call must be an object with a string \"name\"")
@@ -330,20 +363,27 @@ class TaggedFormat(ToolFormat):
             rules = dict(body.rules)
             rules["padded"] = ir.seq(ir.lit(self.padding), ir.ref(body.start), ir.lit(self.padding))
             body = ir.Grammar(rules, "padded")
-        region = Region(self.begin, body, self.end)
+        region = Region(self.begin.encode(), body, self.end.encode())
         at_most = None if parallel else 1
         if choice == "required":
-            return TriggeredGrammar((region,), 1, at_most, regions_only=True, separator=self.separator)
+            return TriggeredGrammar((region,), 1, at_most, regions_only=True,
+                                   separator=self.separator.encode())
         if choice == "none":
             return TriggeredGrammar((region,), 0, 0, free_text=free_text)
         return TriggeredGrammar((region,), 0, at_most, free_text=free_text)
+
+    streams = True
+
+    def read_calls(self, text: str, final: bool) -> tuple[str, list[PartialCall]] | None:
+        """See :meth:`ToolFormat.read_calls`: tagged blocks amid free text."""
+        return read_tagged(text, final, self.begin, self.end, self.arguments_key)
 
     def parse(self, text: str) -> ParsedCalls:
         """Each block: ``begin``, the call's JSON value read as JSON (so an argument string may
         hold the end marker), then ``end`` after optional whitespace; a block whose JSON does
         not parse (unconstrained output) is an error and ends at the next ``end``. The rest
         is text."""
-        calls: list[tuple[str, Any]] = []
+        calls: list[tuple[str, JsonValue]] = []
         errors: list[str] = []
         parts: list[str] = []
         pos = 0
@@ -392,6 +432,12 @@ class Llama3JsonFormat(ToolFormat):
         rules["reply"] = {"required": calls, "none": text}.get(choice, ir.alt(calls, text))
         return ir.Grammar(rules, "reply")
 
+    streams = True
+
+    def read_calls(self, text: str, final: bool) -> tuple[str, list[PartialCall]] | None:
+        """See :meth:`ToolFormat.read_calls`: the whole reply, calls joined by ``"; "``."""
+        return read_llama3(text, final, self.arguments_key)
+
     def parse(self, text: str) -> ParsedCalls:
         """Calls when the reply starts with ``{`` (after an optional ``<|python_tag|>``), as
         the grammar has it: a reply starting with anything else (a space included) is text."""
@@ -400,7 +446,7 @@ class Llama3JsonFormat(ToolFormat):
             body = body[len("<|python_tag|>"):].lstrip()
         if not body.startswith("{"):
             return ParsedCalls(text.strip(), [], [])
-        calls: list[tuple[str, Any]] = []
+        calls: list[tuple[str, JsonValue]] = []
         errors: list[str] = []
         pos = 0
         while pos < len(body):
@@ -435,19 +481,25 @@ class MistralFormat(ToolFormat):
         one = ir.ref("c." + body.start)
         more = ir.rep(ir.seq(ir.lit(", "), one), 0, None if parallel else 0)
         rules["array"] = ir.seq(ir.lit("["), one, more, ir.lit("]"))
-        region = Region(self.marker, ir.Grammar(rules, "array"), "")
+        region = Region(self.marker.encode(), ir.Grammar(rules, "array"), b"")
         if choice == "required":
             spec = TriggeredGrammar((region,), 1, 1, regions_only=True)
         else:
             spec = TriggeredGrammar((region,), 0, 0 if choice == "none" else 1, stop_after=choice != "none")
         return triggered_to_grammar(spec)
 
+    streams = True
+
+    def read_calls(self, text: str, final: bool) -> tuple[str, list[PartialCall]] | None:
+        """See :meth:`ToolFormat.read_calls`: free text, the marker, a JSON array of calls."""
+        return read_mistral(text, final, self.marker, self.arguments_key)
+
     def parse(self, text: str) -> ParsedCalls:
         """The array after the first marker; the text before it."""
         i = text.find(self.marker)
         if i < 0:
             return ParsedCalls(text.strip(), [], [])
-        calls: list[tuple[str, Any]] = []
+        calls: list[tuple[str, JsonValue]] = []
         errors: list[str] = []
         try:
             value, _ = _DECODER.raw_decode(text[i + len(self.marker):].lstrip())
@@ -463,26 +515,17 @@ class MistralFormat(ToolFormat):
 #: few levels deep, bounded so that a model cannot run away writing whitespace
 JSON_CALL_MAX_WHITESPACE = 16
 
-_JSON_WHITESPACE = " \t\n\r"
-_FENCE_OPEN = "```json"
-_FENCE_CLOSE = "```"
 
 
 def _whitespace(limit: int = JSON_CALL_MAX_WHITESPACE) -> ir.Expr:
-    return ir.rep(ir.byteset(_JSON_WHITESPACE.encode()), 0, limit)
-
-
-def _skip_whitespace(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos] in _JSON_WHITESPACE:
-        pos += 1
-    return pos
+    return ir.rep(ir.byteset(JSON_WHITESPACE.encode()), 0, limit)
 
 
 def starts_json_call(text: str) -> bool:
     """Does ``text``, after JSON whitespace, start the way a JSON-format call does (``{`` or
     ````` ```json `````)? Such a reply is calls in the ``json`` and ``hermes_json`` formats."""
-    body = text.lstrip(_JSON_WHITESPACE)
-    return body.startswith("{") or body.startswith(_FENCE_OPEN)
+    body = text.lstrip(JSON_WHITESPACE)
+    return body.startswith("{") or body.startswith(FENCE_OPEN)
 
 
 def _not_call_start(*, any_fence: bool = False) -> ir.Expr:
@@ -491,11 +534,11 @@ def _not_call_start(*, any_fence: bool = False) -> ir.Expr:
     (``tool_choice="none"``: a call fenced as ````` ```xml ````` is still a call, a JSON array
     in a fence is not)."""
     any_text = ir.star(ir.ANY_BYTE)
-    ws = ir.star(ir.byteset(_JSON_WHITESPACE.encode()))
-    starts = [ir.lit("{"), ir.lit(_FENCE_OPEN)]
+    ws = ir.star(ir.byteset(JSON_WHITESPACE.encode()))
+    starts = [ir.lit("{"), ir.lit(FENCE_OPEN)]
     if any_fence:
         lang = ir.star(ir.byteset([(ord("a"), ord("z")), (ord("A"), ord("Z")), (ord("0"), ord("9")),
-                                   ord("_"), ord("-"), ord("+")]))
+                                   (ord("_"), ord("_")), (ord("-"), ord("-")), (ord("+"), ord("+"))]))
         starts[1] = ir.seq(ir.lit("```"), lang, ws, ir.lit("{"))
     return ir.diff(any_text, ir.seq(ws, ir.alt(*starts), any_text))
 
@@ -527,10 +570,6 @@ class JsonCallFormat(ToolFormat):
     def call_body(self, tools: Sequence[Tool], json_options: JsonSchemaOptions | None = None) -> ir.Grammar:
         """One call, ``{"name": "<tool>", "arguments": <arguments>}`` with JSON whitespace
         between its tokens (the arguments' schema compiled with flexible whitespace)."""
-        import dataclasses
-
-        from structgen.config import JsonSchemaOptions
-
         options = dataclasses.replace(json_options or JsonSchemaOptions(), whitespace="flexible",
                                       max_whitespace=self.max_whitespace)
         ws = _whitespace(self.max_whitespace)
@@ -558,10 +597,17 @@ class JsonCallFormat(ToolFormat):
         rules = prefixed_grammar(body, "c.")
         one = ir.ref("c." + body.start)
         ws = _whitespace(self.max_whitespace)
-        item = ir.alt(one, ir.seq(ir.lit(_FENCE_OPEN), ws, one, ws, ir.lit(_FENCE_CLOSE)))
+        item = ir.alt(one, ir.seq(ir.lit(FENCE_OPEN), ws, one, ws, ir.lit(FENCE_CLOSE)))
         calls = ir.seq(item, ir.rep(ir.seq(ws, item), 0, None if parallel else 0), ws)
         rules["reply"] = calls if choice == "required" else ir.alt(calls, _not_call_start())
         return ir.Grammar(rules, "reply")
+
+    streams = True
+
+    def read_calls(self, text: str, final: bool) -> tuple[str, list[PartialCall]] | None:
+        """See :meth:`ToolFormat.read_calls`: calls when the reply starts with ``{`` or a
+        fence, else text."""
+        return read_json_calls(text, final, self.arguments_key)
 
     def parse(self, text: str) -> ParsedCalls:
         """Calls when the reply starts (after whitespace) with ``{`` or ````` ```json `````, as
@@ -570,27 +616,27 @@ class JsonCallFormat(ToolFormat):
         is the text; a call that does not parse is an error and the rest is text."""
         if not starts_json_call(text):
             return ParsedCalls(text.strip(), [], [])
-        calls: list[tuple[str, Any]] = []
+        calls: list[tuple[str, JsonValue]] = []
         errors: list[str] = []
-        pos = _skip_whitespace(text, 0)
-        while pos < len(text) and (text.startswith("{", pos) or text.startswith(_FENCE_OPEN, pos)):
-            fenced = text.startswith(_FENCE_OPEN, pos)
-            start = _skip_whitespace(text, pos + len(_FENCE_OPEN)) if fenced else pos
+        pos = skip_whitespace(text, 0)
+        while pos < len(text) and (text.startswith("{", pos) or text.startswith(FENCE_OPEN, pos)):
+            fenced = text.startswith(FENCE_OPEN, pos)
+            start = skip_whitespace(text, pos + len(FENCE_OPEN)) if fenced else pos
             try:
                 value, end = _DECODER.raw_decode(text, start)
                 call = _decode_call(json.dumps(value), self.arguments_key)
             except (ValueError, TypeError) as e:
                 errors.append(f"{type(e).__name__}: {e}")
                 break
-            end = _skip_whitespace(text, end)
+            end = skip_whitespace(text, end)
             if fenced:
-                if text.startswith(_FENCE_CLOSE, end):
-                    end += len(_FENCE_CLOSE)
+                if text.startswith(FENCE_CLOSE, end):
+                    end += len(FENCE_CLOSE)
                 elif end < len(text):
-                    errors.append(f"the fenced call is not closed by {_FENCE_CLOSE!r}")
+                    errors.append(f"the fenced call is not closed by {FENCE_CLOSE!r}")
                     break
             calls.append(call)
-            pos = _skip_whitespace(text, end)
+            pos = skip_whitespace(text, end)
         return ParsedCalls(text[pos:].strip(), calls, errors)
 
 
@@ -619,6 +665,17 @@ class HermesJsonFormat(ToolFormat):
         tagged = triggered_to_grammar(self.tagged.triggered(tools, choice, parallel, json_options,
                                                             free_text=free_text))
         return either_grammar(tagged, json_calls)
+
+    streams = True
+
+    def read_calls(self, text: str, final: bool) -> tuple[str, list[PartialCall]] | None:
+        """See :meth:`ToolFormat.read_calls`: the JSON format's reading where the reply starts
+        like a JSON call, else the tagged format's (nothing while it may still become a fence)."""
+        body = text.lstrip(JSON_WHITESPACE)
+        if not body or (not final and FENCE_OPEN.startswith(body)):
+            return "", []  # whitespace, or what may still become a fence: not known yet
+        inner = self.json_format if starts_json_call(body) else self.tagged
+        return inner.read_calls(text, final)
 
     def parse(self, text: str) -> ParsedCalls:
         """The JSON format's parse for a reply that starts like a JSON call, else the tagged
@@ -665,7 +722,7 @@ def tool_format(name: str | ToolFormat) -> ToolFormat:
     return fmt
 
 
-def _template_format(template: Any) -> str | None:
+def _template_format(template: object) -> str | None:
     """The format a chat template's text shows, or None when it shows none."""
     if isinstance(template, Mapping):  # several named templates: any of them
         template = "\n".join(str(t) for t in template.values())
@@ -687,7 +744,7 @@ def format_for_template(template: str | None) -> str:
     return _template_format(template) or DEFAULT_TOOL_FORMAT
 
 
-def _added_token_texts(tokenizer: Any) -> set[str]:
+def _added_token_texts(tokenizer: Tokenizer) -> set[str]:
     """The texts of a tokenizer's added (special) tokens; empty when it cannot say."""
     texts: set[str] = set()
     try:
@@ -701,7 +758,7 @@ def _added_token_texts(tokenizer: Any) -> set[str]:
     return texts
 
 
-def detect_tool_format(tokenizer: Any = None, chat_template: Any = None) -> str:
+def detect_tool_format(tokenizer: Tokenizer | None = None, chat_template: object = None) -> str:
     """The name of the call format a model writes, from its chat template (``chat_template``,
     else the tokenizer's) and then its tokenizer's added tokens: ``[TOOL_CALLS]`` ->
     ``"mistral"``, ``<|python_tag|>`` -> ``"llama3"``, ``<tool_call>`` -> ``"hermes_json"``

@@ -24,22 +24,45 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol
 
 from structgen.calls.formats import (
-    _FENCE_CLOSE,
-    _FENCE_OPEN,
-    _JSON_WHITESPACE,
-    _skip_whitespace,
-    starts_json_call,
+    Tokenizer,
+    Tool,
+    ToolFormat,
+    detect_tool_format,
+    either_grammar,
+    normalize_tools,
+    tool_choice_name,
 )
+from structgen.calls.formats import tool_format as get_format
+from structgen.calls.scan import PartialCall, held_marker_prefix
+from structgen.calls.triggered import Region, TriggeredGrammar, body_grammar, compile_triggered
+from structgen.config import JsonSchemaOptions
 from structgen.errors import ConfigError, SchemaError
+from structgen.grammar import ir
+from structgen.grammar.compiled import CompiledGrammar
+from structgen.grammar.compiler import compile_grammar
+from structgen.grammar.passes import prefixed_grammar
+from structgen.json_types import JsonObject, JsonValue
+
+if TYPE_CHECKING:  # pragma: no cover
+    from structgen.masks.capped import CappedMatcher
+    from structgen.masks.vocab import Vocabulary
 
 __all__ = ["CallStream", "OutputPlan", "OutputStream", "ToolCall", "plan_output"]
 
 THINK_START = "<think>"
 THINK_END = "</think>"
+
+
+class _TokenNames(Protocol):
+    """The one tokenizer method :meth:`OutputPlan.vocabulary` uses."""
+
+    def convert_ids_to_tokens(self, ids: int) -> object: ...
 
 
 @dataclass
@@ -49,19 +72,25 @@ class ToolCall:
 
     id: str
     name: str
-    arguments: Any
+    arguments: JsonValue
     #: the arguments' JSON text as the model wrote it (None: unknown, :meth:`openai` writes it)
     arguments_text: str | None = None
 
-    def openai(self) -> dict[str, Any]:
+    def openai(self) -> JsonObject:
         """The OpenAI message form ``{"id", "type": "function", "function": {"name",
         "arguments": <JSON text>}}`` (to put back into ``messages``): the text the model
         wrote where it is known (what a stream of the same output sends), else the arguments
         written by ``json.dumps``."""
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments_json()}}
+
+    def arguments_json(self) -> str:
+        """The arguments as JSON text: as the model wrote them where known, else
+        ``json.dumps`` of :attr:`arguments` (the ``arguments`` of :meth:`openai`)."""
         text = self.arguments_text
         if text is None:
             text = json.dumps(self.arguments, ensure_ascii=False)
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": text}}
+        return text
 
 
 @dataclass
@@ -73,37 +102,37 @@ class OutputPlan:
     generation loop uses (a :class:`~structgen.masks.capped.CappedMatcher` under a thinking
     budget, else None)."""
 
-    grammar: Any
-    tools: list[Any] = field(default_factory=list)
-    format: Any = None
+    grammar: CompiledGrammar
+    tools: list[Tool] = field(default_factory=list)
+    format: ToolFormat | None = None
     reasoning: bool = False
     think_prefix: str = ""
-    template_tools: list[dict[str, Any]] | None = None
-    new_matcher: Any = None
+    template_tools: list[JsonObject] | None = None
+    new_matcher: Callable[..., CappedMatcher] | None = None
     #: the ``tool_choice`` as the grammar has it: "auto", "required" (a named tool too) or "none"
     choice: str = "auto"
     #: with tools and a constraint together: the IR grammars of the answer and of the calls
     #: (None without; ``calls`` is None under "none")
-    answer: Any = None
-    calls: Any = None
-    _compiled: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    answer: ir.Grammar | None = None
+    calls: ir.Grammar | None = None
+    _compiled: dict[str, CompiledGrammar] = field(default_factory=dict, repr=False, compare=False)
 
     def markers(self) -> list[str]:
         """The marker texts of the output (the format's, the thinking markers)."""
         out = list(self.format.markers) if self.format is not None else []
         return out + ([THINK_START, THINK_END] if self.reasoning else [])
 
-    def vocabulary(self, vocab: Any, tokenizer: Any) -> Any:
+    def vocabulary(self, vocab: Vocabulary, tokenizer: _TokenNames) -> Vocabulary:
         """``vocab``, with every special token whose text lies inside one of :meth:`markers`
         given that text (:meth:`~structgen.masks.vocab.Vocabulary.with_token_text`), so the
         model's own control token (Mistral's ``[TOOL_CALLS]``, a special ``<think>``) can write
         the marker; ``vocab`` itself when there is none."""
         markers = [m for m in self.markers() if m]
-        specials = getattr(vocab, "special_ids", frozenset())
+        specials: frozenset[int] = getattr(vocab, "special_ids", frozenset())
         if not markers or not specials or not hasattr(vocab, "with_token_text"):
             return vocab
         eos = set(vocab.eos_token_ids)
-        texts = {}
+        texts: dict[int, bytes | str] = {}
         for i in sorted(specials - eos):
             try:
                 content = tokenizer.convert_ids_to_tokens(int(i))
@@ -113,11 +142,9 @@ class OutputPlan:
                 texts[int(i)] = content
         return vocab.with_token_text(texts) if texts else vocab
 
-    def _grammar_of(self, which: str) -> Any:
+    def _grammar_of(self, which: str) -> CompiledGrammar:
         """The compiled ``answer`` or ``calls`` grammar (compiled once, cached by content)."""
         if which not in self._compiled:
-            from structgen.grammar.compiler import compile_grammar
-
             self._compiled[which] = compile_grammar(getattr(self, which))
         return self._compiled[which]
 
@@ -187,8 +214,8 @@ class OutputPlan:
         return reasoning, parsed.text, calls, errors
 
 
-def _validation_error(value: Any, schema: Any) -> str | None:
-    import jsonschema
+def _validation_error(value: JsonValue, schema: Mapping[str, JsonValue]) -> str | None:
+    import jsonschema  # (only to check calls: importing calls stays cheap)
 
     try:
         jsonschema.validate(value, dict(schema))
@@ -198,11 +225,12 @@ def _validation_error(value: Any, schema: Any) -> str | None:
     return None
 
 
-def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_calls: bool = True,
-                tool_format: Any = None, chat_template: str | None = None, reasoning: bool = False,
-                prompt_text: str = "", schema: Any = None, grammar: Any = None, regex: Any = None,
-                start: str = "start", strict: bool = True,
-                thinking_budget: int | None = None, tokenizer: Any = None) -> OutputPlan:
+def plan_output(*, tools: object = None, tool_choice: object = "auto", parallel_tool_calls: bool = True,
+                tool_format: str | ToolFormat | None = None, chat_template: str | None = None,
+                reasoning: bool = False, prompt_text: str = "", schema: object = None,
+                grammar: str | None = None, regex: str | None = None, start: str = "start",
+                strict: bool = True, thinking_budget: int | None = None,
+                tokenizer: Tokenizer | None = None) -> OutputPlan:
     """The grammar and reading of one output (see the module docstring). ``tool_format``:
     a registered name or :class:`~structgen.calls.formats.ToolFormat` (default: what
     :func:`~structgen.calls.formats.detect_tool_format` finds in ``chat_template`` and
@@ -213,13 +241,6 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
     the opening marker) have been generated without ``</think>``, the output must write
     ``</think>`` next. Raises :class:`~structgen.errors.ConfigError` for more than one
     constraint, a bad ``tool_choice`` or tool spec."""
-    from structgen.calls.formats import detect_tool_format, normalize_tools, tool_choice_name
-    from structgen.calls.formats import tool_format as get_format
-    from structgen.calls.triggered import Region, TriggeredGrammar, body_grammar, compile_triggered
-    from structgen.config import JsonSchemaOptions
-    from structgen.grammar import ir
-    from structgen.grammar.compiler import compile_grammar
-
     tool_list = normalize_tools(tools)
     constraints = sum(x is not None for x in (schema, grammar, regex))
     if constraints > 1:
@@ -232,7 +253,7 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
     if not isinstance(parallel_tool_calls, bool):
         raise ConfigError("parallel_tool_calls must be true or false", key="parallel_tool_calls")
     options = JsonSchemaOptions(strict=strict)
-    constraint: Any = None  # the constraint's IR grammar (None: none given)
+    constraint: ir.Grammar | None = None  # the constraint's IR grammar (None: none given)
     if schema is not None:
         constraint = body_grammar("json", schema, json_options=options)
     elif grammar is not None:
@@ -241,11 +262,11 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
         constraint = body_grammar("regex", regex)
     fmt = None
     choice = "auto"
-    calls: Any = None  # the calls-only grammar, where tools and a constraint combine
-    answer: Any = constraint  # the IR grammar of what follows any reasoning (None: any text)
+    calls: ir.Grammar | None = None  # the calls-only grammar, where tools and a constraint combine
+    answer: ir.Grammar | None = constraint  # the IR grammar of what follows any reasoning (None: any text)
     if tool_list:
         name = tool_choice_name(tool_choice, tool_list)
-        choice = "required" if name is not None else tool_choice
+        choice = "required" if name is not None else str(tool_choice)  # (checked: a choice string)
         used = [t for t in tool_list if name is None or t.name == name]
         if tool_format is None:
             tool_format = detect_tool_format(tokenizer, chat_template)
@@ -254,8 +275,6 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
             if constraint is None:
                 answer = fmt.grammar(used, choice, parallel_tool_calls, options)
             elif choice != "none":  # calls only, or (auto) calls or the answer
-                from structgen.calls.formats import either_grammar
-
                 calls = fmt.grammar(used, "required", parallel_tool_calls, options)
                 answer = calls if choice == "required" else either_grammar(calls, constraint)
         except SchemaError as e:  # a tool's parameters: say which, where the request gave it
@@ -265,314 +284,26 @@ def plan_output(*, tools: Any = None, tool_choice: Any = "auto", parallel_tool_c
             raise
     if answer is None:
         answer = ir.Grammar({"text": ir.star(ir.ANY_BYTE)}, "text")
-    both = {"choice": choice, "answer": constraint if fmt is not None else None, "calls": calls}
+    both_answer = constraint if fmt is not None else None
     template_tools = [t.openai() for t in tool_list] or None
     if not reasoning:
-        return OutputPlan(compile_grammar(answer), tool_list, fmt, False, "", template_tools, **both)
+        return OutputPlan(compile_grammar(answer), tool_list, fmt, False, "", template_tools,
+                          choice=choice, answer=both_answer, calls=calls)
     opened = prompt_text.rstrip().endswith(THINK_START)
     prefix = "" if opened else THINK_START + "\n"
-    from structgen.grammar.passes import prefixed_grammar
-
     rules = prefixed_grammar(answer, "a.")
     rules["after_think"] = ir.seq(ir.rep(ir.byteset(b" \n"), 0, 4), ir.ref("a." + answer.start))
-    region = Region(THINK_END, ir.Grammar(rules, "after_think"), "")
-    spec = TriggeredGrammar((region,), 1, 1, stop_after=True, prefix=prefix)
+    region = Region(THINK_END.encode(), ir.Grammar(rules, "after_think"), b"")
+    spec = TriggeredGrammar((region,), 1, 1, stop_after=True, prefix=prefix.encode())
     new_matcher = None
     if thinking_budget is not None:
-        from functools import partial
-
+        # (masks.capped loads numba: only a thinking budget needs it, and calls stays light)
         from structgen.masks.capped import CappedMatcher
 
         new_matcher = partial(CappedMatcher, marker=THINK_END, cap=thinking_budget,
                               count_after=None if opened else prefix)
     return OutputPlan(compile_triggered(spec), tool_list, fmt, True, THINK_START if opened else "",
-                      template_tools, new_matcher, **both)
-
-
-def _json_end(text: str, pos: int) -> int | None:
-    """The end of the JSON value that starts at ``text[pos]`` (after no whitespace), or None
-    when the text ends before the value does (a number at the very end counts as unfinished:
-    more digits may follow)."""
-    if pos >= len(text):
-        return None
-    c = text[pos]
-    if c == '"':
-        i = pos + 1
-        while i < len(text):
-            if text[i] == "\\":
-                i += 2
-                continue
-            if text[i] == '"':
-                return i + 1
-            i += 1
-        return None
-    if c in "{[":
-        depth, i, in_str = 0, pos, False
-        while i < len(text):
-            ch = text[i]
-            if in_str:
-                if ch == "\\":
-                    i += 1
-                elif ch == '"':
-                    in_str = False
-            elif ch == '"':
-                in_str = True
-            elif ch in "{[":
-                depth += 1
-            elif ch in "}]":
-                depth -= 1
-                if depth == 0:
-                    return i + 1
-            i += 1
-        return None
-    i = pos
-    while i < len(text) and text[i] not in ",]} \t\r\n":
-        i += 1
-    return i if i < len(text) else None
-
-
-@dataclass
-class _Call:
-    """A call as far as a stream has read it: ``name`` once complete, ``args`` the arguments
-    text so far, ``done`` when the arguments are complete."""
-
-    name: str | None
-    args: str
-    done: bool
-
-
-def _literal_at(text: str, pos: int, literal: str) -> int:
-    """1 when ``literal`` is at ``text[pos:]``, 0 when the text ends inside it, -1 when
-    something else is there."""
-    avail = text[pos: pos + len(literal)]
-    if not literal.startswith(avail):
-        return -1
-    return 1 if len(avail) == len(literal) else 0
-
-
-def _scan_call(text: str, pos: int, key: str) -> tuple[_Call | None, int]:
-    """Read the call envelope ``{"name": <string>, "<key>": <arguments>}`` (what
-    :meth:`~structgen.calls.formats.ToolFormat.call_body` writes) at ``pos``: the call so far
-    and the position after it (-1: unfinished; (None, -2): the text is not that envelope)."""
-    head, sep = '{"name": ', f', "{key}": '
-    at = _literal_at(text, pos, head)
-    if at <= 0:
-        return (None, -2) if at < 0 else (_Call(None, "", False), -1)
-    p = pos + len(head)
-    end = _json_end(text, p) if p < len(text) else None
-    if end is None:
-        if p < len(text) and text[p] != '"':
-            return None, -2
-        return _Call(None, "", False), -1
-    try:
-        name = json.loads(text[p:end])
-    except ValueError:
-        return None, -2
-    if not isinstance(name, str):
-        return None, -2
-    at = _literal_at(text, end, sep)
-    if at <= 0:
-        return (None, -2) if at < 0 else (_Call(name, "", False), -1)
-    a = end + len(sep)
-    a_end = _json_end(text, a)
-    if a_end is None:
-        return _Call(name, text[a:], False), -1
-    if a_end >= len(text):
-        return _Call(name, text[a:a_end], False), -1  # the closing "}" is still to come
-    if text[a_end] != "}":
-        return None, -2
-    return _Call(name, text[a:a_end], True), a_end + 1
-
-
-def _held_marker_prefix(text: str, marker: str) -> int:
-    """The length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
-
-
-def _read_calls(fmt: Any, text: str, final: bool) -> tuple[str, list[_Call]] | None:
-    """:meth:`CallStream.read` for the format ``fmt``."""
-    from structgen.calls.formats import HermesJsonFormat, JsonCallFormat, Llama3JsonFormat, MistralFormat
-
-    if isinstance(fmt, HermesJsonFormat):
-        body = text.lstrip(_JSON_WHITESPACE)
-        if not body or (not final and _FENCE_OPEN.startswith(body)):
-            return "", []  # whitespace, or what may still become a fence: not known yet
-        inner = fmt.json_format if starts_json_call(body) else fmt.tagged
-        return _read_calls(inner, text, final)
-    if isinstance(fmt, JsonCallFormat):
-        return _read_json_calls(text, final, fmt.arguments_key)
-    if isinstance(fmt, Llama3JsonFormat):
-        return _read_llama3(text, final, fmt.arguments_key)
-    if isinstance(fmt, MistralFormat):
-        return _read_mistral(text, final, fmt.marker, fmt.arguments_key)
-    return _read_tagged(text, final, fmt.begin, fmt.end, fmt.arguments_key)
-
-
-def _read_llama3(text: str, final: bool, key: str) -> tuple[str, list[_Call]] | None:
-    """Llama 3 JSON calls: the whole reply, calls joined by ``"; "``."""
-    calls: list[_Call] = []
-    body = text
-    if body.startswith("<|python_tag|>"):
-        body = body[len("<|python_tag|>"):].lstrip()
-    elif "<|python_tag|>".startswith(body) and body and not final:
-        return "", calls
-    if not body:
-        return "", calls
-    if not body.startswith("{"):
-        return text, calls
-    pos = 0
-    while True:
-        call, nxt = _scan_call(body, pos, key)
-        if call is None:
-            return None
-        calls.append(call)
-        if nxt < 0:
-            return "", calls
-        rest = body[nxt:]
-        if not rest.startswith("; "):
-            if "; ".startswith(rest) or rest.strip() == "":
-                return "", calls
-            return None
-        pos = nxt + 2
-
-
-def _read_mistral(text: str, final: bool, marker: str, key: str) -> tuple[str, list[_Call]] | None:
-    """Mistral: free text, the marker, a JSON array of calls."""
-    calls: list[_Call] = []
-    i = text.find(marker)
-    if i < 0:
-        held = 0 if final else _held_marker_prefix(text, marker)
-        return text[: len(text) - held], calls
-    content = text[:i]
-    pos = i + len(marker)
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    if pos >= len(text):
-        return content, calls
-    if text[pos] != "[":
-        return None
-    pos += 1
-    while True:
-        call, nxt = _scan_call(text, pos, key)
-        if call is None:
-            return None
-        calls.append(call)
-        if nxt < 0 or nxt >= len(text) or text[nxt] == "]":
-            return content, calls
-        if not ", ".startswith(text[nxt: nxt + 2]):
-            return None
-        pos = nxt + 2
-        if pos > len(text):
-            return content, calls
-
-
-def _read_tagged(text: str, final: bool, begin: str, end: str, key: str) -> tuple[str, list[_Call]] | None:
-    """Tagged blocks amid free text."""
-    calls: list[_Call] = []
-    parts: list[str] = []
-    pos = 0
-    while True:
-        i = text.find(begin, pos)
-        if i < 0:
-            rest = text[pos:]
-            held = 0 if final else _held_marker_prefix(rest, begin)
-            parts.append(rest[: len(rest) - held])
-            break
-        parts.append(text[pos:i])
-        p = i + len(begin)
-        while p < len(text) and text[p].isspace():
-            p += 1
-        call, nxt = _scan_call(text, p, key)
-        if call is None:
-            return None
-        calls.append(call)
-        if nxt < 0:
-            break
-        while nxt < len(text) and text[nxt].isspace():
-            nxt += 1
-        if not text.startswith(end, nxt):
-            if end.startswith(text[nxt:]):
-                break
-            return None
-        pos = nxt + len(end)
-    return "".join(parts), calls
-
-
-def _read_json_calls(text: str, final: bool, key: str) -> tuple[str, list[_Call]] | None:
-    """The JSON call format: the reply is calls (bare or fenced objects, whitespace between)
-    when it starts with ``{`` or a fence, else text."""
-    fence, close = _FENCE_OPEN, _FENCE_CLOSE
-    body_at = _skip_whitespace(text, 0)
-    body = text[body_at:]
-    if not body or (not final and fence.startswith(body)):
-        return "", []
-    if not body.startswith(("{", fence)):
-        return text, []
-    calls: list[_Call] = []
-    pos = body_at
-    while True:
-        fenced = text.startswith(fence, pos)
-        if not fenced and not text.startswith("{", pos):
-            if fence.startswith(text[pos:]):  # the next fence, or trailing whitespace, so far
-                return "", calls
-            return None
-        p = _skip_whitespace(text, pos + len(fence)) if fenced else pos
-        if p >= len(text):
-            return "", calls
-        call, nxt = _scan_loose_call(text, p, key)
-        if call is None:
-            return None
-        calls.append(call)
-        if nxt < 0:
-            return "", calls
-        if fenced:
-            nxt = _skip_whitespace(text, nxt)
-            at = _literal_at(text, nxt, close)
-            if at <= 0:
-                return ("", calls) if at == 0 else None
-            nxt += len(close)
-        pos = _skip_whitespace(text, nxt)
-        if pos >= len(text):
-            return "", calls
-
-
-def _scan_loose_call(text: str, pos: int, key: str) -> tuple[_Call | None, int]:
-    """:func:`_scan_call` for the JSON call format's envelope: ``{"name": <string>, "<key>":
-    <arguments>}`` with JSON whitespace between its tokens; the arguments text is the value
-    as written (from its first to its last character)."""
-    name: str | None = None
-    args = ""
-    p = pos
-    for step in ("{", '"name"', ":", None, ",", f'"{key}"', ":", "", "}"):
-        if p > pos:
-            p = _skip_whitespace(text, p)
-        if p >= len(text):
-            return _Call(name, args, False), -1
-        if step is None:  # the name
-            if text[p] != '"':
-                return None, -2
-            end = _json_end(text, p)
-            if end is None:
-                return _Call(None, "", False), -1
-            try:
-                name = json.loads(text[p:end])
-            except ValueError:
-                return None, -2
-            p = end
-        elif step == "":  # the arguments
-            end = _json_end(text, p)
-            if end is None:
-                return _Call(name, text[p:], False), -1
-            args, p = text[p:end], end
-        else:
-            at = _literal_at(text, p, step)
-            if at <= 0:
-                return (None, -2) if at < 0 else (_Call(name, args, False), -1)
-            p += len(step)
-    return _Call(name, args, True), p
+                      template_tools, new_matcher, choice=choice, answer=both_answer, calls=calls)
 
 
 class CallStream:
@@ -584,12 +315,13 @@ class CallStream:
     :meth:`OutputPlan.split` gives for the whole output (stripped as it strips: leading and
     trailing whitespace and any text that may still turn out to start a marker are held back),
     and each call's argument events equal its arguments as the model wrote them (the
-    ``arguments`` text of :meth:`ToolCall.openai` for a complete output). Built-in formats
-    (tagged, JSON calls, Hermes-or-JSON, Llama 3 JSON, Mistral) only: :meth:`for_plan` gives
-    None for the others, and for reasoning, whose parts are only known once the output is
-    complete."""
+    ``arguments`` text of :meth:`ToolCall.openai` for a complete output). The format reads its
+    own text (:meth:`~structgen.calls.formats.ToolFormat.read_calls`; the built-in formats:
+    tagged, JSON calls, Hermes-or-JSON, Llama 3 JSON, Mistral): :meth:`for_plan` gives None
+    for a format that does not (``streams`` false), and for reasoning, whose parts are only
+    known once the output is complete."""
 
-    def __init__(self, fmt: Any, *, calls_allowed: bool = True) -> None:
+    def __init__(self, fmt: ToolFormat, *, calls_allowed: bool = True) -> None:
         self.fmt = fmt
         self.calls_allowed = calls_allowed  # False under tool_choice="none": all text
         self.text = ""
@@ -600,28 +332,17 @@ class CallStream:
     def for_plan(cls, plan: OutputPlan) -> CallStream | None:
         """A stream reader for outputs of ``plan``, or None where the output can only be read
         once complete (no tools, reasoning, a format other than the built-in ones)."""
-        from structgen.calls.formats import (
-            HermesJsonFormat,
-            JsonCallFormat,
-            Llama3JsonFormat,
-            MistralFormat,
-            TaggedFormat,
-        )
-
-        if plan.format is None or plan.reasoning:
-            return None
-        builtin = (TaggedFormat, Llama3JsonFormat, MistralFormat, JsonCallFormat, HermesJsonFormat)
-        if not isinstance(plan.format, builtin):
+        if plan.format is None or plan.reasoning or not plan.format.streams:
             return None
         return cls(plan.format, calls_allowed=plan.choice != "none")
 
-    def read(self, text: str, *, final: bool) -> tuple[str, list[_Call]] | None:
+    def read(self, text: str, *, final: bool) -> tuple[str, list[PartialCall]] | None:
         """(content known so far, calls so far) of ``text`` in this stream's format (``final``:
         the output is complete); None when the text leaves the shapes the grammar writes (the
         caller then waits for the complete output)."""
         if not self.calls_allowed:
             return text, []
-        return _read_calls(self.fmt, text, final)
+        return self.fmt.read_calls(text, final)
 
     def feed(self, delta: str, *, final: bool = False) -> list[tuple[Any, ...]]:
         """Events for ``delta``, the text committed since the last call (``final``: the output
@@ -697,7 +418,7 @@ class OutputStream:
             end = body.find(THINK_END)
             inside = body[start + len(THINK_START) if start >= 0 else 0: end if end >= 0 else len(body)]
             if end < 0 and not final:
-                inside = inside[: len(inside) - _held_marker_prefix(inside, THINK_END)]
+                inside = inside[: len(inside) - held_marker_prefix(inside, THINK_END)]
             events += self._grow("reasoning", inside.strip())
             if end < 0:
                 return events
@@ -717,7 +438,7 @@ class OutputStream:
                 for k, call in enumerate(calls):
                     self._whole_ids.append(call.id)
                     events += [("call", k, call.id, call.name),
-                               ("arguments", k, call.openai()["function"]["arguments"])]
+                               ("arguments", k, call.arguments_json())]
             return events
         new, self.answer_fed = answer[self.answer_fed:], len(answer)
         return events + self.calls.feed(new, final=final)

@@ -27,16 +27,15 @@ JSON pointer of the format, never widened.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from structgen.calls.triggered import Region, TriggeredGrammar, body_grammar, triggered_to_grammar
+from structgen.config import CompileOptions, JsonSchemaOptions
 from structgen.errors import ConfigError, UnsupportedFeatureError
 from structgen.grammar import ir
+from structgen.grammar.compiled import CompiledGrammar
+from structgen.grammar.compiler import compile_grammar
 from structgen.grammar.passes import prefixed_grammar
-
-if TYPE_CHECKING:  # pragma: no cover
-    from structgen.config import CompileOptions, JsonSchemaOptions
-    from structgen.grammar.compiled import CompiledGrammar
 
 __all__ = ["structural_tag_to_grammar", "compile_structural_tag"]
 
@@ -194,6 +193,4 @@ def structural_tag_to_grammar(spec: Any, *, json_options: JsonSchemaOptions | No
 def compile_structural_tag(spec: Any, *, json_options: JsonSchemaOptions | None = None,
                            compile_options: CompileOptions | None = None) -> CompiledGrammar:
     """Compile a structural tag (cached by content, like every grammar)."""
-    from structgen.grammar.compiler import compile_grammar
-
     return compile_grammar(structural_tag_to_grammar(spec, json_options=json_options), compile_options)

@@ -38,15 +38,18 @@ those logits, and a step from them is a dictionary lookup.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from structgen.config import CompileOptions, JsonSchemaOptions
 from structgen.errors import ConfigError
+from structgen.frontends.constraint import schema_from
+from structgen.frontends.json_schema.compiler import schema_to_grammar
+from structgen.frontends.lark import lark_to_grammar
+from structgen.frontends.regex import compile_regex
 from structgen.grammar import ir
+from structgen.grammar.compiled import CompiledGrammar
+from structgen.grammar.compiler import compile_grammar
 from structgen.grammar.passes import prefixed_grammar
-
-if TYPE_CHECKING:  # pragma: no cover
-    from structgen.config import CompileOptions, JsonSchemaOptions
-    from structgen.grammar.compiled import CompiledGrammar
 
 __all__ = ["Region", "TriggeredGrammar", "body_grammar", "compile_triggered", "triggered_to_grammar"]
 
@@ -130,19 +133,11 @@ def body_grammar(kind: str, spec: Any, *, json_options: JsonSchemaOptions | None
     ``"literal"`` (str or bytes). Raises what the front-ends raise for a bad spec and
     :class:`~structgen.errors.ConfigError` for an unknown kind."""
     if kind == "json":
-        from structgen.config import JsonSchemaOptions
-        from structgen.frontends.constraint import schema_from
-        from structgen.frontends.json_schema.compiler import schema_to_grammar
-
         options = (json_options or JsonSchemaOptions()).for_generation()
         return schema_to_grammar(schema_from(spec, strings_may_be_paths=False), options)
     if kind in ("grammar", "lark"):
-        from structgen.frontends.lark import lark_to_grammar
-
         return lark_to_grammar(spec, start=start)
     if kind == "regex":
-        from structgen.frontends.regex import compile_regex
-
         return ir.Grammar({"start": compile_regex(spec)}, "start")
     if kind == "literal":
         return ir.Grammar({"start": ir.lit(_as_bytes("literal", spec))}, "start")
@@ -198,6 +193,4 @@ def compile_triggered(spec: TriggeredGrammar, compile_options: CompileOptions | 
                       ) -> CompiledGrammar:
     """Compile ``spec`` (cached by content, like every grammar); the result is immutable and
     shared by all the requests that use it."""
-    from structgen.grammar.compiler import compile_grammar
-
     return compile_grammar(triggered_to_grammar(spec), compile_options)

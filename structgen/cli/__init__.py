@@ -35,28 +35,37 @@ compiled grammars, :mod:`._common` holds the exit codes and message printers.
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import NoReturn
 
 from structgen import __version__
-from structgen.cli._common import EXIT_INVALID, EXIT_USAGE, _err, _Usage
-from structgen.cli.bench import _cmd_bench
-from structgen.cli.compile import _cmd_compile
-from structgen.cli.config import _cmd_config
-from structgen.cli.demo import _cmd_demo
-from structgen.cli.generate import _cmd_generate
-from structgen.cli.models import _cmd_models
-from structgen.cli.serve import add_parser as _add_serve_parser
-from structgen.cli.validate import _cmd_validate
+from structgen.cli._common import API_KEY_ENV, EXIT_INVALID, EXIT_USAGE, _err, _Usage
+from structgen.config import positive_int_arg
 
 __all__ = ["main"]
+
+#: subcommand -> the module that runs it (its ``run(args)``), imported only when that command
+#: runs: ``structgen --help``, ``compile`` and ``validate`` never load what ``generate`` or
+#: ``serve`` need (torch, transformers, the HTTP server).
+COMMANDS: dict[str, str] = {
+    "validate": "structgen.cli.validate",
+    "compile": "structgen.cli.compile",
+    "demo": "structgen.cli.demo",
+    "generate": "structgen.cli.generate",
+    "models": "structgen.cli.models",
+    "bench": "structgen.cli.bench",
+    "config": "structgen.cli.config",
+    "serve": "structgen.cli.serve",
+}
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors (exit 2), like every other usage error here."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {' '.join(message.split())} "
                               f"(see `{self.prog} --help`)\n")
 
@@ -74,9 +83,18 @@ def _port(text: str) -> int:
 
 def _positive_int(text: str) -> int:
     """argparse type: an integer from 1 to structgen.config.MAX_COUNT."""
-    from structgen.config import positive_int_arg
-
     return positive_int_arg(text)
+
+
+def _seconds(text: str) -> float:
+    """argparse type: a finite number of seconds above 0 (at most a day)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
+    if not 0 < value <= 86400:  # also false for NaN
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds above 0 and at most 86400")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -99,7 +117,6 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--remote", action="append", default=[], metavar="URI=FILE",
                    help="let $ref use FILE as the document at URI (repeatable); no other reference "
                    "outside the schema is ever fetched or read")
-    v.set_defaults(func=_cmd_validate)
 
     c = sub.add_parser("compile", help="compile a JSON Schema or .lark grammar and report its size")
     c.add_argument("input", metavar="SCHEMA.json|GRAMMAR.lark")
@@ -112,14 +129,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--validation", action="store_true",
                    help="compile validation's language (every JSON spelling, open objects) "
                         "instead of generation's")
-    c.set_defaults(func=_cmd_compile)
 
     d = sub.add_parser("demo", help="the main job: compile, validate and generate for schemas/")
     d.add_argument("--schemas", metavar="DIR", help="folder of NAME.schema.json files (default: schemas/)")
     d.add_argument("--no-generate", action="store_true", help="skip generation")
     d.add_argument("--max-new-tokens", type=_positive_int, default=256)
     d.add_argument("--model", help="model alias or folder (default: structgen's default model)")
-    d.set_defaults(func=_cmd_demo)
 
     g = sub.add_parser(
         "generate", help="generate constrained output (JSON Lines, one result per line)",
@@ -187,7 +202,6 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--metrics-port", type=_port, metavar="PORT",
                    help="serve /metrics (Prometheus) and /metrics.json on 127.0.0.1:PORT while running "
                    "(0: a free port, printed on stderr)")
-    g.set_defaults(func=_cmd_generate)
 
     m = sub.add_parser("models", help="list model and tokenizer aliases; fetch one; show where it is",
                        description="`structgen models` lists the aliases and whether they are cached "
@@ -199,7 +213,6 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("aliases", nargs="*", metavar="ALIAS")
     m.add_argument("--json", action="store_true", help="list: one JSON object per alias")
     m.add_argument("--force", action="store_true", help="pull: convert again even when cached and intact")
-    m.set_defaults(func=_cmd_models)
 
     b = sub.add_parser("bench", help="run the benchmark suite of a source checkout "
                        "(benchmarks/bench_suite.py; every further argument goes to it)")
@@ -211,18 +224,84 @@ def _parser() -> argparse.ArgumentParser:
                        "the effective settings.")
     k.add_argument("--example", action="store_true", help="print the documented defaults (the default)")
     k.add_argument("--check", metavar="FILE", help="validate a configuration file")
-    k.set_defaults(func=_cmd_config)
 
-    _add_serve_parser(sub, _port, _positive_int)
+    _add_serve_parser(sub)
     return p
+
+
+def _add_serve_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """Register ``serve`` on the CLI's subparsers."""
+    s = sub.add_parser(
+        "serve", help="serve an OpenAI-compatible HTTP API with continuous batching",
+        description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics "
+        "(OpenAI-compatible; response_format json_schema / json_object, plus grammar and regex "
+        "extensions). Requests join one continuously refilled batch. Loopback only unless --host "
+        "says otherwise. Stops (draining running requests) on Ctrl-C / SIGTERM.")
+    s.add_argument("--model", "-m", metavar="ALIAS|PATH",
+                   help="model alias (see `structgen models`; an ALIAS-gguf alias runs the GGUF on "
+                   "llama.cpp), Hugging Face folder or .gguf file (default: generation.model of "
+                   "--config, else smollm2-135m)")
+    s.add_argument("--config", "-c", metavar="spec.yaml", help="YAML configuration (see `structgen config`)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    s.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
+    s.add_argument("--api-key", metavar="KEY", help=f"require 'Authorization: Bearer KEY' on every route "
+                   f"but /health (default: ${API_KEY_ENV}; unset: no key)")
+    s.add_argument("--served-model-name", metavar="NAME", help="model id in /v1/models (default: --model)")
+    s.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"),
+                   help="weights type of a transformers model (a GGUF keeps its own)")
+    s.add_argument("--threads", type=_positive_int, metavar="N",
+                   help="CPU threads of the model: llama.cpp's for a GGUF (default: the CPU count, at "
+                   "most 8), torch's otherwise")
+    s.add_argument("--ctx-size", type=_positive_int, metavar="N",
+                   help="positions per sequence of a GGUF (default: its training context, at most 4096)")
+    s.add_argument("--prefix-cache-mb", type=int, default=512, metavar="MB",
+                   help="memory for the KV states of prompt prefixes that requests share (system "
+                   "prompt, tools), on a GGUF; 0 turns the cache off (default 512)")
+    s.add_argument("--temperature", type=float, metavar="T",
+                   help="default temperature of requests that give none (default 0: greedy)")
+    s.add_argument("--no-speculative", action="store_true", help="plain constrained decoding (baseline)")
+    s.add_argument("--tool-format", metavar="NAME",
+                   help="how the model writes tool calls: hermes_json, hermes, json, llama3, mistral or "
+                   "another registered format (default: generation.tool_format of --config, else "
+                   "detected from the model's chat template and tokenizer)")
+    s.add_argument("--max-running", type=_positive_int, default=16, metavar="N",
+                   help="sequences in the running batch (default 16)")
+    s.add_argument("--max-queued", type=_positive_int, default=256, metavar="N",
+                   help="sequences compiling or waiting for the batch; beyond: 429 (default 256)")
+    s.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
+                   help="seconds a request may run before it ends with finish_reason length (default 600)")
+    s.add_argument("--prepare-timeout", type=_seconds, default=30.0, metavar="S",
+                   help="seconds from a request's arrival to the end of its preparation (compile, "
+                   "token-budget check), waiting included; beyond: 422 for its own work, 429 for waiting "
+                   "(default 30)")
+    s.add_argument("--compile-processes", type=int, default=2, metavar="N",
+                   help="worker processes compiling constraints that are in no cache, so that a slow or "
+                   "hostile compile neither holds the server's GIL nor outlives its request (0: compile "
+                   "on threads of the server; default 2)")
+    s.add_argument("--max-body-bytes", type=_positive_int, default=4 << 20, metavar="N",
+                   help="largest request body; beyond: 413 (default 4 MiB)")
+    s.add_argument("--allowed-hosts", metavar="HOSTS",
+                   help="comma-separated names the Host header may give (*.example.org: its subdomains; "
+                   "*: any); beyond: 421. Guards against DNS rebinding (default: localhost, 127.0.0.1, ::1 "
+                   "and --host; any when --host is 0.0.0.0 or ::)")
+    s.add_argument("--max-connections", type=_positive_int, default=256, metavar="N",
+                   help="connections served at once; a request on one more gets 503 (default 256)")
+    s.add_argument("--keep-alive-timeout", type=_seconds, default=5.0, metavar="S",
+                   help="seconds an idle connection stays open between requests (default 5)")
+    s.add_argument("--header-timeout", type=_seconds, default=10.0, metavar="S",
+                   help="seconds a client has to send a request line and headers; then the connection "
+                   "is closed (default 10)")
+    s.add_argument("--body-timeout", type=_seconds, default=30.0, metavar="S",
+                   help="seconds a client has to send a request body; beyond: 408 (default 30)")
+    s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
     program = argv is None  # this process is the `structgen` program: process-wide choices are ours
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:
-        return _cmd_bench(argv[1:])  # every further argument belongs to the benchmark suite
+    if argv[:1] == ["bench"]:  # every further argument belongs to the benchmark suite
+        return int(importlib.import_module(COMMANDS["bench"]).run(argv[1:]))
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -230,15 +309,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
     args.process_wide = program  # may a subcommand make process-wide choices (validate's kernels)?
     try:
-        return int(args.func(args))
+        return int(importlib.import_module(COMMANDS[args.command]).run(args))
     except _Usage as e:
         _err(f"structgen {args.command}", str(e), e.keep_lines)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # e.g. `structgen validate ... | head`: stop quietly
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_INVALID
 

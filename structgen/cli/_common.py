@@ -4,11 +4,14 @@ exception and the one-line message printers (all on stderr)."""
 from __future__ import annotations
 
 import sys
-from typing import Any
 
-from structgen.errors import StructgenError
+from structgen.errors import SchemaError, StructgenError
+from structgen.settings import Settings, load_settings
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+
+#: Environment variable ``structgen serve`` reads for the API key when ``--api-key`` is not given.
+API_KEY_ENV = "STRUCTGEN_API_KEY"
 
 
 class _Usage(Exception):
@@ -26,8 +29,6 @@ def _err(prog: str, message: str, keep_lines: bool = False) -> None:
 
 def _text(e: Exception) -> str:
     """An error's message, without the empty location a SchemaError adds when it has none."""
-    from structgen.errors import SchemaError
-
     if isinstance(e, SchemaError) and not e.pointer and not e.keyword:
         return e.message
     return str(e)
@@ -37,14 +38,12 @@ def _note(prog: str, message: str) -> None:
     print(f"{prog}: note: {message}", file=sys.stderr)
 
 
-def _isatty(stream: Any) -> bool:
+def _isatty(stream: object) -> bool:
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())
 
 
-def _load_settings(path: str | None) -> Any:
-    from structgen.settings import Settings, load_settings
-
+def _load_settings(path: str | None) -> Settings:
     if not path:
         return Settings()
     try:

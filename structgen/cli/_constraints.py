@@ -5,13 +5,25 @@ grammar or regex) with the validator that checks its outputs."""
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from structgen.cli._common import _text, _Usage
-from structgen.errors import StructgenError
+from structgen.config import JsonSchemaOptions
+from structgen.errors import GrammarError, RegexError, StructgenError
+from structgen.frontends.constraint import compile_constraint, read_grammar_file, schema_from
+from structgen.grammar.compiled import CompiledGrammar
+from structgen.json_types import JsonValue
+from structgen.settings import Settings
+from structgen.validation import SchemaValidator
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 
 @dataclass
@@ -19,25 +31,22 @@ class _Constraint:
     """One output constraint of `generate`: the compiled grammar and how outputs are checked."""
 
     kind: str  # "schema" | "pydantic" | "grammar" | "regex"
-    compiled: Any
-    validator: Any = None  # SchemaValidator (jsonschema + formats) for JSON kinds
-    pydantic: Any = None
-    schema: Any = None  # the schema value of JSON kinds (reasoning lowers it again)
+    compiled: CompiledGrammar | None  # None: free text (around tool calls)
+    validator: SchemaValidator | None = None  # jsonschema + formats, for JSON kinds
+    pydantic: type[BaseModel] | None = None
+    schema: JsonValue = None  # the schema value of JSON kinds (reasoning lowers it again)
 
     @property
     def is_json(self) -> bool:
         return self.kind in ("schema", "pydantic")
 
 
-def _compile_file(path: str, lenient: bool, remotes: dict[str, Any] | None = None, *,
-                  for_generation: bool = True) -> Any:
+def _compile_file(path: str, lenient: bool, remotes: Mapping[str, JsonValue] | None = None, *,
+                  for_generation: bool = True) -> CompiledGrammar:
     """Compile ``path`` (``.lark``: Lark grammar, whose relative ``%import`` reads beside it;
     anything else: JSON Schema, whose ``$ref`` may reach ``remotes`` and nothing else outside
     it) into the grammar generation uses, or with ``for_generation=False`` the one validation
     uses (every JSON spelling accepted)."""
-    from structgen.config import JsonSchemaOptions
-    from structgen.frontends.constraint import compile_constraint, read_grammar_file, schema_from
-
     if path.endswith(".lark"):
         try:
             text = read_grammar_file(path)
@@ -53,8 +62,6 @@ def _compile_file(path: str, lenient: bool, remotes: dict[str, Any] | None = Non
 
 
 def _grammar_error(path: str, e: StructgenError) -> str:
-    from structgen.errors import GrammarError, RegexError
-
     if isinstance(e, GrammarError):
         where = f"{path}:{e.line}:{e.column}" if e.line is not None and e.column is not None else \
             f"{path}:{e.line}" if e.line is not None else path
@@ -65,12 +72,10 @@ def _grammar_error(path: str, e: StructgenError) -> str:
     return f"{path}: {_text(e)}"
 
 
-def _schema_constraint(schema: Any, source: str, settings: Any, pydantic: Any = None) -> _Constraint:
+def _schema_constraint(schema: JsonValue, source: str, settings: Settings,
+                       pydantic: type[BaseModel] | None = None) -> _Constraint:
     """The constraint of a schema value: its generation grammar (from the front door, with the
     settings' options) and a validator for the outputs."""
-    from structgen.frontends.constraint import compile_constraint
-    from structgen.validation import SchemaValidator
-
     try:
         validator = SchemaValidator(schema, use_grammar=False)
         compiled = compile_constraint("json", schema, json_options=settings.json_schema,
@@ -81,10 +86,7 @@ def _schema_constraint(schema: Any, source: str, settings: Any, pydantic: Any = 
                        schema)
 
 
-def _import_pydantic(spec: str) -> Any:
-    import importlib
-    import os
-
+def _import_pydantic(spec: str) -> type[BaseModel]:
     mod_name, sep, attr = spec.partition(":")
     if not sep or not mod_name or not attr:
         raise _Usage(f"--pydantic wants pkg.module:Class, not {spec!r}")
@@ -93,7 +95,7 @@ def _import_pydantic(spec: str) -> Any:
     if added:  # `structgen` (the console script) does not put the working folder on the path
         sys.path.insert(0, cwd)
     try:
-        obj: Any = importlib.import_module(mod_name)
+        obj: object = importlib.import_module(mod_name)
     except Exception as e:  # noqa: BLE001 - any import failure is the user's module
         raise _Usage(f"--pydantic {spec}: cannot import {mod_name}: {type(e).__name__}: {e}") from None
     finally:
@@ -110,12 +112,10 @@ def _import_pydantic(spec: str) -> Any:
     return obj
 
 
-def _main_constraint(args: argparse.Namespace, settings: Any) -> _Constraint | None:
+def _main_constraint(args: argparse.Namespace, settings: Settings) -> _Constraint | None:
     """The constraint the command line gives (--schema, --pydantic, --grammar or --regex; None
     when the prompts file names one per line), compiled by the front door. File arguments go in
     as paths, never as text."""
-    from structgen.frontends.constraint import compile_constraint, read_grammar_file, schema_from
-
     if args.schema:
         try:
             schema = schema_from(Path(args.schema))

@@ -25,7 +25,8 @@ def suite_path() -> Path:
     return Path(__file__).resolve().parents[2] / "benchmarks" / f"{SUITE}.py"
 
 
-def _cmd_bench(argv: Sequence[str]) -> int:
+def run(argv: Sequence[str]) -> int:
+    """Run the source checkout's benchmark suite with ``argv``."""
     path = suite_path()
     if not path.is_file():
         _err("structgen bench", "the benchmark suite is not part of the installed package; it runs "

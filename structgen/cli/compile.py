@@ -7,17 +7,21 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
 
 from structgen.cli._common import EXIT_INVALID, EXIT_OK, _text, _Usage
 from structgen.cli._constraints import _compile_file
 from structgen.cli.validate import _remotes
-from structgen.errors import StructgenError
+from structgen.errors import StructgenError, UnsupportedFeatureError
+from structgen.grammar.compiled import CompiledGrammar
+from structgen.grammar.ir import Grammar
+from structgen.json_types import JsonObject
+
+__all__ = ["run"]
 
 
-def _describe(cg: Any) -> dict[str, Any]:
+def _describe(cg: CompiledGrammar) -> JsonObject:
     """Sizes of a compiled grammar: IR rules, rules left after inlining, DFA states, warnings."""
-    info: dict[str, Any] = {}
+    info: JsonObject = {}
     ir_grammar = _ir_of(cg)
     if ir_grammar is not None:
         info["ir_rules"] = len(ir_grammar.rules)
@@ -38,17 +42,14 @@ def _describe(cg: Any) -> dict[str, Any]:
     return info
 
 
-def _ir_of(cg: Any) -> Any:
+def _ir_of(cg: CompiledGrammar) -> Grammar | None:
     """The IR grammar a CompiledGrammar was compiled from, or None."""
-    from structgen.grammar.ir import Grammar
-
     value = getattr(cg, "source", None)
     return value if isinstance(value, Grammar) else None
 
 
-def _cmd_compile(args: argparse.Namespace) -> int:
-    from structgen.errors import UnsupportedFeatureError
-
+def run(args: argparse.Namespace) -> int:
+    """Compile ``args.input`` and report on it (see the module docstring)."""
     prog = "structgen compile"
     remotes = _remotes(args.remote)
     t0 = time.perf_counter()
@@ -59,8 +60,10 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         kw = f" [{first.keyword}]" if first.keyword else ""
         found = [f"{first.pointer or '#'}: {first.message}{kw}"]
         try:
-            found = _describe(_compile_file(args.input, True, remotes,
-                                            for_generation=not args.validation)).get("warnings") or found
+            warnings = _describe(_compile_file(args.input, True, remotes,
+                                               for_generation=not args.validation)).get("warnings")
+            if isinstance(warnings, list) and warnings:
+                found = [str(w) for w in warnings]
         except Exception:  # the strict error above is the answer
             pass
         if args.json:
@@ -81,7 +84,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         print(json.dumps(info, default=str))
     else:
         for key, value in info.items():
-            if key == "warnings":
+            if key == "warnings" and isinstance(value, list):
                 for w in value:
                     print(f"warning: {w}")
             elif key not in ("input", "ok"):

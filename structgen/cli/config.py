@@ -6,11 +6,13 @@ import argparse
 import sys
 
 from structgen.cli._common import EXIT_OK, _load_settings
+from structgen.settings import dump, example
+
+__all__ = ["run"]
 
 
-def _cmd_config(args: argparse.Namespace) -> int:
-    from structgen.settings import dump, example
-
+def run(args: argparse.Namespace) -> int:
+    """Print the documented defaults, or check ``args.check`` and print its effective settings."""
     if args.check:
         settings = _load_settings(args.check)
         sys.stdout.write(dump(settings, comments=False))

@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
+import structgen
 from structgen import __version__
 from structgen.cli._common import EXIT_INVALID, EXIT_OK, _err, _Usage
 from structgen.errors import StructgenError
+from structgen.frontends.json_schema.source import read_schema_file
+from structgen.json_types import JsonValue
+from structgen.validation import Document, SchemaValidator, iter_documents
+
+__all__ = ["run"]
 
 
 def _default_schemas_dir() -> Path:
@@ -40,11 +47,8 @@ def _demo_sets(root: Path) -> list[tuple[str, Path, list[Path], list[Path]]]:
     return sorted(sets)
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
-    import structgen
-    from structgen.frontends.json_schema.source import read_schema_file
-    from structgen.validation import SchemaValidator, iter_documents
-
+def run(args: argparse.Namespace) -> int:
+    """Compile, validate and generate for each example schema (see the module docstring)."""
     prog = "structgen demo"
     root = Path(args.schemas) if args.schemas else _default_schemas_dir()
     if not root.is_dir():
@@ -92,7 +96,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _has_generate(structgen: Any) -> bool:
+def _has_generate(structgen: ModuleType) -> bool:
     """Whether the generation API exists yet (its module may still be missing)."""
     try:
         return callable(structgen.generate)
@@ -100,18 +104,14 @@ def _has_generate(structgen: Any) -> bool:
         return False
 
 
-def _demo_generate(structgen: Any, name: str, schema: Any, validator: Any,
+def _demo_generate(structgen: ModuleType, name: str, schema: JsonValue, validator: SchemaValidator,
                    args: argparse.Namespace) -> int:
     """Generate one instance for ``schema`` with the default model; 1 on failure, else 0."""
-    import os
-
-    from structgen.validation import Document
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     prompt = (f"Write one JSON value for the example '{name}' that matches this JSON Schema:\n"
               + json.dumps(schema))
-    kwargs: dict[str, Any] = {"schema": schema, "messages": [{"role": "user", "content": prompt}],
+    kwargs: dict[str, object] = {"schema": schema, "messages": [{"role": "user", "content": prompt}],
                               "max_new_tokens": args.max_new_tokens, "seed": 0}
     if args.model:
         kwargs["model"] = args.model

@@ -11,14 +11,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TextIO, cast
 
+import torch
+from transformers.utils import logging as hf_logging
+
+import structgen
+from structgen.assets.store import resolve_model
+from structgen.atomic_files import AtomicOutput, abort_all, check_distinct
+from structgen.calls.formats import normalize_tools, tool_choice_name
 from structgen.cli._common import (
     EXIT_INVALID,
     EXIT_OK,
@@ -29,26 +39,43 @@ from structgen.cli._common import (
     _Usage,
 )
 from structgen.cli._constraints import _Constraint, _main_constraint, _schema_constraint
-from structgen.errors import StructgenError
+from structgen.config import GenerationOptions, SpecConfig
+from structgen.errors import AssetError, ConfigError, StructgenError
+from structgen.frontends.constraint import schema_from
+from structgen.generation.api import DEFAULT_MODEL, GenerationResult, prompt_ids
+from structgen.generation.loop import check_budget
+from structgen.generation.model import CausalLM, check_context, load_model, vocabulary_for
+from structgen.json_types import JsonValue
+from structgen.masks.matcher import Matcher
+from structgen.metrics import Metrics, serve_metrics
+from structgen.settings import Settings, with_overrides
+from structgen.validation import Document
+
+__all__ = ["run"]
+
+#: A chat conversation of one ``--prompts`` line: ``{"role": ..., "content": ...}`` objects.
+Messages = list[dict[str, str]]
+#: The tool/reasoning keywords of :func:`structgen.generate` (see :func:`_tool_options`).
+ToolMode = dict[str, object]
 
 
 @dataclass
 class _Request:
     index: int
     prompt: str | None
-    messages: list[dict[str, Any]] | None
+    messages: Messages | None
     constraint: _Constraint
-    id: Any = None
+    id: JsonValue = None
     where: str = "--prompt"  # FILE:LINE of the request in --prompts, for error messages
 
 
-def _check_messages(value: Any) -> bool:
+def _check_messages(value: JsonValue) -> bool:
     return (isinstance(value, list) and bool(value)
             and all(isinstance(m, dict) and isinstance(m.get("role"), str)
                     and isinstance(m.get("content"), str) for m in value))
 
 
-def _read_requests(args: argparse.Namespace, main: _Constraint | None, settings: Any,
+def _read_requests(args: argparse.Namespace, main: _Constraint | None, settings: Settings,
                    schema_files: list[str] | None = None) -> list[_Request]:
     """The requests of ``--prompt`` or of the ``--prompts`` JSON Lines file (checked here, before
     any model is loaded: a bad line is a usage error naming FILE:LINE). The schema files the
@@ -62,7 +89,7 @@ def _read_requests(args: argparse.Namespace, main: _Constraint | None, settings:
     return _read_prompts_file(args.prompts, main, settings, [] if schema_files is None else schema_files)
 
 
-def _read_prompts_file(name: str, main: _Constraint | None, settings: Any,
+def _read_prompts_file(name: str, main: _Constraint | None, settings: Settings,
                        schema_files: list[str]) -> list[_Request]:
     """The requests of a JSON Lines prompts file; appends the schema files its lines name to
     ``schema_files`` (inputs an output must not overwrite)."""
@@ -95,8 +122,6 @@ def _read_prompts_file(name: str, main: _Constraint | None, settings: Any,
         if "schema" in item:
             spec = item["schema"]
             if isinstance(spec, str):  # a schema file, relative to the prompts file
-                from structgen.frontends.constraint import schema_from
-
                 path = Path(spec) if Path(spec).is_absolute() else base / spec
                 key = "file:" + str(path)
                 if key not in cache:
@@ -122,7 +147,7 @@ def _read_prompts_file(name: str, main: _Constraint | None, settings: Any,
     return requests
 
 
-def _check_output(req: _Request, res: Any) -> tuple[bool, Any, list[str]]:
+def _check_output(req: _Request, res: GenerationResult) -> tuple[bool, JsonValue, list[str]]:
     """(valid, parsed value, errors) of one result, by an oracle other than the grammar where
     there is one: jsonschema (with formats) and pydantic for JSON; the compiled grammar for
     Lark grammars and regexes."""
@@ -134,12 +159,11 @@ def _check_output(req: _Request, res: Any) -> tuple[bool, Any, list[str]]:
     if not c.is_json:
         ok = bool(c.compiled.accepts(res.text))
         return ok, None, [] if ok else ["the output is not a sentence of the grammar"]
-    from structgen.validation import Document
-
     try:
         value = json.loads(res.text)
     except ValueError as e:
         return False, None, [f"not JSON: {e}"]
+    assert c.validator is not None  # every JSON kind has one (_schema_constraint)
     result = c.validator.validate(Document(1, value), "<output>")
     errors = [f"{e.path}: {e.message}" for e in result.errors]
     if c.pydantic is not None and not errors:
@@ -153,7 +177,7 @@ def _check_output(req: _Request, res: Any) -> tuple[bool, Any, list[str]]:
 class _Progress:
     """A one-line progress bar on ``stream``, drawn only when it is a terminal."""
 
-    def __init__(self, total: int, stream: Any, prog: str) -> None:
+    def __init__(self, total: int, stream: TextIO, prog: str) -> None:
         self.total = total
         self.stream = stream
         self.prog = prog
@@ -187,16 +211,10 @@ def _chunks(requests: list[_Request], size: int) -> list[list[_Request]]:
     return out
 
 
-def _cmd_generate(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Every check that needs no model runs first (options, constraints, prompts, output paths);
     the outputs are written through temporary files renamed into place at the end, so a run that
     fails never destroys an existing file (what was finished is kept as ``OUT.partial``)."""
-    import os
-    from dataclasses import replace
-
-    from structgen.atomic_files import AtomicOutput, abort_all, check_distinct
-    from structgen.errors import ConfigError
-
     prog = "structgen generate"
     settings = _load_settings(args.config)
     gen = settings.generation
@@ -220,7 +238,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                                                     "tool_format", "reasoning", "thinking_budget")}
         over = {k: v for k, v in over.items() if v is not None}
         if over:
-            gen = replace(gen, **over)
+            gen = with_overrides(replace(settings, generation=gen), "generation", **over).generation
     except ConfigError as e:
         raise _Usage(f"--{(e.key or '').replace('_', '-')}: {e}") from None
     speculative = gen.speculative and not args.no_speculative
@@ -242,12 +260,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     except ConfigError as e:
         raise _Usage(str(e)) from None
 
-    from structgen.assets.store import resolve_model
-    from structgen.errors import AssetError
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    model_name = args.model or gen.model or _default_model()
+    model_name = args.model or gen.model or DEFAULT_MODEL
     try:
         model_path = resolve_model(model_name)
     except AssetError as e:
@@ -264,19 +279,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                 except OSError as e:
                     raise _Usage(f"{flag}: cannot write {path}: {e.strerror or e}") from None
                 opened.append(files[flag])
-        from structgen.generation.model import load_model
-
         if not _isatty(sys.stderr):  # transformers draws its own loading bars otherwise
-            from transformers.utils import logging as hf_logging
-
             hf_logging.disable_progress_bar()
         try:
             lm = load_model(str(model_path), dtype=getattr(args, "dtype", "float32"), threads=gen.threads)
         except Exception as e:  # noqa: BLE001 - transformers' many load errors
             raise _Usage(f"cannot load model {model_name}: {type(e).__name__}: {e}") from None
         if gen.threads is not None and not getattr(lm.model, "is_gguf_model", False):
-            import torch
-
             torch.set_num_threads(gen.threads)
         _check_contexts(lm, requests, gen.max_new_tokens, gen.on_budget)
         rc = _generate_all(args, prog, lm, requests, cfg, gen.max_new_tokens, gen.seed, speculative,
@@ -297,7 +306,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise
 
 
-def _tool_options(gen: Any) -> dict[str, Any]:
+def _tool_options(gen: GenerationOptions) -> ToolMode:
     """The tool/reasoning keywords of :func:`structgen.generate` from the generation options;
     the tools file is read here (a usage error names it)."""
     tools = None
@@ -309,13 +318,11 @@ def _tool_options(gen: Any) -> dict[str, Any]:
         tools = data.get("tools") if isinstance(data, dict) else data
         if not isinstance(tools, list) or not tools:
             raise _Usage(f"--tools {gen.tools}: expected a non-empty JSON list of tool specs")
-        from structgen.calls.formats import normalize_tools, tool_choice_name
-
         try:
             normalized = normalize_tools(tools)
-            choice: Any = gen.tool_choice
-            if choice not in ("auto", "required", "none"):
-                choice = {"name": choice}
+            choice: str | dict[str, str] = gen.tool_choice
+            if gen.tool_choice not in ("auto", "required", "none"):
+                choice = {"name": gen.tool_choice}
             tool_choice_name(choice, normalized)
         except StructgenError as e:
             raise _Usage(f"--tools {gen.tools}: {_text(e)}") from None
@@ -328,7 +335,7 @@ def _tool_options(gen: Any) -> dict[str, Any]:
             "thinking_budget": gen.thinking_budget}
 
 
-def _tool_call_kw(kw: dict[str, Any], req: _Request, tool_mode: dict[str, Any]) -> dict[str, Any]:
+def _tool_call_kw(kw: dict[str, object], req: _Request, tool_mode: ToolMode) -> dict[str, object]:
     """:func:`structgen.generate` keywords for one request with tools and/or reasoning."""
     out = {k: v for k, v in kw.items() if k not in ("grammar", "prompt", "messages")}
     c = req.constraint
@@ -349,9 +356,6 @@ def _tool_call_kw(kw: dict[str, Any], req: _Request, tool_mode: dict[str, Any]) 
 def _interrupt_deferred() -> Iterator[None]:
     """Ctrl-C (SIGINT) during the block takes effect at its end, so the block finishes whole. Only
     where Python's own SIGINT handler is in place, in the main thread; elsewhere, no change."""
-    import signal
-    import threading
-
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield
@@ -366,16 +370,11 @@ def _interrupt_deferred() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def _check_contexts(lm: Any, requests: list[_Request], max_new_tokens: int, on_budget: str = "close") -> None:
+def _check_contexts(lm: CausalLM, requests: list[_Request], max_new_tokens: int,
+                    on_budget: str = "close") -> None:
     """Every request's prompt plus ``max_new_tokens`` within the model's context, and (with
     ``on_budget="close"``) ``max_new_tokens`` at least its constraint's shortest output, checked
     before anything is generated (an error names the request's FILE:LINE)."""
-    from structgen.errors import StructgenError
-    from structgen.generation.api import prompt_ids
-    from structgen.generation.loop import check_budget
-    from structgen.generation.model import check_context, vocabulary_for
-    from structgen.masks.matcher import Matcher
-
     vocab = vocabulary_for(lm) if on_budget == "close" else None
     for req in requests:
         try:
@@ -387,25 +386,16 @@ def _check_contexts(lm: Any, requests: list[_Request], max_new_tokens: int, on_b
             raise _Usage(f"{req.where}: {_text(e)}") from None
 
 
-def _default_model() -> str:
-    from structgen.generation.api import DEFAULT_MODEL
-
-    return DEFAULT_MODEL
-
-
-def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_Request], cfg: Any,
-                  max_new_tokens: int, seed: int | None, speculative: bool, settings: Any,
-                  files: dict[str, Any], finished: list[int], on_budget: str = "close",
-                  tool_mode: dict[str, Any] | None = None) -> int:
+def _generate_all(args: argparse.Namespace, prog: str, lm: CausalLM, requests: list[_Request],
+                  cfg: SpecConfig, max_new_tokens: int, seed: int | None, speculative: bool,
+                  settings: Settings, files: dict[str, AtomicOutput], finished: list[int],
+                  on_budget: str = "close", tool_mode: ToolMode | None = None) -> int:
     """Generate every request, writing each micro-batch's result lines as soon as it is done
     to ``files["--out"]`` (an AtomicOutput; stdout without one) and ``files["--values-out"]``,
     and the run metrics to ``files["--metrics-out"]`` at the end (the caller commits them).
     ``finished[0]`` counts the requests whose lines are written (Ctrl-C waits for a micro-batch's
     lines to be written whole). With ``tool_mode`` (tools and/or reasoning) each request runs
     alone and its line also holds ``tool_calls`` and ``reasoning``."""
-    import structgen
-    from structgen.metrics import Metrics, serve_metrics
-
     metrics = Metrics(thresholds=settings.monitoring)
     server = None
     if args.metrics_port is not None:
@@ -416,12 +406,14 @@ def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_
         _note(prog, f"metrics at http://127.0.0.1:{server.port}/metrics")
     progress = _Progress(len(requests), sys.stderr, prog)
     failed = done = tokens = 0
-    out: Any = files.get("--out", sys.stdout)
+    out: AtomicOutput | TextIO = files.get("--out", sys.stdout)
     values_out = files.get("--values-out")
+    # looked up on each run, so that a test may replace structgen.generate
+    generate: Callable[..., object] = structgen.generate
     metrics.mark_start()
     try:
         for chunk in _chunks(requests, 1 if tool_mode is not None else cfg.batch_size):
-            kw: dict[str, Any] = {"grammar": [r.constraint.compiled for r in chunk],
+            kw: dict[str, object] = {"grammar": [r.constraint.compiled for r in chunk],
                                   "max_new_tokens": max_new_tokens, "speculative": speculative,
                                   "on_budget": on_budget,
                                   "config": cfg, "seed": None if seed is None else seed + chunk[0].index}
@@ -432,9 +424,8 @@ def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_
             if tool_mode is not None:
                 kw = _tool_call_kw(kw, chunk[0], tool_mode)
             try:
-                results = structgen.generate(lm, **kw)
-                if tool_mode is not None:
-                    results = [results]
+                got = generate(lm, **kw)
+                results = cast("list[GenerationResult]", [got] if tool_mode is not None else got)
             except StructgenError as e:
                 where = chunk[e.request_index].where if e.request_index is not None else None
                 raise _Usage(f"{where}: {_text(e)}" if where else _text(e)) from None
@@ -445,7 +436,7 @@ def _generate_all(args: argparse.Namespace, prog: str, lm: Any, requests: list[_
                         valid, errors = False, errors + [res.error]
                     metrics.observe(res, valid=valid)
                     failed += not valid
-                    line: dict[str, Any] = {"index": req.index}
+                    line: dict[str, object] = {"index": req.index}
                     if req.id is not None:
                         line["id"] = req.id
                     line.update({"text": res.text, "value": value, "finish_reason": res.finish_reason,

@@ -7,13 +7,15 @@ import json
 import sys
 import time
 
+from structgen.assets import pull, store
 from structgen.cli._common import EXIT_INVALID, EXIT_OK, _err, _Usage
+from structgen.errors import AssetError
+
+__all__ = ["run"]
 
 
-def _cmd_models(args: argparse.Namespace) -> int:
-    from structgen.assets import pull, store
-    from structgen.errors import AssetError
-
+def run(args: argparse.Namespace) -> int:
+    """List, pull, locate or verify model and tokenizer aliases (see the module docstring)."""
     action = args.action or "list"
     known = set(pull.TOKENIZERS) | set(pull.MODELS)
     if action == "list":
@@ -67,8 +69,6 @@ def _cmd_models(args: argparse.Namespace) -> int:
 def _models_verify(aliases: list[str], known: set[str]) -> int:
     """``models verify [ALIAS...]``: hash every file of each entry (all cached entries by
     default) against its manifest; one line per entry, exit 1 when any is damaged or missing."""
-    from structgen.assets import pull
-
     for a in aliases:
         if a not in known:
             raise _Usage(f"unknown alias {a!r}; known aliases: {', '.join(sorted(known))}")

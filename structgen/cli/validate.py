@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 import sys
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from structgen.cli._common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, _err, _note, _text, _Usage
 from structgen.errors import StructgenError
+from structgen.frontends.json_schema.source import read_schema_file, schema_from
+from structgen.grammar_cache import cached_grammar
+from structgen.json_types import JsonValue
+from structgen.validation import SchemaValidator, validate_stream
+
+__all__ = ["PLAIN_KERNELS_MAX_BYTES", "choose_kernels", "run"]
 
 #: When the schema's grammar comes from the disk cache, inputs up to this many bytes (regular
 #: files only) are checked with the grammar kernels run as plain Python: loading numba and its
@@ -27,9 +35,6 @@ def choose_kernels(files: list[str]) -> None:
     leave everything as it is. Only for a grammar that needs no compiling (compiling keeps the
     compiled kernels, and with them its time limits), and only when the process is the
     ``structgen`` program: it decides for the whole process."""
-    import os
-    import stat
-
     if "STRUCTGEN_NATIVE" in os.environ or "structgen.grammar._jit" in sys.modules:
         return
     total = 0
@@ -45,12 +50,10 @@ def choose_kernels(files: list[str]) -> None:
         os.environ["STRUCTGEN_NATIVE"] = "0"
 
 
-def _remotes(specs: list[str]) -> dict[str, Any]:
+def _remotes(specs: list[str]) -> dict[str, JsonValue]:
     """``--remote URI=FILE`` options -> {URI: the parsed FILE}: the only documents a ``$ref``
     outside the schema may reach (read here, once; nothing is fetched)."""
-    from structgen.frontends.json_schema.source import schema_from
-
-    remotes: dict[str, Any] = {}
+    remotes: dict[str, JsonValue] = {}
     for spec in specs:
         uri, sep, name = spec.partition("=")
         if not sep or not uri or not name:
@@ -62,10 +65,8 @@ def _remotes(specs: list[str]) -> dict[str, Any]:
     return remotes
 
 
-def _cmd_validate(args: argparse.Namespace) -> int:
-    from structgen.frontends.json_schema.source import read_schema_file
-    from structgen.validation import SchemaValidator, validate_stream
-
+def run(args: argparse.Namespace) -> int:
+    """Validate the instance files of ``args`` (see the module docstring)."""
     prog = "structgen validate"
     if args.files.count("-") > 1:
         raise _Usage("stdin ('-') can be given only once")
@@ -75,8 +76,6 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         raise _Usage(_text(e)) from None
     remotes = _remotes(args.remote)
     if getattr(args, "process_wide", False) and not args.no_grammar:
-        from structgen.grammar_cache import cached_grammar
-
         if cached_grammar(schema, remotes=remotes, for_generation=False) is not None:
             choose_kernels(args.files)
     try:
@@ -109,9 +108,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                 if args.json:
                     out.write(json.dumps(result.as_dict(), ensure_ascii=False) + "\n")
                 else:
-                    for e in result.errors:
-                        where = "" if e.keyword == "json" else f"{e.path}: "
-                        out.write(f"{source}:{e.line}: {where}{e.message}\n")
+                    for err in result.errors:
+                        where = "" if err.keyword == "json" else f"{err.path}: "
+                        out.write(f"{source}:{err.line}: {where}{err.message}\n")
                     for n in result.notes:
                         _note(prog, f"{source}:{result.line}: {n}")
         except StructgenError as e:  # schema-level problem found while validating ($ref)
