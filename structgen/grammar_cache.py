@@ -124,7 +124,8 @@ def cached_grammar(schema: JsonValue, *, remotes: Mapping[str, JsonValue] | None
     if cg.has_value_checks:  # its predicates are registered by the module that defines them
         # (imported only then: it loads idna, which no other grammar needs)
         import structgen.frontends.json_schema.idn  # noqa: F401
-    warnings = [str(w) for w in meta.get("warnings", [])]
+    stored = meta.get("warnings")
+    warnings: list[JsonValue] = [str(w) for w in stored] if isinstance(stored, list) else []
     cg.metadata.update({"warnings": warnings, "schema": schema})
     for attr, value in (("warnings", warnings), ("schema", schema)):  # as compile_json_schema does
         setattr(cg, attr, value)
@@ -155,5 +156,6 @@ def compile_json_schema_cached(schema: JsonObject | bool, *, remotes: Mapping[st
     store = grammar_store()
     key = None if store is None else _cache_key(schema, remotes, options, compile_options)
     if store is not None and key is not None:
-        store.put(key, cg, {"warnings": [str(w) for w in cg.metadata.get("warnings", [])]})
+        made = cg.metadata.get("warnings")
+        store.put(key, cg, {"warnings": [str(w) for w in made] if isinstance(made, list) else []})
     return cg

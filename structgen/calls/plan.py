@@ -228,7 +228,7 @@ def _validation_error(value: JsonValue, schema: Mapping[str, JsonValue]) -> str 
 def plan_output(*, tools: object = None, tool_choice: object = "auto", parallel_tool_calls: bool = True,
                 tool_format: str | ToolFormat | None = None, chat_template: str | None = None,
                 reasoning: bool = False, prompt_text: str = "", schema: object = None,
-                grammar: str | None = None, regex: str | None = None, start: str = "start",
+                grammar: object = None, regex: object = None, start: str = "start",
                 strict: bool = True, thinking_budget: int | None = None,
                 tokenizer: Tokenizer | None = None) -> OutputPlan:
     """The grammar and reading of one output (see the module docstring). ``tool_format``:

@@ -34,7 +34,7 @@ from structgen.config import GenerationOptions
 from structgen.errors import AssetError, ConfigError
 from structgen.generation.api import DEFAULT_MODEL
 from structgen.generation.llamacpp import LlamaCppLM, load_gguf
-from structgen.generation.model import CausalLM, load_model
+from structgen.generation.model import CausalLM, as_causal_lm, load_model
 from structgen.metrics import Metrics, process_metrics
 from structgen.serving.app import create_app, default_allowed_hosts, run_server
 from structgen.serving.engine import ChoiceResult, Engine
@@ -118,7 +118,8 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     except Exception as e:  # noqa: BLE001 - transformers' and llama.cpp's many load errors
         raise _Usage(f"cannot load model {model_name}: {type(e).__name__}: {e}") from None
     metrics = process_metrics()
-    engine = Engine(lm, cfg=cfg, speculative=gen.speculative and not args.no_speculative,
+    engine = Engine(as_causal_lm(lm) if isinstance(lm, LlamaCppLM) else lm,
+                    cfg=cfg, speculative=gen.speculative and not args.no_speculative,
                     max_running=args.max_running, max_queued=args.max_queued,
                     default_max_tokens=gen.max_new_tokens, request_timeout_s=args.request_timeout,
                     prepare_timeout_s=args.prepare_timeout, compile_processes=args.compile_processes,

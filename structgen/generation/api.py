@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, cast, overload
 
 from structgen.assets.store import DEFAULT_MODEL
-from structgen.calls.formats import Tool, normalize_tools
+from structgen.calls.formats import Tool, ToolFormat, normalize_tools
 from structgen.calls.plan import OutputPlan, OutputStream, ToolCall, plan_output
 from structgen.config import SpecConfig
 from structgen.errors import ConfigError, ModelValidationError, StructgenError, attribute_to_request
@@ -138,7 +138,7 @@ def generate(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, gramm
              draft_model: ModelSource | None = None, start: str = "start", strict: bool = True,
              on_budget: str = "close", tools: Tools | None = None,
              tool_choice: str | dict[str, object] = "auto",
-             parallel_tool_calls: bool = True, tool_format: object = None,
+             parallel_tool_calls: bool = True, tool_format: str | ToolFormat | None = None,
              reasoning: bool = False, thinking_budget: int | None = None,
              logprobs: bool = False, top_logprobs: int | None = None) -> GenerationResult: ...
 
@@ -153,7 +153,7 @@ def generate(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, gramm
              draft_model: ModelSource | None = None, start: str = "start", strict: bool = True,
              on_budget: str = "close", tools: Tools | None = None,
              tool_choice: str | dict[str, object] = "auto",
-             parallel_tool_calls: bool = True, tool_format: object = None,
+             parallel_tool_calls: bool = True, tool_format: str | ToolFormat | None = None,
              reasoning: bool = False, thinking_budget: int | None = None,
              logprobs: bool = False, top_logprobs: int | None = None) -> BatchResults: ...
 
@@ -168,7 +168,7 @@ def generate(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, gramm
              draft_model: ModelSource | None = None, start: str = "start", strict: bool = True,
              on_budget: str = "close", tools: Tools | None = None,
              tool_choice: str | dict[str, object] = "auto",
-             parallel_tool_calls: bool = True, tool_format: object = None,
+             parallel_tool_calls: bool = True, tool_format: str | ToolFormat | None = None,
              reasoning: bool = False, thinking_budget: int | None = None,
              logprobs: bool = False, top_logprobs: int | None = None) -> BatchResults: ...
 
@@ -182,7 +182,7 @@ def generate(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, gramm
              draft_model: ModelSource | None = None, start: str = "start", strict: bool = True,
              on_budget: str = "close", tools: Tools | None = None,
              tool_choice: str | dict[str, object] = "auto",
-             parallel_tool_calls: bool = True, tool_format: object = None,
+             parallel_tool_calls: bool = True, tool_format: str | ToolFormat | None = None,
              reasoning: bool = False, thinking_budget: int | None = None,
              logprobs: bool = False, top_logprobs: int | None = None) -> GenerationResult | BatchResults:
     """Generate constrained output. Returns a :class:`GenerationResult`, or a list of them
@@ -282,7 +282,8 @@ def generate(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, gramm
 def _generate_structured(model: ModelSource, tokenizer: PreTrainedTokenizerBase | None, item: Request,
                          opts: CallOptions, draft_model: ModelSource | None, *, tools: Tools | None,
                          tool_choice: str | dict[str, object], parallel_tool_calls: bool,
-                         tool_format: object, reasoning: bool, schema: object, grammar: object,
+                         tool_format: str | ToolFormat | None, reasoning: bool, schema: object,
+                         grammar: object,
                          regex: str | Sequence[str] | None, strict: bool, thinking_budget: int | None,
                          logprobs: int | None = None) -> GenerationResult:
     """:func:`generate` with tools and/or reasoning: one triggered grammar
@@ -301,7 +302,8 @@ def _generate_structured(model: ModelSource, tokenizer: PreTrainedTokenizerBase 
 
 def _plan_structured(model: ModelSource, tokenizer: PreTrainedTokenizerBase | None, item: Request | None,
                      opts: CallOptions, draft_model: ModelSource | None, *, tools: Tools | None,
-                     tool_choice: str | dict[str, object], parallel_tool_calls: bool, tool_format: object,
+                     tool_choice: str | dict[str, object], parallel_tool_calls: bool,
+                     tool_format: str | ToolFormat | None,
                      reasoning: bool, schema: object, grammar: object, regex: str | Sequence[str] | None,
                      strict: bool, thinking_budget: int | None
                      ) -> tuple[CausalLM, Vocabulary, CausalLM | None, list[int], int, OutputPlan]:
@@ -431,7 +433,7 @@ def stream(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, grammar
            speculative: bool = True, config: ConfigSource = None, draft_model: ModelSource | None = None,
            start: str = "start", strict: bool = True, on_budget: str = "close",
            tool_choice: str | dict[str, object] = "auto", parallel_tool_calls: bool = True,
-           tool_format: object = None,
+           tool_format: str | ToolFormat | None = None,
            tools: None = None, reasoning: Literal[False] = False, thinking_budget: None = None,
            partial: Literal[False] = False, string_deltas: bool = False) -> Iterator[str]: ...
 
@@ -444,7 +446,7 @@ def stream(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, grammar
            speculative: bool = True, config: ConfigSource = None, draft_model: ModelSource | None = None,
            start: str = "start", strict: bool = True, on_budget: str = "close",
            tool_choice: str | dict[str, object] = "auto", parallel_tool_calls: bool = True,
-           tool_format: object = None,
+           tool_format: str | ToolFormat | None = None,
            tools: None = None, reasoning: Literal[False] = False, thinking_budget: None = None,
            partial: Literal[True], string_deltas: bool = False) -> Iterator[StreamEvent]: ...
 
@@ -457,7 +459,7 @@ def stream(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, grammar
            speculative: bool = True, config: ConfigSource = None, draft_model: ModelSource | None = None,
            start: str = "start", strict: bool = True, on_budget: str = "close",
            tool_choice: str | dict[str, object] = "auto", parallel_tool_calls: bool = True,
-           tool_format: object = None,
+           tool_format: str | ToolFormat | None = None,
            tools: Tools, reasoning: bool = False, thinking_budget: int | None = None,
            partial: Literal[False] = False, string_deltas: bool = False) -> Iterator[StreamEvent]: ...
 
@@ -470,7 +472,7 @@ def stream(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, grammar
            speculative: bool = True, config: ConfigSource = None, draft_model: ModelSource | None = None,
            start: str = "start", strict: bool = True, on_budget: str = "close",
            tool_choice: str | dict[str, object] = "auto", parallel_tool_calls: bool = True,
-           tool_format: object = None,
+           tool_format: str | ToolFormat | None = None,
            tools: Tools | None = None, reasoning: Literal[True], thinking_budget: int | None = None,
            partial: Literal[False] = False, string_deltas: bool = False) -> Iterator[StreamEvent]: ...
 
@@ -483,7 +485,7 @@ def stream(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, grammar
            speculative: bool = True, config: ConfigSource = None, draft_model: ModelSource | None = None,
            start: str = "start", strict: bool = True, on_budget: str = "close",
            tool_choice: str | dict[str, object] = "auto", parallel_tool_calls: bool = True,
-           tool_format: object = None,
+           tool_format: str | ToolFormat | None = None,
            tools: Tools | None = None, reasoning: bool = False, thinking_budget: int | None = None,
            partial: bool = False, string_deltas: bool = False) -> Iterator[str | StreamEvent]: ...
 
@@ -495,7 +497,7 @@ def stream(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, grammar
            speculative: bool = True, config: ConfigSource = None, draft_model: ModelSource | None = None,
            start: str = "start", strict: bool = True, on_budget: str = "close",
            tool_choice: str | dict[str, object] = "auto", parallel_tool_calls: bool = True,
-           tool_format: object = None,
+           tool_format: str | ToolFormat | None = None,
            tools: Tools | None = None, reasoning: bool = False, thinking_budget: int | None = None,
            partial: bool = False, string_deltas: bool = False) -> Iterator[str | StreamEvent]:
     """Yield text increments as each verify step commits them (never text a later
@@ -551,7 +553,7 @@ def _stream(model: ModelSource = DEFAULT_MODEL, *, schema: object = None, gramma
             speculative: bool = True, config: ConfigSource = None, draft_model: ModelSource | None = None,
             start: str = "start", strict: bool = True, on_budget: str = "close",
             tool_choice: str | dict[str, object] = "auto", parallel_tool_calls: bool = True,
-            tool_format: object = None, tools: Tools | None = None, reasoning: bool = False,
+            tool_format: str | ToolFormat | None = None, tools: Tools | None = None, reasoning: bool = False,
             thinking_budget: int | None = None, partial: bool | _StepBatches = False,
             string_deltas: bool = False) -> Iterator[str | StreamEvent | StepBatch]:
     """:func:`stream` (``partial=_STEP_BATCHES``: :func:`stream_model`'s steps instead of events)."""
@@ -666,7 +668,7 @@ def _stream_partial(batches: Iterator[StepBatch]) -> Iterator[StreamEvent]:
 def _stream_structured(model: ModelSource, tokenizer: PreTrainedTokenizerBase | None, item: Request | None,
                        opts: CallOptions, draft_model: ModelSource | None, *, tools: Tools | None,
                        tool_choice: str | dict[str, object], parallel_tool_calls: bool,
-                       tool_format: object, reasoning: bool, schema: object, grammar: object,
+                       tool_format: str | ToolFormat | None, reasoning: bool, schema: object, grammar: object,
                        regex: str | None, strict: bool, thinking_budget: int | None) -> Iterator[StreamEvent]:
     """:func:`stream` with tools and/or reasoning: the events of
     :class:`~structgen.calls.plan.OutputStream`, then the result."""

@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 #: model already loaded
 ModelSource: TypeAlias = Union[str, "os.PathLike[str]", "PreTrainedModel", "CausalLM", LlamaCppLM]
 
-__all__ = ["BatchKV", "CausalLM", "ModelSource", "check_context", "context_length", "load_model",
-           "make_row_invariant", "resolve_dtype", "stock_copy", "vocabulary_for"]
+__all__ = ["BatchKV", "CausalLM", "ModelSource", "as_causal_lm", "check_context", "context_length",
+           "load_model", "make_row_invariant", "resolve_dtype", "stock_copy", "vocabulary_for"]
 
 _LOAD_LOCK = threading.Lock()
 _LOADED: dict[tuple[str, str], tuple[PreTrainedModel, PreTrainedTokenizerBase]] = {}
@@ -148,7 +148,7 @@ class CausalLM:
         # The weights of a GGUF model (``LlamaCppLM.model``) get a llama.cpp model with its own
         # cache, as a transformers model gets a CausalLM (a draft model's own copy, say).
         if getattr(model, "is_gguf_model", False):
-            return _as_causal_lm(LlamaCppLM(model))
+            return as_causal_lm(LlamaCppLM(model))
         return super().__new__(cls)
 
     def __init__(self, model: Any, tokenizer: Any, *, row_invariant: bool | None = None) -> None:
@@ -568,10 +568,10 @@ def load_model(model: ModelSource, tokenizer: PreTrainedTokenizerBase | None = N
     if isinstance(model, CausalLM):
         return model
     if isinstance(model, LlamaCppLM):
-        return _as_causal_lm(model)
+        return as_causal_lm(model)
     if isinstance(model, (str, os.PathLike)) and is_gguf_path(model):
         # llama.cpp backend (needs structgen[llamacpp]); dtype is the file's
-        return _as_causal_lm(load_gguf(model, n_threads=threads))
+        return as_causal_lm(load_gguf(model, n_threads=threads))
     if not isinstance(model, (str, os.PathLike)):
         if tokenizer is None:
             name = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
@@ -585,7 +585,7 @@ def load_model(model: ModelSource, tokenizer: PreTrainedTokenizerBase | None = N
 
     path = Path(resolve_model(model))
     if is_gguf_path(path):  # a -gguf alias: the cached GGUF file, run by llama.cpp
-        return _as_causal_lm(load_gguf(path, n_threads=threads))
+        return as_causal_lm(load_gguf(path, n_threads=threads))
     key = (str(path), str(dtype))
     with _LOAD_LOCK:
         got = _LOADED.get(key)
@@ -597,7 +597,7 @@ def load_model(model: ModelSource, tokenizer: PreTrainedTokenizerBase | None = N
     return CausalLM(weights, tokenizer if tokenizer is not None else own_tokenizer)
 
 
-def _as_causal_lm(lm: LlamaCppLM) -> CausalLM:
+def as_causal_lm(lm: LlamaCppLM) -> CausalLM:
     """``lm`` where a :class:`CausalLM` is expected: the llama.cpp backend has the same
     attributes and methods (the generation loop duck-types its model)."""
     return cast(CausalLM, lm)

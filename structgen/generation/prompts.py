@@ -3,15 +3,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from structgen.errors import ConfigError
-from structgen.generation.messages import Message
 
 if TYPE_CHECKING:
     from structgen.generation.model import CausalLM
 
-__all__ = ["ChatTokenizer", "Tokenizer", "conversation_prefix", "prompt_ids", "template_messages"]
+__all__ = ["ChatTokenizer", "MessageLike", "Tokenizer", "conversation_prefix", "prompt_ids",
+           "template_messages"]
+
+# a chat message as the template reads it: read only, so any mapping of role, content, ... will do
+MessageLike = Mapping[str, object]
 
 class Tokenizer(Protocol):
     """What generation uses of a tokenizer to spell text (a transformers tokenizer, llama.cpp's)."""
@@ -26,7 +30,7 @@ class ChatTokenizer(Tokenizer, Protocol):
 
     chat_template: str | None
 
-    def apply_chat_template(self, conversation: list[Message], *, add_generation_prompt: bool,
+    def apply_chat_template(self, conversation: Sequence[MessageLike], *, add_generation_prompt: bool,
                             tokenize: bool, **kwargs: object) -> str:
         """``conversation`` rendered by the chat template (text, with ``tokenize=False``)."""
         ...
@@ -43,17 +47,17 @@ def _spellable(text: str, key: str) -> str:
     return text
 
 
-def template_messages(template: str | None, messages: list[Message]) -> list[Message]:
+def template_messages(template: str | None, messages: Sequence[MessageLike]) -> list[MessageLike]:
     """``messages`` as a chat template can render them: OpenAI's ``developer`` role becomes
     ``system`` unless the template itself knows ``developer`` (templates skip roles they do not
     know, and the instructions would vanish)."""
     if template and "developer" in template:
-        return messages
+        return list(messages)
     return [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
 
 
-def prompt_ids(lm: CausalLM, prompt: str | None, messages: list[Message] | None,
-               tools: list[Message] | None = None) -> list[int]:
+def prompt_ids(lm: CausalLM, prompt: str | None, messages: Sequence[MessageLike] | None,
+               tools: Sequence[MessageLike] | None = None) -> list[int]:
     """The token ids of a request: ``messages`` rendered by the tokenizer's chat template (with
     the generation prompt, and ``tools`` when given; see :func:`template_messages`), or
     ``role: content`` lines when it has none; else the ``prompt`` text. Raises
@@ -67,7 +71,7 @@ def prompt_ids(lm: CausalLM, prompt: str | None, messages: list[Message] | None,
     return list(tok.encode(_spellable(prompt, "prompt")))
 
 
-def _render(tok: ChatTokenizer, messages: list[Message], tools: list[Message] | None, *,
+def _render(tok: ChatTokenizer, messages: Sequence[MessageLike], tools: Sequence[MessageLike] | None, *,
             generation_prompt: bool) -> list[int]:
     """The token ids of ``messages`` in the chat template (``role: content`` lines without one),
     with the assistant's turn opened when ``generation_prompt``."""
@@ -80,8 +84,8 @@ def _render(tok: ChatTokenizer, messages: list[Message], tools: list[Message] | 
     return list(tok.encode(_spellable(text + ("assistant: " if generation_prompt else ""), "messages")))
 
 
-def conversation_prefix(lm: CausalLM, messages: list[Message] | None, tools: list[Message] | None,
-                        ids: list[int]) -> int:
+def conversation_prefix(lm: CausalLM, messages: Sequence[MessageLike] | None,
+                        tools: Sequence[MessageLike] | None, ids: list[int]) -> int:
     """How many leading tokens of ``ids`` (the prompt :func:`prompt_ids` made of ``messages``
     and ``tools``) the conversation before the last message renders to: the chat template over
     ``messages[:-1]`` without the generation prompt, with the same tools. That is the part later

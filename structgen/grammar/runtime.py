@@ -311,7 +311,7 @@ class RuntimeTables:
     row_done: NDArray[np.uint8]
     slice_memo: NDArray[np.int8]
     utf8_memo: NDArray[np.int8]
-    T: K.Tab  # the compiled object holding them all
+    T: K.Tables  # the compiled object holding them all
 
     def __init__(self, rules: tuple[Rule, ...]) -> None:
         self.counters = np.zeros(16, dtype=np.int64)

@@ -69,6 +69,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
 
+    from structgen.generation.prompts import Tokenizer
     from structgen.grammar.compiled import CompiledGrammar
     from structgen.json_types import JsonValue
 
@@ -339,7 +340,7 @@ def _build_classes() -> dict[str, type]:
             ``token_limit``: the accepted-token count at which ``max_tokens`` is reached
             (set by :class:`GrammarDraftScheduler`; None: no budget rule)."""
 
-            def __init__(self, grammar: CompiledGrammar, vocab: Vocabulary, tokenizer: object) -> None:
+            def __init__(self, grammar: CompiledGrammar, vocab: Vocabulary, tokenizer: Tokenizer) -> None:
                 self.matcher = Matcher(grammar, vocab)
                 self.vocab = vocab
                 self.tokenizer = tokenizer

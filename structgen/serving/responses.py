@@ -480,7 +480,7 @@ def _output(r: ChoiceResult) -> list[_Item]:
     _thought, text, calls, _errors = r.parts
     items: list[_Item] = [_message_item(text, status)] if text or not calls else []
     for call in calls:
-        items.append(_call_item(call.id, call.name, call.openai()["function"]["arguments"], status))
+        items.append(_call_item(call.id, call.name, call.arguments_json(), status))
     return items
 
 
