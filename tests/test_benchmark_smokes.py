@@ -246,6 +246,8 @@ def test_every_benchmark_script_has_a_smoke() -> None:
     for s in SMOKES:
         path = ROOT.joinpath(*_module(s).split(".")).with_suffix(".py")
         assert "--smoke" in path.read_text(encoding="utf-8"), s
+    # a smoke runs only when a test asks for it: every smoke has its test here
+    assert not [s for s in SMOKES if f"test_{s}" not in globals()]
 
 
 def test_envelope_refuses_a_second_envelope(tmp_path: Path) -> None:
@@ -489,6 +491,31 @@ def test_llamacpp_row_invariance(runs: _Runs) -> None:
     assert {r["weights"] for r in rows} == {"f32", "q8_0"}
     # the backend's defaults make a position's logits independent of the pass size
     assert all(r["max_abs_diff_8_vs_1"] == 0 and r["max_abs_diff_8_vs_2"] == 0 for r in rows)
+
+
+def test_llamacpp_prefill(runs: _Runs) -> None:
+    """Prefill time of the tiny GGUF's prompts, llama-cpp-python's and structgen's, per task."""
+    _, report = _smoke(runs, "llamacpp_prefill")
+    assert report["rows"] and all(r["prompt_tokens"] > 0 for r in report["rows"])
+    assert report["summary"]["peer_prefill_s"] > 0 and report["summary"]["structgen_prefill_s"] > 0
+
+
+def test_prefix_reuse(runs: _Runs) -> None:
+    """Calls behind a shared system prompt on the tiny GGUF: the prefix cache is hit, and every
+    output is valid and identical with and without it."""
+    _, report = _smoke(runs, "prefix_reuse")
+    s = report["summary"]
+    assert s["calls"] == len(report["calls"]) > 0
+    assert s["identical"] == s["valid"] == s["calls"]
+    assert s["cache_stats"]["hits"] > 0 and s["cache_stats"]["restore_failures"] == 0
+
+
+def test_partial_stream(runs: _Runs) -> None:
+    """Partial-JSON streaming against plain generation: the same text on every task."""
+    _, report = _smoke(runs, "partial_stream")
+    s = report["summary"]
+    assert s["tasks"] == len(report["tasks"]) > 0 and s["same_text"] == s["tasks"]
+    assert all(t["events"] > 0 for t in report["tasks"])
 
 
 def test_default_model(runs: _Runs) -> None:
