@@ -27,17 +27,17 @@ target forward passes (batched passes for the batch engines), valid outputs (``j
 finish reasons, and whether each output is token-identical to ``single-plain`` (the exactness
 oracle). Speed ratios are against ``single-plain`` and ``single-spec``.
 
-    python benchmarks/batch.py                                   # smollm2-135m, 32 requests
-    python benchmarks/batch.py --model qwen2.5-coder-0.5b
-    python benchmarks/batch.py --smoke                           # tiny random model, 4 requests (CI)
-    python benchmarks/batch.py --backend llamacpp --requests 16 --interleave   # smollm2-135m's GGUF
-    python benchmarks/batch.py --backend llamacpp --smoke        # tiny GGUF written on the fly
+    python -m benchmarks.batch                                   # smollm2-135m, 32 requests
+    python -m benchmarks.batch --model qwen2.5-coder-0.5b
+    python -m benchmarks.batch --smoke                           # tiny random model, 4 requests (CI)
+    python -m benchmarks.batch --backend llamacpp --requests 16 --interleave   # smollm2-135m's GGUF
+    python -m benchmarks.batch --backend llamacpp --smoke        # tiny GGUF written on the fly
 
 ``--backend llamacpp`` runs the model's GGUF (``ALIAS-gguf`` or a ``.gguf`` path) on structgen's
 llama.cpp backend (one unified cache, one ``llama_decode`` per batched step).
 
 The full mode writes ``benchmarks/results/batch-<model>-<device>.json`` (``--out``; the smoke writes
-only with ``--out``), with the shared envelope of ``benchmarks/_envelope.py``.
+only with ``--out``), with the shared envelope of ``benchmarks/common/envelope.py``.
 """
 
 from __future__ import annotations
@@ -51,19 +51,16 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import jsonschema
+import torch
 
-import _envelope  # noqa: E402
-import jsonschema  # noqa: E402
-import torch  # noqa: E402
-from tasks.extraction import TASKS, messages  # noqa: E402
-
-import structgen  # noqa: E402
-from structgen.config import SpecConfig  # noqa: E402
-from structgen.generation.model import CausalLM, load_model  # noqa: E402
-from structgen.validation import jsonschema_validator  # noqa: E402
+import structgen
+from benchmarks.common import envelope as envelope_lib
+from benchmarks.common.checkout import ROOT
+from benchmarks.tasks.extraction import TASKS, messages
+from structgen.config import SpecConfig
+from structgen.generation.model import CausalLM, load_model
+from structgen.validation import jsonschema_validator
 
 ENGINES = ("batch-spec", "batch-plain", "single-spec", "single-plain")
 EXTRA_ENGINES = ("batch-spec-serial",)
@@ -191,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interleave", action="store_true",
                     help="one-at-a-time engines request by request, alternated (see the module doc)")
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv, __file__)
+    envelope = envelope_lib.capture(argv, __file__)
     global OVERLAP
     OVERLAP = args.overlap
     torch.set_num_threads(args.threads)
@@ -201,11 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown engines {sorted(unknown)}; choose from {ENGINES}")
     name = args.model
     if args.backend == "llamacpp":
-        import _gguf
+        from benchmarks.common import llamacpp_model
 
-        lm, _path, name = _gguf.load(args.model, args.threads, args.smoke)
+        lm, _path, name = llamacpp_model.load(args.model, args.threads, args.smoke)
     elif args.smoke:
-        from bench_suite import tiny_model
+        from benchmarks.bench_suite import tiny_model
 
         lm = tiny_model()
         name = "tiny-random"
@@ -266,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     if out is None and not args.smoke:
         out = ROOT / "benchmarks" / "results" / f"batch-{name}-{lm.device.type}.json"
     if out is not None:
-        _envelope.write(out, envelope, {"meta": meta, "summary": summary, "results": results})
+        envelope_lib.write(out, envelope, {"meta": meta, "summary": summary, "results": results})
         print(f"wrote {out}", file=sys.stderr)
     bad = [e for e, s in summary.items() if str(s.get("identical_to_single_plain", "x/x")).split("/")[0]
            != str(len(reqs)) and "identical_to_single_plain" in s]

@@ -2,7 +2,7 @@
 baselines.
 
 Benchmark code, not part of the installed package: run it from a source checkout, as
-``python benchmarks/bench_suite.py`` or ``structgen bench`` (which finds this file beside the
+``python -m benchmarks.bench_suite`` or ``structgen bench`` (which finds this file beside the
 ``structgen`` package it runs from). Three task types (data in ``benchmarks/tasks/suite.py``):
 JSON extraction (schemas whose facts are in the prompt), code under a Lark grammar (SQL with
 ``structgen/grammars/sql.lark``, Python expressions with ``structgen/grammars/python_expr.lark``)
@@ -37,9 +37,9 @@ Writes ``suite-<model>-<device>.json`` and ``.md`` (date, machine, versions, tab
 design's headline figures set against the measured ones) and two PNG plots (speedup against
 acceptance; speedup by task type) into ``--out`` (default ``benchmarks/results``).
 
-    python benchmarks/bench_suite.py                 # the default model, every task
-    python benchmarks/bench_suite.py --model qwen2.5-coder-0.5b --types json,code --tasks-per-type 4
-    python benchmarks/bench_suite.py --smoke --out /tmp/b   # tiny random model, 1 task per type
+    python -m benchmarks.bench_suite                 # the default model, every task
+    python -m benchmarks.bench_suite --model qwen2.5-coder-0.5b --types json,code --tasks-per-type 4
+    python -m benchmarks.bench_suite --smoke --out /tmp/b   # tiny random model, 1 task per type
     structgen bench ...                              # the same, from a checkout
 
 Exit code 0; 1 when a greedy ``spec`` output differs from ``plain`` or a completed output
@@ -63,13 +63,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from structgen.atomic_files import AtomicOutput, write_text_atomic
+
 HERE = Path(__file__).resolve().parent  # benchmarks/
 ROOT = HERE.parent
-for _path in (str(ROOT), str(HERE)):  # the checkout's structgen; the tasks package beside this file
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-from structgen.atomic_files import AtomicOutput, write_text_atomic  # noqa: E402
 
 __all__ = ["main", "bleu", "check_output", "tiny_model", "prompt_text", "run_structgen", "run_xgrammar",
            "run_outlines", "HEADLINE"]
@@ -311,7 +308,7 @@ def bleu(hypothesis: str, reference: str, max_n: int = 4) -> float:
 def _sql_rows(query: str) -> list[tuple[Any, ...]] | None:
     import sqlite3
 
-    from tasks.suite import SQL_ROWS, SQL_TABLES
+    from benchmarks.tasks.suite import SQL_ROWS, SQL_TABLES
 
     con = sqlite3.connect(":memory:")
     try:
@@ -722,7 +719,7 @@ def write_plots(doc: dict[str, Any], stem: Path) -> list[str]:
 # driver
 
 def _select_tasks(types: list[str], per_type: int | None, names: list[str] | None) -> list[dict[str, Any]]:
-    from tasks.suite import all_tasks
+    from benchmarks.tasks.suite import all_tasks
 
     tasks = [t for t in all_tasks() if t["type"] in types]
     if names:

@@ -14,8 +14,8 @@ into steps where the rule removed a token (in the close zone) and steps where it
 ``cold`` right after the grammar's tables were flushed (every cache empty: the first visit of
 each state), ``warm`` on a second replay.
 
-    python benchmarks/budget.py --model smollm2-135m --cases 40 --out benchmarks/results/budget.json
-    python benchmarks/budget.py --smoke --out /tmp/budget.json    # tiny random model, 3 cases (CI)
+    python -m benchmarks.budget --model smollm2-135m --cases 40 --out benchmarks/results/budget.json
+    python -m benchmarks.budget --smoke --out /tmp/budget.json    # tiny random model, 3 cases (CI)
 
 Exit status 1 when a case fails.
 """
@@ -32,23 +32,20 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import jsonschema
+import torch
 
-import _envelope  # noqa: E402
-import jsonschema  # noqa: E402
-import torch  # noqa: E402
-from tasks.extraction import TASKS  # noqa: E402
-
-from structgen.config import SpecConfig  # noqa: E402
-from structgen.frontends.constraint import compile_constraint  # noqa: E402
-from structgen.generation.api import prompt_ids  # noqa: E402
-from structgen.generation.loop import run_sequence  # noqa: E402
-from structgen.generation.model import load_model, vocabulary_for  # noqa: E402
-from structgen.kernels.bitmask import allocate_bitmask  # noqa: E402
-from structgen.masks.matcher import Matcher  # noqa: E402
-from structgen.validation import jsonschema_validator  # noqa: E402
+from benchmarks.common import envelope as envelope_lib
+from benchmarks.common.checkout import ROOT
+from benchmarks.tasks.extraction import TASKS
+from structgen.config import SpecConfig
+from structgen.frontends.constraint import compile_constraint
+from structgen.generation.api import prompt_ids
+from structgen.generation.loop import run_sequence
+from structgen.generation.model import load_model, vocabulary_for
+from structgen.kernels.bitmask import allocate_bitmask
+from structgen.masks.matcher import Matcher
+from structgen.validation import jsonschema_validator
 
 
 def cases(n: int) -> list[tuple[str, dict[str, Any], str]]:
@@ -113,10 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny random model, 3 cases, EXTRA 4 (CI)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv, __file__)
+    envelope = envelope_lib.capture(argv, __file__)
     torch.set_num_threads(args.threads)
     if args.smoke:
-        import bench_suite as bench
+        from benchmarks import bench_suite as bench
 
         lm = bench.tiny_model()  # unbiased: it runs long, so the rule has to close
         args.model, args.extra = "tiny-random", 4
@@ -177,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                "mask_cost": {kind: {k: _us(v) for k, v in c.items()} for kind, c in costs.items()}}
     print(json.dumps(summary))
     if args.out:
-        _envelope.write(args.out, envelope, {"summary": summary, "cases": rows})
+        envelope_lib.write(args.out, envelope, {"summary": summary, "cases": rows})
     return 0 if passed == len(rows) else 1
 
 

@@ -22,9 +22,9 @@ The rule (:func:`choose`), in order:
 
 The script exits 1 when the model the rule picks is not ``structgen``'s ``DEFAULT_MODEL``.
 
-    python benchmarks/default_model.py --out benchmarks/results/default-model.json   # measures (~1 h)
-    python benchmarks/default_model.py --from benchmarks/results/default-model.json  # rule only
-    python benchmarks/default_model.py --smoke --out /tmp/d.json   # the rule on the stored figures
+    python -m benchmarks.default_model --out benchmarks/results/default-model.json   # measures (~1 h)
+    python -m benchmarks.default_model --from benchmarks/results/default-model.json  # rule only
+    python -m benchmarks.default_model --smoke --out /tmp/d.json   # the rule on the stored figures
 """
 
 from __future__ import annotations
@@ -42,11 +42,8 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import _envelope  # noqa: E402
+from benchmarks.common import envelope as envelope_lib
+from benchmarks.common.checkout import ROOT
 
 STORED = ROOT / "benchmarks" / "results" / "default-model.json"
 MAX_DOWNLOAD_MB = 500.0
@@ -177,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="results JSON (a .md is written beside it)")
     ap.add_argument("--smoke", action="store_true", help="apply the rule to the stored figures only")
     args = ap.parse_args(argv)
-    env = _envelope.capture(argv, __file__)
+    env = envelope_lib.capture(argv, __file__)
 
     from structgen.generation.api import DEFAULT_MODEL
 
@@ -207,11 +204,11 @@ def main(argv: list[str] | None = None) -> int:
            "default_follows_rule": chosen == DEFAULT_MODEL}
     if args.smoke or args.source is not None:
         figures["measured"] = stored.get("measured", stored["envelope"])  # where they were measured
-    doc = _envelope.results(env, figures)
+    doc = envelope_lib.results(env, figures)
     md = render(doc)
     print(md)
     if args.out is not None:
-        _envelope.write(args.out, env, figures)
+        envelope_lib.write(args.out, env, figures)
         args.out.with_suffix(".md").write_text(md, encoding="utf-8")
     if chosen != DEFAULT_MODEL:
         print(f"the rule picks {chosen}, but DEFAULT_MODEL is {DEFAULT_MODEL}", file=sys.stderr)

@@ -14,7 +14,7 @@ structgen's llama.cpp backend, and the engines default to the llama.cpp peers:
 
 * ``llama-grammar`` -- llama-cpp-python with its own grammar (``LlamaGrammar.from_json_schema``),
   greedy, same GGUF, in a child process with llama-cpp-python's defaults
-  (``benchmarks/_llamacpp_peer.py``);
+  (``benchmarks/common/llamacpp_peer.py``);
 * ``llama-lookup`` -- the same plus llama-cpp-python's prompt-lookup decoding;
 * ``hf-spec`` -- structgen speculative on transformers (the model alias, ``--hf-dtype``,
   default bfloat16).
@@ -30,13 +30,13 @@ pass, draft acceptance (accepted / proposed draft tokens), validity (jsonschema)
 success (exact match with the reference answer), and the speed ratio against ``plain`` and
 the peers. Also checks that greedy ``spec`` output is token-identical to ``plain``.
 
-    python benchmarks/generate.py --model qwen2.5-coder-0.5b --out benchmarks/results/generate.json
-    python benchmarks/generate.py --smoke        # tiny random model, 2 tasks (CI)
-    python benchmarks/generate.py --backend llamacpp --model qwen2.5-coder-0.5b --out ...
-    python benchmarks/generate.py --backend llamacpp --smoke   # tiny GGUF, plain and spec (CI)
+    python -m benchmarks.generate --model qwen2.5-coder-0.5b --out benchmarks/results/generate.json
+    python -m benchmarks.generate --smoke        # tiny random model, 2 tasks (CI)
+    python -m benchmarks.generate --backend llamacpp --model qwen2.5-coder-0.5b --out ...
+    python -m benchmarks.generate --backend llamacpp --smoke   # tiny GGUF, plain and spec (CI)
 
 ``--out`` writes the figures and every task's result with the shared envelope of
-``benchmarks/_envelope.py``.
+``benchmarks/common/envelope.py``.
 """
 
 from __future__ import annotations
@@ -50,17 +50,14 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import _envelope  # noqa: E402
-import bench_suite as bench  # noqa: E402
-import torch  # noqa: E402
-from tasks.extraction import TASKS, messages  # noqa: E402
+import torch
 
-from structgen.config import SpecConfig  # noqa: E402
-from structgen.generation.model import CausalLM, load_model, stock_copy  # noqa: E402
+from benchmarks import bench_suite as bench
+from benchmarks.common import envelope as envelope_lib
+from benchmarks.tasks.extraction import TASKS, messages
+from structgen.config import SpecConfig
+from structgen.generation.model import CausalLM, load_model, stock_copy
 
 
 def _task(task: dict[str, Any]) -> dict[str, Any]:
@@ -121,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv, __file__)
+    envelope = envelope_lib.capture(argv, __file__)
     torch.set_num_threads(args.threads)
     llamacpp = args.backend == "llamacpp"
     engines = (args.engines or (LLAMACPP_ENGINES if llamacpp else "plain,spec,xgrammar,outlines")).split(",")
@@ -130,9 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         args.tasks, args.max_new_tokens = 2, 48
         engines = [e for e in engines if e in ("plain", "spec")]
     if llamacpp:
-        import _gguf
+        from benchmarks.common import llamacpp_model
 
-        lm, gguf_path, _name = _gguf.load(args.model, args.threads, args.smoke)
+        lm, gguf_path, _name = llamacpp_model.load(args.model, args.threads, args.smoke)
     elif args.smoke:
         lm = bench.tiny_model()
     else:
@@ -140,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     draft = load_model(args.draft_model, dtype=args.dtype) if args.draft_model else None
     peers: dict[str, Any] = {}
     if llamacpp:
-        from _llamacpp_peer import Peer
+        from benchmarks.common.llamacpp_peer import Peer
 
         peers = {e: Peer(gguf_path, args.threads, e.split("-", 1)[1], repack=args.peer_repack == "on")
                  for e in engines if e in ("llama-grammar", "llama-lookup")}
@@ -234,9 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     summary["identical_greedy_outputs"] = f"{identical}/{len(tasks)}"
     for peer in peers.values():
         peer.close()
-    _envelope.add_peers(envelope, [e for e, rs in results.items() if rs and e in ("xgrammar", "outlines")])
+    envelope_lib.add_peers(envelope, [e for e, rs in results.items() if rs and e in ("xgrammar", "outlines")])
     if llamacpp:
-        _envelope.add_peers(envelope, ["llama_cpp_python"])
+        envelope_lib.add_peers(envelope, ["llama_cpp_python"])
     meta = {"cpu_threads": torch.get_num_threads(), "backend": args.backend,
             "model": ("tiny-gguf" if llamacpp else "tiny-random") if args.smoke else args.model,
             "dtype": "gguf" if llamacpp else str(lm.model.dtype),
@@ -246,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_new_tokens": args.max_new_tokens}
     print(json.dumps({"meta": meta, "summary": summary}, indent=1))
     if args.out:
-        _envelope.write(args.out, envelope, {"meta": meta, "summary": summary, "results": results})
+        envelope_lib.write(args.out, envelope, {"meta": meta, "summary": summary, "results": results})
     if "plain" in summary and "spec" in summary and identical != len(tasks):
         print("ERROR: speculative greedy output differs from plain", file=sys.stderr)
         return 1

@@ -20,16 +20,16 @@ and ``patternProperties`` read as ECMA-262, the default ``regex_dialect``). The 
 
 Usage::
 
-    python benchmarks/json_schema_suite.py            # print counts, compare with the ratchet
-    python benchmarks/json_schema_suite.py --update   # rewrite the ratchet file
-    python benchmarks/json_schema_suite.py --smoke    # a few files of required and format (CI)
-    python benchmarks/json_schema_suite.py --section ecmascript-regex   # one section
-    python benchmarks/json_schema_suite.py --show false_negative   # list instances by status
-    python benchmarks/json_schema_suite.py --out results.json       # counts with the envelope
+    python -m benchmarks.json_schema_suite            # print counts, compare with the ratchet
+    python -m benchmarks.json_schema_suite --update   # rewrite the ratchet file
+    python -m benchmarks.json_schema_suite --smoke    # a few files of required and format (CI)
+    python -m benchmarks.json_schema_suite --section ecmascript-regex   # one section
+    python -m benchmarks.json_schema_suite --show false_negative   # list instances by status
+    python -m benchmarks.json_schema_suite --out results.json       # counts with the envelope
 
 The ratchet file (``tests/data/json_schema_suite_ratchet.json``) is the tests' oracle and holds
 every instance's status; ``--out`` writes a results file instead: per section the counts, the
-time and the regressions, with the shared envelope of ``benchmarks/_envelope.py``.
+time and the regressions, with the shared envelope of ``benchmarks/common/envelope.py``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.common import envelope as envelope_lib
+from benchmarks.common.checkout import ROOT
+
 SUITE = ROOT / "tests" / "data" / "json-schema-test-suite"
 RATCHET = ROOT / "tests" / "data" / "json_schema_suite_ratchet.json"
 STATUSES = ("pass", "unsupported", "false_negative", "false_positive", "error")
@@ -51,13 +53,6 @@ SMOKE_FILES = ("type.json", "properties.json", "ref.json", "anyOf.json")
 SECTIONS = ("required", "format", "ecmascript-regex")
 #: what --smoke runs when no --section is named (the ecmascript-regex file takes the required path)
 SMOKE_SECTIONS = ("required", "format")
-
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-if str(ROOT / "benchmarks") not in sys.path:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import _envelope  # noqa: E402
 
 
 def load_remotes() -> dict[str, Any]:
@@ -182,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="per-schema timing and errors")
     ap.add_argument("--out", type=Path, default=None, help="write the counts as a results file")
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv, __file__)
+    envelope = envelope_lib.capture(argv, __file__)
     figures: dict[str, Any] = {"mode": "smoke" if args.smoke else "full", "sections": {}}
     if args.section == "all":
         sections = SMOKE_SECTIONS if args.smoke else SECTIONS
@@ -213,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         new[section] = {"counts": c, "results": dict(sorted(res.items()))}
         figures["sections"][section] = {"counts": c, "seconds": round(dt, 2), "regressions": regs}
     if args.out is not None:
-        _envelope.write(args.out, envelope, figures, ensure_ascii=False)
+        envelope_lib.write(args.out, envelope, figures, ensure_ascii=False)
     if args.update and not args.smoke:
         RATCHET.write_text(json.dumps(new, indent=1, sort_keys=True, ensure_ascii=False) + "\n", "utf-8")
         print(f"wrote {RATCHET.relative_to(ROOT)}")

@@ -12,11 +12,11 @@ For every schema of the benchmark (``--data``, default ``../shared/data/jsonsche
    Qwen2 tokenizers, must be accepted token by token (zero false rejections). Instances that
    ``jsonschema`` itself rejects are skipped.
 
-Writes a JSON report (``--out``, with the shared envelope of ``benchmarks/_envelope.py``) and
+Writes a JSON report (``--out``, with the shared envelope of ``benchmarks/common/envelope.py``) and
 prints a table per subset. ``--smoke`` (CI) runs three of the repository's ``schemas/`` (no data
 set needed), one walk and one instance each, with the Llama-3 tokenizer only. Example::
 
-    python benchmarks/jsonschemabench.py --limit 200 --out benchmarks/results/jsonschemabench.json
+    python -m benchmarks.jsonschemabench --limit 200 --out benchmarks/results/jsonschemabench.json
 
 ``--escape-variants``: instead of walks and tokenized instances, every valid instance (and
 mutations of it that ``jsonschema`` rejects) is written in escape variants (every string
@@ -25,13 +25,13 @@ surrogate pairs) and checked with ``CompiledGrammar.accepts``: valid ones must a
 accepted, invalid ones all rejected (a valid instance whose plain spelling is already
 rejected is counted as ``valid_canonical_rejected``, apart from the escape figures)::
 
-    python benchmarks/jsonschemabench.py --escape-variants --limit 40 --instances 8 \
+    python -m benchmarks.jsonschemabench --escape-variants --limit 40 --instances 8 \
         --out benchmarks/results/jsonschemabench-escapes.json
 
 The whole set in shards (run them anywhere, in any order), then the combined table::
 
-    python benchmarks/jsonschemabench.py --shard 0/8 --out jsb-0.json   # ... --shard 7/8
-    python benchmarks/jsonschemabench.py --merge jsb-*.json --out jsonschemabench-full.json
+    python -m benchmarks.jsonschemabench --shard 0/8 --out jsb-0.json   # ... --shard 7/8
+    python -m benchmarks.jsonschemabench --merge jsb-*.json --out jsonschemabench-full.json
 """
 
 from __future__ import annotations
@@ -49,17 +49,13 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-if str(ROOT / "benchmarks") not in sys.path:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+import jsonschema
 
-import _envelope  # noqa: E402
-import jsonschema  # noqa: E402
-
-from structgen.config import CompileOptions  # noqa: E402
-from structgen.errors import StructgenError  # noqa: E402
-from structgen.validation import jsonschema_validator  # noqa: E402
+from benchmarks.common import envelope as envelope_lib
+from benchmarks.common.checkout import ROOT
+from structgen.config import CompileOptions
+from structgen.errors import StructgenError
+from structgen.validation import jsonschema_validator
 
 
 def default_data() -> Path:
@@ -424,7 +420,7 @@ def escape_variants_main(args: argparse.Namespace, envelope: dict[str, Any]) -> 
                 "invalid_variant_accepted", "invalid_canonical_accepted", "crash"):
         print(f"{key:28} {total[key]}")
     if args.out:
-        _envelope.write(args.out, envelope, report)
+        envelope_lib.write(args.out, envelope, report)
     return 1 if total["valid_variant_rejected"] or total["invalid_variant_accepted"] or total["crash"] else 0
 
 
@@ -455,13 +451,13 @@ def main(argv: list[str] | None = None) -> int:
                          "keys); the walks check that strict output still validates, and valid instances "
                          "are not checked (those with undeclared keys are rejected by design)")
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv, __file__)
+    envelope = envelope_lib.capture(argv, __file__)
     if args.merge:
         reports = [json.loads(p.read_text()) for p in args.merge]
         merged = merge_reports(reports)
         print_report(merged)
         if args.out:
-            _envelope.write(args.out, envelope, merged)
+            envelope_lib.write(args.out, envelope, merged)
         return 0
     if args.smoke:
         # the compile time limit is wall-clock: on a loaded CI machine the first compile of a
@@ -591,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
               "schema_source": "repository schemas/" if args.smoke else str(args.data)}
     print_report(report)
     if args.out:
-        _envelope.write(args.out, envelope, report)
+        envelope_lib.write(args.out, envelope, report)
     bad = (total["walk_invalid"] + total["false_reject_llama3"] + total["false_reject_qwen2"]
            + total["crash"])
     return 1 if bad else 0

@@ -7,8 +7,8 @@ their first generated token) in llama-cpp-python's ``Llama.eval`` and in structg
 weights, so the figures tell how much of a batch-1 run any decoder must spend before its first
 token (``benchmarks/results/llamacpp-qwen2.5-coder-0.5b.md``).
 
-    python benchmarks/llamacpp_prefill.py --model qwen2.5-coder-0.5b [--out results.json]
-    python benchmarks/llamacpp_prefill.py --smoke --out x.json   # the tests' tiny GGUF, 2 prompts (CI)
+    python -m benchmarks.llamacpp_prefill --model qwen2.5-coder-0.5b [--out results.json]
+    python -m benchmarks.llamacpp_prefill --smoke --out x.json   # the tests' tiny GGUF, 2 prompts (CI)
 """
 
 from __future__ import annotations
@@ -16,16 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import _envelope  # noqa: E402
-from tasks.extraction import TASKS, messages  # noqa: E402
+from benchmarks.common import envelope as envelope_lib
+from benchmarks.tasks.extraction import TASKS, messages
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,11 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="the tests' tiny GGUF, 2 prompts (CI)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv)
-    import _gguf
+    envelope = envelope_lib.capture(argv)
     from llama_cpp import Llama
 
-    lm, path, _name = _gguf.load(args.model, args.threads, args.smoke)
+    from benchmarks.common import llamacpp_model
+
+    lm, path, _name = llamacpp_model.load(args.model, args.threads, args.smoke)
     peer = Llama(model_path=os.fspath(path), n_ctx=4096, n_threads=args.threads,
                  n_threads_batch=args.threads, verbose=False)
     rows = []

@@ -6,11 +6,11 @@ type and setting (``row_invariant`` scratch position, flash attention, weight re
 largest absolute difference between the logits of an 8-position pass and those of one-position
 passes (and of 2-position passes) over the same tokens. One thread. Needs llama-cpp-python.
 
-    python benchmarks/llamacpp_row_invariance.py          # GGML_CPU_TILED_MM=0 (the backend's default)
-    GGML_CPU_TILED_MM=1 python benchmarks/llamacpp_row_invariance.py
-    python benchmarks/llamacpp_row_invariance.py --smoke  # f32 and q8_0, the backend's defaults only
+    python -m benchmarks.llamacpp_row_invariance          # GGML_CPU_TILED_MM=0 (the backend's default)
+    GGML_CPU_TILED_MM=1 python -m benchmarks.llamacpp_row_invariance
+    python -m benchmarks.llamacpp_row_invariance --smoke  # f32 and q8_0, the backend's defaults only
 
-``--out`` writes every row with the shared envelope of ``benchmarks/_envelope.py``.
+``--out`` writes every row with the shared envelope of ``benchmarks/common/envelope.py``.
 """
 
 from __future__ import annotations
@@ -23,11 +23,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import _envelope  # noqa: E402
-from _tiny_gguf import quantize_gguf, write_tiny_gguf  # noqa: E402
-
-from structgen.generation.llamacpp import load_gguf  # noqa: E402
+from benchmarks.common import envelope as envelope_lib
+from structgen.generation.llamacpp import load_gguf
+from tests._tiny_gguf import quantize_gguf, write_tiny_gguf
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="f32 and q8_0 with the backend's defaults only")
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default: none)")
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv)
+    envelope = envelope_lib.capture(argv)
     folder = Path(tempfile.mkdtemp(prefix="gguf-inv-"))
     kinds = ("f32", "q8_0") if args.smoke else ("f32", "f16", "q8_0", "q4_0")
     paths = {w: write_tiny_gguf(folder / f"tiny-{w}.gguf", weights=w) for w in kinds}
@@ -67,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:12s} row_invariant={ri!s:5} flash_attn={fa!s:5} repack={rp!s:5} | "
                   f"8 vs 1: {d1:.3g}  8 vs 2: {d2:.3g}", flush=True)
     if args.out is not None:
-        _envelope.write(args.out, envelope, {"mode": "smoke" if args.smoke else "full", "rows": rows})
+        envelope_lib.write(args.out, envelope, {"mode": "smoke" if args.smoke else "full", "rows": rows})
     return 0
 
 

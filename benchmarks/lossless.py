@@ -6,16 +6,16 @@ instance), and the example schemas in ``schemas/``. For each case both modes run
 the case passes when the token sequences are identical and a completed output validates
 with ``jsonschema``.
 
-    python benchmarks/lossless.py --model smollm2-135m --cases 50
-    python benchmarks/lossless.py --smoke        # tiny random model, 2 cases (CI)
-    python benchmarks/lossless.py --backend llamacpp --model smollm2-135m   # the GGUF, llama.cpp
-    python benchmarks/lossless.py --backend llamacpp --smoke   # tiny GGUF written on the fly
+    python -m benchmarks.lossless --model smollm2-135m --cases 50
+    python -m benchmarks.lossless --smoke        # tiny random model, 2 cases (CI)
+    python -m benchmarks.lossless --backend llamacpp --model smollm2-135m   # the GGUF, llama.cpp
+    python -m benchmarks.lossless --backend llamacpp --smoke   # tiny GGUF written on the fly
 
 ``--backend llamacpp`` runs the model's GGUF (``ALIAS-gguf``, or a ``.gguf`` path) on the
 llama.cpp backend (needs ``structgen[llamacpp]``) with ``--threads`` threads.
 
 ``--out`` writes the summary and every case with the shared envelope of
-``benchmarks/_envelope.py``. Exit status 1 when a case differs or a completed output is invalid.
+``benchmarks/common/envelope.py``. Exit status 1 when a case differs or a completed output is invalid.
 """
 
 from __future__ import annotations
@@ -29,18 +29,15 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import jsonschema
+import torch
 
-import _envelope  # noqa: E402
-import jsonschema  # noqa: E402
-import torch  # noqa: E402
-from tasks.extraction import TASKS  # noqa: E402
-
-import structgen  # noqa: E402
-from structgen.generation.model import load_model  # noqa: E402
-from structgen.validation import jsonschema_validator  # noqa: E402
+import structgen
+from benchmarks.common import envelope as envelope_lib
+from benchmarks.common.checkout import ROOT
+from benchmarks.tasks.extraction import TASKS
+from structgen.generation.model import load_model
+from structgen.validation import jsonschema_validator
 
 
 def cases(n: int) -> list[tuple[str, dict[str, Any], str]]:
@@ -77,16 +74,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="tiny random model biased towards short outputs, 2 cases, 32 new tokens (CI)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv, __file__)
+    envelope = envelope_lib.capture(argv, __file__)
     torch.set_num_threads(args.threads)
     if args.backend == "llamacpp":
-        import _gguf
+        from benchmarks.common import llamacpp_model
 
-        lm, _path, args.model = _gguf.load(args.model, args.threads, args.smoke)
+        lm, _path, args.model = llamacpp_model.load(args.model, args.threads, args.smoke)
         if args.smoke:
             args.max_new_tokens = 32
     elif args.smoke:
-        import bench_suite as bench
+        from benchmarks import bench_suite as bench
 
         lm = bench.tiny_model(favour=bench.SMOKE_FAVOUR)
         args.model, args.max_new_tokens = "tiny-random", 32
@@ -124,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                "seconds": round(time.time() - t0, 1)}
     print(json.dumps(summary))
     if args.out:
-        _envelope.write(args.out, envelope, {"summary": summary, "cases": rows})
+        envelope_lib.write(args.out, envelope, {"summary": summary, "cases": rows})
     return 0 if ok == len(rows) else 1
 
 

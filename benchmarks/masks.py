@@ -20,7 +20,7 @@ Cases:
   SentencePiece tokenizers the dummy-prefix space is removed, see :func:`replay_tokens`). A
   structgen rejection of such an instance is a false rejection (a bug). An engine whose
   JSON-schema grammars spell JSON otherwise (GLRMask: ``", "`` and ``": "``, U+007F escaped)
-  replays the same instance in its spelling (:func:`_mask_engines.respell_json`: a space after
+  replays the same instance in its spelling (:func:`mask_engines.respell_json`: a space after
   every ``,`` and ``:`` outside strings, U+007F in strings as ``\\u007f``, nothing else
   changed), tokenized the same way: its token sequence is then its own, a few tokens longer.
 * Lark grammars from ``structgen/grammars/`` (JSON, SQL, arithmetic) with fixed sample inputs that
@@ -87,17 +87,17 @@ met with the figures): TTFM p50 <= 1.0x llguidance and p99 <= 2x; first-pass ste
 GLRMask and max <= 5x; warm step p50 <= 1.0x the faster of llguidance and GLRMask; structgen's
 compile rate >= 95%. Output: a table on stdout, the same summary as Markdown (``--md``), and
 JSON in ``benchmarks/results/masks-<tokenizer>.json`` (``--out``) with the shared envelope of
-``benchmarks/_envelope.py`` and the machine's load average during the run.
+``benchmarks/common/envelope.py`` and the machine's load average during the run.
 
 ``--smoke`` (CI): the first 3 of the repository's ``schemas/`` with their valid examples (no
 data set, no hypothesis) and 1 Lark case; peers run when they are installed (the ``bench`` extra).
 Exit status 1 when structgen falsely rejects an
 instance or crashes. Examples::
 
-    python benchmarks/masks.py --smoke
-    python benchmarks/masks.py --limit 10                     # Llama-3, 10 schemas per subset
-    python benchmarks/masks.py --limit 5 --tokenizer qwen2
-    python benchmarks/masks.py --sample 150 --no-lark --engines structgen,llguidance,glrmask \\
+    python -m benchmarks.masks --smoke
+    python -m benchmarks.masks --limit 10                     # Llama-3, 10 schemas per subset
+    python -m benchmarks.masks --limit 5 --tokenizer qwen2
+    python -m benchmarks.masks --sample 150 --no-lark --engines structgen,llguidance,glrmask \\
         --out benchmarks/results/masks-llama3-glrmask.json --md benchmarks/results/masks-llama3-glrmask.md
 """
 
@@ -114,15 +114,10 @@ from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-if str(ROOT / "benchmarks") not in sys.path:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import _envelope  # noqa: E402
-from _mask_engines import ADAPTERS, EngineProc, load_vocab, respell_json  # noqa: E402
-from jsonschemabench import (  # noqa: E402
+from benchmarks.common import envelope as envelope_lib
+from benchmarks.common.checkout import ROOT
+from benchmarks.common.mask_engines import ADAPTERS, EngineProc, load_vocab, respell_json
+from benchmarks.jsonschemabench import (
     default_data,
     hypothesis_instances,
     load_schemas,
@@ -776,7 +771,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="JSON report path")
     ap.add_argument("--md", type=Path, default=None, help="also write the JSON-schema summary as Markdown")
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv, __file__)
+    envelope = envelope_lib.capture(argv, __file__)
     if args.smoke:  # the repository's schemas come with a valid instance each
         args.candidates = 0
         # wall-clock limit: generous, so that a loaded CI machine does not time a compile out
@@ -882,8 +877,8 @@ def main(argv: list[str] | None = None) -> int:
                         "engines": {e: case_summary(r) for e, r in c["raw"].items()}} for c in cases]
     report["wall_s"] = round(time.time() - t_start, 1)
     print_report(report)
-    _envelope.add_peers(envelope, [e for e in engines if engine_info[e]["available"]])
-    _envelope.write(out, envelope, report, ensure_ascii=False)
+    envelope_lib.add_peers(envelope, [e for e in engines if engine_info[e]["available"]])
+    envelope_lib.write(out, envelope, report, ensure_ascii=False)
     print(f"\nwrote {out} ({report['wall_s']} s)")
     if args.md:
         args.md.parent.mkdir(parents=True, exist_ok=True)

@@ -10,9 +10,11 @@ builds see the same machine load. Workers:
   ``string_escapes="canonical"``);
 * ``after-all``: this tree with ``string_escapes="all"`` (validation's language), unless
   ``--no-all``;
-* ``before``: the tree at ``--baseline`` (a checkout of an earlier commit), imported in its
-  worker with that tree first on ``sys.path`` and run through *its own* masks.py worker,
-  adapter and replayer (so an older module layout works).
+* ``before``: the tree at ``--baseline`` (a checkout of an earlier commit): its ``structgen``
+  package imported in the worker from that tree's folder, run through *its own* masks worker,
+  adapter and replayer (so an older module layout works: a tree whose benchmarks are flat
+  scripts, ``benchmarks/masks.py`` beside ``benchmarks/_mask_engines.py``, runs its
+  ``masks.py`` as it ran there).
 
 Reported per worker over the cases every worker compiled and replayed without a rejection:
 compile mean / median (ms) and step mean / median (us; a step = accept the next token + fill
@@ -20,7 +22,7 @@ the next mask), and the ratios to ``before``. Output: a table on stdout and JSON
 with the shared envelope. Example (a checkout of the commit before the escape layer)::
 
     git worktree add --detach ../pre-escape 38e7885
-    python benchmarks/masks_builds.py --baseline ../pre-escape --limit 2 --candidates 5 \\
+    python -m benchmarks.masks_builds --baseline ../pre-escape --limit 2 --candidates 5 \\
         --out benchmarks/results/masks-llama3-escape-cost.json
 """
 
@@ -37,35 +39,52 @@ from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-ROOT = Path(__file__).resolve().parent.parent
-for _p in (ROOT, ROOT / "benchmarks"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+from benchmarks import masks
+from benchmarks.common import envelope as envelope_lib
+from benchmarks.common import mask_engines
+from benchmarks.common.checkout import ROOT
 
-import _envelope  # noqa: E402
-import _mask_engines  # noqa: E402
-import masks  # noqa: E402
+# the modules a worker drops before it imports the baseline tree's: this tree's packages and
+# the flat scripts of older trees
+_BASELINE_DROPS = ("structgen", "benchmarks", "masks", "_mask_engines", "jsonschemabench", "_envelope")
+
+
+def _import_package_from(name: str, folder: Path) -> None:
+    """Import package ``name`` from ``folder`` (its ``__init__.py``); its submodules then
+    resolve inside that folder, whatever else is on the module search path."""
+    spec = importlib.util.spec_from_file_location(name, folder / "__init__.py",
+                                                  submodule_search_locations=[str(folder)])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+
+
+def _baseline_worker(baseline: Path) -> Any:
+    """The masks worker function of the tree at ``baseline``, with that tree's ``structgen``."""
+    for name in [m for m in sys.modules if m.split(".")[0] in _BASELINE_DROPS]:
+        del sys.modules[name]
+    _import_package_from("structgen", baseline / "structgen")
+    if (baseline / "benchmarks" / "__init__.py").is_file():  # the benchmarks package
+        _import_package_from("benchmarks", baseline / "benchmarks")
+        return importlib.import_module("benchmarks.common.mask_engines").engine_worker
+    # flat scripts: masks.py puts its own folder on the path; the worker lived in masks.py, later
+    # in _mask_engines.py
+    spec = importlib.util.spec_from_file_location("baseline_masks", baseline / "benchmarks" / "masks.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return getattr(mod, "_worker", None) or importlib.import_module("_mask_engines")._worker
 
 
 def _worker_main(kind: str, baseline: str | None, tok_alias: str, opts: dict[str, Any], conn: Any) -> None:
     """Worker process: run masks.py's worker loop for one build."""
     if kind == "before":
         assert baseline is not None
-        for name in [m for m in sys.modules if m.split(".")[0] in
-                     ("structgen", "masks", "_mask_engines", "jsonschemabench", "_envelope")]:
-            del sys.modules[name]
-        sys.path[:0] = [baseline, os.path.join(baseline, "benchmarks")]
-        spec = importlib.util.spec_from_file_location("baseline_masks",
-                                                      os.path.join(baseline, "benchmarks", "masks.py"))
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        # older trees keep the worker in masks.py, newer ones in _mask_engines.py
-        worker = getattr(mod, "_worker", None) or importlib.import_module("_mask_engines")._worker
-        worker("structgen", tok_alias, opts, conn)
+        _baseline_worker(Path(baseline))("structgen", tok_alias, opts, conn)
         return
     if kind == "after-all":
-        base = _mask_engines.StructgenAdapter
+        base = mask_engines.StructgenAdapter
 
         class AllEscapes(base):  # type: ignore[misc, valid-type]
             def compile(self, case: dict[str, Any]) -> Any:
@@ -76,11 +95,11 @@ def _worker_main(kind: str, baseline: str | None, tok_alias: str, opts: dict[str
                 finally:
                     self._cjs = cjs
 
-        _mask_engines.ADAPTERS["structgen"] = AllEscapes
-    _mask_engines._worker("structgen", tok_alias, opts, conn)
+        mask_engines.ADAPTERS["structgen"] = AllEscapes
+    mask_engines.engine_worker("structgen", tok_alias, opts, conn)
 
 
-class BuildProc(_mask_engines.EngineProc):
+class BuildProc(mask_engines.EngineProc):
     """masks.py's worker handle, started on :func:`_worker_main` for one build."""
 
     def __init__(self, kind: str, baseline: str | None, tok_alias: str, opts: dict[str, Any]) -> None:
@@ -150,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="3 repository schemas; without --baseline this tree is its own baseline")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv, __file__)
+    envelope = envelope_lib.capture(argv, __file__)
     args.no_schemas, args.no_lark, args.grammar = False, True, None
     if args.smoke:  # this tree against itself: exercises the baseline worker too
         args.candidates = 0
@@ -163,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in procs.values():
         p.start()
     try:
-        tok, vocab = _mask_engines.load_vocab(args.tokenizer)
+        tok, vocab = mask_engines.load_vocab(args.tokenizer)
         cases, prep = masks.build_cases(args, tok, vocab)
         cases = [c for c in cases if c.get("tokens")]
         print(f"{len(cases)} replayable cases in {time.time() - t_start:.0f} s", file=sys.stderr)
@@ -199,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             if f"{k}/before" in s:
                 print(f"  {k}/before: {s[f'{k}/before']}")
     if args.out:
-        _envelope.write(args.out, envelope, report, ensure_ascii=False)
+        envelope_lib.write(args.out, envelope, report, ensure_ascii=False)
         print(f"wrote {args.out}")
     return 0
 

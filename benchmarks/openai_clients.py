@@ -2,9 +2,9 @@
 openai, instructor, langchain-openai, pydantic-ai, litellm and openai-agents, each library used
 as its documentation shows, unchanged.
 
-    python benchmarks/openai_clients.py                 # the default model (CPU), about 10-20 min
-    python benchmarks/openai_clients.py --smoke         # a tiny random model, under two minutes
-    python benchmarks/openai_clients.py --only openai,litellm
+    python -m benchmarks.openai_clients                 # the default model (CPU), about 10-20 min
+    python -m benchmarks.openai_clients --smoke         # a tiny random model, under two minutes
+    python -m benchmarks.openai_clients --only openai,litellm
 
 The script starts ``python -m structgen serve`` itself (``--model``, default the package's
 default model, on 127.0.0.1 at a free port, with an API key) and puts a recording proxy in
@@ -36,7 +36,7 @@ A scenario passes when its library raised nothing and every check holds. The bar
 0 answers with status 5xx; 0 protocol exceptions; each of the specific checks above true.
 
 Writes ``benchmarks/results/openai-clients-<model>-cpu.json`` (the shared envelope of
-``benchmarks/_envelope.py``, every scenario) and ``.md`` beside it (per library, the bars, the
+``benchmarks/common/envelope.py``, every scenario) and ``.md`` beside it (per library, the bars, the
 failures); ``--smoke`` writes only ``--out`` when given. Exit status 0 (1 when a bar failed and
 ``--fail`` is given); 2 when the server cannot start.
 """
@@ -63,11 +63,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _envelope  # noqa: E402
-from _smoke_model import save_smoke_model  # noqa: E402
+from benchmarks.common import envelope as envelope_lib
+from benchmarks.common.checkout import ROOT
+from benchmarks.common.smoke_model import save_smoke_model
 
-ROOT = Path(__file__).resolve().parent.parent
 KEY = "battery-key"
 LIBRARIES = ("openai", "instructor", "langchain", "pydantic_ai", "litellm", "openai_agents")
 TOOL_RESULT = "-7 C and snowing"
@@ -964,7 +963,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="max_tokens of each request (default 256; smoke 48)")
     ap.add_argument("--fail", action="store_true", help="exit 1 when a bar is not met")
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv, __file__)
+    envelope = envelope_lib.capture(argv, __file__)
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm fetches no cost map
     os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
     only = set(args.only.split(",")) if args.only else set(LIBRARIES)
@@ -1013,7 +1012,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"mode": "smoke" if args.smoke else "full", "model": label, "max_tokens": max_tokens,
               "runtime_s": round(time.perf_counter() - t0, 1), **summary,
               "outcomes": [o.__dict__ | {"passed": o.passed} for o in outcomes],
-              "versions": {d: _envelope.package_version(d) for d in
+              "versions": {d: envelope_lib.package_version(d) for d in
                            ("openai", "instructor", "langchain-openai", "langchain-core", "pydantic-ai-slim",
                             "litellm", "openai-agents")},
               "server_log_tail": log_tail[-3000:]}
@@ -1022,7 +1021,7 @@ def main(argv: list[str] | None = None) -> int:
     md = markdown(summary, outcomes, envelope, label)
     print(md)
     if out is not None:
-        _envelope.write(out, envelope, report)
+        envelope_lib.write(out, envelope, report)
         out.with_suffix(".md").write_text(md, encoding="utf-8")
     met = all(b["met"] is not False for b in summary["bars"].values())
     return 1 if args.fail and not met else 0

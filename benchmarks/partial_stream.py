@@ -8,8 +8,8 @@ and timed (``reader_s``), which is the part a noisy two-core machine cannot hide
 ratio. The issue-41 bar: the overhead at most 5% of the generation's wall time; the summary gives
 both the median wall-time ratio (partial / plain) and the median ``reader_s`` / plain wall time.
 
-    python benchmarks/partial_stream.py --out benchmarks/results/partial-stream-smollm2-135m-cpu.json
-    python benchmarks/partial_stream.py --smoke --out x.json   # a tiny random model, two tasks (CI)
+    python -m benchmarks.partial_stream --out benchmarks/results/partial-stream-smollm2-135m-cpu.json
+    python -m benchmarks.partial_stream --smoke --out x.json   # a tiny random model, two tasks (CI)
 """
 
 from __future__ import annotations
@@ -18,24 +18,19 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import _envelope  # noqa: E402
+from benchmarks.common import envelope as envelope_lib
 
 
 def _run(lm: Any, task: dict[str, Any], partial: bool, max_new: int,
          on_budget: str = "close") -> dict[str, Any]:
-    from tasks.suite import extraction_messages
-
     import structgen
+    from benchmarks.tasks.suite import extraction_messages
 
     steps: list[str] = []
     events = 0
@@ -73,10 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="a tiny random model, two tasks (CI)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv, __file__)
-    from bench_suite import SMOKE_FAVOUR, tiny_model
-    from tasks.suite import EXTRACTION_TASKS
-
+    envelope = envelope_lib.capture(argv, __file__)
+    from benchmarks.bench_suite import SMOKE_FAVOUR, tiny_model
+    from benchmarks.tasks.suite import EXTRACTION_TASKS
     from structgen.generation.model import load_model
 
     if args.smoke:
@@ -110,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["bar_overhead_at_most_5pct"] = summary["reader_share_median"] <= 0.05
     print(json.dumps(summary), flush=True)
     if args.out is not None:
-        _envelope.write(args.out, envelope, {"summary": summary, "tasks": rows})
+        envelope_lib.write(args.out, envelope, {"summary": summary, "tasks": rows})
     return 0 if summary["same_text"] == len(rows) else 1
 
 

@@ -13,8 +13,8 @@ the issue-38 bar: the wall time of the second and later calls over the first cal
 median over rounds; bar <= 0.5x). Every schema is compiled before the timed rounds (the first
 call of a round pays its prefill, not a compile).
 
-    python benchmarks/prefix_reuse.py --out benchmarks/results/prefix-reuse-qwen2.5-coder-0.5b-gguf-cpu.json
-    python benchmarks/prefix_reuse.py --smoke --out x.json   # the tests' tiny GGUF (CI)
+    python -m benchmarks.prefix_reuse --out benchmarks/results/prefix-reuse-qwen2.5-coder-0.5b-gguf-cpu.json
+    python -m benchmarks.prefix_reuse --smoke --out x.json   # the tests' tiny GGUF (CI)
 """
 
 from __future__ import annotations
@@ -23,18 +23,14 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import _envelope  # noqa: E402
-from tasks.shared_prefix import TASKS, shared_messages  # noqa: E402
+from benchmarks.common import envelope as envelope_lib
+from benchmarks.tasks.shared_prefix import TASKS, shared_messages
 
 
 def _call(lm: Any, task: dict[str, Any], cache_on: bool, cap: int, max_new: int) -> dict[str, Any]:
@@ -62,13 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="the tests' tiny GGUF, 1 round of 2 calls (CI)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv, __file__)
-    import _gguf
+    envelope = envelope_lib.capture(argv, __file__)
     import jsonschema
 
     import structgen
+    from benchmarks.common import llamacpp_model
 
-    lm, path, name = _gguf.load(args.model, args.threads, args.smoke)
+    lm, path, name = llamacpp_model.load(args.model, args.threads, args.smoke)
     if args.smoke:
         args.calls, args.rounds, args.max_new_tokens = 2, 1, 80
     cap = 1 << 30
@@ -126,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(summary, indent=1))
     if args.out:
-        _envelope.write(args.out, envelope, {"summary": summary, "calls": calls})
+        envelope_lib.write(args.out, envelope, {"summary": summary, "calls": calls})
     return 0
 
 

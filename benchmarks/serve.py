@@ -4,7 +4,7 @@ concurrent clients, on the transformers model or on the same GGUF file.
 Three servers run side by side as subprocesses: ``spec`` (``python -m structgen serve``,
 speculative, the default), ``plain`` (``--no-speculative``: plain constrained decoding in the
 same continuous batch) and ``llama_cpp.server`` (llama-cpp-python's OpenAI-compatible server,
-``benchmarks/_llamacpp_server.py``, on the model's GGUF: the ``ALIAS-gguf`` twin of ``--model``,
+``benchmarks/common/llamacpp_server.py``, on the model's GGUF: the ``ALIAS-gguf`` twin of ``--model``,
 or ``--gguf``). ``--backend`` picks what ``structgen serve`` runs: ``transformers`` (the default:
 ``--model``, float32, ``OMP_NUM_THREADS`` = ``--threads``) or ``llamacpp`` (``structgen serve
 --model FILE.gguf --threads N --ctx-size 4096`` on the very GGUF file llama_cpp.server gets, which
@@ -51,16 +51,16 @@ issue 31's bar: "a request arriving while 15 are running"). Every constraint is 
 structgen server before the timed levels: the figures measure generation, not first compiles
 (llama_cpp.server has no grammar cache: it converts each request's schema again, inside TTFT).
 
-    python benchmarks/serve.py                   # smollm2-135m -> benchmarks/results/serve-<model>-cpu.json
-    python benchmarks/serve.py --backend llamacpp --max-tokens 128 --requests 6,32
+    python -m benchmarks.serve                   # smollm2-135m -> benchmarks/results/serve-<model>-cpu.json
+    python -m benchmarks.serve --backend llamacpp --max-tokens 128 --requests 6,32
         # -> benchmarks/results/serve-qwen2.5-coder-0.5b-gguf-llamacpp-cpu.json (and .md)
-    python benchmarks/serve.py --smoke --out x.json   # tiny random models, 1 and 4 clients (CI)
-    python benchmarks/serve.py --smoke --backend llamacpp --out x.json   # the tests' tiny GGUF
+    python -m benchmarks.serve --smoke --out x.json   # tiny random models, 1 and 4 clients (CI)
+    python -m benchmarks.serve --smoke --backend llamacpp --out x.json   # the tests' tiny GGUF
 
 In ``--smoke`` llama_cpp.server (and, with ``--backend llamacpp``, structgen serve) runs the tests'
 tiny GGUF (``tests/_tiny_gguf.py``), llama_cpp.server when llama-cpp-python and its server's
 packages are installed (else it is left out, and the results say so). With the shared envelope
-of ``benchmarks/_envelope.py``; an ``--out`` ending in ``.json`` gets a Markdown summary beside it
+of ``benchmarks/common/envelope.py``; an ``--out`` ending in ``.json`` gets a Markdown summary beside it
 (``.md``). State the machine's load (``uptime``) with the figures: the servers and the load
 generator share the CPU.
 """
@@ -81,15 +81,13 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import httpx
+import jsonschema
 
-import _envelope  # noqa: E402
-import httpx  # noqa: E402
-import jsonschema  # noqa: E402
-from tasks.extraction import TASKS, messages  # noqa: E402
-from tasks.shared_prefix import SYSTEM_PROMPT, shared_messages  # noqa: E402
+from benchmarks.common import envelope as envelope_lib
+from benchmarks.common.checkout import ROOT, module_command
+from benchmarks.tasks.extraction import TASKS, messages
+from benchmarks.tasks.shared_prefix import SYSTEM_PROMPT, shared_messages
 
 SQL = ('start: "SELECT " cols " FROM " NAME (" WHERE " NAME " = " NUMBER)?\n'
        'cols: NAME (", " NAME)*\nNAME: /[a-z_]{1,12}/\nNUMBER: /[0-9]{1,4}/\n')
@@ -133,7 +131,7 @@ DESCRIPTIONS = {
     "spec": "python -m structgen serve (speculative, the default)",
     "plain": "python -m structgen serve --no-speculative",
     LLAMA: "llama-cpp-python's OpenAI-compatible server (llama_cpp.server.app.create_app + uvicorn, "
-           "benchmarks/_llamacpp_server.py: weight repacking off, interrupt_requests off, --threads "
+           "benchmarks/common/llamacpp_server.py: weight repacking off, interrupt_requests off, --threads "
            "threads) on the model's GGUF",
 }
 
@@ -197,8 +195,8 @@ class Server:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         if name == LLAMA:
             assert gguf is not None
-            cmd = [sys.executable, str(ROOT / "benchmarks" / "_llamacpp_server.py"), gguf,
-                   "--port", str(self.port), "--threads", str(threads), "--n-ctx", str(N_CTX)]
+            cmd = module_command("benchmarks.common.llamacpp_server", gguf, "--port", str(self.port),
+                                 "--threads", str(threads), "--n-ctx", str(N_CTX))
             # llama.cpp's own kernel choice (structgen's backend turns the tiled one off for
             # itself); no llama_cpp.server config file from the caller's environment
             env = {k: v for k, v in env.items() if k not in ("GGML_CPU_TILED_MM", "CONFIG_FILE")}
@@ -360,7 +358,7 @@ async def _warm(url: str, count: int, max_tokens: int, engine: str, workloads: l
 
 
 def _smoke_model(folder: Path) -> str:
-    from bench_suite import SMOKE_FAVOUR, tiny_model
+    from benchmarks.bench_suite import SMOKE_FAVOUR, tiny_model
 
     lm = tiny_model(favour=SMOKE_FAVOUR)
     lm.model.save_pretrained(folder)
@@ -384,8 +382,7 @@ def _gguf_path(args: argparse.Namespace, folder: Path) -> tuple[str, str]:
     serve``) runs: the tests' tiny GGUF in ``--smoke``, else ``--gguf`` (an alias or a .gguf
     file), else ``--model`` when it is a GGUF, else the ``ALIAS-gguf`` twin of ``--model``."""
     if args.smoke:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from _tiny_gguf import write_tiny_gguf
+        from tests._tiny_gguf import write_tiny_gguf
 
         return str(write_tiny_gguf(folder / "tiny.gguf", n_ctx=N_CTX)), "tiny-gguf"
     from structgen.assets.store import GGUF_SUFFIX, resolve_model
@@ -591,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny random models, 1 and 4 clients (CI)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv, __file__)
+    envelope = envelope_lib.capture(argv, __file__)
     gguf_backend = args.backend == "llamacpp"
     if args.model is None:
         args.model = "qwen2.5-coder-0.5b" if gguf_backend else "smollm2-135m"
@@ -706,10 +703,10 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: v for k, v in bars.items() if k != "spec_equals_plain"}))
     print(f"spec == plain (greedy): {identity['identical']}/{identity['compared']}")
     if LLAMA in results:
-        _envelope.add_peers(envelope, ["llama-cpp-python", "sse-starlette", "starlette-context",
+        envelope_lib.add_peers(envelope, ["llama-cpp-python", "sse-starlette", "starlette-context",
                                        "pydantic-settings", "uvicorn"])
     elif gguf_backend:
-        _envelope.add_peers(envelope, ["llama-cpp-python"])
+        envelope_lib.add_peers(envelope, ["llama-cpp-python"])
     meta: dict[str, Any] = {
         "model": ("tiny-gguf" if gguf_backend else "tiny-random") if args.smoke else
         (gguf_name if gguf_backend else args.model),
@@ -751,7 +748,7 @@ def main(argv: list[str] | None = None) -> int:
             f"serve-{Path(args.model).name.removesuffix('.gguf').removesuffix('-gguf')}-gguf-llamacpp-cpu.json"
             if gguf_backend else f"serve-{args.model}-cpu.json")
     if out is not None:
-        _envelope.write(out, envelope, {"meta": meta, "results": results, "bars": bars})
+        envelope_lib.write(out, envelope, {"meta": meta, "results": results, "bars": bars})
         print(f"wrote {out}")
         if out.suffix == ".json":
             out.with_suffix(".md").write_text(markdown(meta, results, bars, envelope), encoding="utf-8")

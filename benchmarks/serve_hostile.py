@@ -1,9 +1,9 @@
 """Hostile-input audit of ``structgen serve`` (issue 44): a real server under hostile requests,
 hostile constraints, hostile connections, and normal traffic beside hostile work.
 
-    python benchmarks/serve_hostile.py            # full audit (about 15-25 min on 2 shared cores)
-    python benchmarks/serve_hostile.py --smoke    # 14 fast probes (under a minute), writes nothing
-    python benchmarks/serve_hostile.py --only body,connection --no-fail
+    python -m benchmarks.serve_hostile            # full audit (about 15-25 min on 2 shared cores)
+    python -m benchmarks.serve_hostile --smoke    # 14 fast probes (under a minute), writes nothing
+    python -m benchmarks.serve_hostile --only body,connection --no-fail
 
 A ``python -m structgen serve`` subprocess serves a tiny random Llama over GPT-2's tokenizer
 (``bench_suite.tiny_model``, saved to a temporary folder; ``--model`` serves another)
@@ -65,7 +65,7 @@ for a 4xx/5xx. The exit status is 1 when any probe is not ``ok`` (use it as a ch
 ``--no-fail``; 2 when the server cannot start.
 
 Writes ``benchmarks/results/serve-hostile.json`` (the shared envelope of
-``benchmarks/_envelope.py``, the table, every probe) and ``serve-hostile.md`` beside it (the
+``benchmarks/common/envelope.py``, the table, every probe) and ``serve-hostile.md`` beside it (the
 table, the failures, the machine's load average at the start and the end); ``--smoke`` writes
 nothing unless ``--out`` is given. Prints the table (categories x classes) as markdown.
 Side effects: a temporary folder (removed), the server subprocess and a local HTTP server
@@ -93,11 +93,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _envelope  # noqa: E402
-from _smoke_model import save_smoke_model  # noqa: E402
+from benchmarks.common import envelope as envelope_lib
+from benchmarks.common.checkout import ROOT
+from benchmarks.common.smoke_model import save_smoke_model
 
-ROOT = Path(__file__).resolve().parent.parent
 CATEGORIES = ("control", "body", "constraint", "connection", "concurrency")
 # failure classes by precedence, then ok
 CLASSES = ("crash", "memory", "fetched", "hang", "runaway", "dropped", "5xx", "traceback", "slow", "wrong")
@@ -1293,7 +1292,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-fail", action="store_true", help="exit 0 even when probes fail")
     ap.add_argument("--no-table", action="store_true", help="do not print the markdown table")
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv, __file__)
+    envelope = envelope_lib.capture(argv, __file__)
     load_start = [round(x, 2) for x in os.getloadavg()]
     timeout = args.timeout_s or (10.0 if args.smoke else 30.0)
     only = set(args.only.split(",")) if args.only else set(CATEGORIES)
@@ -1367,7 +1366,7 @@ def main(argv: list[str] | None = None) -> int:
               "concurrency": summary, "cases": records, "server_log_tail": log_tail}
     out = args.out or (None if args.smoke else ROOT / "benchmarks" / "results" / "serve-hostile.json")
     if out is not None:
-        _envelope.write(out, envelope, report)
+        envelope_lib.write(out, envelope, report)
         md = out.with_suffix(".md")
         lines = [f"# structgen serve under hostile input (issue 44): {report['mode']} run",
                  "", f"`{' '.join(envelope['command'])}` at `{envelope['commit']}`, {envelope['date']}; "

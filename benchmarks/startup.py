@@ -27,9 +27,9 @@ builds alike. Commands measured (the schema is a 5-property object; the instance
 Reported per build, command and state: the median wall and CPU seconds over ``--repeats`` runs
 (``--cold-repeats`` for ``first`` and ``cold``), every run with the 1-minute load average.
 
-    python benchmarks/startup.py                  # writes benchmarks/results/startup.json
-    python benchmarks/startup.py --build before=/tmp/old --build after=. --out R.json
-    python benchmarks/startup.py --smoke          # warm only, one repeat, two commands (file: --out)
+    python -m benchmarks.startup                  # writes benchmarks/results/startup.json
+    python -m benchmarks.startup --build before=/tmp/old --build after=. --out R.json
+    python -m benchmarks.startup --smoke          # warm only, one repeat, two commands (file: --out)
 """
 
 from __future__ import annotations
@@ -47,9 +47,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _envelope
-
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.common import envelope as envelope_lib
+from benchmarks.common.checkout import ROOT
 
 SCHEMA = {
     "type": "object",
@@ -221,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="results JSON (default benchmarks/results/startup.json; --smoke: none); "
                     "a full run also writes a .md table beside it")
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv)
+    envelope = envelope_lib.capture(argv)
     commands = [c.strip() for c in args.commands.split(",") if c.strip()]
     unknown = sorted(set(commands) - set(COMMANDS))
     if unknown or args.repeats < 1:
@@ -274,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                    "figures": by_build[first_build], "figures_by_build": by_build}
     out = args.out or (None if args.smoke else ROOT / "benchmarks" / "results" / "startup.json")
     if out is not None:
-        _envelope.write(out, envelope, figures_doc)
+        envelope_lib.write(out, envelope, figures_doc)
         if not args.smoke:
             out.with_suffix(".md").write_text(markdown(figures_doc, envelope))
         print(f"wrote {out}")

@@ -31,10 +31,10 @@ arguments, the triggered grammar against the tool's JSON Schema alone (bare step
 
 ::
 
-    python benchmarks/tools.py --model qwen2.5-coder-0.5b \
+    python -m benchmarks.tools --model qwen2.5-coder-0.5b \
         --out benchmarks/results/tools-qwen2.5-coder-0.5b-cpu.json
-    python benchmarks/tools.py --masks --out benchmarks/results/tools-masks-llama3.json
-    python benchmarks/tools.py --smoke --out /tmp/tools.json   # tiny random model, 3 cases + masks (CI)
+    python -m benchmarks.tools --masks --out benchmarks/results/tools-masks-llama3.json
+    python -m benchmarks.tools --smoke --out /tmp/tools.json   # tiny random model, 3 cases + masks (CI)
 """
 
 from __future__ import annotations
@@ -50,11 +50,8 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import _envelope  # noqa: E402
+from benchmarks.common import envelope as envelope_lib
 
 
 def _fn(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -502,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny random model, 3 cases, 2 mask passes (CI)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv, __file__)
+    envelope = envelope_lib.capture(argv, __file__)
     import torch
 
     torch.set_num_threads(args.threads)
@@ -521,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         summary.update(model=first["model"], max_new_tokens=first["max_new_tokens"],
                        merged=[str(p) for p in args.merge], envelopes=[part["envelope"] for part in parts])
         if args.out:
-            _envelope.write(args.out, envelope, {"summary": summary, "cases": rows})
+            envelope_lib.write(args.out, envelope, {"summary": summary, "cases": rows})
         print(json.dumps(summary), file=sys.stderr)
         return 0
     if args.masks or args.smoke:
@@ -529,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(figures["masks"]), file=sys.stderr)
     if not args.masks:
         if args.smoke:
-            import bench_suite as bench
+            from benchmarks import bench_suite as bench
 
             lm = bench.tiny_model()
             args.model, todo, max_new = "tiny-random", list(SMOKE_CASES), 40
@@ -547,14 +544,14 @@ def main(argv: list[str] | None = None) -> int:
         def progress(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
             if args.out:  # a run cut short still leaves its figures
                 summary.update(meta, seconds=round(time.time() - t0, 1), partial=True)
-                _envelope.write(args.out, envelope, {**figures, "summary": summary, "cases": rows})
+                envelope_lib.write(args.out, envelope, {**figures, "summary": summary, "cases": rows})
 
         modes = tuple(m for m in args.modes.split(",") if m)
         bad = [m for m in modes if m not in MODES]
         if bad:
             ap.error(f"--modes: unknown {', '.join(bad)}")
         if "xgrammar" in modes:
-            _envelope.add_peers(envelope, ["xgrammar"])
+            envelope_lib.add_peers(envelope, ["xgrammar"])
         rows, summary = run_cases(lm, todo, max_new, progress, modes, args.tool_format)
         summary.update(meta, seconds=round(time.time() - t0, 1))
         figures.update({"summary": summary, "cases": rows})
@@ -563,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
             summary[m]["calls"] == summary[m]["calls_valid"]
             for m in ("spec", "plain", "required") if m in summary)
     if args.out:
-        _envelope.write(args.out, envelope, figures)
+        envelope_lib.write(args.out, envelope, figures)
     return 0 if ok else 1
 
 

@@ -27,10 +27,10 @@ a side stream, against the serial order. Results go to
 ``--smoke`` (CI, CPU): tiny shapes through the same code paths, the Triton kernels under
 ``TRITON_INTERPRET=1``; checks reference == triton and prints a few timings (written with
 ``--out``). Exit status 1 on any mismatch. Results files carry the shared envelope of
-``benchmarks/_envelope.py``. Examples::
+``benchmarks/common/envelope.py``. Examples::
 
-    python benchmarks/verify.py --smoke
-    python benchmarks/verify.py                      # on a GPU; about 2-4 minutes
+    python -m benchmarks.verify --smoke
+    python -m benchmarks.verify                      # on a GPU; about 2-4 minutes
 """
 
 from __future__ import annotations
@@ -45,12 +45,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-if str(ROOT / "benchmarks") not in sys.path:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import _envelope  # noqa: E402
+from benchmarks.common import envelope as envelope_lib
+from benchmarks.common.checkout import ROOT
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -451,7 +447,7 @@ def smoke(out: Path | None = None, envelope: dict[str, Any] | None = None) -> in
           f"overlapped {ov['overlapped_step_s'] * 1e3:.1f} ms")
     print("smoke:", "OK" if ok else "FAILED")
     if out is not None:
-        _envelope.write(out, envelope or _envelope.capture(), dict(
+        envelope_lib.write(out, envelope or envelope_lib.capture(), dict(
             mode="smoke", device="cpu (triton interpreter)", ok=ok, cases=cases,
             run_case={k: v for k, v in r.items() if isinstance(v, (int, float, str, bool))},
             overlap=ov))
@@ -513,14 +509,14 @@ def full(args: argparse.Namespace, envelope: dict[str, Any]) -> int:
                                                                 and c["stress"]["counters_zero"])
                                       for c in cases if c["mode"] == "greedy"),
     }
-    _envelope.add_peers(envelope, ["triton"])
+    envelope_lib.add_peers(envelope, ["triton"])
     result = dict(device=name, peak_tbps=peak, vocab=args.vocab, dtype=args.dtype,
                   rows_per_sequence=args.rows_per_seq, best_config=config, sweep=sweep, cases=cases,
                   shifted_vocab_case=shifted,
                   overlap=overlap, targets=targets)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")
     out = Path(args.out) if args.out else RESULTS / f"verify-{slug}.json"
-    _envelope.write(out, envelope, result)
+    envelope_lib.write(out, envelope, result)
     print("targets:", targets)
     print("wrote", out)
     plot(result, out.with_suffix(".png"))
@@ -567,13 +563,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="results JSON (default benchmarks/results/verify-<device>.json; --smoke: "
                          "written only when given)")
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv, __file__)
+    envelope = envelope_lib.capture(argv, __file__)
     if args.smoke:
         # CPU tensors: the interpreter must be on before triton is first imported (torch does
         # not import triton, so setting it here is early enough)
         os.environ["TRITON_INTERPRET"] = "1"
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        envelope = _envelope.add_peers(envelope, ["triton"])
+        envelope = envelope_lib.add_peers(envelope, ["triton"])
         return smoke(Path(args.out) if args.out else None, envelope)
     return full(args, envelope)
 

@@ -20,12 +20,12 @@ strides equal to 1), and reports per kernel:
 
 Examples::
 
-    python benchmarks/verify_codegen.py                       # sm_80 + sm_90, full matrix
-    python benchmarks/verify_codegen.py --arch 90 --vocab 151936,50257 --dtypes bf16,fp32 \\
+    python -m benchmarks.verify_codegen                       # sm_80 + sm_90, full matrix
+    python -m benchmarks.verify_codegen --arch 90 --vocab 151936,50257 --dtypes bf16,fp32 \\
         --modes greedy,sample+probs --out out.json
-    python benchmarks/verify_codegen.py --smoke               # sm_90, V = 50,257 bf16 greedy (CI)
+    python -m benchmarks.verify_codegen --smoke               # sm_90, V = 50,257 bf16 greedy (CI)
 
-``--out`` (or ``--json``) writes the report with the shared envelope of ``benchmarks/_envelope.py``.
+``--out`` (or ``--json``) writes the report with the shared envelope of ``benchmarks/common/envelope.py``.
 
 Exit status 1 when a check fails. It patches Triton's process-wide driver, so run it in a
 process of its own (the test does). Needs ``triton`` (3.x) with its bundled ptxas.
@@ -43,12 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-if str(ROOT / "benchmarks") not in sys.path:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import _envelope  # noqa: E402
+from benchmarks.common import envelope as envelope_lib
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 MODES = ("greedy", "sample", "sample+probs")
@@ -126,8 +121,7 @@ class Compiler:
                      **kw: Any) -> list:
         import torch
 
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        from verify import make_inputs
+        from benchmarks.verify import make_inputs
 
         inp = make_inputs(batch, k, vocab, dtype, "cpu", mode)
         i32 = torch.int32
@@ -564,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="one configuration: sm_90, V = 50,257 (rows not 16-aligned), bf16, greedy (CI)")
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv, __file__)
+    envelope = envelope_lib.capture(argv, __file__)
     if args.smoke:
         args.arch, args.vocab, args.dtypes, args.modes = "90", "50257", "bf16", "greedy"
     archs = [int(a) for a in args.arch.split(",")]
@@ -574,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"configs": [], "recompile": []}
     try:
         import triton  # noqa: F401
-        _envelope.add_peers(envelope, ["triton"])
+        envelope_lib.add_peers(envelope, ["triton"])
     except ImportError:
         print("triton is not installed", file=sys.stderr)
         return 2
@@ -621,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({'OK' if rc['ok'] else 'RECOMPILES'})")
     report["ok"] = ok
     if args.out:
-        _envelope.write(args.out, envelope, report)
+        envelope_lib.write(args.out, envelope, report)
         print("wrote", args.out)
     print("codegen:", "OK" if ok else "FAILED")
     return 0 if ok else 1

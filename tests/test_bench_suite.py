@@ -12,17 +12,13 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-import sys
-from pathlib import Path
 
 import jsonschema
 import lark
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-
-import bench_suite as bench  # noqa: E402
-from tasks.suite import SQL_ROWS, SQL_TABLES, all_tasks  # noqa: E402
+from benchmarks import bench_suite as bench
+from benchmarks.tasks.suite import SQL_ROWS, SQL_TABLES, all_tasks
 
 
 def _lark_ok(grammar: str, text: str) -> bool:

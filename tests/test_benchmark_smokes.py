@@ -1,6 +1,7 @@
-"""Every benchmark script's ``--smoke`` mode, as CI runs it: a subprocess per script, exit status 0,
-and the results file it writes (``--out`` in ``tmp_path``) has the shared envelope
-(``benchmarks/_envelope.py``) and the figures the script promises.
+"""Every benchmark's ``--smoke`` mode, as CI runs it: a subprocess per benchmark (``python -m
+benchmarks.NAME --smoke`` from the repository root; the bad-input battery is ``tests.bad_inputs``),
+exit status 0, and the results file it writes (``--out`` in ``tmp_path``) has the shared envelope
+(``benchmarks/common/envelope.py``) and the figures the benchmark promises.
 
 The oracles are independent of the code under test where a smoke produces outputs: ``jsonschema``
 validates replayed and generated instances, Lark's own Earley parser the Lark samples, the
@@ -29,17 +30,17 @@ from typing import Any
 import jsonschema
 import pytest
 
+from benchmarks.common import envelope as envelope_lib
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 PEER_MODULES = {"xgrammar": "xgrammar", "llguidance": "llguidance", "outlines-core": "outlines_core",
                 "glrmask": "glrmask"}
-# helper modules of the scripts (not benchmarks, no --smoke): sandbox.py and every _*.py
-HELPERS = {"sandbox.py"}
 # scripts whose --smoke another test file runs: the benchmark suite (structgen bench) writes a
 # report folder of its own (suite-*.json and .md, not the shared envelope), and
 # tests/test_bench_suite.py runs its smoke in process and checks those reports
-SMOKED_ELSEWHERE = {"bench_suite.py"}
+SMOKED_ELSEWHERE = {"bench_suite"}
 ENVELOPE_KEYS = {"commit", "date", "machine", "versions", "command"}
 # what benchmarks/serve.py's llama_cpp.server engine imports (llama-cpp-python and its server's)
 LLAMA_SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context",
@@ -74,6 +75,8 @@ SMOKES: dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]] = {
 }
 # smokes that run another smoke's script with other arguments -> that script
 SCRIPT_OF = {"serve_llamacpp": "serve"}
+# smokes whose module is not benchmarks.SCRIPT: the bad-input battery is a test battery
+MODULE_OF = {"bad_inputs": "tests.bad_inputs"}
 # scripts that need an optional package beyond triton: skipped without it
 NEEDS_MODULE = {"llamacpp_row_invariance": "llama_cpp", "llamacpp_prefill": "llama_cpp",
                 "prefix_reuse": "llama_cpp", "serve": "fastapi",
@@ -113,8 +116,7 @@ class _Runs:
         extra, _, _ = SMOKES[script]
         env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                    HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        cmd = [sys.executable, str(BENCH / f"{SCRIPT_OF.get(script, script)}.py"), "--smoke", "--out",
-               str(self.out(script)), *extra]
+        cmd = [sys.executable, "-m", _module(script), "--smoke", "--out", str(self.out(script)), *extra]
         return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=TIMEOUT_S.get(script, 600))
 
@@ -127,6 +129,11 @@ class _Runs:
     def result(self, script: str) -> subprocess.CompletedProcess[str]:
         self.start([script])
         return self.futures[script].result()
+
+
+def _module(script: str) -> str:
+    """The module ``python -m`` runs for ``script``'s smoke."""
+    return MODULE_OF.get(script) or f"benchmarks.{SCRIPT_OF.get(script, script)}"
 
 
 def _have_vllm() -> bool:
@@ -224,33 +231,35 @@ def _check_envelope(report: dict[str, Any], script: str, out: Path) -> None:
         assert v["numpy"] == numpy.__version__ and v["torch"] == torch.__version__
     assert v["structgen"] == structgen.__version__
     extra, _, _ = SMOKES[script]
-    assert env["command"][1:] == [f"benchmarks/{SCRIPT_OF.get(script, script)}.py", "--smoke", "--out",
-                                  str(out), *extra]
+    assert env["command"][1:] == ["-m", _module(script), "--smoke", "--out", str(out), *extra]
 
 
 def test_every_benchmark_script_has_a_smoke() -> None:
-    scripts = {p.name for p in BENCH.glob("*.py") if not p.name.startswith("_")} - HELPERS - SMOKED_ELSEWHERE
-    assert scripts == {f"{SCRIPT_OF.get(s, s)}.py" for s in SMOKES}
+    # one module per benchmark at the top of the package; shared helpers live in benchmarks/common/
+    assert {p.name for p in BENCH.glob("_*.py")} == {"__init__.py"}
+    scripts = {f"benchmarks.{p.stem}" for p in BENCH.glob("*.py") if not p.name.startswith("_")}
+    assert scripts - {f"benchmarks.{s}" for s in SMOKED_ELSEWHERE} == \
+        {_module(s) for s in SMOKES if s not in MODULE_OF}
     for name in SMOKED_ELSEWHERE:
-        assert "--smoke" in (BENCH / name).read_text(encoding="utf-8"), name
-    assert set(SMOKES) == set(START_ORDER) and set(SCRIPT_OF) <= set(SMOKES)
+        assert "--smoke" in (BENCH / f"{name}.py").read_text(encoding="utf-8"), name
+    assert set(SMOKES) == set(START_ORDER) and set(SCRIPT_OF) <= set(SMOKES) and set(MODULE_OF) <= set(SMOKES)
     for s in SMOKES:
-        assert "--smoke" in (BENCH / f"{SCRIPT_OF.get(s, s)}.py").read_text(encoding="utf-8"), s
+        path = ROOT.joinpath(*_module(s).split(".")).with_suffix(".py")
+        assert "--smoke" in path.read_text(encoding="utf-8"), s
+    # a smoke runs only when a test asks for it: every smoke has its test here
+    assert not [s for s in SMOKES if f"test_{s}" not in globals()]
 
 
 def test_envelope_refuses_a_second_envelope(tmp_path: Path) -> None:
-    sys.path.insert(0, str(BENCH))
-    try:
-        import _envelope
-    finally:
-        sys.path.remove(str(BENCH))
-    env = _envelope.capture(["--x"], str(BENCH / "masks.py"))
-    assert env["command"] == ["python", "benchmarks/masks.py", "--x"]
-    out = _envelope.write(tmp_path / "a" / "r.json", _envelope.add_peers(env, ["no-such-peer"]), {"n": 1})
+    env = envelope_lib.capture(["--x"], str(BENCH / "masks.py"))
+    assert env["command"] == ["python", "-m", "benchmarks.masks", "--x"]
+    assert envelope_lib.command(["--y"], str(ROOT / "scripts" / "x.py")) == ["python", "scripts/x.py", "--y"]
+    env = envelope_lib.add_peers(env, ["no-such-peer"])
+    out = envelope_lib.write(tmp_path / "a" / "r.json", env, {"n": 1})
     doc = json.loads(out.read_text())
     assert doc["n"] == 1 and doc["envelope"]["versions"]["no-such-peer"] is None
     with pytest.raises(ValueError):
-        _envelope.results(env, {"envelope": 1})
+        envelope_lib.results(env, {"envelope": 1})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,8 +316,7 @@ def test_tools(runs: _Runs) -> None:
 
 
 def _smoke_schemas() -> list[tuple[str, Any]]:
-    sys.path.insert(0, str(BENCH))
-    from tasks.extraction import TASKS
+    from benchmarks.tasks.extraction import TASKS
 
     out = [(t["name"], t["schema"]) for t in TASKS]
     out += [(p.stem, json.loads(p.read_text())) for p in sorted((ROOT / "schemas").glob("*.schema.json"))]
@@ -483,6 +491,31 @@ def test_llamacpp_row_invariance(runs: _Runs) -> None:
     assert {r["weights"] for r in rows} == {"f32", "q8_0"}
     # the backend's defaults make a position's logits independent of the pass size
     assert all(r["max_abs_diff_8_vs_1"] == 0 and r["max_abs_diff_8_vs_2"] == 0 for r in rows)
+
+
+def test_llamacpp_prefill(runs: _Runs) -> None:
+    """Prefill time of the tiny GGUF's prompts, llama-cpp-python's and structgen's, per task."""
+    _, report = _smoke(runs, "llamacpp_prefill")
+    assert report["rows"] and all(r["prompt_tokens"] > 0 for r in report["rows"])
+    assert report["summary"]["peer_prefill_s"] > 0 and report["summary"]["structgen_prefill_s"] > 0
+
+
+def test_prefix_reuse(runs: _Runs) -> None:
+    """Calls behind a shared system prompt on the tiny GGUF: the prefix cache is hit, and every
+    output is valid and identical with and without it."""
+    _, report = _smoke(runs, "prefix_reuse")
+    s = report["summary"]
+    assert s["calls"] == len(report["calls"]) > 0
+    assert s["identical"] == s["valid"] == s["calls"]
+    assert s["cache_stats"]["hits"] > 0 and s["cache_stats"]["restore_failures"] == 0
+
+
+def test_partial_stream(runs: _Runs) -> None:
+    """Partial-JSON streaming against plain generation: the same text on every task."""
+    _, report = _smoke(runs, "partial_stream")
+    s = report["summary"]
+    assert s["tasks"] == len(report["tasks"]) > 0 and s["same_text"] == s["tasks"]
+    assert all(t["events"] > 0 for t in report["tasks"])
 
 
 def test_default_model(runs: _Runs) -> None:

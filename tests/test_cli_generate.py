@@ -366,7 +366,7 @@ def test_bench_delegates_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = types.ModuleType(bench.SUITE)
     fake.main = lambda argv: seen.append(list(argv)) or 7  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, bench.SUITE, fake)  # what the import finds
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the command adds benchmarks/ to it
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the command adds the checkout's root to it
     assert main(["bench", "--smoke", "--out", "x"]) == 7
     assert seen == [["--smoke", "--out", "x"]]
 
@@ -379,7 +379,7 @@ def test_bench_outside_a_checkout_exit_2(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(bench, "suite_path", lambda: tmp_path / "benchmarks" / "bench_suite.py")
     rc, out, err = run(capsys, "bench", "--smoke")
     assert rc == 2 and out == ""
-    assert "source checkout" in one_line(err) and "python benchmarks/bench_suite.py" in one_line(err)
+    assert "source checkout" in one_line(err) and "python -m benchmarks.bench_suite" in one_line(err)
 
 
 def test_python_dash_m() -> None:

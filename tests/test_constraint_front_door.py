@@ -9,7 +9,6 @@ called directly with the schema *value* (no file involved)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ from structgen.errors import ConfigError, GrammarError, SchemaError
 from structgen.frontends.constraint import compile_constraint, constraint_kind, schema_from
 
 # the benchmark suite (benchmarks/bench_suite.py) is one of the entry points compared here
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 # names a first-character test would take for JSON text (t/f/n/[/{ and digits)
 ODD_NAMES = ["true_schema.json", "fields.json", "false", "null.json", "[a].json", "{x}.json", "1.json"]
@@ -45,8 +43,7 @@ def _pins(g: Any, i: int) -> bool:
 
 
 def test_every_library_entry_point_reads_odd_file_names(odd_files: Path) -> None:
-    from bench_suite import _constraint
-
+    from benchmarks.bench_suite import _constraint
     from structgen.generation.api import resolve_grammar
     from structgen.integrations import StructgenBackend
     from structgen.integrations import compile_constraint as integration_compile
@@ -89,8 +86,7 @@ def test_strings_are_text_where_a_request_hands_them_over(odd_files: Path) -> No
 
 
 def test_same_constraint_same_key_across_entry_points(tmp_path: Path) -> None:
-    from bench_suite import _constraint
-
+    from benchmarks.bench_suite import _constraint
     from structgen.generation.api import resolve_grammar
     from structgen.integrations import StructgenBackend
     from structgen.integrations import compile_constraint as integration_compile

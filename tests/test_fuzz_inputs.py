@@ -2,7 +2,7 @@
 
 For every kind of input structgen reads (JSON schemas as data and as text, Lark grammars, regexes,
 YAML configuration files, CLI argument vectors) a seeded, derandomised hypothesis search draws
-inputs and runs each in a resource-limited worker subprocess (``benchmarks/sandbox.py``: address
+inputs and runs each in a resource-limited worker subprocess (``tests/sandbox.py``: address
 space and per-input time limits), so one bad input cannot take pytest down with it. The property:
 the outcome is a result or a :class:`structgen.errors.StructgenError` (for the CLI: exit 0/1, or 2
 with one error line on stderr), never another exception, a hang or a memory overrun.
@@ -29,7 +29,6 @@ from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _fuzz_strategies as fz  # noqa: E402

@@ -184,12 +184,7 @@ def _hypothesis_jsonschema_or_skip() -> None:
 
 
 def _bench() -> Any:
-    path = ROOT / "benchmarks" / "jsonschemabench.py"
-    spec = importlib.util.spec_from_file_location("jsonschemabench_for_tests", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("benchmarks.jsonschemabench")
 
 
 def test_benchmark_instances_leave_the_schema_alone() -> None:

@@ -4,7 +4,7 @@ Recomputes every instance's status with ``benchmarks/json_schema_suite.py`` and 
 any false positive (an invalid instance accepted) in the required and ECMA-262 regex tests,
 any new false positive in the format tests, any instance whose status got worse than the checked-in
 ratchet (``tests/data/json_schema_suite_ratchet.json``), and pass totals below it.
-Improvements pass; record them with ``python benchmarks/json_schema_suite.py --update``.
+Improvements pass; record them with ``python -m benchmarks.json_schema_suite --update``.
 """
 
 from __future__ import annotations
@@ -19,19 +19,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _runner() -> ModuleType:
-    path = ROOT / "benchmarks" / "json_schema_suite.py"
-    spec = importlib.util.spec_from_file_location("json_schema_suite", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("benchmarks.json_schema_suite")
 
 
 @pytest.mark.parametrize("section", ["required", "format", "ecmascript-regex"])
 def test_suite_ratchet(section: str) -> None:
     suite = _runner()
     ratchet = suite.load_ratchet()
-    assert section in ratchet, "ratchet file missing; run benchmarks/json_schema_suite.py --update"
+    assert section in ratchet, "ratchet file missing; run python -m benchmarks.json_schema_suite --update"
     results = suite.run(section)
     regs = suite.regressions(section, results, ratchet)
     assert not regs, f"{len(regs)} regressions:\n" + "\n".join(regs[:40])

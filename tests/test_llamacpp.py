@@ -289,7 +289,7 @@ def test_gguf_draft_model_is_exact(gguf_paths) -> None:
 @needs_llama_cpp
 @pytest.mark.parametrize("script", ["lossless", "generate", "batch"])
 def test_benchmark_smoke_on_llamacpp(script, tmp_path) -> None:
-    """``benchmarks/SCRIPT.py --backend llamacpp --smoke`` on the tiny GGUF: exit 0, and greedy
+    """``python -m benchmarks.SCRIPT --backend llamacpp --smoke`` on the tiny GGUF: exit 0, and greedy
     speculative (and batched) outputs token-identical to plain one-at-a-time decoding."""
     import os
     import subprocess
@@ -298,12 +298,12 @@ def test_benchmark_smoke_on_llamacpp(script, tmp_path) -> None:
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / f"{script}.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    proc = subprocess.run([sys.executable, str(root / "benchmarks" / f"{script}.py"), "--backend", "llamacpp",
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", "--backend", "llamacpp",
                            "--smoke", "--out", str(out)], cwd=root, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads(out.read_text(encoding="utf-8"))
-    assert report["envelope"]["command"][1:4] == [f"benchmarks/{script}.py", "--backend", "llamacpp"]
+    assert report["envelope"]["command"][1:5] == ["-m", f"benchmarks.{script}", "--backend", "llamacpp"]
     if script == "lossless":
         s = report["summary"]
         assert s["backend"] == "llamacpp" and s["model"] == "tiny-gguf" and s["cases"] == s["passed"] == 2

@@ -30,7 +30,6 @@ import pytest
 from structgen.errors import SchemaError
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmark suite's oracles (bench_suite)
 SECRET = "SECRET-7f3a9c-do-not-leak"
 
 
@@ -253,7 +252,7 @@ def test_in_document_refs_still_work() -> None:
 
 
 def test_bench_oracle_refuses_remote_refs(server: _CountingServer, secret_file: Path) -> None:
-    from bench_suite import check_output
+    from benchmarks.bench_suite import check_output
 
     for ref in (server.url(), secret_file.as_uri()):
         task = {"type": "json", "schema": {"$ref": ref}, "answer": {}}
@@ -387,8 +386,7 @@ def test_resolve_grammar_reads_oddly_named_schema_files(tmp_path: Path,
 
 
 def test_integrations_and_bench_use_the_same_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from bench_suite import _constraint
-
+    from benchmarks.bench_suite import _constraint
     from structgen.integrations import compile_constraint
 
     schemas = _write_odd_files(tmp_path)
@@ -530,7 +528,7 @@ def test_cli_compile_explain_does_not_import_from_cwd(import_layout: dict[str, P
 
 
 def test_bench_lark_oracle_uses_the_same_import_rule(import_layout: dict[str, Path]) -> None:
-    from bench_suite import _lark_parses
+    from benchmarks.bench_suite import _lark_parses
 
     assert _lark_parses("start: NUMBER\n%import common.NUMBER\n", "42")
     with pytest.raises(Exception) as info:  # noqa: PT011 - Lark wraps loader errors its own way

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 @pytest.mark.slow
 def test_kernels_compile_for_gpus_with_vector_loads(tmp_path: Path) -> None:
     out = tmp_path / "codegen.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "verify_codegen.py"), "--arch", "80,90",
+    cmd = [sys.executable, "-m", "benchmarks.verify_codegen", "--arch", "80,90",
            "--vocab", "151936,50257", "--dtypes", "bf16,fp32", "--modes", "greedy,sample+probs",
            "--json", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
@@ -73,8 +73,7 @@ def _sass(lines: list[str]) -> str:
 
 
 def test_sass_loops_tells_loops_from_backward_jumps() -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from verify_codegen import _loop_spills, sass_loops
+    from benchmarks.verify_codegen import _loop_spills, sass_loops
 
     sass = _sass([
         "STL.64 [R1], R2",            # 0x00 parked before the loop: not in a loop
@@ -104,8 +103,7 @@ def test_sass_loops_tells_loops_from_backward_jumps() -> None:
 
 
 def test_stream_loop_model_tells_the_row_loops_apart() -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from verify_codegen import sampling_step_model, stream_loop_model
+    from benchmarks.verify_codegen import sampling_step_model, stream_loop_model
 
     sass = _sass([
         "LDG.E.128 R4, [R2.64]",      # 0x00 greedy loop: loads, no MUFU
@@ -153,8 +151,7 @@ def test_stream_loop_model_tells_the_row_loops_apart() -> None:
 
 def test_sampling_step_model_race_mix() -> None:
     """A compute-bound race: the step's bandwidth by hand, for each mix of hash and logarithms."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from verify_codegen import REAL_HASH_FRACTION, REAL_LOG_FRACTION, sampling_step_model
+    from benchmarks.verify_codegen import REAL_HASH_FRACTION, REAL_LOG_FRACTION, sampling_step_model
 
     # pass A memory-bound (twice the issue rate needed); the race's full loop issues at a fifth
     # of the bandwidth: 1,000 instructions, 100 on the skip path, 400 with the hash only

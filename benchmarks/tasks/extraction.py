@@ -6,7 +6,7 @@ module keeps the names the scripts in ``benchmarks/`` import.
 
 from __future__ import annotations
 
-from tasks.suite import EXTRACTION_TASKS as TASKS
-from tasks.suite import extraction_messages as messages
+from benchmarks.tasks.suite import EXTRACTION_TASKS as TASKS
+from benchmarks.tasks.suite import extraction_messages as messages
 
 __all__ = ["TASKS", "messages"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tasks.suite import EXTRACTION_TASKS
+from benchmarks.tasks.suite import EXTRACTION_TASKS
 
 __all__ = ["SYSTEM_PROMPT", "TOOLS", "shared_messages"]
 

@@ -16,13 +16,13 @@ from pathlib import Path
 from structgen.cli._common import EXIT_USAGE, _err
 
 #: the suite's module name (``benchmarks/bench_suite.py``)
-SUITE = "bench_suite"
+SUITE = "benchmarks.bench_suite"
 
 
 def suite_path() -> Path:
     """Where a source checkout keeps the suite: ``benchmarks/bench_suite.py`` beside the
     ``structgen`` package folder this module belongs to (it may not exist)."""
-    return Path(__file__).resolve().parents[2] / "benchmarks" / f"{SUITE}.py"
+    return Path(__file__).resolve().parents[2].joinpath(*SUITE.split(".")).with_suffix(".py")
 
 
 def run(argv: Sequence[str]) -> int:
@@ -31,10 +31,10 @@ def run(argv: Sequence[str]) -> int:
     if not path.is_file():
         _err("structgen bench", "the benchmark suite is not part of the installed package; it runs "
              f"from a source checkout of structgen (no {path}): in a clone, run "
-             "`python benchmarks/bench_suite.py ARGS...` (or `structgen bench` from that checkout)")
+             "`python -m benchmarks.bench_suite ARGS...` (or `structgen bench` from that checkout)")
         return EXIT_USAGE
-    folder = str(path.parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)  # the suite imports its task data from benchmarks/tasks/
+    root = str(path.parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)  # the checkout's root: its benchmarks package
     suite = importlib.import_module(SUITE)
     return int(suite.main(list(argv)))

@@ -6,7 +6,7 @@ CPU buffer types: faster kernels whose results depend on the number of positions
 which structgen's backend leaves off for exactness) is on unless ``repack=False``. With
 repacking, ``llama_decode`` crashed (SIGSEGV) on an AVX-512/AMX Xeon for SmolLM2 Q4_1 and
 Qwen2.5 Q4_K_M, in llama-cpp-python's own ``Llama`` too: there, run the peer without it
-(``benchmarks/generate.py --peer-repack off``). A crash of the peer (llama.cpp also aborts on
+(``python -m benchmarks.generate --peer-repack off``). A crash of the peer (llama.cpp also aborts on
 some grammar + draft combinations) costs the task, not the benchmark: the child is restarted
 for the next task.
 
@@ -14,7 +14,7 @@ Engines: ``grammar`` (``LlamaGrammar.from_json_schema`` + ``create_completion``,
 ``lookup`` (the same plus ``LlamaPromptLookupDecoding``, llama-cpp-python's prompt-lookup
 speculative decoding). Timing: grammar construction plus generation, measured in the child.
 
-    python benchmarks/_llamacpp_peer.py MODEL.gguf THREADS ENGINE [on|off]   # the child (repack)
+    python -m benchmarks.common.llamacpp_peer MODEL.gguf THREADS ENGINE [on|off]   # the child (repack)
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
+
+from benchmarks.common.checkout import child_env, module_command
 
 ENGINES = ("grammar", "lookup")
 
@@ -85,12 +86,13 @@ class Peer:
                  repack: bool = True) -> None:
         if engine not in ENGINES:
             raise ValueError(f"unknown llama-cpp-python engine {engine!r}")
-        self.args = [sys.executable, str(Path(__file__).resolve()), os.fspath(model_path), str(threads),
-                     engine, "on" if repack else "off"]
+        self.args = module_command("benchmarks.common.llamacpp_peer", os.fspath(model_path), str(threads),
+                                   engine, "on" if repack else "off")
         self.proc: subprocess.Popen[str] | None = None
 
     def _start(self) -> subprocess.Popen[str]:
-        return subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        return subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                env=child_env())
 
     def run(self, prompt_ids: list[int], schema: dict[str, Any], max_new: int) -> dict[str, Any]:
         """One greedy generation; ``{"error": ...}`` when the engine failed or crashed."""

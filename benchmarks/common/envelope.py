@@ -9,8 +9,9 @@ A results file is ``{"envelope": {...}, **figures}``. The envelope holds:
   start (a busy machine explains slow figures), OS platform;
 * ``versions``: python, torch, transformers, numpy, numba, structgen, plus any peer engines the
   run used (:func:`add_peers`); ``None`` for a package that is not installed;
-* ``command``: the argument vector, script path relative to the repository root, so that the
-  run can be repeated.
+* ``command``: the argument vector, so that the run can be repeated from the repository root:
+  ``python -m benchmarks.NAME ...`` for a benchmark module, a script's path relative to the root
+  otherwise.
 
 Versions are read from the installed distributions' metadata: capturing the envelope imports
 nothing heavy (no torch), so a script can call :func:`capture` first, before its own imports
@@ -30,7 +31,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.common.checkout import ROOT
+
 PACKAGES = ("torch", "transformers", "numpy", "numba", "structgen")
 # distribution names of the peer engines the benchmarks compare with
 PEER_DISTRIBUTIONS = {"xgrammar": "xgrammar", "llguidance": "llguidance", "outlines": "outlines",
@@ -83,14 +85,23 @@ def machine() -> dict[str, Any]:
 
 
 def command(argv: Sequence[str] | None = None, script: str | None = None) -> list[str]:
-    """``[script, *argv]`` with the script path relative to the repository root when inside it.
-    ``argv`` None: ``sys.argv[1:]``; ``script`` None: ``sys.argv[0]``."""
+    """The command that repeats the run from the repository root: ``["python", "-m", module,
+    *argv]`` for the module this process runs with ``python -m`` and for a module of the
+    ``benchmarks`` package, else ``["python", path, *argv]`` with the script's path relative to
+    the root when inside it. ``argv`` None: ``sys.argv[1:]``;
+    ``script`` (a file path) None: ``sys.argv[0]``."""
     path = Path(script if script is not None else sys.argv[0]).resolve()
+    args = list(sys.argv[1:] if argv is None else argv)
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if main_spec is not None and main_spec.origin and Path(main_spec.origin).resolve() == path:
+        return ["python", "-m", main_spec.name, *args]  # this process runs it as ``python -m``
     try:
-        shown = path.relative_to(ROOT).as_posix()
+        rel = path.relative_to(ROOT)
     except ValueError:
-        shown = str(path)
-    return ["python", shown, *(sys.argv[1:] if argv is None else argv)]
+        return ["python", str(path), *args]
+    if rel.parts[0] == "benchmarks" and rel.suffix == ".py":
+        return ["python", "-m", ".".join(rel.with_suffix("").parts), *args]
+    return ["python", rel.as_posix(), *args]
 
 
 def capture(argv: Sequence[str] | None = None, script: str | None = None) -> dict[str, Any]:

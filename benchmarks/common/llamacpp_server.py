@@ -8,7 +8,7 @@ for two settings its command line cannot give:
 - weight repacking off (llama.cpp's extra CPU buffer types): with it ``llama_decode`` crashed
   (SIGSEGV) on an AVX-512/AMX Xeon, also in llama-cpp-python's own ``Llama`` (on an AVX2 EPYC it
   works and is about 8% faster per one-position pass); off,
-  it runs the same matrix kernels as ``benchmarks/_llamacpp_peer.py`` and structgen's llama.cpp
+  it runs the same matrix kernels as ``benchmarks/common/llamacpp_peer.py`` and structgen's llama.cpp
   backend;
 - ``interrupt_requests`` off: with llama-cpp-python's default, a streaming request is cut short
   (``[DONE]`` after the tokens so far) as soon as another request waits for the model, which
@@ -23,13 +23,12 @@ it gives ``structgen serve``).
 The caller (``serve.py``) removes ``GGML_CPU_TILED_MM`` from this process's environment, so
 llama.cpp keeps its own kernel choice, as a user's server would.
 
-    python benchmarks/_llamacpp_server.py MODEL.gguf --port PORT [--threads 1] [--n-ctx 4096]
+    python -m benchmarks.common.llamacpp_server MODEL.gguf --port PORT [--threads 1] [--n-ctx 4096]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
@@ -42,8 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--alias", default="bench", help="the model name the server answers to")
     args = ap.parse_args(argv)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _llamacpp_peer import no_repack
+    from benchmarks.common.llamacpp_peer import no_repack
 
     no_repack()
     import uvicorn

@@ -7,7 +7,7 @@ Two steps, so that "before" and "after" trees measure the same cases:
    schema's examples and hypothesis-jsonschema instances, serialised with ``canonical_json``
    and tokenized with the Llama-3 tokenizer);
 2. ``--run CASES.json --out OUT.json``: in this process, warm up (a small schema compiled and
-   replayed, then the Unicode-class / formats schema of ``_mask_engines.py``), then per case:
+   replayed, then the Unicode-class / formats schema of ``benchmarks/common/mask_engines.py``), then per case:
    clear structgen's content caches (``StructgenAdapter.clear_caches``), ``gc.collect()``, and
    time compile, ``Matcher`` creation and the first ``fill_bitmask`` (TTFM = their sum); then
    replay the instance and time every ``accept_token`` + ``fill_bitmask`` step; then replay it
@@ -17,10 +17,14 @@ Two steps, so that "before" and "after" trees measure the same cases:
    ``--llguidance`` llguidance runs each case too, in the same process, right before or
    after structgen (alternating).
 
-Run it from the tree to measure (``import structgen`` resolves to the current directory)::
+Run it from the tree to measure (``python -m`` puts the current directory first, so ``import
+structgen`` resolves to it)::
 
-    python benchmarks/_ttfm.py --prepare /tmp/ttfm-cases.json --limit 15
-    python benchmarks/_ttfm.py --run /tmp/ttfm-cases.json --llguidance --phases --out ttfm.json
+    python -m benchmarks.common.ttfm --prepare /tmp/ttfm-cases.json --limit 15
+    python -m benchmarks.common.ttfm --run /tmp/ttfm-cases.json --llguidance --phases --out ttfm.json
+
+In a tree without this module (an older checkout), put this checkout on ``PYTHONPATH``:
+``PYTHONPATH=/path/to/this/checkout python -m benchmarks.common.ttfm --run ...``.
 """
 
 from __future__ import annotations
@@ -37,14 +41,11 @@ from typing import Any
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-ROOT = Path.cwd()
-sys.path.insert(0, str(ROOT))
-sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 
 def prepare(args: argparse.Namespace) -> None:
-    import masks as mb
-    from _mask_engines import load_vocab
+    from benchmarks import masks as mb
+    from benchmarks.common.mask_engines import load_vocab
 
     tok, vocab = load_vocab("llama3")
     ns = argparse.Namespace(no_schemas=False, no_lark=True, smoke=False, data=mb.default_data(),
@@ -101,9 +102,15 @@ class _Phases:
 def run(args: argparse.Namespace) -> None:
     import numpy as np
     import torch
-    from _mask_engines import WARMUP_SCHEMA, WARMUP_TABLES_SCHEMA, WARMUP_TEXT, StructgenAdapter, load_vocab
 
     import structgen
+    from benchmarks.common.mask_engines import (
+        WARMUP_SCHEMA,
+        WARMUP_TABLES_SCHEMA,
+        WARMUP_TEXT,
+        StructgenAdapter,
+        load_vocab,
+    )
 
     data = json.loads(Path(args.run).read_text())
     cases = data["cases"]
@@ -121,7 +128,7 @@ def run(args: argparse.Namespace) -> None:
                                                       compile_options=copts)
     llg = None
     if args.llguidance:
-        from _mask_engines import LlguidanceAdapter
+        from benchmarks.common.mask_engines import LlguidanceAdapter
 
         llg = LlguidanceAdapter(tok, vocab, {})
     words = (vocab.vocab_size + 31) // 32
@@ -189,7 +196,7 @@ def run(args: argparse.Namespace) -> None:
         one(a, warm_case)
         try:
             one(a, {"schema": WARMUP_TABLES_SCHEMA, "tokens": []})
-        except Exception:  # noqa: BLE001 - as in _mask_engines: the compile itself warmed the tables
+        except Exception:  # noqa: BLE001 - as in mask_engines: the compile itself warmed the tables
             pass
     results = []
     t_start = time.time()

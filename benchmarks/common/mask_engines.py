@@ -540,7 +540,7 @@ class _Replayer:
         return res
 
 
-def _worker(engine: str, tok_alias: str, opts: dict[str, Any], conn: Any) -> None:
+def engine_worker(engine: str, tok_alias: str, opts: dict[str, Any], conn: Any) -> None:
     """Worker process main loop: build the adapter, warm it up, then run cases on request."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -605,7 +605,8 @@ class EngineProc:
             self.unavailable = f"not importable: no module named {module!r}"
             return
         parent, child = self.ctx.Pipe()
-        self.proc = self.ctx.Process(target=_worker, args=(self.engine, self.tok_alias, self.opts, child),
+        self.proc = self.ctx.Process(target=engine_worker,
+                                     args=(self.engine, self.tok_alias, self.opts, child),
                                      daemon=True, name=f"masks-{self.engine}")
         self.proc.start()
         child.close()

@@ -1,10 +1,11 @@
 """Bad-input battery: hand-written and generated bad inputs against the API and the CLI.
 
-    python benchmarks/bad_inputs.py            # full battery (a few minutes; builds a tiny model)
-    python benchmarks/bad_inputs.py --smoke    # a quick subset (no model), for CI
-    python benchmarks/bad_inputs.py --out FILE.json --no-table
+    python -m tests.bad_inputs            # full battery (a few minutes; builds a tiny model)
+    python -m tests.bad_inputs --smoke    # a quick subset (no model), for CI
+    python -m tests.bad_inputs --out FILE.json --no-table
 
-Every input runs in a resource-limited worker (``benchmarks/sandbox.py``, shared with the fuzz
+(from the repository root).
+Every input runs in a resource-limited worker (``tests/sandbox.py``, shared with the fuzz
 suite) inside its own temporary folder, and each outcome is classified: a typed error or a
 result (expected), or one of the failures the hardening issue (26) counts -- a crash (a
 non-typed exception or traceback), a hang, a memory overrun, data loss (a file that existed
@@ -14,7 +15,7 @@ canary file's secret appearing in the output, or its access time moving). ``wron
 cases that ran without a crash but not as they should (a result where a typed error is due, or
 an error without the location it must name).
 
-Writes ``benchmarks/results/bad-inputs.json`` (the shared envelope of ``benchmarks/_envelope.py``,
+Writes ``benchmarks/results/bad-inputs.json`` (the shared envelope of ``benchmarks/common/envelope.py``,
 the table and every case) and prints the table as markdown: categories as rows, outcome classes as columns.
 Cases reproducing issue 26's items carry ``issue_item``.
 Side effects: temporary folders (removed), a temporary asset cache, two local sockets.
@@ -38,9 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _envelope  # noqa: E402
-from sandbox import Case, Outcome, Sandbox, known_cause  # noqa: E402
+from benchmarks.common import envelope as envelope_lib
+from tests.sandbox import Case, Outcome, Sandbox, known_cause
 
 ROOT = Path(__file__).resolve().parent.parent
 CATEGORIES = ("schema", "grammar", "regex", "config", "cli", "generation", "asset")
@@ -73,7 +73,7 @@ class BadInput:
 # ---------------------------------------------------------------------------------------------
 
 def call(func: str, **kwargs: Any) -> dict[str, Any]:
-    return {"func": f"bad_inputs:{func}", "kwargs": kwargs}
+    return {"func": f"tests.bad_inputs:{func}", "kwargs": kwargs}
 
 
 def w_validate_instance(schema: Any, instance: Any) -> dict[str, Any]:
@@ -120,10 +120,8 @@ def w_resolve_grammar(**kw: Any) -> dict[str, Any]:
 
 def w_make_tiny_model(folder: str) -> dict[str, Any]:
     """Save the tests' tiny random Llama over the cached GPT-2 tokenizer into ``folder``."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from _tiny_lm import save_tiny_model
-
     from structgen.assets.store import load_tokenizer
+    from tests._tiny_lm import save_tiny_model
 
     save_tiny_model(Path(folder), load_tokenizer("gpt2"))
     return {}
@@ -800,7 +798,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=float, default=20.0, help="default per-input time limit")
     ap.add_argument("--only", default=None, help="comma-separated categories")
     args = ap.parse_args(argv)
-    envelope = _envelope.capture(argv, __file__)
+    envelope = envelope_lib.capture(argv, __file__)
 
     inputs = (schema_inputs() + grammar_inputs() + regex_inputs() + config_inputs() + cli_inputs()
               + asset_inputs())
@@ -865,7 +863,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped {len(skipped)} input(s): " + "; ".join(skipped), file=sys.stderr)
     out = args.out or (None if args.smoke else ROOT / "benchmarks" / "results" / "bad-inputs.json")
     if out is not None:
-        _envelope.write(out, envelope, report)
+        envelope_lib.write(out, envelope, report)
         out.with_suffix(".md").write_text(markdown(rows) + "\n", encoding="utf-8")
     failures = sum(rows["total"][k] for k in ("crash", "hang", "memory", "data_loss", "network",
                                                "file_access"))

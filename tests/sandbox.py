@@ -1,7 +1,7 @@
 """Run untrusted inputs through structgen in a resource-limited worker subprocess.
 
 Shared by the fuzz suite (``tests/test_fuzz_*.py``) and the bad-input battery
-(``benchmarks/bad_inputs.py``). One :class:`Sandbox` owns one worker process, started with
+(``tests/bad_inputs.py``). One :class:`Sandbox` owns one worker process, started with
 an ``RLIMIT_AS`` (address space) limit, that reads cases as JSON lines on stdin and
 answers one JSON line per case on a private pipe. Each case runs under its own SIGALRM
 deadline; the parent enforces a hard deadline on top (a case stuck in C code that ignores the
@@ -156,7 +156,7 @@ class Sandbox:
     def _start(self) -> subprocess.Popen[bytes]:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **self.env}
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")]
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")]
                                             + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         self._stderr = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(

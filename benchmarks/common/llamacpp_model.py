@@ -3,12 +3,9 @@ generate.py and batch.py)."""
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def load(model: str, threads: int, smoke: bool = False) -> tuple[Any, str, str]:
@@ -19,8 +16,7 @@ def load(model: str, threads: int, smoke: bool = False) -> tuple[Any, str, str]:
     from structgen.generation.llamacpp import is_gguf_path, load_gguf
 
     if smoke:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from _tiny_gguf import write_tiny_gguf
+        from tests._tiny_gguf import write_tiny_gguf
 
         path = write_tiny_gguf(Path(tempfile.mkdtemp(prefix="bench-gguf-")) / "tiny.gguf")
         name = "tiny-gguf"
