@@ -773,7 +773,9 @@ def generate_model(model: ModelSource, cls: type[M], prompt: str | None = None,
         kw["messages"] = [{"role": "user", "content": prompt}]
         prompt = None
     r = generate(model, schema=cls, prompt=prompt, **kw)
-    assert isinstance(r, GenerationResult), "generate_model takes one prompt"
+    if not isinstance(r, GenerationResult):
+        raise ConfigError("generate_model takes one prompt (or one conversation in messages=); "
+                          "call it once per prompt")
     if r.value is None:
         raise ModelValidationError(f"generation did not complete a {cls.__name__} "
                                    f"(finish_reason={r.finish_reason}, error={r.error})",
