@@ -14,21 +14,26 @@ One module per host library, all plain grammar-constrained decoding:
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from structgen.errors import IntegrationError, TokenRejectedError
 from structgen.frontends.constraint import compile_constraint
-from structgen.integrations import transformers as _transformers
-from structgen.integrations.vllm_style import REQUEST_TYPES, StructgenBackend, StructgenGrammar
 
 if TYPE_CHECKING:  # pragma: no cover
     from structgen.integrations.transformers import StructgenLogitsProcessor
+    from structgen.integrations.vllm_style import REQUEST_TYPES, StructgenBackend, StructgenGrammar
 
 __all__ = ["IntegrationError", "TokenRejectedError", "StructgenLogitsProcessor", "StructgenBackend",
            "StructgenGrammar", "compile_constraint", "REQUEST_TYPES"]
 
+# Loaded on first access: the mask engine loads numba, which vLLM's worker processes must not
+# see when vLLM loads its plug-in (structgen.integrations.vllm) from this package.
+_LAZY = {"StructgenLogitsProcessor": "transformers", "StructgenBackend": "vllm_style",
+         "StructgenGrammar": "vllm_style", "REQUEST_TYPES": "vllm_style"}
 
-def __getattr__(name: str) -> type:
-    if name == "StructgenLogitsProcessor":  # built on first access: imports transformers
-        return _transformers.StructgenLogitsProcessor
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

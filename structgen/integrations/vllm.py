@@ -54,9 +54,7 @@ from structgen.calls.structural_tag import compile_structural_tag
 from structgen.config import JsonSchemaOptions, SpecConfig
 from structgen.errors import ConfigError, StructgenError, VllmVersionError
 from structgen.frontends.constraint import compile_constraint
-from structgen.generation.drafters import PromptLookupDrafter, canonical_tokens
 from structgen.integrations._shared import allocate_bitmask
-from structgen.masks.matcher import Matcher
 from structgen.masks.vocab import Vocabulary
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -333,6 +331,13 @@ def _build_classes() -> dict[str, type]:
             StructuredOutputBackend,
             StructuredOutputGrammar,
         )
+
+        # The mask engine loads numba, hence llvmlite, whose library wrapper answers any
+        # attribute; vLLM's worker start-up scans the globals of every loaded module and fails
+        # on it. So these load here, on the first structured request, never when vLLM loads
+        # this plug-in in each of its processes (tests/test_vllm.py).
+        from structgen.generation.drafters import PromptLookupDrafter, canonical_tokens
+        from structgen.masks.matcher import Matcher
 
         class _Grammar(StructuredOutputGrammar):
             """One request's grammar state (a structgen Matcher) in vLLM's contract.
