@@ -54,6 +54,15 @@ def test_import_does_not_pull_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(_repo_root()))
 
 
+def test_vllm_plugin_import_loads_no_numba() -> None:
+    """vLLM imports its plug-ins in every process it starts, and its worker start-up scans the
+    globals of every loaded module, which fails on llvmlite's library wrapper: loading the
+    plug-in module must not load numba (the mask engine loads it on first use)."""
+    code = ("import sys, structgen.integrations.vllm; "
+            "bad = [m for m in ('numba', 'llvmlite') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(_repo_root()))
+
+
 def _repo_root():
     from pathlib import Path
 
