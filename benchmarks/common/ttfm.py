@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> None:
 
     def one(adapter: Any, case: dict[str, Any], phases: _Phases | None = None) -> dict[str, Any]:
         adapter.clear_caches()
-        if adapter is sg:  # the regular sub-automata too (content-keyed; masks.py keeps them)
+        if adapter is sg and args.clear_regular:  # content-keyed; masks.py keeps them
             gcomp._REGULAR.clear()
             gcomp._DFA_RULES.clear()
         gc.collect()
@@ -278,6 +278,8 @@ def main() -> None:
                          "(strict, canonical numbers, no value checks), as generate/serve compile")
     ap.add_argument("--llguidance", action="store_true")
     ap.add_argument("--phases", action="store_true")
+    ap.add_argument("--clear-regular", action="store_true",
+                    help="clear the regular sub-automata caches too (benchmarks/masks.py keeps them)")
     ap.add_argument("--only", action="append", help="only cases whose name contains this")
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--out")

@@ -56,6 +56,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Matcher", "vocab_table", "bitmask_words", "fill_bitmasks", "whole_number"]
 
 _TERMINATED = -3  # history marker: EOS was accepted
+_SEEN_MAX = 64  # masks a matcher keeps of configurations it met (shared arrays, not copies)
 
 _VT_LOCK = threading.Lock()
 _VT_CACHE: weakref.WeakKeyDictionary[VocabLike, VocabTable] = weakref.WeakKeyDictionary()
@@ -108,7 +109,7 @@ class Matcher:
     """
 
     __slots__ = ("grammar", "vocab", "_eng", "_masks", "_vt", "_hist", "_eos", "_max_rollback", "_tb",
-                 "_nvocab", "_epoch", "_bm_ok", "_free", "_steps", "__weakref__")
+                 "_nvocab", "_epoch", "_bm_ok", "_free", "_steps", "_seen", "_seen_epoch", "__weakref__")
 
     def __init__(self, grammar: CompiledGrammar, vocab: VocabLike, *,
                  max_rollback: int | None = None) -> None:
@@ -138,6 +139,11 @@ class Matcher:
         self._bm_ok: Target | None = None  # the last bitmask checked
         self._hist: list[int] = []
         self._epoch = 0
+        # masks of settled configurations met by this matcher (epoch ``_seen_epoch``): a
+        # configuration met again (a string's content, an array's separator) skips the
+        # engine's cache and its bookkeeping
+        self._seen: dict[int, NDArray[np.uint32]] = {}
+        self._seen_epoch = -1
         self.reset()
 
     # -- engine epochs ----------------------------------------------------------------------
@@ -188,13 +194,24 @@ class Matcher:
         ep = self._epoch
         if ep == eng.epoch:
             h = self._hist
-            nxt = self._advance(h[-1], tid)
+            cid = h[-1]
+            tb = self._tb
+            if cid >= 0 and tid < len(tb) and tid not in self._eos:  # _advance, inlined
+                free = self._steps.get(cid)
+                if free is not None and free.jumps is not None:
+                    nxt = free.jumps.get(tid, free.usual)
+                else:
+                    data = tb[tid]
+                    nxt = eng.walk(cid, data, ep) if data else -1
+            else:
+                nxt = self._advance(cid, tid)
             if nxt != STALE and eng.epoch == ep:
                 if nxt == -1:
                     return False
                 h.append(nxt)
                 if eng.epoch == ep:  # else a flush may have described the history without it
-                    self._trim()
+                    if self._max_rollback is not None:
+                        self._trim()
                     return True
                 h.pop()
         with eng.lock:  # the tables were flushed: redo the step where no other thread can
@@ -314,6 +331,8 @@ class Matcher:
         m._steps = self._steps
         m._max_rollback = self._max_rollback
         m._bm_ok = None
+        m._seen = {}
+        m._seen_epoch = -1
         with self._eng.lock:
             m._hist = list(self._hist)
             m._epoch = self._epoch
@@ -344,11 +363,21 @@ class Matcher:
         eng = self._eng
         ep = self._epoch
         if ep == eng.epoch:
+            seen = self._seen
+            if self._seen_epoch == ep:
+                m = seen.get(cid)
+                if m is not None:
+                    return m
             m = self._masks.token_mask(cid, vt)
             if eng.epoch == ep:
                 free = self._free.get(cid)
                 if free is None or free.visits >= 0:
                     self._note(cid, m, free)
+                elif free.jumps is None:  # settled: nothing more to count
+                    if self._seen_epoch != ep or len(seen) >= _SEEN_MAX:
+                        seen.clear()
+                        self._seen_epoch = ep
+                    seen[cid] = m
                 return m
         with eng.lock:
             self._sync()
@@ -431,8 +460,7 @@ class Matcher:
         array or tensor that wide, or a row outside ``[0, rows)`` (no negative indices).
         """
         ok = self._bm_ok
-        if ok is None or ok[0] is not bitmask or (ok[4] >= 0 and not isinstance(bitmask, np.ndarray)
-                                                  and bitmask.data_ptr() != ok[4]):
+        if ok is None or ok[0] is not bitmask or (ok[4] >= 0 and bitmask.data_ptr() != ok[4]):
             # checked once per buffer (and again if a CPU tensor's storage moved: resize_, set_)
             ok = self._bm_ok = bitmask_target(bitmask, self._vt.num_words)
         _, host, rows, wide, _ptr = ok
