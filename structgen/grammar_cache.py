@@ -1,7 +1,8 @@
-"""A persistent cache of compiled JSON Schema grammars for the command line.
+"""A persistent cache of compiled JSON Schema grammars, for the command line and the server.
 
-``structgen validate`` compiles the same schema in every run; most of a warm run's time was that
-compile. :func:`compile_json_schema_cached` files each compiled grammar on disk
+``structgen validate`` compiles the same schema in every run, and ``structgen serve`` the same
+response formats after every restart; loading a stored grammar takes a fraction of its compile.
+:func:`compile_json_schema_cached` files each compiled grammar on disk
 (:class:`structgen.grammar.store.GrammarStore`: numpy arrays and a JSON header, checksummed,
 never pickle) under a SHA-256 of everything the result depends on:
 
@@ -35,7 +36,8 @@ from structgen.grammar.compiled import CompiledGrammar
 from structgen.grammar.store import FORMAT_VERSION, GrammarStore
 from structgen.json_types import JsonObject, JsonValue
 
-__all__ = ["cache_folder", "cached_grammar", "code_stamp", "compile_json_schema_cached", "grammar_store"]
+__all__ = ["cache_folder", "cached_grammar", "code_stamp", "compile_json_schema_cached", "grammar_store",
+           "store_grammar"]
 
 _OFF = ("0", "off", "no", "false")
 _STAMP: str | None = None
@@ -153,9 +155,20 @@ def compile_json_schema_cached(schema: JsonObject | bool, *, remotes: Mapping[st
         return got
     cg = compile_json_schema(schema, options=options, compile_options=compile_options,
                              for_generation=for_generation, remotes=remotes or None)
+    store_grammar(schema, cg, remotes=remotes, options=options, compile_options=compile_options)
+    return cg
+
+
+def store_grammar(schema: JsonValue, cg: CompiledGrammar, *, remotes: Mapping[str, JsonValue] | None = None,
+                  options: JsonSchemaOptions | None = None, compile_options: CompileOptions | None = None,
+                  for_generation: bool = True) -> None:
+    """File ``cg``, the grammar :func:`compile_json_schema_cached` would compile for these
+    arguments (compiled elsewhere: in a worker process, say), in the disk cache; nothing
+    happens without a disk cache or for a schema that has no key. A folder that cannot be
+    written is no error."""
+    options = _resolved(options, for_generation)
     store = grammar_store()
     key = None if store is None else _cache_key(schema, remotes, options, compile_options)
     if store is not None and key is not None:
         made = cg.metadata.get("warnings")
         store.put(key, cg, {"warnings": [str(w) for w in made] if isinstance(made, list) else []})
-    return cg

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable, Iterable
+from itertools import chain
 from typing import TYPE_CHECKING, Literal, NamedTuple, TypeAlias, TypedDict
 
 import numpy as np
@@ -190,11 +191,13 @@ class LazyRule:
             def flat(lists: tuple[tuple[int | tuple[int, ...], ...], ...],
                      width: int) -> tuple[NDArray[np.int32], NDArray[np.int32]]:
                 off = np.zeros(len(lists) + 1, dtype=np.int32)
-                off[1:] = np.cumsum(np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists)))
-                items = [e for x in lists for e in x]
-                arr = np.array(items, dtype=np.int32).reshape(-1, width) if width > 1 else \
-                    np.array(items, dtype=np.int32)
-                return off, arr
+                np.cumsum(np.fromiter(map(len, lists), dtype=np.int64, count=len(lists)), out=off[1:])
+                total = int(off[-1])
+                items = chain.from_iterable(lists)
+                if width > 1:  # tuples of ``width`` ints
+                    items = chain.from_iterable(items)  # type: ignore[arg-type]
+                arr = np.fromiter(items, dtype=np.int32, count=total * width)
+                return off, arr.reshape(-1, width) if width > 1 else arr
 
             eo, eps = flat(self._eps, 1)
             do, edges = flat(self._edges, 3)
@@ -636,14 +639,17 @@ def _uses_markers(rule: Rule) -> bool:
     example) is an ordinary byte of that rule, not a check."""
     lo = 0xF8
     if isinstance(rule, LazyRule):
-        edges = rule.csr()[3]  # [m, 3]: (class_lo, class_hi, target); the runtime builds it anyway
-        if not len(edges):
-            return False
         cls = rule._class_of
         # bytes share a class when every state treats them alike: a class with a byte below
-        # 0xF8 in it is no marker class
-        marks = np.setdiff1d(np.unique(cls[lo:]), cls[:lo])
+        # 0xF8 in it is no marker class (nearly always so: the markers are not UTF-8)
+        below = np.zeros(int(cls.max()) + 1, dtype=np.bool_)
+        below[cls[:lo]] = True
+        high = cls[lo:]
+        marks = high[~below[high]]
         if not marks.size:
+            return False
+        edges = rule.csr()[3]  # [m, 3]: (class_lo, class_hi, target); the runtime builds it anyway
+        if not len(edges):
             return False
         hit = (edges[:, 0:1] <= marks[None, :]) & (marks[None, :] <= edges[:, 1:2])
         return bool(hit.any())

@@ -536,8 +536,8 @@ def slice_from(T: Tables, gmode: bool, s: int, q0: int, pd: I8s, depth: int, bud
 
 @njit(cache=True, nogil=True)
 def walk_sliced(full: TrieArrays, rest: TrieArrays, rest_node: I64s, rest_kill: TrieArrays,
-                rest_kill_node: I64s, text: TextArgs, T: Tables, gmode: bool, start: int, pos: I64s,
-                st: I32s, tn: U8s, split: bool, words: U32s, unc: I64s, cnt: I64s) -> KInt:
+                rest_kill_node: I64s, text: TextArgs, slice_words: U32s, T: Tables, gmode: bool, start: int,
+                pos: I64s, st: I32s, tn: U8s, split: bool, words: U32s, unc: I64s, cnt: I64s) -> KInt:
     """The walk of :func:`walk` from ``start`` over the whole vocabulary (trie ``full``), taking
     the text slice whole where it can: at the root, and at every node of more than ``sp[3]``
     descendants whose path so far is plain text, when the node's state can read the slice
@@ -552,7 +552,8 @@ def walk_sliced(full: TrieArrays, rest: TrieArrays, rest_node: I64s, rest_kill: 
     Resumable: ``pos`` = (full-trie node, 0 = the root still to decide, -1 = the root
     took the slice; other-trie node of the walk in progress, or -1; its end; 1 when that
     walk is in ``rest_kill``). ``text`` (a :data:`TextArgs`): the slice, its ``pq`` the scratch
-    slice states of the path. Returns DONE or NEED_GROW."""
+    slice states of the path; ``slice_words``: the slice's tokens as a packed mask. Returns
+    DONE or NEED_GROW."""
     pq, pd, sps, sids, sp = text
     fd, fs = full.depth, full.skip
     # the other tries' walks take no slice
@@ -578,9 +579,8 @@ def walk_sliced(full: TrieArrays, rest: TrieArrays, rest_node: I64s, rest_kill: 
             if v == NEED_GROW:
                 return NEED_GROW
             if v & 1:
-                for k in range(sids.shape[0]):
-                    tid = sids[k]
-                    words[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+                for w in range(slice_words.shape[0]):  # the slice's tokens, packed
+                    words[w] |= slice_words[w]
                 pos[0] = -1
                 pos[1] = 1
                 pos[3] = 1 if v == 3 else 0

@@ -114,8 +114,9 @@ def _warm_tables(arrays: TrieArrays, offs: NDArray[np.int64], lens: NDArray[np.i
         for split in (False, True):
             text = TextArgs(np.zeros(3, np.int64), TEXT_AUTOMATON, sps, ids,
                             np.array([4, 128, 16, 1], np.int64))
-            wk.walk_sliced(arrays, arrays, cnode, arrays, cnode, text, tab.T, gmode, g if gmode else c,
-                           np.array([0, -1, 0, 0], np.int64), st, tn, split, words, unc, cnt)
+            wk.walk_sliced(arrays, arrays, cnode, arrays, cnode, text, np.zeros_like(words), tab.T, gmode,
+                           g if gmode else c, np.array([0, -1, 0, 0], np.int64), st, tn, split, words, unc,
+                           cnt)
 
 
 def _warm() -> None:
@@ -233,14 +234,20 @@ class TextSlice:
     (:func:`structgen.masks._walk_kernels.slice_from`), a node's slice tokens are all accepted,
     and only its subtree in ``trie`` needs a walk
     (:func:`structgen.masks._walk_kernels.walk_sliced`); ``ktrie`` / ``knode``: the same without
-    the tokens of plain text then a control byte, for states that reject those."""
+    the tokens of plain text then a control byte, for states that reject those. ``words``:
+    the slice's tokens as a packed mask (uint32 ``[ceil(vocab_size / 32)]``), OR-ed in whole
+    where the root takes the slice."""
 
-    __slots__ = ("depth", "pd", "sps", "sids", "trie", "cnode", "ktrie", "knode", "size")
+    __slots__ = ("depth", "pd", "sps", "sids", "trie", "cnode", "ktrie", "knode", "size", "words")
 
     def __init__(self, depth: int, pd: NDArray[np.int8], sps: NDArray[np.int64], sids: NDArray[np.int64],
                  trie: Trie, cnode: NDArray[np.int64], ktrie: Trie, knode: NDArray[np.int64]) -> None:
         self.depth, self.pd, self.sps, self.sids, self.trie = depth, pd, sps, sids, trie
         self.cnode, self.ktrie, self.knode, self.size = cnode, ktrie, knode, int(sids.size)
+        nw = (int(trie.id_len.size) + 31) // 32  # the vocabulary's size, in words
+        bits = np.zeros(nw * 32, dtype=np.bool_)
+        bits[sids] = True
+        self.words = np.packbits(bits, bitorder="little").view(np.uint32)
 
 
 def _no_slice() -> TextArgs:
@@ -330,8 +337,8 @@ def walk_sliced(runtime: Runtime, trie: Trie, sl: TextSlice, start: int, gmode: 
     text = TextArgs(pq, sl.pd, sl.sps, sl.sids, sp)
     full, rest, rest_kill = trie.arrays(), ct.arrays(), kt.arrays()
     while True:
-        status = wk.walk_sliced(full, rest, sl.cnode, rest_kill, sl.knode, text, runtime.tab.T, gmode, start,
-                                pos, st, tn, split, words, unc, cnt)
+        status = wk.walk_sliced(full, rest, sl.cnode, rest_kill, sl.knode, text, sl.words, runtime.tab.T,
+                                gmode, start, pos, st, tn, split, words, unc, cnt)
         if status == DONE:
             return unc[: int(cnt[0])]
         runtime.service(int(status))

@@ -65,6 +65,7 @@ from structgen.generation.model import CausalLM, check_context, context_length, 
 from structgen.generation.results import TokenLogprob, is_complete
 from structgen.generation.step import BatchStep, Sequence, StepPlan
 from structgen.grammar.compiled import CompiledGrammar
+from structgen.grammar_cache import cached_grammar, store_grammar
 from structgen.serving.compile_workers import CompileWorkers
 from structgen.serving.submission import TEXT, ChoiceResult, Constraint, EngineRequest, Event, RequestHandle
 from structgen.serving.validity import judge_output, output_check
@@ -256,7 +257,7 @@ class Engine:
         self._workers: CompileWorkers | None = None
         if compile_processes > 0:
             self._workers = CompileWorkers(compile_processes)
-        # grammars the workers compiled, by constraint (the front-ends' caches are theirs)
+        # grammars compiled or loaded from disk, by constraint
         self._compiled: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._compiled_lock = threading.Lock()
         self._cond = threading.Condition()
@@ -443,15 +444,17 @@ class Engine:
             self._cond.notify_all()
 
     def compile(self, constraint: Constraint) -> CompiledGrammar:
-        """The compiled grammar of ``constraint`` (cached by content: by the front-ends, or
-        here for grammars compiled in worker processes)."""
+        """The compiled grammar of ``constraint``, cached by content: in memory (by the
+        front-ends, or here for grammars compiled in worker processes) and, for JSON schemas,
+        on disk (:mod:`structgen.grammar_cache`), so that a restarted server loads the
+        response formats it compiled before instead of compiling them again."""
         options = replace(self.json_options, strict=constraint.strict)
-        if self._workers is None or constraint.unconstrained:
+        if constraint.unconstrained:
             return compile_constraint(constraint.kind, constraint.spec, start=constraint.start,
                                       json_options=options, compile_options=self.compile_options)
         try:
-            key = json.dumps([constraint.kind, constraint.spec, constraint.start, constraint.strict],
-                             separators=(",", ":"))
+            key = json.dumps([constraint.kind, constraint.spec, constraint.start, repr(options),
+                              repr(self.compile_options)], separators=(",", ":"))
         except (TypeError, ValueError, RecursionError):
             key = None
         if key is not None:
@@ -460,8 +463,20 @@ class Engine:
                 if hit is not None:
                     self._compiled.move_to_end(key)
                     return hit
-        grammar = self._workers.compile(constraint.kind, constraint.spec, start=constraint.start,
-                                        json_options=options, compile_options=self.compile_options)
+        # a schema given as JSON (not a path, not a model class): the disk cache's key
+        schema = constraint.spec if constraint.kind == "json" and isinstance(constraint.spec, (dict, bool)) \
+            else None
+        grammar = None if schema is None else cached_grammar(schema, options=options,
+                                                             compile_options=self.compile_options)
+        if grammar is None:
+            if self._workers is None:
+                grammar = compile_constraint(constraint.kind, constraint.spec, start=constraint.start,
+                                             json_options=options, compile_options=self.compile_options)
+            else:
+                grammar = self._workers.compile(constraint.kind, constraint.spec, start=constraint.start,
+                                                json_options=options, compile_options=self.compile_options)
+            if schema is not None:
+                store_grammar(schema, grammar, options=options, compile_options=self.compile_options)
         if key is not None:
             with self._compiled_lock:
                 self._compiled[key] = grammar
