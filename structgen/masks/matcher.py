@@ -30,7 +30,7 @@ import threading
 import weakref
 from collections.abc import Iterable
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -51,6 +51,8 @@ from structgen.masks.vocab import FlatVocabLike, VocabLike
 from structgen.masks.vocab_table import VocabTable
 
 if TYPE_CHECKING:  # pragma: no cover
+    from torch import Tensor
+
     from structgen.masks.buffers import Bitmask, Target
 
 __all__ = ["Matcher", "vocab_table", "bitmask_words", "fill_bitmasks", "whole_number"]
@@ -460,8 +462,9 @@ class Matcher:
         array or tensor that wide, or a row outside ``[0, rows)`` (no negative indices).
         """
         ok = self._bm_ok
-        if ok is None or ok[0] is not bitmask or (ok[4] >= 0 and bitmask.data_ptr() != ok[4]):
-            # checked once per buffer (and again if a CPU tensor's storage moved: resize_, set_)
+        # checked once per buffer (and again if a CPU tensor's storage moved: resize_, set_;
+        # only CPU tensors record a pointer, numpy arrays -1)
+        if ok is None or ok[0] is not bitmask or (ok[4] >= 0 and cast("Tensor", bitmask).data_ptr() != ok[4]):
             ok = self._bm_ok = bitmask_target(bitmask, self._vt.num_words)
         _, host, rows, wide, _ptr = ok
         if type(row) is not int or not 0 <= row < rows:
