@@ -269,6 +269,70 @@ def test_flushing_keeps_accepts_and_masks_exact() -> None:
     assert eng.flushes > 20  # the budget really forced flushes
 
 
+def test_tables_grown_into_room_made_ahead_keep_masks_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Room for the next doubling, made on a background thread (structgen.grammar.growth),
+    holds the same tables as a plain doubling: masks follow the regex oracle, and the
+    doublings did take that room."""
+    import time
+
+    import structgen.grammar.growth as growth
+    import structgen.grammar.runtime as runtime
+    from structgen import compile_regex
+
+    monkeypatch.setattr(runtime, "SPARE_MIN_BYTES", 0)  # every table group gets room made ahead
+    taken = []
+    plain_take = growth.Spares.take
+
+    def take(self: growth.Spares, *a: object) -> object:
+        got = plain_take(self, *a)  # type: ignore[arg-type]
+        taken.append(got is not None)
+        return got
+
+    monkeypatch.setattr(growth.Spares, "take", take)
+    pat = "(a|b)*a(a|b){9}c"
+    rx = re.compile(pat)
+    cg = compile_regex(pat)
+    tokens = [b"a", b"b", b"c", b"ab", b"ba", b"aab", b"bc", b"abc", None]
+    vocab = ToyVocab(tokens, (8,), 9)
+    rng = random.Random(11)
+    for _ in range(40):
+        m = Matcher(cg, vocab)  # type: ignore[arg-type]
+        text = ""
+        for _ in range(rng.randrange(5, 60)):
+            spares = cg.engine.tab.spares
+            end = time.monotonic() + 10
+            while spares._busy and time.monotonic() < end:  # let the room be made
+                time.sleep(0.001)
+            allowed = set(m.allowed_token_ids())
+            for t, tb in enumerate(tokens):
+                want = _viable(rx, "[ab]*", text) and rx.fullmatch(text) is not None if tb is None \
+                    else _viable(rx, "[ab]*", text + tb.decode())
+                assert (t in allowed) == want, (text, t)
+            t = rng.choice([t for t in allowed if t != 8] or [8])
+            assert m.accept_token(t)
+            if t == 8:
+                break
+            text += tokens[t].decode()  # type: ignore[union-attr]
+    assert any(taken)  # some doubling used the room made ahead
+
+
+def test_room_made_ahead_is_taken_only_at_its_shape() -> None:
+    import time
+
+    import structgen.grammar.growth as growth
+
+    spares = growth.Spares()
+    assert spares.prepare("g", [("t", (4, 3), np.dtype(np.int32), 7), ("u", (8,), np.dtype(np.uint8), None)])
+    end = time.monotonic() + 10
+    while spares._busy and time.monotonic() < end:
+        time.sleep(0.001)
+    assert spares.nbytes() == 4 * 3 * 4 + 8
+    assert spares.take("t", (8, 3), np.dtype(np.int32)) is None  # another size: dropped
+    assert spares.take("t", (4, 3), np.dtype(np.int32)) is None
+    got = spares.take("u", (8,), np.dtype(np.uint8))
+    assert got is not None and got.shape == (8,) and spares.nbytes() == 0
+
+
 _RSS_SCRIPT = textwrap.dedent("""
     import random, re, resource, sys
     from structgen import compile_regex

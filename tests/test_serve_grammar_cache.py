@@ -49,8 +49,8 @@ def _masks(grammar: Any, lm: Any, text: str) -> list[bytes]:
 
 
 @pytest.mark.parametrize("processes", [0, 1], ids=["in-process", "worker"])
-def test_a_restarted_server_loads_its_schemas_from_disk(tiny_lm: Any, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch, processes: int) -> None:
+def test_a_restarted_server_loads_its_schemas_from_disk(
+        tiny_lm: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, processes: int) -> None:
     import structgen.frontends.json_schema.compiler as jc
     from structgen.serving.engine import Constraint, Engine
 

@@ -50,6 +50,7 @@ from structgen.errors import ConfigError
 from structgen.grammar import _runtime_kernels as K
 from structgen.grammar import _stack_kernels as S
 from structgen.grammar.gcpause import gc_paused
+from structgen.grammar.growth import SPARE_MIN_BYTES, Spares
 
 if TYPE_CHECKING:  # pragma: no cover
     from structgen.grammar.compiled import CompiledGrammar, Rule
@@ -128,13 +129,14 @@ def _account(delta: int) -> None:
         _process_bytes[0] += delta
 
 
-def _grown(a: NDArray[_G], rows: int, fill: int | None) -> NDArray[_G]:
+def _grown(a: NDArray[_G], rows: int, fill: int | None, into: NDArray[_G] | None = None) -> NDArray[_G]:
     """``a`` with ``rows`` rows, the new ones set to ``fill`` (left unwritten when ``fill`` is
     None: rows the kernels initialise when they intern the row's state, so that fresh pages
-    are first touched as rows come into use, not all at once here)."""
-    b = np.empty((rows,) + a.shape[1:], dtype=a.dtype)
+    are first touched as rows come into use, not all at once here). ``into``: an array of
+    that shape made ahead (:class:`~structgen.grammar.growth.Spares`), already filled."""
+    b = np.empty((rows,) + a.shape[1:], dtype=a.dtype) if into is None else into
     b[: a.shape[0]] = a
-    if fill is not None:
+    if fill is not None and into is None:
         b[a.shape[0]:] = fill
     return b
 
@@ -327,7 +329,37 @@ class RuntimeTables:
         for name, _slot, size, dims in self._DATA:
             setattr(self, name, np.zeros((size,) + dims, dtype=np.int32))
         self.counters[K.N_FRAMES] = 1
+        self.spares = Spares()
+        self._set_triggers()
         self._pack()
+
+    def _set_triggers(self) -> None:
+        """Per group: the row count at which :meth:`prepare_growth` makes room for its next
+        doubling (half its rows: one walk may intern thousands of rows, and the room, faulted
+        in on another core, must be ready before the 7/8 that doubles it), when that room is
+        big enough to be worth it."""
+        self._triggers: list[tuple[int, int, str]] = []
+        for grp, (slot, _rows, cols) in self._GROUPS.items():
+            cap = getattr(self, cols[0][0]).shape[0]
+            if 2 * sum(getattr(self, c[0]).nbytes for c in cols) >= SPARE_MIN_BYTES:
+                self._triggers.append((slot, cap // 2, grp))
+
+    def prepare_growth(self) -> None:
+        """Make room ahead, on a background thread, for the next doubling of every group of
+        tables at least half full (cheap to call often: a few counter reads)."""
+        if not self._triggers:
+            return
+        item = self.counters.item
+        due = [t for t in self._triggers if item(t[0]) >= t[1]]
+        if not due:
+            return
+        for t in due:
+            cols = self._GROUPS[t[2]][2]
+            cap = 2 * getattr(self, cols[0][0]).shape[0]
+            wanted = [(name, (cap,) + dims, np.dtype(dt), None if name in self._LAZY_ROWS else fill)
+                      for name, fill, dims, dt in cols]
+            if self.spares.prepare(t[2], wanted):
+                self._triggers.remove(t)
 
     def _new_hash(self, grp: str, size: int) -> None:
         h = self._HASHES[grp]
@@ -359,9 +391,10 @@ class RuntimeTables:
             if 8 * n < 7 * cap:
                 continue
             cap *= 2
-            for name, fill, _dims, _dt in cols:
+            for name, fill, dims, dt in cols:
                 lazy = name in self._LAZY_ROWS
-                setattr(self, name, _grown(getattr(self, name), cap, None if lazy else fill))
+                spare = self.spares.take(name, (cap,) + dims, np.dtype(dt))
+                setattr(self, name, _grown(getattr(self, name), cap, None if lazy else fill, spare))
             self._new_hash(grp, 2 * cap)
             if grp == "frame":
                 K.rehash_frames(self.frames, n, self.frame_hash_keys, self.frame_hash_ids)
@@ -371,11 +404,12 @@ class RuntimeTables:
             else:
                 K.rehash_seqs(self.state_rule.copy(), self.state_key, self.state_key_data, n,
                               self.state_hash_keys, self.state_hash_ids)
+        self._set_triggers()
         self._pack()
 
     def nbytes(self) -> int:
-        """Bytes held by the table arrays."""
-        return int(sum(a.nbytes for a in self.arrays()))
+        """Bytes held by the table arrays and the room made ahead for their growth."""
+        return int(sum(a.nbytes for a in self.arrays())) + self.spares.nbytes()
 
 
 class Runtime:

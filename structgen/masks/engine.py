@@ -173,6 +173,7 @@ class Engine:
             return m
         self.stats["mask_misses"] += 1
         with self.lock:
+            self.runtime.tab.prepare_growth()  # a new configuration: the tables may fill up soon
             if self.runtime.over_budget():
                 (cid,) = self.runtime.flush((cid,))
                 key = (vt.key, cid)
