@@ -223,7 +223,11 @@ def test_store_rejects_damaged_and_foreign_files(tmp_path: Path) -> None:
                 np.savez(fh, **changed)  # type: ignore[arg-type]
             bad.append((tmp_path / "x.npz").read_bytes())
     header = json.loads(arrays["header"].tobytes())
-    for edit in ({"format": 999}, {"root": 99}, {"rules": [{"kind": "pickle", "name": "x"}]}):
+    table = header["arrays"]
+    for edit in ({"format": 999}, {"root": 99}, {"rules": [{"kind": "pickle", "name": "x"}]},
+                 {"arrays": [[n, "|O", s, at] for n, _dt, s, at in table]},  # objects: never loaded
+                 {"arrays": [[n, dt, s, at + (1 << 30)] for n, dt, s, at in table]},  # past the blob
+                 {"arrays": [[n, dt, [d * 2 for d in s], at] for n, dt, s, at in table]}):
         forged = dict(arrays, header=np.frombuffer(json.dumps({**header, **edit}).encode(), dtype=np.uint8))
         with open(tmp_path / "x.npz", "wb") as fh:
             np.savez(fh, **forged)  # type: ignore[arg-type]

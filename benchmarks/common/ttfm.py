@@ -11,7 +11,9 @@ Two steps, so that "before" and "after" trees measure the same cases:
    clear structgen's content caches (``StructgenAdapter.clear_caches``), ``gc.collect()``, and
    time compile, ``Matcher`` creation and the first ``fill_bitmask`` (TTFM = their sum); then
    replay the instance and time every ``accept_token`` + ``fill_bitmask`` step; then replay it
-   a second time on a fresh matcher (every mask cached: the *warm step*). With ``--phases``
+   a second time on a fresh matcher (every mask cached: the *warm step*). With ``--disk``, the
+   time to first mask of the same grammar loaded from the disk cache, as a restarted
+   ``structgen serve`` gets it (``structgen_disk``). With ``--phases``
    the compile is run once more, cold, with timers around its phases (schema document,
    normaliser, lowering, automaton compile, rule sources, engine set-up). With
    ``--llguidance`` llguidance runs each case too, in the same process, right before or
@@ -191,6 +193,41 @@ def run(args: argparse.Namespace) -> None:
             res["warm_steps_ns"] = warm
         return res
 
+    def one_from_disk(case: dict[str, Any]) -> dict[str, Any]:
+        """Time to first mask when an earlier process stored the grammar (``structgen serve``
+        after a restart): the grammar is compiled and filed in the disk cache, the in-memory
+        caches cleared, then loaded (``compile_json_schema_cached``), a matcher made and the
+        first mask filled."""
+        import structgen.grammar_cache as gcache
+        from structgen.config import JsonSchemaOptions
+
+        opts = JsonSchemaOptions(string_escapes="canonical")
+        copts = sg._copts
+
+        def load() -> Any:
+            return gcache.compile_json_schema_cached(case["schema"], options=opts, compile_options=copts,
+                                                     for_generation=args.mode == "generation")
+
+        sg.clear_caches()
+        load()  # the earlier process: compiled and stored
+        sg.clear_caches()
+        gcache._LOADED.clear()
+        gc.collect()
+        bm.zero_()
+        t0 = clock()
+        compiled = load()
+        t1 = clock()
+        m = sg.new_matcher(compiled)
+        t2 = clock()
+        sg.fill(m, bm)
+        t3 = clock()
+        return {"status": "ok", "compile_ms": (t1 - t0) / 1e6, "matcher_ms": (t2 - t1) / 1e6,
+                "first_fill_ms": (t3 - t2) / 1e6, "ttfm_ms": (t3 - t0) / 1e6}
+
+    if args.disk:
+        import tempfile
+
+        os.environ["STRUCTGEN_GRAMMAR_CACHE"] = tempfile.mkdtemp(prefix="ttfm-grammars-")
     warm_case = {"schema": WARMUP_SCHEMA, "tokens": tok.encode(WARMUP_TEXT, add_special_tokens=False)}
     for a in [sg] + ([llg] if llg else []):
         one(a, warm_case)
@@ -207,6 +244,8 @@ def run(args: argparse.Namespace) -> None:
             order.reverse()
         for name, a in order:
             row[name] = one(a, case)
+        if args.disk and row["structgen"]["status"] == "ok":
+            row["structgen_disk"] = one_from_disk(case)
         if args.phases and row["structgen"]["status"] == "ok":
             ph = _Phases()
             ph.install()
@@ -236,7 +275,7 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     both = [r for r in results if r["structgen"].get("status") == "ok"
             and r.get("llguidance", {}).get("status", "ok") == "ok"]
-    for eng in ("structgen", "llguidance"):
+    for eng in ("structgen", "structgen_disk", "llguidance"):
         rs = [r[eng] for r in both if eng in r]
         if not rs:
             continue
@@ -278,6 +317,8 @@ def main() -> None:
                          "(strict, canonical numbers, no value checks), as generate/serve compile")
     ap.add_argument("--llguidance", action="store_true")
     ap.add_argument("--phases", action="store_true")
+    ap.add_argument("--disk", action="store_true",
+                    help="also time the first mask of a grammar loaded from the disk cache")
     ap.add_argument("--clear-regular", action="store_true",
                     help="clear the regular sub-automata caches too (benchmarks/masks.py keeps them)")
     ap.add_argument("--only", action="append", help="only cases whose name contains this")

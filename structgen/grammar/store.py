@@ -2,10 +2,11 @@
 
 A :class:`~structgen.grammar.compiled.CompiledGrammar` is stored as one ``.npz`` file (numpy's
 zip of ``.npy`` arrays, read with ``allow_pickle=False``: loading never runs code from the file)
-holding the rules' tables as integer arrays plus a JSON header (as a byte array): the format
-version, the cache key the caller filed it under, the grammar's content key, its root, each
-rule's kind and name, the caller's metadata (JSON), and a SHA-256 over every array's dtype, shape
-and bytes. :func:`load_grammar` checks all of it and answers None for anything it does not
+of two byte arrays: the rules' tables (integer and flag arrays) packed into one blob, and a JSON
+header: the format version, the cache key the caller filed it under, the grammar's content key,
+its root, each rule's kind and name, the caller's metadata (JSON), the table of the packed arrays
+(name, dtype, shape, offset; integer and flag dtypes only) and a SHA-256 over that table and the
+blob. :func:`load_grammar` checks all of it and answers None for anything it does not
 recognise (another version, another key, a changed byte, a truncated or foreign file); it never
 raises for a bad file. The lazily built parts of a grammar (DFA states built while matching) are
 not stored: a loaded grammar starts as a freshly compiled one does.
@@ -25,7 +26,7 @@ import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -37,7 +38,7 @@ from structgen.json_types import JsonObject, JsonValue
 __all__ = ["FORMAT_VERSION", "GrammarStore", "load_grammar", "save_grammar"]
 
 #: Bumped whenever the file layout or the meaning of a stored table changes.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _SUFFIX = ".npz"
 
 _T = TypeVar("_T")
@@ -56,16 +57,63 @@ def _csr(lists: Sequence[Sequence[int | tuple[int, ...]]],
 def _rows(off: NDArray[np.generic], items: list[_T]) -> tuple[tuple[_T, ...], ...]:
     """``items`` cut into the rows of a CSR array with offsets ``off``."""
     bounds: list[int] = off.tolist()
-    return tuple(tuple(items[a:b]) for a, b in zip(bounds, bounds[1:]))
+    return tuple(map(tuple, map(items.__getitem__, map(slice, bounds, bounds[1:]))))
 
 
-def _digest(arrays: _Arrays) -> str:
-    h = hashlib.sha256()
+def _tuples(a: NDArray[np.generic]) -> list[Any]:
+    """The rows of a 2-d integer array as tuples of Python ints."""
+    return list(zip(*a.T.tolist())) if a.shape[0] else []
+
+
+def _digest(table: JsonValue, blob: NDArray[np.uint8]) -> str:
+    h = hashlib.sha256(json.dumps(table).encode())
+    h.update(blob.tobytes())
+    return h.hexdigest()
+
+
+#: The dtypes a stored table may have: integers and flags (never objects, so never a pickle).
+_DTYPES = frozenset(np.dtype(t).str for t in (np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32,
+                                               np.uint32, np.int64, np.uint64))
+
+
+def _pack(arrays: _Arrays) -> tuple[list[JsonValue], NDArray[np.uint8]]:
+    """Every array's bytes in one blob (each at an 8-byte boundary) and the table that finds
+    them again: ``[name, dtype, shape, offset]`` per array. One blob loads in one read where
+    one ``.npy`` member per array cost a header parse each."""
+    table: list[JsonValue] = []
+    parts: list[bytes] = []
+    at = 0
     for name in sorted(arrays):
         a = np.ascontiguousarray(arrays[name])
-        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
+        table.append([name, a.dtype.str, list(a.shape), at])
+        data = a.tobytes()
+        pad = -len(data) % 8
+        parts.append(data + b"\0" * pad)
+        at += len(data) + pad
+    return table, np.frombuffer(b"".join(parts), dtype=np.uint8)
+
+
+def _unpack(table: JsonValue, blob: NDArray[np.uint8]) -> dict[str, NDArray[np.integer | np.bool_]]:
+    """The arrays :func:`_pack` stored (read-only views of ``blob``); ValueError for a table
+    that does not describe ``blob`` (a dtype outside :data:`_DTYPES`, a range outside it)."""
+    if not isinstance(table, list):
+        raise ValueError("no array table")
+    out: dict[str, NDArray[np.integer | np.bool_]] = {}
+    for entry in table:
+        if not (isinstance(entry, list) and len(entry) == 4):
+            raise ValueError("bad array entry")
+        name, dt, shape, at = entry
+        if not (isinstance(name, str) and isinstance(dt, str) and dt in _DTYPES and isinstance(shape, list)
+                and all(isinstance(d, int) and d >= 0 for d in shape) and isinstance(at, int) and at >= 0):
+            raise ValueError("bad array entry")
+        dims = [d for d in shape if isinstance(d, int)]
+        dtype = np.dtype(dt)
+        count = 1
+        for d in dims:
+            count *= d
+        _check(at + count * dtype.itemsize <= blob.shape[0])
+        out[name] = np.frombuffer(blob, dtype=dtype, count=count, offset=at).reshape(dims)
+    return out
 
 
 def _encode(cg: CompiledGrammar) -> tuple[list[JsonValue], dict[str, NDArray[np.integer | np.bool_]]]:
@@ -148,10 +196,9 @@ def _decode(rules: JsonValue, arrays: _Arrays) -> tuple[Rule, ...]:
                          & (edges[:, 2] >= 0) & (edges[:, 2] < n)).all()))
             _check(bool(((calls[:, 0] >= 0) & (calls[:, 0] < len(rules)) & (calls[:, 1] >= 0)
                          & (calls[:, 1] < n)).all()))
-            out.append(LazyRule(name, _rows(eps_off, eps.tolist()),
-                                _rows(edge_off, [tuple(e) for e in edges.tolist()]),
-                                _rows(call_off, [tuple(c) for c in calls.tolist()]), end,
-                                np.asarray(class_of, dtype=np.int32), nclass))
+            out.append(LazyRule(name, _rows(eps_off, eps.tolist()), _rows(edge_off, _tuples(edges)),
+                                _rows(call_off, _tuples(calls)), end, np.asarray(class_of, dtype=np.int32),
+                                nclass))
         elif kind == "counted":
             trans, accept = _table(arrays, p)
             lo, hi = _int(r["lo"]), _int(r["hi"])
@@ -173,14 +220,16 @@ def save_grammar(path: str | os.PathLike[str], cg: CompiledGrammar, cache_key: s
     """Write ``cg`` to ``path`` (through a temporary file renamed into place), filed under
     ``cache_key``, with ``metadata`` (JSON-serialisable) to hand back on load."""
     rules, arrays = _encode(cg)
+    table, blob = _pack(arrays)
     header: JsonObject = {"format": FORMAT_VERSION, "cache_key": cache_key, "key": cg.key, "root": cg.root,
-              "rules": rules, "metadata": dict(metadata or {}), "digest": _digest(arrays)}
-    arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+                          "rules": rules, "metadata": dict(metadata or {}), "arrays": table,
+                          "digest": _digest(table, blob)}
+    stored = {"header": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), "blob": blob}
     folder = os.path.dirname(os.fspath(path)) or "."
     fd, tmp = tempfile.mkstemp(prefix=".grammar.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]
+            np.savez_compressed(fh, **stored)  # type: ignore[arg-type]
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -201,12 +250,15 @@ def load_grammar(path: str | os.PathLike[str],
             if not isinstance(z, np.lib.npyio.NpzFile):
                 return None
             with z:
-                arrays = {name: z[name] for name in z.files}
-        header = json.loads(arrays.pop("header").tobytes().decode())
+                if sorted(z.files) != ["blob", "header"]:
+                    return None
+                head, blob = z["header"], z["blob"]
+        header = json.loads(head.tobytes().decode())
         if (not isinstance(header, dict) or header.get("format") != FORMAT_VERSION
-                or header.get("cache_key") != cache_key or header.get("digest") != _digest(arrays)):
+                or header.get("cache_key") != cache_key or blob.dtype != np.uint8 or blob.ndim != 1
+                or header.get("digest") != _digest(header.get("arrays"), blob)):
             return None
-        rules = _decode(header["rules"], arrays)
+        rules = _decode(header["rules"], _unpack(header["arrays"], blob))
         root = _int(header["root"])
         if not 0 <= root < len(rules) or not isinstance(header["key"], str):
             return None
