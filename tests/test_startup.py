@@ -22,6 +22,7 @@ import pytest
 
 from structgen import grammar_cache
 from structgen.frontends.json_schema.compiler import canonical_json, compile_json_schema
+from structgen.grammar.compiled import LazyRule
 from structgen.grammar.store import GrammarStore, load_grammar, save_grammar
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,6 +195,16 @@ def test_store_round_trip(case: int, tmp_path: Path) -> None:
     assert [type(r) for r in loaded.rules] == [type(r) for r in cg.rules]
     assert [r.name for r in loaded.rules] == [r.name for r in cg.rules]
     _same_language(loaded, compile_json_schema(schema), texts)
+    for a, b in zip(loaded.rules, cg.rules):  # a loaded NFA: the same arrays, lists and DFA states
+        if isinstance(b, LazyRule):
+            assert isinstance(a, LazyRule) and a.leaf == b.leaf and a.num_nfa_states == b.num_nfa_states
+            for x, y in zip(a.csr(), b.csr()):
+                assert x.dtype == y.dtype and np.array_equal(x, y)
+            sa, sb = a.__getstate__(), b.__getstate__()
+            assert all(sa[k] == sb[k] for k in ("name", "eps", "edges", "calls", "end", "nclass"))
+            assert np.array_equal(sa["class_of"], sb["class_of"])
+            ra, rb = a.info(0), b.info(0)
+            assert np.array_equal(ra[0], rb[0]) and ra[1:] == rb[1:]
     with zipfile.ZipFile(path) as z:  # numpy arrays only: nothing that could hold a pickle
         assert all(n.endswith(".npy") for n in z.namelist())
     with np.load(path, allow_pickle=False) as z:

@@ -21,7 +21,7 @@ import hashlib
 import threading
 from collections.abc import Callable, Iterable
 from itertools import chain
-from typing import TYPE_CHECKING, Literal, NamedTuple, TypeAlias, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias, TypedDict
 
 import numpy as np
 from numpy.typing import NDArray
@@ -176,10 +176,52 @@ class LazyRule:
         LazyRule.__init__(self, st["name"], st["eps"], st["edges"], st["calls"], st["end"], st["class_of"],
                           st["nclass"])
 
+    @classmethod
+    def from_csr(cls, name: str, csr: _Csr, end: int, class_of: NDArray[np.int32], nclass: int) -> LazyRule:
+        """The rule whose NFA is ``csr`` (the arrays :meth:`csr` gives; a stored grammar's).
+        The compiled runtime reads those arrays as they are; the NFA's Python lists and the
+        rule's own DFA states (:meth:`info`, for the plain-Python paths) are built only when
+        first used."""
+        self = cls.__new__(cls)
+        self.name = name
+        self._end = end
+        self._class_of = class_of
+        self._nclass = nclass
+        self._lock = threading.RLock()
+        self._csr = csr
+        self.leaf = not csr.calls.shape[0]
+        return self
+
+    # the NFA's lists and the DFA states of a rule made by :meth:`from_csr`, built on first use
+    _LISTS = frozenset({"_eps", "_edges", "_ncalls", "_important", "_eclose", "_ids", "_sets", "_info"})
+
+    def __getattr__(self, attr: str) -> object:
+        if attr not in LazyRule._LISTS or "_csr" not in self.__dict__:
+            raise AttributeError(attr)
+        with self.__dict__["_lock"]:
+            if "_eps" not in self.__dict__:
+                c = self._csr
+                assert c is not None  # a rule made by from_csr
+
+                def rows(off: NDArray[np.int32], items: list[Any]) -> tuple[tuple[Any, ...], ...]:
+                    b = off.tolist()
+                    return tuple(map(tuple, map(items.__getitem__, map(slice, b, b[1:]))))
+
+                def pairs(a: NDArray[np.int32]) -> list[Any]:
+                    return list(zip(*a.T.tolist())) if a.shape[0] else []
+
+                self._eps = rows(c.eps_off, c.eps.tolist())
+                self._edges = rows(c.edge_off, pairs(c.edges))
+                self._ncalls = rows(c.call_off, pairs(c.calls))
+                self._reset()
+                self._csr = c  # _reset forgets it
+        return self.__dict__[attr]
+
     @property
     def num_nfa_states(self) -> int:
         """Size of the rule's (trimmed) NFA: fixed at compile time."""
-        return len(self._eps)
+        csr = self.__dict__.get("_csr")
+        return len(self._eps) if csr is None else int(csr.eps_off.shape[0]) - 1
 
     def csr(self) -> _Csr:
         """The NFA as flat arrays for the compiled runtime (:mod:`structgen.grammar._runtime_kernels`),

@@ -31,7 +31,15 @@ from typing import Any, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from structgen.grammar.compiled import CompiledGrammar, CountedRule, DfaRule, LazyRule, ProductRule, Rule
+from structgen.grammar.compiled import (
+    CompiledGrammar,
+    CountedRule,
+    DfaRule,
+    LazyRule,
+    ProductRule,
+    Rule,
+    _Csr,
+)
 from structgen.grammar.fsa import Dfa
 from structgen.json_types import JsonObject, JsonValue
 
@@ -196,9 +204,15 @@ def _decode(rules: JsonValue, arrays: _Arrays) -> tuple[Rule, ...]:
                          & (edges[:, 2] >= 0) & (edges[:, 2] < n)).all()))
             _check(bool(((calls[:, 0] >= 0) & (calls[:, 0] < len(rules)) & (calls[:, 1] >= 0)
                          & (calls[:, 1] < n)).all()))
-            out.append(LazyRule(name, _rows(eps_off, eps.tolist()), _rows(edge_off, _tuples(edges)),
-                                _rows(call_off, _tuples(calls)), end, np.asarray(class_of, dtype=np.int32),
-                                nclass))
+            def i32(a: NDArray[np.generic]) -> NDArray[np.int32]:
+                return np.ascontiguousarray(a, dtype=np.int32)
+
+            # an NFA state is important with byte or call edges, or as the rule's end
+            important = ((np.diff(edge_off) > 0) | (np.diff(call_off) > 0)).astype(np.uint8)
+            important[end] = 1
+            csr = _Csr(i32(eps_off), i32(eps), i32(edge_off), i32(edges), i32(call_off), i32(calls),
+                       important)
+            out.append(LazyRule.from_csr(name, csr, end, i32(class_of), nclass))
         elif kind == "counted":
             trans, accept = _table(arrays, p)
             lo, hi = _int(r["lo"]), _int(r["hi"])
