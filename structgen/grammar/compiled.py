@@ -75,6 +75,17 @@ class _Csr(NamedTuple):
     important: NDArray[np.uint8]
 
 
+def _csr_rows(off: NDArray[np.int32], items: list[Any]) -> tuple[tuple[Any, ...], ...]:
+    """``items`` cut into the rows of a CSR array with offsets ``off``."""
+    b = off.tolist()
+    return tuple(map(tuple, map(items.__getitem__, map(slice, b, b[1:]))))
+
+
+def _int_tuples(a: NDArray[np.int32]) -> list[Any]:
+    """The rows of a 2-d integer array as tuples of Python ints."""
+    return list(zip(*a.T.tolist())) if a.shape[0] else []
+
+
 class LazyState(TypedDict):
     """The pickled (and stored) form of a :class:`LazyRule`: its NFA, none of its DFA states."""
 
@@ -202,17 +213,9 @@ class LazyRule:
             if "_eps" not in self.__dict__:
                 c = self._csr
                 assert c is not None  # a rule made by from_csr
-
-                def rows(off: NDArray[np.int32], items: list[Any]) -> tuple[tuple[Any, ...], ...]:
-                    b = off.tolist()
-                    return tuple(map(tuple, map(items.__getitem__, map(slice, b, b[1:]))))
-
-                def pairs(a: NDArray[np.int32]) -> list[Any]:
-                    return list(zip(*a.T.tolist())) if a.shape[0] else []
-
-                self._eps = rows(c.eps_off, c.eps.tolist())
-                self._edges = rows(c.edge_off, pairs(c.edges))
-                self._ncalls = rows(c.call_off, pairs(c.calls))
+                self._eps = _csr_rows(c.eps_off, c.eps.tolist())
+                self._edges = _csr_rows(c.edge_off, _int_tuples(c.edges))
+                self._ncalls = _csr_rows(c.call_off, _int_tuples(c.calls))
                 self._reset()
                 self._csr = c  # _reset forgets it
         return self.__dict__[attr]

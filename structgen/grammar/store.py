@@ -26,7 +26,6 @@ import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -49,7 +48,6 @@ __all__ = ["FORMAT_VERSION", "GrammarStore", "load_grammar", "save_grammar"]
 FORMAT_VERSION = 2
 _SUFFIX = ".npz"
 
-_T = TypeVar("_T")
 _Arrays = Mapping[str, NDArray[np.integer | np.bool_]]  # the stored tables: integers and flags
 
 
@@ -60,17 +58,6 @@ def _csr(lists: Sequence[Sequence[int | tuple[int, ...]]],
     flat = [v for x in lists for e in x for v in (e if isinstance(e, tuple) else (e,))]
     data = np.array(flat, dtype=np.int64)
     return off, data.reshape(-1, width) if width > 1 else data
-
-
-def _rows(off: NDArray[np.generic], items: list[_T]) -> tuple[tuple[_T, ...], ...]:
-    """``items`` cut into the rows of a CSR array with offsets ``off``."""
-    bounds: list[int] = off.tolist()
-    return tuple(map(tuple, map(items.__getitem__, map(slice, bounds, bounds[1:]))))
-
-
-def _tuples(a: NDArray[np.generic]) -> list[Any]:
-    """The rows of a 2-d integer array as tuples of Python ints."""
-    return list(zip(*a.T.tolist())) if a.shape[0] else []
 
 
 def _digest(table: JsonValue, blob: NDArray[np.uint8]) -> str:
@@ -102,7 +89,7 @@ def _pack(arrays: _Arrays) -> tuple[list[JsonValue], NDArray[np.uint8]]:
 
 
 def _unpack(table: JsonValue, blob: NDArray[np.uint8]) -> dict[str, NDArray[np.integer | np.bool_]]:
-    """The arrays :func:`_pack` stored (read-only views of ``blob``); ValueError for a table
+    """The arrays :func:`_pack` stored (views of ``blob``); ValueError for a table
     that does not describe ``blob`` (a dtype outside :data:`_DTYPES`, a range outside it)."""
     if not isinstance(table, list):
         raise ValueError("no array table")
