@@ -46,7 +46,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
-ASSETS=${STRUCTGEN_ASSETS-llama3 qwen2 gpt2 mistral smollm2-135m qwen2.5-coder-0.5b}
+ASSETS=${STRUCTGEN_ASSETS-llama3 qwen2 gpt2 mistral smollm2-135m qwen2.5-coder-0.5b llama3.1-template mistral-nemo-template}
 TORCH_CPU_VERSION=2.13.0
 
 log() { printf '[setup] %s\n' "$*"; }

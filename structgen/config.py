@@ -134,9 +134,11 @@ class JsonSchemaOptions:
     """How a JSON Schema is turned into a grammar.
 
     whitespace: ``"compact"`` (no whitespace outside strings; the default, what
-        ``json.dumps(v, separators=(",", ":"))`` produces) or ``"flexible"`` (up to
-        ``max_whitespace`` whitespace bytes between tokens; bounded so generation
-        cannot run away on whitespace).
+        ``json.dumps(v, separators=(",", ":"))`` produces), ``"spaced"`` (one space after
+        each ``,`` and ``:``, what ``json.dumps(v)`` and chat templates' ``tojson`` write:
+        the spelling of tool calls in the Hermes, Llama 3 and Mistral formats) or
+        ``"flexible"`` (up to ``max_whitespace`` whitespace bytes between tokens; bounded so
+        generation cannot run away on whitespace).
     max_whitespace: bound used by the flexible mode.
     property_order: ``"schema"`` (declared properties in schema order, then
         additional ones; the default).
@@ -217,7 +219,7 @@ class JsonSchemaOptions:
     regex_dialect: str = "ecma262"
 
     def __post_init__(self) -> None:
-        _check_choice(self, "whitespace", ("compact", "flexible"))
+        _check_choice(self, "whitespace", ("compact", "spaced", "flexible"))
         _check_int(self, "max_whitespace", 0)
         _check_choice(self, "property_order", ("schema",))
         _check_choice(self, "formats", ("enforce", "annotation"))

@@ -337,7 +337,7 @@ def test_models_list(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = run(capsys, "models", "--json")
     assert rc == 0
     rows = lines_of(out)
-    assert [r["alias"] for r in rows] == list(assets.TOKENIZERS) + list(assets.MODELS)
+    assert [r["alias"] for r in rows] == [*assets.TOKENIZERS, *assets.MODELS, *assets.CHAT_TEMPLATES]
     for r in rows:
         assert r["cached"] == (Path(r["path"]) / "manifest.json").is_file()
     rc, out, _ = run(capsys, "models")

@@ -350,6 +350,17 @@ def test_flexible_whitespace() -> None:
     assert not compact.accepts('{ "a":[1]}')
 
 
+def test_spaced_whitespace_is_json_dumps_default_spelling() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}},
+                                               "b": {"type": "object", "additionalProperties": True}}}
+    lang = Lang(schema, whitespace="spaced")
+    for value in ({"a": [1, 2]}, {"a": [], "b": {"x": [1, {"y": None}], "z": "s, t: u"}}, {}):
+        assert lang.accepts(json.dumps(value)), value           # the oracle: json.dumps' separators
+        assert (not lang.accepts(json.dumps(value, separators=(",", ":")))) == (", " in json.dumps(value)
+                                                                                or ": " in json.dumps(value))
+    assert not lang.accepts('{"a": [1,2]}') and not lang.accepts('{"a" : [1, 2]}')
+
+
 def test_max_string_length_option_caps_unbounded_strings() -> None:
     lang = Lang({"type": "string"}, max_string_length=3)
     assert lang.accepts('"abc"') and not lang.accepts('"abcd"')

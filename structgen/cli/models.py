@@ -1,4 +1,5 @@
-"""``structgen models``: the model and tokenizer aliases and the cache (list, pull, path, verify)."""
+"""``structgen models``: model, tokenizer and chat template aliases and the cache (list, pull, path,
+verify)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ __all__ = ["run"]
 def run(args: argparse.Namespace) -> int:
     """List, pull, locate or verify model and tokenizer aliases (see the module docstring)."""
     action = args.action or "list"
-    known = set(pull.TOKENIZERS) | set(pull.MODELS)
+    known = set(pull.TOKENIZERS) | set(pull.MODELS) | set(pull.CHAT_TEMPLATES)
     if action == "list":
         rows = pull.list_aliases()
         if args.json:
@@ -37,10 +38,10 @@ def run(args: argparse.Namespace) -> int:
             mark = " (default)" if r.extra.get("default") else ""
             state = {"ok": "cached", "damaged": "damaged"}.get(r.extra.get("state", ""), "not cached")
             licence = r.licence.split(" (")[0]
-            print(f"{r.kind:9} {r.alias + mark:24} {state:10} {r.download_mb:8.1f} MB  {licence:26} "
+            print(f"{r.kind:13} {r.alias + mark:24} {state:10} {r.download_mb:8.1f} MB  {licence:26} "
                   f"{r.path if r.cached else '-'}")
             for problem in r.extra.get("problems", []):
-                print(f"{'':9} {'':24} damaged: {problem}  (`structgen models pull {r.alias}` rebuilds it)")
+                print(f"{'':13} {'':24} damaged: {problem}  (`structgen models pull {r.alias}` rebuilds it)")
         return EXIT_OK
     if action == "verify":
         return _models_verify(args.aliases, known)
@@ -58,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
                 path = pull.pull(a, force=args.force)
                 print(f"{a}: {path} ({time.perf_counter() - t0:.1f} s)")
             else:
-                fn = store.tokenizer_path if a in pull.TOKENIZERS else store.model_path
+                fn = (store.tokenizer_path if a in pull.TOKENIZERS else
+                      store.chat_template_path if a in pull.CHAT_TEMPLATES else store.model_path)
                 print(fn(a))
         except AssetError as e:
             _err(f"structgen models {action}", str(e))

@@ -58,6 +58,7 @@ from structgen.assets.store import is_gguf_path
 from structgen.errors import AssetError, ConfigError
 from structgen.generation.messages import Message
 from structgen.generation.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
+from structgen.generation.prompts import render_chat_template
 from structgen.masks.vocab import Vocabulary
 
 #: a sequence's saved llama.cpp state (``llama_state_seq_get_data``'s bytes)
@@ -258,16 +259,8 @@ class GGUFTokenizer:
         """Render the GGUF's chat template for ``messages``; token ids when ``tokenize``."""
         if not self.chat_template:
             raise ConfigError(f"{self.name_or_path} has no chat template: give prompt= instead of messages=")
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message: str) -> None:
-            raise ConfigError(f"the model's chat template refused the messages: {message}")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
-        text = env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=self.bos_token,
-            eos_token=self.eos_token, **kwargs)
+        text = render_chat_template(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                                    bos_token=self.bos_token, eos_token=self.eos_token, **kwargs)
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 

@@ -103,8 +103,11 @@ class Lowering(ObjectLowering, NumberLowering):
             self.ws = ir.rep(ir.byteset([9, 10, 13, 32]), 0, options.max_whitespace)
         else:
             self.ws = ir.EMPTY
-        self.comma = ir.seq(ir.lit(","), self.ws)
-        self.colon = ir.seq(self.ws, ir.lit(":"), self.ws)
+        if options.whitespace == "spaced":
+            self.comma, self.colon = ir.lit(", "), ir.lit(": ")
+        else:
+            self.comma = ir.seq(ir.lit(","), self.ws)
+            self.colon = ir.seq(self.ws, ir.lit(":"), self.ws)
         self._cache: dict[Hashable, ir.Expr] = {}
         self._doc_cache: dict[Hashable, object] = {}  # SchemaDoc query results
 
