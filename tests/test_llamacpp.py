@@ -131,6 +131,29 @@ def test_verify_pass_logits_equal_one_position_passes(gguf_paths, weights: str) 
 
 
 @needs_llama_cpp
+def test_scratch_position_only_where_one_column_rounds_otherwise(gguf_paths) -> None:
+    """Float weights always get the scratch position (a one-column product takes another
+    kernel); quantized ones get it only when the one-position pass measured on the scratch
+    sequence differs from a longer pass. Either way the logits of one-position passes equal
+    those of a longer pass (``test_verify_pass_logits_equal_one_position_passes``), and the
+    measurement leaves the sequence's cache as it was."""
+    from structgen.generation.llamacpp import load_gguf
+
+    f32 = load_gguf(gguf_paths["f32"], n_threads=1, n_ctx=1024)
+    assert f32.gguf.float_weights and f32.one_column_exact(f32.ctx) is False
+    q8 = load_gguf(gguf_paths["q8_0"], n_threads=1, n_ctx=1024)
+    assert not q8.gguf.float_weights
+    ids = q8.tokenizer.encode("a few words of a prompt")
+    q8.reset()
+    q8.extend(ids[:-1], all_logits=False)
+    before = q8.extend(ids[-1:])
+    exact = q8.one_column_exact(q8.ctx)
+    assert isinstance(exact, bool) and q8.gguf.one_column_exact == {1: exact}
+    q8.crop(len(ids) - 1)
+    assert torch.equal(q8.extend(ids[-1:]), before)
+
+
+@needs_llama_cpp
 def test_k_quant_passes_are_row_invariant_with_the_tiled_kernel(tmp_path) -> None:
     """On K-quant weights ggml's tiled kernel (on unless GGML_CPU_TILED_MM=0) serves products of
     8+ columns: every position of a 16-position verify pass and of a batched step still equals,

@@ -27,7 +27,7 @@ import structgen
 from structgen.config import SpecConfig
 from structgen.generation import loop as loop_mod
 from structgen.generation.drafters import NgramDrafter
-from structgen.generation.pacing import SequencePacer, StepCost, best_draft_length
+from structgen.generation.pacing import SequencePacer, StepCost, best_draft_length, linear_cost
 
 pytestmark = pytest.mark.assets
 
@@ -114,7 +114,7 @@ def test_best_draft_length_is_the_brute_force_optimum() -> None:
 
         rates = [(b + sum(sum(c[:k]) for c in curves)) / (fixed + b * (k + 1)) for k in range(top + 1)]
         best = max(rates)
-        got = best_draft_length(curves, fixed)
+        got = best_draft_length(curves, linear_cost(fixed))
         assert rates[got] >= best * (1 - 1e-9)
         assert all(r < best * (1 - 1e-12) for r in rates[:got])  # the shortest best length
 

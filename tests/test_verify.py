@@ -639,3 +639,44 @@ def test_triton_backend_on_cpu_without_interpreter(monkeypatch: pytest.MonkeyPat
     finally:
         for k in [k for k in sys.modules if k.endswith("kernels.triton_verify")]:
             del sys.modules[k]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_greedy_cpu_fast_path_matches_the_reference(data: st.DataObject) -> None:
+    """All-greedy verification on the CPU takes a numpy path: the same outputs as the torch
+    reference on the same inputs, ties, masked rows, NaN / +-inf logits and bits past the
+    vocabulary included."""
+    from structgen.generation.verify import VerifyOutput
+    from structgen.kernels.greedy_cpu import verify_greedy
+    from structgen.kernels.torch_ref import verify_reference
+
+    vocab = data.draw(st.integers(1, 100), label="vocab")
+    batch = data.draw(st.integers(1, 4), label="batch")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1), label="seed"))
+    counts = [int(rng.integers(0, 4)) for _ in range(batch)]
+    rows = sum(counts) + batch
+    logits = rng.integers(-3, 4, size=(rows, vocab)).astype(np.float32)
+    specials = rng.random((rows, vocab))
+    logits[specials < 0.02] = np.nan
+    logits[(specials >= 0.02) & (specials < 0.04)] = np.inf
+    logits[(specials >= 0.04) & (specials < 0.08)] = -np.inf
+    allowed = rng.random((rows, vocab)) < rng.uniform(0.0, 1.0)
+    words = (vocab + 31) // 32 + int(rng.integers(0, 2))
+    bits = np.zeros((rows, words * 32), dtype=bool)
+    bits[:, :vocab] = allowed
+    bits[:, vocab:] = rng.random((rows, words * 32 - vocab)) < 0.5     # ignored past the vocabulary
+    bitmask = torch.from_numpy(np.packbits(bits, axis=1, bitorder="little").view(np.int32).copy())
+    drafts = torch.tensor(rng.integers(0, vocab, size=sum(counts)), dtype=torch.int64)
+    cu = torch.tensor(np.cumsum(counts), dtype=torch.int32)
+    max_draft = max(counts) + int(rng.integers(0, 2))
+    got, want = VerifyOutput.allocate(batch, max_draft, torch.device("cpu")), \
+        VerifyOutput.allocate(batch, max_draft, torch.device("cpu"))
+    for mask in (bitmask, None):
+        verify_greedy(drafts, cu, torch.from_numpy(logits), mask, got.output_token_ids, got.num_accepted,
+                      got.num_emitted, got.error_position)
+        verify_reference(drafts, cu, torch.from_numpy(logits), mask, None, None, None, None,
+                         want.output_token_ids, want.num_accepted, want.num_emitted, want.error_position)
+        for a, b in zip((got.output_token_ids, got.num_accepted, got.num_emitted, got.error_position),
+                        (want.output_token_ids, want.num_accepted, want.num_emitted, want.error_position)):
+            assert torch.equal(a, b)

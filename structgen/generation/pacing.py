@@ -7,25 +7,27 @@ float32 CPU pass of a small model costs about twice as much for 6 positions as f
 is then slower than plain decoding. So every step cuts its pre-validated draft to the length
 ``k`` with the best expected tokens per unit of step time::
 
-    rate(k) = (1 + sum_{j<k} P(drafts 0..j all accepted)) / (fixed + k + 1)
+    rate(k) = (1 + sum_{j<k} P(drafts 0..j all accepted)) / cost(k + 1)
 
 with the acceptance probabilities from each drafter's running estimate
 (:meth:`structgen.generation.drafters.Drafter.position_estimate`: per position of its
-segment, a copied value being often right whole or wrong at its first token) and ``fixed`` the cost of a
-pass that does not depend on the number of positions, in units of one position's cost, fitted
-online to the measured step times (:class:`StepCost`). Cutting a pre-validated draft is lossless
-for greedy decoding and keeps sampling exact (what is verified is a prefix of what was drafted,
-its length chosen from the drafters' past record, not from the drafted tokens).
+segment, a copied value being often right whole or wrong at its first token) and ``cost(n)`` the
+time of a pass over ``n`` positions, measured online (:class:`StepCost`): each size's recent
+mean, a line ``fixed + n`` fitted to them for the sizes not measured lately. Cutting a
+pre-validated draft is lossless for greedy decoding and keeps sampling exact (what is verified
+is a prefix of what was drafted, its length chosen from the drafters' past record, not from the
+drafted tokens).
 
 Where speculation does not pay (``k = 0`` is best), a sequence runs plain one-token steps and
 sends a short probe draft now and then (:class:`SequencePacer`), so that it notices when drafts
-start to pay (an output that starts repeating itself); the probes back off while they fail.
+start to pay (an output that starts repeating itself); the probes back off while they do not pay.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,8 +36,8 @@ if TYPE_CHECKING:
     from structgen.generation.drafters import Candidate
     from structgen.generation.model import CausalLM
 
-__all__ = ["SequencePacer", "StepCost", "best_draft_length", "expected_accepts", "pacing_prior",
-           "shared_step_cost"]
+__all__ = ["SequencePacer", "StepCost", "best_draft_length", "expected_accepts", "linear_cost",
+           "pacing_prior", "shared_step_cost"]
 
 
 class StepCost:
@@ -91,21 +93,52 @@ class StepCost:
     def _aged(self, entry: list[float]) -> float:
         return entry[1] * 0.5 ** ((self.observations - entry[2]) / self.HALF_LIFE)
 
-    def fixed_positions(self) -> float:
-        """The position-independent cost of a pass, in units of one position's cost."""
+    def _fresh(self) -> list[tuple[float, float, float]]:
+        """(positions, mean seconds, aged weight) of the means still in the fit."""
         with self._lock:
-            pts = [(float(x), e[0], w) for x, e in self.means.items()
-                   if (w := self._aged(e)) >= self.MIN_WEIGHT]
+            return [(float(x), e[0], w) for x, e in self.means.items()
+                    if (w := self._aged(e)) >= self.MIN_WEIGHT]
+
+    def _line(self, pts: list[tuple[float, float, float]]) -> tuple[float, float] | None:
+        """``(fixed, slope)`` of the weighted least-squares line through ``pts`` (``fixed`` in
+        positions, ``slope`` in seconds per position); None while the sizes span less than
+        :attr:`MIN_SPREAD` positions or the line does not increase."""
         if len(pts) < 2 or max(x for x, _, _ in pts) - min(x for x, _, _ in pts) < self.MIN_SPREAD:
-            return self.prior
+            return None
         sw = sum(w for _, _, w in pts)
         mx = sum(w * x for x, _, w in pts) / sw
         my = sum(w * y for _, y, w in pts) / sw
         sxx = sum(w * (x - mx) ** 2 for x, _, w in pts)
         slope = sum(w * (x - mx) * (y - my) for x, y, w in pts) / sxx
         if slope <= 0:
-            return self.prior
-        return min(max((my - slope * mx) / slope, 0.0), 4 * self.prior + 64)
+            return None
+        return min(max((my - slope * mx) / slope, 0.0), 4 * self.prior + 64), slope
+
+    def fixed_positions(self) -> float:
+        """The position-independent cost of a pass, in units of one position's cost."""
+        line = None if self.fixed else self._line(self._fresh())
+        return self.prior if line is None else line[0]
+
+    def pass_cost(self) -> Callable[[int], float]:
+        """The time of a pass over ``n`` positions, in a unit of its own (only ratios count):
+        the measured mean for a size measured recently, the fitted line for other sizes (the
+        prior line, scaled to the most measured size, while there is no fit). A size's own
+        mean matters where the cost is not a line: on llama.cpp a one-position pass takes a
+        one-column product, a third of a two-position pass's time."""
+        if self.fixed:
+            return linear_cost(self.prior)
+        pts = self._fresh()
+        line = self._line(pts)
+        if line is not None:
+            fixed, slope = line[0] * line[1], line[1]
+        elif pts:
+            x0, y0, _ = max(pts, key=lambda p: p[2])
+            slope = y0 / (self.prior + x0)
+            fixed = self.prior * slope
+        else:
+            return linear_cost(self.prior)
+        measured = {int(x): y for x, y, _ in pts}
+        return lambda n: measured.get(n, fixed + slope * n)
 
 
 _SHARED: weakref.WeakKeyDictionary[object, StepCost] = weakref.WeakKeyDictionary()
@@ -141,11 +174,16 @@ def expected_accepts(cand: Candidate | None, k: int) -> list[float]:
     return out[:k]
 
 
-def best_draft_length(curves: list[list[float]], fixed: float) -> int:
+def linear_cost(fixed: float) -> Callable[[int], float]:
+    """A pass cost of ``fixed + n`` for ``n`` positions (``fixed`` in units of one position)."""
+    return lambda n: fixed + n
+
+
+def best_draft_length(curves: list[list[float]], cost: Callable[[int], float]) -> int:
     """The common draft length (every row padded to it) with the best expected tokens per unit
     of pass time for rows whose drafts have the acceptance ``curves`` (one list per row, see
-    :func:`expected_accepts`; a row's draft is as long as its curve), ``fixed`` the
-    position-independent cost of a pass in positions. Ties go to the shorter draft."""
+    :func:`expected_accepts`; a row's draft is as long as its curve), ``cost(n)`` the time of a
+    pass over ``n`` positions (:meth:`StepCost.pass_cost`). Ties go to the shorter draft."""
     b = len(curves)
     top = max((len(c) for c in curves), default=0)
     best_k, best = 0, -1.0
@@ -153,7 +191,7 @@ def best_draft_length(curves: list[list[float]], fixed: float) -> int:
     for k in range(top + 1):
         if k:
             gain += sum(c[k - 1] for c in curves if len(c) >= k)
-        rate = gain / (fixed + b * (k + 1))
+        rate = gain / cost(b * (k + 1))
         if rate > best * (1 + 1e-9):
             best_k, best = k, rate
     return best_k
@@ -186,7 +224,7 @@ class SequencePacer:
         self.probing = False
         if k <= 0:
             return 0
-        best = best_draft_length([expected_accepts(cand, k)], self.cost.fixed_positions())
+        best = best_draft_length([expected_accepts(cand, k)], self.cost.pass_cost())
         if best > 0:
             self.interval = self.MIN_INTERVAL
             self.skipped = 0
@@ -205,8 +243,12 @@ class SequencePacer:
         grow with the draft: masks, forward, verification) and its ``accepted`` drafts."""
         self.cost.add(positions, seconds)
         if self.probing:
-            self.interval = (self.MIN_INTERVAL if accepted
-                             else min(2 * self.interval, self.MAX_INTERVAL))
+            # a probe counts as paying when its tokens came faster than one-token passes give
+            # them, not merely when a draft was accepted: on llama.cpp a one-position pass costs
+            # a third of a three-position one, and accepted probes would keep probing
+            cost = self.cost.pass_cost()
+            paid = (accepted + 1) * cost(1) > cost(positions)
+            self.interval = self.MIN_INTERVAL if paid else min(2 * self.interval, self.MAX_INTERVAL)
 
 
 def pacing_prior(device: torch.device | str) -> float:

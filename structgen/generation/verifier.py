@@ -274,8 +274,7 @@ def cut_drafts(plans: list[StepPlan], cost: StepCost) -> None:
     top = max(len(p.draft) for p in plans)
     if top == 0:
         return
-    best_k = best_draft_length([expected_accepts(p.cand, len(p.draft)) for p in plans],
-                               cost.fixed_positions())
+    best_k = best_draft_length([expected_accepts(p.cand, len(p.draft)) for p in plans], cost.pass_cost())
     if best_k >= top:
         return
     for p in plans:

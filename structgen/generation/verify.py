@@ -527,7 +527,11 @@ def verify(
 
     if out is None:
         out = VerifyOutput.allocate(batch, max_draft, dev)
-    if name == "torch":
+    if name == "torch" and not sampling and dev.type == "cpu":
+        load_kernels("greedy_cpu").verify_greedy(
+            draft_token_ids, cu_num_draft_tokens, target_logits, bitmask, out.output_token_ids,
+            out.num_accepted, out.num_emitted, out.error_position)
+    elif name == "torch":
         load_kernels("torch_ref").verify_reference(
             draft_token_ids, cu_num_draft_tokens, target_logits, bitmask, draft_probs, temperature,
             thr, unif, out.output_token_ids, out.num_accepted, out.num_emitted, out.error_position)
