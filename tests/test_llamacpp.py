@@ -154,6 +154,28 @@ def test_scratch_position_only_where_one_column_rounds_otherwise(gguf_paths) -> 
 
 
 @needs_llama_cpp
+@pytest.mark.parametrize("weights", ["f32", "q8_0"])
+def test_batched_step_as_one_decode_or_a_decode_per_row_gives_the_same_logits(gguf_paths, weights) -> None:
+    """A batched step runs as one decode or as a decode per row, whichever the measured decode
+    times say is faster (per row only where a lone position needs no scratch position); both
+    give every row the logits of its one-position passes."""
+    from structgen.generation.llamacpp import load_gguf
+
+    lm = load_gguf(gguf_paths[weights], n_threads=1, n_ctx=1024)
+    ids = lm.tokenizer.encode('Extract: {"name": "Bob", "age": 41} and some more of the text')
+    prefixes = [ids[:8], ids[:11], ids[:9]]
+    fed = [[ids[8]], ids[11:14], [ids[9]]]
+    alone = [_logits_one_by_one(lm, p, f) for p, f in zip(prefixes, fed)]
+    for per_row in (False, True, None):
+        kv = lm.new_batch_cache()
+        kv.prefill(prefixes)
+        if per_row is not None and not (per_row and lm.gguf.float_weights):
+            kv._per_row_cheaper = lambda fed, choice=per_row: choice
+        step = kv.extend(fed)
+        assert torch.equal(step, torch.cat(alone)), per_row
+
+
+@needs_llama_cpp
 def test_k_quant_passes_are_row_invariant_with_the_tiled_kernel(tmp_path) -> None:
     """On K-quant weights ggml's tiled kernel (on unless GGML_CPU_TILED_MM=0) serves products of
     8+ columns: every position of a 16-position verify pass and of a batched step still equals,
