@@ -335,6 +335,7 @@ def mask_costs(repeats: int) -> dict[str, Any]:
 
     from structgen.assets.store import load_tokenizer
     from structgen.calls.plan import plan_output
+    from structgen.config import JsonSchemaOptions
     from structgen.frontends.constraint import compile_constraint
     from structgen.integrations import StructgenLogitsProcessor
     from structgen.masks.matcher import Matcher, bitmask_words
@@ -344,7 +345,7 @@ def mask_costs(repeats: int) -> dict[str, Any]:
     vocab = Vocabulary.from_tokenizer(tok)
     plan = plan_output(tools=TOOLS, tool_choice="auto", tool_format="hermes")
     args = {"guest": {"name": "Ann Lee", "vip": True}, "city": "Paris", "nights": 3}
-    args_text = json.dumps(args, separators=(",", ":"))
+    args_text = json.dumps(args)  # the spelling the hermes format writes (and templates show)
     free = ("Sure! I can help with that. Let me look up the hotels for you; one moment please, "
             "I will check the availability in Paris for three nights and book the best one. ") * 3
     free_ids = tok.encode(free, add_special_tokens=False)
@@ -352,7 +353,7 @@ def mask_costs(repeats: int) -> dict[str, Any]:
     arg_ids = tok.encode(args_text, add_special_tokens=False)
     tail = tok.encode('}\n</tool_call>', add_special_tokens=False)
     schema = TOOLS[4]["function"]["parameters"]
-    alone = compile_constraint("json", schema)
+    alone = compile_constraint("json", schema, json_options=JsonSchemaOptions(whitespace="spaced"))
     bm = np.zeros((1, bitmask_words(len(vocab.token_bytes))), dtype=np.int32)
     scores = torch.zeros(1, 128256)
     ones = torch.full((1, bitmask_words(128256)), -1, dtype=torch.int32)

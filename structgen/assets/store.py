@@ -27,7 +27,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -531,6 +531,21 @@ def _not_cached(kind: str, alias: str, path: Path) -> AssetError:
                       f"`structgen models pull {alias}`")
 
 
+def _checked_entry(kind: str, alias: str, known: Mapping[str, object]) -> Path:
+    """The cache folder of ``alias`` of ``kind`` (see :func:`entry_dir`), verified; raises
+    :class:`AssetError` for an alias not in ``known``, one not cached and a damaged entry."""
+    label = kind.replace("-", " ")
+    if alias not in known:
+        raise AssetError(f"unknown {label} alias {alias!r}; known {label}s: {', '.join(sorted(known))}")
+    path = entry_dir(kind, alias)
+    problems = entry_state(path)
+    if problems is None:
+        raise _not_cached(label, alias, path)
+    if problems:
+        raise damaged_error(label, alias, path, problems)
+    return path
+
+
 def tokenizer_path(alias: str) -> Path:
     """The cached Hugging Face tokenizer folder of a tokenizer ``alias``, checked first.
 
@@ -539,16 +554,7 @@ def tokenizer_path(alias: str) -> Path:
     that is not cached and for a damaged entry (naming the file and the problem); the message
     says to run ``structgen models pull ALIAS``.
     """
-    if alias not in TOKENIZERS:
-        raise AssetError(f"unknown tokenizer alias {alias!r}; known tokenizers: "
-                         f"{', '.join(sorted(TOKENIZERS))}")
-    path = entry_dir("tokenizer", alias)
-    problems = entry_state(path)
-    if problems is None:
-        raise _not_cached("tokenizer", alias, path)
-    if problems:
-        raise damaged_error("tokenizer", alias, path, problems)
-    return path
+    return _checked_entry("tokenizer", alias, TOKENIZERS)
 
 
 def model_path(alias: str) -> Path:
@@ -558,15 +564,7 @@ def model_path(alias: str) -> Path:
     Verified and never downloaded, as in :func:`tokenizer_path`; raises :class:`AssetError`
     for an unknown alias, an alias that is not cached and a damaged entry.
     """
-    if alias not in MODELS:
-        raise AssetError(f"unknown model alias {alias!r}; known models: "
-                         f"{', '.join(sorted(MODELS))}")
-    path = entry_dir("model", alias)
-    problems = entry_state(path)
-    if problems is None:
-        raise _not_cached("model", alias, path)
-    if problems:
-        raise damaged_error("model", alias, path, problems)
+    path = _checked_entry("model", alias, MODELS)
     spec = MODELS[alias]
     return path / spec.gguf_name if spec.gguf_only else path
 
@@ -574,16 +572,7 @@ def model_path(alias: str) -> Path:
 def chat_template_path(alias: str) -> Path:
     """The cached ``chat_template.jinja`` of a chat template ``alias``, verified and never
     downloaded, as in :func:`tokenizer_path`."""
-    if alias not in CHAT_TEMPLATES:
-        raise AssetError(f"unknown chat template alias {alias!r}; known chat templates: "
-                         f"{', '.join(sorted(CHAT_TEMPLATES))}")
-    path = entry_dir("chat-template", alias)
-    problems = entry_state(path)
-    if problems is None:
-        raise _not_cached("chat template", alias, path)
-    if problems:
-        raise damaged_error("chat template", alias, path, problems)
-    return path / "chat_template.jinja"
+    return _checked_entry("chat-template", alias, CHAT_TEMPLATES) / "chat_template.jinja"
 
 
 def load_chat_template(alias: str) -> str:
