@@ -219,3 +219,29 @@ def test_step_cost_forgets_pass_sizes_it_no_longer_sees() -> None:
     for positions in (2, 3, 9, 13) * 8:
         c.add(positions, 0.1 + 0.01 * positions)           # quiet machine: cheap positions
     assert c.fixed_positions() > 4 * steep
+
+
+def test_pass_cost_follows_each_size_where_the_cost_is_not_a_line() -> None:
+    """On llama.cpp's CPU build a one-position pass (a matrix-vector product) costs a third of
+    a two-position one: the per-size means carry that, the line only fills unmeasured sizes,
+    and drafts that pay under a line are not sent."""
+    c = StepCost(8.0)
+    times = {1: 0.0195, 2: 0.0708, 3: 0.0903, 4: 0.100, 7: 0.159}
+    for _ in range(4):
+        for n, t in times.items():
+            c.add(n, t)
+    cost = c.pass_cost()
+    assert all(cost(n) == pytest.approx(t) for n, t in times.items())
+    assert cost(3) < cost(5) < cost(7)                           # a line between measured sizes
+    # six forced tokens, always accepted: 7 tokens in 159 ms lose to 7 one-token passes (137 ms)
+    assert best_draft_length([[1.0] * 6], cost) == 0
+    assert best_draft_length([[1.0] * 6], linear_cost(c.fixed_positions())) == 6   # a line says send
+    # a probe whose drafts were all accepted still did not pay: the probes back off
+    pacer = SequencePacer(c)
+    sent = []
+    for _ in range(8 + 16 + 32):
+        k = pacer.length(_Cand(1.0, 2), 2)
+        sent.append(k)
+        pacer.observe(k + 1, times[k + 1], k)
+    probes = [i for i, k in enumerate(sent) if k]
+    assert [b - a for a, b in itertools.pairwise([-1] + probes)] == [8, 16, 32]
