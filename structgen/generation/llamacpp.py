@@ -19,9 +19,9 @@ two or more columns (llamafile's tiled GEMM), so a one-position pass rounds diff
 scratch position (a copy of the token at position 0 of a scratch sequence, removed after the
 pass), so every product has at least two columns -- where that is needed: always for float
 weights, and for quantized ones only when a one-position pass measured once on the scratch
-sequence rounds otherwise than a longer pass (on Qwen2.5-Coder-0.5B Q4_K_M here it does not,
-and a one-position pass then costs 19 ms instead of the scratch position's 70 ms, because a
-one-column product is a matrix-vector product); flash attention (on) processes each query
+sequence rounds otherwise than a longer pass (where it does not, a one-position pass stays a
+matrix-vector product, several times cheaper on a CPU than two columns; figures in
+``docs/guides/llamacpp.md``); flash attention (on) processes each query
 row on its own and skips masked cache cells, so rows of other sequences do not change a row's
 attention either. ggml's tiled K-quant kernel serves products of 8 or more columns (on
 by default; ``GGML_CPU_TILED_MM=0`` turns it off for the process): on a model with K-quant or
@@ -556,8 +556,7 @@ class LlamaCppLM:
         weights; for quantized ones it is measured once per thread count, on ``ctx``'s scratch
         sequence (four positions in one pass against four one-position passes): the answer
         depends on the CPU's kernels, and where it holds a one-position pass costs a
-        one-column product (measured on Qwen2.5-Coder-0.5B Q4_K_M, 1 thread: 19 ms instead of
-        70 ms with the scratch position)."""
+        one-column product, not two columns."""
         if self.gguf.float_weights:
             return False
         threads = self.n_threads or _default_threads()
@@ -705,8 +704,8 @@ class LlamaCppBatchKV:
         faster than one decode of them all (as the measured decode times say), where a lone
         position needs no scratch position (:meth:`LlamaCppLM.one_column_exact`). Either way
         each position's logits are those of its row alone, so this only chooses speed: on a CPU
-        a one-position decode is a matrix-vector product (16 of them: 340 ms, one decode of the
-        16 positions: 425 ms, on Qwen2.5-Coder-0.5B Q4_K_M with 1 thread)."""
+        a one-position decode is a matrix-vector product, and one per row can beat one decode
+        of every row's position."""
         assert self.ctx is not None
         lm, cap = self.lm, self.lm.gguf.max_logit_columns
         if lm.row_invariant and not lm.one_column_exact(self.ctx):

@@ -123,8 +123,8 @@ class StepCost:
         """The time of a pass over ``n`` positions, in a unit of its own (only ratios count):
         the measured mean for a size measured recently, the fitted line for other sizes (the
         prior line, scaled to the most measured size, while there is no fit). A size's own
-        mean matters where the cost is not a line: on llama.cpp a one-position pass takes a
-        one-column product, a third of a two-position pass's time."""
+        mean matters where the cost is not a line: on llama.cpp's CPU build a one-position pass
+        is a matrix-vector product, far cheaper than a two-position one."""
         if self.fixed:
             return linear_cost(self.prior)
         pts = self._fresh()
@@ -244,8 +244,8 @@ class SequencePacer:
         self.cost.add(positions, seconds)
         if self.probing:
             # a probe counts as paying when its tokens came faster than one-token passes give
-            # them, not merely when a draft was accepted: on llama.cpp a one-position pass costs
-            # a third of a three-position one, and accepted probes would keep probing
+            # them, not merely when a draft was accepted: where one-position passes are much
+            # cheaper than longer ones, accepted probes that do not pay would keep probing
             cost = self.cost.pass_cost()
             paid = (accepted + 1) * cost(1) > cost(positions)
             self.interval = self.MIN_INTERVAL if paid else min(2 * self.interval, self.MAX_INTERVAL)
