@@ -284,6 +284,28 @@ def test_counted_string_masks_match_regex_oracle(tokenizer_by_alias, alias: str,
         assert any(shared > 0 for _work, shared in engine_for(g)._hstat.values())
 
 
+def test_nullable_counted_string_masks_match_regex_oracle(tokenizer_by_alias, engine_mode: str) -> None:
+    """A long ``maxLength`` string that may also be ``null``: at every character the
+    configuration has two stacks (the string may end there), and the tokens that leave the
+    string are walked once per class of positions, not once per character. Masks equal the
+    ``regex`` module's partial-match oracle at every step."""
+    from structgen.json_schema import compile_json_schema
+
+    schema = {"type": "object", "additionalProperties": False, "required": ["c"],
+              "properties": {"c": {"type": ["string", "null"], "maxLength": 120}}}
+    ch = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
+    oracle = r'\{' + _key_re("c") + ':(?:"' + ch + r'{0,120}"|null)\}'
+    g = compile_json_schema(schema, for_generation=False)
+    vocab = _ascii_slice(tokenizer_by_alias("llama3"), 3000, seed=5, must=b'abcdehqtx {}":,\\')
+    # 120 characters: through the class of positions far from the bounds up to the last one
+    doc = '{"c":"' + ("a deed, the bead \\\"x\\\" " * 6)[:119] + 'e"}'
+    assert re_oracle.fullmatch(oracle, doc)
+    m, checked = _replay_against_regex(g, vocab, doc, oracle, max_step=4)
+    assert m.is_accepting() and checked > 40
+    if engine_mode in ("default", "split") and native.available() and g.engine.flushes == 0:
+        assert len(engine_for(g).pending_cache) > 0  # the leaving tokens' walks were filed by class
+
+
 def _quoted_viable(data: bytes) -> bool:
     """Whether ``data`` is a prefix of ``x='...';`` where the body is UTF-8 text in which a
     quote appears only doubled (an SQL string literal), by hand: Python's incremental UTF-8

@@ -85,6 +85,7 @@ _SPLIT_COLD_MAX = 1  # stacks of a configuration whose split walks may be missin
 _HORIZON_BUDGET = 4  # pair checks one horizon query may do, per unit of depth
 _HORIZON_HOPS = 64  # predecessors followed back to a state whose class is known
 _HORIZON_MEMO = 500_000  # memoised state pairs kept per engine
+_PENDING_DEPTH = 64  # deepest stack whose context-dependent tokens are filed under its class
 
 #: The split-walk cache's key: (vocabulary key, the top frames' rule states, top first, whether
 #: they are the whole stack) ...
@@ -138,6 +139,10 @@ class Engine:
         # rooted split walks per (vocab, top frames, exact): packed words of the tokens
         # accepted whatever lies below, and the ids of the tokens that depend on it
         self.ci_cache: ByteLru[_SplitKey, _Split] = ByteLru(mask_cache_bytes // 2)
+        # (vocab, whole stack with counted positions by class) -> packed words of its
+        # context-dependent tokens that the stack accepts (:meth:`_pending_key`)
+        self.pending_cache: ByteLru[tuple[str, tuple[int, ...]], NDArray[np.uint32]] = \
+            ByteLru(mask_cache_bytes // 4)
         self._budget: dict[str, BudgetTable] = {}  # vocab key -> its budget table
         # vocab key -> {configuration -> FreeState}; emptied in place on a flush, so that
         # matchers may hold the inner dict
@@ -151,6 +156,7 @@ class Engine:
         """Drop everything keyed by table ids (the runtime flushed its tables)."""
         self.mask_cache.clear()
         self.ci_cache.clear()
+        self.pending_cache.clear()
         for table in self._budget.values():
             table.forget()
         for states in (*self._free.values(), *self._steps.values()):
@@ -325,7 +331,10 @@ class Engine:
         if len(stacks) > _SPLIT_COLD_MAX and self.native:
             cold = 0
             for sid in stacks:
-                if self._context_independent(sid, vt, peek=True) is None:
+                # a stack topped by a counted rule's shared class pays its walk once for
+                # every position of the class (each character of a long maxLength string)
+                if (self._context_independent(sid, vt, peek=True) is None
+                        and not self._shared_count(int(self.runtime.tab.frames[sid, 1]), vt.max_len)):
                     cold += 1
                     if cold > _SPLIT_COLD_MAX:
                         # one walk of the whole configuration visits the trie once, where the
@@ -339,21 +348,58 @@ class Engine:
             certain, uncertain = got
             words |= certain
             if uncertain.size:
-                pending.append((self.runtime.closure_config(sid), uncertain))
-        for single, ids in pending:
-            if ids.size > _WALK_IDS_MAX:
-                self._allowed_into(single, vt, words)  # a trie walk prunes better
-            elif self.native:
-                native.walk_ids(self.runtime, vt.trie(), single, False, ids, words)
-            else:
-                ids = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1) == 0]
-                if ids.size:
-                    ok = self._walk_ids(single, ids, vt)
-                    if ok.size:
-                        _set_bits(words, ok)
+                pending.append((sid, uncertain))
+        for sid, ids in pending:
+            single = self.runtime.closure_config(sid)
+            key = self._pending_key(sid, vt)
+            if key is None:
+                self._walk_pending(single, ids, vt, words)
+                continue
+            # the stack's class (every position of a long counted string over the same
+            # frames) has one answer for these tokens: walked once, from the real stack
+            got_words = self.pending_cache.get(key)
+            if got_words is None:
+                got_words = np.zeros(vt.num_words, dtype=np.uint32)
+                self._walk_pending(single, ids, vt, got_words)
+                self.pending_cache.put(key, got_words, got_words.nbytes)
+            words |= got_words
         if self.runtime.is_accepting(cid) and vt.eos_ids.size:
             _set_bits(words, vt.eos_ids)
         return words
+
+    def _walk_pending(self, single: int, ids: NDArray[np.int64], vt: VocabTable,
+                      words: NDArray[np.uint32]) -> None:
+        """OR into ``words`` the tokens among ``ids`` that configuration ``single`` accepts."""
+        if ids.size > _WALK_IDS_MAX:
+            self._allowed_into(single, vt, words)  # a trie walk prunes better
+        elif self.native:
+            native.walk_ids(self.runtime, vt.trie(), single, False, ids, words)
+        else:
+            ids = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1) == 0]
+            if ids.size:
+                ok = self._walk_ids(single, ids, vt)
+                if ok.size:
+                    _set_bits(words, ok)
+
+    def _pending_key(self, sid: int, vt: VocabTable) -> tuple[str, tuple[int, ...]] | None:
+        """The key under which the context-dependent tokens of stack ``sid`` are filed: its
+        whole chain of frames with counted-rule positions replaced by their class
+        (:meth:`_counted_rep`), which behaves alike on every token; None where no frame is
+        such a position (nothing to share) or the stack is deeper than ``_PENDING_DEPTH``."""
+        fr = self.runtime.tab.frames
+        chain: list[int] = []
+        shared = False
+        s = sid
+        while s != ROOT:
+            if len(chain) >= _PENDING_DEPTH:
+                return None
+            g = int(fr[s, 1])
+            if self._shared_count(g, vt.max_len):
+                shared = True
+                g = self._counted_rep(g, vt.max_len)
+            chain.append(g)
+            s = int(fr[s, 0])
+        return (vt.key, tuple(chain)) if shared else None
 
     def _context_independent(self, sid: int, vt: VocabTable,
                              peek: bool = False) -> _Split | None:
@@ -384,7 +430,8 @@ class Engine:
         known horizon classes), or None; the LRU order is left as it is."""
         got = self.ci_cache.peek((vt.key, chain, exact))
         if got is None:
-            canon = tuple(self._hrep_of.get((vt.max_len, g), g) for g in chain)
+            canon = tuple(self._counted_rep(g, vt.max_len) if self._shared_count(g, vt.max_len)
+                          else self._hrep_of.get((vt.max_len, g), g) for g in chain)
             got = self.ci_cache.peek((vt.key, canon, exact))
         return got
 
@@ -459,18 +506,11 @@ class Engine:
         stat = self._hstat.get(r)
         if stat is None:
             stat = self._hstat[r] = [0, 0]  # [work spent, walks shared]; work -1 = off
-        tab = self.runtime.tab
-        if tab.rule_kind[r] == COUNTED:
-            # (c, s) of item{lo,hi}: within `depth` bytes at most `depth` more items end, so c
-            # matters only through c + k >= lo and c + k < hi for k <= depth: every c in
-            # [lo, hi - depth - 1] behaves alike, and (lo, s) stands for them
-            st = int(tab.state_key[q, 0])
-            c, s = int(tab.state_key_data[st]), int(tab.state_key_data[st + 1])
-            lo, hi = int(tab.rule_lo[r]), int(tab.rule_hi[r])
-            if c == lo or c < lo or c + depth >= hi or lo + depth >= hi:
-                return q
-            stat[1] += 1
-            return self.runtime.intern_state(r, np.array([lo, s], dtype=np.int32))
+        if self.runtime.tab.rule_kind[r] == COUNTED:
+            rep = self._counted_rep(q, depth)
+            if rep != q:
+                stat[1] += 1
+            return rep
         if stat[0] < 0:
             return q
         got = self._hrep_of.get((depth, q))
@@ -509,6 +549,27 @@ class Engine:
         for x in path:
             self._hrep_of[(depth, x)] = rep
         return rep
+
+    def _shared_count(self, q: int, depth: int) -> bool:
+        """Whether rule state ``q`` is a position of a counted rule ``item{lo,hi}`` whose
+        class under :meth:`_counted_rep` holds more than one position."""
+        tab = self.runtime.tab
+        r = self.runtime.rule_of(q)
+        return bool(tab.rule_kind[r] == COUNTED) and int(tab.rule_lo[r]) + depth < int(tab.rule_hi[r])
+
+    def _counted_rep(self, q: int, depth: int) -> int:
+        """The representative of counted-rule state ``q`` = (c, s) of ``item{lo,hi}`` on
+        inputs of at most ``depth`` bytes: within them at most ``depth`` more items end, so c
+        matters only through c + k >= lo and c + k < hi for k <= depth; every c in
+        [lo, hi - depth - 1] behaves alike, and (lo, s) stands for them (hold the lock)."""
+        tab = self.runtime.tab
+        r = self.runtime.rule_of(q)
+        st = int(tab.state_key[q, 0])
+        c, s = int(tab.state_key_data[st]), int(tab.state_key_data[st + 1])
+        lo, hi = int(tab.rule_lo[r]), int(tab.rule_hi[r])
+        if c <= lo or c + depth >= hi:
+            return q
+        return self.runtime.intern_state(r, np.array([lo, s], dtype=np.int32))
 
     def _may_skip(self, g: int) -> bool:
         """Whether a call of the rule starting at rule state ``g`` may return without
@@ -728,6 +789,7 @@ class Engine:
     def memory_bytes(self) -> int:
         """Approximate bytes held by the runtime tables and the mask caches."""
         return int(self.runtime.tab.nbytes() + self.mask_cache.bytes + self.ci_cache.bytes
+                   + self.pending_cache.bytes
                    + 100 * (len(self._hshape) + len(self._hrep_of) + len(self._hpair) + len(self._hfail)))
 
 
