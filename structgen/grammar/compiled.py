@@ -75,6 +75,30 @@ class _Csr(NamedTuple):
     important: NDArray[np.uint8]
 
 
+def _flat_rows(per_rule: list[tuple[tuple[Any, ...], ...]], width: int
+               ) -> list[tuple[NDArray[np.int32], NDArray[np.int32]]]:
+    """Per rule, (offsets [n+1], items) of its rows of ``width``-int tuples (width 1: ints),
+    flattened for all rules in one pass (per-rule numpy calls dominate for small rules)."""
+    rows = [len(lists) for lists in per_rule]
+    sizes = np.fromiter(map(len, chain.from_iterable(per_rule)), dtype=np.int64, count=sum(rows))
+    ends = np.zeros(sizes.shape[0] + 1, dtype=np.int64)
+    np.cumsum(sizes, out=ends[1:])
+    items = chain.from_iterable(chain.from_iterable(per_rule))
+    if width > 1:  # tuples of ``width`` ints
+        items = chain.from_iterable(items)
+    flat = np.fromiter(items, dtype=np.int32, count=int(ends[-1]) * width)
+    if width > 1:
+        flat = flat.reshape(-1, width)
+    out = []
+    at = 0
+    for n in rows:
+        off = ends[at:at + n + 1]
+        first, last = int(off[0]), int(off[-1])
+        out.append(((off - first).astype(np.int32), flat[first:last]))
+        at += n
+    return out
+
+
 def _csr_rows(off: NDArray[np.int32], items: list[Any]) -> tuple[tuple[Any, ...], ...]:
     """``items`` cut into the rows of a CSR array with offsets ``off``."""
     b = off.tolist()
@@ -230,26 +254,32 @@ class LazyRule:
         """The NFA as flat arrays for the compiled runtime (:mod:`structgen.grammar._runtime_kernels`),
         built once: ``(eps_off [n+1], eps, edge_off [n+1], edges [m, 3] (class_lo,
         class_hi, target), call_off [n+1], calls [k, 2] (callee, target), important [n])``,
-        all int32 but ``important`` (uint8)."""
+        all int32 but ``important`` (uint8). :meth:`build_csrs` builds them for many rules
+        at once."""
         got = self._csr
         if got is None:
-            def flat(lists: tuple[tuple[int | tuple[int, ...], ...], ...],
-                     width: int) -> tuple[NDArray[np.int32], NDArray[np.int32]]:
-                off = np.zeros(len(lists) + 1, dtype=np.int32)
-                np.cumsum(np.fromiter(map(len, lists), dtype=np.int64, count=len(lists)), out=off[1:])
-                total = int(off[-1])
-                items = chain.from_iterable(lists)
-                if width > 1:  # tuples of ``width`` ints
-                    items = chain.from_iterable(items)  # type: ignore[arg-type]
-                arr = np.fromiter(items, dtype=np.int32, count=total * width)
-                return off, arr.reshape(-1, width) if width > 1 else arr
-
-            eo, eps = flat(self._eps, 1)
-            do, edges = flat(self._edges, 3)
-            co, calls = flat(self._ncalls, 2)
-            imp = np.array(self._important, dtype=np.uint8)
-            got = self._csr = _Csr(eo, eps, do, edges, co, calls, imp)
+            LazyRule.build_csrs((self,))
+            got = self._csr
+            assert got is not None
         return got
+
+    @staticmethod
+    def build_csrs(rules: Iterable[LazyRule]) -> None:
+        """Give every rule of ``rules`` that has none its flat arrays (:meth:`csr`), built
+        together."""
+        todo = [r for r in rules if r._csr is None]
+        if not todo:
+            return
+        eps = _flat_rows([r._eps for r in todo], 1)
+        edges = _flat_rows([r._edges for r in todo], 3)
+        calls = _flat_rows([r._ncalls for r in todo], 2)
+        imp = np.fromiter(chain.from_iterable(r._important for r in todo), dtype=np.uint8,
+                          count=sum(len(r._important) for r in todo))
+        at = 0
+        for r, (eo, ep), (do, ed), (co, ca) in zip(todo, eps, edges, calls):
+            n = len(r._important)
+            r._csr = _Csr(eo, ep, do, ed, co, ca, imp[at:at + n])
+            at += n
 
     @property
     def num_states(self) -> int:

@@ -173,6 +173,9 @@ def _rule_arrays(rules: tuple[Rule, ...]) -> dict[str, NDArray[np.generic]]:
         nt += t.shape[0]
         return at
 
+    lazy = [rule for rule in rules if rule.kind == "lazy"]
+    if lazy:
+        lazy[0].build_csrs(lazy)  # together: per-rule numpy calls dominate for small rules
     for r, rule in enumerate(rules):
         if rule.kind == "lazy":
             eo, eps, do, edges, co, calls, imp = rule.csr()

@@ -507,10 +507,10 @@ class Engine:
         if stat is None:
             stat = self._hstat[r] = [0, 0]  # [work spent, walks shared]; work -1 = off
         if self.runtime.tab.rule_kind[r] == COUNTED:
-            rep = self._counted_rep(q, depth)
-            if rep != q:
+            counted = self._counted_rep(q, depth)
+            if counted != q:
                 stat[1] += 1
-            return rep
+            return counted
         if stat[0] < 0:
             return q
         got = self._hrep_of.get((depth, q))
