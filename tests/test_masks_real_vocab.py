@@ -281,7 +281,7 @@ def test_counted_string_masks_match_regex_oracle(tokenizer_by_alias, alias: str,
     assert m.is_accepting() and checked > 100
     if engine_mode == "split" and native.available() and g.engine.flushes == 0:
         # walks were shared (a flush of the tables resets these counters)
-        assert any(shared > 0 for _work, shared in engine_for(g)._hstat.values())
+        assert any(shared > 0 for shared in engine_for(g).horizon.shared.values())
 
 
 def test_nullable_counted_string_masks_match_regex_oracle(tokenizer_by_alias, engine_mode: str) -> None:
