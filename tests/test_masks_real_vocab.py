@@ -32,11 +32,11 @@ ALIASES = ["llama3", "qwen2", "gpt2", "mistral"]
 
 @pytest.fixture(params=["default", "split", "deep-split", "numpy"])
 def engine_mode(request, monkeypatch) -> str:
-    """Run a test on each mask path: the default (compiled walks when numba is present),
-    rooted split walks taken for every configuration of several stacks (by default a
-    configuration whose stacks are mostly not yet split is walked whole), the same forced
-    to take more stack frames (any undecided token triggers a deeper top), and the numpy
-    walks."""
+    """Run a test on each mask path: the default (compiled walks when numba is present,
+    counted-repetition positions from item runs), rooted split walks taken for every
+    configuration of several stacks (by default a configuration whose stacks are mostly not
+    yet split is walked whole; counted positions walked too), the same forced to take more
+    stack frames (any undecided token triggers a deeper top), and the numpy walks."""
     from collections import OrderedDict
 
     from structgen.frontends.json_schema import compiler as json_schema
@@ -48,6 +48,7 @@ def engine_mode(request, monkeypatch) -> str:
     monkeypatch.setattr(json_schema, "_CACHE", OrderedDict())
     if request.param in ("split", "deep-split"):
         monkeypatch.setattr(engine, "_SPLIT_COLD_MAX", 1 << 30)
+        monkeypatch.setattr(engine, "_COUNTED_MASKS", False)
     if request.param == "deep-split":
         monkeypatch.setattr(engine, "_WALK_IDS_MAX", 1)
     elif request.param == "numpy":
@@ -282,6 +283,8 @@ def test_counted_string_masks_match_regex_oracle(tokenizer_by_alias, alias: str,
     if engine_mode == "split" and native.available() and g.engine.flushes == 0:
         # walks were shared (a flush of the tables resets these counters)
         assert any(shared > 0 for shared in engine_for(g).horizon.shared.values())
+    if engine_mode == "default" and native.available():
+        assert engine_for(g).counted.hits > 0  # positions answered from item runs
 
 
 def test_nullable_counted_string_masks_match_regex_oracle(tokenizer_by_alias, engine_mode: str) -> None:
@@ -302,8 +305,10 @@ def test_nullable_counted_string_masks_match_regex_oracle(tokenizer_by_alias, en
     assert re_oracle.fullmatch(oracle, doc)
     m, checked = _replay_against_regex(g, vocab, doc, oracle, max_step=4)
     assert m.is_accepting() and checked > 40
-    if engine_mode in ("default", "split") and native.available() and g.engine.flushes == 0:
+    if engine_mode == "split" and native.available() and g.engine.flushes == 0:
         assert len(engine_for(g).pending_cache) > 0  # the leaving tokens' walks were filed by class
+    if engine_mode == "default" and native.available():
+        assert engine_for(g).counted.hits > 0  # positions answered from item runs
 
 
 def _quoted_viable(data: bytes) -> bool:

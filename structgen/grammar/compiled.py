@@ -390,6 +390,16 @@ class CountedRule:
         CountedRule.__init__(self, st["name"], st["trans"], st["accept"], st["lo"], st["hi"])
 
     @property
+    def item_table(self) -> NDArray[np.int32]:
+        """The item's DFA table (int32 ``[n, 256]``, -1 dead; row 0 the start; read only)."""
+        return self._trans
+
+    @property
+    def item_accept(self) -> NDArray[np.bool_]:
+        """Where an item ends (bool ``[n]``; read only)."""
+        return self._accept
+
+    @property
     def num_nfa_states(self) -> int:
         """Rows of the item's table (the compiled size)."""
         return int(self._trans.shape[0])

@@ -629,3 +629,45 @@ def walk_ends(trie: TrieArrays, T: Tables, i: int, end: int, st: I32s, out: I32s
         st[d] = t
         i += 1
     return i, DONE
+
+
+@njit(cache=True, nogil=True)
+def item_runs(trie: TrieArrays, item: I32s, accept: U8s, kind: I8s, count: I32s, cut: I32s) -> None:
+    """How every token reads as a run of items of a prefix-free item table ``item`` (int32
+    ``[n, 256]``, -1 dead, row 0 the start; ``accept``: where an item ends), repeated without
+    bound from the start: per token slot of ``trie``, ``kind`` 0 when the run reads the whole
+    token ending between items, 1 ending inside an item, 2 when it stops between items before
+    byte ``cut`` (the token's rest must be read by what follows the run), 3 when it dies inside
+    an item; ``count``: the items completed before the end or the stop. One depth-first pass,
+    a dead byte settling its whole subtree."""
+    byte, depth, skip, lo, own = trie.byte, trie.depth, trie.skip, trie.lo, trie.own
+    n = byte.shape[0] - 1
+    md = 1
+    for i in range(1, n + 1):
+        if depth[i] > md:
+            md = depth[i]
+    st = np.zeros(md + 1, dtype=np.int32)
+    items = np.zeros(md + 1, dtype=np.int32)
+    i = 1
+    while i <= n:
+        d = depth[i]
+        p = st[d - 1]
+        t = item[p, byte[i]]
+        if t < 0:
+            kd = 2 if p == 0 else 3
+            for q in range(lo[i], lo[skip[i]]):
+                kind[q] = kd
+                count[q] = items[d - 1]
+                cut[q] = d - 1
+            i = skip[i]
+            continue
+        c = items[d - 1]
+        if accept[t]:
+            t = 0
+            c += 1
+        st[d] = t
+        items[d] = c
+        for q in range(lo[i], lo[i] + own[i]):
+            kind[q] = 0 if t == 0 else 1
+            count[q] = c
+        i += 1

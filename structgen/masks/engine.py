@@ -27,6 +27,7 @@ from structgen.grammar import runtime as rt_mod
 from structgen.grammar.runtime import DEAD, ROOT, STALE, UNKNOWN, Runtime
 from structgen.masks import trie as native
 from structgen.masks.budget import BudgetTable
+from structgen.masks.counted_masks import CountedMasks
 from structgen.masks.horizon import HorizonClasses
 from structgen.masks.lru import ByteLru
 from structgen.masks.vocab_table import VocabTable
@@ -84,6 +85,7 @@ _WALK_IDS_MAX = 4096  # above this many context-dependent tokens, walk the trie 
 _SPLIT_DEPTH = 6  # most stack frames a rooted split walk takes
 _SPLIT_COLD_MAX = 1  # stacks of a configuration whose split walks may be missing from the cache
 _PENDING_DEPTH = 64  # deepest stack whose context-dependent tokens are filed under its class
+_COUNTED_MASKS = True  # counted-repetition positions from item runs (structgen.masks.counted_masks)
 
 #: The split-walk cache's key: (vocabulary key, the top frames' rule states, top first, whether
 #: they are the whole stack) ...
@@ -106,6 +108,7 @@ class Engine:
             mask_cache_bytes = DEFAULT_MASK_CACHE_BYTES
         # bounded-horizon equivalence of rule states: which walks states may share
         self.horizon = HorizonClasses(runtime)
+        self.counted = CountedMasks(runtime)  # positions of counted repetitions (maxLength strings)
         # masks: (vocab key, config) -> packed uint32 words
         self.mask_cache: ByteLru[tuple[str, int], NDArray[np.uint32]] = ByteLru(mask_cache_bytes)
         self.stats = {"mask_hits": 0, "mask_misses": 0, "ci_hits": 0, "ci_misses": 0}
@@ -136,6 +139,7 @@ class Engine:
             states.clear()
         self._free_bytes.clear()
         self.horizon.forget()
+        self.counted.forget()
 
     # -- token masks ----------------------------------------------------------------
     def token_mask(self, cid: int, vt: VocabTable) -> NDArray[np.uint32]:
@@ -155,7 +159,9 @@ class Engine:
             if self.runtime.over_budget():
                 (cid,) = self.runtime.flush((cid,))
                 key = (vt.key, cid)
-            m = self._split_mask(cid, vt)
+            m = self.counted.mask(cid, vt) if self.native and _COUNTED_MASKS else None
+            if m is None:
+                m = self._split_mask(cid, vt)
             if m is None:
                 m = np.zeros(vt.num_words, dtype=np.uint32)
                 self._allowed_into(cid, vt, m)

@@ -131,6 +131,8 @@ class Matcher:
         self._eng: Runtime = grammar.engine  # the byte-level runtime
         self._masks = engine_for(grammar)  # token masks over it
         self._vt = vocab_table(vocab)
+        if self._masks.native:
+            self._masks.counted.prepare(self._vt)  # ready by the first maxLength string
         self._tb = self._vt.token_bytes
         self._nvocab = self._vt.vocab_size
         self._eos = frozenset(int(x) for x in vocab.eos_token_ids)

@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["available", "Trie", "trie_for", "TextSlice", "TEXT_AUTOMATON", "SLICE_DEPTH", "SLICE_BUDGET",
            "SLICE_WIDTH", "SLICE_NODES", "walk_trie", "walk_ids", "walk_sliced", "walk_loop_split",
-           "row_shape", "match_nodes"]
+           "row_shape", "match_nodes", "walk_tails", "item_runs"]
 
 DONE = -3
 
@@ -139,6 +139,10 @@ def _warm() -> None:
     tk.loop_split(np.zeros((2, 4), np.uint64), ids, np.zeros(4, np.uint64), words)
     tk.match_nodes(byte, depth, byte, depth, skip, np.zeros(n + 1, np.int64))
     tk.row_shape(np.zeros(256, np.int32), np.zeros(256, np.uint8), np.zeros(256, np.int32))
+    item = np.full((2, 256), -1, dtype=np.int32)
+    item[0, 0x61] = 1
+    wk.item_runs(TrieArrays(byte, depth, skip, lo, own, suf, wf, ids), item, np.array([0, 1], np.uint8),
+                 np.zeros(2, np.int8), np.zeros(2, np.int32), np.zeros(2, np.int32))
 
 
 class Trie:
@@ -298,6 +302,43 @@ def walk_ids(runtime: Runtime, trie: Trie, start: int, gmode: bool, ids: NDArray
         if status == DONE:
             return unc[: int(cnt[0])]
         runtime.service(int(status))
+
+
+def walk_tails(runtime: Runtime, trie: Trie, start: int, ids: NDArray[np.int64], skip: NDArray[np.int64],
+               words: NDArray[np.uint32]) -> None:
+    """OR into ``words`` the tokens among ``ids`` whose bytes after the first ``skip`` (one
+    count per id, each less than the token's length) are consumed from configuration
+    ``start``."""
+    _load()
+    off = trie.id_off.copy()
+    length = trie.id_len.copy()
+    off[ids] += skip
+    length[ids] -= skip
+    pos = np.zeros(4, dtype=np.int64)
+    pos[2] = start
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    unc = np.empty(0, dtype=np.int64)
+    cnt = np.zeros(1, dtype=np.int64)
+    while True:
+        status = wk.walk_ids(off, length, trie.blob, runtime.tab.T, False, start, ids, pos, words, False, unc,
+                             cnt)
+        if status == DONE:
+            return
+        runtime.service(int(status))
+
+
+def item_runs(trie: Trie, item: NDArray[np.int32], accept: NDArray[np.bool_]
+              ) -> tuple[NDArray[np.int8], NDArray[np.int32], NDArray[np.int32]]:
+    """Per token slot of ``trie``: (kind, items, cut) of the token read as a run of the
+    prefix-free item ``item`` / ``accept`` (see :func:`structgen.masks._walk_kernels.item_runs`)."""
+    _load()
+    n = trie.slot_ids.size
+    kind = np.full(n, 3, dtype=np.int8)
+    count = np.zeros(n, dtype=np.int32)
+    cut = np.zeros(n, dtype=np.int32)
+    wk.item_runs(trie.arrays(), np.ascontiguousarray(item, dtype=np.int32),
+                 np.ascontiguousarray(accept, dtype=np.uint8), kind, count, cut)
+    return kind, count, cut
 
 
 def walk_ends(runtime: Runtime, trie: Trie, start: int, *,
