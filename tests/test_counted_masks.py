@@ -13,6 +13,7 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
+from structgen.errors import SchemaError
 from structgen.frontends.json_schema import compiler as json_schema_compiler
 from structgen.grammar import compiler as grammar_compiler
 from structgen.json_schema import compile_json_schema
@@ -38,6 +39,11 @@ SCHEMAS = {
         "type": "object", "required": ["p", "q"], "additionalProperties": False,
         "properties": {"p": {"type": "string", "pattern": "^[a-z]{2,9}$"},
                        "q": {"type": "string", "maxLength": 40}}},
+    "a class run with length bounds": {
+        "type": "object", "required": ["n", "m"], "additionalProperties": False,
+        "properties": {"n": {"type": "string", "pattern": "^[^,\"]+$", "maxLength": 12},
+                       "m": {"type": "string", "pattern": "^[a-z0-9_]{2,300}$", "minLength": 4,
+                             "maxLength": 200}}},
     "two string branches": {
         "type": "object", "required": ["u"], "additionalProperties": False,
         "properties": {"u": {"anyOf": [{"type": "string", "maxLength": 3},
@@ -94,3 +100,42 @@ def test_item_runs_equal_the_walks(llama3: Vocabulary, monkeypatch: pytest.Monke
     if name != "two string branches":
         assert engine_for(fast).counted.hits > 0
     assert engine_for(slow).counted.hits == 0
+
+
+CLASS_RUNS = ["^[^,\"]+$", "^[a-z0-9_]{2,30}$", "^\\d*$", "^(?:[A-Z]){1,4}$", "^[é-ü\\s]+$"]
+
+
+@pytest.mark.parametrize("pattern", CLASS_RUNS)
+@pytest.mark.parametrize("bounds", [(0, 3), (2, 6), (5, 40)])
+def test_a_class_run_with_length_bounds_is_one_repetition(pattern: str, bounds: tuple[int, int]) -> None:
+    """``pattern`` (one class between anchors) with ``minLength`` / ``maxLength``: the bounds
+    narrow the run (one repetition, no intersection automaton), whose language is what
+    jsonschema (reading the pattern as ECMA-262) accepts, string for string, in both escape
+    spellings."""
+    import itertools
+    import json
+
+    import jsonschema
+
+    from structgen.json_schema import schema_for_re_validators
+
+    lo, hi = bounds
+    schema = {"type": "string", "pattern": pattern, "minLength": lo, "maxLength": hi}
+    check = jsonschema.Draft202012Validator(schema_for_re_validators(schema))
+    rng = random.Random(f"{pattern}{bounds}")
+    alphabet = ["a", "Z", "7", "_", ",", '"', "\\", "é", "ü", " ", "\n", "\u2028", "日", "😀"]
+    texts = {"".join(p) for n in range(3) for p in itertools.product(alphabet, repeat=n)}
+    texts |= {"".join(rng.choice(alphabet) for _ in range(rng.randint(0, hi + 2))) for _ in range(400)}
+    texts |= {ch * n for n in range(hi + 3) for ch in "aQ5"}
+    for generation in (False, True):
+        try:
+            g = compile_json_schema(schema, for_generation=generation)
+        except SchemaError:  # the run's bounds and the length bounds do not meet
+            assert not any(check.is_valid(s) for s in texts)
+            continue
+        assert not any(r.kind == "dfa" for r in engine_for(g).rules)  # no intersection automaton
+        for s in sorted(texts):
+            want = check.is_valid(s)
+            spellings = [json.dumps(s, ensure_ascii=False)] + ([] if generation else [json.dumps(s)])
+            for doc in spellings:
+                assert g.accepts(doc) == want, (doc, want)

@@ -45,7 +45,7 @@ from structgen.frontends.json_schema.formulas import (
 )
 from structgen.frontends.json_schema.number_lowering import NumberLowering, number_spellings, trie
 from structgen.frontends.json_schema.object_lowering import ObjectLowering
-from structgen.frontends.json_schema.patterns import CONTENT_ENCODING, Pattern, compile_pattern
+from structgen.frontends.json_schema.patterns import CONTENT_ENCODING, Pattern, class_run, compile_pattern
 from structgen.frontends.json_schema.records import (
     ARR_TOP,
     BOTTOM,
@@ -270,12 +270,24 @@ class Lowering(ObjectLowering, NumberLowering):
             parts: list[ir.Expr] = []
             if pos and hi is None and self.opt.max_string_length is not None:
                 hi = max(lo, self.opt.max_string_length)  # the global cap never empties a schema
-            if hi is not None and lo > hi:
+            pats = sorted(pats)
+            run = (class_run(pats[0].source, pats[0].dialect)
+                   if len(pats) == 1 and (lo > 0 or hi is not None) else None)
+            if run is not None:
+                # one class repeated: the length bounds narrow the run (one counted
+                # repetition) rather than intersect it as a second automaton
+                ranges, plo, phi = run
+                lo2, hi2 = max(lo, plo), hi if phi is None else phi if hi is None else min(hi, phi)
+                item = regex.char_class_expr(ranges, CONTENT_ENCODING[self.escapes])
+                parts.append(self.note(ir.NEVER if hi2 is not None and lo2 > hi2 else ir.rep(item, lo2, hi2),
+                                       "pattern"))
+                pats = []
+            elif hi is not None and lo > hi:
                 parts.append(ir.NEVER)
             elif (lo > 0 or hi is not None) and not (pos and self.formats_imply_length(fmts, lo, hi)):
                 parts.append(self.note(ir.rep(self.any_char(), lo, hi),
                                        "maxLength" if f[2] is not None else "minLength"))
-            for p in sorted(pats):
+            for p in pats:
                 parts.append(self.note(self.pattern(p), "pattern"))
             markers: list[int] = []
             for fm in sorted(fmts) if pos else ():
