@@ -50,7 +50,7 @@ from structgen.errors import GrammarError
 from structgen.frontends import unicode_data as ud
 from structgen.grammar import ir
 
-__all__ = ["ESCAPE_MODES", "json_class", "json_content", "json_dfa", "spellings"]
+__all__ = ["ESCAPE_MODES", "json_char", "json_class", "json_content", "json_dfa", "spellings"]
 
 ESCAPE_MODES = ("all", "canonical")
 
@@ -274,9 +274,17 @@ def json_class(ranges: Sequence[tuple[int, int]], escapes: str = "all") -> ir.Ex
     return _json_class(rs, escapes)
 
 
+@lru_cache(maxsize=4096)
+def json_char(ch: str, escapes: str = "all") -> ir.Expr:
+    """:func:`json_class` of the one character ``ch`` (cached: enumerations and literals
+    spell the same characters over and over)."""
+    cp = ord(ch)
+    return json_class(((cp, cp),), escapes)
+
+
 def json_literal(text: str, escapes: str = "all") -> ir.Expr:
     """Every spelling of the string ``text`` (its content between the quotes)."""
-    return ir.seq(*(json_class(((ord(ch), ord(ch)),), escapes) for ch in text))
+    return ir.seq(*(json_char(ch, escapes) for ch in text))
 
 
 # ---------------------------------------------------------------------------

@@ -262,8 +262,7 @@ class Lowering(ObjectLowering, NumberLowering):
         elif tag == "F":
             e = ir.NEVER
         elif tag == "lits":
-            e = trie((tuple(s) for s in sorted(f[1])),
-                      lambda ch: json_escape.json_class(((ord(ch), ord(ch)),), self.escapes))
+            e = trie((tuple(s) for s in sorted(f[1])), lambda ch: json_escape.json_char(ch, self.escapes))
             self.note(e, "enum")
         elif tag == "c":
             _, lo, hi, pats, fmts = f
