@@ -220,13 +220,17 @@ def test_intersection_limit_names_the_keyword_intersected() -> None:
 
 def test_automaton_size_limit_names_the_keyword_that_makes_the_size() -> None:
     small = {"max_states": 2000}
-    # a length bound on a plain string is a counted repetition (compact, however long); the same bound
-    # on a pattern is a product automaton that grows with the bound: the pattern is named
+    # a length bound on a plain string is a counted repetition (compact, however long), and so is
+    # one on a pattern that is a single class repeated; the same bound on another pattern is a
+    # product automaton that grows with the bound: the pattern is named
     plain = {"type": "object", "properties": {"name": {"type": "string"},
                                               "blob": {"type": "string", "maxLength": 5000}}}
     structgen.compile_json_schema(plain, compile_options=CompileOptions(**small))
-    blob = {"type": "object", "properties": {"name": {"type": "string"}, "blob": {
+    run = {"type": "object", "properties": {"name": {"type": "string"}, "blob": {
         "type": "string", "pattern": "^[a-z]*$", "maxLength": 5000}}}
+    structgen.compile_json_schema(run, compile_options=CompileOptions(**small))
+    blob = {"type": "object", "properties": {"name": {"type": "string"}, "blob": {
+        "type": "string", "pattern": "^[a-z]+(-[a-z]+)*$", "maxLength": 5000}}}
     assert located(CompileLimitError, blob, **small) == ("#/properties/blob", "pattern")
     xs = {"type": "object", "properties": {"name": {"type": "string"}, "xs": {
         "type": "array", "items": {"type": "object", "properties": {"a": {"type": "string"}}},
