@@ -65,6 +65,9 @@ class ItemRuns:
         self.stop_ids = ids[stop]
         self.stop_items = count[stop]
         self.stop_cut = cut[stop].astype(np.int64)
+        # the first byte of each stopping token's rest: most rests die on it
+        self.stop_first = trie.blob[trie.id_off[self.stop_ids] + self.stop_cut] if self.stop_ids.size else \
+            np.zeros(0, dtype=np.uint8)
         self._num_words = vt.num_words
         self._by_room: dict[int, NDArray[np.uint32]] = {}
         self._lock = threading.Lock()
@@ -229,8 +232,9 @@ class CountedMasks:
             return None
         runs = item_runs_for(vt, rule.item_table, rule.item_accept)
         words = np.zeros(vt.num_words, dtype=np.uint32)
-        if runs.stop_ids.size:
-            native.walk_tails(rt, vt.trie(), after, runs.stop_ids, runs.stop_cut, words)
+        live = rt.tab.trans[after][runs.stop_first] >= 0  # rests the caller's first byte lets on
+        if live.any():
+            native.walk_tails(rt, vt.trie(), after, runs.stop_ids[live], runs.stop_cut[live], words)
         ok = ((words[runs.stop_ids >> 5] >> (runs.stop_ids & 31).astype(np.uint32)) & 1).astype(bool)
         ids, items = runs.stop_ids[ok], runs.stop_items[ok]
         order = np.argsort(items, kind="stable")
