@@ -58,7 +58,8 @@ class ItemRuns:
         whole = kind <= 1
         self._whole_ids = ids[whole]
         self._whole_need = count[whole] + kind[whole]  # an item begun needs room too
-        order = np.argsort(self._whole_need, kind="stable")
+        # (a token's items are at most its bytes: 16-bit keys, which numpy sorts by radix)
+        order = np.argsort(self._whole_need.astype(np.int16), kind="stable")
         self._whole_ids = self._whole_ids[order]
         self._whole_need = self._whole_need[order]
         stop = kind == 2
@@ -237,7 +238,7 @@ class CountedMasks:
             native.walk_tails(rt, vt.trie(), after, runs.stop_ids[live], runs.stop_cut[live], words)
         ok = ((words[runs.stop_ids >> 5] >> (runs.stop_ids & 31).astype(np.uint32)) & 1).astype(bool)
         ids, items = runs.stop_ids[ok], runs.stop_items[ok]
-        order = np.argsort(items, kind="stable")
+        order = np.argsort(items.astype(np.int16), kind="stable")
         return _Family(runs, ids[order], items[order])
 
 
