@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
     #: A packed token bitmask: int32 ``[rows, >= ceil(vocab_size / 32)]``, numpy or torch.
     Bitmask: TypeAlias = NDArray[np.int32] | torch.Tensor
 
-__all__ = ["bitmask_words", "whole_number", "bitmask_kind", "bitmask_target", "write_row", "row_index"]
+__all__ = ["bitmask_words", "whole_number", "bitmask_kind", "bitmask_target", "write_row", "row_index",
+           "set_bits"]
 
 
 def bitmask_words(vocab_size: int) -> int:
@@ -111,3 +112,8 @@ def row_index(row: object, rows: int) -> int:
     if not 0 <= row < rows:
         raise MatcherUsageError(f"row {row} is out of range for a bitmask of {rows} rows")
     return row
+
+
+def set_bits(words: NDArray[np.uint32], ids: NDArray[np.int64]) -> None:
+    """Set the bits of token ids ``ids`` in packed mask words (bit ``t & 31`` of word ``t >> 5``)."""
+    np.bitwise_or.at(words, ids >> 5, np.uint32(1) << (ids & 31).astype(np.uint32))

@@ -35,6 +35,7 @@ from numpy.typing import NDArray
 
 from structgen.grammar.runtime import COUNTED, ROOT
 from structgen.masks import trie as native
+from structgen.masks.buffers import set_bits
 
 if TYPE_CHECKING:  # pragma: no cover
     from structgen.grammar.runtime import Runtime
@@ -66,9 +67,13 @@ class ItemRuns:
         self.stop_ids = ids[stop]
         self.stop_items = count[stop]
         self.stop_cut = cut[stop].astype(np.int64)
-        # the first byte of each stopping token's rest: most rests die on it
-        self.stop_first = trie.blob[trie.id_off[self.stop_ids] + self.stop_cut] if self.stop_ids.size else \
-            np.zeros(0, dtype=np.uint8)
+        # per token id, where the rest of a stopping token begins in the trie's blob and how long
+        # it is (other tokens whole), for the rest walks of every caller
+        self.rest_off = trie.id_off.copy()
+        self.rest_len = trie.id_len.copy()
+        self.rest_off[self.stop_ids] += self.stop_cut
+        self.rest_len[self.stop_ids] -= self.stop_cut
+        self.stop_first = trie.blob[self.rest_off[self.stop_ids]]  # most rests die on their first byte
         self._num_words = vt.num_words
         self._by_room: dict[int, NDArray[np.uint32]] = {}
         self._lock = threading.Lock()
@@ -213,9 +218,9 @@ class CountedMasks:
         a = int(np.searchsorted(fam.items, lo - c, side="left"))
         b = int(np.searchsorted(fam.items, hi - c, side="right"))
         if b > a:
-            _set_bits(words, fam.ids[a:b])
+            set_bits(words, fam.ids[a:b])
         if rt.is_accepting(cid) and vt.eos_ids.size:
-            _set_bits(words, vt.eos_ids)
+            set_bits(words, vt.eos_ids)
         return words
 
     def _family(self, vt: VocabTable, caller: int, r: int) -> _Family | None:
@@ -235,12 +240,9 @@ class CountedMasks:
         words = np.zeros(vt.num_words, dtype=np.uint32)
         live = rt.tab.trans[after][runs.stop_first] >= 0  # rests the caller's first byte lets on
         if live.any():
-            native.walk_tails(rt, vt.trie(), after, runs.stop_ids[live], runs.stop_cut[live], words)
+            native.walk_tails(rt, vt.trie(), after, runs.stop_ids[live], runs.rest_off, runs.rest_len, words)
         ok = ((words[runs.stop_ids >> 5] >> (runs.stop_ids & 31).astype(np.uint32)) & 1).astype(bool)
         ids, items = runs.stop_ids[ok], runs.stop_items[ok]
         order = np.argsort(items.astype(np.int16), kind="stable")
         return _Family(runs, ids[order], items[order])
 
-
-def _set_bits(words: NDArray[np.uint32], ids: NDArray[np.int64]) -> None:
-    np.bitwise_or.at(words, ids >> 5, np.uint32(1) << (ids & 31).astype(np.uint32))

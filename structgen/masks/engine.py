@@ -27,6 +27,7 @@ from structgen.grammar import runtime as rt_mod
 from structgen.grammar.runtime import DEAD, ROOT, STALE, UNKNOWN, Runtime
 from structgen.masks import trie as native
 from structgen.masks.budget import BudgetTable
+from structgen.masks.buffers import set_bits
 from structgen.masks.counted_masks import CountedMasks
 from structgen.masks.horizon import HorizonClasses
 from structgen.masks.lru import ByteLru
@@ -166,7 +167,7 @@ class Engine:
                 m = np.zeros(vt.num_words, dtype=np.uint32)
                 self._allowed_into(cid, vt, m)
                 if self.runtime.is_accepting(cid) and vt.eos_ids.size:
-                    _set_bits(m, vt.eos_ids)
+                    set_bits(m, vt.eos_ids)
             self.mask_cache.put(key, m, m.nbytes)
         return m
 
@@ -342,7 +343,7 @@ class Engine:
                 self.pending_cache.put(key, got_words, got_words.nbytes)
             words |= got_words
         if self.runtime.is_accepting(cid) and vt.eos_ids.size:
-            _set_bits(words, vt.eos_ids)
+            set_bits(words, vt.eos_ids)
         return words
 
     def _walk_pending(self, single: int, ids: NDArray[np.int64], vt: VocabTable,
@@ -357,7 +358,7 @@ class Engine:
             if ids.size:
                 ok = self._walk_ids(single, ids, vt)
                 if ok.size:
-                    _set_bits(words, ok)
+                    set_bits(words, ok)
 
     def _pending_key(self, sid: int, vt: VocabTable) -> tuple[str, tuple[int, ...]] | None:
         """The key under which the context-dependent tokens of stack ``sid`` are filed: its
@@ -409,8 +410,7 @@ class Engine:
         known horizon classes), or None; the LRU order is left as it is."""
         got = self.ci_cache.peek((vt.key, chain, exact))
         if got is None:
-            canon = tuple(self.horizon.counted_rep(g, vt.max_len) if self.horizon.shared_count(g, vt.max_len)
-                          else self.horizon.known_rep(g, vt.max_len) for g in chain)
+            canon = tuple(self.horizon.known_rep(g, vt.max_len) for g in chain)
             got = self.ci_cache.peek((vt.key, canon, exact))
         return got
 
@@ -569,7 +569,7 @@ class Engine:
         if not self.native:
             ok = self._allowed_tokens(cid, vt)
             if ok.size:
-                _set_bits(words, ok)
+                set_bits(words, ok)
         elif cid >= 0 and self.runtime.tab.configs[cid, 1]:
             self._native_walk(False, cid, vt, words, split=False)
 
@@ -639,9 +639,6 @@ class FreeState:
 
 _NOT_FREE = FreeState(None, -1, None)
 
-
-def _set_bits(words: NDArray[np.uint32], ids: NDArray[np.int64]) -> None:
-    np.bitwise_or.at(words, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
 
 
 def _expand(starts: NDArray[np.int64], counts: NDArray[np.int64], total: int) -> NDArray[np.int64]:

@@ -76,7 +76,10 @@ class HorizonClasses:
         return 100 * (len(self._hshape) + len(self._hrep_of) + len(self._hpair) + len(self._hfail))
 
     def known_rep(self, q: int, depth: int) -> int:
-        """The representative already found for ``q`` at ``depth`` (no query), else ``q``."""
+        """The representative of ``q`` at ``depth`` known without a query: its counted class
+        (:meth:`counted_rep`, arithmetic), or the one already found, else ``q``."""
+        if self.shared_count(q, depth):
+            return self.counted_rep(q, depth)
         return self._hrep_of.get((depth, q), q)
 
     def rep(self, q: int, depth: int) -> int:

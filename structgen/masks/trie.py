@@ -304,16 +304,12 @@ def walk_ids(runtime: Runtime, trie: Trie, start: int, gmode: bool, ids: NDArray
         runtime.service(int(status))
 
 
-def walk_tails(runtime: Runtime, trie: Trie, start: int, ids: NDArray[np.int64], skip: NDArray[np.int64],
-               words: NDArray[np.uint32]) -> None:
-    """OR into ``words`` the tokens among ``ids`` whose bytes after the first ``skip`` (one
-    count per id, each less than the token's length) are consumed from configuration
+def walk_tails(runtime: Runtime, trie: Trie, start: int, ids: NDArray[np.int64], off: NDArray[np.int64],
+               length: NDArray[np.int64], words: NDArray[np.uint32]) -> None:
+    """OR into ``words`` the tokens among ``ids`` whose byte strings ``trie.blob[off[t] :
+    off[t] + length[t]]`` (per token id: a part of its bytes) are consumed from configuration
     ``start``."""
     _load()
-    off = trie.id_off.copy()
-    length = trie.id_len.copy()
-    off[ids] += skip
-    length[ids] -= skip
     pos = np.zeros(4, dtype=np.int64)
     pos[2] = start
     ids = np.ascontiguousarray(ids, dtype=np.int64)
