@@ -317,16 +317,14 @@ def test_tables_grown_into_room_made_ahead_keep_masks_exact(monkeypatch: pytest.
 
 
 def test_room_made_ahead_is_taken_only_at_its_shape() -> None:
-    import time
 
     import structgen.grammar.growth as growth
 
     spares = growth.Spares()
     assert spares.prepare("g", [("t", (4, 3), np.dtype(np.int32), 7), ("u", (8,), np.dtype(np.uint8), None)])
-    end = time.monotonic() + 10
-    while spares._busy and time.monotonic() < end:
-        time.sleep(0.001)
+    spares.wait("g", timeout=10)  # what a doubling does when it finds the room still being made
     assert spares.nbytes() == 4 * 3 * 4 + 8
+    spares.wait("nothing being made")  # returns at once
     assert spares.take("t", (8, 3), np.dtype(np.int32)) is None  # another size: dropped
     assert spares.take("t", (4, 3), np.dtype(np.int32)) is None
     got = spares.take("u", (8,), np.dtype(np.uint8))

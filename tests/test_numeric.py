@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from structgen.errors import CompileLimitError
 from structgen.frontends.json_schema.numbers import integer_expr, number_expr
 from structgen.grammar import ir
+from structgen.grammar.passes import expr_size
 
 try:
     from structgen.grammar.compiler import compile_grammar
@@ -254,10 +255,41 @@ def test_integer_multiple_of_fraction_and_size():
     # a non-integral divisor means its least integral multiple: 1.5 -> 3
     acc = acceptor(integer_expr(0, 30, multiple_of=1.5))
     assert [v for v in range(-3, 35) if acc(str(v))] == list(range(0, 31, 3))
-    # compact automata
-    assert len(integer_expr(0, 100).trans) < 20
-    assert len(integer_expr(-2**63, 2**63 - 1).trans) < 120
+    # compact: digit ranges for plain bounds, a small automaton for a divisor
+    assert expr_size(integer_expr(0, 100)) < 20
+    assert expr_size(integer_expr(-2**63, 2**63 - 1)) < 1000
+    assert expr_size(integer_expr(-10**19 + 1, 10**19 - 1)) < 60
     assert len(integer_expr(multiple_of=7).trans) < 20
+
+
+@pytest.mark.parametrize("lo,hi,digits,negative_zero", [
+    (None, None, 2, False), (None, None, 3, True), (0, None, 3, False), (-100, 100, None, False),
+    (7, 993, None, True), (-1234, -5, 4, True), (None, -1, None, False), (5, None, None, True),
+    (1, 1, None, False), (-99, 1000, 2, True), (300, 3000, None, False), (None, 0, 1, True)])
+def test_integer_digit_limits_and_negative_zero_brute_force(lo, hi, digits, negative_zero):
+    """Every string over '-0123456789' up to length 5 against int parsing, with the digit
+    limit and ``-0`` switch the generation language uses."""
+    acc = acceptor(integer_expr(lo, hi, max_digits=digits, negative_zero=negative_zero))
+    for n in range(0, 6):
+        for chars in itertools.product("-0123456789", repeat=n):
+            s = "".join(chars)
+            ok = bool(JSON_INTEGER.fullmatch(s))
+            if ok:
+                v = int(s)
+                ok = ((lo is None or v >= lo) and (hi is None or v <= hi)
+                      and (digits is None or len(str(abs(v))) <= digits)
+                      and (negative_zero or s != "-0"))
+            assert acc(s) == ok, (lo, hi, digits, negative_zero, s)
+
+
+def test_integer_bounds_past_digit_ranges_still_exact():
+    """Bounds with hundreds of digits take the explored automaton; both sides of the bound."""
+    big = 10**310 + 7
+    acc = acceptor(integer_expr(-big, big))
+    for v in (big, -big, big - 1, 0, 12345):
+        assert acc(str(v))
+    for v in (big + 1, -big - 1, 10**311):
+        assert not acc(str(v))
 
 
 # ---------------------------------------------------------------------------

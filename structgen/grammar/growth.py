@@ -16,10 +16,13 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["SPARE_MIN_BYTES", "Spares"]
+__all__ = ["SPARE_MIN_BYTES", "WAIT_MAX_S", "Spares"]
 
 #: Tables whose next size is smaller than this are doubled in place: their faults cost little.
 SPARE_MIN_BYTES = 4 << 20
+
+#: The longest a doubling waits for room still being made (seconds); past it, it makes its own.
+WAIT_MAX_S = 0.5
 
 #: One wanted array: (table name, shape, dtype, fill value or None: any content will do).
 Wanted = tuple[str, tuple[int, ...], np.dtype[np.generic], object]
@@ -33,7 +36,16 @@ class Spares:
     def __init__(self) -> None:
         self._ready: dict[str, NDArray[np.generic]] = {}
         self._lock = threading.Lock()
-        self._busy: set[str] = set()  # groups whose arrays are being made
+        self._busy: dict[str, threading.Event] = {}  # groups whose arrays are being made -> set when done
+
+    def wait(self, group: str, timeout: float = WAIT_MAX_S) -> None:
+        """Wait (at most ``timeout`` seconds) until the arrays being made for ``group`` are
+        done. A doubling that finds its room half made waits for the rest: making it again
+        on the caller's thread costs the whole allocation, and both would fault pages at
+        once."""
+        done = self._busy.get(group)
+        if done is not None:
+            done.wait(timeout)
 
     def take(self, name: str, shape: tuple[int, ...],
              dtype: np.dtype[np.generic]) -> NDArray[np.generic] | None:
@@ -55,8 +67,10 @@ class Spares:
             if not todo:
                 return True
             todo.sort(key=lambda w: -int(np.prod(w[1])) * w[2].itemsize)
-            self._busy.add(group)
-        threading.Thread(target=self._make, args=(group, todo), daemon=True,
+            for w in todo:  # an array of an earlier size is of no use any more
+                self._ready.pop(w[0], None)
+            done = self._busy[group] = threading.Event()
+        threading.Thread(target=self._make, args=(group, todo, done), daemon=True,
                          name="structgen-table-room").start()
         return True
 
@@ -64,7 +78,7 @@ class Spares:
         a = self._ready.get(w[0])
         return a is not None and a.shape == w[1] and a.dtype == w[2]
 
-    def _make(self, group: str, todo: list[Wanted]) -> None:
+    def _make(self, group: str, todo: list[Wanted], done: threading.Event) -> None:
         try:
             for name, shape, dtype, fill in todo:
                 a = np.empty(shape, dtype=dtype)
@@ -74,4 +88,5 @@ class Spares:
             pass
         finally:
             with self._lock:
-                self._busy.discard(group)
+                self._busy.pop(group, None)
+            done.set()

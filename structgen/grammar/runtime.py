@@ -394,6 +394,7 @@ class RuntimeTables:
             if 8 * n < 7 * cap:
                 continue
             cap *= 2
+            self.spares.wait(grp)
             for name, fill, dims, dt in cols:
                 lazy = name in self._LAZY_ROWS
                 spare = self.spares.take(name, (cap,) + dims, np.dtype(dt))

@@ -331,6 +331,98 @@ def _build(spec: Spec, what: str) -> ir.Expr:
 
 
 Cap = tuple[Fraction, bool]
+# integer bounds below this are written as digit ranges (the expression grows with the square
+# of the digits); larger ones go through the explored automaton and its state limit
+_RANGE_DIGITS_MAX = Fraction(10) ** 300
+
+
+def _int_bounds(minimum: Number | None, maximum: Number | None, excl_min: bool, excl_max: bool
+                ) -> tuple[Fraction | None, Fraction | None]:
+    """The least and greatest integer inside the bounds (None: unbounded on that side). A
+    bound is read both as its exact decimal and as the ``float`` Python compares with; the
+    tighter wins."""
+    lo = hi = None
+    if minimum is not None:
+        lo = max(_int_lower(_decimal_value(minimum), excl_min),
+                 _int_lower(_python_value(minimum), excl_min))
+    if maximum is not None:
+        hi = min(_int_upper(_decimal_value(maximum), excl_max),
+                 _int_upper(_python_value(maximum), excl_max))
+    return lo, hi
+
+
+def _same_length_range(lo: str, hi: str) -> ir.Expr:
+    """Digit strings of ``len(lo)`` between ``lo`` and ``hi`` (equal lengths, ``lo <= hi``),
+    written digit by digit: a shared first digit, or the first digit's edge cases around a
+    block of free digits."""
+    if not lo:
+        return ir.EMPTY
+    rest = len(lo) - 1
+    if lo[0] == hi[0]:
+        return ir.seq(ir.lit(lo[0]), _same_length_range(lo[1:], hi[1:]))
+    low_full, high_full = lo[1:] == "0" * rest, hi[1:] == "9" * rest
+    first = ord(lo[0]) + (0 if low_full else 1)
+    last = ord(hi[0]) - (0 if high_full else 1)
+    parts = []
+    if not low_full:
+        parts.append(ir.seq(ir.lit(lo[0]), _same_length_range(lo[1:], "9" * rest)))
+    if first <= last:
+        parts.append(ir.seq(ir.byte_range(first, last), ir.rep(_digits_expr(), rest, rest)))
+    if not high_full:
+        parts.append(ir.seq(ir.lit(hi[0]), _same_length_range("0" * rest, hi[1:])))
+    return ir.alt(*parts)
+
+
+def _positive_range(lo: int, hi: int | None) -> ir.Expr:
+    """Canonical literals (no sign, no leading zero) of the integers ``lo..hi``, ``1 <= lo``;
+    ``hi`` None: no upper end. Consecutive widths that are whole (every literal of that many
+    digits) share one ``[1-9][0-9]{m,n}``."""
+    if hi is not None and hi < lo:
+        return ir.NEVER
+    top = len(str(hi)) if hi is not None else len(str(lo))
+    parts: list[ir.Expr] = []
+    whole_from: int | None = None  # first width of the current run of whole widths
+
+    def close_run(last: int | None) -> None:
+        if whole_from is not None:
+            parts.append(ir.seq(ir.byte_range(0x31, 0x39),
+                                ir.rep(_digits_expr(), whole_from - 1, None if last is None else last - 1)))
+
+    for width in range(len(str(lo)), top + 1):
+        a = max(lo, 10 ** (width - 1))
+        b = 10 ** width - 1 if hi is None else min(hi, 10 ** width - 1)
+        if a == 10 ** (width - 1) and b == 10 ** width - 1:
+            whole_from = width if whole_from is None else whole_from
+            continue
+        close_run(width - 1)
+        whole_from = None
+        parts.append(_same_length_range(str(a), str(b)))
+    if hi is None:
+        whole_from = top + 1 if whole_from is None else whole_from
+        close_run(None)
+    else:
+        close_run(top)
+    return ir.alt(*parts)
+
+
+def _integer_range(lo: int | None, hi: int | None, negative_zero: bool) -> ir.Expr:
+    """JSON integer literals with value in ``lo..hi`` (None: unbounded), built as a digit
+    range expression: linear in the bounds' digits, where an explored automaton is linear in
+    its states."""
+    if lo is not None and hi is not None and lo > hi:
+        return ir.NEVER
+    zero = (lo is None or lo <= 0) and (hi is None or hi >= 0)
+    parts = []
+    if zero:
+        parts.append(ir.lit("0"))
+        if negative_zero:
+            parts.append(ir.lit("-0"))
+    if hi is None or hi >= 1:
+        parts.append(_positive_range(max(1, lo if lo is not None else 1), hi))
+    if lo is None or lo <= -1:
+        neg_hi = None if lo is None else -lo
+        parts.append(ir.seq(ir.lit("-"), _positive_range(max(1, -hi if hi is not None else 1), neg_hi)))
+    return ir.alt(*parts)
 
 
 def _thresholds(minimum: Number | None, maximum: Number | None, excl_min: bool, excl_max: bool,
@@ -343,17 +435,15 @@ def _thresholds(minimum: Number | None, maximum: Number | None, excl_min: bool, 
     (value, strict) additionally bound ``|v|`` for plain float / exponent literals.
     """
     out: list[Bound] = []
-    lo_i = hi_i = None
+    lo_i, hi_i = _int_bounds(minimum, maximum, excl_min, excl_max)
     lo_f: Cap | None = None
     hi_f: Cap | None = None
     if minimum is not None:
         dec, py = _decimal_value(minimum), _python_value(minimum)
-        lo_i = max(_int_lower(dec, excl_min), _int_lower(py, excl_min))
         t, tstrict = _float_upper(-py, excl_min)
         lo_f = _tighter_lower((dec, excl_min), (-t, tstrict))
     if maximum is not None:
         dec, py = _decimal_value(maximum), _python_value(maximum)
-        hi_i = min(_int_upper(dec, excl_max), _int_upper(py, excl_max))
         hi_f = _tighter_upper((dec, excl_max), _float_upper(py, excl_max))
     if lo_i is not None:
         out.append(Bound.make(lo_i, on_int=True, on_frac=False, on_exp=False, upper=False,
@@ -411,15 +501,24 @@ def integer_expr(minimum: Number | None = None, maximum: Number | None = None, *
     for name, x in (("minimum", minimum), ("maximum", maximum), ("multiple_of", multiple_of)):
         if x is not None:
             _check_number(x, name)
+    m = _decimal_value(multiple_of) if multiple_of is not None else None
+    mod = _make_mod(m, True, False) if m is not None else None
+    if mod is not None and mod.M == 1 and mod.K == 0:
+        mod = None
+    if mod is None:
+        lo, hi = _int_bounds(minimum, maximum, exclusive_minimum, exclusive_maximum)
+        if max_digits is not None:
+            cap = Fraction(10 ** max_digits - 1)
+            lo = -cap if lo is None else max(lo, -cap)
+            hi = cap if hi is None else min(hi, cap)
+        if all(b is None or abs(b) < _RANGE_DIGITS_MAX for b in (lo, hi)):
+            return _integer_range(None if lo is None else int(lo), None if hi is None else int(hi),
+                                  negative_zero)
     ths = _thresholds(minimum, maximum, exclusive_minimum, exclusive_maximum, floats=False)
     if max_digits is not None:
         cap = Fraction(10 ** max_digits - 1)
         ths += tuple(Bound.make(c, on_int=True, on_frac=False, on_exp=False, upper=c > 0,
                                  strict=False) for c in (-cap, cap))
-    m = _decimal_value(multiple_of) if multiple_of is not None else None
-    mod = _make_mod(m, True, False) if m is not None else None
-    if mod is not None and mod.M == 1 and mod.K == 0:
-        mod = None
     spec = Spec(ths, mod, False, False, None, None, None, negative_zero)
     return _build(spec, "integer")
 
