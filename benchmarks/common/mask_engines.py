@@ -156,6 +156,9 @@ class StructgenAdapter(Adapter):
         # generation default would close objects and bound numbers the instances may use
         self._cjs = functools.partial(compile_json_schema, for_generation=False)
         self._clark, self._Matcher = compile_lark, Matcher
+        # with a simulated forward pass, the masks a few bytes ahead are prepared during it,
+        # as a decode loop does (Matcher.start_look_ahead)
+        self._look_ahead = float(opts.get("forward_ms") or 0.0) > 0 and bool(opts.get("look_ahead", True))
 
     def version(self) -> str:
         import structgen
@@ -203,6 +206,8 @@ class StructgenAdapter(Adapter):
 
     def fill(self, matcher: Any, bitmask: Any) -> None:
         matcher.fill_bitmask(bitmask, 0)
+        if self._look_ahead:
+            matcher.start_look_ahead()
 
     def advance(self, matcher: Any, token: int) -> bool:
         return matcher.accept_token(token)

@@ -47,6 +47,7 @@ from structgen.masks.buffers import (
     write_row,
 )
 from structgen.masks.engine import FREE_JUMPS_AFTER, FreeState, engine_for
+from structgen.masks.lookahead import LOOK_AHEAD_CONFIGS, LOOK_AHEAD_DEPTH, LookAheadJob, submit
 from structgen.masks.vocab import FlatVocabLike, VocabLike
 from structgen.masks.vocab_table import VocabTable
 
@@ -487,6 +488,22 @@ class Matcher:
         bitmask[row, :nw].copy_(bitmask.new_tensor(words.view(np.int32), device="cpu"), non_blocking=False)
         if wide:
             bitmask[row, nw:].zero_()
+
+    def start_look_ahead(self, *, max_configs: int = LOOK_AHEAD_CONFIGS,
+                         max_depth: int = LOOK_AHEAD_DEPTH) -> None:
+        """Prepare, on a background thread, the masks of the configurations up to
+        ``max_depth`` bytes ahead (nearest first, at most ``max_configs`` new ones), so that
+        the next token's mask is likely cached when it comes
+        (:mod:`structgen.masks.lookahead`). Call it once this step's mask is read, while the
+        model computes the next logits; it returns at once and stops by itself when this
+        matcher moves on. The masks are the same with or without it."""
+        max_configs = whole_number("max_configs", max_configs, 0)
+        max_depth = whole_number("max_depth", max_depth, 0)
+        cid = self._hist[-1]
+        if cid < 0 or self._epoch != self._eng.epoch or not max_configs or not max_depth:
+            return
+        submit(self, LookAheadJob(self, cid, self._epoch, self._masks, self._eng, self._vt,
+                                  max_configs, max_depth))
 
     def allowed_token_ids(self, *, budget: int | None = None) -> list[int]:
         """All token ids allowed now (EOS included when accepting), ascending; with
