@@ -68,7 +68,8 @@ Measurements (``time.perf_counter_ns``), per engine and case:
   p50 / p99 / p99.9 / max (``first_pass`` and ``warm`` in the summary; the older ``step_*``
   keys are the first pass). ``--forward-ms F`` sleeps F ms before every step (a model forward
   pass; not in the step time, the same for every engine): an engine may use that time on its
-  own background threads, as a real decode loop lets it while the GPU runs;
+  own background threads, as a real decode loop lets it while the GPU runs (structgen starts
+  its look-ahead, ``Matcher.start_look_ahead``, after every mask; ``--no-look-ahead``: not);
 * compile rate: compiled / attempted (n/a excluded; compile errors, time-outs and crashes
   count as failures);
 * allowed tokens per step: popcount of the mask over the text tokens (special tokens and
@@ -594,7 +595,10 @@ def issue_table(report: dict[str, Any]) -> str:
     load = report.get("load_average") or {}
     lines = [f"JSON-schema cases: {n} ({report['prep'].get('schema_source', '')}), tokenizer "
              f"{report['tokenizer']} (vocab {report['vocab_size']:,}); forward pass between steps "
-             f"{report['forward_ms']:g} ms; load average (1 min) at start / during (max) / end: "
+             f"{report['forward_ms']:g} ms"
+             + (" (structgen looks ahead during it)" if report["forward_ms"] and
+                report["args"].get("no_look_ahead") != "True" else "")
+             + "; load average (1 min) at start / during (max) / end: "
              f"{_fmt(load.get('start'), 2)} / {_fmt(load.get('max'), 2)} / {_fmt(load.get('end'), 2)} "
              f"on {os.cpu_count()} CPUs", ""]
 
@@ -767,6 +771,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="xgrammar and GLRMask compile threads")
     ap.add_argument("--forward-ms", type=float, default=0.0,
                     help="simulated model forward pass (sleep) before every step, not timed")
+    ap.add_argument("--no-look-ahead", action="store_true",
+                    help="with --forward-ms: structgen does not prepare masks during the forward pass")
     ap.add_argument("--smoke", action="store_true", help="3 schemas + 1 Lark case (CI)")
     ap.add_argument("--out", type=Path, default=None, help="JSON report path")
     ap.add_argument("--md", type=Path, default=None, help="also write the JSON-schema summary as Markdown")
@@ -790,7 +796,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS / f"masks-{args.tokenizer}{'-smoke' if args.smoke else ''}.json"
     t_start = time.time()
 
-    opts = {"compile_timeout": args.compile_timeout, "threads": args.threads, "forward_ms": args.forward_ms}
+    opts = {"compile_timeout": args.compile_timeout, "threads": args.threads, "forward_ms": args.forward_ms,
+            "look_ahead": not args.no_look_ahead}
     load = {"start": os.getloadavg()[0], "samples": []}
     procs = {e: EngineProc(e, args.tokenizer, opts) for e in engines}
     for p in procs.values():  # set-up runs in the workers while the cases are prepared here
