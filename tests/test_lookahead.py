@@ -92,6 +92,8 @@ def test_the_next_mask_is_ready_and_equal_over_a_real_vocabulary(tokenizer_by_al
         ahead.start_look_ahead()
         assert lookahead.wait_idle()
         assert (ahead.get_bitmask_words() == plain.get_bitmask_words()).all()
+        few, few_plain = ahead.forbidden_token_ids(), plain.forbidden_token_ids()  # free states
+        assert (few is None) == (few_plain is None) and (few is None or (few == few_plain).all())
         assert ahead.accept_token(t) and plain.accept_token(t)
         ready += eng.cached_mask(ahead._hist[-1], ahead._vt) is not None
     assert (ahead.get_bitmask_words() == plain.get_bitmask_words()).all()
