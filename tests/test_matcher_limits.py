@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _ab_oracle import AB_EOS, AB_TOKENS, ab_regex, ab_step, ab_vocab, viable
 from _toy_vocab import ToyVocab
 
 import structgen
@@ -220,27 +220,16 @@ def test_matcher_needs_a_compiled_grammar() -> None:
 # 4. Bounded memory while matching (lazily built tables are flushed, answers stay exact)
 # ---------------------------------------------------------------------------------------------
 
-def _viable(pattern: re.Pattern[str], body: str, text: str) -> bool:
-    """Oracle for ``(a|b)*a(a|b){k}c``: a prefix is viable iff it is over {a, b} or in the
-    language (nothing follows the final c)."""
-    return re.fullmatch(body, text) is not None or pattern.fullmatch(text) is not None
-
-
 def test_flushing_keeps_accepts_and_masks_exact() -> None:
-    from structgen import compile_regex
-
-    pat = "(a|b)*a(a|b){9}c"
-    rx = re.compile(pat)
-    cg = compile_regex(pat)
+    rx, cg = ab_regex(9)
     eng = cg.engine
     eng.table_budget = 1  # flush at every safe point after any growth
     rng = random.Random(7)
     for _ in range(150):
         s = "".join(rng.choice("ab") for _ in range(rng.randrange(0, 120))) + rng.choice(["", "c", "cc"])
         assert cg.accepts(s) == (rx.fullmatch(s) is not None), s
-        assert cg.accepts_prefix(s) == _viable(rx, "[ab]*", s), s
-    tokens = [b"a", b"b", b"c", b"ab", b"ba", b"aab", b"bc", b"abc", None]
-    vocab = ToyVocab(tokens, (8,), 9)
+        assert cg.accepts_prefix(s) == viable(rx, "[ab]*", s), s
+    vocab = ab_vocab()
     for _ in range(12):
         m = Matcher(cg, vocab)  # type: ignore[arg-type]
         other = Matcher(cg, vocab)  # type: ignore[arg-type]
@@ -248,22 +237,15 @@ def test_flushing_keeps_accepts_and_masks_exact() -> None:
         text = ""
         accepted: list[int] = []
         for _ in range(rng.randrange(5, 60)):
-            allowed = set(m.allowed_token_ids())
-            for t, tb in enumerate(tokens):
-                want = _viable(rx, "[ab]*", text) and rx.fullmatch(text) is not None if tb is None \
-                    else _viable(rx, "[ab]*", text + tb.decode())
-                assert (t in allowed) == want, (text, t)
-            choices = [t for t in allowed if t != 8] or [8]
-            t = rng.choice(choices)
-            assert m.accept_token(t)
-            if t == 8:
+            t = ab_step(m, rx, text, rng)
+            if t == AB_EOS:
                 break
             accepted.append(t)
-            text += tokens[t].decode()  # type: ignore[union-attr]
+            text += AB_TOKENS[t].decode()  # type: ignore[union-attr]
             assert m.is_accepting() == (rx.fullmatch(text) is not None)
         k = rng.randrange(len(accepted) + 1)
         m.rollback(k + (1 if m.is_terminated() else 0))
-        text = "".join(tokens[t].decode() for t in accepted[:len(accepted) - k])  # type: ignore[union-attr]
+        text = "".join(AB_TOKENS[t].decode() for t in accepted[:len(accepted) - k])  # type: ignore[union-attr]
         assert m.is_accepting() == (rx.fullmatch(text) is not None)
         assert other.is_accepting() is False and other.validate_tokens([2]) == 0
     assert eng.flushes > 20  # the budget really forced flushes
@@ -277,7 +259,6 @@ def test_tables_grown_into_room_made_ahead_keep_masks_exact(monkeypatch: pytest.
 
     import structgen.grammar.growth as growth
     import structgen.grammar.runtime as runtime
-    from structgen import compile_regex
 
     monkeypatch.setattr(runtime, "SPARE_MIN_BYTES", 0)  # every table group gets room made ahead
     taken = []
@@ -289,11 +270,8 @@ def test_tables_grown_into_room_made_ahead_keep_masks_exact(monkeypatch: pytest.
         return got
 
     monkeypatch.setattr(growth.Spares, "take", take)
-    pat = "(a|b)*a(a|b){9}c"
-    rx = re.compile(pat)
-    cg = compile_regex(pat)
-    tokens = [b"a", b"b", b"c", b"ab", b"ba", b"aab", b"bc", b"abc", None]
-    vocab = ToyVocab(tokens, (8,), 9)
+    rx, cg = ab_regex(9)
+    vocab = ab_vocab()
     rng = random.Random(11)
     for _ in range(40):
         m = Matcher(cg, vocab)  # type: ignore[arg-type]
@@ -303,16 +281,10 @@ def test_tables_grown_into_room_made_ahead_keep_masks_exact(monkeypatch: pytest.
             end = time.monotonic() + 10
             while spares._busy and time.monotonic() < end:  # let the room be made
                 time.sleep(0.001)
-            allowed = set(m.allowed_token_ids())
-            for t, tb in enumerate(tokens):
-                want = _viable(rx, "[ab]*", text) and rx.fullmatch(text) is not None if tb is None \
-                    else _viable(rx, "[ab]*", text + tb.decode())
-                assert (t in allowed) == want, (text, t)
-            t = rng.choice([t for t in allowed if t != 8] or [8])
-            assert m.accept_token(t)
-            if t == 8:
+            t = ab_step(m, rx, text, rng)
+            if t == AB_EOS:
                 break
-            text += tokens[t].decode()  # type: ignore[union-attr]
+            text += AB_TOKENS[t].decode()  # type: ignore[union-attr]
     assert any(taken)  # some doubling used the room made ahead
 
 
@@ -506,11 +478,7 @@ def test_flushes_from_other_threads_keep_matchers_exact() -> None:
     thread's answers equal the oracle (a flush by one thread renumbers the others' states)."""
     import threading
 
-    from structgen import compile_regex
-
-    pat = "(a|b)*a(a|b){9}c"
-    rx = re.compile(pat)
-    cg = compile_regex(pat)
+    rx, cg = ab_regex(9)
     cg.engine.table_budget = 1
     tokens = [b"a", b"b", b"c", b"ab", b"ba", b"bba", None]
     vocab = ToyVocab(tokens, (6,), 7)
@@ -525,7 +493,7 @@ def test_flushes_from_other_threads_keep_matchers_exact() -> None:
                 for _ in range(rng.randrange(20, 80)):
                     t = rng.randrange(5)
                     ok = m.accept_token(t)
-                    want = _viable(rx, "[ab]*", text + tokens[t].decode())  # type: ignore[union-attr]
+                    want = viable(rx, "[ab]*", text + tokens[t].decode())  # type: ignore[union-attr]
                     if ok != want:
                         errors.append(f"accept {text!r} + {tokens[t]!r}: {ok}")
                         return

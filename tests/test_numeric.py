@@ -157,20 +157,24 @@ def in_range_python(lit: str, lo, hi, xlo=False, xhi=False) -> bool:
 # integer_expr
 # ---------------------------------------------------------------------------
 
+def _integers_brute_force(acc, wanted, longest: int, what: object) -> None:
+    """Every string over '-0123456789' up to ``longest`` characters: ``acc`` accepts exactly
+    the JSON integer literals for which ``wanted(text, value)`` holds."""
+    for n in range(0, longest + 1):
+        for chars in itertools.product("-0123456789", repeat=n):
+            s = "".join(chars)
+            ok = bool(JSON_INTEGER.fullmatch(s)) and wanted(s, int(s))
+            assert acc(s) == ok, (what, s)
+
+
 def test_integer_small_range_brute_force():
     """Every string over '-0123456789' up to length 4 against int parsing."""
     for lo, hi, m in [(-5, 123, None), (0, 0, None), (None, 17, None), (-40, None, 3),
                       (-999, 999, 7), (10, 20, 5), (None, None, 4), (-12, -3, None)]:
         acc = acceptor(integer_expr(lo, hi, multiple_of=m))
-        for n in range(0, 5):
-            for chars in itertools.product("-0123456789", repeat=n):
-                s = "".join(chars)
-                ok = bool(JSON_INTEGER.fullmatch(s))
-                if ok:
-                    v = int(s)
-                    ok = ((lo is None or v >= lo) and (hi is None or v <= hi)
-                          and (m is None or v % m == 0))
-                assert acc(s) == ok, (lo, hi, m, s)
+        _integers_brute_force(acc, lambda s, v, lo=lo, hi=hi, m=m: (
+            (lo is None or v >= lo) and (hi is None or v <= hi) and (m is None or v % m == 0)),
+            4, (lo, hi, m))
 
 
 BIG = [2**63, 2**63 - 1, 2**64, 10**30, 10**19 - 1, 10**19, 999, 1000]
@@ -270,16 +274,9 @@ def test_integer_digit_limits_and_negative_zero_brute_force(lo, hi, digits, nega
     """Every string over '-0123456789' up to length 5 against int parsing, with the digit
     limit and ``-0`` switch the generation language uses."""
     acc = acceptor(integer_expr(lo, hi, max_digits=digits, negative_zero=negative_zero))
-    for n in range(0, 6):
-        for chars in itertools.product("-0123456789", repeat=n):
-            s = "".join(chars)
-            ok = bool(JSON_INTEGER.fullmatch(s))
-            if ok:
-                v = int(s)
-                ok = ((lo is None or v >= lo) and (hi is None or v <= hi)
-                      and (digits is None or len(str(abs(v))) <= digits)
-                      and (negative_zero or s != "-0"))
-            assert acc(s) == ok, (lo, hi, digits, negative_zero, s)
+    _integers_brute_force(acc, lambda s, v: ((lo is None or v >= lo) and (hi is None or v <= hi)
+                                             and (digits is None or len(str(abs(v))) <= digits)
+                                             and (negative_zero or s != "-0")), 5, (lo, hi, digits))
 
 
 def test_integer_bounds_past_digit_ranges_still_exact():
