@@ -37,9 +37,9 @@ __all__ = ["LOOK_AHEAD_CONFIGS", "LOOK_AHEAD_DEPTH", "LookAheadJob", "submit", "
 
 #: Configurations a job prepares at most (new masks; cached ones do not count).
 LOOK_AHEAD_CONFIGS = 256
-_VISITED_MAX = 4  # configurations visited per new one prepared, at most (cached ones cost look-ups)
 #: Bytes ahead of the current configuration a job looks at most (a JSON key with its quotes).
 LOOK_AHEAD_DEPTH = 8
+_VISITED_MAX = 4  # configurations visited per new one prepared, at most (cached ones cost look-ups)
 
 
 class LookAheadJob:
@@ -75,31 +75,30 @@ class LookAheadJob:
         """Prepare the next configuration in breadth-first order (its mask and free state,
         where not cached); False when the job is done."""
         rt, eng, vt = self.runtime, self.engine, self.vt
-        if self.queue and self.made < self.max_configs and self.visited < _VISITED_MAX * self.max_configs:
-            if not self.current():
+        if (not self.queue or self.made >= self.max_configs
+                or self.visited >= _VISITED_MAX * self.max_configs or not self.current()):
+            return False
+        cid, depth = self.queue.popleft()
+        with rt.lock:
+            if rt.epoch != self.epoch:
                 return False
-            cid, depth = self.queue.popleft()
-            with rt.lock:
-                if rt.epoch != self.epoch:
+            fresh = False
+            if depth:  # the starting configuration's mask was read already
+                fresh = eng.mask_cache.peek((vt.key, cid)) is None
+                words = eng.token_mask(cid, vt)
+                if rt.epoch != self.epoch:  # the mask flushed the tables: ids changed
                     return False
-                fresh = False
-                if depth:  # the starting configuration's mask was read already
-                    fresh = eng.mask_cache.peek((vt.key, cid)) is None
-                    words = eng.token_mask(cid, vt)
-                    if rt.epoch != self.epoch:  # the mask flushed the tables: ids changed
-                        return False
-                    eng.free_state(cid, vt, words)  # what the step reads next to the mask
-                if depth < self.max_depth:
-                    rt.fill_row(cid)  # every byte's successor known (interned if new)
-                    row = rt.tab.trans[cid]
-                    for nxt in np.unique(row[row >= 0]).tolist():
-                        if nxt not in self.seen:
-                            self.seen.add(nxt)
-                            self.queue.append((nxt, depth + 1))
-            self.visited += 1
-            self.made += fresh
-            return True
-        return False
+                eng.free_state(cid, vt, words)  # what the step reads next to the mask
+            if depth < self.max_depth:
+                rt.fill_row(cid)  # every byte's successor known (interned if new)
+                row = rt.tab.trans[cid]
+                for nxt in np.unique(row[row >= 0]).tolist():
+                    if nxt not in self.seen:
+                        self.seen.add(nxt)
+                        self.queue.append((nxt, depth + 1))
+        self.visited += 1
+        self.made += fresh
+        return True
 
 
 class _Worker:
@@ -145,7 +144,6 @@ class _Worker:
             # hand the interpreter over between units: a decode loop whose forward pass just
             # ended waits for one unit at most, not for the interpreter's switch interval
             time.sleep(0)
-
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no job is left and the thread is waiting (True), at most ``timeout`` s."""

@@ -331,8 +331,9 @@ def _build(spec: Spec, what: str) -> ir.Expr:
 
 
 Cap = tuple[Fraction, bool]
-# integer bounds below this are written as digit ranges (the expression grows with the square
-# of the digits); larger ones go through the explored automaton and its state limit
+# integer bounds below this are written as digit ranges (a few nodes per digit, but unrolled
+# into an automaton they grow with the square of the digits); larger ones go through the
+# explored automaton and its state limit
 _RANGE_DIGITS_MAX = Fraction(10) ** 300
 
 
@@ -407,8 +408,7 @@ def _positive_range(lo: int, hi: int | None) -> ir.Expr:
 
 def _integer_range(lo: int | None, hi: int | None, negative_zero: bool) -> ir.Expr:
     """JSON integer literals with value in ``lo..hi`` (None: unbounded), built as a digit
-    range expression: linear in the bounds' digits, where an explored automaton is linear in
-    its states."""
+    range expression straight from the bounds' digits, with no automaton to explore."""
     if lo is not None and hi is not None and lo > hi:
         return ir.NEVER
     zero = (lo is None or lo <= 0) and (hi is None or hi >= 0)
@@ -505,18 +505,17 @@ def integer_expr(minimum: Number | None = None, maximum: Number | None = None, *
     mod = _make_mod(m, True, False) if m is not None else None
     if mod is not None and mod.M == 1 and mod.K == 0:
         mod = None
+    cap = Fraction(10 ** max_digits - 1) if max_digits is not None else None
     if mod is None:
         lo, hi = _int_bounds(minimum, maximum, exclusive_minimum, exclusive_maximum)
-        if max_digits is not None:
-            cap = Fraction(10 ** max_digits - 1)
+        if cap is not None:
             lo = -cap if lo is None else max(lo, -cap)
             hi = cap if hi is None else min(hi, cap)
         if all(b is None or abs(b) < _RANGE_DIGITS_MAX for b in (lo, hi)):
             return _integer_range(None if lo is None else int(lo), None if hi is None else int(hi),
                                   negative_zero)
     ths = _thresholds(minimum, maximum, exclusive_minimum, exclusive_maximum, floats=False)
-    if max_digits is not None:
-        cap = Fraction(10 ** max_digits - 1)
+    if cap is not None:
         ths += tuple(Bound.make(c, on_int=True, on_frac=False, on_exp=False, upper=c > 0,
                                  strict=False) for c in (-cap, cap))
     spec = Spec(ths, mod, False, False, None, None, None, negative_zero)
