@@ -251,6 +251,30 @@ def test_flushing_keeps_accepts_and_masks_exact() -> None:
     assert eng.flushes > 20  # the budget really forced flushes
 
 
+def test_a_mask_asked_for_across_a_flush_is_not_cached() -> None:
+    """The window a lock-free mask read leaves: the caller read a configuration id, then
+    another thread flushed before the mask took the lock. The id may name another
+    configuration now; nothing may be computed or cached under it."""
+    from structgen.masks.engine import engine_for
+
+    rx, cg = ab_regex(3)
+    vocab = ab_vocab()
+    m = Matcher(cg, vocab)  # type: ignore[arg-type]
+    for t in (0, 1, 0, 0, 1):
+        assert m.accept_token(t)
+    rt = cg.engine
+    masks = engine_for(cg)
+    cid, epoch = m._hist[-1], rt.epoch
+    with rt.lock:
+        rt.flush()
+    vt = m._vt
+    assert masks.token_mask_at(cid, vt, epoch) is None
+    assert masks.cached_mask(cid, vt) is None
+    text = "abaab"
+    assert (AB_EOS in m.allowed_token_ids()) == (rx.fullmatch(text) is not None)
+    assert masks.token_mask_at(m._hist[-1], vt, rt.epoch) is not None
+
+
 def test_tables_grown_into_room_made_ahead_keep_masks_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     """Room for the next doubling, made on a background thread (structgen.grammar.growth),
     holds the same tables as a plain doubling: masks follow the regex oracle, and the

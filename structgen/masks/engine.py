@@ -149,6 +149,15 @@ class Engine:
         Bit ``j`` of word ``w`` allows token ``32*w + j``. EOS tokens are allowed exactly
         when the configuration is accepting. Cached per (vocabulary, configuration).
         """
+        m = self.token_mask_at(cid, vt, None)
+        assert m is not None
+        return m
+
+    def token_mask_at(self, cid: int, vt: VocabTable, epoch: int | None) -> NDArray[np.uint32] | None:
+        """:meth:`token_mask` for a caller that read ``cid`` in ``epoch`` without the lock:
+        None, with nothing computed or cached, when the tables have been flushed since (``cid``
+        may then name another configuration, or none, and a mask made for it would be cached
+        under an id of the new epoch)."""
         key = (vt.key, cid)
         m = self.mask_cache.get(key)
         if m is not None:
@@ -156,6 +165,8 @@ class Engine:
             return m
         self.stats["mask_misses"] += 1
         with self.lock:
+            if epoch is not None and self.runtime.epoch != epoch:
+                return None
             self.runtime.tab.prepare_growth()  # a new configuration: the tables may fill up soon
             if self.runtime.over_budget():
                 (cid,) = self.runtime.flush((cid,))

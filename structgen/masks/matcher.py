@@ -373,8 +373,8 @@ class Matcher:
                 m = seen.get(cid)
                 if m is not None:
                     return m
-            m = self._masks.token_mask(cid, vt)
-            if eng.epoch == ep:
+            m = self._masks.token_mask_at(cid, vt, ep)
+            if m is not None and eng.epoch == ep:
                 free = self._free.get(cid)
                 if free is None or free.visits >= 0:
                     self._note(cid, m, free)
