@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable, Iterable
-from itertools import chain
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias, TypedDict
 
 import numpy as np
@@ -29,7 +28,7 @@ from numpy.typing import NDArray
 from structgen.config import CompileOptions
 from structgen.grammar import ir
 from structgen.grammar.checks import run_checked
-from structgen.grammar.fsa import Dfa
+from structgen.grammar.fsa import Dfa, nfa_arrays
 from structgen.json_types import JsonValue
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -75,28 +74,37 @@ class _Csr(NamedTuple):
     important: NDArray[np.uint8]
 
 
-def _flat_rows(per_rule: list[tuple[tuple[Any, ...], ...]], width: int
-               ) -> list[tuple[NDArray[np.int32], NDArray[np.int32]]]:
-    """Per rule, (offsets [n+1], items) of its rows of ``width``-int tuples (width 1: ints),
-    flattened for all rules in one pass (per-rule numpy calls dominate for small rules)."""
-    rows = [len(lists) for lists in per_rule]
-    sizes = np.fromiter(map(len, chain.from_iterable(per_rule)), dtype=np.int64, count=sum(rows))
-    ends = np.zeros(sizes.shape[0] + 1, dtype=np.int64)
-    np.cumsum(sizes, out=ends[1:])
-    items = chain.from_iterable(chain.from_iterable(per_rule))
-    if width > 1:  # tuples of ``width`` ints
-        items = chain.from_iterable(items)
-    flat = np.fromiter(items, dtype=np.int32, count=int(ends[-1]) * width)
-    if width > 1:
-        flat = flat.reshape(-1, width)
-    out = []
-    at = 0
-    for n in rows:
-        off = ends[at:at + n + 1]
-        first, last = int(off[0]), int(off[-1])
-        out.append(((off - first).astype(np.int32), flat[first:last]))
-        at += n
-    return out
+def joined_csr(parts: list[_Csr]) -> _Csr:
+    """NFAs ``parts`` (:meth:`LazyRule.csr` arrays) in one set of arrays, as the compiled
+    runtime lays its rules out: states numbered on from the previous part's, offsets running
+    on with a final total. A fixed number of array operations for any number of parts."""
+    if not parts:
+        z = np.zeros(1, dtype=np.int32)
+        e = np.zeros(0, dtype=np.int32)
+        return _Csr(z, e, z, e.reshape(0, 3), z, e.reshape(0, 2), e.astype(np.uint8))
+    n_states = np.array([p.important.shape[0] for p in parts], dtype=np.int64)
+    first = np.zeros(len(parts), dtype=np.int64)  # per part: its first state
+    np.cumsum(n_states[:-1], out=first[1:])
+
+    def join(offs: list[NDArray[np.int32]], items: list[NDArray[np.int32]], target: int | None
+             ) -> tuple[NDArray[np.int32], NDArray[np.int32]]:
+        counts = np.array([x.shape[0] for x in items], dtype=np.int64)
+        before = np.zeros(len(items), dtype=np.int64)  # per part: items of the parts before it
+        np.cumsum(counts[:-1], out=before[1:])
+        off = np.concatenate([*(o[:-1] for o in offs), np.array([counts.sum()], dtype=np.int32)])
+        off[:-1] += np.repeat(before, n_states).astype(np.int32)
+        flat = np.concatenate(items)
+        shift = np.repeat(first, counts).astype(np.int32)
+        if target is None:
+            flat += shift
+        else:
+            flat[:, target] += shift
+        return off, flat
+
+    eo, eps = join([p.eps_off for p in parts], [p.eps for p in parts], None)
+    do, edges = join([p.edge_off for p in parts], [p.edges for p in parts], 2)
+    co, calls = join([p.call_off for p in parts], [p.calls for p in parts], 1)
+    return _Csr(eo, eps, do, edges, co, calls, np.concatenate([p.important for p in parts]))
 
 
 def _csr_rows(off: NDArray[np.int32], items: list[Any]) -> tuple[tuple[Any, ...], ...]:
@@ -111,15 +119,18 @@ def _int_tuples(a: NDArray[np.int32]) -> list[Any]:
 
 
 class LazyState(TypedDict):
-    """The pickled (and stored) form of a :class:`LazyRule`: its NFA, none of its DFA states."""
+    """The pickled form of a :class:`LazyRule`: its NFA, none of its DFA states. The NFA is
+    either its flat arrays (``csr``) or its lists (``eps``, ``edges``, ``calls``); the other
+    form is None."""
 
     name: str
-    eps: tuple[tuple[int, ...], ...]
-    edges: tuple[tuple[tuple[int, int, int], ...], ...]
-    calls: tuple[tuple[tuple[int, int], ...], ...]
     end: int
     class_of: NDArray[np.int32]
     nclass: int
+    csr: _Csr | None
+    eps: tuple[tuple[int, ...], ...] | None
+    edges: tuple[tuple[tuple[int, int, int], ...], ...] | None
+    calls: tuple[tuple[tuple[int, int], ...], ...] | None
 
 
 class TableState(TypedDict):
@@ -204,10 +215,20 @@ class LazyRule:
         self._intern(self._closure_of((0,)))
 
     def __getstate__(self) -> LazyState:
-        return {"name": self.name, "eps": self._eps, "edges": self._edges, "calls": self._ncalls,
-                "end": self._end, "class_of": self._class_of, "nclass": self._nclass}
+        csr = self.__dict__.get("_csr")
+        if csr is not None:  # the arrays, as the runtime reads them: no lists built to pickle
+            return {"name": self.name, "end": self._end, "class_of": self._class_of, "nclass": self._nclass,
+                    "csr": csr, "eps": None, "edges": None, "calls": None}
+        return {"name": self.name, "end": self._end, "class_of": self._class_of, "nclass": self._nclass,
+                "csr": None, "eps": self._eps, "edges": self._edges, "calls": self._ncalls}
 
     def __setstate__(self, st: LazyState) -> None:
+        csr = st.get("csr")
+        if csr is not None:
+            self.__dict__.update(LazyRule.from_csr(st["name"], _Csr(*csr), st["end"], st["class_of"],
+                                                   st["nclass"]).__dict__)
+            return
+        assert st["eps"] is not None and st["edges"] is not None and st["calls"] is not None
         LazyRule.__init__(self, st["name"], st["eps"], st["edges"], st["calls"], st["end"], st["class_of"],
                           st["nclass"])
 
@@ -251,35 +272,20 @@ class LazyRule:
         return len(self._eps) if csr is None else int(csr.eps_off.shape[0]) - 1
 
     def csr(self) -> _Csr:
-        """The NFA as flat arrays for the compiled runtime (:mod:`structgen.grammar._runtime_kernels`),
-        built once: ``(eps_off [n+1], eps, edge_off [n+1], edges [m, 3] (class_lo,
-        class_hi, target), call_off [n+1], calls [k, 2] (callee, target), important [n])``,
-        all int32 but ``important`` (uint8). :meth:`build_csrs` builds them for many rules
-        at once."""
+        """The NFA as flat arrays for the compiled runtime (:mod:`structgen.grammar._runtime_kernels`):
+        ``(eps_off [n+1], eps, edge_off [n+1], edges [m, 3] (class_lo, class_hi, target),
+        call_off [n+1], calls [k, 2] (callee, target), important [n])``, all int32 but
+        ``important`` (uint8). A compiled rule is made with them; one unpickled from lists
+        builds them here, once."""
         got = self._csr
         if got is None:
-            LazyRule.build_csrs((self,))
-            got = self._csr
-            assert got is not None
+            with self._lock:
+                got = self._csr
+                if got is None:
+                    eo, eps, do, edges, co, calls = nfa_arrays(self._eps, self._edges, self._ncalls)
+                    got = self._csr = _Csr(eo, eps, do, edges, co, calls,
+                                           np.asarray(self._important, dtype=np.uint8))
         return got
-
-    @staticmethod
-    def build_csrs(rules: Iterable[LazyRule]) -> None:
-        """Give every rule of ``rules`` that has none its flat arrays (:meth:`csr`), built
-        together."""
-        todo = [r for r in rules if r._csr is None]
-        if not todo:
-            return
-        eps = _flat_rows([r._eps for r in todo], 1)
-        edges = _flat_rows([r._edges for r in todo], 3)
-        calls = _flat_rows([r._ncalls for r in todo], 2)
-        imp = np.fromiter(chain.from_iterable(r._important for r in todo), dtype=np.uint8,
-                          count=sum(len(r._important) for r in todo))
-        at = 0
-        for r, (eo, ep), (do, ed), (co, ca) in zip(todo, eps, edges, calls):
-            n = len(r._important)
-            r._csr = _Csr(eo, ep, do, ed, co, ca, imp[at:at + n])
-            at += n
 
     @property
     def num_states(self) -> int:
@@ -698,7 +704,10 @@ class CompiledGrammar:
         edges on the marker bytes."""
         got = self._value_checks
         if got is None:
-            got = self._value_checks = any(_uses_markers(r) for r in self._rules)
+            lazy = [r for r in self._rules if isinstance(r, LazyRule)]
+            marked = [r for r, m in zip(lazy, _marker_classes(lazy)) if m]
+            others = [r for r in self._rules if not isinstance(r, LazyRule)]
+            got = self._value_checks = any(_uses_markers(r) for r in (*marked, *others))
         return got
 
     def _run(self, data: bytes | str) -> tuple[bool, bool]:
@@ -716,6 +725,21 @@ class CompiledGrammar:
     def accepts_prefix(self, data: bytes | str) -> bool:
         """Can ``data`` be extended to a sentence of the grammar (a viable prefix)?"""
         return self._run(data)[0]
+
+
+def _marker_classes(rules: list[LazyRule]) -> list[bool]:
+    """Per rule of ``rules``: has it a byte class made of marker bytes (0xF8-0xFF) only? Only
+    such a rule can have an edge on a marker (:func:`_uses_markers`); this checks every rule
+    in a few array operations instead of a few per rule."""
+    if not rules:
+        return []
+    lo = 0xF8
+    cls = np.stack([r._class_of for r in rules])  # [n, 256]
+    rows = np.arange(len(rules))[:, None]
+    below = np.zeros((len(rules), int(cls.max()) + 1), dtype=np.bool_)
+    below[rows, cls[:, :lo]] = True  # the classes some byte below the markers is in
+    marked = np.asarray((~below[rows, cls[:, lo:]]).any(axis=1))
+    return [bool(x) for x in marked]
 
 
 def _uses_markers(rule: Rule) -> bool:
@@ -739,6 +763,8 @@ def _uses_markers(rule: Rule) -> bool:
         hit = (edges[:, 0:1] <= marks[None, :]) & (marks[None, :] <= edges[:, 1:2])
         return bool(hit.any())
     trans = np.asarray(rule._a.trans if isinstance(rule, ProductRule) else rule._trans)
+    if not (trans[:, lo:] >= 0).any():  # no state goes anywhere on a marker (UTF-8 text, numbers)
+        return False
     for m in range(lo, 0x100):
         col = trans[:, m]
         live = col >= 0

@@ -57,7 +57,7 @@ from structgen.grammar.passes import (
     remove_immediate_left_recursion,
     share_common,
 )
-from structgen.grammar.rule_nfas import check_left_recursion, lazy_rule, trim_rule_nfas
+from structgen.grammar.rule_nfas import check_left_recursion, lazy_rules, trim_rule_nfas
 
 __all__ = ["compile_grammar"]
 
@@ -346,7 +346,7 @@ class _Compiler:
         self.where = self.kept[max(range(len(built)), key=lambda i: len(built[i][0]))] if built else ""
         trimmed = trim_rule_nfas(built, len(self.dfa_rules), self.kept[0], self.check_time)
         check_left_recursion(trimmed, self.kept, self.dfa_rules)
-        out: list[Rule] = [lazy_rule(n, nfa, end) for n, (nfa, end) in zip(self.kept, trimmed)]
+        out: list[Rule] = [*lazy_rules(self.kept, trimmed)]
         out.extend(self.dfa_rules)
         # where each compiled rule comes from, for errors raised after compilation (the
         # token-budget check names the rule whose states it could not bound)

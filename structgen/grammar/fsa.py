@@ -20,9 +20,10 @@ limits), so this module raises no limit errors of its own beyond what the budget
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NoReturn, Protocol
+from itertools import chain
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -34,7 +35,7 @@ from structgen.grammar.graphs import strongly_connected_components
 
 __all__ = ["BuildBudget", "Dfa", "Nfa", "all_states_infinite", "byte_classes", "cyclic_states",
            "determinise", "embed", "explore_dfa", "finite_language", "minimise", "minimise_dfa",
-           "native_ready", "product", "regular_expr_dfa", "trim"]
+           "native_ready", "nfa_arrays", "product", "regular_expr_dfa", "trim"]
 
 MINIMISE_MIN = 256       # regular sub-automata above this size are minimised
 MINIMISE_SKIP_MIN = 8192  # ... unless above this size with almost no two states alike (see _nearly_distinct)
@@ -255,18 +256,28 @@ def _c32(a: NDArray[np.int32]) -> NDArray[np.int32]:
     return np.ascontiguousarray(a, dtype=np.int32)
 
 
-def _nfa_csr(nfa: Nfa) -> tuple[NDArray[np.int32], NDArray[np.int32], NDArray[np.int32], NDArray[np.int32]]:
-    """A call-free NFA as flat arrays: epsilon CSR and byte-edge CSR ``(lo, hi, target)``."""
-    n = len(nfa.eps)
-    eo = np.zeros(n + 1, dtype=np.int64)
-    eo[1:] = np.cumsum(np.fromiter((len(x) for x in nfa.eps), dtype=np.int64, count=n))
-    eps = np.fromiter((t for x in nfa.eps for t in x), dtype=np.int32, count=int(eo[-1]))
-    do = np.zeros(n + 1, dtype=np.int64)
-    do[1:] = np.cumsum(np.fromiter((len(x) for x in nfa.edges), dtype=np.int64, count=n))
-    edges = np.fromiter((v for x in nfa.edges for e in x for v in e), dtype=np.int32,
-                        count=3 * int(do[-1])).reshape(-1, 3)
-    return eo.astype(np.int32), eps, do.astype(np.int32), edges
+def nfa_arrays(eps: Sequence[Sequence[int]], edges: Sequence[Sequence[tuple[int, int, int]]],
+               calls: Sequence[Sequence[tuple[int, int]]]
+               ) -> tuple[NDArray[np.int32], NDArray[np.int32], NDArray[np.int32],
+                          NDArray[np.int32], NDArray[np.int32], NDArray[np.int32]]:
+    """An NFA's per-state lists (as :class:`Nfa` holds them) as flat int32 arrays:
+    ``(eps_off [n+1], eps, edge_off [n+1], edges [m, 3] (lo, hi, target), call_off [n+1],
+    calls [k, 2] (rule, target))``, row ``x`` of each between ``off[x]`` and ``off[x + 1]``."""
+    n = len(eps)
 
+    def rows(lists: Sequence[Sequence[Any]], width: int) -> tuple[NDArray[np.int32], NDArray[np.int32]]:
+        off = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, lists), dtype=np.int64, count=n), out=off[1:])
+        items = chain.from_iterable(lists)
+        if width > 1:
+            items = chain.from_iterable(items)
+        flat = np.fromiter(items, dtype=np.int32, count=int(off[-1]) * width)
+        return off.astype(np.int32), (flat if width == 1 else flat.reshape(-1, width))
+
+    eo, eps_flat = rows(eps, 1)
+    do, edges_flat = rows(edges, 3)
+    co, calls_flat = rows(calls, 2)
+    return eo, eps_flat, do, edges_flat, co, calls_flat
 
 
 def minimise(d: Dfa, check: Callable[[], None] | None = None) -> Dfa:
@@ -480,7 +491,7 @@ def determinise(nfa: Nfa, start: int, end: int, name: str, max_states: int,
     ``max_states`` states or the deadline; the states are added to the budget's count."""
     dk = budget.dfa_kernels()
     if dk.COMPILED and not any(nfa.calls):
-        eo, eps_csr, do, edges = _nfa_csr(nfa)
+        eo, eps_csr, do, edges = nfa_arrays(nfa.eps, nfa.edges, nfa.calls)[:4]
         status, trans, acc = dk.determinise(eo, eps_csr, do, edges, start, end, max_states,
                                             budget.work_budget(), limits.stop_cell())
         if status == dk.LIMIT:

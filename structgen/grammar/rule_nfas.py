@@ -7,7 +7,7 @@ and call edges to rules by index), these run over all of them together:
   calls to rules whose language is non-empty (a fixpoint over rules decides which are), so
   that every DFA state built lazily at run time can complete its rule;
 * :func:`check_left_recursion` rejects a rule that can call itself before reading a byte;
-* :func:`lazy_rule` freezes a trimmed NFA into the :class:`~structgen.grammar.compiled.LazyRule`
+* :func:`lazy_rules` freezes the trimmed NFAs into the :class:`~structgen.grammar.compiled.LazyRule`
   the runtime determinises on first use.
 
 The shared call-free rules (:class:`~structgen.grammar.compiled.DfaRule` and the other
@@ -18,13 +18,16 @@ non-empty by construction.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import chain
+
+import numpy as np
 
 from structgen.errors import GrammarError
-from structgen.grammar.compiled import LazyRule, Rule
-from structgen.grammar.fsa import Nfa, byte_classes
+from structgen.grammar.compiled import LazyRule, Rule, _Csr
+from structgen.grammar.fsa import Nfa, nfa_arrays
 from structgen.grammar.graphs import strongly_connected_components
 
-__all__ = ["check_left_recursion", "lazy_rule", "trim_rule_nfas"]
+__all__ = ["check_left_recursion", "lazy_rules", "trim_rule_nfas"]
 
 
 def trim_rule_nfas(built: list[tuple[Nfa, int]], shared: int, start: str,
@@ -143,8 +146,41 @@ def check_left_recursion(built: list[tuple[Nfa, int]], names: Sequence[str], sha
                 + "; rewrite it as repetition (e.g. A: A x | y  =>  A: y x*)")
 
 
-def lazy_rule(name: str, nfa: Nfa, end: int) -> LazyRule:
-    """Freeze a trimmed NFA into a :class:`LazyRule`."""
-    class_of, nclass, cedges = byte_classes(nfa)
-    return LazyRule(name, tuple(tuple(x) for x in nfa.eps), tuple(tuple(es) for es in cedges),
-                    tuple(tuple(c) for c in nfa.calls), end, class_of, nclass)
+def lazy_rules(names: Sequence[str], built: list[tuple[Nfa, int]]) -> list[LazyRule]:
+    """Freeze trimmed NFAs (``built``: per rule its NFA and end state, ``names`` their names)
+    into :class:`LazyRule` objects holding the flat arrays the compiled runtime reads (their
+    Python lists are built only if a plain-Python path asks for them). Every rule is flattened
+    in the same few array operations: per-rule numpy calls would dominate for small rules."""
+    if not built:
+        return []
+    n_rules = len(built)
+    n_states = np.array([len(nfa) for nfa, _end in built], dtype=np.int64)
+    first = np.zeros(n_rules + 1, dtype=np.int64)  # per rule: its first state in the joined lists
+    np.cumsum(n_states, out=first[1:])
+    eo, eps, do, edges, co, calls = nfa_arrays(
+        list(chain.from_iterable(nfa.eps for nfa, _end in built)),
+        list(chain.from_iterable(nfa.edges for nfa, _end in built)),
+        list(chain.from_iterable(nfa.calls for nfa, _end in built)))
+    # byte classes per rule: bytes between two consecutive edge boundaries go everywhere alike
+    rule_of_edge = np.repeat(np.repeat(np.arange(n_rules), n_states), np.diff(do))
+    bound = np.zeros((n_rules, 257), dtype=np.bool_)
+    bound[:, 0] = bound[:, 256] = True
+    bound[rule_of_edge, edges[:, 0]] = True
+    bound[rule_of_edge, edges[:, 1] + 1] = True
+    class_of = (np.cumsum(bound[:, :256], axis=1, dtype=np.int32) - 1).astype(np.int32)
+    n_classes = (bound.sum(axis=1) - 1).tolist()
+    edges[:, 0] = class_of[rule_of_edge, edges[:, 0]]
+    edges[:, 1] = class_of[rule_of_edge, edges[:, 1]]
+    # the important states: byte or call edges, and each rule's end
+    important = ((np.diff(do) > 0) | (np.diff(co) > 0)).astype(np.uint8)
+    important[first[:-1] + np.array([end for _nfa, end in built], dtype=np.int64)] = 1
+    s_at = first.tolist()
+    e_at, d_at, c_at = eo[first].tolist(), do[first].tolist(), co[first].tolist()
+    out = []
+    for r, (name, (_nfa, end)) in enumerate(zip(names, built)):
+        s0, s1 = s_at[r], s_at[r + 1]
+        csr = _Csr(eo[s0:s1 + 1] - e_at[r], eps[e_at[r]:e_at[r + 1]],
+                   do[s0:s1 + 1] - d_at[r], edges[d_at[r]:d_at[r + 1]],
+                   co[s0:s1 + 1] - c_at[r], calls[c_at[r]:c_at[r + 1]], important[s0:s1])
+        out.append(LazyRule.from_csr(name, csr, end, class_of[r], n_classes[r]))
+    return out

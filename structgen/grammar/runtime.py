@@ -49,6 +49,7 @@ from numpy.typing import NDArray
 from structgen.errors import ConfigError
 from structgen.grammar import _runtime_kernels as K
 from structgen.grammar import _stack_kernels as S
+from structgen.grammar.compiled import joined_csr
 from structgen.grammar.gcpause import gc_paused
 from structgen.grammar.growth import SPARE_MIN_BYTES, Spares
 
@@ -152,17 +153,9 @@ def _rule_arrays(rules: tuple[Rule, ...]) -> dict[str, NDArray[np.generic]]:
     end = np.full(nr, -1, dtype=np.int32)
     lo = np.zeros(nr, dtype=np.int64)
     hi = np.zeros(nr, dtype=np.int64)
-    eo_l: list[npt.ArrayLike] = []
-    eps_l: list[npt.ArrayLike] = []
-    do_l: list[npt.ArrayLike] = []
-    edg_l: list[npt.ArrayLike] = []
-    co_l: list[npt.ArrayLike] = []
-    cal_l: list[npt.ArrayLike] = []
-    imp_l: list[npt.ArrayLike] = []
     tb_l: list[npt.ArrayLike] = []
     acc_l: list[npt.ArrayLike] = []
     nx = 0  # NFA states so far
-    ne = nd = nc = 0  # epsilon / edge / call entries so far
     nt = 0  # table rows so far
 
     def table(t: NDArray[np.int32], a: NDArray[np.bool_]) -> int:
@@ -174,31 +167,13 @@ def _rule_arrays(rules: tuple[Rule, ...]) -> dict[str, NDArray[np.generic]]:
         return at
 
     lazy = [rule for rule in rules if rule.kind == "lazy"]
-    if lazy:
-        lazy[0].build_csrs(lazy)  # together: per-rule numpy calls dominate for small rules
     for r, rule in enumerate(rules):
         if rule.kind == "lazy":
-            eo, eps, do, edges, co, calls, imp = rule.csr()
             kind[r] = K.LAZY
             base[r] = nx
-            cls[r] = rule._class_of
             ncls[r] = rule._nclass
             end[r] = nx + rule._end
-            eo_l.append(eo[:-1] + ne)
-            eps_l.append(eps + nx)
-            do_l.append(do[:-1] + nd)
-            e2 = edges.copy()
-            e2[:, 2] += nx
-            edg_l.append(e2)
-            co_l.append(co[:-1] + nc)
-            c2 = calls.copy()
-            c2[:, 1] += nx
-            cal_l.append(c2)
-            imp_l.append(imp)
-            nx += imp.shape[0]
-            ne += eps.shape[0]
-            nd += edges.shape[0]
-            nc += calls.shape[0]
+            nx += rule.csr().important.shape[0]
         elif rule.kind == "counted":
             kind[r] = K.COUNTED
             base[r] = table(rule._trans, rule._accept)
@@ -211,21 +186,20 @@ def _rule_arrays(rules: tuple[Rule, ...]) -> dict[str, NDArray[np.generic]]:
             base[r] = table(rule._a.trans, rule._a.accept)
             aux[r] = table(rule._b.trans, rule._b.accept)
 
-    def cat(parts: Sequence[npt.ArrayLike], tail: int | None, shape: tuple[int, ...],
-            dtype: type[_G]) -> NDArray[_G]:
+    def cat(parts: Sequence[npt.ArrayLike], shape: tuple[int, ...], dtype: type[_G]) -> NDArray[_G]:
         out = np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(shape, dtype=dtype)
-        if tail is not None:
-            out = np.concatenate([out, np.array([tail], dtype=out.dtype)])
         return np.ascontiguousarray(out)
 
+    # every lazy rule's NFA in one set of arrays, states numbered on from rule to rule
+    nfa = joined_csr([rule.csr() for rule in lazy])
+    if lazy:
+        cls[kind == K.LAZY] = np.stack([rule._class_of for rule in lazy])
     return {
         "rule_kind": kind, "rule_base": base, "rule_aux": aux, "rule_class": cls, "rule_nclasses": ncls,
         "rule_end": end, "rule_start": np.full(nr, -1, dtype=np.int32), "rule_lo": lo, "rule_hi": hi,
-        "nfa_eps_off": cat(eo_l, ne, (0,), np.int32), "nfa_eps": cat(eps_l, None, (0,), np.int32),
-        "nfa_edge_off": cat(do_l, nd, (0,), np.int32), "nfa_edges": cat(edg_l, None, (0, 3), np.int32),
-        "nfa_call_off": cat(co_l, nc, (0,), np.int32), "nfa_calls": cat(cal_l, None, (0, 2), np.int32),
-        "nfa_important": cat(imp_l, None, (0,), np.uint8),
-        "table_trans": cat(tb_l, None, (0, 256), np.int32), "table_accept": cat(acc_l, None, (0,), np.uint8),
+        "nfa_eps_off": nfa.eps_off, "nfa_eps": nfa.eps, "nfa_edge_off": nfa.edge_off, "nfa_edges": nfa.edges,
+        "nfa_call_off": nfa.call_off, "nfa_calls": nfa.calls, "nfa_important": nfa.important,
+        "table_trans": cat(tb_l, (0, 256), np.int32), "table_accept": cat(acc_l, (0,), np.uint8),
     }
 
 

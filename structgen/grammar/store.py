@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -49,15 +49,6 @@ FORMAT_VERSION = 2
 _SUFFIX = ".npz"
 
 _Arrays = Mapping[str, NDArray[np.integer | np.bool_]]  # the stored tables: integers and flags
-
-
-def _csr(lists: Sequence[Sequence[int | tuple[int, ...]]],
-         width: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    off = np.zeros(len(lists) + 1, dtype=np.int64)
-    off[1:] = np.cumsum([len(x) for x in lists], dtype=np.int64)
-    flat = [v for x in lists for e in x for v in (e if isinstance(e, tuple) else (e,))]
-    data = np.array(flat, dtype=np.int64)
-    return off, data.reshape(-1, width) if width > 1 else data
 
 
 def _digest(table: JsonValue, blob: NDArray[np.uint8]) -> str:
@@ -117,13 +108,13 @@ def _encode(cg: CompiledGrammar) -> tuple[list[JsonValue], dict[str, NDArray[np.
     for i, rule in enumerate(cg.rules):
         p = f"r{i}_"
         if isinstance(rule, LazyRule):
-            st = rule.__getstate__()
-            arrays[p + "eps_off"], arrays[p + "eps"] = _csr(st["eps"], 1)
-            arrays[p + "edge_off"], arrays[p + "edges"] = _csr(st["edges"], 3)
-            arrays[p + "call_off"], arrays[p + "calls"] = _csr(st["calls"], 2)
-            arrays[p + "class_of"] = np.asarray(st["class_of"])
-            rules.append({"kind": "lazy", "name": st["name"], "end": int(st["end"]),
-                          "nclass": int(st["nclass"])})
+            nfa = rule.csr()
+            arrays[p + "eps_off"], arrays[p + "eps"] = nfa.eps_off, nfa.eps
+            arrays[p + "edge_off"], arrays[p + "edges"] = nfa.edge_off, nfa.edges
+            arrays[p + "call_off"], arrays[p + "calls"] = nfa.call_off, nfa.calls
+            arrays[p + "class_of"] = np.asarray(rule._class_of)
+            rules.append({"kind": "lazy", "name": rule.name, "end": int(rule._end),
+                          "nclass": int(rule._nclass)})
         elif isinstance(rule, CountedRule):
             cst = rule.__getstate__()
             arrays[p + "trans"], arrays[p + "accept"] = np.asarray(cst["trans"]), np.asarray(cst["accept"])
