@@ -36,7 +36,8 @@ __all__ = [
 
 
 class Expr:
-    """Base of IR expressions. Immutable; structural equality; cached hash."""
+    """Base of IR expressions. Immutable; structural equality; cached hash (set when a node
+    is made, its children's already known; computed on first use for a :class:`Dfa`)."""
 
     __slots__ = ("_hash", "_fp", "_rf", "_sz")
     # cached on first use (see __hash__, fingerprint, refs); unset until then
@@ -145,6 +146,7 @@ class ByteSet(Expr):
 
     def __init__(self, ranges: tuple[tuple[int, int], ...]) -> None:
         object.__setattr__(self, "ranges", ranges)
+        object.__setattr__(self, "_hash", hash((type(self).__name__, ranges)))
 
     def _key(self) -> tuple[object, ...]:
         return self.ranges
@@ -170,6 +172,7 @@ class Seq(Expr):
 
     def __init__(self, items: tuple[Expr, ...]) -> None:
         object.__setattr__(self, "items", items)
+        object.__setattr__(self, "_hash", hash((type(self).__name__, items)))
 
     def _key(self) -> tuple[object, ...]:
         return self.items
@@ -192,6 +195,7 @@ class Alt(Expr):
 
     def __init__(self, items: tuple[Expr, ...]) -> None:
         object.__setattr__(self, "items", items)
+        object.__setattr__(self, "_hash", hash((type(self).__name__, items)))
 
     def _key(self) -> tuple[object, ...]:
         return self.items
@@ -218,6 +222,7 @@ class Repeat(Expr):
         object.__setattr__(self, "item", item)
         object.__setattr__(self, "min", min)
         object.__setattr__(self, "max", max)
+        object.__setattr__(self, "_hash", hash((type(self).__name__, (item, min, max))))
 
     def _key(self) -> tuple[object, ...]:
         return (self.item, self.min, self.max)
@@ -237,6 +242,7 @@ class Ref(Expr):
 
     def __init__(self, name: str) -> None:
         object.__setattr__(self, "name", name)
+        object.__setattr__(self, "_hash", hash((type(self).__name__, (name,))))
 
     def _key(self) -> tuple[object, ...]:
         return (self.name,)
@@ -255,6 +261,7 @@ class And(Expr):
     def __init__(self, left: Expr, right: Expr) -> None:
         object.__setattr__(self, "left", left)
         object.__setattr__(self, "right", right)
+        object.__setattr__(self, "_hash", hash((type(self).__name__, (left, right))))
 
     def _key(self) -> tuple[object, ...]:
         return (self.left, self.right)
@@ -276,6 +283,7 @@ class Diff(Expr):
     def __init__(self, left: Expr, right: Expr) -> None:
         object.__setattr__(self, "left", left)
         object.__setattr__(self, "right", right)
+        object.__setattr__(self, "_hash", hash((type(self).__name__, (left, right))))
 
     def _key(self) -> tuple[object, ...]:
         return (self.left, self.right)
