@@ -36,8 +36,9 @@ __all__ = [
 
 
 class Expr:
-    """Base of IR expressions. Immutable; structural equality; cached hash (set when a node
-    is made, its children's already known; computed on first use for a :class:`Dfa`)."""
+    """Base of IR expressions. Immutable; structural equality. The hash and the referenced
+    rule names are set when a node is made, from its children's (the hash of a :class:`Dfa`
+    on first use)."""
 
     __slots__ = ("_hash", "_fp", "_rf", "_sz")
     # cached on first use (see __hash__, fingerprint, refs); unset until then
@@ -109,32 +110,24 @@ class Expr:
         return (type(self), self._args())
 
     def refs(self) -> frozenset[str]:
-        """Names of the rules referenced anywhere inside (cached on every node visited)."""
-        try:
-            return self._rf
-        except AttributeError:
-            pass
-        # post-order over the DAG without recursion: children first, each node once
-        stack: list[tuple[Expr, bool]] = [(self, False)]
-        while stack:
-            x, done = stack.pop()
-            if hasattr(x, "_rf"):
-                continue
-            kids = x._children()
-            if not done and any(not hasattr(k, "_rf") for k in kids):
-                stack.append((x, True))
-                stack.extend((k, False) for k in kids if not hasattr(k, "_rf"))
-                continue
-            out: frozenset[str] = frozenset()
-            for k in kids:
-                out = out | k._rf if k._rf else out
-            if isinstance(x, Ref):
-                out = out | {x.name}
-            object.__setattr__(x, "_rf", out)
+        """Names of the rules referenced anywhere inside."""
         return self._rf
 
     def _children(self) -> tuple[Expr, ...]:
         return ()
+
+
+_NO_REFS: frozenset[str] = frozenset()
+
+
+def _refs_of(children: tuple[Expr, ...]) -> frozenset[str]:
+    """The rules referenced below ``children`` (each knows its own since it was made)."""
+    out = _NO_REFS
+    for k in children:
+        rf = k._rf
+        if rf and rf is not out:
+            out = rf if not out else out | rf
+    return out
 
 
 class ByteSet(Expr):
@@ -173,6 +166,7 @@ class Seq(Expr):
     def __init__(self, items: tuple[Expr, ...]) -> None:
         object.__setattr__(self, "items", items)
         object.__setattr__(self, "_hash", hash((type(self).__name__, items)))
+        object.__setattr__(self, "_rf", _refs_of(items))
 
     def _key(self) -> tuple[object, ...]:
         return self.items
@@ -196,6 +190,7 @@ class Alt(Expr):
     def __init__(self, items: tuple[Expr, ...]) -> None:
         object.__setattr__(self, "items", items)
         object.__setattr__(self, "_hash", hash((type(self).__name__, items)))
+        object.__setattr__(self, "_rf", _refs_of(items))
 
     def _key(self) -> tuple[object, ...]:
         return self.items
@@ -223,6 +218,7 @@ class Repeat(Expr):
         object.__setattr__(self, "min", min)
         object.__setattr__(self, "max", max)
         object.__setattr__(self, "_hash", hash((type(self).__name__, (item, min, max))))
+        object.__setattr__(self, "_rf", item._rf)
 
     def _key(self) -> tuple[object, ...]:
         return (self.item, self.min, self.max)
@@ -243,6 +239,7 @@ class Ref(Expr):
     def __init__(self, name: str) -> None:
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "_hash", hash((type(self).__name__, (name,))))
+        object.__setattr__(self, "_rf", frozenset((name,)))
 
     def _key(self) -> tuple[object, ...]:
         return (self.name,)
@@ -262,6 +259,7 @@ class And(Expr):
         object.__setattr__(self, "left", left)
         object.__setattr__(self, "right", right)
         object.__setattr__(self, "_hash", hash((type(self).__name__, (left, right))))
+        object.__setattr__(self, "_rf", _refs_of((left, right)))
 
     def _key(self) -> tuple[object, ...]:
         return (self.left, self.right)
@@ -284,6 +282,7 @@ class Diff(Expr):
         object.__setattr__(self, "left", left)
         object.__setattr__(self, "right", right)
         object.__setattr__(self, "_hash", hash((type(self).__name__, (left, right))))
+        object.__setattr__(self, "_rf", _refs_of((left, right)))
 
     def _key(self) -> tuple[object, ...]:
         return (self.left, self.right)
