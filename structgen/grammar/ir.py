@@ -36,15 +36,16 @@ __all__ = [
 
 
 class Expr:
-    """Base of IR expressions. Immutable; structural equality. The hash and the referenced
-    rule names are set when a node is made, from its children's (the hash of a :class:`Dfa`
-    on first use)."""
+    """Base of IR expressions. Immutable; structural equality. The hash, the referenced rule
+    names and the rough NFA size (:func:`structgen.grammar.passes.expr_size`) are set when a
+    node is made, from its children's (the hash of a :class:`Dfa` on first use)."""
 
     __slots__ = ("_hash", "_fp", "_rf", "_sz")
     # cached on first use (see __hash__, fingerprint, refs); unset until then
     _hash: int
     _fp: bytes
     _rf: frozenset[str]
+    _sz: int
 
     def _key(self) -> tuple[object, ...]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -140,6 +141,7 @@ class ByteSet(Expr):
     def __init__(self, ranges: tuple[tuple[int, int], ...]) -> None:
         object.__setattr__(self, "ranges", ranges)
         object.__setattr__(self, "_hash", hash((type(self).__name__, ranges)))
+        object.__setattr__(self, "_sz", 1)
 
     def _key(self) -> tuple[object, ...]:
         return self.ranges
@@ -167,6 +169,7 @@ class Seq(Expr):
         object.__setattr__(self, "items", items)
         object.__setattr__(self, "_hash", hash((type(self).__name__, items)))
         object.__setattr__(self, "_rf", _refs_of(items))
+        object.__setattr__(self, "_sz", 1 + sum(k._sz for k in items))
 
     def _key(self) -> tuple[object, ...]:
         return self.items
@@ -191,6 +194,7 @@ class Alt(Expr):
         object.__setattr__(self, "items", items)
         object.__setattr__(self, "_hash", hash((type(self).__name__, items)))
         object.__setattr__(self, "_rf", _refs_of(items))
+        object.__setattr__(self, "_sz", 1 + sum(k._sz for k in items))
 
     def _key(self) -> tuple[object, ...]:
         return self.items
@@ -219,6 +223,8 @@ class Repeat(Expr):
         object.__setattr__(self, "max", max)
         object.__setattr__(self, "_hash", hash((type(self).__name__, (item, min, max))))
         object.__setattr__(self, "_rf", item._rf)
+        reps = max if max is not None else min  # (the parameters shadow the builtins)
+        object.__setattr__(self, "_sz", 1 + item._sz * (1 if reps < 1 else reps if reps < 10_000 else 10_000))
 
     def _key(self) -> tuple[object, ...]:
         return (self.item, self.min, self.max)
@@ -240,6 +246,7 @@ class Ref(Expr):
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "_hash", hash((type(self).__name__, (name,))))
         object.__setattr__(self, "_rf", frozenset((name,)))
+        object.__setattr__(self, "_sz", 1)
 
     def _key(self) -> tuple[object, ...]:
         return (self.name,)
@@ -260,6 +267,7 @@ class And(Expr):
         object.__setattr__(self, "right", right)
         object.__setattr__(self, "_hash", hash((type(self).__name__, (left, right))))
         object.__setattr__(self, "_rf", _refs_of((left, right)))
+        object.__setattr__(self, "_sz", 1 + left._sz * right._sz)
 
     def _key(self) -> tuple[object, ...]:
         return (self.left, self.right)
@@ -283,6 +291,7 @@ class Diff(Expr):
         object.__setattr__(self, "right", right)
         object.__setattr__(self, "_hash", hash((type(self).__name__, (left, right))))
         object.__setattr__(self, "_rf", _refs_of((left, right)))
+        object.__setattr__(self, "_sz", 1 + left._sz * right._sz)
 
     def _key(self) -> tuple[object, ...]:
         return (self.left, self.right)
@@ -323,6 +332,7 @@ class Dfa(Expr):
         object.__setattr__(self, "start", int(start))
         object.__setattr__(self, "accept", acc)
         object.__setattr__(self, "trans", t)
+        object.__setattr__(self, "_sz", n)
 
     def _key(self) -> tuple[object, ...]:
         return (self.start, tuple(sorted(self.accept)), self.trans)

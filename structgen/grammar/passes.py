@@ -32,6 +32,10 @@ class Counted(ir.Repeat):
 
     __slots__ = ()
 
+    def __init__(self, item: ir.Expr, min: int, max: int | None) -> None:
+        super().__init__(item, min, max)
+        object.__setattr__(self, "_sz", 2)  # a call of its counted rule
+
 
 def merge_equal_rules(start: str, reach: set[str], rules: dict[str, ir.Expr],
                        origin: dict[str, str]) -> bool:
@@ -86,49 +90,10 @@ def _rename_refs(e: ir.Expr, alias: dict[str, str], memo: dict[int, ir.Expr]) ->
 
 
 def expr_size(e: ir.Expr) -> int:
-    """Rough NFA size of an expression (for inlining decisions), cached on the node (a pure
-    function of its structure: equal expressions have one size; no dictionary lookup that
-    would compare equal but distinct expressions deeply)."""
-    try:
-        return e._sz  # type: ignore[attr-defined,no-any-return]
-    except AttributeError:
-        pass
-    # post-order over the DAG without recursion: children first, each node once
-    stack: list[tuple[ir.Expr, bool]] = [(e, False)]
-    while stack:
-        x, done = stack.pop()
-        if hasattr(x, "_sz"):
-            continue
-        if isinstance(x, Counted):
-            kids: tuple[ir.Expr, ...] = ()
-        elif isinstance(x, (ir.Seq, ir.Alt)):
-            kids = x.items
-        elif isinstance(x, ir.Repeat):
-            kids = (x.item,)
-        elif isinstance(x, (ir.And, ir.Diff)):
-            kids = (x.left, x.right)
-        else:
-            kids = ()
-        if not done and any(not hasattr(k, "_sz") for k in kids):
-            stack.append((x, True))
-            stack.extend((k, False) for k in kids if not hasattr(k, "_sz"))
-            continue
-        if isinstance(x, Counted):
-            s = 2  # a call of its counted rule
-        elif isinstance(x, (ir.Seq, ir.Alt)):
-            s = 1 + sum(k._sz for k in kids)  # type: ignore[attr-defined]
-        elif isinstance(x, ir.Repeat):
-            reps = x.max if x.max is not None else max(x.min, 1)
-            s = 1 + x.item._sz * max(1, min(reps, 10_000))  # type: ignore[attr-defined]
-        elif isinstance(x, (ir.And, ir.Diff)):
-            s = 1 + x.left._sz * x.right._sz  # type: ignore[attr-defined]
-        elif isinstance(x, ir.Dfa):
-            s = len(x.trans)
-        else:
-            s = 1
-        object.__setattr__(x, "_sz", s)
-    return e._sz  # type: ignore[attr-defined,no-any-return]
-
+    """Rough NFA size of an expression (for inlining decisions): 1 per node, a repetition's
+    item times its bound (at most 10,000), an intersection's operands multiplied, a counted
+    repetition 2 (a call of its rule). Set on each node when it is made."""
+    return e._sz
 
 
 def hoisted_name(prefix: str, e: ir.Expr, hoisted: dict[ir.Expr, str], rules: dict[str, ir.Expr]) -> str:
