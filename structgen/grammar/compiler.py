@@ -458,6 +458,17 @@ class _Compiler:
                     nfa.edges[start].append((lo, hi, t))
                 result = t
                 continue
+            if type(sub) is ir.Seq and all(type(x) is ir.ByteSet for x in sub.items):
+                # a literal (a key, a keyword, punctuation): a chain, without generators
+                t = start
+                for x in sub.items:
+                    t2 = nfa.new()
+                    edges = nfa.edges[t]
+                    for lo, hi in x.ranges:  # type: ignore[attr-defined]
+                        edges.append((lo, hi, t2))
+                    t = t2
+                result = t
+                continue
             stack.append(self._build_node(nfa, sub, start, where))
             result = None
         assert result is not None
