@@ -414,7 +414,7 @@ def seq(*items: Expr) -> Expr:
     for it in items:
         if isinstance(it, Seq):
             out.extend(it.items)
-        elif it == NEVER:
+        elif isinstance(it, Alt) and not it.items:  # NEVER (compared without __eq__)
             return NEVER
         else:
             out.append(it)
