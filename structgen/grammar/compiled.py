@@ -193,6 +193,7 @@ class LazyRule:
                  calls: tuple[tuple[tuple[int, int], ...], ...], end: int,
                  class_of: NDArray[np.int32], nclass: int) -> None:
         self.name = name
+        self.marker_class: bool | None = None  # unknown until has_value_checks asks
         self._eps = eps            # per NFA state: epsilon targets
         self._edges = edges        # per NFA state: (class_lo, class_hi, target)
         self._ncalls = calls       # per NFA state: (callee rule, target)
@@ -233,12 +234,15 @@ class LazyRule:
                           st["nclass"])
 
     @classmethod
-    def from_csr(cls, name: str, csr: _Csr, end: int, class_of: NDArray[np.int32], nclass: int) -> LazyRule:
+    def from_csr(cls, name: str, csr: _Csr, end: int, class_of: NDArray[np.int32], nclass: int,
+                 marker_class: bool | None = None) -> LazyRule:
         """The rule whose NFA is ``csr`` (the arrays :meth:`csr` gives; a stored grammar's).
         The compiled runtime reads those arrays as they are; the NFA's Python lists and the
         rule's own DFA states (:meth:`info`, for the plain-Python paths) are built only when
-        first used."""
+        first used. ``marker_class``: whether some byte class holds value-check markers only
+        (see :attr:`CompiledGrammar.has_value_checks`), when the caller knows."""
         self = cls.__new__(cls)
+        self.marker_class = marker_class
         self.name = name
         self._end = end
         self._class_of = class_of
@@ -705,7 +709,9 @@ class CompiledGrammar:
         got = self._value_checks
         if got is None:
             lazy = [r for r in self._rules if isinstance(r, LazyRule)]
-            marked = [r for r, m in zip(lazy, _marker_classes(lazy)) if m]
+            unknown = [r for r in lazy if r.marker_class is None]
+            marked = [r for r in lazy if r.marker_class]
+            marked += [r for r, m in zip(unknown, _marker_classes(unknown)) if m]
             others = [r for r in self._rules if not isinstance(r, LazyRule)]
             got = self._value_checks = any(_uses_markers(r) for r in (*marked, *others))
         return got

@@ -169,6 +169,8 @@ def lazy_rules(names: Sequence[str], built: list[tuple[Nfa, int]]) -> list[LazyR
     bound[rule_of_edge, edges[:, 1] + 1] = True
     class_of = (np.cumsum(bound[:, :256], axis=1, dtype=np.int32) - 1).astype(np.int32)
     n_classes = (bound.sum(axis=1) - 1).tolist()
+    # a class of value-check markers only (0xF8-0xFF) starts at a boundary among them
+    marker_class: list[bool] = np.asarray(bound[:, 0xF8:0x100].any(axis=1)).tolist()
     edges[:, 0] = class_of[rule_of_edge, edges[:, 0]]
     edges[:, 1] = class_of[rule_of_edge, edges[:, 1]]
     # the important states: byte or call edges, and each rule's end
@@ -182,5 +184,5 @@ def lazy_rules(names: Sequence[str], built: list[tuple[Nfa, int]]) -> list[LazyR
         csr = _Csr(eo[s0:s1 + 1] - e_at[r], eps[e_at[r]:e_at[r + 1]],
                    do[s0:s1 + 1] - d_at[r], edges[d_at[r]:d_at[r + 1]],
                    co[s0:s1 + 1] - c_at[r], calls[c_at[r]:c_at[r + 1]], important[s0:s1])
-        out.append(LazyRule.from_csr(name, csr, end, class_of[r], n_classes[r]))
+        out.append(LazyRule.from_csr(name, csr, end, class_of[r], n_classes[r], marker_class[r]))
     return out
