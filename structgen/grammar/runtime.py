@@ -300,7 +300,10 @@ class RuntimeTables:
         self.nfa_closure[:, 1] = -1
         for grp, (_slot, rows, cols) in self._GROUPS.items():
             for name, fill, dims, dt in cols:
-                setattr(self, name, np.full((rows,) + dims, fill, dtype=dt))
+                if name in self._LAZY_ROWS:  # rows written whole when interned: no fill
+                    setattr(self, name, np.empty((rows,) + dims, dtype=dt))
+                else:
+                    setattr(self, name, np.full((rows,) + dims, fill, dtype=dt))
             self._new_hash(grp, 2 * rows)
         self.closures[:, 1] = -1
         for name, _slot, size, dims in self._DATA:
