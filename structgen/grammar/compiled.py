@@ -74,39 +74,6 @@ class _Csr(NamedTuple):
     important: NDArray[np.uint8]
 
 
-def joined_csr(parts: list[_Csr]) -> _Csr:
-    """NFAs ``parts`` (:meth:`LazyRule.csr` arrays) in one set of arrays, as the compiled
-    runtime lays its rules out: states numbered on from the previous part's, offsets running
-    on with a final total. A fixed number of array operations for any number of parts."""
-    if not parts:
-        z = np.zeros(1, dtype=np.int32)
-        e = np.zeros(0, dtype=np.int32)
-        return _Csr(z, e, z, e.reshape(0, 3), z, e.reshape(0, 2), e.astype(np.uint8))
-    n_states = np.array([p.important.shape[0] for p in parts], dtype=np.int64)
-    first = np.zeros(len(parts), dtype=np.int64)  # per part: its first state
-    np.cumsum(n_states[:-1], out=first[1:])
-
-    def join(offs: list[NDArray[np.int32]], items: list[NDArray[np.int32]], target: int | None
-             ) -> tuple[NDArray[np.int32], NDArray[np.int32]]:
-        counts = np.array([x.shape[0] for x in items], dtype=np.int64)
-        before = np.zeros(len(items), dtype=np.int64)  # per part: items of the parts before it
-        np.cumsum(counts[:-1], out=before[1:])
-        off = np.concatenate([*(o[:-1] for o in offs), np.array([counts.sum()], dtype=np.int32)])
-        off[:-1] += np.repeat(before, n_states).astype(np.int32)
-        flat = np.concatenate(items)
-        shift = np.repeat(first, counts).astype(np.int32)
-        if target is None:
-            flat += shift
-        else:
-            flat[:, target] += shift
-        return off, flat
-
-    eo, eps = join([p.eps_off for p in parts], [p.eps for p in parts], None)
-    do, edges = join([p.edge_off for p in parts], [p.edges for p in parts], 2)
-    co, calls = join([p.call_off for p in parts], [p.calls for p in parts], 1)
-    return _Csr(eo, eps, do, edges, co, calls, np.concatenate([p.important for p in parts]))
-
-
 def _csr_rows(off: NDArray[np.int32], items: list[Any]) -> tuple[tuple[Any, ...], ...]:
     """``items`` cut into the rows of a CSR array with offsets ``off``."""
     b = off.tolist()

@@ -35,7 +35,7 @@ from structgen.grammar.graphs import strongly_connected_components
 
 __all__ = ["BuildBudget", "Dfa", "Nfa", "all_states_infinite", "byte_classes", "cyclic_states",
            "determinise", "embed", "explore_dfa", "finite_language", "minimise", "minimise_dfa",
-           "native_ready", "nfa_arrays", "product", "regular_expr_dfa", "trim"]
+           "joined_nfa_arrays", "native_ready", "nfa_arrays", "product", "regular_expr_dfa", "trim"]
 
 MINIMISE_MIN = 256       # regular sub-automata above this size are minimised
 MINIMISE_SKIP_MIN = 8192  # ... unless above this size with almost no two states alike (see _nearly_distinct)
@@ -278,6 +278,41 @@ def nfa_arrays(eps: Sequence[Sequence[int]], edges: Sequence[Sequence[tuple[int,
     do, edges_flat = rows(edges, 3)
     co, calls_flat = rows(calls, 2)
     return eo, eps_flat, do, edges_flat, co, calls_flat
+
+
+def joined_nfa_arrays(parts: Sequence[Sequence[NDArray[Any]]]) -> tuple[NDArray[Any], ...]:
+    """NFAs ``parts`` (each as :meth:`~structgen.grammar.compiled.LazyRule.csr` gives it:
+    ``eps_off, eps, edge_off, edges [m, 3], call_off, calls [k, 2], important``) in one set
+    of arrays of that layout, as the compiled runtime lays its rules out: states numbered on
+    from the previous part's, offsets running on with a final total. A fixed number of array
+    operations for any number of parts."""
+    if not parts:
+        z = np.zeros(1, dtype=np.int32)
+        e = np.zeros(0, dtype=np.int32)
+        return z, e, z, e.reshape(0, 3), z, e.reshape(0, 2), e.astype(np.uint8)
+    n_states = np.array([p[6].shape[0] for p in parts], dtype=np.int64)
+    first = np.zeros(len(parts), dtype=np.int64)  # per part: its first state
+    np.cumsum(n_states[:-1], out=first[1:])
+
+    def join(k: int, target: int | None) -> tuple[NDArray[np.int32], NDArray[np.int32]]:
+        items = [p[k + 1] for p in parts]
+        counts = np.array([x.shape[0] for x in items], dtype=np.int64)
+        before = np.zeros(len(items), dtype=np.int64)  # per part: items of the parts before it
+        np.cumsum(counts[:-1], out=before[1:])
+        off = np.concatenate([*(p[k][:-1] for p in parts), np.array([counts.sum()], dtype=np.int32)])
+        off[:-1] += np.repeat(before, n_states).astype(np.int32)
+        flat = np.concatenate(items)
+        shift = np.repeat(first, counts).astype(np.int32)
+        if target is None:
+            flat += shift
+        else:
+            flat[:, target] += shift
+        return off, flat
+
+    eo, eps = join(0, None)
+    do, edges = join(2, 2)
+    co, calls = join(4, 1)
+    return eo, eps, do, edges, co, calls, np.concatenate([p[6] for p in parts])
 
 
 def minimise(d: Dfa, check: Callable[[], None] | None = None) -> Dfa:

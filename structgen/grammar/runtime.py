@@ -49,7 +49,7 @@ from numpy.typing import NDArray
 from structgen.errors import ConfigError
 from structgen.grammar import _runtime_kernels as K
 from structgen.grammar import _stack_kernels as S
-from structgen.grammar.compiled import joined_csr
+from structgen.grammar.fsa import joined_nfa_arrays
 from structgen.grammar.gcpause import gc_paused
 from structgen.grammar.growth import SPARE_MIN_BYTES, Spares
 
@@ -191,14 +191,14 @@ def _rule_arrays(rules: tuple[Rule, ...]) -> dict[str, NDArray[np.generic]]:
         return np.ascontiguousarray(out)
 
     # every lazy rule's NFA in one set of arrays, states numbered on from rule to rule
-    nfa = joined_csr([rule.csr() for rule in lazy])
+    eo, eps, do, edges, co, calls, important = joined_nfa_arrays([rule.csr() for rule in lazy])
     if lazy:
         cls[kind == K.LAZY] = np.stack([rule._class_of for rule in lazy])
     return {
         "rule_kind": kind, "rule_base": base, "rule_aux": aux, "rule_class": cls, "rule_nclasses": ncls,
         "rule_end": end, "rule_start": np.full(nr, -1, dtype=np.int32), "rule_lo": lo, "rule_hi": hi,
-        "nfa_eps_off": nfa.eps_off, "nfa_eps": nfa.eps, "nfa_edge_off": nfa.edge_off, "nfa_edges": nfa.edges,
-        "nfa_call_off": nfa.call_off, "nfa_calls": nfa.calls, "nfa_important": nfa.important,
+        "nfa_eps_off": eo, "nfa_eps": eps, "nfa_edge_off": do, "nfa_edges": edges,
+        "nfa_call_off": co, "nfa_calls": calls, "nfa_important": important,
         "table_trans": cat(tb_l, (0, 256), np.int32), "table_accept": cat(acc_l, (0,), np.uint8),
     }
 
