@@ -24,7 +24,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Generator
 from types import ModuleType
-from typing import NoReturn, TypeAlias
+from typing import NoReturn, TypeAlias, cast
 
 import numpy as np
 
@@ -452,21 +452,22 @@ class _Compiler:
                 error = exc
                 continue
             sub, start, where = req
-            if isinstance(sub, ir.ByteSet):  # the common leaf, without a generator
-                t = nfa.new()
-                for lo, hi in sub.ranges:
-                    nfa.edges[start].append((lo, hi, t))
-                result = t
-                continue
-            if type(sub) is ir.Seq and all(type(x) is ir.ByteSet for x in sub.items):
-                # a literal (a key, a keyword, punctuation): a chain, without generators
+            if isinstance(sub, ir.ByteSet):
+                leaves: tuple[ir.Expr, ...] = (sub,)
+            elif type(sub) is ir.Seq and all(type(x) is ir.ByteSet for x in sub.items):
+                leaves = sub.items
+            else:
+                leaves = ()
+            if leaves:
+                # a byte set or a literal (a key, a keyword, punctuation), the common leaves:
+                # a chain of states, without a generator per byte
                 t = start
-                for x in sub.items:
-                    t2 = nfa.new()
+                for x in leaves:
+                    nxt = nfa.new()
                     edges = nfa.edges[t]
-                    for lo, hi in x.ranges:  # type: ignore[attr-defined]
-                        edges.append((lo, hi, t2))
-                    t = t2
+                    for lo, hi in cast(ir.ByteSet, x).ranges:
+                        edges.append((lo, hi, nxt))
+                    t = nxt
                 result = t
                 continue
             stack.append(self._build_node(nfa, sub, start, where))

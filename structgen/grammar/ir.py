@@ -50,6 +50,13 @@ class Expr:
     def _key(self) -> tuple[object, ...]:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def _derive(self, key: tuple[object, ...], children: tuple[Expr, ...], size: int) -> None:
+        """Set the hash (from ``key``, whose nodes have theirs), the referenced rules (those
+        of ``children``) and the rough size of a node being made."""
+        object.__setattr__(self, "_hash", hash((type(self).__name__, key)))
+        object.__setattr__(self, "_rf", _refs_of(children))
+        object.__setattr__(self, "_sz", size)
+
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
@@ -167,9 +174,7 @@ class Seq(Expr):
 
     def __init__(self, items: tuple[Expr, ...]) -> None:
         object.__setattr__(self, "items", items)
-        object.__setattr__(self, "_hash", hash((type(self).__name__, items)))
-        object.__setattr__(self, "_rf", _refs_of(items))
-        object.__setattr__(self, "_sz", 1 + sum(k._sz for k in items))
+        self._derive(items, items, 1 + sum(k._sz for k in items))
 
     def _key(self) -> tuple[object, ...]:
         return self.items
@@ -192,9 +197,7 @@ class Alt(Expr):
 
     def __init__(self, items: tuple[Expr, ...]) -> None:
         object.__setattr__(self, "items", items)
-        object.__setattr__(self, "_hash", hash((type(self).__name__, items)))
-        object.__setattr__(self, "_rf", _refs_of(items))
-        object.__setattr__(self, "_sz", 1 + sum(k._sz for k in items))
+        self._derive(items, items, 1 + sum(k._sz for k in items))
 
     def _key(self) -> tuple[object, ...]:
         return self.items
@@ -221,10 +224,9 @@ class Repeat(Expr):
         object.__setattr__(self, "item", item)
         object.__setattr__(self, "min", min)
         object.__setattr__(self, "max", max)
-        object.__setattr__(self, "_hash", hash((type(self).__name__, (item, min, max))))
-        object.__setattr__(self, "_rf", item._rf)
         reps = max if max is not None else min  # (the parameters shadow the builtins)
-        object.__setattr__(self, "_sz", 1 + item._sz * (1 if reps < 1 else reps if reps < 10_000 else 10_000))
+        self._derive((item, min, max), (item,),
+                     1 + item._sz * (1 if reps < 1 else reps if reps < 10_000 else 10_000))
 
     def _key(self) -> tuple[object, ...]:
         return (self.item, self.min, self.max)
@@ -265,9 +267,7 @@ class And(Expr):
     def __init__(self, left: Expr, right: Expr) -> None:
         object.__setattr__(self, "left", left)
         object.__setattr__(self, "right", right)
-        object.__setattr__(self, "_hash", hash((type(self).__name__, (left, right))))
-        object.__setattr__(self, "_rf", _refs_of((left, right)))
-        object.__setattr__(self, "_sz", 1 + left._sz * right._sz)
+        self._derive((left, right), (left, right), 1 + left._sz * right._sz)
 
     def _key(self) -> tuple[object, ...]:
         return (self.left, self.right)
@@ -289,9 +289,7 @@ class Diff(Expr):
     def __init__(self, left: Expr, right: Expr) -> None:
         object.__setattr__(self, "left", left)
         object.__setattr__(self, "right", right)
-        object.__setattr__(self, "_hash", hash((type(self).__name__, (left, right))))
-        object.__setattr__(self, "_rf", _refs_of((left, right)))
-        object.__setattr__(self, "_sz", 1 + left._sz * right._sz)
+        self._derive((left, right), (left, right), 1 + left._sz * right._sz)
 
     def _key(self) -> tuple[object, ...]:
         return (self.left, self.right)
