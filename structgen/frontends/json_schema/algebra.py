@@ -41,6 +41,7 @@ from structgen.errors import CompileLimitError, CompileTimeoutError, SchemaError
 from structgen.frontends.json_schema.document import Loc, SchemaDoc, escape_token
 from structgen.frontends.json_schema.formulas import (
     ST,
+    KeyIndex,
     num_and,
     num_empty,
     num_not,
@@ -48,7 +49,6 @@ from structgen.frontends.json_schema.formulas import (
     s_and,
     s_empty,
     s_lits,
-    s_member,
     s_not,
     s_or,
     value_key,
@@ -278,15 +278,15 @@ class Normalizer(TypeKeywords):
     def _obj_empty(self, o: Obj, depth: int = 1) -> bool:
         if o.max_props is not None and (o.min_props > o.max_props or len(o.required) > o.max_props):
             return True
-        for r in o.required:
-            for k, s in o.props:
-                if s == FALSE and s_member(k, r):
-                    return True
-        if depth > 0:
-            for r in o.required:
-                v = n_and(*(s for k, s in o.props if s_member(k, r)))
-                if self.is_empty(v, depth):
-                    return True
+        if o.required:
+            keys = KeyIndex(k for k, _s in o.props)
+            holding = {r: keys.holding(r) for r in o.required}
+            if any(o.props[i][1] == FALSE for ids in holding.values() for i in ids):
+                return True
+            if depth > 0:
+                for ids in holding.values():
+                    if self.is_empty(n_and(*(o.props[i][1] for i in ids)), depth):
+                        return True
         for _k, s, lo, hi in o.exists:
             if hi is not None and lo > hi:
                 return True

@@ -31,9 +31,9 @@ from structgen.json_types import JsonValue
 if TYPE_CHECKING:  # pragma: no cover
     from jsonschema import FormatChecker
 
-__all__ = ["SF", "ST", "key_value", "lits_of", "num_and", "num_c", "num_empty", "num_member", "num_not",
-           "num_or", "s_and", "s_atoms", "s_empty", "s_eval_assign", "s_lits", "s_member", "s_not", "s_or",
-           "value_key"]
+__all__ = ["SF", "ST", "KeyIndex", "key_value", "lits_of", "num_and", "num_c", "num_empty", "num_member",
+           "num_not", "num_or", "s_and", "s_atoms", "s_empty", "s_eval_assign", "s_lits", "s_member", "s_not",
+           "s_or", "value_key"]
 
 # ---------------------------------------------------------------------------
 # JSON values as hashable keys with JSON Schema equality (1 == 1.0, true != 1,
@@ -209,6 +209,34 @@ def s_member(f: tuple, s: str) -> bool:
     if tag == "not":
         return not s_member(f[1], s)
     raise AssertionError(tag)
+
+
+class KeyIndex:
+    """Which of a sequence of property-name formulas a name belongs to, found without
+    evaluating every formula: literal sets (``properties``, ``required``) are looked up, only
+    the others (patterns, complements) are evaluated. An object of hundreds of declared
+    properties asks this for each of its names."""
+
+    __slots__ = ("_general", "_lits")
+
+    def __init__(self, keys: Iterable[tuple]) -> None:
+        self._lits: dict[str, list[int]] = {}
+        self._general: list[tuple[int, tuple]] = []
+        for i, k in enumerate(keys):
+            if k[0] == "lits":
+                for name in k[1]:
+                    self._lits.setdefault(name, []).append(i)
+            elif k[0] != "F":
+                self._general.append((i, k))
+
+    def holding(self, name: str) -> list[int]:
+        """The positions, ascending, of the formulas that ``name`` belongs to (what
+        :func:`s_member` says of each)."""
+        hits = self._lits.get(name, [])
+        more = [i for i, k in self._general if s_member(k, name)]
+        if not more:
+            return hits
+        return sorted(hits + more) if hits else more
 
 
 def s_empty(f: tuple) -> bool:

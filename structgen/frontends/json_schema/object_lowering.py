@@ -21,12 +21,12 @@ from structgen.frontends.json_schema.document import Loc
 from structgen.frontends.json_schema.formulas import (
     SF,
     ST,
+    KeyIndex,
     lits_of,
     s_and,
     s_atoms,
     s_eval_assign,
     s_lits,
-    s_member,
     s_not,
     s_or,
 )
@@ -83,8 +83,11 @@ class ObjectLowering:
             ex = tuple(j for j, e in enumerate(exists) if member(e[0]))
             return v, ex
 
-        def named(name: str) -> Callable[[tuple], bool]:  # key sets holding the name
-            return lambda k: s_member(k, name)
+        prop_keys, exists_keys = KeyIndex(k for k, _s in r.props), KeyIndex(e[0] for e in exists)
+
+        def value_named(name: str) -> tuple[Node, tuple[int, ...]]:  # value_of the key sets holding name
+            v = n_and(*(r.props[i][1] for i in prop_keys.holding(name)))
+            return v, tuple(exists_keys.holding(name))
 
         def assigned(sigma: dict[tuple, bool]) -> Callable[[tuple], bool]:  # true under sigma
             return lambda k: s_eval_assign(k, sigma)
@@ -92,7 +95,7 @@ class ObjectLowering:
         # declared slots
         slots: list[tuple[str, Node, bool, tuple[int, ...]]] = []
         for p in declared:
-            v, ex = value_of(named(p))
+            v, ex = value_named(p)
             req = p in r.required
             if v == FALSE or self.norm.is_empty(v, 1):
                 if req:
@@ -108,7 +111,7 @@ class ObjectLowering:
         specials -= dset
         lit_regions: list[tuple[str, Node, bool, tuple[int, ...]]] = []
         for l in sorted(specials):
-            v, ex = value_of(named(l))
+            v, ex = value_named(l)
             req = l in r.required
             if v == FALSE or self.norm.is_empty(v, 1):
                 if req:
