@@ -87,7 +87,9 @@ def canonical_spelling(v: float) -> str | None:
 
 
 def trie(seqs: Iterable[tuple[_K, ...]], leaf: Callable[[_K], ir.Expr]) -> ir.Expr:
-    """Alternation of symbol sequences as a trie (shared prefixes factored), iteratively."""
+    """Alternation of symbol sequences as a trie (shared prefixes factored), iteratively.
+    A run of nodes with one child each (a long name's unshared tail) becomes one sequence,
+    made once rather than re-flattened at every node."""
     root: dict = {}
     END = object()
     for s in seqs:
@@ -95,7 +97,15 @@ def trie(seqs: Iterable[tuple[_K, ...]], leaf: Callable[[_K], ir.Expr]) -> ir.Ex
         for sym in s:
             node = node.setdefault(sym, {})
         node[END] = True
-    # post-order without recursion
+
+    def run(child: dict) -> tuple[list[_K], dict]:  # the symbols of a one-child run, its last node
+        syms: list[_K] = []
+        while len(child) == 1 and END not in child:
+            ((sym, child),) = child.items()
+            syms.append(sym)
+        return syms, child
+
+    # post-order without recursion, over the nodes where runs end
     result: dict[int, ir.Expr] = {}
     stack: list[tuple[dict, bool]] = [(root, False)]
     while stack:
@@ -104,9 +114,13 @@ def trie(seqs: Iterable[tuple[_K, ...]], leaf: Callable[[_K], ir.Expr]) -> ir.Ex
             stack.append((node, True))
             for k, ch in node.items():
                 if k is not END:
-                    stack.append((ch, False))
+                    stack.append((run(ch)[1], False))
             continue
-        alts = [ir.seq(leaf(k), result[id(ch)]) for k, ch in node.items() if k is not END]
+        alts = []
+        for k, ch in node.items():
+            if k is not END:
+                syms, last = run(ch)
+                alts.append(ir.seq(leaf(k), *(leaf(x) for x in syms), result[id(last)]))
         if END in node:
             alts.append(ir.EMPTY)
         result[id(node)] = ir.alt(*alts)
