@@ -360,6 +360,10 @@ class _Compiler:
     def _hoist(self, e: ir.Expr, hoisted: dict[ir.Expr, str], rules: dict[str, ir.Expr]) -> ir.Expr:
         """Replace the item of a large repetition with a call to a synthetic rule (each node
         of the expression DAG visited once: results are kept by node, with the node)."""
+        if expr_size(e) <= _COUNTED_MIN:
+            # sizes only shrink downwards, so no repetition below is large enough to be
+            # counted or hoisted
+            return e
         got = self._hoist_done.get(id(e))
         if got is not None:
             return got[1]

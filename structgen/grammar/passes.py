@@ -131,6 +131,8 @@ def share_common(names: list[str], rules: dict[str, ir.Expr], hoisted: dict[ir.E
     owner = [""]
 
     def rewrite(e: ir.Expr, top: bool) -> ir.Expr:
+        if expr_size(e) < SHARE_MIN:
+            return e  # nothing this small is shared, nor anything below it
         got = done.get(id(e))
         if got is not None and not top:
             return got
