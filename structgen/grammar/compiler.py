@@ -57,7 +57,7 @@ from structgen.grammar.passes import (
     remove_immediate_left_recursion,
     share_common,
 )
-from structgen.grammar.rule_nfas import check_left_recursion, lazy_rules, trim_rule_nfas
+from structgen.grammar.rule_nfas import freeze_rules
 
 __all__ = ["compile_grammar"]
 
@@ -344,9 +344,8 @@ class _Compiler:
                     f"{self.origin.get(name, name)!r} (CompileOptions.max_states)"), name)
         # whole-grammar passes: a timeout names the biggest rule
         self.where = self.kept[max(range(len(built)), key=lambda i: len(built[i][0]))] if built else ""
-        trimmed = trim_rule_nfas(built, len(self.dfa_rules), self.kept[0], self.check_time)
-        check_left_recursion(trimmed, self.kept, self.dfa_rules)
-        out: list[Rule] = [*lazy_rules(self.kept, trimmed)]
+        self.deadline += native_ready()  # (the kernels' loading time is not the grammar's)
+        out: list[Rule] = [*freeze_rules(self.kept, built, self.dfa_rules, self.check_time)]
         out.extend(self.dfa_rules)
         # where each compiled rule comes from, for errors raised after compilation (the
         # token-budget check names the rule whose states it could not bound)

@@ -1,10 +1,11 @@
-"""The compiled automaton kernels (:mod:`structgen.grammar._fsa_kernels`) as the grammar core
-reaches them: imported on first use, since importing them imports numba, which neither
-``import structgen`` nor a compile that never needs them should pay for.
+"""The compiled automaton kernels (:mod:`structgen.grammar._fsa_kernels`,
+:mod:`structgen.grammar._rule_kernels`) as the grammar core reaches them: imported on first
+use, since importing them imports numba, which ``import structgen`` should not pay for.
 
-:func:`dfa_kernels` returns the kernel module (typed by :class:`FsaKernels`, what its callers
-use of it); :func:`native_ready` loads and warms it once per process and says how long that
-took, so that a compile can leave that time out of its deadline.
+:func:`dfa_kernels` and :func:`rule_kernels` return the kernel modules (typed by
+:class:`FsaKernels` and :class:`RuleKernels`, what their callers use of them);
+:func:`native_ready` loads and warms them once per process and says how long that took, so
+that a compile can leave that time out of its deadline.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from typing import TYPE_CHECKING, Protocol
 from structgen import limits
 
 if TYPE_CHECKING:
-    from structgen.grammar._jit import B1, I8, I32
+    from structgen.grammar._jit import B1, I8, I32, I64
 
-__all__ = ["FsaKernels", "dfa_kernels", "native_ready"]
+__all__ = ["FsaKernels", "RuleKernels", "dfa_kernels", "native_ready", "rule_kernels"]
 
 
 class FsaKernels(Protocol):
@@ -55,6 +56,31 @@ class FsaKernels(Protocol):
         ...
 
 
+class RuleKernels(Protocol):
+    """What :mod:`structgen.grammar.rule_nfas` uses of :mod:`structgen.grammar._rule_kernels`."""
+
+    def live_states(self, first: I64, end: I64, eo: I32, eps: I32, do: I32, edges: I32, co: I32,
+                    calls: I32, n_shared: int) -> tuple[B1, B1]:
+        """Per state whether it reaches its rule's end, per rule whether it is non-empty."""
+        ...
+
+    def left_calls(self, first: I64, end: I64, eo: I32, eps: I32, co: I32, calls: I32,
+                   shared_nullable: B1) -> I64:
+        """The ``(rule, callee)`` calls a rule can make before reading a byte."""
+        ...
+
+    def warm(self) -> None:
+        """Run every kernel once (loads them from numba's cache, or compiles them)."""
+        ...
+
+
+def rule_kernels() -> RuleKernels:
+    """:mod:`structgen.grammar._rule_kernels`, imported on first use (it imports numba)."""
+    from structgen.grammar import _rule_kernels
+
+    return _rule_kernels
+
+
 def dfa_kernels() -> FsaKernels:
     """:mod:`structgen.grammar._fsa_kernels`, imported on first use (it imports numba)."""
     from structgen.grammar import _fsa_kernels
@@ -66,7 +92,7 @@ _NATIVE_READY = False
 
 
 def native_ready() -> float:
-    """Load the compiled DFA kernels once per process (a no-op without numba); returns the
+    """Load the compiled grammar kernels once per process (a no-op without numba); returns the
     seconds it took (0 once loaded), which a compile adds to its deadline: loading code is
     a cost of the process, not of the grammar being compiled."""
     global _NATIVE_READY
@@ -75,6 +101,9 @@ def native_ready() -> float:
     t0 = limits.now()
     kernels = dfa_kernels()
     if kernels.COMPILED:
+        from structgen.grammar import _rule_kernels
+
         kernels.warm()
+        _rule_kernels.warm()
     _NATIVE_READY = True
     return limits.now() - t0
