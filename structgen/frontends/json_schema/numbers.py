@@ -312,7 +312,8 @@ _UNBOUNDED: dict[Spec, ir.Expr] = {}  # number_expr without bounds or multipleOf
 def _build(spec: Spec, what: str) -> ir.Expr:
     if not spec.ths and spec.mod is None and spec.max_mant is None and spec.neg_zero:
         return _plain_number(spec.allow_frac, spec.allow_exp, spec.max_frac, spec.max_exp)
-    alphabet = b"+-.0123456789Ee"
+    # the byte classes the machine reads: one step serves both exponent letters
+    alphabet = [b"+", b"-", b".", *(bytes([d]) for d in b"0123456789"), b"Ee"]
     # Too large? Narrow to fewer literal shapes rather than fail: first without exponent
     # forms, then (when every multiple is an integer anyway) int literals only.
     attempts = [spec]
