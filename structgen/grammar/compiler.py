@@ -69,6 +69,7 @@ _CACHE_SIZE = 256
 _INLINE_SHARED_MAX = 48   # a rule referenced more than once is inlined only up to this size
 _INLINE_MAX = 20_000      # no rule is inlined above this size
 _COUNTED_MIN = 256        # a bounded repetition of a closed item unrolling to more becomes counted
+_DIRECT_DEPTH = 200       # Thompson construction by recursion to this depth, iteratively below it
 _EMBED_MAX = 12           # regular sub-automata up to this many states are copied, not called
 _DFA_RULES_SIZE = 1024    # process-wide caches of regular sub-automata (by IR content)
 _KERNEL_STEPS_PER_S = 1e8  # work units per second of the compiled DFA kernels (a conservative rate)
@@ -424,8 +425,90 @@ class _Compiler:
         return j
 
     # -- Thompson construction -------------------------------------------------
-    def _build(self, nfa: Nfa, e: ir.Expr, s: int, inline_stack: tuple[str, ...]) -> int:
+    def _build(self, nfa: Nfa, e: ir.Expr, s: int, inline_stack: tuple[str, ...], depth: int = 0) -> int:
         """Add ``e`` to ``nfa`` starting at state ``s``; return its end state.
+
+        The common nodes (bytes, sequences, alternatives, repetitions, rule references) are
+        built by plain recursion, ``depth`` levels deep so far; the others, and anything
+        nested deeper than ``_DIRECT_DEPTH``, by :meth:`_build_iterative`. Both lay out the
+        same states in the same order."""
+        kind = type(e)
+        if kind is ir.ByteSet:
+            self.check_time()
+            self._check_size(nfa, inline_stack)
+            t = nfa.new()
+            edges = nfa.edges[s]
+            for lo, hi in cast(ir.ByteSet, e).ranges:
+                edges.append((lo, hi, t))
+            return t
+        if depth > _DIRECT_DEPTH or not (kind is ir.Seq or kind is ir.Alt or kind is ir.Repeat
+                                         or kind is ir.Ref):
+            return self._build_iterative(nfa, e, s, inline_stack)
+        self.check_time()
+        self._check_size(nfa, inline_stack)
+        depth += 1
+        if kind is ir.Seq:
+            cur = s
+            for it in cast(ir.Seq, e).items:
+                cur = self._build(nfa, it, cur, inline_stack, depth)
+            return cur
+        if kind is ir.Alt:
+            t = nfa.new()
+            for it in cast(ir.Alt, e).items:
+                b = nfa.new()
+                nfa.eps[s].append(b)
+                nfa.eps[self._build(nfa, it, b, inline_stack, depth)].append(t)
+            return t
+        if kind is ir.Repeat:
+            r = cast(ir.Repeat, e)
+            cur = s
+            copies = r.min + (1 if r.max is None else r.max - r.min)
+            for i in range(r.min):
+                before = len(nfa)
+                cur = self._build(nfa, r.item, cur, inline_stack, depth)
+                if i == 0:
+                    self._check_unrolling(len(nfa) - before, copies - 1, len(nfa))
+            if r.max is None:
+                hub = nfa.new()
+                nfa.eps[cur].append(hub)
+                b = nfa.new()
+                nfa.eps[hub].append(b)
+                nfa.eps[self._build(nfa, r.item, b, inline_stack, depth)].append(hub)
+                return hub
+            k = r.max - r.min
+            if k == 0:
+                return cur
+            t = nfa.new()
+            for i in range(k):
+                nfa.eps[cur].append(t)
+                before = len(nfa)
+                cur = self._build(nfa, r.item, cur, inline_stack, depth)
+                if i == 0 and r.min == 0:
+                    self._check_unrolling(len(nfa) - before, k - 1, len(nfa))
+            nfa.eps[cur].append(t)
+            return t
+        name = cast(ir.Ref, e).name
+        if name in self.keep:
+            t = nfa.new()
+            nfa.calls[s].append((self.rule_index[name], t))
+            return t
+        if name in inline_stack:  # defensive; recursive rules are kept
+            raise GrammarError(f"unexpected recursion through rule {name!r}")
+        outer, self.where = self.where, name  # an inlined rule: a timeout names it
+        try:
+            return self._build(nfa, self.exprs[name], s, inline_stack + (name,), depth)
+        finally:
+            self.where = outer
+
+    def _check_size(self, nfa: Nfa, inline_stack: tuple[str, ...]) -> None:
+        if len(nfa) > self.opt.max_states:
+            raise self._located(CompileLimitError(
+                f"grammar automaton exceeds {self.opt.max_states} NFA states in rule "
+                f"{self.origin.get(inline_stack[0], inline_stack[0])!r} (CompileOptions.max_states)"),
+                inline_stack[0])
+
+    def _build_iterative(self, nfa: Nfa, e: ir.Expr, s: int, inline_stack: tuple[str, ...]) -> int:
+        """:meth:`_build` for any node at any depth.
 
         Iterative: each node is a generator (:meth:`_build_node`) that yields the
         sub-expressions it needs built and receives their end states, driven from an
@@ -482,11 +565,7 @@ class _Compiler:
         """One node of :meth:`_build`: ``yield (sub, start, inline_stack)`` asks for ``sub``
         to be built from ``start`` and evaluates to its end state."""
         self.check_time()
-        if len(nfa) > self.opt.max_states:
-            raise self._located(CompileLimitError(
-                f"grammar automaton exceeds {self.opt.max_states} NFA states in rule "
-                f"{self.origin.get(inline_stack[0], inline_stack[0])!r} (CompileOptions.max_states)"),
-                inline_stack[0])
+        self._check_size(nfa, inline_stack)
         if isinstance(e, ir.ByteSet):
             t = nfa.new()
             for lo, hi in e.ranges:
