@@ -428,77 +428,32 @@ class _Compiler:
     def _build(self, nfa: Nfa, e: ir.Expr, s: int, inline_stack: tuple[str, ...], depth: int = 0) -> int:
         """Add ``e`` to ``nfa`` starting at state ``s``; return its end state.
 
-        The common nodes (bytes, sequences, alternatives, repetitions, rule references) are
-        built by plain recursion, ``depth`` levels deep so far; the others, and anything
-        nested deeper than ``_DIRECT_DEPTH``, by :meth:`_build_iterative`. Both lay out the
-        same states in the same order."""
-        kind = type(e)
-        if kind is ir.ByteSet:
+        Each node is laid out by its generator (:meth:`_build_node`), which yields the
+        sub-expressions it needs built and receives their end states. Here they are built
+        by recursion, ``depth`` levels deep so far; past ``_DIRECT_DEPTH`` levels
+        :meth:`_build_iterative` drives the generators from an explicit stack instead."""
+        if type(e) is ir.ByteSet:  # the commonest leaf, without a generator
             self.check_time()
             self._check_size(nfa, inline_stack)
             t = nfa.new()
             edges = nfa.edges[s]
-            for lo, hi in cast(ir.ByteSet, e).ranges:
+            for lo, hi in e.ranges:
                 edges.append((lo, hi, t))
             return t
-        if depth > _DIRECT_DEPTH or not (kind is ir.Seq or kind is ir.Alt or kind is ir.Repeat
-                                         or kind is ir.Ref):
+        if depth > _DIRECT_DEPTH:
             return self._build_iterative(nfa, e, s, inline_stack)
-        self.check_time()
-        self._check_size(nfa, inline_stack)
-        depth += 1
-        if kind is ir.Seq:
-            cur = s
-            for it in cast(ir.Seq, e).items:
-                cur = self._build(nfa, it, cur, inline_stack, depth)
-            return cur
-        if kind is ir.Alt:
-            t = nfa.new()
-            for it in cast(ir.Alt, e).items:
-                b = nfa.new()
-                nfa.eps[s].append(b)
-                nfa.eps[self._build(nfa, it, b, inline_stack, depth)].append(t)
-            return t
-        if kind is ir.Repeat:
-            r = cast(ir.Repeat, e)
-            cur = s
-            copies = r.min + (1 if r.max is None else r.max - r.min)
-            for i in range(r.min):
-                before = len(nfa)
-                cur = self._build(nfa, r.item, cur, inline_stack, depth)
-                if i == 0:
-                    self._check_unrolling(len(nfa) - before, copies - 1, len(nfa))
-            if r.max is None:
-                hub = nfa.new()
-                nfa.eps[cur].append(hub)
-                b = nfa.new()
-                nfa.eps[hub].append(b)
-                nfa.eps[self._build(nfa, r.item, b, inline_stack, depth)].append(hub)
-                return hub
-            k = r.max - r.min
-            if k == 0:
-                return cur
-            t = nfa.new()
-            for i in range(k):
-                nfa.eps[cur].append(t)
-                before = len(nfa)
-                cur = self._build(nfa, r.item, cur, inline_stack, depth)
-                if i == 0 and r.min == 0:
-                    self._check_unrolling(len(nfa) - before, k - 1, len(nfa))
-            nfa.eps[cur].append(t)
-            return t
-        name = cast(ir.Ref, e).name
-        if name in self.keep:
-            t = nfa.new()
-            nfa.calls[s].append((self.rule_index[name], t))
-            return t
-        if name in inline_stack:  # defensive; recursive rules are kept
-            raise GrammarError(f"unexpected recursion through rule {name!r}")
-        outer, self.where = self.where, name  # an inlined rule: a timeout names it
+        node = self._build_node(nfa, e, s, inline_stack)
         try:
-            return self._build(nfa, self.exprs[name], s, inline_stack + (name,), depth)
-        finally:
-            self.where = outer
+            req = next(node)
+            while True:
+                try:
+                    end = self._build(nfa, req[0], req[1], req[2], depth + 1)
+                except BaseException as exc:  # through the node, running its finally blocks
+                    req = node.throw(exc)
+                    continue
+                req = node.send(end)
+        except StopIteration as stop:
+            return cast(int, stop.value)
 
     def _check_size(self, nfa: Nfa, inline_stack: tuple[str, ...]) -> None:
         if len(nfa) > self.opt.max_states:
