@@ -434,7 +434,8 @@ class _Compiler:
         :meth:`_build_iterative` drives the generators from an explicit stack instead."""
         if type(e) is ir.ByteSet:  # the commonest leaf, without a generator
             self.check_time()
-            self._check_size(nfa, inline_stack)
+            if len(nfa) > self.opt.max_states:
+                self._too_many_states(inline_stack)
             t = nfa.new()
             edges = nfa.edges[s]
             for lo, hi in e.ranges:
@@ -455,12 +456,11 @@ class _Compiler:
         except StopIteration as stop:
             return cast(int, stop.value)
 
-    def _check_size(self, nfa: Nfa, inline_stack: tuple[str, ...]) -> None:
-        if len(nfa) > self.opt.max_states:
-            raise self._located(CompileLimitError(
-                f"grammar automaton exceeds {self.opt.max_states} NFA states in rule "
-                f"{self.origin.get(inline_stack[0], inline_stack[0])!r} (CompileOptions.max_states)"),
-                inline_stack[0])
+    def _too_many_states(self, inline_stack: tuple[str, ...]) -> NoReturn:
+        raise self._located(CompileLimitError(
+            f"grammar automaton exceeds {self.opt.max_states} NFA states in rule "
+            f"{self.origin.get(inline_stack[0], inline_stack[0])!r} (CompileOptions.max_states)"),
+            inline_stack[0])
 
     def _build_iterative(self, nfa: Nfa, e: ir.Expr, s: int, inline_stack: tuple[str, ...]) -> int:
         """:meth:`_build` for any node at any depth.
@@ -520,7 +520,8 @@ class _Compiler:
         """One node of :meth:`_build`: ``yield (sub, start, inline_stack)`` asks for ``sub``
         to be built from ``start`` and evaluates to its end state."""
         self.check_time()
-        self._check_size(nfa, inline_stack)
+        if len(nfa) > self.opt.max_states:
+            self._too_many_states(inline_stack)
         if isinstance(e, ir.ByteSet):
             t = nfa.new()
             for lo, hi in e.ranges:
