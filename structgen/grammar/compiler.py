@@ -457,6 +457,7 @@ class _Compiler:
             return cast(int, stop.value)
 
     def _too_many_states(self, inline_stack: tuple[str, ...]) -> NoReturn:
+        """Raise the state-limit error, naming the rule being built."""
         raise self._located(CompileLimitError(
             f"grammar automaton exceeds {self.opt.max_states} NFA states in rule "
             f"{self.origin.get(inline_stack[0], inline_stack[0])!r} (CompileOptions.max_states)"),

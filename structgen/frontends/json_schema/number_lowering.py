@@ -107,20 +107,17 @@ def trie(seqs: Iterable[tuple[_K, ...]], leaf: Callable[[_K], ir.Expr]) -> ir.Ex
 
     # post-order without recursion, over the nodes where runs end
     result: dict[int, ir.Expr] = {}
+    runs: dict[int, list[tuple[_K, list[_K], dict]]] = {}  # per node: its children's runs
     stack: list[tuple[dict, bool]] = [(root, False)]
     while stack:
         node, done = stack.pop()
         if not done:
             stack.append((node, True))
-            for k, ch in node.items():
-                if k is not END:
-                    stack.append((run(ch)[1], False))
+            runs[id(node)] = [(k, *run(ch)) for k, ch in node.items() if k is not END]
+            stack.extend((last, False) for _k, _syms, last in runs[id(node)])
             continue
-        alts = []
-        for k, ch in node.items():
-            if k is not END:
-                syms, last = run(ch)
-                alts.append(ir.seq(leaf(k), *(leaf(x) for x in syms), result[id(last)]))
+        alts = [ir.seq(leaf(k), *(leaf(x) for x in syms), result[id(last)])
+                for k, syms, last in runs[id(node)]]
         if END in node:
             alts.append(ir.EMPTY)
         result[id(node)] = ir.alt(*alts)
