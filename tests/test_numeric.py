@@ -372,6 +372,29 @@ def test_number_bounds_sound_and_complete(lo, hi, xlo, xhi, data):
                 assert got == want, (lo, hi, xlo, xhi, lit)
 
 
+@pytest.mark.parametrize("lo,hi,integer_only", [
+    (None, 1e20, False), (1e-5, None, False), (12345, 1e30, False), (-1e-7, 2.5e12, False),
+    (0, None, False), (None, -3e-9, False), (-2.5e-12, -1e-15, False), (0, None, True),
+    (1, 10**12, True), (None, None, True)])
+def test_number_exponent_forms_exhaustive(lo, hi, integer_only):
+    """Every normalised literal ``m e±0*E`` for |E| <= 40, with and without a ``+`` and
+    leading zeros: the exponent's digits are compared with the bounds exactly."""
+    acc = acceptor(number_expr(lo, hi, integer_only=integer_only))
+    check = jsonschema.Draft202012Validator({"type": "integer"} if integer_only else {})
+    for mant in ("1", "9", "1.5", "2.49", "1.25", "-1", "-7.25", "0", "-0.0"):
+        for e in range(-40, 41):
+            for pad, plus, letter in itertools.product((0, 2), ("", "+"), "eE"):
+                lit = f"{mant}{letter}{'-' if e < 0 else plus}{str(abs(e)).rjust(1 + pad, '0')}"
+                x = literal_value(lit)
+                want = (in_range_decimal(x, lo, hi) and in_range_python(lit, lo, hi)
+                        and (not integer_only or (x.denominator == 1 and check.is_valid(json.loads(lit)))))
+                got = acc(lit)
+                if want and not got:
+                    assert given_up_near_edge(lit, lo, hi), (lo, hi, lit)
+                else:
+                    assert got == want, (lo, hi, lit)
+
+
 def exact_decimal(x: Fraction) -> str:
     """The terminating decimal expansion of a dyadic/decimal rational, as a JSON literal."""
     sign = "-" if x < 0 else ""

@@ -28,21 +28,27 @@ __all__ = ["explore_dfa", "minimise_dfa", "regular_expr_dfa"]
 S = TypeVar("S", bound=Hashable)
 
 def explore_dfa(start: S, step: Callable[[S, int], S | None],
-                accepting: Callable[[S], bool], alphabet: bytes | Sequence[bytes],
+                accepting: Callable[[S], bool],
+                alphabet: bytes | Sequence[bytes] | Callable[[S], Sequence[bytes]],
                 what: str, *, max_states: int, hint: str) -> ir.Expr:
     """Build the DFA of an implicitly given automaton (trimmed and minimised).
 
     ``step(state, byte)`` returns the next (hashable) state or None (reject);
     ``accepting(state)``. ``alphabet`` is the bytes to try, or a sequence of byte
     classes (``bytes`` objects) whose members behave alike: ``step`` then sees each
-    class's first byte only. Raises
+    class's first byte only; or a function giving each state its own classes (bytes
+    in no class are rejected there). Raises
     :class:`~structgen.errors.CompileLimitError` (naming ``what``, then ``hint``: what the
     user can do) beyond ``max_states`` states after minimisation, or twice that while
     exploring. Returns :data:`~structgen.grammar.ir.NEVER` if nothing is
     accepted.
     """
-    classes = ([bytes([b]) for b in alphabet] if isinstance(alphabet, (bytes, bytearray))
-               else [bytes(c) for c in alphabet if c])
+    if callable(alphabet):
+        classes_of = alphabet
+    else:
+        classes = ([bytes([b]) for b in alphabet] if isinstance(alphabet, (bytes, bytearray))
+                   else [bytes(c) for c in alphabet if c])
+        classes_of = lambda _s: classes  # noqa: E731
     ids: dict[S, int] = {start: 0}
     states: list[S] = [start]
     edges: list[dict[int, int]] = []
@@ -50,7 +56,7 @@ def explore_dfa(start: S, step: Callable[[S, int], S | None],
     while i < len(states):
         s = states[i]
         out: dict[int, int] = {}
-        for cls in classes:
+        for cls in classes_of(s):
             t = step(s, cls[0])
             if t is None:
                 continue

@@ -10,6 +10,7 @@ hashable tuples, so :func:`structgen.grammar.fsa.explore_dfa` can explore and mi
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -225,17 +226,59 @@ def _lx_res(st: int | tuple, xs: str) -> int:
     return -1 if st < len(xs) else 0
 
 
+@functools.lru_cache(maxsize=256)
+def _digit_classes(marks: frozenset[int]) -> tuple[bytes, ...]:
+    """The digit bytes in classes that no comparison with a digit in ``marks`` tells apart:
+    each mark alone, the digits between two marks together (0, a leading zero, is always
+    a mark)."""
+    out: list[bytes] = []
+    run = b""
+    for d in range(10):
+        if d == 0 or d in marks:
+            if run:
+                out.append(run)
+                run = b""
+            out.append(bytes([0x30 + d]))
+        else:
+            run += bytes([0x30 + d])
+    if run:
+        out.append(run)
+    return tuple(out)
+
+
+def _marks(*xs: str) -> frozenset[int]:
+    return frozenset(ord(c) - 48 for x in xs for c in x)
+
+
+# An exponent comparator compares the digits |E| is still reading with a bound X by what is
+# left of X: (started, rest, c) with rest the digits of X not yet matched while c == 0, and
+# only their number once c, the comparison of the digits read with X's first ones, is
+# decided. Bounds that differ only in digits no longer compared then share states.
+
+def _exp_cmp_start(x: int) -> tuple[bool, str | int, int]:
+    return (False, _int_str(x), 0)
+
+
+def _exp_cmp_step(st: tuple[bool, str | int, int], d: int) -> tuple[bool, str | int, int] | None:
+    """After one more digit ``d``; None once ``|E|`` has more digits than ``X`` (it is larger)."""
+    started, rest, c = st
+    if not started and d == 0:
+        return st  # a leading zero
+    if isinstance(rest, int):
+        return (True, rest - 1, c) if rest else None
+    if not rest:
+        return None
+    c = _sgn(d, ord(rest[0]) - 48)
+    return (True, rest[1:], 0) if c == 0 else (True, len(rest) - 1, c)
+
+
+def _exp_cmp_result(st: tuple[bool, str | int, int]) -> int:
+    """cmp(|E|, X) if the exponent ends here."""
+    return -1 if st[1] else st[2]
+
+
 def _int_str(x: int) -> str:
     return str(abs(x)) if x else ""
-
-
-def _signed_cmp(eneg: bool, ec: tuple, x: int) -> int:
-    """cmp(E, x) where E has sign ``eneg`` and ``|E|`` was fed to a plain comparator ``ec``
-    (with ``xi = _int_str(x)``)."""
-    ucmp = _pc_res(ec, _int_str(x), "")
-    if not eneg or ec == _PC0:
-        return ucmp if x >= 0 else 1
-    return -1 if x >= 0 else -ucmp
 
 
 # ---------------------------------------------------------------------------
@@ -250,12 +293,16 @@ def _signed_cmp(eneg: bool, ec: tuple, x: int) -> int:
 #       ms: per threshold, lex comparator of the mantissa against xm (or None)
 #       md: (r, j, s, tailz) or None (no modulus); s > S means "no exponent form"
 #       cnt: fraction digits (only counted with max_frac)
-#   (ph, lo, hi, eneg, clo, chi, cnt)      ph in 'e' (read e/E), 's' (exponent sign), 'E'
-#       every condition on a literal with an exponent reduces, once the mantissa is
-#       read, to an interval lo <= E <= hi on the exponent (None: unbounded); clo/chi
-#       compare |E| with |lo| / |hi| (plain comparators); cnt: exponent digits
-# Decided comparisons are canonicalised (a satisfied bound becomes ('x', -1) / ('x', 1))
-# and parts that can no longer matter are dropped, so equivalent states coincide.
+#   ('e', lo, hi)                          read e/E: every condition on a literal with an
+#       exponent reduces, once the mantissa is read, to an interval lo <= E <= hi on the
+#       exponent (None: unbounded)
+#   (ph, cmin, cmax, cnt)                  ph in 's' (exponent sign read), 'E' (digits): with
+#       the sign known, the interval becomes amin <= |E| <= amax on the exponent's digits;
+#       cmin/cmax are exponent comparators (see above) against amin / amax, or None when that
+#       side is unbounded or met; cnt: exponent digits
+# Decided comparisons are canonicalised (a satisfied bound becomes ('x', -1) / ('x', 1), a
+# satisfied exponent bound is dropped, a violated one ends the literal) and parts that can
+# no longer matter are dropped, so equivalent states coincide and dead ends are not explored.
 
 
 class NumberDfa:
@@ -267,6 +314,44 @@ class NumberDfa:
         self.spec = spec
         self.ths = spec.ths
         self.mod = spec.mod
+        self._every_digit = self.mod is not None and self.mod.M > 1  # residues tell all digits apart
+
+    def byte_classes(self, st: tuple) -> tuple[bytes, ...]:
+        """The bytes that state ``st`` may read, in classes it does not tell apart (:meth:`step`
+        sees one byte of each): a digit meets only the next digit of each undecided
+        comparison, and 0 (a leading or trailing zero)."""
+        ph = st[0]
+        if ph == "e":
+            return (b"+", b"-", *_digit_classes(_marks(_int_str(st[1] or 0), _int_str(st[2] or 0))))
+        if ph in ("s", "E"):
+            return _digit_classes(frozenset(ord(c[1][0]) - 48 for c in st[1:3]
+                                            if c is not None and isinstance(c[1], str) and c[1]))
+        if ph == "S":
+            return (b"-", *self._mantissa_digits(None))
+        digits = self._mantissa_digits(st)
+        if ph == "I":
+            return (*digits, b".", b"Ee")
+        return (*digits, b"Ee") if ph == "F" else digits
+
+    def _mantissa_digits(self, st: tuple | None) -> tuple[bytes, ...]:
+        if self._every_digit:
+            return _digit_classes(frozenset(range(10)))
+        marks: set[int] = set()
+        if st is None:  # the start: every comparison is at its first digit
+            marks.update(ord(x[0]) - 48 for th in self.ths for x in (th.xi, th.xm) if x)
+            return _digit_classes(frozenset(marks))
+        for th, c in zip(self.ths, st[2]):
+            if c is None:
+                continue
+            if c[0] == "i":
+                if c[2] == 0 and c[1] < len(th.xi):
+                    marks.add(ord(th.xi[c[1]]) - 48)
+            elif c[0] == "f" and c[1] < len(th.xf):
+                marks.add(ord(th.xf[c[1]]) - 48)
+        for th, m in zip(self.ths, st[4]):
+            if isinstance(m, int) and m < len(th.xm):
+                marks.add(ord(th.xm[m]) - 48)
+        return _digit_classes(frozenset(marks))
 
     @staticmethod
     def _sat(th: Bound) -> tuple:
@@ -305,6 +390,8 @@ class NumberDfa:
             ncs.append(c)
             if th.on_exp and exp_ok:
                 f = th.fixed(neg)
+                if f is None and th.tzero and mk != "z":  # a non-zero mantissa: the sign decides
+                    f = th.signed(neg, 1)
                 if f is not None:
                     exp_ok = th.ok(f)
                 elif mk == "o" and not th.tzero:
@@ -328,22 +415,27 @@ class NumberDfa:
         return (ph, neg, tuple(ncs), mk, ms, md, cnt)
 
     @staticmethod
-    def _canon_exp(ph: str, lo: int | None, hi: int | None, eneg: bool, clo: tuple | None,
-                   chi: tuple | None, cnt: int) -> tuple | None:
-        if ph == "E":  # the sign is known: decided comparisons can be dropped
-            if clo is not None and clo[0] == "r":
-                assert lo is not None
-                if _signed_cmp(eneg, clo, lo) < 0:
-                    return None
-                lo = clo = None
-            if chi is not None and chi[0] == "r":
-                assert hi is not None
-                if _signed_cmp(eneg, chi, hi) > 0:
-                    return None
-                hi = chi = None
-            if lo is None and hi is None:
-                eneg = False
-        return (ph, lo, hi, eneg, clo, chi, cnt)
+    def _exp_signed(lo: int | None, hi: int | None, eneg: bool) -> tuple | None:
+        """The exponent state once its sign is known: ``lo <= E <= hi`` as bounds on ``|E|``."""
+        amin, amax = (None if hi is None else -hi, None if lo is None else -lo) if eneg else (lo, hi)
+        if amax is not None and amax < 0:
+            return None
+        return ("s", None if amin is None or amin <= 0 else _exp_cmp_start(amin),
+                None if amax is None else _exp_cmp_start(amax), 0)
+
+    @staticmethod
+    def _exp_digit(cmin: tuple | None, cmax: tuple | None, d: int, cnt: int) -> tuple | None:
+        """The ``E`` state after digit ``d``: a lower bound on ``|E|`` is dropped once met (more
+        digits only make ``|E|`` larger), the literal ends once the upper bound is passed."""
+        if cmin is not None:
+            cmin = _exp_cmp_step(cmin, d)
+            if cmin is None or (not cmin[1] and cmin[2] >= 0):
+                cmin = None
+        if cmax is not None:
+            cmax = _exp_cmp_step(cmax, d)
+            if cmax is None or (not cmax[1] and cmax[2] > 0):
+                return None
+        return ("E", cmin, cmax, cnt)
 
     def _mod_digit(self, md: tuple, d: int, in_frac: bool) -> tuple | None:
         mod = self.mod
@@ -407,20 +499,20 @@ class NumberDfa:
                 return self._to_exp(st)
             return None
         # exponent phases
-        _, lo, hi, eneg, clo, chi, cnt = st
-        if ph == "e" and b in (0x2B, 0x2D):
-            return ("s", lo, hi, b == 0x2D, clo, chi, cnt)
+        if ph == "e":
+            if b in (0x2B, 0x2D):
+                return self._exp_signed(st[1], st[2], b == 0x2D)
+            signed = self._exp_signed(st[1], st[2], False)  # a digit: the sign is +
+            if signed is None:
+                return None
+            st = signed
         if 0x30 <= b <= 0x39:
-            d = b - 48
+            _, cmin, cmax, cnt = st
             if spec.max_exp is not None:
                 cnt += 1
                 if cnt > spec.max_exp:
                     return None
-            if clo is not None:
-                clo = _step_int_comparison(clo, d, _int_str(lo))
-            if chi is not None:
-                chi = _step_int_comparison(chi, d, _int_str(hi))
-            return self._canon_exp("E", lo, hi, eneg, clo, chi, cnt)
+            return self._exp_digit(cmin, cmax, b - 48, cnt)
         return None
 
     def _int_digit(self, st: tuple, d: int) -> tuple | None:
@@ -510,8 +602,7 @@ class NumberDfa:
             lo = t if lo is None else max(lo, t)
         if lo is not None and hi is not None and lo > hi:
             return None
-        return self._canon_exp("e", lo, hi, False, None if lo is None else _PC0,
-                               None if hi is None else _PC0, 0)
+        return ("e", lo, hi)
 
     # -- acceptance --------------------------------------------------------
     def accepting(self, st: tuple) -> bool:
@@ -531,10 +622,7 @@ class NumberDfa:
                     return False
             return self._mod_plain_ok(md)
         if ph == "E":
-            _, lo, hi, eneg, clo, chi, _ = st
-            if clo is not None and _signed_cmp(eneg, clo, lo) < 0:
-                return False
-            if chi is not None and _signed_cmp(eneg, chi, hi) > 0:
-                return False
-            return True
+            _, cmin, cmax, _ = st
+            return ((cmin is None or _exp_cmp_result(cmin) >= 0)
+                    and (cmax is None or _exp_cmp_result(cmax) <= 0))
         return False

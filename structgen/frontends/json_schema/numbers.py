@@ -195,7 +195,8 @@ _LIMIT_HINT = "simplify the numeric constraints (smaller multipleOf or bounds)"
 
 
 def explore_dfa(start: _S, step: Callable[[_S, int], _S | None],
-                accepting: Callable[[_S], bool], alphabet: bytes | Sequence[bytes],
+                accepting: Callable[[_S], bool],
+                alphabet: bytes | Sequence[bytes] | Callable[[_S], Sequence[bytes]],
                 what: str) -> ir.Expr:
     """:func:`structgen.grammar.fsa.explore_dfa` under this module's limit: at most
     :data:`MAX_DFA_STATES` states after minimisation (twice that while exploring), else
@@ -312,8 +313,6 @@ _UNBOUNDED: dict[Spec, ir.Expr] = {}  # number_expr without bounds or multipleOf
 def _build(spec: Spec, what: str) -> ir.Expr:
     if not spec.ths and spec.mod is None and spec.max_mant is None and spec.neg_zero:
         return _plain_number(spec.allow_frac, spec.allow_exp, spec.max_frac, spec.max_exp)
-    # the byte classes the machine reads: one step serves both exponent letters
-    alphabet = [b"+", b"-", b".", *(bytes([d]) for d in b"0123456789"), b"Ee"]
     # Too large? Narrow to fewer literal shapes rather than fail: first without exponent
     # forms, then (when every multiple is an integer anyway) int literals only.
     attempts = [spec]
@@ -324,7 +323,7 @@ def _build(spec: Spec, what: str) -> ir.Expr:
     for i, sp in enumerate(attempts):
         machine = NumberDfa(sp)
         try:
-            return explore_dfa(("S",), machine.step, machine.accepting, alphabet, what)
+            return explore_dfa(("S",), machine.step, machine.accepting, machine.byte_classes, what)
         except CompileLimitError:
             if i == len(attempts) - 1:
                 raise
