@@ -305,8 +305,7 @@ class Normalizer(TypeKeywords):
             return BOTTOM
         arr = self._dnf(self._arr_meet(x, y) for x in a.arr for y in b.arr)
         obj = self._dnf(self._obj_meet(x, y) for x in a.obj for y in b.obj)
-        return TS(a.null and b.null, a.bools & b.bools, num_and(a.num, b.num), s_and(a.str, b.str),
-                  self._prune_arr(arr), self._prune_obj(obj))
+        return TS(a.null and b.null, a.bools & b.bools, num_and(a.num, b.num), s_and(a.str, b.str), arr, obj)
 
     def join(self, a: TS, b: TS) -> TS:
         """The union of languages ``a`` and ``b``."""
@@ -327,11 +326,11 @@ class Normalizer(TypeKeywords):
         arr: tuple[Arr, ...] = (ARR_TOP,)
         for r in a.arr:
             alts = self._arr_violations(r)
-            arr = self._prune_arr(self._dnf(self._arr_meet(x, y) for x in arr for y in alts))
+            arr = self._dnf(self._arr_meet(x, y) for x in arr for y in alts)
         obj: tuple[Obj, ...] = (OBJ_TOP,)
         for ro in a.obj:
             alts_o = self._obj_violations(ro)
-            obj = self._prune_obj(self._dnf(self._obj_meet(x, y) for x in obj for y in alts_o))
+            obj = self._dnf(self._obj_meet(x, y) for x in obj for y in alts_o)
         return TS(not a.null, frozenset((False, True)) - a.bools, num_not(a.num), s_not(a.str), arr, obj)
 
     def _dnf(self, recs: Iterable[Arr | Obj | None]) -> tuple:
