@@ -107,12 +107,38 @@ def _minimise_native(edges: Sequence[dict[int, int]], accept: Sequence[bool], st
     _status, trans, acc = dk.minimise(trans, acc, 1 << 62, limits.stop_cell())
     if _status != dk.OK:  # stopped: the request was cancelled
         limits.check()
-    rows, cols = np.nonzero(trans >= 0)  # row-major: each state's edges in byte order
-    bounds = np.searchsorted(rows, np.arange(trans.shape[0] + 1)).tolist()
-    tgt = trans[rows, cols].tolist()
-    cols_l = cols.tolist()
-    return _emit_bfs(0, lambda q: zip(cols_l[bounds[q]:bounds[q + 1]], tgt[bounds[q]:bounds[q + 1]]),
-                     lambda q: bool(acc[q]))
+    # each state's edges as runs of bytes to one target (row-major: in byte order), so the
+    # breadth-first numbering below steps through runs, not bytes
+    n_min = trans.shape[0]
+    change = np.ones((n_min, 257), dtype=np.bool_)
+    change[:, 1:256] = trans[:, 1:] != trans[:, :-1]
+    rows, cols = np.nonzero(change)  # run starts, then each row's end (column 256)
+    runs = cols[:-1] != 256
+    rows, lo, hi = rows[:-1][runs], cols[:-1][runs], cols[1:][runs] - 1
+    tgt = trans[rows, lo]
+    live = tgt >= 0
+    rows, lo, hi, tgt = rows[live], lo[live], hi[live], tgt[live]
+    bounds = np.searchsorted(rows, np.arange(n_min + 1)).tolist()
+    run_list = list(zip(lo.tolist(), hi.tolist(), tgt.tolist()))
+    return _emit_bfs_runs([run_list[bounds[q]:bounds[q + 1]] for q in range(n_min)], acc.tolist())
+
+
+def _emit_bfs_runs(runs: list[list[tuple[int, int, int]]], accept: list[bool]) -> ir.Dfa:
+    """:func:`_emit_bfs` from state 0 of a DFA given as runs ``(lo, hi, target)`` per state
+    (ascending, adjacent runs to one target merged): the same node."""
+    new_id = {0: 0}
+    order = [0]
+    out: list[list[tuple[int, int, int]]] = []
+    for q in order:
+        row = []
+        for lo, hi, t in runs[q]:
+            tid = new_id.get(t)
+            if tid is None:
+                tid = new_id[t] = len(order)
+                order.append(t)
+            row.append((lo, hi, tid))
+        out.append(row)
+    return ir.Dfa.canonical(0, [k for k, q in enumerate(order) if accept[q]], out)
 
 
 def _emit_bfs(start: S, edges_of: Callable[[S], Iterable[tuple[int, S]]],
@@ -142,7 +168,7 @@ def _emit_bfs(start: S, edges_of: Callable[[S], Iterable[tuple[int, S]]],
         if accepting(q):
             accept_out.append(k)
         k += 1
-    return ir.Dfa(0, accept_out, out)
+    return ir.Dfa.canonical(0, accept_out, out)
 
 
 def minimise_dfa(edges: Sequence[dict[int, int]], accept: Sequence[bool], start: int) -> ir.Dfa | None:

@@ -332,6 +332,20 @@ class Dfa(Expr):
         object.__setattr__(self, "trans", t)
         object.__setattr__(self, "_sz", n)
 
+    @classmethod
+    def canonical(cls, start: int, accept: Iterable[int],
+                  trans: Iterable[Iterable[tuple[int, int, int]]]) -> Dfa:
+        """The node whose ``trans`` rows are already as the constructor would make them (int
+        edges within range, sorted): without its checks, for the automata the grammar package
+        builds itself."""
+        self = cls.__new__(cls)
+        t = tuple(map(tuple, trans))
+        object.__setattr__(self, "start", start)
+        object.__setattr__(self, "accept", frozenset(accept))
+        object.__setattr__(self, "trans", t)
+        object.__setattr__(self, "_sz", len(t))
+        return self
+
     def _key(self) -> tuple[object, ...]:
         return (self.start, tuple(sorted(self.accept)), self.trans)
 
