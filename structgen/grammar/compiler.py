@@ -523,11 +523,7 @@ class _Compiler:
         self.check_time()
         if len(nfa) > self.opt.max_states:
             self._too_many_states(inline_stack)
-        if isinstance(e, ir.ByteSet):
-            t = nfa.new()
-            for lo, hi in e.ranges:
-                nfa.edges[s].append((lo, hi, t))
-            return t
+        # (byte sets never come here: both drivers lay them out themselves)
         if isinstance(e, ir.Seq):
             cur = s
             for it in e.items:

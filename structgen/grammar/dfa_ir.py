@@ -120,31 +120,14 @@ def _minimise_native(edges: Sequence[dict[int, int]], accept: Sequence[bool], st
     rows, lo, hi, tgt = rows[live], lo[live], hi[live], tgt[live]
     bounds = np.searchsorted(rows, np.arange(n_min + 1)).tolist()
     run_list = list(zip(lo.tolist(), hi.tolist(), tgt.tolist()))
-    return _emit_bfs_runs([run_list[bounds[q]:bounds[q + 1]] for q in range(n_min)], acc.tolist())
+    acc_l = acc.tolist()
+    return _emit_bfs(0, lambda q: run_list[bounds[q]:bounds[q + 1]], acc_l.__getitem__)
 
 
-def _emit_bfs_runs(runs: list[list[tuple[int, int, int]]], accept: list[bool]) -> ir.Dfa:
-    """:func:`_emit_bfs` from state 0 of a DFA given as runs ``(lo, hi, target)`` per state
-    (ascending, adjacent runs to one target merged): the same node."""
-    new_id = {0: 0}
-    order = [0]
-    out: list[list[tuple[int, int, int]]] = []
-    for q in order:
-        row = []
-        for lo, hi, t in runs[q]:
-            tid = new_id.get(t)
-            if tid is None:
-                tid = new_id[t] = len(order)
-                order.append(t)
-            row.append((lo, hi, tid))
-        out.append(row)
-    return ir.Dfa.canonical(0, [k for k, q in enumerate(order) if accept[q]], out)
-
-
-def _emit_bfs(start: S, edges_of: Callable[[S], Iterable[tuple[int, S]]],
+def _emit_bfs(start: S, runs_of: Callable[[S], Iterable[tuple[int, int, S]]],
               accepting: Callable[[S], bool]) -> ir.Dfa:
     """The DFA reached from ``start``, states numbered breadth-first with each state's edges
-    (``(byte, target)``, ascending bytes) in order, runs of bytes to one target merged: the
+    (runs ``(lo, hi, target)``, ascending) in order, adjacent runs to one target merged: the
     canonical numbering that makes equal minimal languages equal :class:`~structgen.grammar.ir.Dfa`
     nodes."""
     new_id = {start: 0}
@@ -155,15 +138,15 @@ def _emit_bfs(start: S, edges_of: Callable[[S], Iterable[tuple[int, S]]],
     while k < len(order):
         q = order[k]
         row: list[tuple[int, int, int]] = []
-        for b, t in edges_of(q):
+        for lo, hi, t in runs_of(q):
             tid = new_id.get(t)
             if tid is None:
                 tid = new_id[t] = len(order)
                 order.append(t)
-            if row and row[-1][1] == b - 1 and row[-1][2] == tid:
-                row[-1] = (row[-1][0], b, tid)
+            if row and row[-1][1] == lo - 1 and row[-1][2] == tid:
+                row[-1] = (row[-1][0], hi, tid)
             else:
-                row.append((b, b, tid))
+                row.append((lo, hi, tid))
         out.append(row)
         if accepting(q):
             accept_out.append(k)
@@ -273,13 +256,13 @@ def minimise_dfa(edges: Sequence[dict[int, int]], accept: Sequence[bool], start:
     sink_block = block_of[sink]
     rep = {block_of[0]: 0}  # a member of each block reached
 
-    def block_edges(bq: int) -> Iterator[tuple[int, int]]:
+    def block_edges(bq: int) -> Iterator[tuple[int, int, int]]:
         row = delta[rep[bq]]
         for a, b in enumerate(alphabet):
             tb = block_of[row[a]]
             if tb != sink_block:
                 rep.setdefault(tb, row[a])
-                yield b, tb
+                yield b, b, tb
 
     return _emit_bfs(block_of[0], block_edges, lambda bq: rep[bq] in acc_set)
 
