@@ -312,6 +312,69 @@ def test_tables_grown_into_room_made_ahead_keep_masks_exact(monkeypatch: pytest.
     assert any(taken)  # some doubling used the room made ahead
 
 
+def test_tables_grown_in_reserved_address_space_keep_masks_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Transition tables doubled as wider views of a reservation (structgen.grammar.growth.reserve)
+    hold the same rows as tables doubled by copying: masks follow the regex oracle while the
+    tables grow into the reservation and then past it (copied again from there on)."""
+    import structgen.grammar.runtime as runtime
+
+    if not runtime.can_reserve():
+        pytest.skip("no address space can be reserved here (RLIMIT_AS, or no anonymous mappings)")
+    monkeypatch.setattr(runtime, "RESERVE_FROM_BYTES", 0)  # reserve at the first doubling
+    monkeypatch.setattr(runtime, "RESERVE_MAX_BYTES", 1 << 20)  # 1,024 rows: outgrown below
+    made: list[np.ndarray] = []
+    plain_reserve = runtime.reserve
+
+    def reserve(rows: int, dims: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+        got = plain_reserve(rows, dims, dtype)
+        if got is not None:
+            made.append(got)
+        return got
+
+    monkeypatch.setattr(runtime, "reserve", reserve)
+    rx, cg = ab_regex(11)  # 2^12 DFA states: the configuration table outgrows 1,024 rows
+    rt = cg.engine
+    with rt.lock:
+        rt.flush()  # tables made under the patched limits
+    vocab = ab_vocab()
+    rng = random.Random(5)
+    widened = False
+    for _ in range(60):
+        m = Matcher(cg, vocab)  # type: ignore[arg-type]
+        text = ""
+        for _ in range(rng.randrange(20, 80)):
+            trans = rt.tab.trans
+            widened = widened or any(trans.shape[0] > 256 and np.shares_memory(trans, r) for r in made)
+            t = ab_step(m, rx, text, rng)
+            if t == AB_EOS:
+                break
+            text += AB_TOKENS[t].decode()  # type: ignore[union-attr]
+    assert widened  # a doubling took a wider view of its reservation
+    assert rt.tab.trans.shape[0] > 1024  # and the table then grew past it
+    assert not any(np.shares_memory(rt.tab.trans, r) for r in made)
+
+
+def test_no_address_space_is_reserved_under_an_address_space_limit() -> None:
+    """Under ``RLIMIT_AS`` reserved address space would crowd out real allocations: a runtime
+    made there doubles its tables by copying (checked in a subprocess)."""
+    code = textwrap.dedent("""
+        import resource
+        from structgen.grammar import growth
+        from structgen.grammar.runtime import RuntimeTables
+        from structgen import compile_regex
+        assert growth.can_reserve()
+        cg = compile_regex("(a|b)*c")
+        resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
+        assert not growth.can_reserve()
+        assert growth.reserve(1024, (256,), __import__("numpy").dtype("int32")) is None
+        assert RuntimeTables(cg.rules, 256 << 20)._reserve_bytes == 0
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
 def test_room_made_ahead_is_taken_only_at_its_shape() -> None:
 
     import structgen.grammar.growth as growth

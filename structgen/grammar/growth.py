@@ -6,23 +6,69 @@ for a 32 MB table on the machines measured (``benchmarks/results/``), paid insid
 mask. Once a big table is half full, :class:`Spares` allocates and touches its next
 size on a thread of its own (numpy releases the GIL while it fills), so that the doubling only
 copies into memory that is already there (about 3 ms for 32 MB).
+
+The 1 KiB rows of the two biggest tables (the transition rows of configurations and of rule
+states) are written whole when their state is interned, so they need no copy at all: once such
+a table is past :data:`RESERVE_FROM_BYTES`, :func:`reserve` maps address space for it up to
+the runtime's table budget, and each doubling is a wider view of that mapping. Its pages are
+faulted in as rows come into use, a few microseconds at a time, instead of tens of
+milliseconds inside one token's mask. A process with an address-space limit
+(``RLIMIT_AS``) gets no reservations: it doubles by copying, as above.
 """
 
 from __future__ import annotations
 
+import mmap
 import threading
 from collections.abc import Sequence
+
+try:
+    import resource
+except ImportError:  # pragma: no cover - not a POSIX system
+    resource = None  # type: ignore[assignment]
 
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["SPARE_MIN_BYTES", "WAIT_MAX_S", "Spares"]
+__all__ = ["SPARE_MIN_BYTES", "WAIT_MAX_S", "Spares", "RESERVE_FROM_BYTES", "RESERVE_MAX_BYTES", "reserve",
+           "can_reserve"]
 
 #: Tables whose next size is smaller than this are doubled in place: their faults cost little.
 SPARE_MIN_BYTES = 4 << 20
 
 #: The longest a doubling waits for room still being made (seconds); past it, it makes its own.
 WAIT_MAX_S = 0.5
+
+#: A lazily written table gets its address space reserved once it grows past this size.
+RESERVE_FROM_BYTES = 1 << 20
+
+#: The most address space one reservation takes (the table budget caps it below that).
+RESERVE_MAX_BYTES = 1 << 30
+
+
+def can_reserve() -> bool:
+    """Whether :func:`reserve` may map address space ahead: a POSIX system (anonymous
+    mappings whose pages are committed when first written) and no ``RLIMIT_AS``, under which
+    reserved address space would crowd out real allocations."""
+    if resource is None or getattr(mmap, "MAP_ANONYMOUS", None) is None:
+        return False
+    return bool(resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY)
+
+
+def reserve(rows: int, dims: tuple[int, ...], dtype: np.dtype[np.generic]) -> NDArray[np.generic] | None:
+    """An array of ``rows`` rows of shape ``dims`` over anonymous memory that is mapped but
+    not yet touched (every page reads zero and costs nothing until it is written), or None
+    where reserving is not possible or not wanted (an address-space limit, no anonymous
+    mappings, no room)."""
+    if not can_reserve():
+        return None
+    nbytes = rows * int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    try:
+        area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (OSError, ValueError, OverflowError, MemoryError):
+        return None
+    return np.frombuffer(area, dtype=dtype).reshape((rows,) + dims)
+
 
 #: One wanted array: (table name, shape, dtype, fill value or None: any content will do).
 Wanted = tuple[str, tuple[int, ...], np.dtype[np.generic], object]

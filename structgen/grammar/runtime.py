@@ -51,7 +51,14 @@ from structgen.grammar import _runtime_kernels as K
 from structgen.grammar import _stack_kernels as S
 from structgen.grammar.fsa import joined_nfa_arrays
 from structgen.grammar.gcpause import gc_paused
-from structgen.grammar.growth import SPARE_MIN_BYTES, Spares
+from structgen.grammar.growth import (
+    RESERVE_FROM_BYTES,
+    RESERVE_MAX_BYTES,
+    SPARE_MIN_BYTES,
+    Spares,
+    can_reserve,
+    reserve,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from structgen.grammar.compiled import CompiledGrammar, Rule
@@ -292,8 +299,12 @@ class RuntimeTables:
     utf8_memo: NDArray[np.int8]
     T: K.Tables  # the compiled object holding them all
 
-    def __init__(self, rules: tuple[Rule, ...]) -> None:
+    def __init__(self, rules: tuple[Rule, ...], budget_bytes: int = 0) -> None:
+        """``budget_bytes``: the runtime's table budget, up to which a lazily written table may
+        reserve address space (:func:`~structgen.grammar.growth.reserve`); 0: none."""
         self.counters = np.zeros(16, dtype=np.int64)
+        self._reserve_bytes = min(budget_bytes, RESERVE_MAX_BYTES) if can_reserve() else 0
+        self._reserved: dict[str, NDArray[np.generic]] = {}  # table name -> its whole reservation
         for k, v in _rule_arrays(rules).items():
             setattr(self, k, v)
         self.nfa_closure = np.zeros((self.nfa_important.shape[0], 2), dtype=np.int32)
@@ -321,8 +332,19 @@ class RuntimeTables:
         self._triggers: list[tuple[int, int, str]] = []
         for grp, (slot, _rows, cols) in self._GROUPS.items():
             cap = getattr(self, cols[0][0]).shape[0]
-            if 2 * sum(getattr(self, c[0]).nbytes for c in cols) >= SPARE_MIN_BYTES:
+            if 2 * sum(getattr(self, c[0]).nbytes for c in cols if not self._reserved_at(c[0], 2 * cap)) \
+                    >= SPARE_MIN_BYTES:
                 self._triggers.append((slot, cap // 2, grp))
+
+    def _reserved_at(self, name: str, cap: int) -> bool:
+        """Whether a doubling to ``cap`` rows takes table ``name`` as a wider view of its
+        reservation (a lazily written table that big, where reserving is on), not a copy."""
+        return bool(self._reserve_bytes) and name in self._LAZY_ROWS and \
+            cap * self._row_bytes(name) >= RESERVE_FROM_BYTES
+
+    def _row_bytes(self, name: str) -> int:
+        a = getattr(self, name)
+        return int(a.itemsize * a[0].size)
 
     def prepare_growth(self) -> None:
         """Make room ahead, on a background thread, for the next doubling of every group of
@@ -337,7 +359,7 @@ class RuntimeTables:
             cols = self._GROUPS[t[2]][2]
             cap = 2 * getattr(self, cols[0][0]).shape[0]
             wanted = [(name, (cap,) + dims, np.dtype(dt), None if name in self._LAZY_ROWS else fill)
-                      for name, fill, dims, dt in cols]
+                      for name, fill, dims, dt in cols if not self._reserved_at(name, cap)]
             if self.spares.prepare(t[2], wanted):
                 self._triggers.remove(t)
 
@@ -374,6 +396,8 @@ class RuntimeTables:
             self.spares.wait(grp)
             for name, fill, dims, dt in cols:
                 lazy = name in self._LAZY_ROWS
+                if lazy and self._widen(name, cap):
+                    continue
                 spare = self.spares.take(name, (cap,) + dims, np.dtype(dt))
                 setattr(self, name, _grown(getattr(self, name), cap, None if lazy else fill, spare))
             self._new_hash(grp, 2 * cap)
@@ -387,6 +411,27 @@ class RuntimeTables:
                               self.state_hash_keys, self.state_hash_ids)
         self._set_triggers()
         self._pack()
+
+    def _widen(self, name: str, cap: int) -> bool:
+        """Double the lazily written table ``name`` to ``cap`` rows as a wider view of its
+        reservation, reserved here (and the rows so far copied into it, once) when the table
+        is big enough; False where it must be copied instead (no reservation, or past it)."""
+        a = getattr(self, name)
+        res = self._reserved.get(name)
+        if res is None:
+            row_bytes = self._row_bytes(name)
+            if not self._reserve_bytes or cap * row_bytes < RESERVE_FROM_BYTES:
+                return False
+            res = reserve(max(cap, self._reserve_bytes // row_bytes), a.shape[1:], a.dtype)
+            if res is None:
+                return False
+            res[: a.shape[0]] = a
+            self._reserved[name] = res
+        if res.shape[0] < cap:
+            del self._reserved[name]  # past its reservation: the table is copied from now on
+            return False
+        setattr(self, name, res[:cap])
+        return True
 
     def nbytes(self) -> int:
         """Bytes held by the table arrays and the room made ahead for their growth."""
@@ -407,10 +452,10 @@ class Runtime:
         self.grammar = grammar
         self.rules = grammar.rules
         self.lock = threading.RLock()
-        with gc_paused():
-            self.tab = RuntimeTables(self.rules)
         #: flush the tables past this many bytes (see the module docstring)
         self.table_budget = DEFAULT_TABLE_BYTES if table_bytes is None else int(table_bytes)
+        with gc_paused():
+            self.tab = RuntimeTables(self.rules, self.table_budget)
         self.epoch = 0  # flushes so far: configuration ids are valid within one epoch
         self.flushes = 0
         self._fresh_bytes = self._table_bytes = self.tab.nbytes()
@@ -527,7 +572,7 @@ class Runtime:
         self._described = {e: d for e, d in self._described.items() if e in live_epochs}
         self._described[old_epoch] = desc
         with gc_paused():
-            self.tab = RuntimeTables(self.rules)
+            self.tab = RuntimeTables(self.rules, self.table_budget)
         n = self.tab.nbytes()
         _account(n - self._acct[0])
         self._acct[0] = self._table_bytes = self._fresh_bytes = n
