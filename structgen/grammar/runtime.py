@@ -304,7 +304,8 @@ class RuntimeTables:
         reserve address space (:func:`~structgen.grammar.growth.reserve`); 0: none."""
         self.counters = np.zeros(16, dtype=np.int64)
         self._reserve_bytes = min(budget_bytes, RESERVE_MAX_BYTES) if can_reserve() else 0
-        self._reserved: dict[str, NDArray[np.generic]] = {}  # table name -> its whole reservation
+        # table name -> its whole reservation; None: none to be had, or outgrown (copied from then on)
+        self._reserved: dict[str, NDArray[np.generic] | None] = {}
         for k, v in _rule_arrays(rules).items():
             setattr(self, k, v)
         self.nfa_closure = np.zeros((self.nfa_important.shape[0], 2), dtype=np.int32)
@@ -339,8 +340,12 @@ class RuntimeTables:
     def _reserved_at(self, name: str, cap: int) -> bool:
         """Whether a doubling to ``cap`` rows takes table ``name`` as a wider view of its
         reservation (a lazily written table that big, where reserving is on), not a copy."""
-        return bool(self._reserve_bytes) and name in self._LAZY_ROWS and \
-            cap * self._row_bytes(name) >= RESERVE_FROM_BYTES
+        if not self._reserve_bytes or name not in self._LAZY_ROWS:
+            return False
+        if name in self._reserved:
+            res = self._reserved[name]
+            return res is not None and res.shape[0] >= cap
+        return cap * self._row_bytes(name) >= RESERVE_FROM_BYTES
 
     def _row_bytes(self, name: str) -> int:
         a = getattr(self, name)
@@ -416,21 +421,19 @@ class RuntimeTables:
         """Double the lazily written table ``name`` to ``cap`` rows as a wider view of its
         reservation, reserved here (and the rows so far copied into it, once) when the table
         is big enough; False where it must be copied instead (no reservation, or past it)."""
+        if not self._reserved_at(name, cap):
+            return False
         a = getattr(self, name)
         res = self._reserved.get(name)
         if res is None:
-            row_bytes = self._row_bytes(name)
-            if not self._reserve_bytes or cap * row_bytes < RESERVE_FROM_BYTES:
-                return False
-            res = reserve(max(cap, self._reserve_bytes // row_bytes), a.shape[1:], a.dtype)
+            res = reserve(max(cap, self._reserve_bytes // self._row_bytes(name)), a.shape[1:], a.dtype)
+            self._reserved[name] = res
             if res is None:
                 return False
             res[: a.shape[0]] = a
-            self._reserved[name] = res
-        if res.shape[0] < cap:
-            del self._reserved[name]  # past its reservation: the table is copied from now on
-            return False
         setattr(self, name, res[:cap])
+        if 2 * cap > res.shape[0]:
+            self._reserved[name] = None  # its next doubling is past the reservation: a copy
         return True
 
     def nbytes(self) -> int:
