@@ -316,14 +316,14 @@ def test_tables_grown_in_reserved_address_space_keep_masks_exact(monkeypatch: py
     """Transition tables doubled as wider views of a reservation (structgen.grammar.growth.reserve)
     hold the same rows as tables doubled by copying: masks follow the regex oracle while the
     tables grow into the reservation and then past it (copied again from there on)."""
-    import structgen.grammar.runtime as runtime
+    import structgen.grammar.growth as growth
 
-    if not runtime.can_reserve():
+    if not growth.can_reserve():
         pytest.skip("no address space can be reserved here (RLIMIT_AS, or no anonymous mappings)")
-    monkeypatch.setattr(runtime, "RESERVE_FROM_BYTES", 0)  # reserve at the first doubling
-    monkeypatch.setattr(runtime, "RESERVE_MAX_BYTES", 1 << 20)  # 1,024 rows: outgrown below
+    monkeypatch.setattr(growth, "RESERVE_FROM_BYTES", 0)  # reserve at the first doubling
+    monkeypatch.setattr(growth, "RESERVE_MAX_BYTES", 1 << 20)  # 1,024 rows: outgrown below
     made: list[np.ndarray] = []
-    plain_reserve = runtime.reserve
+    plain_reserve = growth.reserve
 
     def reserve(rows: int, dims: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
         got = plain_reserve(rows, dims, dtype)
@@ -331,7 +331,7 @@ def test_tables_grown_in_reserved_address_space_keep_masks_exact(monkeypatch: py
             made.append(got)
         return got
 
-    monkeypatch.setattr(runtime, "reserve", reserve)
+    monkeypatch.setattr(growth, "reserve", reserve)
     rx, cg = ab_regex(11)  # 2^12 DFA states: the configuration table outgrows 1,024 rows
     rt = cg.engine
     with rt.lock:
@@ -367,7 +367,7 @@ def test_no_address_space_is_reserved_under_an_address_space_limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
         assert not growth.can_reserve()
         assert growth.reserve(1024, (256,), __import__("numpy").dtype("int32")) is None
-        assert RuntimeTables(cg.rules, 256 << 20)._reserve_bytes == 0
+        assert RuntimeTables(cg.rules, 256 << 20).reservations.limit == 0
         print("ok")
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

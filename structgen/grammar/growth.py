@@ -31,7 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 __all__ = ["SPARE_MIN_BYTES", "WAIT_MAX_S", "Spares", "RESERVE_FROM_BYTES", "RESERVE_MAX_BYTES", "reserve",
-           "can_reserve"]
+           "can_reserve", "Reservations"]
 
 #: Tables whose next size is smaller than this are doubled in place: their faults cost little.
 SPARE_MIN_BYTES = 4 << 20
@@ -68,6 +68,45 @@ def reserve(rows: int, dims: tuple[int, ...], dtype: np.dtype[np.generic]) -> ND
     except (OSError, ValueError, OverflowError, MemoryError):
         return None
     return np.frombuffer(area, dtype=dtype).reshape((rows,) + dims)
+
+
+class Reservations:
+    """The reservations of one set of lazily written tables, by table name: each up to
+    ``limit_bytes`` (capped at :data:`RESERVE_MAX_BYTES`; 0, or an address-space limit: none).
+    Callers hold the tables' lock."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit = min(limit_bytes, RESERVE_MAX_BYTES) if can_reserve() else 0
+        # table name -> its whole reservation; None: none to be had, or outgrown (copied from then on)
+        self._areas: dict[str, NDArray[np.generic] | None] = {}
+
+    def covers(self, name: str, rows: int, row_bytes: int) -> bool:
+        """Whether table ``name`` grown to ``rows`` rows of ``row_bytes`` bytes is a view of its
+        reservation (made already, or to be made then, the table being that big), not a copy."""
+        if not self.limit:
+            return False
+        if name in self._areas:
+            area = self._areas[name]
+            return area is not None and area.shape[0] >= rows
+        return rows * row_bytes >= RESERVE_FROM_BYTES
+
+    def widen(self, name: str, table: NDArray[np.generic], rows: int) -> NDArray[np.generic] | None:
+        """``table`` (table ``name``) grown to ``rows`` rows as a view of its reservation, made
+        here (and the rows so far copied into it, once) if it has none; None where it must be
+        copied instead."""
+        row_bytes = int(table.itemsize * table[0].size)
+        if not self.covers(name, rows, row_bytes):
+            return None
+        area = self._areas.get(name)
+        if area is None:
+            area = reserve(max(rows, self.limit // row_bytes), table.shape[1:], table.dtype)
+            self._areas[name] = area
+            if area is None:
+                return None
+            area[: table.shape[0]] = table
+        if 2 * rows > area.shape[0]:
+            self._areas[name] = None  # its next doubling is past the reservation: a copy
+        return area[:rows]
 
 
 #: One wanted array: (table name, shape, dtype, fill value or None: any content will do).

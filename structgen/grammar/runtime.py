@@ -51,14 +51,7 @@ from structgen.grammar import _runtime_kernels as K
 from structgen.grammar import _stack_kernels as S
 from structgen.grammar.fsa import joined_nfa_arrays
 from structgen.grammar.gcpause import gc_paused
-from structgen.grammar.growth import (
-    RESERVE_FROM_BYTES,
-    RESERVE_MAX_BYTES,
-    SPARE_MIN_BYTES,
-    Spares,
-    can_reserve,
-    reserve,
-)
+from structgen.grammar.growth import SPARE_MIN_BYTES, Reservations, Spares
 
 if TYPE_CHECKING:  # pragma: no cover
     from structgen.grammar.compiled import CompiledGrammar, Rule
@@ -303,9 +296,7 @@ class RuntimeTables:
         """``budget_bytes``: the runtime's table budget, up to which a lazily written table may
         reserve address space (:func:`~structgen.grammar.growth.reserve`); 0: none."""
         self.counters = np.zeros(16, dtype=np.int64)
-        self._reserve_bytes = min(budget_bytes, RESERVE_MAX_BYTES) if can_reserve() else 0
-        # table name -> its whole reservation; None: none to be had, or outgrown (copied from then on)
-        self._reserved: dict[str, NDArray[np.generic] | None] = {}
+        self.reservations = Reservations(budget_bytes)
         for k, v in _rule_arrays(rules).items():
             setattr(self, k, v)
         self.nfa_closure = np.zeros((self.nfa_important.shape[0], 2), dtype=np.int32)
@@ -339,17 +330,9 @@ class RuntimeTables:
 
     def _reserved_at(self, name: str, cap: int) -> bool:
         """Whether a doubling to ``cap`` rows takes table ``name`` as a wider view of its
-        reservation (a lazily written table that big, where reserving is on), not a copy."""
-        if not self._reserve_bytes or name not in self._LAZY_ROWS:
-            return False
-        if name in self._reserved:
-            res = self._reserved[name]
-            return res is not None and res.shape[0] >= cap
-        return cap * self._row_bytes(name) >= RESERVE_FROM_BYTES
-
-    def _row_bytes(self, name: str) -> int:
+        reservation (:class:`~structgen.grammar.growth.Reservations`), not a copy."""
         a = getattr(self, name)
-        return int(a.itemsize * a[0].size)
+        return name in self._LAZY_ROWS and self.reservations.covers(name, cap, int(a.itemsize * a[0].size))
 
     def prepare_growth(self) -> None:
         """Make room ahead, on a background thread, for the next doubling of every group of
@@ -401,7 +384,9 @@ class RuntimeTables:
             self.spares.wait(grp)
             for name, fill, dims, dt in cols:
                 lazy = name in self._LAZY_ROWS
-                if lazy and self._widen(name, cap):
+                view = self.reservations.widen(name, getattr(self, name), cap) if lazy else None
+                if view is not None:
+                    setattr(self, name, view)
                     continue
                 spare = self.spares.take(name, (cap,) + dims, np.dtype(dt))
                 setattr(self, name, _grown(getattr(self, name), cap, None if lazy else fill, spare))
@@ -416,25 +401,6 @@ class RuntimeTables:
                               self.state_hash_keys, self.state_hash_ids)
         self._set_triggers()
         self._pack()
-
-    def _widen(self, name: str, cap: int) -> bool:
-        """Double the lazily written table ``name`` to ``cap`` rows as a wider view of its
-        reservation, reserved here (and the rows so far copied into it, once) when the table
-        is big enough; False where it must be copied instead (no reservation, or past it)."""
-        if not self._reserved_at(name, cap):
-            return False
-        a = getattr(self, name)
-        res = self._reserved.get(name)
-        if res is None:
-            res = reserve(max(cap, self._reserve_bytes // self._row_bytes(name)), a.shape[1:], a.dtype)
-            self._reserved[name] = res
-            if res is None:
-                return False
-            res[: a.shape[0]] = a
-        setattr(self, name, res[:cap])
-        if 2 * cap > res.shape[0]:
-            self._reserved[name] = None  # its next doubling is past the reservation: a copy
-        return True
 
     def nbytes(self) -> int:
         """Bytes held by the table arrays and the room made ahead for their growth."""
