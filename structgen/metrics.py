@@ -33,6 +33,7 @@ already loaded and CUDA is available.
 
 from __future__ import annotations
 
+import gc
 import http.server
 import json
 import math
@@ -273,6 +274,10 @@ class Metrics:
                 "elapsed_s": self.elapsed_s,
                 "throughput_tokens_per_s": self.throughput,
                 "process_cpu_s": time.process_time(),
+                # the cyclic collector: full passes stall every request, and frozen objects
+                # (what `structgen serve` loaded before serving) are never scanned
+                "gc": {"collections": [g["collections"] for g in gc.get_stats()],
+                       "frozen_objects": gc.get_freeze_count()},
                 **self.extra,
             }
             data["alerts"] = [a.as_dict() for a in self.alerts()]
@@ -338,6 +343,12 @@ class Metrics:
                  [({"phase": k}, v) for k, v in d["phase_seconds"].items()])
         p.family("process_cpu_seconds_total", "counter", "CPU time of this process (user + system).",
                  [({}, d["process_cpu_s"])])
+        p.family("gc_collections_total", "counter",
+                 "Passes of Python's cyclic garbage collector, per generation.",
+                 [({"generation": str(g)}, n) for g, n in enumerate(d["gc"]["collections"])])
+        p.family("gc_frozen_objects", "gauge",
+                 "Objects moved out of the collector's reach (gc.freeze) once the server started.",
+                 [({}, d["gc"]["frozen_objects"])])
         alerts = {a["name"] for a in d["alerts"]}
         names = _alert_names(self.thresholds, self.drafters)
         p.family("alert", "gauge", "1 when the configured alert condition holds, else 0.",
