@@ -70,6 +70,10 @@ def reserve(rows: int, dims: tuple[int, ...], dtype: np.dtype[np.generic]) -> ND
     return np.frombuffer(area, dtype=dtype).reshape((rows,) + dims)
 
 
+def _row_bytes(table: NDArray[np.generic]) -> int:
+    return int(table.itemsize * table[0].size)
+
+
 class Reservations:
     """The reservations of one set of lazily written tables, by table name: each up to
     ``limit_bytes`` (capped at :data:`RESERVE_MAX_BYTES`; 0, or an address-space limit: none).
@@ -80,26 +84,25 @@ class Reservations:
         # table name -> its whole reservation; None: none to be had, or outgrown (copied from then on)
         self._areas: dict[str, NDArray[np.generic] | None] = {}
 
-    def covers(self, name: str, rows: int, row_bytes: int) -> bool:
-        """Whether table ``name`` grown to ``rows`` rows of ``row_bytes`` bytes is a view of its
-        reservation (made already, or to be made then, the table being that big), not a copy."""
+    def covers(self, name: str, table: NDArray[np.generic], rows: int) -> bool:
+        """Whether ``table`` (table ``name``) grown to ``rows`` rows is a view of its reservation
+        (made already, or to be made then, the table being that big), not a copy."""
         if not self.limit:
             return False
         if name in self._areas:
             area = self._areas[name]
             return area is not None and area.shape[0] >= rows
-        return rows * row_bytes >= RESERVE_FROM_BYTES
+        return rows * _row_bytes(table) >= RESERVE_FROM_BYTES
 
     def widen(self, name: str, table: NDArray[np.generic], rows: int) -> NDArray[np.generic] | None:
         """``table`` (table ``name``) grown to ``rows`` rows as a view of its reservation, made
         here (and the rows so far copied into it, once) if it has none; None where it must be
         copied instead."""
-        row_bytes = int(table.itemsize * table[0].size)
-        if not self.covers(name, rows, row_bytes):
+        if not self.covers(name, table, rows):
             return None
         area = self._areas.get(name)
         if area is None:
-            area = reserve(max(rows, self.limit // row_bytes), table.shape[1:], table.dtype)
+            area = reserve(max(rows, self.limit // _row_bytes(table)), table.shape[1:], table.dtype)
             self._areas[name] = area
             if area is None:
                 return None

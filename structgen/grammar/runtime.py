@@ -331,8 +331,7 @@ class RuntimeTables:
     def _reserved_at(self, name: str, cap: int) -> bool:
         """Whether a doubling to ``cap`` rows takes table ``name`` as a wider view of its
         reservation (:class:`~structgen.grammar.growth.Reservations`), not a copy."""
-        a = getattr(self, name)
-        return name in self._LAZY_ROWS and self.reservations.covers(name, cap, int(a.itemsize * a[0].size))
+        return name in self._LAZY_ROWS and self.reservations.covers(name, getattr(self, name), cap)
 
     def prepare_growth(self) -> None:
         """Make room ahead, on a background thread, for the next doubling of every group of
