@@ -11,6 +11,7 @@ import enum
 import json
 import subprocess
 import sys
+from collections import OrderedDict
 
 import jsonschema
 import numpy as np
@@ -388,6 +389,49 @@ def test_processor_greedy_equals_plain_constrained_decoding(tiny_models, kind: s
     ref = structgen.generate(lm, schema=SCHEMAS[2], prompt=PROMPTS[1], max_new_tokens=40,
                              speculative=False)
     assert _generated(out[0, input_ids.shape[1]:].tolist(), eos) == ref.tokens
+
+
+@pytest.mark.assets
+@pytest.mark.model
+def test_processor_look_ahead_keeps_greedy_output(tiny_models, monkeypatch) -> None:
+    """With look-ahead on, every call hands each live row to the background thread, and greedy
+    output is still plain constrained decoding's; by default nothing looks ahead; a bad
+    setting is a typed error."""
+    from structgen.frontends.json_schema import compiler as json_schema
+    from structgen.grammar import compiler
+    from structgen.masks import lookahead
+
+    lm = tiny_models["biased"]
+    tok = lm.tokenizer
+    eos = tok.eos_token_id
+    input_ids, mask = _left_padded(tok, PROMPTS)
+    from structgen.masks import matcher as matcher_module
+
+    submitted: list[object] = []
+    real_submit = lookahead.submit
+    monkeypatch.setattr(matcher_module, "submit", lambda holder, job: (submitted.append(holder),
+                                                                      real_submit(holder, job)))
+    # a fresh compile of each schema: the background thread works on tables no other test warmed
+    monkeypatch.setattr(compiler, "_CACHE", OrderedDict())
+    monkeypatch.setattr(json_schema, "_CACHE", OrderedDict())
+    for look_ahead in (False, True):
+        submitted.clear()
+        proc = StructgenLogitsProcessor(SCHEMAS, tok, **({"look_ahead": True} if look_ahead else {}))
+        out = lm.model.generate(input_ids=input_ids, attention_mask=mask, logits_processor=[proc],
+                                do_sample=False, max_new_tokens=30, pad_token_id=eos)
+        assert lookahead.wait_idle()
+        new = out[:, input_ids.shape[1]:].tolist()
+        for row, (prompt, schema) in enumerate(zip(PROMPTS, SCHEMAS)):
+            ref = structgen.generate(lm, schema=schema, prompt=prompt, max_new_tokens=30,
+                                     speculative=False, on_budget="cut")
+            assert _generated(new[row], eos) == ref.tokens, (look_ahead, row)
+        if not look_ahead:
+            assert submitted == []
+        else:
+            assert set(map(id, submitted)) == set(map(id, proc.matchers))
+            assert len(submitted) >= len(PROMPTS) * 5
+    with pytest.raises(ConfigError, match="look_ahead"):
+        StructgenLogitsProcessor(SCHEMAS[0], tok, look_ahead="yes")  # type: ignore[arg-type]
 
 
 @pytest.mark.assets

@@ -138,6 +138,15 @@ def test_engine_args_without_drafts_run_no_speculation(offline: None) -> None:
                                                        "budget_closing": False, "strict": False}}
 
 
+def test_engine_args_look_ahead_is_set_only_when_given(offline: None) -> None:
+    assert "look_ahead" not in sv.engine_args()["additional_config"]["structgen"]  # by device
+    for value in (True, False):
+        assert sv.engine_args(look_ahead=value)["additional_config"]["structgen"]["look_ahead"] is value
+    for bad in (1, "yes"):
+        with pytest.raises(ConfigError, match="look_ahead"):
+            sv.engine_args(look_ahead=bad)
+
+
 def test_engine_args_ngram_and_own_speculative_config(offline: None) -> None:
     args = sv.engine_args(ngram=True, num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
     assert args["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 4,

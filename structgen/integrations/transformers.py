@@ -89,6 +89,14 @@ class _LogitsProcessorImpl:
     as transformers' own processors do. ``True``: always in place. Whole-vocabulary masks go
     to a copy unless ``inplace=True``.
 
+    ``look_ahead=True``: after each call, prepare on a background thread the masks of the
+    configurations a few bytes ahead of every row (:meth:`Matcher.start_look_ahead
+    <structgen.masks.matcher.Matcher.start_look_ahead>`) while the model computes the next
+    logits, so that a new schema's first masks are mostly ready when they are needed. The masks
+    are the same either way. Off by default: ``generate``'s own loop keeps the interpreter busy
+    during the forward pass (on a CPU, and launching a small model's kernels on a GPU), and the
+    thread's share of it can cost more than the masks it saves.
+
     ``StructgenLogitsProcessor`` is this class with transformers' ``LogitsProcessor`` as a second
     base, built when the name is first accessed, so that importing this module (or
     :mod:`structgen.integrations`) does not import transformers.
@@ -101,7 +109,8 @@ class _LogitsProcessorImpl:
                  vocab: Vocabulary | None = None, eos_token_ids: int | Iterable[int] | None = None,
                  pad_token_id: int | None = None,
                  json_options: JsonSchemaOptions | None = None, strict: bool | None = None,
-                 max_new_tokens: int | None = None, inplace: bool | None = None) -> None:
+                 max_new_tokens: int | None = None, inplace: bool | None = None,
+                 look_ahead: bool = False) -> None:
         given = [x is not None for x in (grammar_or_schema, grammar, regex)]
         if sum(given) != 1:
             raise ConfigError("give exactly one of grammar_or_schema, grammar= or regex=",
@@ -116,6 +125,9 @@ class _LogitsProcessorImpl:
         if inplace is not None and not isinstance(inplace, bool):
             raise ConfigError(f"inplace must be True, False or None, not {inplace!r}", key="inplace")
         self.inplace = inplace
+        if not isinstance(look_ahead, bool):
+            raise ConfigError(f"look_ahead must be True or False, not {look_ahead!r}", key="look_ahead")
+        self.look_ahead = look_ahead
         if grammar is not None:
             constraints: list[CompiledGrammar] = [compile_constraint("grammar", grammar, start=start)]
             self._per_row = False
@@ -289,6 +301,16 @@ class _LogitsProcessorImpl:
         self._prev = ids.tobytes()
         self._prev_key = (int(ishape[0]), int(ishape[1]), ids.dtype)
         rows = [None if self._stopped[i] else m for i, m in enumerate(self.matchers)]
+        out = self._masked(rows, ids, scores, width)
+        if self.look_ahead:
+            for m in rows:
+                if m is not None:
+                    m.start_look_ahead()  # returns at once; ends when the matcher moves on
+        return out
+
+    def _masked(self, rows: list[Matcher | None], ids: np.ndarray, scores: torch.Tensor,
+                width: int) -> torch.Tensor:
+        """``scores`` with each live row's forbidden tokens at -inf (see :meth:`__call__`)."""
         few = self._forbidden(rows, ids)
         if few is not None:
             return self._set_forbidden(scores, few)

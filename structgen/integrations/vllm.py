@@ -17,6 +17,12 @@ Three pieces, all loaded by vLLM itself in each of its processes:
   target model, so the output is the one vLLM would produce without them. Where the grammar
   forces nothing, the drafts of vLLM's own proposer (n-gram, draft model, EAGLE) are kept;
   with none configured, :class:`NoDraftProposer` stands in for it.
+* **look-ahead**: once a step's masks are built, each request's matcher prepares, on a
+  background thread, the masks of the configurations a few bytes ahead while the model runs
+  the step (:meth:`Matcher.start_look_ahead <structgen.masks.matcher.Matcher.start_look_ahead>`),
+  so that a new schema's first masks are mostly ready when the next step asks for them. On by
+  default on a GPU (the engine's CPU waits for the forward pass there), off on a CPU, where
+  the thread would take a core from the forward pass; ``engine_args(look_ahead=...)`` decides.
 * **budget-safe closing**: the same scheduler tells each request's grammar how many tokens
   ``max_tokens`` leaves, and the mask keeps only tokens after which the output can still
   be completed in time (:mod:`structgen.masks.budget`), so an output that would be cut at
@@ -141,7 +147,8 @@ def _structgen_settings(vllm_config: VllmConfig) -> dict[str, object]:
 def engine_args(grammar_drafts: bool = True, *, num_speculative_tokens: int = 8,
                 ngram: bool = False, prompt_lookup_min: int = 2, prompt_lookup_max: int = 5,
                 speculative_config: dict[str, object] | None = None, prompt_lookup: bool = True,
-                budget_closing: bool = True, strict: bool = True, **overrides: object) -> dict[str, object]:
+                budget_closing: bool = True, strict: bool = True, look_ahead: bool | None = None,
+                **overrides: object) -> dict[str, object]:
     """Keyword arguments for ``vllm.LLM(model=..., **engine_args(...))`` (or
     ``vllm.EngineArgs``) that serve structured output with structgen.
 
@@ -156,6 +163,8 @@ def engine_args(grammar_drafts: bool = True, *, num_speculative_tokens: int = 8,
     * ``budget_closing``: outputs close within ``max_tokens`` instead of being cut.
     * ``strict``: JSON objects take only their declared keys (``False``: the schema's open
       language).
+    * ``look_ahead``: prepare the masks a few bytes ahead of each request while the model
+      runs a step (``None``: on a GPU only).
 
     Registers the backend in this process (vLLM's own processes load the plugin entry point)
     and turns off vLLM's asynchronous scheduling, which would schedule a step before the
@@ -169,6 +178,8 @@ def engine_args(grammar_drafts: bool = True, *, num_speculative_tokens: int = 8,
                         ("prompt_lookup_max", prompt_lookup_max)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name} must be a positive integer, not {value!r}", key=name)
+    if look_ahead is not None and not isinstance(look_ahead, bool):
+        raise ConfigError(f"look_ahead must be True, False or None, not {look_ahead!r}", key="look_ahead")
     if ngram and speculative_config is not None:
         raise ConfigError("give ngram=True or speculative_config, not both", key="speculative_config")
     args: dict[str, object] = {
@@ -180,6 +191,8 @@ def engine_args(grammar_drafts: bool = True, *, num_speculative_tokens: int = 8,
                                            "budget_closing": bool(budget_closing),
                                            "strict": bool(strict)}},
     }
+    if look_ahead is not None:  # (unset: the backend decides by device)
+        args["additional_config"][CONFIG_KEY]["look_ahead"] = look_ahead  # type: ignore[index]
     if speculative_config is not None:
         args["speculative_config"] = dict(speculative_config)
     elif ngram:
@@ -390,6 +403,11 @@ def _build_classes() -> dict[str, type]:
                 self.matcher.reset()
                 self.num_processed_tokens = 0
 
+            def look_ahead(self) -> None:
+                """Start preparing the masks a few bytes ahead (the step's own masks are built
+                and its drafts rolled back: the matcher is at the accepted output's end)."""
+                self.matcher.start_look_ahead()
+
             def forced_draft(self, output_ids: list[int], eos_id: int | None, limit: int,
                              splits: _Splits) -> tuple[list[int], bytes]:
                 """Up to ``limit`` tokens the grammar forces from here, then ``eos_id`` when
@@ -428,6 +446,9 @@ def _build_classes() -> dict[str, type]:
             def __post_init__(self) -> None:
                 settings = _structgen_settings(self.vllm_config)
                 self._compiler = _Compiler(strict=bool(settings.get("strict", True)))
+                look_ahead = settings.get("look_ahead")
+                self.look_ahead = (self.vllm_config.device_config.device_type == "cuda"
+                                   if look_ahead is None else bool(look_ahead))
                 self._vocabs = OrderedDict()
                 self._lock = threading.Lock()
 
@@ -671,6 +692,25 @@ def register() -> None:
             return original_init(manager, request)
 
         StructuredOutputManager.grammar_init = grammar_init
+
+        original_bitmask = StructuredOutputManager.grammar_bitmask
+
+        def grammar_bitmask(manager: StructuredOutputManager, requests: dict[str, Request],
+                            structured_output_request_ids: list[str],
+                            scheduled_spec_decode_tokens: dict[str, list[int]]) -> object:
+            out = original_bitmask(manager, requests, structured_output_request_ids,
+                                   scheduled_spec_decode_tokens)
+            # the engine runs the model while this returns: the time to look ahead
+            if getattr(manager.backend, "look_ahead", False):
+                grammar_cls: type[Any] = _build_classes()["StructgenVllmGrammar"]
+                for req_id in structured_output_request_ids:
+                    so = requests[req_id].structured_output_request
+                    grammar = so.grammar if so is not None else None
+                    if isinstance(grammar, grammar_cls):
+                        grammar.look_ahead()
+            return out
+
+        StructuredOutputManager.grammar_bitmask = grammar_bitmask
         _REGISTERED = True
 
 
