@@ -12,6 +12,10 @@ Hugging Face folder; default Qwen2.5-Coder-0.5B-Instruct in bfloat16, ``enforce_
   8 tokens a step), verified by vLLM's rejection sampler;
 * ``structgen-drafts-ngram`` -- ``engine_args(grammar_drafts=True, ngram=True)``: plus vLLM's n-gram
   (prompt lookup) proposer where the grammar forces nothing;
+* ``structgen-drafts-look-ahead`` / ``structgen-drafts-no-look-ahead`` -- ``structgen-drafts`` with
+  ``engine_args(look_ahead=True)`` / ``False``: the masks a few bytes ahead prepared while vLLM
+  runs each step, forced on or off (the default is on with a GPU, off on a CPU); not in the
+  default list, ``--gpu`` adds the second for the A/B;
 * ``xgrammar-ngram`` -- XGrammar with vLLM's n-gram speculation (``{"method": "ngram",
   "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 5}``, the settings
   ``ngram=True`` gives structgen), the peer for ``structgen-drafts-ngram``.
@@ -118,7 +122,8 @@ structgen's kernels.
 ``--gpu``: the preset for a machine with a CUDA GPU and vLLM's CUDA build: no ``enforce_eager``
 (CUDA graphs), bfloat16, ``qwen2.5-coder-1.5b`` where it is cached (else 0.5b), batch sizes 1, 8
 and 32 (32 requests cycling over the tasks), each engine given an equal share of the GPU's memory
-(``gpu_memory_utilization`` 0.85 / engines). Not run on this project's CPU machine.
+(``gpu_memory_utilization`` 0.85 / engines), plus ``structgen-drafts-no-look-ahead`` when
+``--engines`` is not given. Not run on this project's CPU machine.
 
 Where it runs: vLLM lives in its own virtual environment, ``.venv-vllm`` (``bash
 scripts/setup_vllm.sh``: vLLM's CPU build, structgen installed editable). Started by another
@@ -164,8 +169,11 @@ SKIP_MESSAGE = "skipped: vLLM is not installed (bash scripts/setup_vllm.sh)"
 
 ENGINES = ("xgrammar", "guidance", "structgen", "structgen-drafts", "structgen-drafts-ngram",
            "xgrammar-ngram")
-STRUCTGEN_ENGINES = ("structgen", "structgen-drafts", "structgen-drafts-ngram")
-DRAFT_ENGINES = ("structgen-drafts", "structgen-drafts-ngram")
+# structgen-drafts with look-ahead forced on / off (engine_args(look_ahead=...))
+LOOK_AHEAD_ENGINES = {"structgen-drafts-look-ahead": True, "structgen-drafts-no-look-ahead": False}
+KNOWN_ENGINES = (*ENGINES, *LOOK_AHEAD_ENGINES)
+STRUCTGEN_ENGINES = ("structgen", "structgen-drafts", "structgen-drafts-ngram", *LOOK_AHEAD_ENGINES)
+DRAFT_ENGINES = ("structgen-drafts", "structgen-drafts-ngram", *LOOK_AHEAD_ENGINES)
 BASELINE = "xgrammar"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
 SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts",
@@ -219,10 +227,11 @@ def engine_kwargs(engine: str, cfg: dict[str, Any]) -> dict[str, Any]:
 
         return {**base, **engine_args(grammar_drafts=engine != "structgen",
                                       ngram=engine == "structgen-drafts-ngram",
+                                      look_ahead=LOOK_AHEAD_ENGINES.get(engine),
                                       num_speculative_tokens=NGRAM["num_speculative_tokens"],
                                       prompt_lookup_min=NGRAM["prompt_lookup_min"],
                                       prompt_lookup_max=NGRAM["prompt_lookup_max"])}
-    raise SystemExit(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    raise SystemExit(f"unknown engine {engine!r}; known: {', '.join(KNOWN_ENGINES)}")
 
 
 def _tasks() -> list[dict[str, Any]]:
@@ -686,6 +695,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         big = "qwen2.5-coder-1.5b"
         args.model = args.model or (big if _cached(big) else "qwen2.5-coder-0.5b")
         args.dtype, args.batch_sizes = "bfloat16", "1,8,32"
+        if args.engines == ",".join(ENGINES):  # the A/B of look-ahead (on by default on a GPU)
+            args.engines += ",structgen-drafts-no-look-ahead"
         args.requests = args.requests or 32
     args.model = args.model or "qwen2.5-coder-0.5b"
     args.dtype = args.dtype or "bfloat16"
@@ -708,8 +719,8 @@ def main(argv: list[str] | None = None) -> int:
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     for e in engines:
-        if e not in ENGINES:
-            raise SystemExit(f"unknown engine {e!r}; known: {', '.join(ENGINES)}")
+        if e not in KNOWN_ENGINES:
+            raise SystemExit(f"unknown engine {e!r}; known: {', '.join(KNOWN_ENGINES)}")
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     all_tasks = _tasks()
     if not 1 <= args.tasks <= len(all_tasks):

@@ -71,6 +71,7 @@ SMOKES: dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]] = {
     "serve_hostile": ((), False, ("gpt2",)),
     "openai_clients": ((), False, ("gpt2",)),
     "partial_stream": ((), False, ("gpt2",)),
+    "look_ahead_hf": ((), False, ("gpt2",)),
     "vllm_backends": ((), False, ()),
 }
 # smokes that run another smoke's script with other arguments -> that script
@@ -97,7 +98,7 @@ START_ORDER = ("vllm_backends", "masks", "masks_builds", "jsonschemabench", "too
                "budget", "generate", "lossless", "verify", "verify_codegen", "verify_race_skip",
                "json_schema_suite", "startup", "llamacpp_row_invariance", "llamacpp_prefill", "prefix_reuse",
                "default_model", "serve", "serve_llamacpp", "serve_hostile", "openai_clients",
-               "partial_stream")
+               "partial_stream", "look_ahead_hf")
 
 
 class _Runs:
@@ -303,6 +304,16 @@ def test_budget(runs: _Runs) -> None:
         jsonschema.validate(json.loads(c["text"]), schema)
     for kind in ("cold", "warm"):
         assert {"plain_mask", "rule_in_zone", "rule_out_of_zone"} <= set(s["mask_cost"][kind])
+
+
+def test_look_ahead_hf(runs: _Runs) -> None:
+    _, report = _smoke(runs, "look_ahead_hf")
+    s = report["summary"]
+    # the same tokens with and without look-ahead on every schema (the masks are the same)
+    assert s["model"] == "tiny-random" and s["cases"] == s["ran"] == s["identical"] == 3
+    for mode in ("off", "on"):
+        assert s["calls_after_first"][mode]["calls"] > 0 and s["first_call"][mode]["calls"] == 3
+    assert {"p50_us", "p99_us", "max_us", "total_ms", "generate_s"} <= set(s["on_over_off"])
 
 
 def test_tools(runs: _Runs) -> None:

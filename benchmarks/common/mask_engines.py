@@ -141,6 +141,29 @@ class Adapter:
         return {}
 
 
+def clear_structgen_caches() -> list[str]:
+    """Clear structgen's content-keyed caches (compiled grammars, schema documents, compiled
+    patterns, numeric expressions), so the next compile is cold for that grammar; returns
+    their names. Tables that do not depend on the grammar (Unicode data, formats, the
+    vocabulary table) stay warm, as in a long-running server."""
+    cleared = []
+    js = "structgen.frontends.json_schema"
+    for mod_name, attr in ((f"{js}.compiler", "_CACHE"), (f"{js}.compiler", "_DOC_CACHE"),
+                           ("structgen.grammar.compiler", "_CACHE"),
+                           ("structgen.frontends.lark", "_LRU"),
+                           (f"{js}.compiler", "_WARNINGS")):
+        obj = getattr(importlib.import_module(mod_name), attr, None)
+        if hasattr(obj, "clear"):
+            obj.clear()
+            cleared.append(f"{mod_name}.{attr}")
+    for mod_name, attr in ((f"{js}.patterns", "compile_pattern"), (f"{js}.numbers", "_build")):
+        fn = getattr(importlib.import_module(mod_name), attr, None)
+        if hasattr(fn, "cache_clear"):
+            fn.cache_clear()
+            cleared.append(f"{mod_name}.{attr}")
+    return cleared
+
+
 class StructgenAdapter(Adapter):
     name = "structgen"
 
@@ -166,26 +189,7 @@ class StructgenAdapter(Adapter):
         return structgen.__version__
 
     def clear_caches(self) -> list[str]:
-        """Clear structgen's content-keyed caches (compiled grammars, schema documents, compiled
-        patterns, numeric expressions), so the next compile is cold for that grammar. Tables
-        that do not depend on the grammar (Unicode data, formats, the vocabulary table) stay
-        warm, as in a long-running server."""
-        cleared = []
-        js = "structgen.frontends.json_schema"
-        for mod_name, attr in ((f"{js}.compiler", "_CACHE"), (f"{js}.compiler", "_DOC_CACHE"),
-                               ("structgen.grammar.compiler", "_CACHE"),
-                               ("structgen.frontends.lark", "_LRU"),
-                               (f"{js}.compiler", "_WARNINGS")):
-            obj = getattr(importlib.import_module(mod_name), attr, None)
-            if hasattr(obj, "clear"):
-                obj.clear()
-                cleared.append(f"{mod_name}.{attr}")
-        for mod_name, attr in ((f"{js}.patterns", "compile_pattern"), (f"{js}.numbers", "_build")):
-            fn = getattr(importlib.import_module(mod_name), attr, None)
-            if hasattr(fn, "cache_clear"):
-                fn.cache_clear()
-                cleared.append(f"{mod_name}.{attr}")
-        return cleared
+        return clear_structgen_caches()
 
     def compile(self, case: dict[str, Any]) -> Any:
         from structgen.errors import StructgenError
