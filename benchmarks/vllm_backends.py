@@ -14,7 +14,7 @@ Hugging Face folder; default Qwen2.5-Coder-0.5B-Instruct in bfloat16, ``enforce_
   (prompt lookup) proposer where the grammar forces nothing;
 * ``structgen-drafts-look-ahead`` / ``structgen-drafts-no-look-ahead`` -- ``structgen-drafts`` with
   ``engine_args(look_ahead=True)`` / ``False``: the masks a few bytes ahead prepared while vLLM
-  runs each step, forced on or off (the default is on with a GPU, off on a CPU); not in the
+  runs each step, forced on or off (the default: on); not in the
   default list, ``--gpu`` adds the second for the A/B;
 * ``xgrammar-ngram`` -- XGrammar with vLLM's n-gram speculation (``{"method": "ngram",
   "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 5}``, the settings
@@ -695,7 +695,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         big = "qwen2.5-coder-1.5b"
         args.model = args.model or (big if _cached(big) else "qwen2.5-coder-0.5b")
         args.dtype, args.batch_sizes = "bfloat16", "1,8,32"
-        if args.engines == ",".join(ENGINES):  # the A/B of look-ahead (on by default on a GPU)
+        if args.engines == ",".join(ENGINES):  # the A/B of look-ahead (on by default)
             args.engines += ",structgen-drafts-no-look-ahead"
         args.requests = args.requests or 32
     args.model = args.model or "qwen2.5-coder-0.5b"

@@ -21,8 +21,8 @@ Three pieces, all loaded by vLLM itself in each of its processes:
   background thread, the masks of the configurations a few bytes ahead while the model runs
   the step (:meth:`Matcher.start_look_ahead <structgen.masks.matcher.Matcher.start_look_ahead>`),
   so that a new schema's first masks are mostly ready when the next step asks for them. On by
-  default on a GPU (the engine's CPU waits for the forward pass there), off on a CPU, where
-  the thread would take a core from the forward pass; ``engine_args(look_ahead=...)`` decides.
+  default (the engine waits for the forward pass there; vLLM's CPU build keeps a core for the
+  engine apart from the model's); ``engine_args(look_ahead=False)`` turns it off.
 * **budget-safe closing**: the same scheduler tells each request's grammar how many tokens
   ``max_tokens`` leaves, and the mask keeps only tokens after which the output can still
   be completed in time (:mod:`structgen.masks.budget`), so an output that would be cut at
@@ -42,8 +42,9 @@ which vLLM loads in every process when structgen is installed beside it; registe
 adds the backend name, it changes nothing for engines that do not select it.
 
 vLLM is imported lazily: importing this module needs only structgen. vLLM has no backend
-registry, so :func:`register` extends the backend name's ``Literal`` and wraps two methods
-(request validation and the manager's backend construction); these are internal interfaces,
+registry, so :func:`register` extends the backend name's ``Literal`` and wraps three methods
+(request validation, the manager's backend construction and its bitmask step, after which the
+look-ahead starts); these are internal interfaces,
 so the tested vLLM versions are pinned (:data:`TESTED_VLLM`) and any other version is refused
 with a clear message unless ``STRUCTGEN_VLLM_UNTESTED=1`` is set.
 """
@@ -164,7 +165,7 @@ def engine_args(grammar_drafts: bool = True, *, num_speculative_tokens: int = 8,
     * ``strict``: JSON objects take only their declared keys (``False``: the schema's open
       language).
     * ``look_ahead``: prepare the masks a few bytes ahead of each request while the model
-      runs a step (``None``: on a GPU only).
+      runs a step (``None``: the backend's default, on).
 
     Registers the backend in this process (vLLM's own processes load the plugin entry point)
     and turns off vLLM's asynchronous scheduling, which would schedule a step before the
@@ -191,7 +192,7 @@ def engine_args(grammar_drafts: bool = True, *, num_speculative_tokens: int = 8,
                                            "budget_closing": bool(budget_closing),
                                            "strict": bool(strict)}},
     }
-    if look_ahead is not None:  # (unset: the backend decides by device)
+    if look_ahead is not None:  # (unset: the backend's default)
         args["additional_config"][CONFIG_KEY]["look_ahead"] = look_ahead  # type: ignore[index]
     if speculative_config is not None:
         args["speculative_config"] = dict(speculative_config)
@@ -446,9 +447,7 @@ def _build_classes() -> dict[str, type]:
             def __post_init__(self) -> None:
                 settings = _structgen_settings(self.vllm_config)
                 self._compiler = _Compiler(strict=bool(settings.get("strict", True)))
-                look_ahead = settings.get("look_ahead")
-                self.look_ahead = (self.vllm_config.device_config.device_type == "cuda"
-                                   if look_ahead is None else bool(look_ahead))
+                self.look_ahead = bool(settings.get("look_ahead", True))
                 self._vocabs = OrderedDict()
                 self._lock = threading.Lock()
 
