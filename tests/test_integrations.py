@@ -400,21 +400,21 @@ def test_processor_look_ahead_keeps_greedy_output(tiny_models, monkeypatch) -> N
     from structgen.frontends.json_schema import compiler as json_schema
     from structgen.grammar import compiler
     from structgen.masks import lookahead
+    from structgen.masks import matcher as matcher_module
 
     lm = tiny_models["biased"]
     tok = lm.tokenizer
     eos = tok.eos_token_id
     input_ids, mask = _left_padded(tok, PROMPTS)
-    from structgen.masks import matcher as matcher_module
-
     submitted: list[object] = []
     real_submit = lookahead.submit
     monkeypatch.setattr(matcher_module, "submit", lambda holder, job: (submitted.append(holder),
                                                                       real_submit(holder, job)))
-    # a fresh compile of each schema: the background thread works on tables no other test warmed
+    # a fresh compile of each schema, looking ahead first: the background thread works on
+    # tables nothing warmed before
     monkeypatch.setattr(compiler, "_CACHE", OrderedDict())
     monkeypatch.setattr(json_schema, "_CACHE", OrderedDict())
-    for look_ahead in (False, True):
+    for look_ahead in (True, False):
         submitted.clear()
         proc = StructgenLogitsProcessor(SCHEMAS, tok, **({"look_ahead": True} if look_ahead else {}))
         out = lm.model.generate(input_ids=input_ids, attention_mask=mask, logits_processor=[proc],
