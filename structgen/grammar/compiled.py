@@ -386,6 +386,11 @@ class CountedRule:
         """Rows of the item's table (the runtime's counted states are not counted here)."""
         return int(self._trans.shape[0])
 
+    @property
+    def nullable(self) -> bool:
+        """Does the rule match the empty string?"""
+        return self.lo == 0
+
     def info(self, q: int) -> RuleInfo:
         """:meth:`LazyRule.info` of the start state (``q`` must be 0; the runtime walks the
         counted states itself); raises ValueError for any other state."""
@@ -430,6 +435,11 @@ class DfaRule:
         """States of the table (all built at compile time)."""
         return int(self._trans.shape[0])
 
+    @property
+    def nullable(self) -> bool:
+        """Does the rule match the empty string?"""
+        return bool(self._accept[0])
+
     def info(self, q: int) -> RuleInfo:
         """``(row, accept, has_bytes, calls, tail)`` of state ``q`` (see :meth:`LazyRule.info`)."""
         return self._infos[q]
@@ -472,6 +482,11 @@ class ProductRule:
     def num_states(self) -> int:
         """Pair states interned so far (grows as requests visit new pairs)."""
         return len(self._pairs)
+
+    @property
+    def nullable(self) -> bool:
+        """Does the rule match the empty string (without building a pair state)?"""
+        return bool(self._acc_a[0]) and not bool(self._acc_b[0])
 
     def info(self, q: int) -> RuleInfo:
         """``(row, accept, has_bytes, calls, tail)`` of pair state ``q``, built on first use

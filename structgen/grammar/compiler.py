@@ -432,17 +432,35 @@ class _Compiler:
         sub-expressions it needs built and receives their end states. Here they are built
         by recursion, ``depth`` levels deep so far; past ``_DIRECT_DEPTH`` levels
         :meth:`_build_iterative` drives the generators from an explicit stack instead."""
-        if type(e) is ir.ByteSet:  # the commonest leaf, without a generator
+        kind = type(e)
+        if kind is ir.ByteSet:  # the commonest leaf, without a generator
             self.check_time()
-            if len(nfa) > self.opt.max_states:
+            if nfa.n > self.opt.max_states:
                 self._too_many_states(inline_stack)
             t = nfa.new()
-            edges = nfa.edges[s]
-            for lo, hi in e.ranges:
-                edges.append((lo, hi, t))
+            flat = nfa.edge_flat
+            for lo, hi in cast(ir.ByteSet, e).ranges:
+                flat += (s, lo, hi, t)
             return t
         if depth > _DIRECT_DEPTH:
             return self._build_iterative(nfa, e, s, inline_stack)
+        if kind is ir.Seq or kind is ir.Alt:
+            # the commonest inner nodes, by direct recursion (as _build_node lays them out)
+            self.check_time()
+            if nfa.n > self.opt.max_states:
+                self._too_many_states(inline_stack)
+            items = cast(ir.Seq, e).items
+            if kind is ir.Seq:
+                for it in items:
+                    s = self._build(nfa, it, s, inline_stack, depth + 1)
+                return s
+            t = nfa.new()
+            for it in items:
+                b = nfa.new()
+                nfa.eps_flat += (s, b)
+                end = self._build(nfa, it, b, inline_stack, depth + 1)
+                nfa.eps_flat += (end, t)
+            return t
         node = self._build_node(nfa, e, s, inline_stack)
         try:
             req = next(node)
@@ -504,11 +522,11 @@ class _Compiler:
                 # a byte set or a literal (a key, a keyword, punctuation), the common leaves:
                 # a chain of states, without a generator per byte
                 t = start
+                flat = nfa.edge_flat
                 for x in leaves:
                     nxt = nfa.new()
-                    edges = nfa.edges[t]
                     for lo, hi in cast(ir.ByteSet, x).ranges:
-                        edges.append((lo, hi, nxt))
+                        flat += (t, lo, hi, nxt)
                     t = nxt
                 result = t
                 continue
@@ -521,7 +539,7 @@ class _Compiler:
         """One node of :meth:`_build`: ``yield (sub, start, inline_stack)`` asks for ``sub``
         to be built from ``start`` and evaluates to its end state."""
         self.check_time()
-        if len(nfa) > self.opt.max_states:
+        if nfa.n > self.opt.max_states:
             self._too_many_states(inline_stack)
         # (byte sets never come here: both drivers lay them out themselves)
         if isinstance(e, ir.Seq):
@@ -535,13 +553,13 @@ class _Compiler:
                 return t  # unreachable end: empty language
             for it in e.items:
                 b = nfa.new()
-                nfa.eps[s].append(b)
+                nfa.add_eps(s, b)
                 end = yield (it, b, inline_stack)
-                nfa.eps[end].append(t)
+                nfa.add_eps(end, t)
             return t
         if isinstance(e, Counted) and self.keep is not _NO_CALLS:
             t = nfa.new()
-            nfa.calls[s].append((self._counted_rule(e), t))
+            nfa.add_call(s, self._counted_rule(e), t)
             return t
         if isinstance(e, ir.Repeat):
             cur = s
@@ -554,29 +572,29 @@ class _Compiler:
             if e.max is None:
                 # cur -> loop: item* via a hub state
                 hub = nfa.new()
-                nfa.eps[cur].append(hub)
+                nfa.add_eps(cur, hub)
                 b = nfa.new()
-                nfa.eps[hub].append(b)
+                nfa.add_eps(hub, b)
                 end = yield (e.item, b, inline_stack)
-                nfa.eps[end].append(hub)
+                nfa.add_eps(end, hub)
                 return hub
             k = e.max - e.min
             if k == 0:
                 return cur
             t = nfa.new()
             for i in range(k):
-                nfa.eps[cur].append(t)
+                nfa.add_eps(cur, t)
                 before = len(nfa)
                 cur = yield (e.item, cur, inline_stack)
                 if i == 0 and e.min == 0:
                     self._check_unrolling(len(nfa) - before, k - 1, len(nfa))
-            nfa.eps[cur].append(t)
+            nfa.add_eps(cur, t)
             return t
         if isinstance(e, ir.Ref):
             name = e.name
             if name in self.keep:
                 t = nfa.new()
-                nfa.calls[s].append((self.rule_index[name], t))
+                nfa.add_call(s, self.rule_index[name], t)
                 return t
             if name in inline_stack:  # defensive; recursive rules are kept
                 raise GrammarError(f"unexpected recursion through rule {name!r}")
@@ -595,7 +613,7 @@ class _Compiler:
                 return embed(nfa, d, s)
             t = nfa.new()
             if bool(d.accept.any()):  # an empty language leaves ``t`` unreachable
-                nfa.calls[s].append((self._dfa_rule(e, d), t))
+                nfa.add_call(s, self._dfa_rule(e, d), t)
             return t
         raise GrammarError(f"unknown IR node {type(e).__name__}")
 
@@ -632,7 +650,7 @@ class _Compiler:
         """A function adding a call of rule ``j`` after a state (returns the new end state)."""
         def add(nfa: Nfa, s: int) -> int:
             t = nfa.new()
-            nfa.calls[s].append((j, t))
+            nfa.add_call(s, j, t)
             return t
         return add
 

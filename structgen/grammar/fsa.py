@@ -33,7 +33,7 @@ from structgen.grammar.dfa_ir import explore_dfa, minimise_dfa, regular_expr_dfa
 from structgen.grammar.fsa_native import FsaKernels, dfa_kernels, native_ready
 from structgen.grammar.graphs import strongly_connected_components
 
-__all__ = ["BuildBudget", "Dfa", "Nfa", "all_states_infinite", "byte_classes", "cyclic_states",
+__all__ = ["BuildBudget", "Dfa", "Nfa", "all_states_infinite", "byte_classes", "csr_arrays", "cyclic_states",
            "determinise", "embed", "explore_dfa", "finite_language", "minimise", "minimise_dfa",
            "joined_nfa_arrays", "native_ready", "nfa_arrays", "product", "regular_expr_dfa", "trim"]
 
@@ -71,25 +71,99 @@ class BuildBudget(Protocol):
 
 
 class Nfa:
-    """A Thompson NFA under construction, per state: ``eps`` (epsilon targets), ``edges``
-    (``(lo, hi, target)`` byte ranges) and ``calls`` (``(rule, target)`` call edges)."""
+    """A Thompson NFA under construction: ``n`` states and its edges in the order they were
+    added, as flat lists of ints (``eps_flat``: ``source, target`` pairs; ``edge_flat``:
+    ``source, lo, hi, target`` byte ranges; ``call_flat``: ``source, rule, target`` call
+    edges). Flat lists cost one append per number, not a list per state, and become arrays
+    in one conversion (:meth:`arrays`); the per-state views (:attr:`eps`, :attr:`edges`,
+    :attr:`calls`) are built on request for the plain-Python algorithms."""
 
-    __slots__ = ("eps", "edges", "calls")
+    __slots__ = ("n", "eps_flat", "edge_flat", "call_flat")
 
     def __init__(self) -> None:
-        self.eps: list[list[int]] = []
-        self.edges: list[list[tuple[int, int, int]]] = []
-        self.calls: list[list[tuple[int, int]]] = []
+        self.n = 0
+        self.eps_flat: list[int] = []
+        self.edge_flat: list[int] = []
+        self.call_flat: list[int] = []
 
     def new(self) -> int:
         """Add a state without edges; returns its number."""
-        self.eps.append([])
-        self.edges.append([])
-        self.calls.append([])
-        return len(self.eps) - 1
+        n = self.n
+        self.n = n + 1
+        return n
 
     def __len__(self) -> int:
-        return len(self.eps)
+        return self.n
+
+    def add_eps(self, s: int, t: int) -> None:
+        """An epsilon edge ``s -> t``."""
+        self.eps_flat += (s, t)
+
+    def add_edge(self, s: int, lo: int, hi: int, t: int) -> None:
+        """A byte edge ``s -> t`` on bytes ``lo..hi``."""
+        self.edge_flat += (s, lo, hi, t)
+
+    def add_call(self, s: int, rule: int, t: int) -> None:
+        """A call edge ``s -> t`` through rule ``rule``."""
+        self.call_flat += (s, rule, t)
+
+    def has_calls(self) -> bool:
+        return bool(self.call_flat)
+
+    def flat_arrays(self) -> tuple[NDArray[np.int32], NDArray[np.int32], NDArray[np.int32]]:
+        """The edge lists as int32 arrays ``[k, 2]``, ``[m, 4]`` and ``[c, 3]`` (rows in the
+        order added, the source first)."""
+        return (np.array(self.eps_flat, dtype=np.int32).reshape(-1, 2),
+                np.array(self.edge_flat, dtype=np.int32).reshape(-1, 4),
+                np.array(self.call_flat, dtype=np.int32).reshape(-1, 3))
+
+    def arrays(self) -> tuple[NDArray[np.int32], NDArray[np.int32], NDArray[np.int32],
+                              NDArray[np.int32], NDArray[np.int32], NDArray[np.int32]]:
+        """The NFA as :func:`nfa_arrays` lays it out."""
+        return csr_arrays(self.n, *self.flat_arrays())
+
+    def _rows(self, flat: list[int], width: int) -> list[list[Any]]:
+        out: list[list[Any]] = [[] for _ in range(self.n)]
+        for i in range(0, len(flat), width):
+            out[flat[i]].append(flat[i + 1] if width == 2 else tuple(flat[i + 1:i + width]))
+        return out
+
+    @property
+    def eps(self) -> list[list[int]]:
+        """Per state, its epsilon targets (a copy)."""
+        return self._rows(self.eps_flat, 2)
+
+    @property
+    def edges(self) -> list[list[tuple[int, int, int]]]:
+        """Per state, its byte edges ``(lo, hi, target)`` (a copy)."""
+        return self._rows(self.edge_flat, 4)
+
+    @property
+    def calls(self) -> list[list[tuple[int, int]]]:
+        """Per state, its call edges ``(rule, target)`` (a copy)."""
+        return self._rows(self.call_flat, 3)
+
+
+def csr_arrays(n: int, eps: NDArray[np.int32], edges: NDArray[np.int32], calls: NDArray[np.int32]
+               ) -> tuple[NDArray[np.int32], NDArray[np.int32], NDArray[np.int32],
+                          NDArray[np.int32], NDArray[np.int32], NDArray[np.int32]]:
+    """Edge rows of ``n`` states (the source in column 0, as :meth:`Nfa.flat_arrays` gives
+    them) as :func:`nfa_arrays` lays them out: grouped by source, each state's edges in the
+    order of the rows."""
+
+    def rows(a: NDArray[np.int32]) -> tuple[NDArray[np.int32], NDArray[np.int32]]:
+        src = a[:, 0]
+        off = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(np.bincount(src, minlength=n), out=off[1:])
+        if a.shape[0] > 1 and bool((src[1:] < src[:-1]).any()):
+            a = a[np.argsort(src, kind="stable")]
+        body = a[:, 1:]
+        return off, np.ascontiguousarray(body[:, 0] if body.shape[1] == 1 else body)
+
+    eo, e = rows(eps)
+    do, d = rows(edges)
+    co, c = rows(calls)
+    return eo, e, do, d, co, c
 
 
 @dataclass
@@ -410,7 +484,8 @@ def byte_classes(nfa: Nfa) -> tuple[NDArray[np.int32], int, list[list[tuple[int,
     ``[256]``, the number of classes, and per NFA state its edges as
     ``(class_lo, class_hi, target)``."""
     cuts = {0, 256}
-    for es in nfa.edges:
+    per_state = nfa.edges
+    for es in per_state:
         for lo, hi, _t in es:
             cuts.add(lo)
             cuts.add(hi + 1)
@@ -419,7 +494,7 @@ def byte_classes(nfa: Nfa) -> tuple[NDArray[np.int32], int, list[list[tuple[int,
     for ci in range(len(bounds) - 1):
         class_of[bounds[ci]:bounds[ci + 1]] = ci
     cl = class_of.tolist()
-    cedges = [[(cl[lo], cl[hi], t) for lo, hi, t in es] for es in nfa.edges]
+    cedges = [[(cl[lo], cl[hi], t) for lo, hi, t in es] for es in per_state]
     return class_of, len(bounds) - 1, cedges
 
 
@@ -431,7 +506,7 @@ def embed(nfa: Nfa, d: Dfa, s: int) -> int:
     for _ in range(n + 1):
         nfa.new()
     end = base0 + n
-    nfa.eps[s].append(base0)
+    nfa.add_eps(s, base0)
     trans = d.trans
     # run boundaries per row: positions where the target changes
     change = np.ones((n, 257), dtype=bool)
@@ -439,17 +514,17 @@ def embed(nfa: Nfa, d: Dfa, s: int) -> int:
     rows, cols = np.nonzero(change)  # row-major: grouped by state, ascending
     bounds = np.searchsorted(rows, np.arange(n + 1))
     cols_l = cols.tolist()
+    add_edge = nfa.add_edge
     for q in range(n):
-        edges = nfa.edges[base0 + q]
         starts = cols_l[bounds[q]:bounds[q + 1]]
         row = trans[q]
         for k in range(len(starts) - 1):
             lo = int(starts[k])
             t = int(row[lo])
             if t >= 0:
-                edges.append((lo, int(starts[k + 1]) - 1, base0 + t))
+                add_edge(base0 + q, lo, int(starts[k + 1]) - 1, base0 + t)
         if d.accept[q]:
-            nfa.eps[base0 + q].append(end)
+            nfa.add_eps(base0 + q, end)
     return end
 
 
@@ -525,8 +600,8 @@ def determinise(nfa: Nfa, start: int, end: int, name: str, max_states: int,
     call-free NFA, else in Python keeping call edges. Raises through ``budget`` past
     ``max_states`` states or the deadline; the states are added to the budget's count."""
     dk = budget.dfa_kernels()
-    if dk.COMPILED and not any(nfa.calls):
-        eo, eps_csr, do, edges = nfa_arrays(nfa.eps, nfa.edges, nfa.calls)[:4]
+    if dk.COMPILED and not nfa.has_calls():
+        eo, eps_csr, do, edges = nfa.arrays()[:4]
         status, trans, acc = dk.determinise(eo, eps_csr, do, edges, start, end, max_states,
                                             budget.work_budget(), limits.stop_cell())
         if status == dk.LIMIT:
@@ -537,6 +612,7 @@ def determinise(nfa: Nfa, start: int, end: int, name: str, max_states: int,
     class_of, nclass, cedges = byte_classes(nfa)
 
     eps = nfa.eps
+    nfa_calls = nfa.calls
     closure_memo: dict[int, frozenset[int]] = {}
 
     def eclose(states: Iterable[int]) -> frozenset[int]:
@@ -577,7 +653,7 @@ def determinise(nfa: Nfa, start: int, end: int, name: str, max_states: int,
                         tgt[c] = {t}
                     else:
                         bucket.add(t)
-            for r, t in nfa.calls[x]:
+            for r, t in nfa_calls[x]:
                 callt.setdefault(r, set()).add(t)
         row = [-1] * nclass
         seen_targets: dict[frozenset[int], int] = {}

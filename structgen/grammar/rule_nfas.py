@@ -25,15 +25,17 @@ import numpy as np
 from numpy.typing import NDArray
 
 from structgen.errors import GrammarError
-from structgen.grammar.compiled import LazyRule, Rule, _Csr
-from structgen.grammar.fsa import Nfa, nfa_arrays
+from structgen.grammar.compiled import CountedRule, DfaRule, LazyRule, ProductRule, Rule, _Csr
+from structgen.grammar.fsa import Nfa, csr_arrays
 from structgen.grammar.fsa_native import rule_kernels
 from structgen.grammar.graphs import strongly_connected_components
 
 __all__ = ["freeze_rules"]
 
+SharedRule = DfaRule | ProductRule | CountedRule  # the call-free rules that follow the kept ones
 
-def freeze_rules(names: Sequence[str], built: list[tuple[Nfa, int]], shared: Sequence[Rule],
+
+def freeze_rules(names: Sequence[str], built: list[tuple[Nfa, int]], shared: Sequence[SharedRule],
                  tick: Callable[[], None]) -> list[LazyRule]:
     """The kept rules as :class:`LazyRule` objects holding the flat arrays the compiled
     runtime reads, trimmed (see the module docstring). ``built``: per rule (the start rule
@@ -50,10 +52,7 @@ def freeze_rules(names: Sequence[str], built: list[tuple[Nfa, int]], shared: Seq
     first = np.zeros(n_rules + 1, dtype=np.int64)  # per rule: its first state in the joined lists
     np.cumsum(n_states, out=first[1:])
     end = np.array([e for _nfa, e in built], dtype=np.int64)
-    eo, eps, do, edges, co, calls = nfa_arrays(
-        list(chain.from_iterable(nfa.eps for nfa, _end in built)),
-        list(chain.from_iterable(nfa.edges for nfa, _end in built)),
-        list(chain.from_iterable(nfa.calls for nfa, _end in built)))
+    eo, eps, do, edges, co, calls = _joined_csr(built, first)
     tick()
     good, nonempty = kernels.live_states(first, end, eo, eps, do, edges, co, calls, len(shared))
     if not nonempty[0]:
@@ -79,7 +78,7 @@ def freeze_rules(names: Sequence[str], built: list[tuple[Nfa, int]], shared: Seq
     co, keep = kept(co, calls[:, 1], nonempty[calls[:, 0]])
     calls = calls[keep]
     tick()
-    shared_nullable = np.array([bool(r.info(0)[1]) for r in shared], dtype=np.bool_)
+    shared_nullable = np.array([r.nullable for r in shared], dtype=np.bool_)
     _check_left_recursion(names, shared, kernels.left_calls(first, end, eo, eps, co, calls, shared_nullable))
     # byte classes per rule: bytes between two consecutive edge boundaries go everywhere alike
     rule_of_edge = np.repeat(np.repeat(np.arange(n_rules), n_states), np.diff(do))
@@ -106,6 +105,21 @@ def freeze_rules(names: Sequence[str], built: list[tuple[Nfa, int]], shared: Seq
                    co[s0:s1 + 1] - c_at[r], calls[c_at[r]:c_at[r + 1]], important[s0:s1])
         out.append(LazyRule.from_csr(name, csr, rule_end, class_of[r], n_classes[r], marker_class[r]))
     return out
+
+
+def _joined_csr(built: list[tuple[Nfa, int]], first: NDArray[np.int64]) -> tuple[NDArray[np.int32], ...]:
+    """The rules' NFAs in one set of CSR arrays (as :func:`~structgen.grammar.fsa.nfa_arrays`
+    lays them out): sources numbered on from each rule's ``first`` state, targets left local
+    to their rule. Each kind of edge of all rules goes through one conversion."""
+    cols = []
+    for k, width in ((0, 2), (1, 4), (2, 3)):
+        lists = [(nfa.eps_flat, nfa.edge_flat, nfa.call_flat)[k] for nfa, _end in built]
+        counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists)) // width
+        rows = np.fromiter(chain.from_iterable(lists), dtype=np.int32,
+                           count=int(counts.sum()) * width).reshape(-1, width)
+        rows[:, 0] += np.repeat(first[:-1], counts).astype(np.int32)
+        cols.append(rows)
+    return csr_arrays(int(first[-1]), cols[0], cols[1], cols[2])
 
 
 def _check_left_recursion(names: Sequence[str], shared: Sequence[Rule], pairs: NDArray[np.int64]) -> None:
