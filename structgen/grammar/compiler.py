@@ -451,8 +451,18 @@ class _Compiler:
                 self._too_many_states(inline_stack)
             items = cast(ir.Seq, e).items
             if kind is ir.Seq:
+                flat = nfa.edge_flat
                 for it in items:
-                    s = self._build(nfa, it, s, inline_stack, depth + 1)
+                    if type(it) is ir.ByteSet:  # a literal's bytes, without a call each
+                        self.check_time()
+                        if nfa.n > self.opt.max_states:
+                            self._too_many_states(inline_stack)
+                        t = nfa.new()
+                        for lo, hi in cast(ir.ByteSet, it).ranges:
+                            flat += (s, lo, hi, t)
+                        s = t
+                    else:
+                        s = self._build(nfa, it, s, inline_stack, depth + 1)
                 return s
             t = nfa.new()
             for it in items:

@@ -19,7 +19,6 @@ non-empty by construction.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import chain
 
 import numpy as np
 from numpy.typing import NDArray
@@ -115,8 +114,10 @@ def _joined_csr(built: list[tuple[Nfa, int]], first: NDArray[np.int64]) -> tuple
     for k, width in ((0, 2), (1, 4), (2, 3)):
         lists = [(nfa.eps_flat, nfa.edge_flat, nfa.call_flat)[k] for nfa, _end in built]
         counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists)) // width
-        rows = np.fromiter(chain.from_iterable(lists), dtype=np.int32,
-                           count=int(counts.sum()) * width).reshape(-1, width)
+        joined: list[int] = []
+        for part in lists:
+            joined += part
+        rows = np.array(joined, dtype=np.int32).reshape(-1, width)
         rows[:, 0] += np.repeat(first[:-1], counts).astype(np.int32)
         cols.append(rows)
     return csr_arrays(int(first[-1]), cols[0], cols[1], cols[2])
