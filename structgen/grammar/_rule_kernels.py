@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from structgen.grammar._jit import B1, I32, I64, njit
+from structgen.grammar._jit import B1, I32, I64, U8, Int, njit
 
 
 @njit(cache=True, nogil=True)
@@ -182,6 +182,114 @@ def left_calls(first: I64, end: I64, eo: I32, eps: I32, co: I32, calls: I32, sha
             return pairs
 
 
+@njit(cache=True, nogil=True)
+def _by_source(n: Int, rows: I32) -> tuple[I32, I32]:
+    """Edge ``rows`` (the source in column 0) grouped by source, each state's in row order:
+    ``(off [n + 1], the other columns)``."""
+    off = np.zeros(n + 1, dtype=np.int32)
+    for i in range(rows.shape[0]):
+        off[rows[i, 0] + 1] += 1
+    for x in range(n):
+        off[x + 1] += off[x]
+    fill = off[:n].copy()
+    width = rows.shape[1] - 1
+    out = np.empty((rows.shape[0], width), dtype=np.int32)
+    for i in range(rows.shape[0]):
+        x = rows[i, 0]
+        j = fill[x]
+        fill[x] += 1
+        for c in range(width):
+            out[j, c] = rows[i, c + 1]
+    return off, out
+
+
+@njit(cache=True, nogil=True)
+def _trimmed(off: I32, data: I32, target: int, rule: int, good: B1, first_of: I64,
+             nonempty: B1) -> tuple[I32, I32]:
+    """The rows of ``data`` (grouped by ``off``) whose source and target (column ``target``,
+    local to the source's rule, whose first state is ``first_of[source]``) are both good, and
+    whose called rule (column ``rule``, when not -1) is non-empty."""
+    n = off.shape[0] - 1
+    keep = np.zeros(data.shape[0], dtype=np.bool_)
+    new_off = np.zeros(n + 1, dtype=np.int32)
+    m = 0
+    for x in range(n):
+        if good[x]:
+            for k in range(off[x], off[x + 1]):
+                if good[first_of[x] + data[k, target]] and (rule < 0 or nonempty[data[k, rule]]):
+                    keep[k] = True
+                    m += 1
+        new_off[x + 1] = m
+    out = np.empty((m, data.shape[1]), dtype=np.int32)
+    j = 0
+    for k in range(data.shape[0]):
+        if keep[k]:
+            out[j] = data[k]
+            j += 1
+    return new_off, out
+
+
+@njit(cache=True, nogil=True)
+def frozen_rules(first: I64, end: I64, eps_rows: I32, edge_rows: I32, call_rows: I32,
+                 shared_nullable: B1) -> tuple[bool, I32, I32, I32, I32, I32, I32, U8, I32, I64, B1, I64]:
+    """Every pass of :func:`structgen.grammar.rule_nfas.freeze_rules` in one call, over the
+    rules' edge rows (``source, target`` / ``source, lo, hi, target`` / ``source, rule,
+    target``: sources numbered across rules, targets local). Returns ``(start rule
+    non-empty, eps_off, eps, edge_off, edges [m, 3] (class_lo, class_hi, target), call_off,
+    calls [k, 2], important, class_of [rules, 256], classes per rule, per rule whether a class
+    of value-check markers only starts among 0xF8-0xFF, left calls [p, 2])``, trimmed: an
+    edge from or into a state that cannot reach its rule's end is dropped, and so is a call
+    of an empty rule (states keep their numbers)."""
+    n_rules = end.shape[0]
+    n = int(first[n_rules])
+    eo, eps2 = _by_source(n, eps_rows)
+    do, edges = _by_source(n, edge_rows)
+    co, calls = _by_source(n, call_rows)
+    eps = eps2[:, 0].copy()
+    good, nonempty = live_states(first, end, eo, eps, do, edges, co, calls, shared_nullable.shape[0])
+    first_of = np.empty(n, dtype=np.int64)  # per state: its rule's first state
+    for r in range(n_rules):
+        first_of[first[r]:first[r + 1]] = first[r]
+    eo, eps2 = _trimmed(eo, eps2, 0, -1, good, first_of, nonempty)
+    do, edges = _trimmed(do, edges, 2, -1, good, first_of, nonempty)
+    co, calls = _trimmed(co, calls, 1, 0, good, first_of, nonempty)
+    eps = eps2[:, 0].copy()
+    pairs = left_calls(first, end, eo, eps, co, calls, shared_nullable)
+    # byte classes per rule: bytes between two consecutive edge boundaries go everywhere alike
+    bound = np.zeros((n_rules, 257), dtype=np.bool_)
+    for r in range(n_rules):
+        bound[r, 0] = True
+        bound[r, 256] = True
+        for k in range(do[first[r]], do[first[r + 1]]):
+            bound[r, edges[k, 0]] = True
+            bound[r, edges[k, 1] + 1] = True
+    class_of = np.empty((n_rules, 256), dtype=np.int32)
+    n_classes = np.empty(n_rules, dtype=np.int64)
+    marker = np.zeros(n_rules, dtype=np.bool_)
+    for r in range(n_rules):
+        c = -1
+        for b in range(256):
+            if bound[r, b]:
+                c += 1
+            class_of[r, b] = c
+        n_classes[r] = c + 1
+        for b in range(0xF8, 0x100):  # a class of value-check markers only starts among them
+            if bound[r, b]:
+                marker[r] = True
+        for k in range(do[first[r]], do[first[r + 1]]):
+            edges[k, 0] = class_of[r, edges[k, 0]]
+            edges[k, 1] = class_of[r, edges[k, 1]]
+    # the important states: byte or call edges, and each rule's end
+    important = np.zeros(n, dtype=np.uint8)
+    for x in range(n):
+        if do[x + 1] > do[x] or co[x + 1] > co[x]:
+            important[x] = 1
+    for r in range(n_rules):
+        important[first[r] + end[r]] = 1
+    ok = bool(nonempty[0]) if n_rules > 0 else False
+    return ok, eo, eps, do, edges, co, calls, important, class_of, n_classes, marker, pairs
+
+
 def warm() -> None:
     """Run each kernel once on a tiny grammar (loads them from numba's cache, or compiles
     them the first time ever)."""
@@ -195,3 +303,5 @@ def warm() -> None:
     calls = np.zeros((0, 2), dtype=np.int32)
     live_states(first, end, eo, eps, do, edges, co, calls, 0)
     left_calls(first, end, eo, eps, co, calls, np.zeros(0, dtype=np.bool_))
+    frozen_rules(first, end, np.zeros((0, 2), dtype=np.int32), np.array([[0, 97, 97, 1]], dtype=np.int32),
+                 np.zeros((0, 3), dtype=np.int32), np.zeros(0, dtype=np.bool_))

@@ -458,7 +458,7 @@ class _Compiler:
                         if nfa.n > self.opt.max_states:
                             self._too_many_states(inline_stack)
                         t = nfa.new()
-                        for lo, hi in cast(ir.ByteSet, it).ranges:
+                        for lo, hi in it.ranges:
                             flat += (s, lo, hi, t)
                         s = t
                     else:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 from structgen import limits
 
 if TYPE_CHECKING:
-    from structgen.grammar._jit import B1, I8, I32, I64
+    from structgen.grammar._jit import B1, I8, I32, I64, U8
 
 __all__ = ["FsaKernels", "RuleKernels", "dfa_kernels", "native_ready", "rule_kernels"]
 
@@ -67,6 +67,12 @@ class RuleKernels(Protocol):
     def left_calls(self, first: I64, end: I64, eo: I32, eps: I32, co: I32, calls: I32,
                    shared_nullable: B1) -> I64:
         """The ``(rule, callee)`` calls a rule can make before reading a byte."""
+        ...
+
+    def frozen_rules(self, first: I64, end: I64, eps_rows: I32, edge_rows: I32, call_rows: I32,
+                     shared_nullable: B1) -> tuple[bool, I32, I32, I32, I32, I32, I32, U8, I32, I64, B1, I64]:
+        """Every pass of ``freeze_rules`` at once: the rules' NFAs grouped, trimmed, in byte
+        classes, with their important states and left calls."""
         ...
 
     def warm(self) -> None:

@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 from structgen.errors import GrammarError
 from structgen.grammar.compiled import CountedRule, DfaRule, LazyRule, ProductRule, Rule, _Csr
-from structgen.grammar.fsa import Nfa, csr_arrays
+from structgen.grammar.fsa import Nfa
 from structgen.grammar.fsa_native import rule_kernels
 from structgen.grammar.graphs import strongly_connected_components
 
@@ -51,49 +51,18 @@ def freeze_rules(names: Sequence[str], built: list[tuple[Nfa, int]], shared: Seq
     first = np.zeros(n_rules + 1, dtype=np.int64)  # per rule: its first state in the joined lists
     np.cumsum(n_states, out=first[1:])
     end = np.array([e for _nfa, e in built], dtype=np.int64)
-    eo, eps, do, edges, co, calls = _joined_csr(built, first)
-    tick()
-    good, nonempty = kernels.live_states(first, end, eo, eps, do, edges, co, calls, len(shared))
-    if not nonempty[0]:
-        raise GrammarError(f"the grammar accepts no string at all (start rule {names[0]!r})")
-    # drop every edge from or into a state that cannot reach its rule's end, and the calls of
-    # empty rules; the states keep their numbers
-    base = np.repeat(first[:-1], n_states)  # per state: its rule's first state
-
-    def kept(off: NDArray[np.int32], targets: NDArray[np.int32],
-             also: NDArray[np.bool_] | None = None) -> tuple[NDArray[np.int32], NDArray[np.bool_]]:
-        src = np.repeat(np.arange(first[-1]), np.diff(off))
-        keep = good[src] & good[base[src] + targets]
-        if also is not None:
-            keep &= also
-        new_off = np.zeros(off.shape[0], dtype=np.int32)
-        np.cumsum(np.bincount(src[keep], minlength=off.shape[0] - 1), out=new_off[1:])
-        return new_off, keep
-
-    eo, keep = kept(eo, eps)
-    eps = eps[keep]
-    do, keep = kept(do, edges[:, 2])
-    edges = edges[keep]
-    co, keep = kept(co, calls[:, 1], nonempty[calls[:, 0]])
-    calls = calls[keep]
-    tick()
+    eps_rows, edge_rows, call_rows = _joined_rows(built, first)
     shared_nullable = np.array([r.nullable for r in shared], dtype=np.bool_)
-    _check_left_recursion(names, shared, kernels.left_calls(first, end, eo, eps, co, calls, shared_nullable))
-    # byte classes per rule: bytes between two consecutive edge boundaries go everywhere alike
-    rule_of_edge = np.repeat(np.repeat(np.arange(n_rules), n_states), np.diff(do))
-    bound = np.zeros((n_rules, 257), dtype=np.bool_)
-    bound[:, 0] = bound[:, 256] = True
-    bound[rule_of_edge, edges[:, 0]] = True
-    bound[rule_of_edge, edges[:, 1] + 1] = True
-    class_of = (np.cumsum(bound[:, :256], axis=1, dtype=np.int32) - 1).astype(np.int32)
-    n_classes = (bound.sum(axis=1) - 1).tolist()
-    # a class of value-check markers only (0xF8-0xFF) starts at a boundary among them
-    marker_class: list[bool] = np.asarray(bound[:, 0xF8:0x100].any(axis=1)).tolist()
-    edges[:, 0] = class_of[rule_of_edge, edges[:, 0]]
-    edges[:, 1] = class_of[rule_of_edge, edges[:, 1]]
-    # the important states: byte or call edges, and each rule's end
-    important = ((np.diff(do) > 0) | (np.diff(co) > 0)).astype(np.uint8)
-    important[first[:-1] + end] = 1
+    tick()
+    (ok, eo, eps, do, edges, co, calls, important, class_of, n_classes_a, marker_a,
+     left) = kernels.frozen_rules(first, end, eps_rows, edge_rows, call_rows, shared_nullable)
+    tick()
+    if not ok:
+        raise GrammarError(f"the grammar accepts no string at all (start rule {names[0]!r})")
+    if left.shape[0]:
+        _check_left_recursion(names, shared, left)
+    n_classes: list[int] = n_classes_a.tolist()
+    marker_class: list[bool] = marker_a.tolist()
     s_at = first.tolist()
     e_at, d_at, c_at = eo[first].tolist(), do[first].tolist(), co[first].tolist()
     out = []
@@ -106,11 +75,11 @@ def freeze_rules(names: Sequence[str], built: list[tuple[Nfa, int]], shared: Seq
     return out
 
 
-def _joined_csr(built: list[tuple[Nfa, int]], first: NDArray[np.int64]) -> tuple[NDArray[np.int32], ...]:
-    """The rules' NFAs in one set of CSR arrays (as :func:`~structgen.grammar.fsa.nfa_arrays`
-    lays them out): sources numbered on from each rule's ``first`` state, targets left local
-    to their rule. Each kind of edge of all rules goes through one conversion."""
-    cols = []
+def _joined_rows(built: list[tuple[Nfa, int]], first: NDArray[np.int64]) -> tuple[NDArray[np.int32], ...]:
+    """The rules' edge rows (as :meth:`~structgen.grammar.fsa.Nfa.flat_arrays` gives them) in
+    one array per kind of edge: sources numbered on from each rule's ``first`` state, targets
+    left local to their rule. Each kind goes through one conversion."""
+    out = []
     for k, width in ((0, 2), (1, 4), (2, 3)):
         lists = [(nfa.eps_flat, nfa.edge_flat, nfa.call_flat)[k] for nfa, _end in built]
         counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists)) // width
@@ -119,8 +88,8 @@ def _joined_csr(built: list[tuple[Nfa, int]], first: NDArray[np.int64]) -> tuple
             joined += part
         rows = np.array(joined, dtype=np.int32).reshape(-1, width)
         rows[:, 0] += np.repeat(first[:-1], counts).astype(np.int32)
-        cols.append(rows)
-    return csr_arrays(int(first[-1]), cols[0], cols[1], cols[2])
+        out.append(rows)
+    return out[0], out[1], out[2]
 
 
 def _check_left_recursion(names: Sequence[str], shared: Sequence[Rule], pairs: NDArray[np.int64]) -> None:
