@@ -364,6 +364,8 @@ def joined_nfa_arrays(parts: Sequence[Sequence[NDArray[Any]]]) -> tuple[NDArray[
         z = np.zeros(1, dtype=np.int32)
         e = np.zeros(0, dtype=np.int32)
         return z, e, z, e.reshape(0, 3), z, e.reshape(0, 2), e.astype(np.uint8)
+    if len(parts) == 1:  # numbered from 0 already: shared, not copied (read-only ones are)
+        return tuple(a if a.flags.writeable else a.copy() for a in parts[0][:7])
     n_states = np.array([p[6].shape[0] for p in parts], dtype=np.int64)
     first = np.zeros(len(parts), dtype=np.int64)  # per part: its first state
     np.cumsum(n_states[:-1], out=first[1:])

@@ -187,13 +187,17 @@ def _rule_arrays(rules: tuple[Rule, ...]) -> dict[str, NDArray[np.generic]]:
             aux[r] = table(rule._b.trans, rule._b.accept)
 
     def cat(parts: Sequence[npt.ArrayLike], shape: tuple[int, ...], dtype: type[_G]) -> NDArray[_G]:
+        if len(parts) == 1:  # the kernels only read these tables: one rule's own array will do
+            one = np.ascontiguousarray(parts[0], dtype=dtype)
+            return one if one.flags.writeable else one.copy()  # (the kernels' types are writable)
         out = np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(shape, dtype=dtype)
         return np.ascontiguousarray(out)
 
     # every lazy rule's NFA in one set of arrays, states numbered on from rule to rule
     eo, eps, do, edges, co, calls, important = joined_nfa_arrays([rule.csr() for rule in lazy])
-    if lazy:
-        cls[kind == K.LAZY] = np.stack([rule._class_of for rule in lazy])
+    for r, rule in enumerate(rules):
+        if rule.kind == "lazy":
+            cls[r] = rule._class_of
     return {
         "rule_kind": kind, "rule_base": base, "rule_aux": aux, "rule_class": cls, "rule_nclasses": ncls,
         "rule_end": end, "rule_start": np.full(nr, -1, dtype=np.int32), "rule_lo": lo, "rule_hi": hi,
