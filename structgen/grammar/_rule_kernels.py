@@ -1,7 +1,9 @@
 """Compiled passes over a grammar's rule NFAs, all rules at once in the flat layout of
 :func:`structgen.grammar.fsa.nfa_arrays` (see :mod:`structgen.grammar.rule_nfas`): which states
 can reach their rule's end (trimming, with the rules whose language is non-empty found
-together), and which rules a rule can call before reading a byte (left recursion).
+together), and which rules a rule can call before reading a byte (left recursion);
+:func:`frozen_rules` runs both with the grouping, trimming and byte classes around them, so
+that a compile makes one kernel call for all of it.
 
 The rules' states are numbered one after the other: rule ``r`` owns the states ``first[r]`` to
 ``first[r + 1] - 1``, its start is ``first[r]`` and its end ``first[r] + end[r]``. Targets in

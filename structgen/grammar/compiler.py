@@ -431,7 +431,10 @@ class _Compiler:
         Each node is laid out by its generator (:meth:`_build_node`), which yields the
         sub-expressions it needs built and receives their end states. Here they are built
         by recursion, ``depth`` levels deep so far; past ``_DIRECT_DEPTH`` levels
-        :meth:`_build_iterative` drives the generators from an explicit stack instead."""
+        :meth:`_build_iterative` drives the generators from an explicit stack instead. Byte
+        sets, sequences and alternations, most of any grammar, are laid out here directly,
+        states and edges in the order their generators would give them (a generator per
+        node costs more than the node)."""
         kind = type(e)
         if kind is ir.ByteSet:  # the commonest leaf, without a generator
             self.check_time()

@@ -33,7 +33,7 @@ from structgen.grammar.dfa_ir import explore_dfa, minimise_dfa, regular_expr_dfa
 from structgen.grammar.fsa_native import FsaKernels, dfa_kernels, native_ready
 from structgen.grammar.graphs import strongly_connected_components
 
-__all__ = ["BuildBudget", "Dfa", "Nfa", "all_states_infinite", "byte_classes", "csr_arrays", "cyclic_states",
+__all__ = ["BuildBudget", "Dfa", "Nfa", "all_states_infinite", "byte_classes", "cyclic_states",
            "determinise", "embed", "explore_dfa", "finite_language", "minimise", "minimise_dfa",
            "joined_nfa_arrays", "native_ready", "nfa_arrays", "product", "regular_expr_dfa", "trim"]
 
@@ -108,6 +108,7 @@ class Nfa:
         self.call_flat += (s, rule, t)
 
     def has_calls(self) -> bool:
+        """Does any state have a call edge?"""
         return bool(self.call_flat)
 
     def flat_arrays(self) -> tuple[NDArray[np.int32], NDArray[np.int32], NDArray[np.int32]]:
@@ -120,7 +121,7 @@ class Nfa:
     def arrays(self) -> tuple[NDArray[np.int32], NDArray[np.int32], NDArray[np.int32],
                               NDArray[np.int32], NDArray[np.int32], NDArray[np.int32]]:
         """The NFA as :func:`nfa_arrays` lays it out."""
-        return csr_arrays(self.n, *self.flat_arrays())
+        return _csr_arrays(self.n, *self.flat_arrays())
 
     def _rows(self, flat: list[int], width: int) -> list[list[Any]]:
         out: list[list[Any]] = [[] for _ in range(self.n)]
@@ -144,9 +145,9 @@ class Nfa:
         return self._rows(self.call_flat, 3)
 
 
-def csr_arrays(n: int, eps: NDArray[np.int32], edges: NDArray[np.int32], calls: NDArray[np.int32]
-               ) -> tuple[NDArray[np.int32], NDArray[np.int32], NDArray[np.int32],
-                          NDArray[np.int32], NDArray[np.int32], NDArray[np.int32]]:
+def _csr_arrays(n: int, eps: NDArray[np.int32], edges: NDArray[np.int32], calls: NDArray[np.int32]
+                ) -> tuple[NDArray[np.int32], NDArray[np.int32], NDArray[np.int32],
+                           NDArray[np.int32], NDArray[np.int32], NDArray[np.int32]]:
     """Edge rows of ``n`` states (the source in column 0, as :meth:`Nfa.flat_arrays` gives
     them) as :func:`nfa_arrays` lays them out: grouped by source, each state's edges in the
     order of the rows."""

@@ -40,9 +40,9 @@ def freeze_rules(names: Sequence[str], built: list[tuple[Nfa, int]], shared: Seq
     runtime reads, trimmed (see the module docstring). ``built``: per rule (the start rule
     first) its NFA and end state, ``names`` their names; ``shared``: the call-free rules that
     follow them; ``tick``: the compile's deadline check, called between passes. Raises
-    GrammarError when the start rule's language is empty or a rule is left-recursive. Every
-    rule goes through the same few array operations: per-rule numpy calls would dominate for
-    small rules."""
+    GrammarError when the start rule's language is empty or a rule is left-recursive. All
+    rules go through one kernel call together (:func:`~structgen.grammar._rule_kernels.frozen_rules`):
+    per-rule, or even per-pass, array calls would dominate for small grammars."""
     if not built:
         return []
     kernels = rule_kernels()
