@@ -249,9 +249,7 @@ def frozen_rules(first: I64, end: I64, eps_rows: I32, edge_rows: I32, call_rows:
     co, calls = _by_source(n, call_rows)
     eps = eps2[:, 0].copy()
     good, nonempty = live_states(first, end, eo, eps, do, edges, co, calls, shared_nullable.shape[0])
-    first_of = np.empty(n, dtype=np.int64)  # per state: its rule's first state
-    for r in range(n_rules):
-        first_of[first[r]:first[r + 1]] = first[r]
+    first_of = first[_owners(first)]  # per state: its rule's first state
     eo, eps2 = _trimmed(eo, eps2, 0, -1, good, first_of, nonempty)
     do, edges = _trimmed(do, edges, 2, -1, good, first_of, nonempty)
     co, calls = _trimmed(co, calls, 1, 0, good, first_of, nonempty)

@@ -172,6 +172,7 @@ def _rule_arrays(rules: tuple[Rule, ...]) -> dict[str, NDArray[np.generic]]:
             kind[r] = K.LAZY
             base[r] = nx
             ncls[r] = rule._nclass
+            cls[r] = rule._class_of
             end[r] = nx + rule._end
             nx += rule.csr().important.shape[0]
         elif rule.kind == "counted":
@@ -195,9 +196,6 @@ def _rule_arrays(rules: tuple[Rule, ...]) -> dict[str, NDArray[np.generic]]:
 
     # every lazy rule's NFA in one set of arrays, states numbered on from rule to rule
     eo, eps, do, edges, co, calls, important = joined_nfa_arrays([rule.csr() for rule in lazy])
-    for r, rule in enumerate(rules):
-        if rule.kind == "lazy":
-            cls[r] = rule._class_of
     return {
         "rule_kind": kind, "rule_base": base, "rule_aux": aux, "rule_class": cls, "rule_nclasses": ncls,
         "rule_end": end, "rule_start": np.full(nr, -1, dtype=np.int32), "rule_lo": lo, "rule_hi": hi,
